@@ -1,0 +1,61 @@
+"""EngineConfig: one dataclass that flows everywhere. Every dLLM-Serve mechanism has a switch
+here, which is what `dllm-bench ablate` flips."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+CACHE_POLICIES = ("none", "dual", "sparse")
+SELECTIONS = ("head", "uniform")
+SCHEDULERS = ("phase", "request")
+DTYPES = ("float64", "float32", "bfloat16", "float16")
+BACKENDS = ("auto", "sdpa", "flash_attn")
+
+
+@dataclass
+class EngineConfig:
+    model: str = ""                        # checkpoint directory (presets are resolved by the CLI)
+    dtype: str = "float32"
+    device: str = "auto"                   # auto = cuda when available
+    attention_backend: str = "auto"        # auto = flash-attn varlen on CUDA when importable, else SDPA
+    # --- phase-multiplexed scheduler ---
+    scheduler: str = "phase"               # phase: Reuse steps cost their block; request: every step costs the canvas
+    max_num_batched_tokens: int = 8192     # query tokens per step
+    max_num_seqs: int = 64
+    max_model_len: int | None = None       # None = the checkpoint's max_sequence_length
+    # --- logit-aware activation budgeting ---
+    max_num_logits: int | None = 1024      # None = monolithic full-sequence logits (an HF forward)
+    # --- KV cache ---
+    cache: str = "sparse"                  # none (exact LLaDA) | dual (Fast-dLLM) | sparse (dLLM-Serve)
+    selection: str = "head"                # head-centric per-KV-head top-k | uniform (Sparse-dLLM)
+    retention: float = 0.5                 # fraction of context tokens kept per head
+    pool_window: int = 3                   # max-pool window along positions (odd)
+    delay_step: int = 1                    # step within a block at which the sparse cache is built
+    # --- memory ---
+    memory_budget: int | None = None       # bytes for weights + activations + KV; None = unbounded on CPU
+    gpu_memory_utilization: float = 0.9    # CUDA default budget = free memory x this
+    kv_pool_tokens: int | None = None      # override the profiled pool size (token slots)
+    guard_fraction: float = 0.05           # of the budget, kept free against fragmentation/noise
+
+    def __post_init__(self) -> None:
+        def check(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        check(self.cache in CACHE_POLICIES, f"cache must be one of {CACHE_POLICIES}, got {self.cache!r}")
+        check(self.selection in SELECTIONS, f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+        check(self.scheduler in SCHEDULERS, f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        check(self.attention_backend in BACKENDS, f"attention backend must be one of {BACKENDS}")
+        check(self.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive")
+        check(self.max_num_seqs > 0, "max_num_seqs must be positive")
+        check(self.max_num_logits is None or self.max_num_logits > 0, "max_num_logits must be positive (or None)")
+        check(0 < self.retention <= 1, f"retention must be in (0, 1], got {self.retention}")
+        check(self.pool_window > 0 and self.pool_window % 2 == 1, "pool_window must be a positive odd number")
+        check(self.delay_step >= 0, "delay_step must be >= 0")
+        check(self.memory_budget is None or self.memory_budget > 0, "memory_budget must be positive")
+        check(self.kv_pool_tokens is None or self.kv_pool_tokens >= 0, "kv_pool_tokens must be >= 0")
+        check(0 <= self.guard_fraction < 1, "guard_fraction must be in [0, 1)")
+        check(self.max_model_len is None or self.max_model_len > 0, "max_model_len must be positive")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,155 @@
+"""LLMEngine: continuous batching of diffusion requests (add_request / step / generate / abort)."""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from engine.attention import resolve_backend
+from engine.config import EngineConfig
+from engine.kv_cache import KVPool
+from engine.models.llada import LLaDAModelLM, load_llada
+from engine.request import Request, RequestOutput, Status
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams
+from engine.scheduler import Scheduler
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model: LLaDAModelLM | None = None):
+        self.config = config
+        self.device = resolve_device(config.device) if model is None else model.device
+        self.dtype = DTYPES[config.dtype] if model is None else model.dtype
+        self.model = model if model is not None else load_llada(config.model, self.dtype, self.device)
+        self.model_config = self.model.config
+        self.max_model_len = config.max_model_len or self.model_config.max_sequence_length
+        self.backend = resolve_backend(config.attention_backend, self.device)
+        self.profile = None
+        capacity = config.kv_pool_tokens
+        if capacity is None and (config.memory_budget is not None or self.device.type == "cuda"):
+            from engine.profiler import profile_kv_pool
+
+            self.profile = profile_kv_pool(self.model, config, self.backend, self.max_model_len)
+            capacity = self.profile.kv_pool_tokens
+        self.pool = KVPool(capacity, self.model_config, self.dtype, self.device)
+        self.scheduler = Scheduler(config, self.pool)
+        self.runner = ModelRunner(self.model, config, self.backend)
+        self._ids = itertools.count()
+        self.counters = dict(steps=0, forwards=0, query_tokens=0, logits_rows=0, max_logits_rows_in_step=0,
+                             refresh_steps=0, reuse_steps=0)
+        self.batch_sizes: list[int] = []
+        self.step_log: list[tuple[int, int, int]] = []   # (refresh, reuse, query tokens) per step
+
+    # ------------------------------------------------------------------ requests
+    def add_request(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Queue a request; raise ValueError if it could never run (it must not block the queue)."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        mask = self.model_config.mask_token_id
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if mask in prompt_ids:
+            raise ValueError(f"prompt contains the mask token id {mask}")
+        vocab = self.model_config.padded_vocab
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        if params.cfg_scale > 0:
+            raise ValueError("the engine does not implement classifier-free guidance (use the reference sampler)")
+        length = len(prompt_ids) + params.gen_length
+        if length > self.max_model_len:
+            raise ValueError(f"prompt + gen_length = {length} exceeds max_model_len {self.max_model_len}")
+        if length > self.config.max_num_batched_tokens:
+            raise ValueError(
+                f"prompt + gen_length = {length} exceeds max_num_batched_tokens "
+                f"{self.config.max_num_batched_tokens}: its Refresh step could never be scheduled"
+            )
+        req = Request(
+            request_id=request_id or f"req-{next(self._ids)}",
+            prompt_ids=prompt_ids,
+            params=params,
+            mask_id=mask,
+            device=self.device,
+            arrival_time=time.perf_counter() if arrival_time is None else arrival_time,
+        )
+        need = self.scheduler.kv_need(req)
+        if not self.pool.can_ever_fit(need):
+            raise ValueError(f"request needs {need} KV token slots but the pool holds {self.pool.capacity}")
+        self.scheduler.add(req)
+        return req.request_id
+
+    def abort(self, request_id: str) -> None:
+        self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule(time.perf_counter())
+        if not batch:
+            return []
+        st = self.runner.run(batch)
+        now = time.perf_counter()
+        done = []
+        for req, _ in batch:
+            req.advance(now)
+            if req.status is Status.FINISHED:
+                self.scheduler.finish(req)
+                done.append(req.output())
+        c = self.counters
+        c["steps"] += 1
+        c["forwards"] += 1
+        c["query_tokens"] += st.query_tokens
+        c["logits_rows"] += st.logits_rows
+        c["max_logits_rows_in_step"] = max(c["max_logits_rows_in_step"], st.max_logits_rows)
+        c["refresh_steps"] += st.refresh
+        c["reuse_steps"] += st.reuse
+        self.batch_sizes.append(len(batch))
+        self.step_log.append((st.refresh, st.reuse, st.query_tokens))
+        return done
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[RequestOutput]:
+        """Run all prompts concurrently to completion; outputs in input order."""
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        out: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for o in self.step():
+                out[o.request_id] = o
+                if progress:
+                    progress(len(out), len(ids))
+        return [out[i] for i in ids]
+
+    def stats(self) -> dict:
+        c = dict(self.counters)
+        c.update(
+            kv_pool_tokens=self.pool.capacity,
+            kv_pool_bytes=self.pool.capacity_bytes,
+            peak_kv_tokens=self.pool.peak_used,
+            peak_kv_bytes=self.pool.peak_used * self.pool.bytes_per_token,
+            batch_sizes=list(self.batch_sizes),
+            step_composition=[list(s) for s in self.step_log],
+        )
+        if self.profile is not None:
+            c["profile"] = self.profile.to_dict()
+        return c

@@ -1,0 +1,73 @@
+"""Logit-aware activation budgeting.
+
+Only rows that can be committed this step need logits: the still-masked positions of each
+request's current block. Those hidden rows are gathered across the whole batch and pushed
+through the LM head in chunks of at most `max_num_logits` rows — a request may straddle two
+chunks, so the bound is hard — and each chunk is decoded (argmax / Gumbel, confidence) and
+freed before the next. `max_num_logits=None` is the monolithic path: logits for every query
+row of the batch, as an HF forward materializes them (the ablation's "off").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.unmask import confidence_at, gumbel_argmax
+
+
+@dataclass
+class RowSegment:
+    """Rows [start, start + count) of the gathered row list belong to one request."""
+
+    start: int
+    count: int
+    temperature: float
+    gen: torch.Generator | None
+
+
+@dataclass
+class DecodeResult:
+    x0: torch.Tensor          # [R] proposed tokens
+    conf: torch.Tensor        # [R] confidence of the proposal (clean softmax)
+    rows_materialized: int    # logits rows computed this step
+    max_rows_at_once: int     # the largest logits tensor that existed, in rows
+
+
+def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment]) -> tuple[torch.Tensor, torch.Tensor]:
+    x0 = logits.argmax(-1)
+    c1 = c0 + logits.shape[0]
+    for seg in segments:
+        if seg.temperature == 0:
+            continue
+        a, b = max(seg.start, c0), min(seg.start + seg.count, c1)
+        if a < b:  # consecutive draws from the request's generator: chunk splits do not matter
+            x0[a - c0 : b - c0] = gumbel_argmax(logits[a - c0 : b - c0], seg.temperature, seg.gen)
+    return x0, confidence_at(logits, x0)
+
+
+def decode_rows(
+    lm_head,
+    hidden: torch.Tensor,
+    row_index: torch.Tensor,
+    segments: list[RowSegment],
+    max_num_logits: int | None,
+) -> DecodeResult:
+    """hidden [Nq, d] (all query rows of the step); row_index [R] the rows to decode."""
+    R = row_index.numel()
+    if max_num_logits is None:
+        full = lm_head(hidden)                       # [Nq, V]: the monolithic activation peak
+        x0, conf = _decode_chunk(full[row_index], 0, segments)
+        return DecodeResult(x0, conf, hidden.shape[0], hidden.shape[0])
+    rows = hidden[row_index]
+    x0s, confs = [], []
+    for c0 in range(0, R, max_num_logits):
+        logits = lm_head(rows[c0 : c0 + max_num_logits])
+        x0, conf = _decode_chunk(logits, c0, segments)
+        del logits                                   # freed before the next chunk exists
+        x0s.append(x0)
+        confs.append(conf)
+    if not x0s:
+        empty = hidden.new_zeros(0, dtype=torch.long)
+        return DecodeResult(empty, hidden.new_zeros(0, dtype=torch.float64), 0, 0)
+    return DecodeResult(torch.cat(x0s), torch.cat(confs), R, min(R, max_num_logits))

@@ -1,0 +1,273 @@
+"""LLaDA (GSAI-ML/LLaDA-8B-*) with its HF config fields and weight names.
+
+Numerics follow the upstream modeling file: RMSNorm and RoPE are computed in float32 and cast
+back ("rope_full_precision"), SwiGLU is `ff_out(silu(ff_proj(x)) * up_proj(x))`, no biases, an
+untied LM head, bidirectional attention. One deliberate deviation: when the model itself runs in
+float64 those two ops run in float64 too, so float64 exactness tests are not limited by float32.
+
+The model works on *packed* tokens (`input_ids [N]`, `positions [N]`) and delegates attention to
+a callable, so the engine can pack any mix of Refresh and Reuse sequences into one forward
+(nano-vllm's "context" idea) while the reference sampler and baselines call it plainly.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# attn(layer_idx, q [N, Hq, D], k [N, Hkv, D], v [N, Hkv, D]) -> [N, Hq, D]; q and k carry RoPE.
+AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class LLaDAConfig:
+    d_model: int = 4096
+    n_heads: int = 32
+    n_kv_heads: int | None = 32
+    n_layers: int = 32
+    mlp_hidden_size: int = 12288
+    vocab_size: int = 126464
+    embedding_size: int | None = 126464
+    rope_theta: float = 500000.0
+    rms_norm_eps: float = 1e-5
+    max_sequence_length: int = 4096
+    mask_token_id: int = 126336
+    eos_token_id: int = 126081
+    pad_token_id: int = 126081
+    bos_token_id: int | None = None
+    weight_tying: bool = False
+    include_bias: bool = False
+    model_type: str = "llada"
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def padded_vocab(self) -> int:
+        # LLaDA's embedding (and LM head) may be larger than the tokenizer vocab.
+        return self.embedding_size or self.vocab_size
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LLaDAConfig:
+        if d.get("model_type") != "llada":
+            raise ValueError(f"config.json has model_type {d.get('model_type')!r}, expected 'llada'")
+        known = {f.name for f in fields(cls)}
+        cfg = cls(**{k: v for k, v in d.items() if k in known})
+        if cfg.weight_tying:
+            raise ValueError("weight_tying=true is not supported (LLaDA's LM head is untied)")
+        if cfg.include_bias or d.get("include_qkv_bias"):
+            raise ValueError("biased LLaDA variants are not supported (LLaDA has no biases)")
+        if d.get("alibi") or d.get("rope") is False:
+            raise ValueError("only RoPE LLaDA checkpoints are supported")
+        if cfg.d_model % cfg.n_heads or cfg.n_heads % cfg.kv_heads:
+            raise ValueError("d_model must divide by n_heads and n_heads by n_kv_heads")
+        return cfg
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> LLaDAConfig:
+        p = Path(path) / "config.json"
+        if not p.is_file():
+            raise FileNotFoundError(f"no config.json in {path}")
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p} is not valid JSON: {e}") from None
+        return cls.from_dict(d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dt = torch.promote_types(x.dtype, torch.float32)
+    y = x.to(dt)
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(x.dtype)
+
+
+class RotaryEmbedding:
+    """Rotate-half RoPE with a cos/sin table that grows on demand."""
+
+    def __init__(self, head_dim: int, theta: float):
+        self.head_dim, self.theta = head_dim, theta
+        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._len = 0
+
+    def _table(self, n: int, device: torch.device, dtype: torch.dtype):
+        key = (device, dtype)
+        if key not in self._cache or self._cache[key][0].shape[0] < n:
+            n = max(n, 4096)
+            inv = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, device=device, dtype=dtype) / self.head_dim))
+            freqs = torch.outer(torch.arange(n, device=device, dtype=dtype), inv)
+            emb = torch.cat([freqs, freqs], dim=-1)
+            self._cache[key] = (emb.cos(), emb.sin())
+        return self._cache[key]
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [N, H, D], positions [N] -> x rotated, in x's dtype."""
+        dt = torch.promote_types(x.dtype, torch.float32)
+        cos, sin = self._table(int(positions.max()) + 1, x.device, dt)
+        cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+        xf = x.to(dt)
+        x1, x2 = xf.chunk(2, dim=-1)
+        rot = torch.cat([-x2, x1], dim=-1)
+        return (xf * cos + rot * sin).to(x.dtype)
+
+
+def dense_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of one sequence over itself (bidirectional, no mask)."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
+    return o.transpose(0, 1)
+
+
+class LLaDABlock(nn.Module):
+    def __init__(self, cfg: LLaDAConfig):
+        super().__init__()
+        d, hd = cfg.d_model, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim, self.eps = cfg.n_heads, cfg.kv_heads, hd, cfg.rms_norm_eps
+        self.attn_norm = _Norm(d)
+        self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=False)
+        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=False)
+        self.attn_out = nn.Linear(d, d, bias=False)
+        self.ff_norm = _Norm(d)
+        self.ff_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)
+        self.up_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)
+        self.ff_out = nn.Linear(cfg.mlp_hidden_size, d, bias=False)
+
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding):
+        """Normed input -> RoPE'd q [N, Hq, D], RoPE'd k [N, Hkv, D], v [N, Hkv, D]."""
+        n = rms_norm(x, self.attn_norm.weight, self.eps)
+        q = self.q_proj(n).view(-1, self.n_heads, self.head_dim)
+        k = self.k_proj(n).view(-1, self.n_kv, self.head_dim)
+        v = self.v_proj(n).view(-1, self.n_kv, self.head_dim)
+        return rope(q, positions), rope(k, positions), v
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        n = rms_norm(x, self.ff_norm.weight, self.eps)
+        return self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
+
+    def forward(self, x, positions, rope, layer: int, attn: AttentionFn):
+        q, k, v = self.qkv(x, positions, rope)
+        a = attn(layer, q, k, v).reshape(x.shape[0], -1)
+        x = x + self.attn_out(a)
+        return x + self.mlp(x)
+
+
+class _Norm(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+
+class _Transformer(nn.Module):
+    def __init__(self, cfg: LLaDAConfig):
+        super().__init__()
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(cfg.padded_vocab, cfg.d_model),
+                blocks=nn.ModuleList(LLaDABlock(cfg) for _ in range(cfg.n_layers)),
+                ln_f=_Norm(cfg.d_model),
+                ff_out=nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False),
+            )
+        )
+
+
+class LLaDAModelLM(nn.Module):
+    """State-dict names are exactly the HF checkpoint's (`model.transformer....`)."""
+
+    def __init__(self, cfg: LLaDAConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = _Transformer(cfg)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.model.transformer.blocks
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.transformer.wte.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.transformer.wte.weight.device
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.transformer.wte(input_ids)
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
+        """Packed tokens -> final-normed hidden states [N, d]. Logits are a separate call so the
+        engine can decide which rows ever get them (logit-aware activation budgeting)."""
+        h = self.embed(input_ids)
+        for i, block in enumerate(self.blocks):
+            h = block(h, positions, self.rope, i, attn)
+        return self.final_norm(h)
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return rms_norm(h, self.model.transformer.ln_f.weight, self.config.rms_norm_eps)
+
+    def lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.transformer.ff_out(h)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Plain HF-style forward of [B, L] equal-length sequences -> logits [B, L, V]."""
+        B, L = input_ids.shape
+        pos = torch.arange(L, device=input_ids.device)
+        outs = [self.lm_head(self.hidden_states(row, pos, dense_attention)) for row in input_ids]
+        return torch.stack(outs)
+
+
+def load_llada(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LLaDAModelLM:
+    """Load an HF LLaDA checkpoint directory (single file or sharded safetensors)."""
+    from safetensors import SafetensorsError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    cfg = LLaDAConfig.from_pretrained(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ValueError(f"{index} is not a valid safetensors index: {e}") from None
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
+    with torch.device("meta"):
+        model = LLaDAModelLM(cfg)
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        if not (path / f).is_file():
+            raise FileNotFoundError(f"shard {f} listed in the index is missing from {path}")
+        try:
+            state.update(load_file(str(path / f), device=str(device)))
+        except (SafetensorsError, OSError) as e:
+            raise ValueError(f"corrupt safetensors file {path / f}: {e}") from None
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks {len(missing)} weights, e.g. {missing[0]}")
+    for k, shape in expected.items():
+        if tuple(state[k].shape) != tuple(shape):
+            raise ValueError(f"weight {k} has shape {tuple(state[k].shape)}, config implies {tuple(shape)}")
+    model.load_state_dict({k: state[k].to(dtype) for k in expected}, assign=True)
+    return model.to(device).eval()

@@ -1,0 +1,145 @@
+"""A request: its canvas (prompt + MASKs), block cursor, phase, timestamps and counters."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampling import SamplingParams
+from engine.unmask import RequestGenerators, transfer_schedule
+
+
+class Phase(enum.Enum):
+    REFRESH = "refresh"                  # whole canvas is the query set, nothing cached
+    REFRESH_STORE = "refresh_store"      # + store every position's K/V (dual cache, block start)
+    REFRESH_SELECT = "refresh_select"    # + select and pack the retained K/V (sparse, delay step)
+    REUSE = "reuse"                      # only the current block is queried, against the cache
+
+    @property
+    def is_refresh(self) -> bool:
+        return self is not Phase.REUSE
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    nfe: int
+    arrival_time: float
+    admitted_time: float | None
+    first_token_time: float | None
+    finished_time: float | None
+    logits_rows: int = 0
+    kv_tokens: int = 0
+    kv_bytes: int = 0
+    finished: bool = True
+    text: str | None = None
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    mask_id: int
+    device: torch.device | str = "cpu"
+    arrival_time: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt_ids)
+        self.canvas = torch.tensor(
+            list(self.prompt_ids) + [self.mask_id] * self.params.gen_length, device=self.device
+        )
+        self.status = Status.WAITING
+        self.block = 0
+        self.step_in_block = 0
+        self.schedule = transfer_schedule(self.params.block_length, self.params.steps_per_block)
+        self.gens = RequestGenerators(self.params.seed)
+        self.admitted_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+        self.nfe = 0
+        self.logits_rows = 0
+        self.kv_tokens = 0          # token slots reserved in the KV pool
+        self.kv_bytes = 0
+        self.kv = None              # the request's cache storage (engine/kv_cache.py)
+
+    @property
+    def length(self) -> int:
+        return self.canvas.numel()
+
+    @property
+    def block_range(self) -> tuple[int, int]:
+        s = self.prompt_len + self.block * self.params.block_length
+        return s, s + self.params.block_length
+
+    @property
+    def context_len(self) -> int:
+        """Tokens outside the current block: the candidates for sparse retention."""
+        return self.length - self.params.block_length
+
+    @property
+    def is_finished(self) -> bool:
+        return self.block >= self.params.num_blocks
+
+    def phase(self, cache: str, delay_step: int) -> Phase:
+        i = self.step_in_block
+        if cache == "dual":
+            return Phase.REFRESH_STORE if i == 0 else Phase.REUSE
+        if cache == "sparse":
+            if i < delay_step:
+                return Phase.REFRESH
+            return Phase.REFRESH_SELECT if i == delay_step else Phase.REUSE
+        return Phase.REFRESH
+
+    def query_cost(self, phase: Phase) -> int:
+        return self.length if phase.is_refresh else self.params.block_length
+
+    def candidates(self) -> torch.Tensor:
+        """Absolute positions of the still-masked tokens of the current block (position order)."""
+        s, e = self.block_range
+        return torch.nonzero(self.canvas[s:e] == self.mask_id).squeeze(-1) + s
+
+    def advance(self, now: float) -> None:
+        """One denoising step done: move the cursor; record first-block and finish times."""
+        self.step_in_block += 1
+        if self.step_in_block == self.params.steps_per_block:
+            self.step_in_block = 0
+            self.block += 1
+            if self.first_token_time is None:
+                self.first_token_time = now
+            if self.is_finished:
+                self.finished_time = now
+                self.status = Status.FINISHED
+            else:
+                n = int((self.canvas[slice(*self.block_range)] == self.mask_id).sum())
+                self.schedule = transfer_schedule(n, self.params.steps_per_block)
+
+    def output(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_ids=list(self.prompt_ids),
+            token_ids=self.canvas[self.prompt_len:].tolist(),
+            nfe=self.nfe,
+            arrival_time=self.arrival_time,
+            admitted_time=self.admitted_time,
+            first_token_time=self.first_token_time,
+            finished_time=self.finished_time,
+            logits_rows=self.logits_rows,
+            kv_tokens=self.kv_tokens,
+            kv_bytes=self.kv_bytes,
+            finished=self.status is Status.FINISHED,
+        )

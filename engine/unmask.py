@@ -1,0 +1,59 @@
+"""LLaDA's unmasking rule: the linear per-block transfer schedule, Gumbel-max sampling at
+temperature T with float64 noise, low-confidence / random remasking.
+
+Randomness contract (shared by the engine, the reference sampler and the baselines): each
+request owns two generators seeded from `SamplingParams.seed`. Every step it draws Gumbel
+noise (only when T > 0) for its *candidate rows* — the still-masked positions of its current
+block, in position order — and, for random remasking, one uniform per candidate row. LLaDA
+draws noise for the whole [L, V] canvas, but only candidate rows can ever be committed, so
+this changes no distribution while keeping the work proportional to what can be committed.
+Consecutive draws from a CPU generator equal one large draw, so splitting a request's rows
+across logit chunks does not change its tokens.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def transfer_schedule(n_masked: int, steps: int) -> list[int]:
+    """Tokens to commit at each of `steps` steps: n // steps each, the first n % steps get +1."""
+    base, rem = divmod(n_masked, steps)
+    return [base + (1 if i < rem else 0) for i in range(steps)]
+
+
+class RequestGenerators:
+    """The two per-request random streams."""
+
+    def __init__(self, seed: int, device: torch.device | str = "cpu"):
+        # Noise is drawn on the CPU even for CUDA models: CPU generators give stream-splitting
+        # invariance (see module docstring), which CUDA's Philox offsets do not.
+        self.gumbel = torch.Generator(device="cpu").manual_seed(int(seed))
+        self.remask = torch.Generator(device="cpu").manual_seed(int(seed) ^ 0x5DEECE66D)
+
+
+def gumbel_argmax(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
+    """argmax of exp(l) / (-log U)^T with U ~ U(0,1) in float64 (LLaDA's add_gumbel_noise)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    u = torch.rand(logits.shape, dtype=torch.float64, generator=gen).to(logits.device)
+    noisy = logits.to(torch.float64).exp() / (-torch.log(u)) ** temperature
+    return noisy.argmax(-1)
+
+
+def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """softmax(logits)[x0] from the *clean* logits, as exp(l[x0] - logsumexp(l)) so no [R, V]
+    probability tensor is kept. dtype None = at least float32 (bf16 softmax ties too often)."""
+    dt = dtype or torch.promote_types(logits.dtype, torch.float32)
+    lf = logits.to(dt)
+    return (lf.gather(-1, x0[:, None]).squeeze(-1) - torch.logsumexp(lf, dim=-1)).exp()
+
+
+def random_confidence(n: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.rand(n, dtype=torch.float64, generator=gen)
+
+
+def select_transfer(conf: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (into the candidate rows) of the k most confident; k may be 0."""
+    if k <= 0:
+        return conf.new_zeros(0, dtype=torch.long)
+    return torch.topk(conf, k).indices
