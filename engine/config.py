@@ -35,6 +35,10 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9    # CUDA default budget = free memory x this
     kv_pool_tokens: int | None = None      # override the profiled pool size (token slots)
     guard_fraction: float = 0.05           # of the budget, kept free against fragmentation/noise
+    # Whether requests may sample (temperature > 0). At LLaDA's vocabulary the float64 Gumbel
+    # noise is the largest transient of a step, so the profiler includes it only if requests
+    # may use it, and the engine then rejects temperature > 0 when it was not profiled for it.
+    sampling: bool = True
 
     def __post_init__(self) -> None:
         def check(cond: bool, msg: str) -> None:

@@ -68,6 +68,8 @@ class LLMEngine:
         vocab = self.model_config.padded_vocab
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        if params.temperature > 0 and not self.config.sampling:
+            raise ValueError("this engine was configured (and profiled) for greedy decoding: temperature must be 0")
         if params.cfg_scale > 0:
             raise ValueError("the engine does not implement classifier-free guidance (use the reference sampler)")
         length = len(prompt_ids) + params.gen_length

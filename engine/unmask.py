@@ -35,9 +35,14 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, gen: torch.Generator
     """argmax of exp(l) / (-log U)^T with U ~ U(0,1) in float64 (LLaDA's add_gumbel_noise)."""
     if temperature == 0:
         return logits.argmax(-1)
+    # In place where possible: at LLaDA's vocabulary these are the largest transients of a step.
     u = torch.rand(logits.shape, dtype=torch.float64, generator=gen).to(logits.device)
-    noisy = logits.to(torch.float64).exp() / (-torch.log(u)) ** temperature
-    return noisy.argmax(-1)
+    u.log_().neg_()
+    if temperature != 1:
+        u.pow_(temperature)
+    noisy = logits.to(torch.float64)
+    noisy = noisy.exp_() if noisy.data_ptr() != logits.data_ptr() else noisy.exp()
+    return noisy.div_(u).argmax(-1)
 
 
 def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -235,7 +235,7 @@ class LLaDAModelLM(nn.Module):
 
 def load_llada(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LLaDAModelLM:
     """Load an HF LLaDA checkpoint directory (single file or sharded safetensors)."""
-    from safetensors import SafetensorsError
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -260,7 +260,7 @@ def load_llada(path: str | Path, dtype: torch.dtype = torch.float32, device: str
             raise FileNotFoundError(f"shard {f} listed in the index is missing from {path}")
         try:
             state.update(load_file(str(path / f), device=str(device)))
-        except (SafetensorsError, OSError) as e:
+        except (SafetensorError, OSError) as e:
             raise ValueError(f"corrupt safetensors file {path / f}: {e}") from None
     expected = {k: v.shape for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(state))

@@ -1,0 +1,111 @@
+"""Fast-dLLM (NVlabs/Fast-dLLM llada/generate.py): block-wise approximate KV cache.
+
+Per block: one full forward over the whole canvas that refreshes the cache (its logits also
+decide step 0 of the block), then window forwards against the cache until the block has no
+MASK left:
+* dual (default, generate_with_dual_cache): K/V of all L positions are kept; a window forward
+  queries only the current block, overwrites the block's K/V in place and attends over the
+  full length (prefix and suffix stale since the block start).
+* prefix (generate_with_prefix_cache): K/V of [0, block_start) are kept; a window forward
+  queries the current block *and every later block* with fresh K/V for them.
+Confidence is softmax(logits.float64)[x0]. threshold=None (default) commits the linear
+schedule's count each step; a threshold turns on parallel decoding: the most confident
+candidate always, every other one whose confidence reaches the threshold.
+
+NFE semantics (spec §3): 1 full forward + window forwards while the block still has a MASK,
+so zero schedule entries (S > block_length) are skipped. The "no MASK left?" test runs before
+each window forward, as in the newer upstream generate.py: the pinned snapshot tests after it,
+which crashes at S = 1 without a threshold and spends one idle window forward when the full
+step already completed the block; tokens are the same.
+
+Caching K after RoPE is equivalent to upstream's pre-RoPE cache: RoPE is elementwise per
+absolute position and upstream re-applies it at the same positions 0..L-1 every forward.
+In a batch, a row whose block is complete (threshold mode) rides along without committing
+until every row's block is complete: its tokens are unaffected (the next block refreshes).
+If the model itself predicts the MASK id (only a random test model does), a block ends after
+S forwards (threshold None; upstream would index past its schedule) or max(S, block_length).
+"""
+from __future__ import annotations
+
+import torch
+
+from baselines.llada import decide, full_forward, logits_of, project, residual
+from baselines.static_batch import Batch, Policy, StepResult
+from engine.models.llada import LLaDAModelLM
+
+CACHES = ("dual", "prefix")
+
+
+class FastDLLM(Policy):
+    name = "fast-dllm"
+
+    def __init__(self, model: LLaDAModelLM, cache: str = "dual", threshold: float | None = None):
+        super().__init__(model)
+        if cache not in CACHES:
+            raise ValueError(f"fast_dllm_cache must be one of {CACHES}, got {cache!r}")
+        if threshold is not None and not 0 <= threshold <= 1:
+            raise ValueError(f"threshold must be in [0, 1] or None, got {threshold}")
+        self.cache, self.threshold = cache, threshold
+        self.knobs = dict(fast_dllm_cache=cache, threshold=threshold)
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    def begin(self, batch: Batch) -> None:
+        self.k, self.v = [], []
+
+    def step(self, batch: Batch) -> StepResult:
+        s, e = batch.block_range
+        if batch.step_in_block == 0:
+            self.k, self.v = [], []                 # drop the previous block's cache first
+            # dual keeps all L positions; prefix keeps [0, s) (a view, as upstream's slice)
+            keep = batch.length if self.cache == "dual" else s
+
+            def store(i, q, k, v):
+                self.k.append(k[:, :keep])
+                self.v.append(v[:, :keep])
+
+            logits = full_forward(self.model, batch.x, batch.pos, batch.key_mask, on_layer=store)
+            q_start, refresh = 0, True
+        else:
+            logits, q_start = self._window(batch, s, e)
+            refresh = False
+        ks = None if self.threshold is not None else batch.schedule_at(batch.step_in_block)
+        decide(batch, logits, q_start, torch.float64, ks, threshold=self.threshold)
+        return StepResult(batch.size * logits.shape[1], logits.shape[1], refresh)
+
+    def _window(self, batch: Batch, s: int, e: int):
+        m = self.model
+        q_start = s
+        q_end = e if self.cache == "dual" else batch.length
+        pos = batch.pos[:, q_start:q_end]
+        km = batch.key_mask
+        if km is not None and self.cache == "prefix":
+            km = km[:, :q_end]                      # keys = [cached prefix ; fresh block + suffix]
+        h = m.embed(batch.x[:, q_start:q_end])
+        for i, blk in enumerate(m.blocks):
+            q, k, v = project(blk, h, pos, m.rope)
+            if self.cache == "dual":
+                self.k[i][:, s:e] = k               # replace_position: fresh block K/V in place
+                self.v[i][:, s:e] = v
+                kk, vv = self.k[i], self.v[i]
+            else:
+                kk, vv = torch.cat([self.k[i], k], 1), torch.cat([self.v[i], v], 1)
+            h = residual(blk, h, q, kk, vv, km)
+        return logits_of(m, h), q_start
+
+    def block_done(self, batch: Batch) -> bool:
+        if not bool(batch.block_masked().any()):
+            return True
+        # Guard, only reachable when the model commits the MASK id itself (a random test model):
+        # upstream would index past the schedule (threshold None) or could loop forever.
+        cap = batch.params.steps_per_block if self.threshold is None else max(batch.params.steps_per_block, batch.params.block_length)
+        return batch.step_in_block >= cap
+
+    def kv_row_tokens(self, batch: Batch) -> list[int]:
+        if not self.k:
+            return [0] * batch.size
+        held = self.k[0].shape[1]
+        return [max(0, held - p) for p in batch.pads]
+
+    def cache_tensors(self) -> list[torch.Tensor]:
+        return self.k + self.v

@@ -1,0 +1,121 @@
+"""LLaDA's own sampler (ML-GSAI/LLaDA generate.py, low-confidence remasking), no cache: every
+step is one full forward over prompt + generation with full-sequence logits (NFE = steps).
+
+Also the pieces every baseline builds on: a padded [B, T] per-layer forward over the block
+submodules (`project`, `attend`, `full_forward`) and the token decision (`decide`) with each
+upstream's dtype choices as arguments.
+
+Token decision vs upstream: the confidence softmax runs over the whole logits tensor the
+upstream sampler runs it over (so the activation peak is upstream's), but Gumbel noise and
+random-remasking draws come from the request's own generators, for its candidate rows only
+(engine/unmask.py contract). Upstream draws one [B, L, V] noise tensor per forward from the
+global RNG: same distribution, different stream, and a smaller T > 0 activation peak here.
+The top-k runs over the candidates instead of a whole row with -inf elsewhere: same choice.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from baselines.static_batch import Batch, Policy, StepResult
+from engine.models.llada import LLaDABlock, LLaDAModelLM
+from engine.request import Request
+from engine.unmask import gumbel_argmax, random_confidence, select_transfer
+
+
+def project(block: LLaDABlock, h: torch.Tensor, pos: torch.Tensor, rope):
+    """h [B, T, d], pos [B, T] -> RoPE'd q [B, T, Hq, D], RoPE'd k and v [B, T, Hkv, D]."""
+    B, T, _ = h.shape
+    q, k, v = block.qkv(h.reshape(B * T, -1), pos.reshape(-1), rope)
+    return q.view(B, T, *q.shape[1:]), k.view(B, T, *k.shape[1:]), v.view(B, T, *v.shape[1:])
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Bidirectional attention of q [B, Tq, Hq, D] over k, v [B, Tk, Hkv, D] -> [B, Tq, Hq*D].
+    key_mask [B, Tk] (True = real key) hides padding; None = no mask, upstream's path."""
+    rep = q.shape[2] // k.shape[2]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+    m = None if key_mask is None else key_mask[:, None, None, :]
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=m)
+    return o.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+
+
+def residual(block: LLaDABlock, h, q, k, v, key_mask) -> torch.Tensor:
+    """The rest of a llama block once q/k/v are known: attention delta, then MLP delta."""
+    h = h + block.attn_out(attend(q, k, v, key_mask))
+    return h + block.mlp(h)
+
+
+def logits_of(model: LLaDAModelLM, h: torch.Tensor) -> torch.Tensor:
+    return model.lm_head(model.final_norm(h))
+
+
+def full_forward(model: LLaDAModelLM, x: torch.Tensor, pos: torch.Tensor, key_mask, on_layer=None) -> torch.Tensor:
+    """Plain forward of the padded canvas [B, L] -> logits [B, L, V]. `on_layer(i, q, k, v)` sees
+    each layer's RoPE'd projections: that is where the caching policies store or select K/V."""
+    h = model.embed(x)
+    for i, blk in enumerate(model.blocks):
+        q, k, v = project(blk, h, pos, model.rope)
+        if on_layer is not None:
+            on_layer(i, q, k, v)
+        h = residual(blk, h, q, k, v, key_mask)
+    return logits_of(model, h)
+
+
+def sample_exp(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> torch.Tensor:
+    """dLLM-Cache's add_gumbel_noise + argmax: exp(l) even at T = 0 (argmax of inf ties picks the
+    first), noise drawn and applied in the logits dtype."""
+    if temperature == 0:
+        return logits.exp().argmax(-1)
+    u = torch.rand(logits.shape, dtype=logits.dtype, generator=gen).to(logits.device)
+    return (logits.exp() / (-torch.log(u)) ** temperature).argmax(-1)
+
+
+def _x0(req: Request, logits: torch.Tensor, exp_argmax: bool) -> torch.Tensor:
+    if exp_argmax:
+        return sample_exp(logits, req.params.temperature, req.gens.gumbel)
+    return gumbel_argmax(logits, req.params.temperature, req.gens.gumbel)   # float64 noise
+
+
+def decide(batch: Batch, logits: torch.Tensor, q_start: int, conf_dtype: torch.dtype, ks: list[int] | None,
+           threshold: float | None = None, exp_argmax: bool = False) -> None:
+    """Commit tokens of every row's current block. `logits` [B, Tq, V] cover canvas columns
+    [q_start, q_start + Tq). Candidates: each row's still-masked block positions, position order.
+    ks: tokens per row (the linear schedule), or threshold: Fast-dLLM's parallel rule."""
+    mask_id = batch.reqs[0].mask_id
+    s, e = batch.block_range
+    probs = None
+    if any(r.params.remasking == "low_confidence" for r in batch.reqs):
+        probs = F.softmax(logits.to(conf_dtype), dim=-1)          # whole tensor, as upstream
+    for i, req in enumerate(batch.reqs):
+        cand = torch.nonzero(batch.x[i, s:e] == mask_id).squeeze(-1) + s
+        n = cand.numel()
+        if n == 0:
+            continue
+        rows = cand - q_start
+        x0 = _x0(req, logits[i, rows], exp_argmax)
+        if req.params.remasking == "low_confidence":
+            conf = probs[i, rows].gather(-1, x0[:, None]).squeeze(-1)
+        else:
+            conf = random_confidence(n, req.gens.remask)
+        if threshold is None:
+            chosen = select_transfer(conf, ks[i])
+        else:
+            # Best one always; every further one only if its confidence reaches the threshold.
+            order = torch.topk(conf, n).indices
+            ok = conf[order] >= threshold
+            ok[0] = True
+            chosen = order[ok]
+        batch.x[i, cand[chosen]] = x0[chosen].to(batch.x.dtype)
+
+
+class LLaDASampler(Policy):
+    """LLaDA generate.py: S full forwards per block, confidence softmax in the logits dtype."""
+
+    name = "llada"
+
+    def step(self, batch: Batch) -> StepResult:
+        logits = full_forward(self.model, batch.x, batch.pos, batch.key_mask)
+        decide(batch, logits, 0, logits.dtype, batch.schedule_at(batch.step_in_block))
+        return StepResult(batch.size * batch.length, batch.length, refresh=True)

@@ -1,0 +1,334 @@
+"""Request-level static batching: the serving wrapper every baseline runs under.
+
+When idle, take up to `max_batch_size` waiting requests FCFS and run them together, in lock
+step, to completion; then take the next batch. One `step()` is one (batched) model forward of
+the current batch. A decoding policy (baselines/llada.py, fast_dllm.py, dllm_cache.py,
+sparse_dllm.py) decides what that forward computes and caches and which tokens it commits.
+
+Choices, and how they differ from upstream:
+* Sampling shape: a batch only takes *consecutive* FCFS requests with the same
+  (gen_length, block_length, steps); filling stops at the first different one, so every row
+  shares the block cursor (upstream takes one shape per call). Temperature, remasking and seed
+  may differ per row: token choice is per request (engine/unmask.py randomness contract).
+* Mixed prompt lengths: rows are left-padded (as upstream's tokenizer does) to the longest
+  prompt, so every row's generation region sits in the same columns. Unlike upstream, whose
+  cached attention paths ignore the padding mask and whose RoPE positions count the pads,
+  padded keys are masked out and each row's RoPE positions are its own (0..len-1), so a request
+  gets exactly the tokens it gets alone. A batch without padding attends with no mask at all,
+  exactly the upstream path.
+* Abort: a waiting request is dropped; a running one is marked aborted and never returned, but
+  keeps its row until the batch ends (a static batch cannot shrink), unless every row is aborted.
+* Counters mirror LLMEngine's. Query tokens and logits rows count what the padded forward
+  computed (pads included: that is the static batch's cost); per-request `kv_tokens` is the
+  peak number of the request's own tokens held in the policy's cache, `kv_bytes` their bytes.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.models.llada import LLaDAModelLM
+from engine.request import Request, RequestOutput, Status
+from engine.sampling import SamplingParams
+from engine.unmask import transfer_schedule
+
+
+@dataclass
+class StepResult:
+    query_tokens: int     # input positions of the forward (all rows, pads included)
+    logits_rows: int      # logits rows materialized per batch row
+    refresh: bool         # a full (refresh) forward, vs a cache-reusing one
+
+
+class Batch:
+    """The lock-step state of one static batch: a left-padded [B, L] canvas and its cursor."""
+
+    def __init__(self, reqs: list[Request], pad_id: int, device):
+        self.reqs, self.params = reqs, reqs[0].params
+        self.pads = [0] * len(reqs)
+        self.prompt_len = max(r.prompt_len for r in reqs)          # padded prompt length
+        L = self.prompt_len + self.params.gen_length
+        self.x = torch.full((len(reqs), L), pad_id, dtype=torch.long, device=device)
+        cols = torch.arange(L, device=device)
+        pos, valid = [], []
+        for i, r in enumerate(reqs):
+            self.pads[i] = self.prompt_len - r.prompt_len
+            self.x[i, self.pads[i]:] = r.canvas
+            pos.append((cols - self.pads[i]).clamp(min=0))
+            valid.append(cols >= self.pads[i])
+        self.pos = torch.stack(pos)                                 # each row's own RoPE positions
+        self.valid = torch.stack(valid)
+        self.key_mask = self.valid if any(self.pads) else None      # None: attend unmasked
+        self.block = self.step_in_block = self.forwards = 0
+        self.new_block_schedules()
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def length(self) -> int:
+        return self.x.shape[1]
+
+    @property
+    def block_range(self) -> tuple[int, int]:
+        s = self.prompt_len + self.block * self.params.block_length
+        return s, s + self.params.block_length
+
+    def row_length(self, i: int) -> int:
+        return self.length - self.pads[i]
+
+    def block_masked(self) -> torch.Tensor:
+        """[B] bool: does the row still have MASKs in the current block?"""
+        s, e = self.block_range
+        return (self.x[:, s:e] == self.reqs[0].mask_id).any(1)
+
+    def new_block_schedules(self) -> None:
+        s, e = self.block_range
+        n = (self.x[:, s:e] == self.reqs[0].mask_id).sum(1).tolist()
+        self.schedules = [transfer_schedule(int(k), self.params.steps_per_block) for k in n]
+
+    def schedule_at(self, step: int) -> list[int]:
+        return [sch[step] if step < len(sch) else 0 for sch in self.schedules]
+
+
+class Policy:
+    """A decoding policy over the shared model code. Subclasses implement `step`."""
+
+    name = "policy"
+    knobs: dict = {}
+
+    def __init__(self, model: LLaDAModelLM):
+        self.model = model
+
+    def begin(self, batch: Batch) -> None:
+        """A new batch starts: drop every cache."""
+
+    def step(self, batch: Batch) -> StepResult:
+        raise NotImplementedError
+
+    def block_done(self, batch: Batch) -> bool:
+        """Checked after each step (step_in_block already advanced). LLaDA's loop: S steps."""
+        return batch.step_in_block >= batch.params.steps_per_block
+
+    def kv_row_tokens(self, batch: Batch) -> list[int]:
+        """Each row's own tokens currently held in the cache."""
+        return [0] * batch.size
+
+    def kv_token_bytes(self) -> int:
+        """Bytes one cached token costs over all layers (K and V by default)."""
+        c = self.model.config
+        return c.n_layers * 2 * c.kv_heads * c.head_dim * self.model.dtype.itemsize
+
+    def cache_tensors(self) -> list[torch.Tensor]:
+        return []
+
+    def cache_bytes(self) -> int:
+        """Bytes really held by the cache: unique storages, since cached slices may be views."""
+        seen = {}
+        for t in self.cache_tensors():
+            if t is not None:
+                st = t.untyped_storage()
+                seen[st.data_ptr()] = st.nbytes()
+        return sum(seen.values())
+
+
+class StaticBatchSystem:
+    """The serving-system interface (see docs/ARCHITECTURE.md) over one decoding policy."""
+
+    def __init__(self, model: LLaDAModelLM, policy: Policy, max_batch_size: int = 8, max_model_len: int | None = None):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model, self.policy, self.max_batch_size = model, policy, max_batch_size
+        self.cfg = model.config
+        self.max_model_len = max_model_len or self.cfg.max_sequence_length
+        self.waiting: deque[Request] = deque()
+        self.batch: Batch | None = None
+        self._ids = itertools.count()
+        self.counters = dict(steps=0, forwards=0, query_tokens=0, logits_rows=0, max_logits_rows_in_step=0,
+                             refresh_steps=0, reuse_steps=0)
+        self.batch_sizes: list[int] = []
+        self.step_log: list[tuple[int, int, int]] = []
+        self.peak_kv_tokens = self.peak_kv_bytes = 0
+
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        prompt_ids = [int(t) for t in prompt_ids]
+        mask, vocab = self.cfg.mask_token_id, self.cfg.padded_vocab
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if mask in prompt_ids:
+            raise ValueError(f"prompt contains the mask token id {mask}")
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        if params.cfg_scale > 0:
+            raise ValueError("the baselines do not implement classifier-free guidance")
+        if len(prompt_ids) + params.gen_length > self.max_model_len:
+            raise ValueError(f"prompt + gen_length = {len(prompt_ids) + params.gen_length} exceeds max_model_len {self.max_model_len}")
+        req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, mask, self.model.device,
+                      time.perf_counter() if arrival_time is None else arrival_time)
+        self.waiting.append(req)
+        return req.request_id
+
+    def abort(self, request_id: str) -> None:
+        for r in self.waiting:
+            if r.request_id == request_id:
+                self.waiting.remove(r)
+                r.status = Status.ABORTED
+                return
+        if self.batch is not None:
+            for r in self.batch.reqs:
+                if r.request_id == request_id:
+                    r.status = Status.ABORTED
+            if all(r.status is Status.ABORTED for r in self.batch.reqs):
+                self.batch = None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting) or self.batch is not None
+
+    def _admit(self) -> None:
+        first = self.waiting.popleft()
+        shape = lambda r: (r.params.gen_length, r.params.block_length, r.params.steps)  # noqa: E731
+        reqs = [first]
+        while self.waiting and len(reqs) < self.max_batch_size and shape(self.waiting[0]) == shape(first):
+            reqs.append(self.waiting.popleft())
+        now = time.perf_counter()
+        for r in reqs:
+            r.status, r.admitted_time = Status.RUNNING, now
+        self.batch = Batch(reqs, self.cfg.pad_token_id, self.model.device)
+        self.policy.begin(self.batch)
+
+    @torch.no_grad()
+    def step(self) -> list[RequestOutput]:
+        if self.batch is None:
+            if not self.waiting:
+                return []
+            self._admit()
+        b = self.batch
+        res = self.policy.step(b)
+        b.forwards += 1
+        b.step_in_block += 1
+        c = self.counters
+        c["steps"] += 1
+        c["forwards"] += 1
+        c["query_tokens"] += res.query_tokens
+        c["logits_rows"] += res.logits_rows * b.size
+        c["max_logits_rows_in_step"] = max(c["max_logits_rows_in_step"], res.logits_rows * b.size)
+        c["refresh_steps" if res.refresh else "reuse_steps"] += b.size
+        self.batch_sizes.append(b.size)
+        self.step_log.append((b.size if res.refresh else 0, 0 if res.refresh else b.size, res.query_tokens))
+        kv_rows = self.policy.kv_row_tokens(b)
+        self.peak_kv_tokens = max(self.peak_kv_tokens, sum(kv_rows))
+        self.peak_kv_bytes = max(self.peak_kv_bytes, self.policy.cache_bytes())
+        for r, kv in zip(b.reqs, kv_rows):
+            r.nfe += 1
+            r.logits_rows += res.logits_rows
+            r.kv_tokens = max(r.kv_tokens, kv)
+            r.kv_bytes = r.kv_tokens * self.policy.kv_token_bytes()
+        if not self.policy.block_done(b):
+            return []
+        now = time.perf_counter()
+        b.block, b.step_in_block = b.block + 1, 0
+        for r in b.reqs:
+            r.first_token_time = r.first_token_time or now
+        if b.block < b.params.num_blocks:
+            b.new_block_schedules()
+            return []
+        self.batch = None
+        done = []
+        for i, r in enumerate(b.reqs):
+            r.canvas = b.x[i, b.pads[i]:].clone()
+            if r.status is Status.ABORTED:
+                continue
+            r.status, r.finished_time = Status.FINISHED, now
+            r.block = b.block
+            done.append(r.output())
+        return done
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
+                 progress: Callable[[int, int], None] | None = None) -> list[RequestOutput]:
+        """Run all prompts to completion; outputs in input order."""
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        out: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for o in self.step():
+                out[o.request_id] = o
+                if progress:
+                    progress(len(out), len(ids))
+        return [out[i] for i in ids]
+
+    def stats(self) -> dict:
+        c = dict(self.counters)
+        c.update(
+            system=self.policy.name, knobs=dict(self.policy.knobs), max_batch_size=self.max_batch_size,
+            kv_pool_tokens=None, kv_pool_bytes=None,   # no pool: caches live and die with the batch
+            peak_kv_tokens=self.peak_kv_tokens, peak_kv_bytes=self.peak_kv_bytes,
+            batch_sizes=list(self.batch_sizes), step_composition=[list(s) for s in self.step_log],
+        )
+        return c
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def profile_max_batch(model: LLaDAModelLM, memory_budget_bytes: int, prompt_len: int, gen_length: int,
+                      block_length: int = 32, steps: int | None = None, system: str = "llada",
+                      knobs: dict | None = None, measure: Callable[[int], int] | None = None,
+                      max_batch: int = 4096, run_steps: int | None = None) -> tuple[int, int]:
+    """Largest static batch B whose measured peak (activations incl. full-sequence logits +
+    caches, weights excluded) fits `memory_budget_bytes - weights`. Returns (B, measured peak at B).
+
+    `measure(B) -> peak bytes` defaults to running `system` at batch B under engine.memory's
+    MemoryMeter for `run_steps` steps (None: the first block plus one step, which visits every
+    phase of every policy with its caches held; pass a large number for a whole generation).
+    The search assumes the peak grows with B: doubling, then bisection."""
+    avail = memory_budget_bytes - weight_bytes(model)
+    if measure is None:
+        measure = lambda B: measure_run(model, B, prompt_len, gen_length, block_length, steps, system, knobs, run_steps)  # noqa: E731
+    cache: dict[int, int] = {}
+
+    def fits(B: int) -> bool:
+        if B not in cache:
+            cache[B] = measure(B)
+        return cache[B] <= avail
+
+    if not fits(1):
+        raise ValueError(f"batch 1 needs {cache[1]} bytes beyond the weights but the budget leaves {avail}")
+    lo, hi = 1, 2
+    while hi <= max_batch and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, max_batch + 1)
+    while hi - lo > 1:                     # invariant: lo fits, hi does not (or is past max_batch)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo, cache[lo]
+
+
+def measure_run(model: LLaDAModelLM, batch_size: int, prompt_len: int, gen_length: int, block_length: int = 32,
+                steps: int | None = None, system: str = "llada", knobs: dict | None = None,
+                run_steps: int | None = None) -> int:
+    """Peak bytes (beyond what was live before) of a static batch of `batch_size` synthetic requests."""
+    from baselines import make_system          # the registry imports this module
+    from engine.memory import MemoryMeter       # the engine's meter (CUDA peaks / CPU live tensors)
+
+    params = SamplingParams(gen_length=gen_length, steps=steps or gen_length, block_length=block_length)
+    sysm = make_system(system, model, max_batch_size=batch_size, **(knobs or {}))
+    g = torch.Generator().manual_seed(0)
+    hi = min(model.config.mask_token_id, model.config.padded_vocab)
+    for _ in range(batch_size):
+        sysm.add_request(torch.randint(0, hi, (prompt_len,), generator=g).tolist(), params)
+    n = run_steps if run_steps is not None else params.steps_per_block + 1
+    with MemoryMeter(model.device) as meter:
+        for _ in range(n):
+            if not sysm.has_unfinished():
+                break
+            sysm.step()
+        sysm.batch = None
+    return int(meter.peak_bytes)

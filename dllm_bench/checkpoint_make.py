@@ -1,0 +1,152 @@
+"""Write a preset as an HF-layout LLaDA checkpoint with seeded random weights.
+
+Layout (docs/ARCHITECTURE.md "Checkpoints"): config.json with every LLaDA-8B-Instruct field,
+weights under LLaDA's exact names as `model.safetensors` or HF shards + index, and the offline
+tokenizer. Each tensor is drawn from its own generator seeded by (preset seed, tensor name), so
+the values don't depend on the shard count or on the order tensors are written, and the same
+preset always gives the same bytes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+
+import torch
+
+from dllm_bench.errors import UserError
+from dllm_bench.presets import STAMP_FILE, Preset, get_preset
+from dllm_bench.tokenizer_build import save_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+INDEX_FILE = "model.safetensors.index.json"
+INIT_STD = 0.02  # LLaDA's init_std
+BLOCK_WEIGHTS = ("attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj",
+                 "up_proj", "ff_out")
+# Files make_checkpoint owns: --force removes only these, never anything else in the directory.
+OWNED_GLOBS = ("config.json", "model*.safetensors", INDEX_FILE, "tokenizer.json",
+               "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", STAMP_FILE)
+
+
+def weight_shapes(preset: Preset) -> dict[str, tuple[int, ...]]:
+    """LLaDA's HF weight names -> shapes (nn.Linear is [out, in]), in checkpoint order."""
+    d, v, m = preset.d_model, preset.vocab_size, preset.mlp_hidden_size
+    kv = preset.n_kv_heads * preset.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.transformer.wte.weight": (v, d)}
+    per_block = {"attn_norm": (d,), "q_proj": (d, d), "k_proj": (kv, d), "v_proj": (kv, d),
+                 "attn_out": (d, d), "ff_norm": (d,), "ff_proj": (m, d), "up_proj": (m, d),
+                 "ff_out": (d, m)}
+    for i in range(preset.n_layers):
+        for w in BLOCK_WEIGHTS:
+            shapes[f"model.transformer.blocks.{i}.{w}.weight"] = per_block[w]
+    shapes["model.transformer.ln_f.weight"] = (d,)
+    shapes["model.transformer.ff_out.weight"] = (v, d)
+    return shapes
+
+
+def init_weight(preset: Preset, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """float32 init: RMSNorm weights 1, everything else N(0, 0.02) from a per-tensor generator."""
+    if len(shape) == 1:
+        return torch.ones(shape, dtype=torch.float32)
+    g = torch.Generator().manual_seed(preset.seed * 1_000_003 + zlib.crc32(name.encode()))
+    return torch.empty(shape, dtype=torch.float32).normal_(0.0, INIT_STD, generator=g)
+
+
+def to_dtype(dtype: str | torch.dtype | None, preset: Preset) -> tuple[str, torch.dtype]:
+    if dtype is None:
+        dtype = preset.dtype
+    if isinstance(dtype, torch.dtype):
+        names = {v: k for k, v in DTYPES.items()}
+        if dtype not in names:
+            raise UserError(f"unsupported dtype {dtype}; use one of {', '.join(DTYPES)}")
+        return names[dtype], dtype
+    if dtype not in DTYPES:
+        raise UserError(f"unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return dtype, DTYPES[dtype]
+
+
+def plan_shards(sizes: dict[str, int], shards: int) -> list[list[str]]:
+    """Split tensors (kept in order) into `shards` non-empty groups of roughly equal bytes."""
+    names = list(sizes)
+    if shards > len(names):
+        raise UserError(f"--shards {shards} is more than the {len(names)} tensors of the model")
+    target = sum(sizes.values()) / shards
+    groups: list[list[str]] = [[]]
+    acc = 0
+    for idx, name in enumerate(names):
+        to_open = shards - len(groups)
+        if groups[-1] and to_open > 0 and (acc >= target or len(names) - idx <= to_open):
+            groups.append([])
+            acc = 0
+        groups[-1].append(name)
+        acc += sizes[name]
+    assert len(groups) == shards and all(groups)
+    return groups
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _clear_owned(out: Path) -> None:
+    for pattern in OWNED_GLOBS:
+        for f in out.glob(pattern):
+            if f.is_file():
+                f.unlink()
+
+
+def make_checkpoint(preset: Preset | str, out_dir: str | Path, shards: int = 1,
+                    dtype: str | torch.dtype | None = None, force: bool = False) -> Path:
+    """Write the checkpoint into out_dir and return it. dtype None = the preset's storage dtype.
+
+    A non-empty out_dir needs force=True, which removes only the files this function writes."""
+    from safetensors.torch import save_file
+
+    if isinstance(preset, str):
+        preset = get_preset(preset)
+    if not preset.makeable or preset.asset:  # shape-only, or a committed (trained) checkpoint
+        raise UserError(f"preset {preset.name!r} can't be made ({preset.note or 'committed checkpoint'})")
+    if not isinstance(shards, int) or shards < 1:
+        raise UserError(f"--shards must be >= 1, got {shards}")
+    dtype_name, torch_dtype = to_dtype(dtype, preset)
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise UserError(f"--out {out} is not empty (use --force to overwrite)")
+        _clear_owned(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    ids = save_tokenizer(out, preset.vocab_size, preset.tokenizer_learned, preset.max_sequence_length)
+    cfg = preset.config_dict(ids.config_fields())
+    cfg["torch_dtype"] = dtype_name
+    _write_json(out / "config.json", cfg)
+
+    shapes = weight_shapes(preset)
+    itemsize = torch.empty((), dtype=torch_dtype).element_size()
+    sizes = {n: itemsize * _numel(s) for n, s in shapes.items()}
+    groups = plan_shards(sizes, shards)
+    weight_map: dict[str, str] = {}
+    for k, group in enumerate(groups, start=1):
+        fname = "model.safetensors" if shards == 1 else f"model-{k:05d}-of-{shards:05d}.safetensors"
+        # One shard in memory at a time: the 126k presets' embedding alone is 130 MB in fp32.
+        tensors = {n: init_weight(preset, n, shapes[n]).to(torch_dtype) for n in group}
+        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        os.chmod(out / fname, 0o644)  # safetensors creates 0600; match the other files
+        del tensors
+        weight_map.update({n: fname for n in group})
+    if shards > 1:
+        _write_json(out / INDEX_FILE, {"metadata": {"total_size": sum(sizes.values())},
+                                       "weight_map": weight_map})
+    # Written last: its presence marks a complete checkpoint of exactly this preset.
+    _write_json(out / STAMP_FILE, {**preset.fingerprint(), "shards": shards, "dtype": dtype_name})
+    return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

@@ -1,0 +1,92 @@
+"""`dllm-bench models list|make`: the embedded checkpoint presets."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from dllm_bench.errors import UserError
+from dllm_bench.presets import PRESETS, Preset, get_preset, is_made, make_cached, preset_path
+
+
+def _human(n: float, unit: str = "") -> str:
+    for suffix in ("", "K", "M", "G"):
+        if n < 1000:
+            return f"{n:.3g}{suffix}{unit}"
+        n /= 1000
+    return f"{n:.3g}T{unit}"
+
+
+def _status(p: Preset) -> str:
+    path = preset_path(p)
+    if path is None:
+        return "shape only"
+    if p.asset:
+        return str(path) if (path / "config.json").is_file() else f"missing asset {path}"
+    return str(path) if is_made(p, path) else "not made"
+
+
+def _dir_bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+
+
+def list_presets() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="model presets (LLaDA layout)")
+    for col in ("name", "vocab", "d_model", "layers", "heads", "kv heads", "head dim", "mlp",
+                "params", "weights", "made? / path"):
+        left = col in ("name", "made? / path")
+        table.add_column(col, justify="left" if left else "right", no_wrap=col != "made? / path",
+                         overflow="fold")
+    for p in PRESETS.values():
+        disk = p.n_params * (2 if p.dtype in ("bfloat16", "float16") else 4)
+        table.add_row(p.name, str(p.vocab_size), str(p.d_model), str(p.n_layers), str(p.n_heads),
+                      str(p.n_kv_heads), str(p.head_dim), str(p.mlp_hidden_size), _human(p.n_params),
+                      f"{_human(disk, 'B')} {p.dtype}", _status(p))
+    console = Console()
+    if not console.is_terminal:  # piped / captured: don't squeeze paths into 80 columns
+        console = Console(width=200)
+    console.print(table)
+
+
+def make(name: str, out: Path | None, shards: int, force: bool) -> Path:
+    """Make a preset into --out, or into the cache when --out is not given."""
+    from dllm_bench.checkpoint_make import make_checkpoint
+
+    preset = get_preset(name)
+    if shards < 1:
+        raise UserError(f"--shards must be >= 1, got {shards}")
+    if not preset.makeable or preset.asset:
+        raise UserError(f"preset {name!r} can't be made ({preset.note or 'packaged checkpoint'})")
+    if out is None:
+        return make_cached(preset, shards=shards, force=force)
+    return make_checkpoint(preset, out, shards=shards, force=force)
+
+
+def register(app: typer.Typer) -> None:
+    models_app = typer.Typer(help="Embedded model presets: list them, make their checkpoints.",
+                             no_args_is_help=True)
+
+    @models_app.command("list")
+    def list_cmd() -> None:
+        """Show every preset, its shape, and whether/where its checkpoint is made."""
+        list_presets()
+
+    @models_app.command("make")
+    def make_cmd(
+        name: str = typer.Argument(..., help=f"preset: {', '.join(PRESETS)}"),
+        out: Path | None = typer.Option(None, "--out", help="directory to write (default: the cache)"),
+        shards: int = typer.Option(1, "--shards", help="safetensors shards (>1 writes an index)"),
+        force: bool = typer.Option(False, "--force", help="overwrite an existing checkpoint"),
+    ) -> None:
+        """Write a preset's checkpoint (config.json, safetensors, tokenizer)."""
+        path = make(name, out, shards, force)
+        cfg = json.loads((path / "config.json").read_text())
+        ids = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id", "mask_token_id")}
+        typer.echo(f"{name}: {path} ({_human(_dir_bytes(path), 'B')}, {cfg['torch_dtype']}); "
+                   + ", ".join(f"{k}={v}" for k, v in ids.items()))
+
+    app.add_typer(models_app, name="models")

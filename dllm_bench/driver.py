@@ -1,0 +1,170 @@
+"""Open-loop, wall-clock benchmark loop for ONE serving system (engine or baseline).
+
+Open loop means arrivals never wait for the system: request i "arrives" at t0 + offset_i
+whatever the system is doing, exactly like vLLM's client firing at the configured rate. The
+system runs in this thread, so a request whose time passes during a long step() is handed over
+right after that step; its arrival_time is still t0 + offset_i, so that wait is charged to the
+system as queueing, as a real client would see it.
+
+Times in the returned records are seconds since t0 (the benchmark start).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+# Names a workload item may use for its arrival offset (seconds from the start). The first
+# one present wins; workloads/ is free to pick any of them.
+ARRIVAL_FIELDS = ("arrival", "arrival_offset", "offset", "arrival_s", "timestamp")
+TIME_FIELDS = ("arrival_time", "admitted_time", "first_token_time", "finished_time")
+# Cumulative stats() counters: a point reports their increase over the run, so a system object
+# reused across points does not leak counts from earlier points. Peaks/sizes are taken as-is.
+COUNTER_STATS = ("steps", "forwards", "query_tokens", "logits_rows")
+
+ProgressFn = Callable[[int, int, float], None]  # (arrived, finished, live output tok/s)
+
+
+def _get(item: Any, name: str, default: Any = None) -> Any:
+    return item.get(name, default) if isinstance(item, Mapping) else getattr(item, name, default)
+
+
+def arrival_offset(item: Any) -> float:
+    for f in ARRIVAL_FIELDS:
+        v = _get(item, f)
+        if v is not None:
+            return float(v)
+    raise ValueError(f"workload item has none of the arrival fields {ARRIVAL_FIELDS}: {item!r}")
+
+
+def params_factory(**fixed: Any) -> Callable[[Any], Any]:
+    """make_params for run_open_loop: SamplingParams(gen_length=item's gen_length, **fixed)."""
+    from engine.sampling import SamplingParams
+
+    return lambda item: SamplingParams(gen_length=int(_get(item, "gen_length")), **fixed)
+
+
+def _stats_delta(before: Mapping, after: Mapping) -> dict:
+    out = dict(after)
+    for k in COUNTER_STATS:
+        if isinstance(after.get(k), (int, float)) and isinstance(before.get(k), (int, float)):
+            out[k] = after[k] - before[k]
+    if isinstance(after.get("batch_sizes"), list) and isinstance(before.get("batch_sizes"), list):
+        out["batch_sizes"] = after["batch_sizes"][len(before["batch_sizes"]):]
+    a, b = after.get("step_composition"), before.get("step_composition")
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        out["step_composition"] = {k: v - b.get(k, 0) for k, v in a.items()}
+    return out
+
+
+def _record(out: Any, t0: float, arrival: float | None, keep_token_ids: bool) -> dict:
+    token_ids, prompt_ids = _get(out, "token_ids"), _get(out, "prompt_ids")
+    rec: dict[str, Any] = {
+        "request_id": _get(out, "request_id"),
+        "prompt_len": len(prompt_ids) if prompt_ids is not None else _get(out, "prompt_len"),
+        "output_len": len(token_ids) if token_ids is not None else _get(out, "output_len"),
+    }
+    for k in TIME_FIELDS:
+        v = _get(out, k)
+        rec[k] = None if v is None else float(v) - t0
+    if rec["arrival_time"] is None and arrival is not None:
+        rec["arrival_time"] = arrival - t0
+    for k in ("nfe", "logits_rows", "kv_tokens", "kv_bytes"):
+        rec[k] = _get(out, k)
+    if keep_token_ids:
+        rec["token_ids"] = list(token_ids or ())
+    return rec
+
+
+def run_open_loop(system: Any, workload: Iterable[Any], make_params: Callable[[Any], Any], *,
+                  progress: ProgressFn | None = None, max_duration: float | None = None,
+                  id_prefix: str = "req", keep_token_ids: bool = False,
+                  progress_interval: float = 0.1,
+                  clock: Callable[[], float] = time.perf_counter,
+                  sleep: Callable[[float], None] = time.sleep) -> dict:
+    """Replay `workload` (items with prompt_ids, gen_length, an arrival offset in seconds and
+    optionally request_id) against `system` in real time.
+
+    Returns {records, rejected, duration, interrupted, timed_out, unfinished, unfinished_ids,
+    not_sent, num_requests, stats}. Ctrl-C stops the loop and keeps what finished
+    (interrupted=True); after `max_duration` seconds live requests are aborted (unfinished) and
+    not-yet-arrived ones are never sent (not_sent).
+    """
+    items = sorted(enumerate(workload), key=lambda p: arrival_offset(p[1]))  # stable for ties
+    offsets = [arrival_offset(it) for _, it in items]
+    # Checked up front: a lengths-only workload (no vocab) is a caller bug, not a rejection.
+    if any(_get(it, "prompt_ids") is None for _, it in items):
+        raise ValueError("workload items need prompt_ids (build the workload with a vocab)")
+    stats_before = dict(system.stats())
+    records: list[dict] = []
+    rejected: list[dict] = []
+    live: dict[str, float] = {}  # request_id -> absolute arrival time, for unfinished/abort
+    out_tokens = 0
+    interrupted = timed_out = False
+    nxt = 0
+    deadline = math.inf if max_duration is None else float(max_duration)
+    last_report = -math.inf
+
+    def report(force: bool = False) -> None:
+        nonlocal last_report
+        now = clock()
+        if progress is not None and (force or now - last_report >= progress_interval):
+            last_report = now
+            el = now - t0
+            progress(nxt, len(records), out_tokens / el if el > 0 else 0.0)
+
+    t0 = clock()
+    try:
+        while True:
+            now = clock()
+            # Hand over every request whose arrival time has passed (never one that has not).
+            while nxt < len(items) and t0 + offsets[nxt] <= now:
+                idx, it = items[nxt]
+                rid = str(_get(it, "request_id") or f"{id_prefix}-{idx}")
+                arr = t0 + offsets[nxt]
+                nxt += 1
+                live[rid] = arr  # before the call: a Ctrl-C inside it must still abort it
+                try:
+                    system.add_request(list(_get(it, "prompt_ids")), make_params(it),
+                                       request_id=rid, arrival_time=arr)
+                except ValueError as e:  # "can never run": recorded, the benchmark goes on
+                    del live[rid]
+                    rejected.append({"request_id": rid, "prompt_len": len(_get(it, "prompt_ids")),
+                                     "gen_length": _get(it, "gen_length"),
+                                     "arrival_time": offsets[nxt - 1], "error": str(e)})
+            if now - t0 >= deadline:
+                timed_out = True
+                break
+            if system.has_unfinished():
+                for out in system.step():
+                    rid = _get(out, "request_id")
+                    if _get(out, "finished", True) is False:
+                        continue  # not a completion (still live, or aborted by the system)
+                    rec = _record(out, t0, live.pop(rid, None), keep_token_ids)
+                    records.append(rec)
+                    out_tokens += rec["output_len"] or 0
+                report()
+            elif nxt < len(items):
+                # Idle: sleep to the next arrival (or the deadline), not a busy wait.
+                report()
+                sleep(max(0.0, min(t0 + offsets[nxt], t0 + deadline) - clock()))
+            else:
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+    duration = clock() - t0
+    unfinished_ids = list(live)
+    for rid in unfinished_ids:  # free the system's queue/KV; a failing abort must not lose data
+        try:
+            system.abort(rid)
+        except Exception:  # noqa: BLE001
+            pass
+    report(force=True)
+    return {
+        "records": records, "rejected": rejected, "duration": duration,
+        "interrupted": interrupted, "timed_out": timed_out,
+        "unfinished": len(unfinished_ids), "unfinished_ids": unfinished_ids,
+        "not_sent": len(items) - nxt, "num_requests": len(items),
+        "stats": _stats_delta(stats_before, dict(system.stats())),
+    }

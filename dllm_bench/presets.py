@@ -1,0 +1,203 @@
+"""Named model presets (gpt-fast `ModelArgs.from_name` style) and `resolve_model`.
+
+A preset is LLaDA-8B-Instruct's config with only the size fields changed, plus a weight seed and
+a tokenizer size, so every preset exercises the same code paths as the real model. Presets are
+made on first use into a cache directory (random weights; see checkpoint_make.py), or, for a
+preset with `asset=`, point at a checkpoint committed inside the package (a trained model).
+
+Cache: `$DLLM_BENCH_CACHE/models/<name>` (default `~/.cache/dllm-bench/models/<name>`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dllm_bench.errors import UserError
+from dllm_bench.tokenizer_build import LLADA_VOCAB_SIZE
+
+# Bump when the bytes make_checkpoint writes for a preset change, so stale caches are remade.
+FORMAT_VERSION = 1
+STAMP_FILE = "dllm_bench_preset.json"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+# LLaDA-8B-Instruct config.json, all fields (baselines_spec.md §1.1) minus auto_map (no remote
+# code here) and minus the special-token ids (they come from the tokenizer that is written).
+LLADA_8B_CONFIG: dict = {
+    "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0,
+    "architectures": ["LLaDAModelLM"], "attention_dropout": 0.0, "attention_layer_norm": False,
+    "attention_layer_norm_with_affine": True, "bias_for_layer_norm": False, "block_group_size": 1,
+    "block_type": "llama", "d_model": 4096, "embedding_dropout": 0.0, "embedding_size": 126464,
+    "flash_attention": False, "include_bias": False, "include_qkv_bias": False,
+    "init_cutoff_factor": None, "init_device": "meta", "init_fn": "mitchell", "init_std": 0.02,
+    "input_emb_norm": False, "layer_norm_type": "rms", "layer_norm_with_affine": True,
+    "max_sequence_length": 4096, "mlp_hidden_size": 12288, "mlp_ratio": 4, "model_type": "llada",
+    "multi_query_attention": None, "n_heads": 32, "n_kv_heads": 32, "n_layers": 32,
+    "precision": "amp_bf16", "residual_dropout": 0.0, "rms_norm_eps": 1e-05, "rope": True,
+    "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
+    "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 126464, "weight_tying": False,
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    mlp_hidden_size: int
+    vocab_size: int  # embedding rows = LM-head rows = tokenizer ids
+    tokenizer_learned: int  # BPE budget incl. the 256 bytes (the corpus may stop short: fillers)
+    seed: int = 0
+    max_sequence_length: int = 4096
+    dtype: str = "float32"  # storage dtype of the weights on disk
+    makeable: bool = True  # False: describes a shape only (docs / profiling math)
+    asset: str | None = None  # package-relative checkpoint dir used instead of making one
+    note: str = ""
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def n_params(self) -> int:
+        d, kv = self.d_model, self.n_kv_heads * self.head_dim
+        per_block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * self.mlp_hidden_size
+        return 2 * self.vocab_size * d + self.n_layers * per_block + d
+
+    def config_dict(self, special_ids: dict[str, int] | None = None) -> dict:
+        """LLaDA config.json for this size; special_ids are the tokenizer's (bos/eos/pad/mask)."""
+        cfg = dict(LLADA_8B_CONFIG)
+        cfg.update(
+            d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads, mlp_hidden_size=self.mlp_hidden_size,
+            vocab_size=self.vocab_size, embedding_size=self.vocab_size,
+            max_sequence_length=self.max_sequence_length, torch_dtype=self.dtype,
+        )
+        cfg.update(special_ids or {})
+        return cfg
+
+    def fingerprint(self) -> dict:
+        """Everything that determines the bytes of a made checkpoint (not the note)."""
+        d = asdict(self)
+        d.pop("note")
+        d.pop("asset")
+        return {"format": FORMAT_VERSION, "preset": d}
+
+
+_P = Preset
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    # Unit tests in seconds; 4 query heads over 2 KV heads so GQA paths are always tested.
+    _P("tiny", 64, 2, 4, 2, 128, 512, tokenizer_learned=500,
+       note="tests: seconds to make and run; GQA 4q/2kv; small vocab"),
+    # LLaDA's real vocab and head size: a [T, 126464] logit tensor dwarfs the model, so the
+    # logit-memory problem (chunked LM head) is as real as for LLaDA-8B.
+    _P("mini-126k", 256, 2, 2, 2, 512, LLADA_VOCAB_SIZE, tokenizer_learned=4096,
+       note="LLaDA vocab + head_dim 128; logit memory dominates"),
+    # Default serving model on CPU: LLaDA vocab/head size, a few cheap layers, >1 head so the
+    # head-centric mechanisms mean something. Stored bf16 like LLaDA's own safetensors: with
+    # 126464 x 256 embedding + LM head alone, fp32 would be ~260 MB.
+    _P("serve-126k", 256, 4, 2, 2, 768, LLADA_VOCAB_SIZE, tokenizer_learned=4096, dtype="bfloat16",
+       note="default CPU serving preset; bf16 on disk"),
+    # The real thing, for docs and profiler math only (16 GB bf16; can't be made or downloaded).
+    _P("llada-8b", 4096, 32, 32, 32, 12288, LLADA_VOCAB_SIZE, tokenizer_learned=4096,
+       dtype="bfloat16", makeable=False, note="LLaDA-8B-Instruct shape; not makeable"),
+    # Hook for a committed (trained) checkpoint, e.g.:
+    # _P("tiny-math", 128, 4, 4, 2, 344, 512, tokenizer_learned=500, asset="assets/tiny-math"),
+]}
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UserError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}") from None
+
+
+def cache_root() -> Path:
+    base = os.environ.get("DLLM_BENCH_CACHE") or Path.home() / ".cache" / "dllm-bench"
+    return Path(base).expanduser() / "models"
+
+
+def asset_dir(preset: Preset) -> Path | None:
+    return PACKAGE_DIR / preset.asset if preset.asset else None
+
+
+def read_stamp(path: Path) -> dict | None:
+    try:
+        return json.loads((path / STAMP_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_made(preset: Preset, path: Path) -> bool:
+    """A made checkpoint for exactly this preset (any shard count) lives at path."""
+    stamp = read_stamp(path)
+    return stamp is not None and {k: stamp.get(k) for k in ("format", "preset")} == preset.fingerprint()
+
+
+def preset_path(preset: Preset) -> Path | None:
+    """Where the preset's checkpoint is (or will be made); None if it can't exist."""
+    if preset.asset:
+        return asset_dir(preset)
+    return cache_root() / preset.name if preset.makeable else None
+
+
+def make_cached(preset: Preset, shards: int = 1, force: bool = False) -> Path:
+    """Make the preset into the cache atomically (temp dir + rename) unless already there."""
+    from dllm_bench.checkpoint_make import make_checkpoint
+
+    if not preset.makeable or preset.asset:
+        raise UserError(f"preset {preset.name!r} can't be made: {preset.note or 'committed asset'}")
+    final = cache_root() / preset.name
+    if not force and is_made(preset, final):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{preset.name}.tmp-", dir=final.parent))
+    try:
+        make_checkpoint(preset, tmp, shards=shards, force=True)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        if final.exists() and not force and is_made(preset, final):
+            return final  # a concurrent maker finished first; its bytes equal ours
+        if final.exists():  # stale (older preset/format) or forced: move aside, then swap in
+            old = Path(tempfile.mkdtemp(prefix=f".{preset.name}.old-", dir=final.parent))
+            try:
+                os.rename(final, old / "ckpt")
+            except FileNotFoundError:
+                pass  # a concurrent maker moved it first
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # Another process renamed its (byte-identical) copy in first: use that one.
+            if not is_made(preset, final):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def resolve_model(name_or_dir: str | os.PathLike) -> Path:
+    """A checkpoint directory for a path or a preset name (made on first use)."""
+    raw = str(name_or_dir)
+    path = Path(raw).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"{raw} is not a checkpoint directory (no config.json)")
+        return path
+    if os.sep in raw or "/" in raw or raw.startswith((".", "~")):
+        raise UserError(f"no such checkpoint directory: {raw}")
+    preset = get_preset(raw)
+    if preset.asset:
+        d = asset_dir(preset)
+        if not (d / "config.json").is_file():
+            raise UserError(f"preset {raw!r}: packaged checkpoint {d} is missing")
+        return d
+    if not preset.makeable:
+        raise UserError(f"preset {raw!r} describes a shape only ({preset.note}); it can't be loaded")
+    return make_cached(preset)
+

@@ -1,0 +1,151 @@
+"""Human output for `dllm-bench serve`: vLLM's printed result block (same 50-char rulers and
+`{:<40} {:<10.2f}` rows, so a vLLM user reads it at a glance) with a "Diffusion Decoding"
+section, a side-by-side Rich table of all systems with ratios vs the best baseline, and the
+live Rich progress bar the driver feeds. Everything goes to stderr by default so that
+`--json` can own stdout (peers_and_conventions B5).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dllm_bench.metrics import ratio_table
+
+WIDTH = 50
+MIB = 1024 * 1024
+
+
+def _ruler(title: str = "", c: str = "-") -> str:
+    return "{s:{c}^{n}}".format(s=title, c=c, n=WIDTH)
+
+
+def _row(label: str, value: Any, unit_scale: float = 1.0) -> str:
+    if value is None:
+        return "{:<40} {:<10}".format(label, "n/a")
+    if isinstance(value, bool) or isinstance(value, int) and unit_scale == 1.0:
+        return f"{label:<40} {value:<10}"
+    return f"{label:<40} {float(value) * unit_scale:<10.2f}"
+
+
+# (section title or None, [(label, key, scale)]); scale turns bytes into MiB.
+SECTIONS: list[tuple[str | None, list[tuple[str, str, float]]]] = [
+    (None, [("Successful requests:", "completed", 1), ("Rejected requests:", "rejected", 1),
+            ("Unfinished requests (aborted):", "unfinished", 1),
+            ("Request rate configured (RPS):", "rps", 1),
+            ("Benchmark duration (s):", "duration_s", 1),
+            ("Total input tokens:", "total_input_tokens", 1),
+            ("Total generated tokens:", "total_output_tokens", 1),
+            ("Request throughput (req/s):", "request_throughput", 1),
+            ("Output token throughput (tok/s):", "output_throughput", 1),
+            ("Total token throughput (tok/s):", "total_token_throughput", 1)]),
+    ("Time to First Token", [("Mean TTFT (ms):", "mean_ttft_ms", 1),
+                             ("Median TTFT (ms):", "median_ttft_ms", 1),
+                             ("P99 TTFT (ms):", "p99_ttft_ms", 1)]),
+    ("Time per Output Token (excl. 1st token)", [("Mean TPOT (ms):", "mean_tpot_ms", 1),
+                                                 ("Median TPOT (ms):", "median_tpot_ms", 1),
+                                                 ("P99 TPOT (ms):", "p99_tpot_ms", 1)]),
+    ("End-to-end Latency", [("Mean E2EL (ms):", "mean_e2el_ms", 1),
+                            ("Median E2EL (ms):", "median_e2el_ms", 1),
+                            ("P90 E2EL (ms):", "p90_e2el_ms", 1),
+                            ("P99 E2EL (ms):", "p99_e2el_ms", 1)]),
+    ("Queueing (arrival to admission)", [("Mean queue time (ms):", "mean_queue_ms", 1),
+                                         ("Median queue time (ms):", "median_queue_ms", 1),
+                                         ("P99 queue time (ms):", "p99_queue_ms", 1)]),
+    ("Jitter", [("Latency std σ (ms):", "latency_std_ms", 1),
+                ("Latency span max-min (ms):", "latency_span_ms", 1)]),
+    ("Diffusion Decoding", [("Forwards:", "forwards", 1),
+                            ("Tokens per forward:", "tokens_per_forward", 1),
+                            ("Mean forwards per request (NFE):", "mean_nfe", 1),
+                            ("Logits rows computed:", "logits_rows", 1),
+                            ("Max logits rows in a step:", "max_logits_rows_in_step", 1),
+                            ("Peak KV (MiB):", "peak_kv_bytes", 1 / MIB),
+                            ("Peak memory (MiB):", "peak_memory_bytes", 1 / MIB)]),
+]
+
+
+def format_summary(summary: Mapping[str, Any], title: str | None = None) -> str:
+    """The vLLM-style block as plain text; rows whose key is absent are left out."""
+    lines = [_ruler(" Serving Benchmark Result ", "=")]
+    if title or summary.get("system"):
+        lines.append("{:<40} {:<10}".format("System:", title or summary.get("system")))
+    if summary.get("dataset"):
+        lines.append("{:<40} {:<10}".format("Dataset:", summary["dataset"]))
+    for section, rows in SECTIONS:
+        present = [(lab, k, sc) for lab, k, sc in rows if k in summary]
+        if not present:
+            continue
+        if section:
+            lines.append(_ruler(section))
+        lines += [_row(lab, summary[k], sc) for lab, k, sc in present]
+    if summary.get("interrupted"):
+        lines.append("{:<40} {:<10}".format("INTERRUPTED (partial run):", "yes"))
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
+def default_console() -> Console:
+    return Console(stderr=True)
+
+
+def print_summary(summary: Mapping[str, Any], console: Console | None = None,
+                  title: str | None = None) -> None:
+    # markup/highlight off: the block must come out byte-for-byte like vLLM's.
+    (console or default_console()).print(format_summary(summary, title), markup=False,
+                                         highlight=False, soft_wrap=True)
+
+
+def _f(v: Any, scale: float = 1.0, digits: int = 2) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "–"
+    return f"{float(v) * scale:,.{digits}f}"
+
+
+def comparison_table(summaries: Mapping[str, Mapping], baseline_names: Iterable[str],
+                     title: str = "Serving comparison") -> Table:
+    """Rich table, one row per system; `×` columns are vs the best baseline, > 1 = better."""
+    rt = ratio_table(summaries, baseline_names)
+    best = rt.attrs.get("best_baseline")
+    t = Table(title=title, caption=f"× = vs best baseline ({best or 'none'}); >1 is better",
+              header_style="bold")
+    for col in ("System", "req/s", "tok/s", "Mean E2EL (s)", "P99 E2EL (s)", "σ (s)",
+                "max−min (s)", "TTFT (s)", "fwd", "tok/fwd", "tput ×", "lat ×", "σ ×", "span ×"):
+        t.add_column(col, justify="left" if col == "System" else "right")
+    for name, s in summaries.items():
+        r = rt.loc[name] if name in rt.index else {}
+        label = name + (" (best baseline)" if name == best else " (baseline)" if
+                        name in set(baseline_names) else "")
+        t.add_row(label, _f(s.get("request_throughput"), digits=3), _f(s.get("output_throughput")),
+                  _f(s.get("mean_e2el_ms"), 1e-3), _f(s.get("p99_e2el_ms"), 1e-3),
+                  _f(s.get("latency_std_ms"), 1e-3), _f(s.get("latency_span_ms"), 1e-3),
+                  _f(s.get("mean_ttft_ms"), 1e-3), _f(s.get("forwards"), digits=0),
+                  _f(s.get("tokens_per_forward")),
+                  *(_f(r.get(k)) for k in ("output_throughput_x", "mean_e2el_ms_x",
+                                           "latency_std_ms_x", "latency_span_ms_x")),
+                  style="bold" if name not in set(baseline_names) else None)
+    return t
+
+
+def print_comparison(summaries: Mapping[str, Mapping], baseline_names: Iterable[str],
+                     console: Console | None = None, title: str = "Serving comparison") -> None:
+    (console or default_console()).print(comparison_table(summaries, list(baseline_names), title))
+
+
+@contextlib.contextmanager
+def serve_progress(total: int, description: str, console: Console | None = None,
+                   transient: bool = True) -> Iterator[Any]:
+    """Rich progress bar; yields the driver's progress callback (arrived, finished, tok/s)."""
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("arrived {task.fields[arrived]}/{task.total}"),
+                  TextColumn("{task.fields[tps]:.1f} tok/s"), TimeElapsedColumn(),
+                  console=console or default_console(), transient=transient) as prog:
+        task = prog.add_task(description, total=total, arrived=0, tps=0.0)
+
+        def update(arrived: int, finished: int, tps: float) -> None:
+            prog.update(task, completed=finished, arrived=arrived, tps=tps)
+
+        yield update

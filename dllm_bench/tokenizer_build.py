@@ -1,0 +1,267 @@
+"""An offline, deterministic LLaDA-style tokenizer for the embedded checkpoints.
+
+LLaDA-8B's tokenizer can't be downloaded here, so presets ship their own: a byte-level BPE
+(digits split one by one, as arithmetic needs) trained on a small corpus generated in code,
+with LLaDA's special tokens and its Llama-3-layout chat template, saved as a
+`PreTrainedTokenizerFast` (tokenizer.json + tokenizer_config.json) that
+`transformers.AutoTokenizer.from_pretrained(dir)` loads with no network.
+
+Two id layouts:
+* vocab >= LLaDA's 126,464: the special tokens sit at LLaDA's real ids (BOS 126080, ...); the
+  ids no learned token uses are `<|reserved_N|>` fillers in the BPE vocab, so ids stay dense
+  0..V-1 (a BPE merge can never produce a filler, so the text never encodes to one).
+* small vocab: learned tokens first, the special tokens at the end, in LLaDA's relative order.
+This module is the only place in the repo that knows LLaDA's ids; everything else reads them
+from config.json / the tokenizer.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+LLADA_VOCAB_SIZE = 126464
+
+# LLaDA-8B-Instruct's special tokens at their real ids (baselines_spec.md §1.4).
+LLADA_SPECIAL_IDS: dict[str, int] = {
+    "<|startoftext|>": 126080,  # BOS
+    "<|endoftext|>": 126081,  # EOS and PAD
+    "<|mdm_mask|>": 126336,  # diffusion [MASK]
+    "<role>": 126340,
+    "</role>": 126341,
+    "<|arithmetic_start|>": 126342,
+    "<|arithmetic_end|>": 126343,
+    "<|number_start|>": 126344,
+    "<|number_end|>": 126345,
+    "<|start_header_id|>": 126346,
+    "<|end_header_id|>": 126347,
+    "<|eot_id|>": 126348,
+}
+BOS, EOS, MASK = "<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>"
+EOT, START_HEADER, END_HEADER = "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"
+_NAMED = {BOS, EOS, MASK}  # the rest are LLaDA's "additional_special_tokens"
+
+# Llama-3 layout as LLaDA uses it: BOS only before the first message, content trimmed. The
+# assistant header is appended when add_generation_prompt (LLaDA appends it always; every
+# upstream script passes add_generation_prompt=True, so the prompts are identical).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first %}{{ bos_token }}{% endif %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{{ message['content'] | trim }}{{ '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    bos_token_id: int
+    eos_token_id: int
+    pad_token_id: int
+    mask_token_id: int
+    eot_token_id: int
+    start_header_id: int
+    end_header_id: int
+
+    def config_fields(self) -> dict[str, int]:
+        """The ids LLaDA's config.json carries (the rest live only in the tokenizer)."""
+        d = asdict(self)
+        return {k: d[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id", "mask_token_id")}
+
+
+def special_token_ids(vocab_size: int) -> dict[str, int]:
+    """Where each special token goes for a vocab of this size (see the module docstring)."""
+    if vocab_size >= LLADA_VOCAB_SIZE:
+        return dict(LLADA_SPECIAL_IDS)
+    names = sorted(LLADA_SPECIAL_IDS, key=LLADA_SPECIAL_IDS.get)
+    first = vocab_size - len(names)
+    return {name: first + i for i, name in enumerate(names)}
+
+
+def _special_ids(ids: dict[str, int]) -> SpecialIds:
+    return SpecialIds(ids[BOS], ids[EOS], ids[EOS], ids[MASK], ids[EOT], ids[START_HEADER], ids[END_HEADER])
+
+
+# --------------------------------------------------------------------------- corpus
+_NAMES = "Tom Anna Ben Maria Li Sam Omar Julia Ken Sara Noah Emma Ravi Zoe Max Ella".split()
+_ITEMS = "apples pencils books marbles cookies stickers cards coins eggs shells toys candies".split()
+_ADJ = "small large quick quiet bright dark old new simple careful happy green blue red".split()
+_NOUNS = ("cat dog house river city garden table window student teacher computer program "
+          "function system model question answer number letter market school road tree").split()
+_VERBS = "sees finds makes takes reads writes opens builds moves counts checks likes".split()
+_PLACES = "the park|the store|school|the library|the kitchen|the office|the beach|home".split("|")
+_IDENTS = "x y n i j k value total count result items data text index left right acc".split()
+# Frequent English words, drawn with Zipf-like weights, so BPE learns real sub-words too.
+_COMMON = """the of and to in is that it was for on are as with his they at be this have from or
+one had by word but not what all were we when your can said there use each which she do how their
+if will up other about out many then them these so some her would make like him into time has look
+two more write go see way could people my than first water been call who oil its now find long down
+day did get come made may part over new sound take only little work know place year live me back give
+most very after thing our just name good sentence man think say great where help through much before
+line right too mean old any same tell boy follow came want show also around form three small set put
+end does another well large must big even such because turn here why ask went men read need land
+different home us move try kind hand picture again change off play spell air away animal house point
+page letter mother answer found study still learn should world high every near add food between own
+below country plant last father keep tree never start city earth eye light thought head under story
+saw left few while along might close something seem next hard open example begin life always those
+both paper together got group often run important until children side feet car mile night walk white
+sea began grow took river four carry state once book hear stop without second later miss idea enough
+eat face watch far really almost let above girl sometimes mountain cut young talk soon list song being
+leave family""".split()
+
+
+def _english(rng: random.Random) -> str:
+    a, b = rng.choice(_ADJ), rng.choice(_ADJ)
+    n1, n2, who = rng.choice(_NOUNS), rng.choice(_NOUNS), rng.choice(_NAMES)
+    forms = [
+        f"The {a} {n1} {rng.choice(_VERBS)} a {b} {n2}.",
+        f"{who} went to {rng.choice(_PLACES)} and {rng.choice(_VERBS)[:-1]}ed the {n1}.",
+        f"Is the {n1} {a}? Yes, and it is also {b}.",
+        f"In the morning, {who} {rng.choice(_VERBS)} the {n2} near {rng.choice(_PLACES)}.",
+        f"This is a {a} example of how a {n1} works, which is why the {n2} matters.",
+        f"You are a helpful assistant. Please answer the question about the {n1}.",
+    ]
+    return rng.choice(forms)
+
+
+def _arithmetic(rng: random.Random) -> str:
+    who, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 12)
+    forms = [
+        f"{who} has {a} {item}. {who} buys {b} more. How many {item} does {who} have now?\n"
+        f"{who} has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} {item}.\n#### {a + b}",
+        f"{who} had {a + b} {item} and gave away {b}. How many are left?\n"
+        f"{a + b} - {b} = {a}. The answer is {a}.",
+        f"Each box holds {c} {item}. There are {a} boxes. How many {item} are there in total?\n"
+        f"{a} * {c} = <<{a}*{c}={a * c}>>{a * c}\n#### {a * c}",
+        f"{a * c} {item} are shared equally among {c} friends. How many does each friend get?\n"
+        f"{a * c} / {c} = {a}. The answer is {a}.",
+        f"What is {a} + {b} - {c}? First {a} + {b} = {a + b}, then {a + b} - {c} = {a + b - c}.",
+        f"Q: {a} * {b} = ? A: {a * b}",
+    ]
+    return rng.choice(forms)
+
+
+def _code(rng: random.Random) -> str:
+    f, x, y = rng.choice(_IDENTS), rng.choice(_IDENTS), rng.choice(_IDENTS)
+    fn = f"{rng.choice(['get', 'compute', 'find', 'count', 'sum', 'is'])}_{rng.choice(_NOUNS)}"
+    forms = [
+        f"def {fn}({x}, {y}):\n    return {x} + {y}\n",
+        f"def {fn}({x}: List[int]) -> int:\n    \"\"\"Return the {rng.choice(_ADJ)} {f}.\"\"\"\n"
+        f"    {f} = 0\n    for {y} in {x}:\n        if {y} > 0:\n            {f} += {y}\n    return {f}\n",
+        f"class {rng.choice(_NOUNS).title()}:\n    def __init__(self, {x}):\n        self.{x} = {x}\n",
+        f"import math\nprint(math.sqrt({rng.randint(1, 999)}))\n",
+        f"{f} = [{x} * 2 for {x} in range({rng.randint(1, 50)}) if {x} % 2 == 0]\n",
+        f"while {x} < {rng.randint(1, 100)}:\n    {x} = {x} + 1\nelse:\n    print({x})\n",
+        f"assert {fn}([{rng.randint(0, 9)}, {rng.randint(0, 9)}]) == {rng.randint(0, 18)}\n",
+    ]
+    return rng.choice(forms)
+
+
+def _words(rng: random.Random) -> str:
+    words = rng.choices(_COMMON, weights=_ZIPF, k=rng.randint(6, 16))
+    return " ".join(words).capitalize() + rng.choice([".", ".", "?", "!", ","])
+
+
+_ZIPF = [1.0 / (r + 1) for r in range(len(_COMMON))]
+
+
+def build_corpus(n_lines: int = 16000, seed: int = 0) -> list[str]:
+    """English, arithmetic word problems (GSM8K style) and Python, interleaved; deterministic."""
+    rng = random.Random(seed)
+    makers = (_english, _arithmetic, _code, _words)
+    return [makers[i % 4](rng) for i in range(n_lines)]
+
+
+# --------------------------------------------------------------------------- training
+def _pre_tokenizer():
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
+
+
+@functools.lru_cache(maxsize=4)
+def _train_bpe(n_learned: int) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """Learned tokens (in id order) and merges; cached since every preset of a size shares them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = _pre_tokenizer()
+    trainer = trainers.BpeTrainer(
+        vocab_size=n_learned, min_frequency=2, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(build_corpus(), trainer)
+    model = json.loads(tok.to_str())["model"]
+    vocab = sorted(model["vocab"].items(), key=lambda kv: kv[1])
+    assert [i for _, i in vocab] == list(range(len(vocab)))
+    return tuple(t for t, _ in vocab), tuple(tuple(m) for m in model["merges"])
+
+
+def build_tokenizer(vocab_size: int, n_learned: int):
+    """A `tokenizers.Tokenizer` with exactly `vocab_size` dense ids (learned, specials, fillers)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+
+    specials = special_token_ids(vocab_size)
+    budget = min(specials.values())  # learned tokens must stay below the first special id
+    if n_learned > budget:
+        raise ValueError(f"{n_learned} learned tokens don't fit below special id {budget}")
+    learned, merges = _train_bpe(n_learned)
+    vocab = {t: i for i, t in enumerate(learned)}
+    by_id = {i: t for t, i in specials.items()}
+    for i in range(len(learned), vocab_size):
+        vocab[by_id.get(i, f"<|reserved_{i}|>")] = i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
+    tok.pre_tokenizer = _pre_tokenizer()
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    # Already in the vocab, so these keep their ids; marking them special makes them atomic in
+    # text and dropped by decode(skip_special_tokens=True).
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in sorted(specials, key=specials.get)])
+    got = {t: tok.token_to_id(t) for t in specials}
+    if got != specials or tok.get_vocab_size() != vocab_size:
+        raise AssertionError(f"special ids moved: {got}")
+    return tok
+
+
+def save_tokenizer(out_dir: str | Path, vocab_size: int, n_learned: int,
+                   model_max_length: int = 4096) -> SpecialIds:
+    """Write tokenizer.json + tokenizer_config.json into out_dir; return the special ids.
+
+    Files are written by hand (sorted keys) rather than by save_pretrained so the bytes don't
+    depend on the transformers version, which keeps checkpoint hashes stable."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(vocab_size, n_learned)
+    specials = special_token_ids(vocab_size)
+    (out / "tokenizer.json").write_text(tok.to_str(pretty=False), encoding="utf-8")
+    added = {
+        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                 "single_word": False, "special": True}
+        for t, i in sorted(specials.items(), key=lambda kv: kv[1])
+    }
+    config = {
+        "add_bos_token": False,  # LLaDA: BOS comes from the chat template only
+        "add_eos_token": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": [t for t in sorted(specials, key=specials.get) if t not in _NAMED],
+        "bos_token": BOS,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,  # keep decode an exact inverse of encode
+        "eos_token": EOS,
+        "mask_token": MASK,
+        "model_max_length": model_max_length,
+        "pad_token": EOS,  # pad = EOS as in LLaDA's SFT
+        "padding_side": "left",  # what every upstream generation script sets
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    return _special_ids(specials)

@@ -1,0 +1,136 @@
+"""Offline memory profiler: run the worst admissible steps under the memory meter and give what
+is left of the budget to the KV pool.
+
+KV pool = budget − weights − measured activation peak − guard band. The worst steps are
+(a) the token budget full of Refresh queries whose every generated position is a candidate
+(so the logit budget is full too, or — monolithic — every query row gets logits), at T > 0
+when requests may sample (the float64 Gumbel noise is then in the peak), and (b) the token budget full of Reuse queries plus
+the largest single Reuse attention (cache at max_model_len). Knowing the logit budget is what
+frees memory: a monolithic profile must hold [query tokens × vocab] logits.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import EngineConfig
+from engine.kv_cache import bytes_per_token, kv_need
+from engine.memory import MemoryMeter
+from engine.models.llada import LLaDAModelLM
+from engine.request import Phase, Request
+from engine.runner import ModelRunner
+from engine.sampling import SamplingParams
+
+
+@dataclass
+class MemoryProfile:
+    budget_bytes: int
+    weights_bytes: int
+    activation_peak_bytes: int
+    refresh_peak_bytes: int
+    reuse_peak_bytes: int
+    guard_bytes: int
+    kv_pool_bytes: int
+    kv_pool_tokens: int
+    bytes_per_token: int
+    max_num_logits: int | None
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    cache: str
+    retention: float
+
+    def requests_that_fit(self, prompt_len: int, gen_length: int, block_length: int) -> int:
+        """Concurrent requests of this shape the KV pool (and max_num_seqs) admits."""
+        need = kv_need(self.cache, prompt_len + gen_length, block_length, self.retention)
+        by_kv = self.kv_pool_tokens // need if need else self.max_num_seqs
+        return min(by_kv, self.max_num_seqs)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def weights_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def default_budget(model: LLaDAModelLM, config: EngineConfig) -> int:
+    if config.memory_budget is not None:
+        return config.memory_budget
+    if model.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(model.device)
+        return int((free + weights_bytes(model)) * config.gpu_memory_utilization)
+    raise ValueError("a memory budget is needed to profile on CPU (e.g. --memory-budget 4GiB)")
+
+
+def _synthetic(n_tokens: int, prompt_len: int, block_length: int, model: LLaDAModelLM, temperature: float) -> Request:
+    gen = n_tokens - prompt_len
+    params = SamplingParams(gen_length=gen, steps=gen // block_length, block_length=block_length, temperature=temperature)
+    return Request(f"profile-{n_tokens}", [0] * prompt_len, params, model.config.mask_token_id, model.device)
+
+
+def _measure(runner: ModelRunner, batch: list[tuple[Request, Phase]], pool_dtype, config: EngineConfig) -> int:
+    c = runner.model.config
+    for req, phase in batch:  # caches live in the pool, outside the activation measurement
+        need = kv_need(config.cache, req.length, req.params.block_length, config.retention)
+        if need and phase is not Phase.REFRESH:
+            req.kv = torch.zeros(c.n_layers, 2, c.kv_heads, need, c.head_dim, dtype=pool_dtype, device=runner.model.device)
+    with MemoryMeter(runner.model.device) as meter:
+        runner.run(batch)
+    return meter.peak_bytes
+
+
+def measure_activation_peak(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int):
+    """(refresh_peak, reuse_peak) in bytes for the worst admissible steps."""
+    runner = ModelRunner(model, config, backend)
+    temp = 1.0 if config.sampling else 0.0
+    budget = config.max_num_batched_tokens
+    L = min(max_model_len, budget)
+    # (a) Refresh: canvases of max length filling the token budget; every generated position is
+    # a candidate (one block spanning the whole generation), so the logit rows are maximal.
+    n = max(1, min(config.max_num_seqs, budget // L))
+    refresh_phase = {"dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}.get(config.cache, Phase.REFRESH)
+    batch = [(_synthetic(L, 1, L - 1, model, temp), refresh_phase) for _ in range(n)]
+    rest = budget - n * L
+    if rest >= 2 and n < config.max_num_seqs:
+        batch.append((_synthetic(rest, 1, rest - 1, model, temp), refresh_phase))
+    refresh_peak = _measure(runner, batch, model.dtype, config)
+    if config.cache == "none":
+        return refresh_peak, 0
+    # (b) Reuse: the token budget full of short Reuse queries, plus the largest single Reuse.
+    bl = min(32, max(1, L // 2))
+    n_reuse = max(1, min(config.max_num_seqs, budget // bl))
+    many = [(_synthetic(2 * bl, bl, bl, model, temp), Phase.REUSE) for _ in range(n_reuse)]
+    big_bl = min(bl, L - 1)
+    one = [(_synthetic(L, L - big_bl, big_bl, model, temp), Phase.REUSE)]
+    reuse_peak = _measure(runner, many, model.dtype, config) + _measure(runner, one, model.dtype, config)
+    return refresh_peak, reuse_peak
+
+
+def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int) -> MemoryProfile:
+    budget = default_budget(model, config)
+    wb = weights_bytes(model)
+    refresh_peak, reuse_peak = measure_activation_peak(model, config, backend, max_model_len)
+    peak = max(refresh_peak, reuse_peak)
+    guard = int(budget * config.guard_fraction)
+    free = budget - wb - peak - guard
+    if free < 0:
+        raise ValueError(
+            f"memory budget {budget / 2**20:.0f} MiB is too small: weights {wb / 2**20:.0f} MiB + "
+            f"activation peak {peak / 2**20:.0f} MiB + guard {guard / 2**20:.0f} MiB"
+        )
+    bpt = bytes_per_token(model.config, model.dtype)
+    tokens = free // bpt
+    return MemoryProfile(
+        budget_bytes=budget, weights_bytes=wb, activation_peak_bytes=peak, refresh_peak_bytes=refresh_peak,
+        reuse_peak_bytes=reuse_peak, guard_bytes=guard, kv_pool_bytes=tokens * bpt, kv_pool_tokens=tokens,
+        bytes_per_token=bpt, max_num_logits=config.max_num_logits,
+        max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+        cache=config.cache, retention=config.retention,
+    )
+
+
+def predicted_logits_bytes(rows: int, vocab: int, dtype: torch.dtype) -> int:
+    """What one [rows, vocab] logits tensor costs: the term the logit budget bounds."""
+    return rows * vocab * torch.empty(0, dtype=dtype).element_size()

@@ -1,0 +1,322 @@
+"""Baselines vs independent plain re-implementations written here from the spec
+(/work/shared/reference/baselines_spec.md), in float64 on a tiny random LLaDA.
+
+Each plain version runs one sequence with a different code path from baselines/: the caches are
+emulated by full recomputation through `model.hidden_states` with an attention function that
+freezes / masks keys (Fast-dLLM, Sparse-dLLM), or by a per-layer loop over explicit full-length
+dict caches and index sets (dLLM-Cache). Token choice is written upstream-style (confidence over
+a whole row with -inf outside the candidates), with the per-request randomness contract.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from baselines import SYSTEMS, make_system, profile_max_batch
+from baselines.static_batch import measure_run, weight_bytes
+from engine.models.llada import LLaDAConfig, LLaDAModelLM, dense_attention, rms_norm
+from engine.reference import reference_generate
+from engine.sampling import SamplingParams
+from engine.unmask import RequestGenerators, transfer_schedule
+
+MASK = 299
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = LLaDAConfig(d_model=64, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=128, vocab_size=300,
+                      embedding_size=300, mask_token_id=MASK, eos_token_id=298, pad_token_id=298)
+    torch.manual_seed(0)
+    m = LLaDAModelLM(cfg).to(torch.float64)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.5)                       # large weights: decisions are sensitive
+    return m.eval()
+
+
+def prompt(n, seed=0):
+    return torch.randint(0, 298, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def run(model, name, p, sp, **knobs):
+    return make_system(name, model, max_batch_size=1, **knobs).generate([p], sp)[0]
+
+
+# ---------------------------------------------------------------- plain samplers (one sequence)
+class Plain:
+    """Canvas + the upstream-style commit rule, shared by the plain samplers below."""
+
+    def __init__(self, model, p, sp):
+        self.m, self.sp, self.P = model, sp, len(p)
+        self.x = torch.tensor(p + [MASK] * sp.gen_length)
+        self.L = self.x.numel()
+        self.pos = torch.arange(self.L)
+        self.gens = RequestGenerators(sp.seed)
+
+    def forward(self, attn=dense_attention):
+        return self.m.lm_head(self.m.hidden_states(self.x, self.pos, attn))
+
+    def commit(self, logits, lo, s, e, k, conf_dtype, exp_argmax=False, threshold=None):
+        """logits cover canvas rows [lo, lo + len); commit within the block [s, e)."""
+        cand = [j for j in range(s, e) if self.x[j] == MASK]
+        if not cand:
+            return
+        rows = logits[torch.tensor(cand) - lo]
+        T = self.sp.temperature
+        if T == 0:
+            x0 = (rows.exp() if exp_argmax else rows).argmax(-1)
+        else:
+            u = torch.rand(rows.shape, dtype=torch.float64, generator=self.gens.gumbel)
+            x0 = (rows.to(torch.float64).exp() / (-torch.log(u)) ** T).argmax(-1)
+        if self.sp.remasking == "random":
+            c = torch.rand(len(cand), dtype=torch.float64, generator=self.gens.remask)
+        else:
+            c = torch.softmax(rows.to(conf_dtype), -1).gather(-1, x0[:, None])[:, 0]
+        conf = torch.full((self.L,), -torch.inf, dtype=torch.float64)
+        conf[cand] = c.to(torch.float64)
+        full = torch.full((self.L,), MASK)
+        full[cand] = x0
+        if threshold is not None:
+            top = torch.topk(conf, len(cand)).indices
+            pick = [top[0]] + [j for j in top[1:] if conf[j] >= threshold]
+        else:
+            pick = torch.topk(conf, k).indices.tolist()
+        for j in pick:
+            self.x[j] = full[j]
+
+    def blocks(self):
+        bl = self.sp.block_length
+        for b in range(self.sp.num_blocks):
+            s = self.P + b * bl
+            yield s, s + bl, transfer_schedule(int((self.x[s:s + bl] == MASK).sum()), self.sp.steps_per_block)
+
+    def out(self):
+        return self.x[self.P:].tolist()
+
+
+def plain_fast(model, p, sp, cache="dual", threshold=None):
+    """Full recomputation each step; attention sees K/V frozen at the block start outside the
+    window (dual: the block; prefix: block + everything after it)."""
+    s_ = Plain(model, p, sp)
+    nfe = 0
+    for s, e, sched in s_.blocks():
+        frozen = {}
+
+        def record(i, q, k, v):
+            frozen[i] = (k.clone(), v.clone())
+            return dense_attention(i, q, k, v)
+
+        s_.commit(s_.forward(record), 0, s, e, sched[0], torch.float64, threshold=threshold)
+        nfe += 1
+        hi = e if cache == "dual" else s_.L
+
+        def cached(i, q, k, v):
+            k2, v2 = frozen[i][0].clone(), frozen[i][1].clone()
+            k2[s:hi], v2[s:hi] = k[s:hi], v[s:hi]
+            return dense_attention(i, q, k2, v2)
+
+        i = 1
+        while (s_.x[s:e] == MASK).any() and i < (sp.steps_per_block if threshold is None else 10**9):
+            s_.commit(s_.forward(cached)[s:hi], s, s, e, sched[i] if threshold is None else 0, torch.float64,
+                      threshold=threshold)
+            nfe += 1
+            i += 1
+    return s_.out(), nfe
+
+
+def plain_sparse(model, p, sp, keep_ratio, kernel):
+    """Full recomputation; from step 2 of a block each layer's keys are the block (fresh) plus
+    the kept context (frozen at step 1), every other key masked out."""
+    s_ = Plain(model, p, sp)
+    for s, e, sched in s_.blocks():
+        ctx = torch.tensor([j for j in range(s_.L) if not s <= j < e])
+        kept = {}
+        for i, k in enumerate(sched):
+            if i == 0:
+                logits = s_.forward()
+            elif i == 1:
+                def select(li, q, kk, vv):
+                    qm = q[s:e].mean(0)
+                    imp = torch.einsum("hd,lhd->hl", qm, kk[ctx]).mean(0)
+                    r = (kernel or 1) // 2
+                    pooled = torch.stack([imp[max(0, j - r): j + r + 1].max() for j in range(len(ctx))])
+                    keep = ctx[torch.topk(pooled, int(len(ctx) * keep_ratio)).indices]
+                    allow = torch.zeros(s_.L, dtype=torch.bool)
+                    allow[keep] = True
+                    allow[s:e] = True
+                    kept[li] = (kk.clone(), vv.clone(), allow)
+                    return dense_attention(li, q, kk, vv)
+                logits = s_.forward(select)
+            else:
+                def masked(li, q, kk, vv):
+                    k0, v0, allow = kept[li]
+                    k2, v2 = k0.clone(), v0.clone()
+                    k2[s:e], v2[s:e] = kk[s:e], vv[s:e]
+                    o = F.scaled_dot_product_attention(q.transpose(0, 1), k2.transpose(0, 1), v2.transpose(0, 1),
+                                                       attn_mask=allow[None, None, :])
+                    return o.transpose(0, 1)
+                logits = s_.forward(masked)
+            s_.commit(logits, 0, s, e, k, torch.float64)
+    return s_.out()
+
+
+def plain_dllm_cache(model, p, sp, pi, gi, ratio):
+    """Per-layer loop over explicit full-length caches {k, v, attn, mlp}; each step recomputes
+    only the rows the refresh rule and V-verify choose, then reads everything from the cache."""
+    s_ = Plain(model, p, sp)
+    P, L = s_.P, s_.L
+    gen, allrows = torch.arange(P, L), torch.arange(L)
+    caches = [dict() for _ in model.blocks]
+    t = 0
+    for s, e, sched in s_.blocks():
+        for k in sched:
+            t += 1
+            h = model.embed(s_.x)
+            for li, blk in enumerate(model.blocks):
+                c = caches[li]
+                rp, rg = (t - 1) % pi == 0 or li == 0, (t - 1) % gi == 0 or li == 0
+                nrm = rms_norm(h, blk.attn_norm.weight, blk.eps)
+                if rp and rg:
+                    rq = rk = rv = rm = allrows
+                elif rg:
+                    rq = rk = rv = rm = gen
+                else:
+                    rq = rk = rv = rm = torch.arange(P) if rp else torch.arange(0)
+                    if 0 < ratio <= 1:
+                        sim = F.cosine_similarity(blk.v_proj(nrm[gen]), c["v"][gen].reshape(len(gen), -1), dim=-1)
+                        idx = P + torch.topk(sim, int(len(gen) * ratio), largest=False).indices
+                        rq = rk = rm = torch.cat([rq, idx])
+                        rv = torch.cat([rv, gen])
+                if t == 1:                      # every layer refreshes everything at t = 1
+                    kv = torch.zeros(L, blk.n_kv, blk.head_dim, dtype=h.dtype)
+                    c.update(k=kv, v=kv.clone(), attn=torch.zeros_like(h), mlp=torch.zeros_like(h))
+                if len(rq):
+                    def proj(lin, rows, H):
+                        return lin(nrm[rows]).view(len(rows), H, blk.head_dim)
+                    c["k"][rk] = model.rope(proj(blk.k_proj, rk, blk.n_kv), rk)
+                    c["v"][rv] = proj(blk.v_proj, rv, blk.n_kv)
+                    q = model.rope(proj(blk.q_proj, rq, blk.n_heads), rq)
+                    c["attn"][rq] = blk.attn_out(dense_attention(li, q, c["k"], c["v"]).reshape(len(rq), -1))
+                h = h + c["attn"]
+                if len(rm):
+                    c["mlp"][rm] = blk.mlp(h[rm])
+                h = h + c["mlp"]
+            logits = model.lm_head(model.final_norm(h))
+            s_.commit(logits[P:], P, s, e, k, logits.dtype, exp_argmax=True)
+    return s_.out()
+
+
+# ---------------------------------------------------------------- tests
+SETTINGS = [  # (prompt len, gen, block, steps, temperature, seed)
+    (6, 16, 8, 8, 0.0, 0),
+    (9, 16, 4, 16, 0.0, 1),
+    (5, 16, 8, 16, 0.8, 2),
+    (7, 8, 8, 24, 0.0, 3),       # S > block_length: zero schedule entries
+    (4, 12, 4, 6, 1.0, 4),
+]
+
+
+def params(gen, block, steps, T, seed, remasking="low_confidence"):
+    return SamplingParams(gen_length=gen, block_length=block, steps=steps, temperature=T, seed=seed, remasking=remasking)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_llada_equals_reference(model, setting):
+    P, gen, block, steps, T, seed = setting
+    sp = params(gen, block, steps, T, seed)
+    for rm in ("low_confidence", "random"):
+        sp = params(gen, block, steps, T, seed, rm)
+        out = run(model, "llada", prompt(P, seed), sp)
+        ref, nfe = reference_generate(model, prompt(P, seed), sp)
+        assert out.token_ids == ref and out.nfe == nfe == steps
+
+
+@pytest.mark.parametrize("cache", ["dual", "prefix"])
+def test_fast_dllm(model, cache):
+    differs = 0
+    for P, gen, block, steps, T, seed in SETTINGS:
+        sp = params(gen, block, steps, T, seed)
+        out = run(model, "fast-dllm", prompt(P, seed), sp, fast_dllm_cache=cache)
+        toks, nfe = plain_fast(model, prompt(P, seed), sp, cache)
+        assert out.token_ids == toks and out.nfe == nfe
+        # spec §3: 1 full + window forwards while the block has a MASK (zeros skipped)
+        assert nfe == sp.num_blocks * min(sp.steps_per_block, block)
+        differs += toks != run(model, "llada", prompt(P, seed), sp).token_ids
+    assert differs >= 2
+    # parallel decoding: fewer forwards than steps, same tokens as the plain rule
+    sp = params(16, 8, 16, 0.0, 5)
+    out = run(model, "fast-dllm", prompt(6, 5), sp, fast_dllm_cache=cache, threshold=0.1)
+    toks, nfe = plain_fast(model, prompt(6, 5), sp, cache, threshold=0.1)
+    assert out.token_ids == toks and out.nfe == nfe < 16
+
+
+@pytest.mark.parametrize("knobs", [dict(prompt_interval=3, gen_interval=2, transfer_ratio=0.25),
+                                   dict(prompt_interval=2, gen_interval=5, transfer_ratio=0.5),
+                                   dict(prompt_interval=4, gen_interval=3, transfer_ratio=0.0),
+                                   dict()])        # upstream gsm8k default 50/7/0.25
+def test_dllm_cache(model, knobs):
+    k = {**SYSTEMS["dllm-cache"].knobs, **knobs}
+    differs = 0
+    for P, gen, block, steps, T, seed in SETTINGS:
+        sp = params(gen, block, steps, T, seed)
+        out = run(model, "dllm-cache", prompt(P, seed), sp, **knobs)
+        assert out.token_ids == plain_dllm_cache(model, prompt(P, seed), sp, k["prompt_interval"],
+                                                 k["gen_interval"], k["transfer_ratio"])
+        differs += out.token_ids != run(model, "llada", prompt(P, seed), sp).token_ids
+    assert differs >= 2
+
+
+@pytest.mark.parametrize("keep_ratio,kernel", [(0.5, 3), (0.3, 5), (0.6, None)])
+def test_sparse_dllm(model, keep_ratio, kernel):
+    differs = 0
+    for P, gen, block, steps, T, seed in SETTINGS:
+        sp = params(gen, block, steps, T, seed)
+        out = run(model, "sparse-dllm", prompt(P, seed), sp, keep_ratio=keep_ratio, kernel_size=kernel)
+        assert out.token_ids == plain_sparse(model, prompt(P, seed), sp, keep_ratio, kernel)
+        differs += out.token_ids != run(model, "llada", prompt(P, seed), sp).token_ids
+    assert differs >= 2
+
+
+@pytest.mark.parametrize("name,knobs", [("llada", {}), ("fast-dllm", {}), ("fast-dllm", dict(fast_dllm_cache="prefix")),
+                                        ("fast-dllm", dict(threshold=0.1)), ("dllm-cache", dict(prompt_interval=3, gen_interval=2)),
+                                        ("sparse-dllm", {})])
+def test_mixed_batch_matches_alone(model, name, knobs):
+    sps = [params(16, 8, 16, T, seed) for T, seed in ((0.0, 0), (0.7, 1), (0.0, 2), (1.0, 3))]
+    prompts = [prompt(n, i) for i, n in enumerate((5, 11, 8, 3))]
+    other = params(8, 8, 8, 0.0, 9)                   # a different shape ends the batch
+    sysm = make_system(name, model, max_batch_size=8, **knobs)
+    outs = sysm.generate(prompts + [prompt(6, 9)], sps + [other])
+    for o, p, sp in zip(outs, prompts + [prompt(6, 9)], sps + [other]):
+        assert o.token_ids == run(model, name, p, sp, **knobs).token_ids
+    st = sysm.stats()
+    assert st["batch_sizes"][0] == 4 and st["batch_sizes"][-1] == 1
+    assert outs[0].nfe == st["batch_sizes"].count(4)
+
+
+def test_interface_errors_and_abort(model):
+    sysm = make_system("sparse-dllm", model, max_batch_size=2)
+    sp = params(8, 8, 8, 0.0, 0)
+    for bad in ([], [MASK], [300]):
+        with pytest.raises(ValueError):
+            sysm.add_request(bad, sp)
+    with pytest.raises(ValueError):
+        make_system("sparse-dllm", model, kernel_size=4)
+    with pytest.raises(ValueError):
+        make_system("fast-dllm", model, keep_ratio=0.5)
+    a, b = sysm.add_request(prompt(4), sp), sysm.add_request(prompt(5), sp)
+    sysm.abort(b)
+    done = []
+    while sysm.has_unfinished():
+        done += sysm.step()
+    assert [o.request_id for o in done] == [a] and done[0].kv_tokens == int((4 + 8 - 8) * 0.5)
+
+
+def test_profile_max_batch_fits(model):
+    kw = dict(prompt_len=6, gen_length=8, block_length=4, steps=8, system="fast-dllm")
+    peaks = {B: measure_run(model, B, run_steps=None, **{k: v for k, v in kw.items()}) for B in (2, 3)}
+    assert peaks[3] > peaks[2]
+    budget = weight_bytes(model) + (peaks[2] + peaks[3]) // 2
+    B, peak = profile_max_batch(model, budget, **kw)
+    assert B == 2 and peak == peaks[2]
+    # a whole generation at B stays under the budget; at B + 1 it does not
+    avail = budget - weight_bytes(model)
+    assert measure_run(model, B, run_steps=10**6, **kw) <= avail < measure_run(model, B + 1, run_steps=10**6, **kw)
