@@ -11,6 +11,8 @@ random-remasking draws come from the request's own generators, for its candidate
 (engine/unmask.py contract). Upstream draws one [B, L, V] noise tensor per forward from the
 global RNG: same distribution, different stream, and a smaller T > 0 activation peak here.
 The top-k runs over the candidates instead of a whole row with -inf elsewhere: same choice.
+Confidence is upstream's softmax-then-gather (engine/reference.py uses the equivalent
+exp(l - logsumexp), which can differ in the last bit; tokens match in the tests).
 """
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ Choices, and how they differ from upstream:
   prompt, so every row's generation region sits in the same columns. Unlike upstream, whose
   cached attention paths ignore the padding mask and whose RoPE positions count the pads,
   padded keys are masked out and each row's RoPE positions are its own (0..len-1), so a request
-  gets exactly the tokens it gets alone. A batch without padding attends with no mask at all,
+  gets exactly the tokens it gets alone (exact in float64; in bf16 the batched kernels round
+  differently and near-ties can flip). A batch without padding attends with no mask at all,
   exactly the upstream path.
 * Abort: a waiting request is dropped; a running one is marked aborted and never returned, but
   keeps its row until the batch ends (a static batch cannot shrink), unless every row is aborted.
@@ -67,13 +68,8 @@ class Batch:
         self.block = self.step_in_block = self.forwards = 0
         self.new_block_schedules()
 
-    @property
-    def size(self) -> int:
-        return len(self.reqs)
-
-    @property
-    def length(self) -> int:
-        return self.x.shape[1]
+    size = property(lambda self: len(self.reqs))
+    length = property(lambda self: self.x.shape[1])
 
     @property
     def block_range(self) -> tuple[int, int]:
@@ -130,12 +126,8 @@ class Policy:
 
     def cache_bytes(self) -> int:
         """Bytes really held by the cache: unique storages, since cached slices may be views."""
-        seen = {}
-        for t in self.cache_tensors():
-            if t is not None:
-                st = t.untyped_storage()
-                seen[st.data_ptr()] = st.nbytes()
-        return sum(seen.values())
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self.cache_tensors()}
+        return sum(storages.values())
 
 
 class StaticBatchSystem:
@@ -176,17 +168,12 @@ class StaticBatchSystem:
         return req.request_id
 
     def abort(self, request_id: str) -> None:
-        for r in self.waiting:
+        for r in [*self.waiting, *(self.batch.reqs if self.batch else [])]:
             if r.request_id == request_id:
-                self.waiting.remove(r)
                 r.status = Status.ABORTED
-                return
-        if self.batch is not None:
-            for r in self.batch.reqs:
-                if r.request_id == request_id:
-                    r.status = Status.ABORTED
-            if all(r.status is Status.ABORTED for r in self.batch.reqs):
-                self.batch = None
+        self.waiting = deque(r for r in self.waiting if r.status is not Status.ABORTED)
+        if self.batch is not None and all(r.status is Status.ABORTED for r in self.batch.reqs):
+            self.batch = None
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting) or self.batch is not None
@@ -225,7 +212,7 @@ class StaticBatchSystem:
         kv_rows = self.policy.kv_row_tokens(b)
         self.peak_kv_tokens = max(self.peak_kv_tokens, sum(kv_rows))
         self.peak_kv_bytes = max(self.peak_kv_bytes, self.policy.cache_bytes())
-        for r, kv in zip(b.reqs, kv_rows):
+        for r, kv in zip(b.reqs, kv_rows, strict=True):
             r.nfe += 1
             r.logits_rows += res.logits_rows
             r.kv_tokens = max(r.kv_tokens, kv)
@@ -254,7 +241,7 @@ class StaticBatchSystem:
                  progress: Callable[[int, int], None] | None = None) -> list[RequestOutput]:
         """Run all prompts to completion; outputs in input order."""
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
         out: dict[str, RequestOutput] = {}
         while self.has_unfinished():
             for o in self.step():
@@ -315,8 +302,8 @@ def measure_run(model: LLaDAModelLM, batch_size: int, prompt_len: int, gen_lengt
                 steps: int | None = None, system: str = "llada", knobs: dict | None = None,
                 run_steps: int | None = None) -> int:
     """Peak bytes (beyond what was live before) of a static batch of `batch_size` synthetic requests."""
-    from baselines import make_system          # the registry imports this module
-    from engine.memory import MemoryMeter       # the engine's meter (CUDA peaks / CPU live tensors)
+    from baselines import make_system  # the registry imports this module
+    from engine.memory import MemoryMeter  # CUDA allocator peaks / CPU live-tensor bytes
 
     params = SamplingParams(gen_length=gen_length, steps=steps or gen_length, block_length=block_length)
     sysm = make_system(system, model, max_batch_size=batch_size, **(knobs or {}))

@@ -101,7 +101,7 @@ def plain_fast(model, p, sp, cache="dual", threshold=None):
     for s, e, sched in s_.blocks():
         frozen = {}
 
-        def record(i, q, k, v):
+        def record(i, q, k, v, frozen=frozen):
             frozen[i] = (k.clone(), v.clone())
             return dense_attention(i, q, k, v)
 
@@ -109,7 +109,7 @@ def plain_fast(model, p, sp, cache="dual", threshold=None):
         nfe += 1
         hi = e if cache == "dual" else s_.L
 
-        def cached(i, q, k, v):
+        def cached(i, q, k, v, frozen=frozen, s=s, hi=hi):
             k2, v2 = frozen[i][0].clone(), frozen[i][1].clone()
             k2[s:hi], v2[s:hi] = k[s:hi], v[s:hi]
             return dense_attention(i, q, k2, v2)
@@ -134,7 +134,7 @@ def plain_sparse(model, p, sp, keep_ratio, kernel):
             if i == 0:
                 logits = s_.forward()
             elif i == 1:
-                def select(li, q, kk, vv):
+                def select(li, q, kk, vv, s=s, e=e, ctx=ctx, kept=kept):
                     qm = q[s:e].mean(0)
                     imp = torch.einsum("hd,lhd->hl", qm, kk[ctx]).mean(0)
                     r = (kernel or 1) // 2
@@ -147,7 +147,7 @@ def plain_sparse(model, p, sp, keep_ratio, kernel):
                     return dense_attention(li, q, kk, vv)
                 logits = s_.forward(select)
             else:
-                def masked(li, q, kk, vv):
+                def masked(li, q, kk, vv, s=s, e=e, kept=kept):
                     k0, v0, allow = kept[li]
                     k2, v2 = k0.clone(), v0.clone()
                     k2[s:e], v2[s:e] = kk[s:e], vv[s:e]
@@ -190,8 +190,8 @@ def plain_dllm_cache(model, p, sp, pi, gi, ratio):
                     kv = torch.zeros(L, blk.n_kv, blk.head_dim, dtype=h.dtype)
                     c.update(k=kv, v=kv.clone(), attn=torch.zeros_like(h), mlp=torch.zeros_like(h))
                 if len(rq):
-                    def proj(lin, rows, H):
-                        return lin(nrm[rows]).view(len(rows), H, blk.head_dim)
+                    def proj(lin, rows, H, nrm=nrm, D=blk.head_dim):
+                        return lin(nrm[rows]).view(len(rows), H, D)
                     c["k"][rk] = model.rope(proj(blk.k_proj, rk, blk.n_kv), rk)
                     c["v"][rv] = proj(blk.v_proj, rv, blk.n_kv)
                     q = model.rope(proj(blk.q_proj, rq, blk.n_heads), rq)
@@ -285,7 +285,7 @@ def test_mixed_batch_matches_alone(model, name, knobs):
     other = params(8, 8, 8, 0.0, 9)                   # a different shape ends the batch
     sysm = make_system(name, model, max_batch_size=8, **knobs)
     outs = sysm.generate(prompts + [prompt(6, 9)], sps + [other])
-    for o, p, sp in zip(outs, prompts + [prompt(6, 9)], sps + [other]):
+    for o, p, sp in zip(outs, prompts + [prompt(6, 9)], sps + [other], strict=True):
         assert o.token_ids == run(model, name, p, sp, **knobs).token_ids
     st = sysm.stats()
     assert st["batch_sizes"][0] == 4 and st["batch_sizes"][-1] == 1

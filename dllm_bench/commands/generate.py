@@ -1,0 +1,160 @@
+"""`dllm-bench generate`: decode prompts with the engine or a baseline; several prompts run
+concurrently. `--json` prints one JSON document on stdout; progress goes to stderr."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from dllm_bench.errors import UserError
+from dllm_bench.modelio import encode_prompt, load_model, load_tokenizer, model_dir, parse_ids
+from engine import EngineConfig, LLMEngine, SamplingParams
+
+SYSTEM_NAMES = ("engine", "llada", "fast-dllm", "dllm-cache", "sparse-dllm")
+
+
+def build_params(gen_length, steps, block_length, temperature, remasking, seed) -> SamplingParams:
+    try:
+        return SamplingParams(gen_length=gen_length, steps=steps, block_length=block_length,
+                              temperature=temperature, remasking=remasking, seed=seed)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def baseline_knobs(system: str, **given) -> dict:
+    """Only the knobs the user set that this baseline has (others are its upstream defaults)."""
+    from baselines import SYSTEMS
+
+    known = SYSTEMS[system].knobs
+    extra = {k: v for k, v in given.items() if v is not None and k not in known}
+    if extra:
+        raise UserError(f"--{next(iter(extra)).replace('_', '-')} does not apply to system {system!r}")
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def make_system(system: str, model, engine_cfg: EngineConfig, max_batch: int, knobs: dict):
+    if system == "engine":
+        try:
+            return LLMEngine(engine_cfg, model=model)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    from baselines import make_system as make_baseline
+
+    try:
+        return make_baseline(system, model, max_batch_size=max_batch, **knobs)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def run_all(system, prompts: list[list[int]], params: SamplingParams, show_progress: bool):
+    ids = []
+    for p in prompts:
+        try:
+            ids.append(system.add_request(p, params))
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    out = {}
+    progress = Progress(TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(), TextColumn("steps {task.fields[steps]}"),
+                        TimeElapsedColumn(), console=Console(stderr=True), disable=not show_progress, transient=True)
+    with progress:
+        task = progress.add_task("gen", total=len(ids), steps=0)
+        steps = 0
+        while system.has_unfinished():
+            for o in system.step():
+                out[o.request_id] = o
+            steps += 1
+            progress.update(task, completed=len(out), steps=steps)
+    return [out[i] for i in ids]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def generate(
+        model: str = typer.Option("tiny", "--model", "-m", help="Preset name or HF LLaDA checkpoint directory."),
+        prompt: Optional[list[str]] = typer.Option(None, "--prompt", "-p", help="Prompt text (repeatable)."),
+        prompt_ids: Optional[list[str]] = typer.Option(None, "--prompt-ids", help="Prompt as comma-separated token ids (repeatable)."),
+        gen_length: int = typer.Option(64, help="Tokens to generate (a multiple of --block-length)."),
+        block_length: int = typer.Option(32, help="Semi-autoregressive block length."),
+        steps: Optional[int] = typer.Option(None, help="Denoising steps in total (default: gen-length, one token per step)."),
+        temperature: float = typer.Option(0.0, help="Gumbel-max temperature (0 = greedy)."),
+        remasking: str = typer.Option("low_confidence", help="low_confidence | random"),
+        seed: int = typer.Option(0, help="Per-request seed (noise, random remasking)."),
+        dtype: str = typer.Option("float32", help="float64 | float32 | bfloat16"),
+        device: str = typer.Option("auto", help="auto | cpu | cuda"),
+        system: str = typer.Option("engine", help="engine | llada | fast-dllm | dllm-cache | sparse-dllm"),
+        cache: str = typer.Option("none", help="Engine cache policy: none (exact LLaDA) | dual | sparse."),
+        retention: float = typer.Option(0.5, help="Engine sparse cache: fraction of context kept per head."),
+        selection: str = typer.Option("head", help="Engine sparse cache: head | uniform."),
+        max_num_logits: int = typer.Option(1024, help="Engine logit budget (rows); 0 = monolithic logits."),
+        batch: int = typer.Option(8, help="Baselines: static batch size."),
+        threshold: Optional[float] = typer.Option(None, help="fast-dllm: parallel-decoding confidence threshold."),
+        fast_dllm_cache: Optional[str] = typer.Option(None, help="fast-dllm: dual | prefix."),
+        prompt_interval: Optional[int] = typer.Option(None, help="dllm-cache: prompt refresh interval."),
+        gen_interval: Optional[int] = typer.Option(None, help="dllm-cache: generation refresh interval."),
+        transfer_ratio: Optional[float] = typer.Option(None, help="dllm-cache: adaptive update ratio."),
+        keep_ratio: Optional[float] = typer.Option(None, help="sparse-dllm: KV keep ratio."),
+        kernel_size: Optional[int] = typer.Option(None, help="sparse-dllm: max-pool kernel (odd)."),
+        chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the tokenizer's chat template to text prompts."),
+        threads: Optional[int] = typer.Option(None, help="torch threads (CPU)."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    ) -> None:
+        """Generate with the engine (continuous batching) or a baseline system."""
+        if system not in SYSTEM_NAMES:
+            raise UserError(f"--system must be one of {', '.join(SYSTEM_NAMES)}, got {system!r}")
+        if threads is not None:
+            if threads <= 0:
+                raise UserError("--threads must be positive")
+            torch.set_num_threads(threads)
+        if not prompt and not prompt_ids:
+            raise UserError("give at least one --prompt or --prompt-ids")
+        if batch <= 0:
+            raise UserError("--batch must be positive")
+        params = build_params(gen_length, gen_length if steps is None else steps, block_length, temperature, remasking, seed)
+        try:
+            engine_cfg = EngineConfig(cache=cache, retention=retention, selection=selection, dtype=dtype,
+                                      max_num_logits=max_num_logits or None, device=device)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        knobs = {}
+        if system not in ("engine",):
+            knobs = baseline_knobs(system, threshold=threshold, fast_dllm_cache=fast_dllm_cache,
+                                   prompt_interval=prompt_interval, gen_interval=gen_interval,
+                                   transfer_ratio=transfer_ratio, keep_ratio=keep_ratio, kernel_size=kernel_size)
+        path = model_dir(model)
+        tok = load_tokenizer(path)
+        prompts = [parse_ids(s) for s in (prompt_ids or [])]
+        if prompt:
+            if tok is None:
+                raise UserError(f"{path} has no tokenizer files: give prompts with --prompt-ids")
+            for text in prompt:
+                if not text.strip():
+                    raise UserError("empty prompt")
+                prompts.append(encode_prompt(tok, text, chat))
+        mdl = load_model(model, dtype, device)
+        sysobj = make_system(system, mdl, engine_cfg, batch, knobs)
+        t0 = time.perf_counter()
+        outs = run_all(sysobj, prompts, params, show_progress=not json_out)
+        elapsed = time.perf_counter() - t0
+        texts = [tok.decode(o.token_ids, skip_special_tokens=True) if tok is not None else None for o in outs]
+        if json_out:
+            doc = dict(
+                outputs=[dict(tokens=o.token_ids, text=t, nfe=o.nfe, prompt_tokens=len(o.prompt_ids)) for o, t in zip(outs, texts)],
+                model=str(path), system=system, dtype=dtype, elapsed_s=elapsed,
+                params=dict(gen_length=params.gen_length, steps=params.steps, block_length=params.block_length,
+                            temperature=params.temperature, remasking=params.remasking, seed=params.seed),
+                stats={k: v for k, v in sysobj.stats().items() if not isinstance(v, list)},
+            )
+            typer.echo(json.dumps(doc))
+            return
+        con = Console()
+        for i, (o, t) in enumerate(zip(outs, texts)):
+            con.rule(f"output {i} · {len(o.prompt_ids)} prompt tokens · nfe {o.nfe}")
+            con.print(t if t is not None else o.token_ids, markup=False, highlight=False)
+        n_tok = sum(len(o.token_ids) for o in outs)
+        con.print(f"[dim]{system} · {len(outs)} request(s) · {n_tok} tokens in {elapsed:.2f}s "
+                  f"({n_tok / max(elapsed, 1e-9):.1f} tok/s)[/dim]")

@@ -1,0 +1,77 @@
+"""Load a model (preset name or checkpoint directory) and its tokenizer for the CLI, turning
+every way a checkpoint can be bad into one UserError line."""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+from dllm_bench.errors import UserError
+from dllm_bench.presets import resolve_model
+from engine.models.llada import LLaDAConfig, LLaDAModelLM, load_llada
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def model_dir(name_or_dir: str) -> Path:
+    return resolve_model(name_or_dir)
+
+
+def load_config(path: Path) -> LLaDAConfig:
+    try:
+        return LLaDAConfig.from_pretrained(path)
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(f"bad checkpoint {path}: {e}") from None
+
+
+def load_model(name_or_dir: str, dtype: str = "float32", device: str = "auto") -> LLaDAModelLM:
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    path = model_dir(name_or_dir)
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    try:
+        return load_llada(path, DTYPES[dtype], dev)
+    except (FileNotFoundError, ValueError, KeyError, RuntimeError) as e:
+        raise UserError(f"cannot load checkpoint {path}: {e}") from None
+
+
+def has_tokenizer(path: Path) -> bool:
+    return (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()
+
+
+def load_tokenizer(path: Path):
+    """The checkpoint's own tokenizer via AutoTokenizer, offline; None when it has none."""
+    if not has_tokenizer(path):
+        return None
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # "model of type llada" chatter: the config is ours, not HF's
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return AutoTokenizer.from_pretrained(str(path))
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot load the tokenizer in {path}: {e}") from None
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+    if chat and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def parse_ids(spec: str) -> list[int]:
+    try:
+        ids = [int(t) for t in spec.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise UserError(f"--prompt-ids takes comma-separated integers, got {spec!r}") from None
+    if not ids:
+        raise UserError("empty prompt (--prompt-ids with no ids)")
+    return ids

@@ -1,0 +1,47 @@
+"""Shared helpers for the engine tests: a tiny, decision-sensitive LLaDA and random prompts."""
+from __future__ import annotations
+
+import torch
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.models.llada import LLaDAConfig, LLaDAModelLM
+
+MASK, EOS = 299, 298
+
+
+def tiny_config(**overrides) -> LLaDAConfig:
+    kw = dict(d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=128, vocab_size=300,
+              embedding_size=300, mask_token_id=MASK, eos_token_id=EOS, pad_token_id=EOS)
+    kw.update(overrides)
+    return LLaDAConfig(**kw)
+
+
+def tiny_model(dtype: torch.dtype = torch.float64, n_kv_heads: int = 2, seed: int = 0, **overrides) -> LLaDAModelLM:
+    """Random LLaDA with weights ~ N(0, 0.5²): large logits spread, so a changed computation
+    (stale cache, wrong key set, wrong row) changes decisions and a test can fail."""
+    g = torch.Generator().manual_seed(seed)
+    model = LLaDAModelLM(tiny_config(n_kv_heads=n_kv_heads, **overrides))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    return model.to(dtype).eval()
+
+
+def random_prompts(n: int, lengths, seed: int = 0, vocab: int = 298) -> list[list[int]]:
+    """n prompts of the given lengths (an int or a list), ids in [0, vocab) (no MASK/EOS)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [lengths] * n if isinstance(lengths, int) else list(lengths)
+    return [torch.randint(0, vocab, (L,), generator=g).tolist() for L in lengths]
+
+
+def make_engine(model: LLaDAModelLM, **kw) -> LLMEngine:
+    kw.setdefault("attention_backend", "sdpa")
+    kw.setdefault("device", "cpu")
+    return LLMEngine(EngineConfig(**kw), model=model)
+
+
+def run_alone(model, prompt, params: SamplingParams, **kw) -> list[int]:
+    return make_engine(model, **kw).generate([prompt], params)[0].token_ids
