@@ -16,6 +16,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
+def _is_cpu_tensor(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_meta
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
 class _LiveBytes(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
@@ -26,17 +34,23 @@ class _LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        # Storages of the inputs: an output that aliases one of them (a view or an in-place
+        # result) is not an allocation. Without this check, a view of a tensor from before the
+        # meter (e.g. `kv[layer, 0]` of the KV pool) counted its whole storage as new bytes.
+        inputs = {_storage_key(t) for t in tree_flatten((args, kwargs))[0] if _is_cpu_tensor(t)}
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_meta:
-                self._track(t)
+            if _is_cpu_tensor(t):
+                self._track(t, inputs)
         return out
 
-    def _track(self, t: torch.Tensor) -> None:
+    def _track(self, t: torch.Tensor, inputs: set[int]) -> None:
         st = t.untyped_storage()
         key = st.data_ptr()
         if key == 0:
             return
         if key not in self.refs:
+            if key in inputs:  # aliases a tensor that predates the meter: not counted (see above)
+                return
             self.refs[key] = 0
             self.sizes[key] = st.nbytes()
             self.current += st.nbytes()
