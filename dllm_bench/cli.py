@@ -20,8 +20,11 @@ app = typer.Typer(
 # One line per command module; a module registers one or more commands (or a sub-app).
 COMMAND_MODULES = [
     "dllm_bench.commands.models",
+    "dllm_bench.commands.serve",
     "dllm_bench.commands.generate",
     "dllm_bench.commands.profile",
+    "dllm_bench.commands.train",
+    "dllm_bench.commands.accuracy",
 ]
 
 for _name in COMMAND_MODULES:

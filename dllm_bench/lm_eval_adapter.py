@@ -3,9 +3,10 @@
 A backend is `Callable[[list[str], dict], list[str]]`: prompts + lm-eval gen_kwargs (`until`,
 `max_gen_toks`, `temperature`, ...) -> one completion per prompt. `make_backend(model_args)` picks
 the factory in `BACKENDS` named by `model_args["backend"]`, else by the part of
-`model_args["model"]` before ":" (e.g. `model=oracle:gsm8k`). Engine backends are added by
-registering a factory: `BACKENDS["engine"] = lambda model_args: <callable>`, then
-`--model_args backend=engine,model=/ckpt,retention=0.1,selection=head,...`.
+`model_args["model"]` before ":" (e.g. `model=oracle:gsm8k`); a `model` that is a preset name or
+a checkpoint directory selects the `engine` backend (dllm_bench.accuracy.engine_backend):
+`--model_args model=tiny-math,retention=0.1,selection=head` (sparse cache at r = 0.1, head-centric;
+no retention = the dense, exact-LLaDA engine; `system=sparse-dllm` etc. for baselines).
 
 The `lm_eval` entry-point group declared in pyproject.toml is NOT scanned by lm-eval 0.4.13 (its
 registry only knows names registered by imported code), so a bare `lm_eval --model dllm_bench`
@@ -88,15 +89,33 @@ def _oracle_backend(model_args: dict) -> Backend:
     return lambda prompts, gen_kwargs: [answer(p) for p in prompts]
 
 
+def _engine_backend(model_args: dict) -> Backend:
+    """`model=<preset|checkpoint dir>[,retention=0.1,selection=head,cache=...,system=...]`: the
+    serving engine (or a baseline) on a real checkpoint; see dllm_bench.accuracy.engine_backend."""
+    from dllm_bench.accuracy import engine_backend
+
+    return engine_backend(model_args)
+
+
+def _is_checkpoint_spec(model: str) -> bool:
+    """A preset name or an existing checkpoint directory (-> the engine backend by default)."""
+    from dllm_bench.presets import PRESETS
+
+    return model in PRESETS or (Path(model).expanduser() / "config.json").is_file()
+
+
 # Extend this registry to add backends (the engine, baselines); keys are backend names.
-BACKENDS: dict[str, BackendFactory] = {"oracle": _oracle_backend}
+BACKENDS: dict[str, BackendFactory] = {"oracle": _oracle_backend, "engine": _engine_backend}
 
 
 def make_backend(model_args: dict) -> Backend:
-    """The backend for `model_args` (see module docstring); ValueError for an unknown one."""
+    """The backend for `model_args` (see module docstring); ValueError for an unknown one.
+    Without `backend=`, a model that is a preset name or a checkpoint directory runs on the engine."""
     model = str(model_args.get("model", ""))
     name = str(model_args.get("backend") or model.partition(":")[0])
     factory = BACKENDS.get(name)
+    if factory is None and not model_args.get("backend") and model and _is_checkpoint_spec(model):
+        factory = BACKENDS["engine"]
     if factory is None:
         raise ValueError(f"no generation backend {name!r} (from model_args {model_args}); available: "
                          f"{sorted(BACKENDS)} -- e.g. model=oracle:gsm8k. Engine backends register "

@@ -299,7 +299,7 @@ def diffusion_loss(model: LLaDAModelLM, ids, valid, region, mask_id: int, object
         loss = ((ce * m / t).sum(1) / region.sum(1)).mean()
     else:
         loss = (ce * m).sum() / m.sum().clamp(min=1)
-    return loss, {"masked_ce": float((ce * m).sum() / m.sum().clamp(min=1))}
+    return loss, {"masked_ce": float((ce.detach() * m).sum() / m.sum().clamp(min=1))}
 
 
 # ------------------------------------------------------------------------------------ probe
@@ -421,7 +421,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
-        run_loss += float(loss)
+        run_loss += float(loss.detach())
         run_n += 1
         train_s += time.perf_counter() - t0
         if step % cfg.eval_every == 0:

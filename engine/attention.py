@@ -39,7 +39,8 @@ def varlen_attention(
     out = torch.empty_like(q)
     gqa = q.shape[1] != keys[0].shape[0] if keys else False
     for i, (k, v) in enumerate(zip(keys, values)):
-        qs = q[cu_q[i] : cu_q[i + 1]].transpose(0, 1)
+        # A contiguous [H, Lq, D] query is several times faster in CPU SDPA than a strided view.
+        qs = q[cu_q[i] : cu_q[i + 1]].transpose(0, 1).contiguous()
         o = F.scaled_dot_product_attention(qs, k, v, enable_gqa=gqa)
         out[cu_q[i] : cu_q[i + 1]] = o.transpose(0, 1)
     return out

@@ -46,11 +46,13 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, gen: torch.Generator
 
 
 def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """softmax(logits)[x0] from the *clean* logits, as exp(l[x0] - logsumexp(l)) so no [R, V]
-    probability tensor is kept. dtype None = at least float32 (bf16 softmax ties too often)."""
+    """softmax(logits)[x0] from the *clean* logits, computed as 1 / Σ exp(l − l[x0]): one pass
+    over the row and no [R, V] probability tensor kept. dtype None = at least float32 (a bf16
+    softmax ties too often)."""
     dt = dtype or torch.promote_types(logits.dtype, torch.float32)
     lf = logits.to(dt)
-    return (lf.gather(-1, x0[:, None]).squeeze(-1) - torch.logsumexp(lf, dim=-1)).exp()
+    sel = lf.gather(-1, x0[:, None])
+    return (lf - sel).exp_().sum(-1).reciprocal_()
 
 
 def random_confidence(n: int, gen: torch.Generator) -> torch.Tensor:

@@ -68,7 +68,7 @@ def _mixed_workload():
 def test_batch_invariance(model, cache):
     prompts, params = _mixed_workload()
     kw = dict(cache=cache, retention=0.5, max_num_logits=5)
-    alone = [run_alone(model, p, sp, **kw) for p, sp in zip(prompts, params)]
+    alone = [run_alone(model, p, sp, **kw) for p, sp in zip(prompts, params, strict=True)]
     eng = make_engine(model, **kw)
     together = eng.generate(prompts, params)
     assert [o.token_ids for o in together] == alone
@@ -76,7 +76,7 @@ def test_batch_invariance(model, cache):
     # Staggered arrivals put requests in different phases in the same step.
     eng = make_engine(model, **kw)
     ids, outs = [], {}
-    for i, (p, sp) in enumerate(zip(prompts, params)):
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
         ids.append(eng.add_request(p, sp))
         for _ in range(i + 1):
             outs.update({o.request_id: o for o in eng.step()})

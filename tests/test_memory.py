@@ -61,15 +61,15 @@ def _warm(model):
     make_engine(model, cache="none").generate(random_prompts(1, 4), SamplingParams(gen_length=4, steps=1, block_length=4))
 
 
-def _measured_steps(eng) -> list[int]:
+def _measured_steps(eng) -> list[tuple[int, int, int]]:
     """Drive the engine to completion, metering the model work of every step (admission, which
-    allocates KV storage in the pool, happens outside the meter)."""
+    allocates KV storage in the pool, happens outside the meter): (peak, query tokens, logit rows)."""
     peaks = []
     while eng.has_unfinished():
         batch = eng.scheduler.schedule(time.perf_counter())
         with MemoryMeter() as m:
-            eng.runner.run(batch)
-        peaks.append(m.peak_bytes)
+            st = eng.runner.run(batch)
+        peaks.append((m.peak_bytes, st.query_tokens, st.max_logits_rows))
         now = time.perf_counter()
         for req, _ in batch:
             req.advance(now)
@@ -92,9 +92,11 @@ def test_full_step_within_profiled_bound(cache):
     params = SamplingParams(gen_length=32, steps=4, block_length=32, temperature=1.0)
     for p in random_prompts(4, 32, seed=3):
         eng.add_request(p, params)
-    peaks = _measured_steps(eng)
-    assert max(peaks) <= prof.activation_peak_bytes
-    assert max(peaks) >= 0.5 * prof.refresh_peak_bytes       # the bound is not vacuous
+    steps = _measured_steps(eng)
+    assert steps[0][1:] == (budget_tokens, logits)                # both budgets full in step 0
+    peak = max(p for p, _, _ in steps)
+    assert peak <= prof.activation_peak_bytes
+    assert peak >= 0.5 * prof.refresh_peak_bytes                  # the bound is not vacuous
 
 
 def _one_step_peak(model, n_requests: int, max_num_logits):
@@ -123,3 +125,25 @@ def test_monolithic_peak_grows_with_rows_times_vocab():
     assert sb2.max_logits_rows == sb4.max_logits_rows == 8
     assert abs(bud4 - bud2) < 0.1 * predicted                                 # ~constant in rows
     assert bud4 < mono4 - predicted
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "profiler under-estimate (reported, not fixed): a Reuse step of many short-block requests with "
+    "long sparse caches holds every request's concatenated [cache; block] K/V for the layer at once "
+    "(runner._reuse_keys' torch.cat; on CUDA, flash-attn's packed K/V), which grows with Σ cache "
+    "length of the batch; the profile's Reuse case only uses canvases of 2 x 32 tokens"))
+def test_reuse_step_with_long_sparse_caches_within_profiled_bound():
+    model = tiny_model(F32, vocab_size=2048, embedding_size=2048)
+    _warm(model)
+    eng = make_engine(model, cache="sparse", retention=1.0, max_num_batched_tokens=256, max_num_logits=8,
+                      memory_budget=256 * 2**20, max_model_len=128)
+    for p in random_prompts(24, 124, seed=3):            # max_model_len-long canvases, 4-token blocks
+        eng.add_request(p, SamplingParams(gen_length=4, steps=64, block_length=4))
+    while len(eng.scheduler.running) < 20:               # admissions: a Refresh + the running Reuses
+        eng.step()
+    assert eng.pool.used < eng.pool.capacity // 100      # the pool is far from full: a legal state
+    batch = eng.scheduler.schedule(time.perf_counter())
+    with MemoryMeter() as m:
+        eng.runner.run(batch)
+    peak = m.peak_bytes
+    assert peak <= eng.profile.activation_peak_bytes, (peak, eng.profile.to_dict())

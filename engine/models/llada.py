@@ -101,7 +101,7 @@ class RotaryEmbedding:
     def __init__(self, head_dim: int, theta: float):
         self.head_dim, self.theta = head_dim, theta
         self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._len = 0
+        self._last: tuple | None = None
 
     def _table(self, n: int, device: torch.device, dtype: torch.dtype):
         key = (device, dtype)
@@ -116,12 +116,19 @@ class RotaryEmbedding:
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [N, H, D], positions [N] -> x rotated, in x's dtype."""
         dt = torch.promote_types(x.dtype, torch.float32)
-        cos, sin = self._table(int(positions.max()) + 1, x.device, dt)
-        cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+        cos, sin = self._gathered(positions, x.device, dt)
         xf = x.to(dt)
         x1, x2 = xf.chunk(2, dim=-1)
         rot = torch.cat([-x2, x1], dim=-1)
         return (xf * cos + rot * sin).to(x.dtype)
+
+    def _gathered(self, positions: torch.Tensor, device, dt):
+        # Every layer rotates q and k at the same positions tensor: gather the table rows once.
+        key = (id(positions), positions.data_ptr(), positions.numel(), device, dt)
+        if self._last is None or self._last[0] != key or self._last[1] is not positions:
+            cos, sin = self._table(int(positions.max()) + 1, device, dt)
+            self._last = (key, positions, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+        return self._last[2], self._last[3]
 
 
 def dense_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,191 @@
+"""`dllm-bench accuracy`: accuracy per (selection, retention) of the engine's sparse KV cache, the
+dense (r = 1, exact LLaDA) reference and optionally baseline systems (paper §6.4, Fig. 6).
+
+Writes results/runs/<run-id>/ (config.json, summary.json, metrics.csv, points/<point>/
+{summary.json, samples.jsonl}, fig6_accuracy_vs_retention.png for sweeps); prints a Rich table,
+or one JSON document with --json. Progress bars (one per point, over finished samples) go to stderr.
+"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from dllm_bench.errors import UserError
+
+
+def _floats(spec: str, flag: str) -> list[float]:
+    try:
+        vals = [float(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag} takes comma-separated numbers, got {spec!r}") from None
+    if not vals:
+        raise UserError(f"{flag} is empty")
+    return vals
+
+
+def _names(spec: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
+    vals = [x.strip() for x in spec.split(",") if x.strip()]
+    bad = [v for v in vals if v not in allowed]
+    if not vals or bad:
+        raise UserError(f"{flag} takes a comma list of {', '.join(allowed)}; got {spec!r}")
+    return list(dict.fromkeys(vals))
+
+
+def _fmt_pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def accuracy(
+        task: Optional[str] = typer.Option(None, help="synth | gsm8k | humaneval (default: the model's training task, else synth)."),
+        model: str = typer.Option("tiny-math", "--model", "-m", help="Preset name or HF LLaDA checkpoint directory."),
+        retention: str = typer.Option("0.1,0.2,0.3,0.4,0.5", help="Retention ratio(s) r in (0, 1], comma list."),
+        selection: str = typer.Option("head,uniform", help="Engine sparse selection(s): head, uniform."),
+        system: str = typer.Option("engine", help="engine | llada | fast-dllm | dllm-cache | sparse-dllm (comma list)."),
+        limit: int = typer.Option(200, help="Samples per point (synth: the first N of the test split)."),
+        gen_length: Optional[int] = typer.Option(None, help="Tokens generated (default: the task's)."),
+        block_length: Optional[int] = typer.Option(None, help="Block length (default: the task's)."),
+        steps: Optional[int] = typer.Option(None, help="Denoising steps (default: the task's; one token per step)."),
+        seed: int = typer.Option(0, help="synth test-slice seed; request seed."),
+        synth_facts: Optional[int] = typer.Option(None, help="synth context_facts (default: the model's training probe, else 32)."),
+        dtype: str = typer.Option("float32", help="float64 | float32 | bfloat16"),
+        device: str = typer.Option("auto", help="auto | cpu | cuda"),
+        threads: Optional[int] = typer.Option(None, help="torch threads (CPU)."),
+        max_num_seqs: int = typer.Option(64, help="Engine: concurrent requests."),
+        batch: int = typer.Option(32, help="Baselines: static batch size."),
+        r1: bool = typer.Option(True, "--r1/--no-r1", help="Also run the engine's sparse cache at r = 1.0."),
+        chat: bool = typer.Option(False, "--chat/--no-chat", help="Wrap prompts in the tokenizer's chat template."),
+        run_id: Optional[str] = typer.Option(None, help="Run directory name (default: timestamp-accuracy-<task>)."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    ) -> None:
+        """Accuracy vs KV retention: head-centric vs uniform selection, dense reference, baselines."""
+        import torch
+
+        from dllm_bench import accuracy as acc
+        from dllm_bench.modelio import load_model, load_tokenizer, model_dir
+        from dllm_bench.results import create_run
+        from engine import SamplingParams
+
+        retentions = _floats(retention, "--retention")
+        if any(not 0 < r <= 1 for r in retentions):
+            raise UserError(f"--retention values must be in (0, 1], got {retention!r}")
+        retentions = sorted(dict.fromkeys(retentions))
+        selections = _names(selection, "--selection", acc.SELECTIONS)
+        systems = _names(system, "--system", acc.SYSTEMS)
+        if limit <= 0:
+            raise UserError("--limit must be positive")
+        if max_num_seqs <= 0 or batch <= 0:
+            raise UserError("--max-num-seqs and --batch must be positive")
+        if threads is not None:
+            if threads <= 0:
+                raise UserError("--threads must be positive")
+            torch.set_num_threads(threads)
+        path = model_dir(model)
+        info = acc.model_training_info(path)
+        task = task or info.get("config", {}).get("task") or "synth"
+        if task not in acc.TASKS:
+            raise UserError(f"--task must be one of {', '.join(acc.TASKS)}, got {task!r}")
+        g0, b0, s0 = acc.TASK_SHAPES[task]
+        gen_length = gen_length or g0
+        block_length = block_length or min(b0, gen_length)
+        steps = steps or gen_length
+        try:
+            SamplingParams(gen_length=gen_length, block_length=block_length, steps=steps)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        tcfg = info.get("config", {})
+        facts = synth_facts or tcfg.get("eval_facts") or 32
+        ops = tcfg.get("ops") or ["recall", "add", "sub"]
+        max_value = tcfg.get("max_value") or 9
+        docs = None
+        if task == "synth":
+            try:
+                docs = acc.synth_docs(limit, seed, facts, ops, max_value)
+            except ValueError as e:
+                raise UserError(str(e)) from None
+        tok = load_tokenizer(path)
+        if tok is None:
+            raise UserError(f"{path} has no tokenizer files: accuracy needs text prompts")
+        mdl = load_model(model, dtype, device)
+        points = acc.plan_points(systems, selections, retentions, include_r1=r1)
+        knobs = dict(task=task, model=model, model_dir=str(path), systems=systems, selections=selections,
+                     retentions=retentions, limit=limit, gen_length=gen_length, block_length=block_length,
+                     steps=steps, seed=seed, dtype=dtype, device=str(mdl.device), threads=torch.get_num_threads(),
+                     max_num_seqs=max_num_seqs, batch=batch, chat=chat, temperature=0.0,
+                     remasking="low_confidence", points=[p.name for p in points])
+        if task == "synth":
+            knobs["synth"] = dict(split="test", seed=seed, n=limit, context_facts=facts, ops=list(ops), max_value=max_value)
+        try:
+            run_dir = create_run("accuracy", knobs, name=f"accuracy-{task}", run_id=run_id)
+        except FileExistsError as e:
+            raise UserError(str(e)) from None
+
+        results = []
+        dense_acc = None
+        for i, p in enumerate(points):
+            backend = acc.PointBackend(mdl, tok, p, gen_length=gen_length, block_length=block_length, steps=steps,
+                                       seed=seed, chat=chat, system_kw=dict(max_num_seqs=max_num_seqs, batch=batch),
+                                       show_progress=not json_out, label=f"[{i + 1}/{len(points)}] {p.name}")
+            try:
+                if task == "synth":
+                    res = acc.eval_synth_point(backend, docs)
+                else:
+                    res = acc.eval_lm_eval_point(task, backend, limit)
+            except ValueError as e:     # a request that can never run (too long for the model, ...)
+                raise UserError(f"{p.name}: {e}") from None
+            if p.role == "dense":
+                dense_acc = res.accuracy
+            results.append(res)
+            acc.write_point(run_dir, res, dense_acc)
+            acc.write_run_tables(run_dir, results, {"task": task, "model": model, "metric": res.metric})
+            if not json_out:
+                typer.echo(f"  {p.name:>16}: {res.correct}/{res.n} = {_fmt_pct(res.accuracy)}% "
+                           f"[{_fmt_pct(res.ci_low)}, {_fmt_pct(res.ci_high)}]  ({res.elapsed_s:.1f}s)", err=True)
+        plot = None
+        if sum(1 for r in results if r.point.retention < 1.0) >= 2:
+            plot = acc.plot_fig6(results, run_dir / "fig6_accuracy_vs_retention.png",
+                                 f"{task} · {model} · n={results[0].n} · {results[0].metric}")
+        analysis = acc.analyse(results)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        if json_out:
+            typer.echo(json.dumps({"run_dir": str(run_dir), "task": task, "model": model, "n": results[0].n,
+                                   "metric": results[0].metric, "points": summary["points"],
+                                   "analysis": analysis, "plot": str(plot) if plot else None}))
+            return
+        _print_table(results, analysis, task, model, run_dir, plot)
+
+
+def _print_table(results, analysis, task, model, run_dir, plot) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    dense = results[0]
+    other = next(iter(dense.other), None)
+    t = Table(title=f"accuracy · {task} · {model} · n = {dense.n} per point · {dense.metric} · Wilson 95% CI")
+    cols = [("point", "left"), ("system", "left"), ("r", "right"), ("correct", "right"), ("acc %", "right"),
+            ("95% CI", "right")]
+    cols += [("flex %", "right")] if other else []
+    cols += [("/dense", "right"), ("s", "right")]
+    for c, j in cols:
+        t.add_column(c, justify=j, no_wrap=True)
+    for r in results:
+        p = r.point
+        sysname = p.system if p.system != "engine" else f"engine:{p.cache}"
+        cells = [p.name, sysname, f"{p.retention:g}", f"{r.correct}/{r.n}", _fmt_pct(r.accuracy),
+                 f"{_fmt_pct(r.ci_low)}-{_fmt_pct(r.ci_high)}"]
+        if other:
+            cells.append(_fmt_pct(r.other[other]["accuracy"]))
+        cells += [f"{r.accuracy / dense.accuracy:.2f}" if dense.accuracy else "-", f"{r.elapsed_s:.0f}"]
+        t.add_row(*cells, style="bold" if p.role == "dense" else None)
+    con.print(t)
+    for sel in ("head", "uniform", "sparse-dllm"):
+        a = analysis.get(sel)
+        if a:
+            m = a["min_retention_95pct_dense"]
+            con.print(f"{sel}: smallest r reaching 95% of dense ({_fmt_pct(analysis['target_95'])}%): "
+                      f"{m if m is not None else 'none of the swept r'}")
+    con.print(f"[dim]run: {run_dir}" + (f" · figure: {plot}" if plot else "") + "[/dim]")

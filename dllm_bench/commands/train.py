@@ -1,0 +1,81 @@
+"""`dllm-bench train`: train a tiny LLaDA-architecture masked-diffusion model on `synth` (CPU) and
+save it as an HF LLaDA checkpoint + tokenizer + learning curve (see dllm_bench/train.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dllm_bench.errors import UserError
+
+
+def _int_list(spec: str, flag: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"{flag} takes comma-separated integers, got {spec!r}") from None
+    if not vals:
+        raise UserError(f"{flag} is empty")
+    return vals
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def train(
+        out: Path = typer.Option(..., "--out", "-o", help="Checkpoint directory to write (created; must be empty unless --force)."),
+        task: str = typer.Option("synth", help="Training task (synth)."),
+        train_facts: str = typer.Option("4,8,12,16,20", help="synth context_facts drawn per batch (comma list)."),
+        eval_facts: int = typer.Option(16, help="synth context_facts of the held-out probe."),
+        ops: str = typer.Option("recall,add,sub", help="synth ops."),
+        max_value: int = typer.Option(9, help="synth operand range (1..9)."),
+        window: int = typer.Option(32, help="Answer region length (answer + EOS padding)."),
+        vocab_size: int = typer.Option(512, help="Vocabulary size (BPE + 12 LLaDA special tokens)."),
+        d_model: int = typer.Option(128),
+        n_layers: int = typer.Option(4),
+        n_heads: int = typer.Option(4),
+        n_kv_heads: int = typer.Option(4),
+        mlp_hidden_size: int = typer.Option(344),
+        objective: str = typer.Option("llada", help="llada (t~U(eps,1), CE/t; LLaDA SFT) | plain (CE on masked, t~U(t_min,1))."),
+        t_min: float = typer.Option(0.1, help="plain objective: lowest mask ratio."),
+        batch_size: int = typer.Option(32),
+        lr: float = typer.Option(3e-3),
+        warmup: int = typer.Option(100),
+        weight_decay: float = typer.Option(0.01),
+        steps: int = typer.Option(2000, help="Optimizer steps (also the LR schedule's horizon)."),
+        minutes: Optional[float] = typer.Option(None, help="Wall-clock cap in minutes (stops early; the step count is recorded)."),
+        seed: int = typer.Option(0),
+        threads: Optional[int] = typer.Option(1, help="torch threads (1 is fastest on a shared CPU)."),
+        eval_every: int = typer.Option(250, help="Probe the held-out set every N steps."),
+        eval_n: int = typer.Option(64, help="Held-out probe size."),
+        save_dtype: str = typer.Option("float32", help="float32 | bfloat16 (weights on disk)."),
+        force: bool = typer.Option(False, "--force", help="Write into a non-empty --out."),
+        json_out: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
+    ) -> None:
+        """Train a tiny LLaDA on synth with the masked-diffusion objective; save HF LLaDA layout."""
+        from dllm_bench.train import TrainConfig, train as run_train
+
+        if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
+            raise UserError(f"--out {out} exists and is not an empty directory (use --force)")
+        if threads is not None and threads <= 0:
+            raise UserError("--threads must be positive")
+        try:
+            cfg = TrainConfig(
+                out=str(out), task=task, train_facts=_int_list(train_facts, "--train-facts"),
+                eval_facts=eval_facts, ops=tuple(o.strip() for o in ops.split(",") if o.strip()),
+                max_value=max_value, window=window, vocab_size=vocab_size, d_model=d_model,
+                n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, mlp_hidden_size=mlp_hidden_size,
+                objective=objective, t_min=t_min, batch_size=batch_size, lr=lr, warmup=warmup,
+                weight_decay=weight_decay, steps=steps, minutes=minutes, seed=seed, threads=threads,
+                eval_every=eval_every, eval_n=eval_n, save_dtype=save_dtype,
+            )
+            from workloads.tasks import synth
+
+            synth.synth_examples("test", 1, context_facts=cfg.eval_facts, ops=cfg.ops, max_value=cfg.max_value)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        log = (lambda s: typer.echo(s, err=True)) if json_out else typer.echo
+        summary = run_train(cfg, log=log)
+        if json_out:
+            typer.echo(json.dumps({k: v for k, v in summary.items()}))

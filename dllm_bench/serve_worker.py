@@ -1,0 +1,163 @@
+"""One (system, workload) serving point in its own process: `python -m dllm_bench.serve_worker
+<spec.json> <out.json>`.
+
+`dllm-bench serve` starts one fresh worker per point, one after another, so warm caches, the
+allocator's high-water mark and imported state never leak from one system into the next. The
+spec file (written by dllm_bench/commands/serve.py) carries everything: the system variant,
+the checkpoint, dtype/device, the memory budget, the torch thread count, the workload (prompt
+ids, gen_length and arrival offset of every request: the same list for every system) and the
+sampling rule. The worker
+
+1. pins torch to `threads` threads (same count for every system),
+2. builds the system (dllm_bench.systems.build_system: engine KV-pool profile or a baseline's
+   static batch, both cached on disk),
+3. warms it up with `num_warmups` short requests (not measured),
+4. replays the workload open-loop in wall-clock time (dllm_bench.driver.run_open_loop),
+5. writes {result, info} to <out.json> atomically.
+
+stdout carries JSON lines only, one event each, for the parent's progress display:
+  {"event": "status", "message": ...}            setup phases
+  {"event": "built", "info": {...}}              what was built (scenario, batch, KV pool)
+  {"event": "progress", "arrived", "finished", "total", "tps", "elapsed"}
+  {"event": "done"} | {"event": "error", "kind": "user"|"internal", "message": ...}
+Everything else (warnings, tracebacks) goes to stderr, which the parent keeps in a log file.
+Exit codes: 0 done (also after SIGINT during the run: a partial, `interrupted` result is
+written), 2 bad input (e.g. the budget cannot hold the weights), 130 interrupted before the run,
+1 anything else.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# The parent reads our stdout as JSON lines: keep a private handle on it and point sys.stdout at
+# stderr, so a stray print() in any library cannot corrupt the stream.
+_EVENTS = sys.stdout
+sys.stdout = sys.stderr
+
+
+def emit(event: str, **fields: Any) -> None:
+    try:
+        _EVENTS.write(json.dumps({"event": event, **fields}, default=str) + "\n")
+        _EVENTS.flush()
+    except (BrokenPipeError, ValueError):  # the parent went away: keep running to write the result
+        pass
+
+
+def _warmup(system: Any, spec: dict, n: int) -> None:
+    """n short requests through the system before timing (first-call costs are not serving)."""
+    from engine.sampling import SamplingParams
+
+    if n <= 0 or not spec["workload"]:
+        return
+    b = int(spec["sampling"]["block_length"])
+    params = SamplingParams(gen_length=b, steps=b, block_length=b)
+    first = spec["workload"][0]["prompt_ids"][:8]
+    for i in range(n):
+        system.add_request(list(first), params, request_id=f"warmup-{i}")
+    while system.has_unfinished():
+        system.step()
+
+
+def run(spec: dict, out_path: Path) -> int:
+    import torch
+
+    threads = int(spec["threads"])
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass  # already set (only possible before any parallel work)
+
+    from dllm_bench.driver import run_open_loop
+    from dllm_bench.errors import UserError
+    from dllm_bench.results import atomic_write_json
+    from dllm_bench.systems import SystemVariant, WorkloadShape, build_system
+    from engine.sampling import SamplingParams
+
+    variant = SystemVariant.from_dict(spec["variant"])
+    t_build = time.perf_counter()
+    try:
+        built = build_system(
+            variant, model_dir=spec["model_dir"], dtype=spec["dtype"], device=spec["device"],
+            memory_budget=spec["memory_budget"], shape=WorkloadShape(**spec["shape"]),
+            engine_defaults=spec.get("engine_defaults") or {},
+            baseline_defaults=spec.get("baseline_defaults") or {},
+            max_model_len=spec.get("max_model_len"), cache_dir=spec.get("cache_dir"),
+            use_cache=spec.get("use_cache", True), log=lambda m: emit("status", message=m))
+    except UserError as e:
+        emit("error", kind="user", message=str(e))
+        return 2
+    info = dict(built.info)
+    info["build_seconds"] = time.perf_counter() - t_build
+    info["torch_threads"] = torch.get_num_threads()
+    emit("built", info={k: v for k, v in info.items() if k not in ("profile", "engine_config")})
+    system = built.system
+    n_warm = int(spec.get("num_warmups", 0))
+    if n_warm:
+        emit("status", message=f"warming up ({n_warm} request{'s' if n_warm > 1 else ''})")
+        _warmup(system, spec, n_warm)
+
+    steps_rule = spec["sampling"].get("steps", "gen_length")
+    block = int(spec["sampling"]["block_length"])
+
+    def make_params(item: dict) -> SamplingParams:
+        g = int(item["gen_length"])
+        steps = g if steps_rule == "gen_length" else int(steps_rule)
+        return SamplingParams(gen_length=g, steps=steps, block_length=block, temperature=0.0)
+
+    total = len(spec["workload"])
+    t0 = time.perf_counter()
+
+    def progress(arrived: int, finished: int, tps: float) -> None:
+        emit("progress", arrived=arrived, finished=finished, total=total, tps=tps,
+             elapsed=time.perf_counter() - t0)
+
+    emit("status", message="serving")
+    result = run_open_loop(system, spec["workload"], make_params, progress=progress,
+                           max_duration=spec.get("max_duration"), progress_interval=0.25)
+    # Per-step lists can be long; the counters the metrics need are kept, the rest summarized.
+    stats = result.get("stats") or {}
+    sizes = stats.pop("batch_sizes", None)
+    if isinstance(sizes, list):
+        stats["mean_batch_size"] = (sum(sizes) / len(sizes)) if sizes else None
+        stats["max_batch_size_seen"] = max(sizes) if sizes else None
+    comp = stats.pop("step_composition", None)
+    if isinstance(comp, list):  # engine: [refresh, reuse, query tokens] per step
+        stats["refresh_request_steps"] = sum(int(c[0]) for c in comp)
+        stats["reuse_request_steps"] = sum(int(c[1]) for c in comp)
+    stats.pop("profile", None)  # already in info
+    atomic_write_json(out_path, {"result": result, "info": info})
+    emit("done", interrupted=result["interrupted"], timed_out=result["timed_out"])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m dllm_bench.serve_worker <spec.json> <out.json>", file=sys.stderr)
+        return 2
+    # SIGTERM behaves like Ctrl-C: the run loop stops, keeps what finished and writes it.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+        return run(spec, Path(argv[1]))
+    except KeyboardInterrupt:
+        emit("error", kind="interrupted", message="interrupted before the run started")
+        return 130
+    except Exception as e:  # noqa: BLE001 - reported to the parent in one line, traceback to the log
+        import traceback
+
+        traceback.print_exc()
+        emit("error", kind="internal", message=f"{type(e).__name__}: {e}")
+        return 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
