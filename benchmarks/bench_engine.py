@@ -41,7 +41,11 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--retention", type=float, default=0.5)
+    # One thread by default: at this model size intra-op threads only add synchronisation, and on
+    # a shared (loaded) machine two spinning OpenMP threads made the reference ~30x slower.
+    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
+    torch.set_num_threads(a.threads)
 
     model = load_model(a.preset, "float32", "cpu")
     cfg = model.config

@@ -37,13 +37,16 @@ def varlen_attention(
     if backend == "flash_attn":
         return _flash(q, cu_q, keys, values)
     out = torch.empty_like(q)
-    gqa = q.shape[1] != keys[0].shape[0] if keys else False
     for i, (k, v) in enumerate(zip(keys, values)):
-        # A contiguous [H, Lq, D] query is several times faster in CPU SDPA than a strided view.
-        qs = q[cu_q[i] : cu_q[i + 1]].transpose(0, 1).contiguous()
-        o = F.scaled_dot_product_attention(qs, k, v, enable_gqa=gqa)
-        out[cu_q[i] : cu_q[i + 1]] = o.transpose(0, 1)
+        out[cu_q[i] : cu_q[i + 1]] = attend_one(q[cu_q[i] : cu_q[i + 1]], k, v)
     return out
+
+
+def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One sequence with SDPA: q [Lq, Hq, D], k/v [Hkv, Lk, D] -> [Lq, Hq, D]."""
+    # A contiguous [H, Lq, D] query is several times faster in CPU SDPA than a strided view.
+    o = F.scaled_dot_product_attention(q.transpose(0, 1).contiguous(), k, v, enable_gqa=q.shape[1] != k.shape[0])
+    return o.transpose(0, 1)
 
 
 def _flash(q, cu_q, keys, values):

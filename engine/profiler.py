@@ -121,7 +121,10 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
             f"activation peak {peak / 2**20:.0f} MiB + guard {guard / 2**20:.0f} MiB"
         )
     bpt = bytes_per_token(model.config, model.dtype)
-    tokens = free // bpt
+    # The packed flash-attn call concatenates one layer's K/V of every running request, which
+    # can reach the whole pool / n_layers; the SDPA path attends one sequence at a time.
+    per_token = bpt + (-(-bpt // model.config.n_layers) if backend == "flash_attn" else 0)
+    tokens = free // per_token
     return MemoryProfile(
         budget_bytes=budget, weights_bytes=wb, activation_peak_bytes=peak, refresh_peak_bytes=refresh_peak,
         reuse_peak_bytes=reuse_peak, guard_bytes=guard, kv_pool_bytes=tokens * bpt, kv_pool_tokens=tokens,

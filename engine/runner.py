@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import sparse
-from engine.attention import varlen_attention
+from engine.attention import attend_one, varlen_attention
 from engine.config import EngineConfig
 from engine.logits import RowSegment, decode_rows
 from engine.models.llada import LLaDAModelLM
@@ -37,6 +37,11 @@ class StepContext:
         self.batch, self.cu_q, self.config, self.backend = batch, cu_q, config, backend
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # SDPA attends sequence by sequence, so a Reuse step's concatenated keys exist for one
+        # request at a time; the packed flash-attn call needs them all at once (the profiler
+        # accounts for that).
+        streaming = self.backend == "sdpa"
+        out = torch.empty_like(q) if streaming else None
         keys, values = [], []
         for i, (req, phase) in enumerate(self.batch):
             a, b = self.cu_q[i], self.cu_q[i + 1]
@@ -48,9 +53,12 @@ class StepContext:
                 req.kv[layer, 1].copy_(vs)
             elif phase is Phase.REFRESH_SELECT:
                 self._select(req, layer, q[a:b], ks, vs)
-            keys.append(ks)
-            values.append(vs)
-        return varlen_attention(q, self.cu_q, keys, values, self.backend)
+            if streaming:
+                out[a:b] = attend_one(q[a:b], ks, vs)
+            else:
+                keys.append(ks)
+                values.append(vs)
+        return out if streaming else varlen_attention(q, self.cu_q, keys, values, self.backend)
 
     def _reuse_keys(self, req: Request, layer: int, kb: torch.Tensor, vb: torch.Tensor):
         s, e = req.block_range

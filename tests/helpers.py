@@ -1,6 +1,8 @@
 """Shared helpers for the engine tests: a tiny, decision-sensitive LLaDA and random prompts."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -45,3 +47,11 @@ def make_engine(model: LLaDAModelLM, **kw) -> LLMEngine:
 
 def run_alone(model, prompt, params: SamplingParams, **kw) -> list[int]:
     return make_engine(model, **kw).generate([prompt], params)[0].token_ids
+
+
+def plain_attention(q, k, v):
+    """q [Lq, Hq, D], k/v [Lk, Hkv, D]: softmax(QK^T / sqrt(D)) V, query head h uses KV head h // G."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)

@@ -8,8 +8,6 @@
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -17,7 +15,7 @@ from engine import SamplingParams
 from engine.attention import resolve_backend, varlen_attention
 from engine.models.llada import dense_attention
 from engine.reference import reference_generate
-from tests.helpers import make_engine, random_prompts, run_alone, tiny_model
+from tests.helpers import make_engine, plain_attention, random_prompts, run_alone, tiny_model
 
 F64 = torch.float64
 
@@ -86,14 +84,6 @@ def test_batch_invariance(model, cache):
 
 
 # ---------------------------------------------------------------- plain Fast-dLLM dual cache
-def plain_attention(q, k, v):
-    """q [Lq, Hq, D], k/v [Lk, Hkv, D]: softmax(QK^T / sqrt(D)) V, query head h uses KV head h // G."""
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
-
-
 def _no_rope(t, positions):
     return t
 

@@ -19,8 +19,7 @@ import torch.nn.functional as F
 from engine import SamplingParams, sparse
 from engine.kv_cache import retained_tokens
 from engine.request import Status
-from tests.helpers import make_engine, random_prompts, run_alone, tiny_model
-from tests.test_engine_exact import plain_attention
+from tests.helpers import make_engine, plain_attention, random_prompts, run_alone, tiny_model
 
 F64 = torch.float64
 
