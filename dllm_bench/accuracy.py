@@ -43,7 +43,7 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     den = 1 + z * z / n
     mid = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, mid - half), min(1.0, mid + half)
+    return (0.0 if k == 0 else max(0.0, mid - half)), (1.0 if k == n else min(1.0, mid + half))
 
 
 # ------------------------------------------------------------------------------------ points
@@ -150,6 +150,7 @@ class PointBackend:
     show_progress: bool = False
     label: str = ""
     outputs: list = field(default_factory=list)      # RequestOutputs of every call
+    by_prompt: dict = field(default_factory=dict)    # prompt text -> its RequestOutput
     stats: list = field(default_factory=list)        # system.stats() of every call
     elapsed_s: float = 0.0
 
@@ -172,6 +173,7 @@ class PointBackend:
             outs = run_requests(system, ids, params, advance)
         self.elapsed_s += time.perf_counter() - t0
         self.outputs.extend(outs)
+        self.by_prompt.update(zip(prompts, outs, strict=True))
         self.stats.append(system.stats())
         eos = self.model.config.eos_token_id
         return [decode_completion(self.tok, o.token_ids, eos) for o in outs]
@@ -219,13 +221,16 @@ def engine_backend(model_args: dict) -> PointBackend:
     tok = load_tokenizer(path)
     if tok is None:
         raise ValueError(f"{path} has no tokenizer: the lm-eval backend needs text prompts")
+    # A model trained by `dllm-bench train` decodes its fixed answer window by default (the task's
+    # max_gen_toks may be longer than anything it saw in training); gen_length= overrides.
+    window = model_training_info(path).get("config", {}).get("window")
     model = load_model(spec, _arg(model_args, "dtype", str, "float32"), _arg(model_args, "device", str, "auto"))
     kw = {}
     if _arg(model_args, "max_num_seqs", int):
         kw["max_num_seqs"] = _arg(model_args, "max_num_seqs", int)
     if _arg(model_args, "batch", int):
         kw["batch"] = _arg(model_args, "batch", int)
-    return PointBackend(model, tok, point, gen_length=_arg(model_args, "gen_length", int),
+    return PointBackend(model, tok, point, gen_length=_arg(model_args, "gen_length", int, window),
                         block_length=_arg(model_args, "block_length", int, 32),
                         steps=_arg(model_args, "steps", int), seed=_arg(model_args, "seed", int, 0),
                         chat=_arg(model_args, "chat", bool, False), system_kw=kw,
@@ -334,9 +339,11 @@ def eval_lm_eval_point(task: str, backend: PointBackend, limit: int | None) -> P
             row["target"] = s.get("target")
             row[flt] = float(s.get("exact_match", 0.0))
             row[f"{flt}_extracted"] = (s.get("filtered_resps") or [None])[0]
+        ctx = (s.get("arguments") or [[None]])[0][0]
+        o = backend.by_prompt.get(ctx)
+        if o is not None:
+            row["nfe"], row["prompt_tokens"] = o.nfe, len(o.prompt_ids)
     rows = [by_doc[k] for k in sorted(by_doc)]
-    for row, o in zip(rows, backend.outputs[-len(rows):]):
-        row["nfe"], row["prompt_tokens"] = o.nfe, len(o.prompt_ids)
     if task == "humaneval":
         hits = [r.get("pass@1", 0.0) for r in rows]
         agg = res["results"][name].get("pass@1,none")

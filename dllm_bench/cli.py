@@ -25,6 +25,9 @@ COMMAND_MODULES = [
     "dllm_bench.commands.profile",
     "dllm_bench.commands.train",
     "dllm_bench.commands.accuracy",
+    "dllm_bench.commands.ablate",
+    "dllm_bench.commands.sweep",
+    "dllm_bench.commands.report",
 ]
 
 for _name in COMMAND_MODULES:

@@ -87,11 +87,11 @@ PRESETS: dict[str, ServePreset] = {p.name: p for p in [
     ServePreset(
         "cpu-default", model="serve-126k", dataset="livebench", num_prompts=16, length_scale=0.125,
         gen_cap=64, block_length=32, memory_budget="1GiB", max_num_batched_tokens=1024,
-        max_num_logits=256, threads=2,
+        max_num_logits=256, threads=1,
         note="2-core CPU, LLaDA vocab/head size; <= 10 min for --rps 0.5; baselines saturated at 0.5 RPS"),
     ServePreset(
         "tiny", model="tiny", dataset="livebench", num_prompts=8, length_scale=0.05, gen_cap=16,
-        block_length=8, memory_budget="256MiB", max_num_batched_tokens=256, max_num_logits=64,
+        block_length=8, memory_budget="8MiB", max_num_batched_tokens=256, max_num_logits=64,
         threads=1, note="tests and smoke runs: seconds per system"),
     ServePreset(
         "paper", model="llada-8b", dataset="livebench", num_prompts=200, length_scale=1.0, gen_cap=256,

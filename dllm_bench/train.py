@@ -60,7 +60,9 @@ class TrainConfig:
     n_heads: int = 4
     n_kv_heads: int = 4
     mlp_hidden_size: int = 688
-    max_sequence_length: int = 512
+    max_sequence_length: int = 4096      # LLaDA's (RoPE: a config field only)
+    rope_theta: float = 10000.0          # LLaDA-8B uses 500000 for head_dim 128 / 4k context; a
+                                         # 32-dim head over ~150 tokens needs faster rotations
     # --- optimisation ---
     objective: str = "llada"
     eps: float = 1e-3                    # LLaDA: t ~ U(eps, 1)
@@ -245,7 +247,7 @@ def model_config(cfg: TrainConfig, special_ids: dict[str, int]) -> LLaDAConfig:
     return LLaDAConfig(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                        n_layers=cfg.n_layers, mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=cfg.vocab_size,
                        embedding_size=cfg.vocab_size, max_sequence_length=cfg.max_sequence_length,
-                       **special_ids)
+                       rope_theta=cfg.rope_theta, **special_ids)
 
 
 def init_model(mcfg: LLaDAConfig, seed: int) -> LLaDAModelLM:
@@ -296,7 +298,7 @@ def diffusion_loss(model: LLaDAModelLM, ids, valid, region, mask_id: int, object
     logits = batched_logits(model, noisy, valid)
     ce = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten(), reduction="none").view(ids.shape)
     if objective == "llada":
-        loss = ((ce * m / t).sum(1) / region.sum(1)).mean()
+        loss = ((ce * m / t).sum(1) / region.sum(1).clamp(min=1)).mean()
     else:
         loss = (ce * m).sum() / m.sum().clamp(min=1)
     return loss, {"masked_ce": float((ce.detach() * m).sum() / m.sum().clamp(min=1))}
@@ -329,16 +331,21 @@ def probe_generate(model: LLaDAModelLM, batch: Sequence[Encoded], mask_id: int, 
     return out
 
 
-def probe_accuracy(model, tok, probe: Sequence[Encoded], mask_id: int, pad_id: int, batch: int = 32) -> float:
+def probe_accuracy(model, tok, probe: Sequence[Encoded], mask_id: int, pad_id: int,
+                   batch: int = 32) -> tuple[float, float]:
+    """(strict-match accuracy, token accuracy over the answer tokens before the EOS padding)."""
     from workloads.tasks.scoring import score_gsm8k
 
-    hits = 0
+    hits = tok_hits = tok_n = 0
     for s in range(0, len(probe), batch):
         chunk = list(probe[s:s + batch])
         for e, toks in zip(chunk, probe_generate(model, chunk, mask_id, pad_id), strict=True):
-            text = tok.decode(toks, skip_special_tokens=True)
+            text = tok.decode(toks[: toks.index(pad_id)] if pad_id in toks else toks, skip_special_tokens=True)
             hits += score_gsm8k(text, e.target)["strict-match"]
-    return hits / max(1, len(probe))
+            n = e.answer.index(pad_id) if pad_id in e.answer else len(e.answer)
+            tok_hits += sum(int(a == b) for a, b in zip(toks[:n], e.answer[:n], strict=True))
+            tok_n += n
+    return hits / max(1, len(probe)), tok_hits / max(1, tok_n)
 
 
 # ------------------------------------------------------------------------------------ training
@@ -396,15 +403,15 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
     def evaluate() -> None:
         nonlocal eval_s
         t0 = time.perf_counter()
-        acc = probe_accuracy(model, tok, probe, mask_id, eos)
+        acc, tok_acc = probe_accuracy(model, tok, probe, mask_id, eos)
         model.train()
         eval_s += time.perf_counter() - t0
         row = {"step": step, "examples": stream.examples, "train_seconds": round(train_s, 1),
                "loss": round(run_loss / max(1, run_n), 4), "lr": lr_at(max(0, step - 1), cfg),
-               "probe_accuracy": acc}
+               "probe_accuracy": acc, "probe_token_accuracy": round(tok_acc, 4)}
         curve.append(row)
         log(f"step {step:5d}  {train_s / 60:5.1f} min  loss {row['loss']:.4f}  probe acc "
-            f"{acc:.3f} (n={len(probe)}, K={cfg.eval_facts})")
+            f"{acc:.3f} tokens {tok_acc:.3f} (n={len(probe)}, K={cfg.eval_facts})")
 
     while step < cfg.steps:
         if cfg.minutes is not None and (time.perf_counter() - t_start) / 60 >= cfg.minutes:
@@ -438,7 +445,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
     hf = dict(LLADA_8B_CONFIG)
     hf.update(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
               mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=cfg.vocab_size, embedding_size=cfg.vocab_size,
-              max_sequence_length=cfg.max_sequence_length, torch_dtype=cfg.save_dtype, **special)
+              max_sequence_length=cfg.max_sequence_length, rope_theta=cfg.rope_theta, torch_dtype=cfg.save_dtype,
+              **special)
     (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     write_curve(curve, out)
     summary = {

@@ -8,7 +8,6 @@ or one JSON document with --json. Progress bars (one per point, over finished sa
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 
@@ -40,25 +39,25 @@ def _fmt_pct(x: float) -> str:
 def register(app: typer.Typer) -> None:
     @app.command()
     def accuracy(
-        task: Optional[str] = typer.Option(None, help="synth | gsm8k | humaneval (default: the model's training task, else synth)."),
+        task: str | None = typer.Option(None, help="synth | gsm8k | humaneval (default: the model's training task, else synth)."),
         model: str = typer.Option("tiny-math", "--model", "-m", help="Preset name or HF LLaDA checkpoint directory."),
         retention: str = typer.Option("0.1,0.2,0.3,0.4,0.5", help="Retention ratio(s) r in (0, 1], comma list."),
         selection: str = typer.Option("head,uniform", help="Engine sparse selection(s): head, uniform."),
         system: str = typer.Option("engine", help="engine | llada | fast-dllm | dllm-cache | sparse-dllm (comma list)."),
         limit: int = typer.Option(200, help="Samples per point (synth: the first N of the test split)."),
-        gen_length: Optional[int] = typer.Option(None, help="Tokens generated (default: the task's)."),
-        block_length: Optional[int] = typer.Option(None, help="Block length (default: the task's)."),
-        steps: Optional[int] = typer.Option(None, help="Denoising steps (default: the task's; one token per step)."),
+        gen_length: int | None = typer.Option(None, help="Tokens generated (default: the task's)."),
+        block_length: int | None = typer.Option(None, help="Block length (default: the task's)."),
+        steps: int | None = typer.Option(None, help="Denoising steps (default: the task's; one token per step)."),
         seed: int = typer.Option(0, help="synth test-slice seed; request seed."),
-        synth_facts: Optional[int] = typer.Option(None, help="synth context_facts (default: the model's training probe, else 32)."),
+        synth_facts: int | None = typer.Option(None, help="synth context_facts (default: the model's training probe, else 32)."),
         dtype: str = typer.Option("float32", help="float64 | float32 | bfloat16"),
         device: str = typer.Option("auto", help="auto | cpu | cuda"),
-        threads: Optional[int] = typer.Option(None, help="torch threads (CPU)."),
+        threads: int | None = typer.Option(None, help="torch threads (CPU)."),
         max_num_seqs: int = typer.Option(64, help="Engine: concurrent requests."),
         batch: int = typer.Option(32, help="Baselines: static batch size."),
         r1: bool = typer.Option(True, "--r1/--no-r1", help="Also run the engine's sparse cache at r = 1.0."),
         chat: bool = typer.Option(False, "--chat/--no-chat", help="Wrap prompts in the tokenizer's chat template."),
-        run_id: Optional[str] = typer.Option(None, help="Run directory name (default: timestamp-accuracy-<task>)."),
+        run_id: str | None = typer.Option(None, help="Run directory name (default: timestamp-accuracy-<task>)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     ) -> None:
         """Accuracy vs KV retention: head-centric vs uniform selection, dense reference, baselines."""
@@ -83,6 +82,8 @@ def register(app: typer.Typer) -> None:
             if threads <= 0:
                 raise UserError("--threads must be positive")
             torch.set_num_threads(threads)
+        if task is not None and task not in acc.TASKS:
+            raise UserError(f"--task must be one of {', '.join(acc.TASKS)}, got {task!r}")
         path = model_dir(model)
         info = acc.model_training_info(path)
         task = task or info.get("config", {}).get("task") or "synth"

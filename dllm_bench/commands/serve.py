@@ -394,6 +394,8 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
     from workloads.serving import describe, describe_gen_mapping
 
     console = Console(stderr=True)
+    if not console.is_terminal:  # logs / CI: don't squeeze the comparison table into 80 columns
+        console = Console(stderr=True, width=180)
     p = run.preset
     shape = workload_shape(run)
     baseline_labels = {v.label for v in run.systems if v.is_baseline}

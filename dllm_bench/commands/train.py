@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -37,6 +36,7 @@ def register(app: typer.Typer) -> None:
         n_heads: int = typer.Option(4),
         n_kv_heads: int = typer.Option(4),
         mlp_hidden_size: int = typer.Option(344),
+        rope_theta: float = typer.Option(10000.0, help="RoPE base (config.json rope_theta)."),
         objective: str = typer.Option("llada", help="llada (t~U(eps,1), CE/t; LLaDA SFT) | plain (CE on masked, t~U(t_min,1))."),
         t_min: float = typer.Option(0.1, help="plain objective: lowest mask ratio."),
         batch_size: int = typer.Option(32),
@@ -44,9 +44,9 @@ def register(app: typer.Typer) -> None:
         warmup: int = typer.Option(100),
         weight_decay: float = typer.Option(0.01),
         steps: int = typer.Option(2000, help="Optimizer steps (also the LR schedule's horizon)."),
-        minutes: Optional[float] = typer.Option(None, help="Wall-clock cap in minutes (stops early; the step count is recorded)."),
+        minutes: float | None = typer.Option(None, help="Wall-clock cap in minutes (stops early; the step count is recorded)."),
         seed: int = typer.Option(0),
-        threads: Optional[int] = typer.Option(1, help="torch threads (1 is fastest on a shared CPU)."),
+        threads: int | None = typer.Option(1, help="torch threads (1 is fastest on a shared CPU)."),
         eval_every: int = typer.Option(250, help="Probe the held-out set every N steps."),
         eval_n: int = typer.Option(64, help="Held-out probe size."),
         save_dtype: str = typer.Option("float32", help="float32 | bfloat16 (weights on disk)."),
@@ -54,7 +54,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
     ) -> None:
         """Train a tiny LLaDA on synth with the masked-diffusion objective; save HF LLaDA layout."""
-        from dllm_bench.train import TrainConfig, train as run_train
+        from dllm_bench.train import TrainConfig
+        from dllm_bench.train import train as run_train
 
         if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
             raise UserError(f"--out {out} exists and is not an empty directory (use --force)")
@@ -66,6 +67,7 @@ def register(app: typer.Typer) -> None:
                 eval_facts=eval_facts, ops=tuple(o.strip() for o in ops.split(",") if o.strip()),
                 max_value=max_value, window=window, vocab_size=vocab_size, d_model=d_model,
                 n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, mlp_hidden_size=mlp_hidden_size,
+                rope_theta=rope_theta,
                 objective=objective, t_min=t_min, batch_size=batch_size, lr=lr, warmup=warmup,
                 weight_decay=weight_decay, steps=steps, minutes=minutes, seed=seed, threads=threads,
                 eval_every=eval_every, eval_n=eval_n, save_dtype=save_dtype,

@@ -1,0 +1,44 @@
+"""`dllm-bench report`: one Markdown report (tables, figures, the paper's numbers and a computed
+verdict per claim) from the latest serve, accuracy, ablate and sweep runs (dllm_bench/report.py)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from dllm_bench.errors import UserError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report_cmd(
+        out: Path = typer.Option(Path("report.md"), "--out", "-o", help="Markdown file to write (figures go to <stem>_files/ next to it)"),
+        result_dir: Path | None = typer.Option(None, "--result-dir", help="runs root (default results/runs, or $DLLM_BENCH_RESULTS_DIR)"),
+        as_json: bool = typer.Option(False, "--json", help="print the runs used, missing kinds and the claim verdicts as JSON"),
+    ) -> None:
+        """Markdown report from the latest serve / accuracy / ablate / sweep runs, next to the paper's figures."""
+        from dllm_bench import report
+        from dllm_bench import results
+
+        if out.suffix.lower() != ".md":
+            raise UserError(f"--out must be a .md file, got {out}")
+        if out.exists() and out.is_dir():
+            raise UserError(f"--out {out} is a directory")
+        root = results.results_root(result_dir)
+        if result_dir is not None and not root.is_dir():
+            raise UserError(f"--result-dir: no such directory: {root}")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"--out: cannot create {out.parent}: {e}") from None
+        doc = report.render(out, root)
+        c = report.counts(doc["claims"])
+        msg = (f"report: {doc['report']} ({len(doc['claims'])} claims: " +
+               ", ".join(f"{v} {k}" for k, v in c.items()) + ")" +
+               (f"; missing runs: {', '.join(doc['missing'])}" if doc["missing"] else "") +
+               (f"; sections that failed: {', '.join(doc['errors'])}" if doc["errors"] else ""))
+        print(msg, file=sys.stderr)
+        if as_json:
+            sys.stdout.write(json.dumps(doc) + "\n")

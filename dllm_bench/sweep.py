@@ -1,0 +1,259 @@
+"""`dllm-bench sweep` (paper §6.5, Fig. 7): throughput of the engine relative to Sparse-dLLM as
+the prompt length (at a fixed output length) or the output length (at a fixed prompt length)
+grows. Every point is a `random`-style workload with FIXED lengths (every request the same
+prompt length and gen_length), all requests at t=0 (saturation), run through serve's worker
+machinery (dllm_bench.ablation.measure_points); run directory of kind "sweep".
+
+Ranges (docs/ABLATE.md). The paper sweeps input 100-600 tokens (output fixed) and output
+128-512 tokens. A preset scales them:
+* input lengths x `length_scale` (cpu-default 0.125: 100..600 -> 12..75 tokens);
+* output lengths must be whole blocks (gen_length is a block multiple, steps = gen_length), so
+  they scale by `max(length_scale, block_length / 128)` — the paper's shortest output is then
+  at least one block — and are rounded up to a block multiple (cpu-default: x0.25 ->
+  32, 64, 128 tokens = 1..4 blocks of 32, the paper's 4..16 blocks / 4);
+* the fixed other length: output 256 (Table 3's generation length) and input 300 (the paper
+  does not state it; the middle of its input sweep), scaled the same way;
+* GPU presets (the paper's) sweep the paper's whole grids (6 input / 4 output points); CPU
+  presets sweep 3 points of each grid (the two ends and the middle) to keep a run short.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dllm_bench.errors import UserError
+
+VARY = ("input-len", "output-len")
+PAPER_INPUT_LENS = (100, 200, 300, 400, 500, 600)
+PAPER_OUTPUT_LENS = (128, 256, 384, 512)
+CPU_INPUT_LENS = (100, 300, 600)
+CPU_OUTPUT_LENS = (128, 256, 512)
+PAPER_FIXED_OUTPUT = 256   # Table 3: generation length 256
+PAPER_FIXED_INPUT = 300    # not stated in the paper: the middle of its input sweep
+DEFAULT_SYSTEMS = "engine,sparse-dllm"
+REFERENCE = "sparse-dllm"
+THROUGHPUT = "output_throughput"
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    vary: str
+    points: list                   # [(input_len, gen_length)] in the order swept
+    fixed: int                     # the length held fixed (tokens)
+    input_scale: float
+    output_scale: float
+    block_length: int
+    paper_points: list             # the paper-scale length of each point (None for user points)
+    rule: str
+
+    @property
+    def values(self) -> list[int]:
+        i = 0 if self.vary == "input-len" else 1
+        return [p[i] for p in self.points]
+
+    def label(self, point: tuple[int, int]) -> str:
+        return f"in{point[0]}-out{point[1]}"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "values": self.values, "labels": [self.label(p) for p in self.points]}
+
+
+def parse_vary(text: str) -> str:
+    t = str(text).strip().lower().replace("_", "-")
+    if t not in VARY:
+        raise UserError(f"--vary must be one of {', '.join(VARY)}, got {text!r}")
+    return t
+
+
+def output_scale(length_scale: float, block_length: int) -> float:
+    """Output lengths are whole blocks: never scale the paper's shortest (128) below one block."""
+    return max(float(length_scale), block_length / PAPER_OUTPUT_LENS[0])
+
+
+def scale_input(n: int, scale: float) -> int:
+    return max(1, int(math.floor(n * scale + 0.5)))
+
+
+def scale_output(n: int, scale: float, block_length: int) -> int:
+    return max(block_length, math.ceil(n * scale / block_length - 1e-9) * block_length)
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    out = []
+    for tok in (t.strip() for t in str(text).split(",")):
+        if not tok:
+            continue
+        try:
+            v = int(tok)
+        except ValueError:
+            raise UserError(f"{flag}: expected comma-separated token counts, got {tok!r}") from None
+        if v < 1:
+            raise UserError(f"{flag}: lengths must be >= 1 token, got {v}")
+        out.append(v)
+    if not out:
+        raise UserError(f"{flag} is empty")
+    if len(set(out)) != len(out):
+        raise UserError(f"{flag} lists a length twice")
+    return out
+
+
+def plan_sweep(vary: str, *, length_scale: float, block_length: int, device: str = "cpu",
+               points: str | None = None, fixed: int | None = None) -> SweepPlan:
+    """The (input_len, gen_length) points of a sweep for a preset (module docstring's rule).
+    `points` (comma list, in tokens as sent) and `fixed` override the scaled defaults."""
+    vary = parse_vary(vary)
+    s_in, s_out = float(length_scale), output_scale(length_scale, block_length)
+    gpu = str(device).startswith("cuda")
+    if vary == "input-len":
+        grid = PAPER_INPUT_LENS if gpu else CPU_INPUT_LENS
+        vals = _ints(points, "--points") if points else [scale_input(x, s_in) for x in grid]
+        paper = [None] * len(vals) if points else list(grid)
+        fx = fixed if fixed is not None else scale_output(PAPER_FIXED_OUTPUT, s_out, block_length)
+        if fx % block_length:
+            raise UserError(f"--fixed-len: the output length must be a multiple of the block ({block_length}), got {fx}")
+        pts = [(v, fx) for v in vals]
+        rule = (f"input = paper input x {s_in:g} (length_scale), rounded; output fixed at {fx} "
+                f"(paper 256 x {s_out:g}, whole blocks of {block_length})")
+    else:
+        grid = PAPER_OUTPUT_LENS if gpu else CPU_OUTPUT_LENS
+        vals = _ints(points, "--points") if points else [scale_output(x, s_out, block_length) for x in grid]
+        bad = [v for v in vals if v % block_length]
+        if bad:
+            raise UserError(f"--points: output lengths must be multiples of the block ({block_length}), got {bad}")
+        paper = [None] * len(vals) if points else list(grid)
+        fx = fixed if fixed is not None else scale_input(PAPER_FIXED_INPUT, s_in)
+        pts = [(fx, v) for v in vals]
+        rule = (f"output = paper output x {s_out:g} (max(length_scale, block/128)) rounded up to whole "
+                f"blocks of {block_length}; input fixed at {fx} (paper 300 x {s_in:g})")
+    if fixed is not None and fixed < 1:
+        raise UserError(f"--fixed-len must be >= 1, got {fixed}")
+    # Deduplicate (rounding can merge neighbours) keeping the first paper length.
+    seen, P, PP = set(), [], []
+    for p, q in zip(pts, paper, strict=True):
+        if p not in seen:
+            seen.add(p)
+            P.append(p)
+            PP.append(q)
+    return SweepPlan(vary, P, fx, s_in, s_out, block_length, PP, rule)
+
+
+def point_workload(run, point: tuple[int, int], num_prompts: int, rps: float, seed: int) -> list:
+    """num_prompts requests of exactly `point`'s lengths (vLLM `random` with range ratio 0)."""
+    from dllm_bench.commands.serve import _special_ids
+    from workloads.serving import build_workload
+
+    L, G = point
+    try:
+        return build_workload("random", num_prompts=num_prompts, rps=rps, seed=seed,
+                              vocab_size=run.model_info["vocab_size"], special_ids=_special_ids(run.model_info),
+                              length_scale=1.0, block_length=run.preset.block_length, gen_cap=None,
+                              random_input_len=L, random_output_len=G, random_range_ratio=0.0,
+                              fixed_gen_length=G)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def reference_label(systems: Sequence) -> str:
+    """The baseline the ratios are taken against: sparse-dllm if swept, else the first baseline."""
+    bl = [v for v in systems if v.is_baseline]
+    if not bl:
+        raise UserError("--systems needs a baseline to compare with (default: engine,sparse-dllm)")
+    return next((v.label for v in bl if v.label == REFERENCE), bl[0].label)
+
+
+# ---------------------------------------------------------------- tables / figures
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def sweep_table(points: Iterable[Mapping], plan: Mapping | SweepPlan, systems: Sequence[str], reference: str):
+    """One row per sweep point: throughput of every system and each non-reference system's
+    throughput / the reference's (the paper's Fig. 7 y axis)."""
+    import pandas as pd
+
+    plan = plan.to_dict() if isinstance(plan, SweepPlan) else plan
+    idx = {(p.get("dataset", ""), p["system"]): p for p in points}
+    rows = []
+    for (L, G), paper, label in zip(plan["points"], plan["paper_points"], plan["labels"], strict=True):
+        row: dict[str, Any] = {"input_len": L, "output_len": G, "paper_len": paper}
+        ref = idx.get((label, reference))
+        rtp = _num(ref.get(THROUGHPUT)) if ref else None
+        for s in systems:
+            p = idx.get((label, s))
+            tp = _num(p.get(THROUGHPUT)) if p else None
+            row[f"{s} tok/s"] = tp
+            if s != reference:
+                row[f"x {s}"] = tp / rtp if tp is not None and rtp else None
+        if ref and ref.get("max_batch_size"):
+            row[f"{reference} B"] = ref.get("max_batch_size")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def table_formats(df) -> dict:
+    return {c: ("{:.2f}x" if c.startswith("x ") else "{:.2f}") for c in df.columns
+            if c.startswith("x ") or c.endswith(" tok/s")}
+
+
+def plot_fig7(df, plan: Mapping | SweepPlan, path: Path, reference: str, title: str = "") -> Path:
+    """Paper Fig. 7: (left) throughput relative to the reference vs the swept length, (right)
+    the absolute throughputs."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dllm_bench.results import atomic_write_bytes
+
+    plan = plan.to_dict() if isinstance(plan, SweepPlan) else plan
+    xcol = "input_len" if plan["vary"] == "input-len" else "output_len"
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.5, 4.0))
+    xs = df[xcol].astype(float)
+    for c in [c for c in df.columns if c.startswith("x ")]:
+        ys = df[c].map(_num)
+        a1.plot(xs, ys, marker="o", label=f"{c[2:]} / {reference}")
+        for x, y in zip(xs, ys, strict=True):
+            if y is not None and not math.isnan(y):
+                a1.annotate(f"{y:.2f}×", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+    a1.axhline(1.0, color="red", linestyle="--", linewidth=1.0)
+    a1.set_ylim(bottom=0, top=max([1.5] + [1.25 * v for c in df.columns if c.startswith("x ")
+                                            for v in df[c].map(_num) if v is not None and not math.isnan(v)]))
+    a1.set_ylabel(f"Relative throughput (× {reference})")
+    for i, c in enumerate([c for c in df.columns if c.endswith(" tok/s")]):
+        a2.plot(xs, df[c].map(_num), marker="os^D"[i % 4], label=c[: -len(" tok/s")])
+    a2.set_ylabel("Output throughput (tok/s)")
+    a2.set_ylim(bottom=0)
+    what = "input (prompt) length" if xcol == "input_len" else "output length (gen_length)"
+    for a in (a1, a2):
+        a.set_xlabel(f"{what}, tokens")
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=8)
+        a.set_xticks(list(xs))
+    fig.suptitle(title or f"Sensitivity to {what} (fixed {'output' if xcol == 'input_len' else 'input'} "
+                          f"{plan['fixed']} tokens)", fontsize=11)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return Path(path)
+
+
+def run_tables(run_dir: Path) -> dict:
+    """The sweep table of a finished sweep run dir (what `report` renders)."""
+    from dllm_bench import results
+
+    cfg = results.load_config(run_dir)["config"]
+    pts = results.load_points(run_dir)
+    plan = cfg["plan"]
+    df = sweep_table(pts, plan, cfg["systems_labels"], cfg["reference"])
+    return {"config": cfg, "points": pts, "table": df, "plan": plan, "reference": cfg["reference"]}
