@@ -379,9 +379,9 @@ def cache_table(points: Iterable[Mapping], rows_: Sequence[Rung | Mapping], base
             out_tok = p.get("total_output_tokens") or 0
             qt = p.get("query_tokens", st.get("query_tokens"))
 
-            def per_tok(v):
+            def per_tok(v, n=out_tok):
                 v = _num(v)
-                return v / out_tok if v is not None and out_tok else None
+                return v / n if v is not None and n else None
             out.append({"dataset": ds, "cache policy": r["title"], "system": _rung_label(r),
                         "throughput_tok_s": tp,
                         "x_vs_baseline": tp / btp if tp is not None and btp else None,

@@ -164,7 +164,7 @@ def serve_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path
     df = results.metrics_frame(run_dir)
     cfg = results.load_config(run_dir).get("config", {})
     out = ["## Serving throughput and latency (paper §6.2-6.3, Fig. 3-5, Table 4)\n",
-           f"Run `{run_dir.name}` — {cfg.get('preset_line', '')}\n"]
+           f"\nRun `{run_dir.name}` — {cfg.get('preset_line', '')}\n\n"]
     if df.empty:
         return "".join(out) + "\n_(the run has no finished points)_\n"
     if "is_baseline" not in df.columns:
@@ -267,7 +267,7 @@ def accuracy_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: P
     summ = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     pts = summ.get("points") or []
     task = summ.get("task") or "?"
-    out = ["## Accuracy under KV retention (paper §6.4, Fig. 6)\n",
+    out = ["## Accuracy under KV retention (paper §6.4, Fig. 6)\n\n",
            f"Run `{run_dir.name}` — task {task}, model {summ.get('model', '?')}, metric {summ.get('metric', '?')}\n\n"]
     cols = [c for c in ("point", "system", "selection", "retention", "n", "accuracy", "ci_low", "ci_high",
                         "flexible-extract_accuracy", "relative_to_dense") if any(c in p for p in pts)]
@@ -316,7 +316,7 @@ def ablate_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Pat
     t = ab.run_tables(run_dir)
     cfg = t["config"]
     lt, ct = t["ladder"], t["cache"]
-    out = ["## Ablation (paper §6.6, Fig. 8)\n",
+    out = ["## Ablation (paper §6.6, Fig. 8)\n\n",
            f"Run `{run_dir.name}` — {cfg.get('preset_line', '')}; {cfg.get('measurement', '')}; "
            f"{cfg.get('num_prompts')} prompts per dataset.\n\n"]
     paper_rows = []
@@ -330,7 +330,7 @@ def ablate_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Pat
         m = lt.merge(pd.DataFrame(paper_rows), on=["dataset", "rung"], how="left")
         out.append(md_table(m[["dataset", "rung", "system", "throughput_tok_s", "x_vs_baseline", "delta_x_vs_prev",
                                "pct_vs_prev", "paper x"]], {**ab.LADDER_FMT, "paper x": "{:.2f}x"}))
-        out.append("\n`paper x` = the cumulative speedup the paper states in §6.6 (blank: not stated in its text).\n")
+        out.append("\n`paper x` = the cumulative speedup the paper states in §6.6 (`-`: not stated in its text).\n")
     out.append(_figures(run_dir / "plots", "*.png", files_dir, "ablate", rel_base))
     out.append("\n### Claims\n\n")
     keys = {"engine": "+ inference engine", "scheduler": "+ phase-multiplexed scheduler", "logits": "+ logit-aware budgeting"}
@@ -386,7 +386,7 @@ def sweep_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path
     t = sw.run_tables(run_dir)
     cfg, df, plan, ref = t["config"], t["table"], t["plan"], t["reference"]
     vary = plan["vary"]
-    out = [f"## Sensitivity: {vary} (paper §6.5, Fig. 7{'a' if vary == 'input-len' else 'b'})\n",
+    out = [f"## Sensitivity: {vary} (paper §6.5, Fig. 7{'a' if vary == 'input-len' else 'b'})\n\n",
            f"Run `{run_dir.name}` — {cfg.get('preset_line', '')}; {plan.get('rule', '')}; "
            f"{cfg.get('num_prompts')} prompts per point; {cfg.get('measurement', '')}.\n\n"]
     out.append(md_table(df, sw.table_formats(df)))
@@ -472,10 +472,12 @@ def render(out_path: str | Path, root: str | Path | None = None, runs: Mapping[s
 
 
 def counts(rows: Iterable[Mapping]) -> dict[str, int]:
+    """Claims per verdict class: matches / same direction / does not match / no data."""
     out: dict[str, int] = {}
     for r in rows:
-        k = "matches" if str(r["verdict"]).startswith("matches") else (
-            "no data" if r["verdict"] == "no data" else "does not match")
+        v = str(r["verdict"])
+        k = ("matches" if v.startswith("matches") else "same direction" if v.startswith("same direction")
+             else "no data" if v == "no data" else "does not match")
         out[k] = out.get(k, 0) + 1
     return out
 

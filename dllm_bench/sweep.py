@@ -194,7 +194,10 @@ def sweep_table(points: Iterable[Mapping], plan: Mapping | SweepPlan, systems: S
         if ref and ref.get("max_batch_size"):
             row[f"{reference} B"] = ref.get("max_batch_size")
         rows.append(row)
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    lead = ["input_len", "output_len", "paper_len"]
+    tps = [c for c in df.columns if c.endswith(" tok/s")]
+    return df[lead + tps + [c for c in df.columns if c not in lead and c not in tps]]
 
 
 def table_formats(df) -> dict:

@@ -1,9 +1,7 @@
 """`dllm-bench ablate`, `sweep` and `report`: the ladder's effective configurations, the sweep's
 preset-scaled points, the report rendered from fixture runs, and bad options -> exit 2."""
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,8 +14,6 @@ from dllm_bench import sweep as sw
 from dllm_bench.errors import UserError
 from dllm_bench.serve_presets import PRESETS
 from dllm_bench.systems import parse_system
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 # ---------------------------------------------------------------- the ladder's configurations
@@ -151,7 +147,7 @@ def _point(run_dir, system, dataset, tp, rps=float("inf"), **kw):
 def _fixture_runs(root: Path) -> None:
     # serve: L40S-like numbers at 1.0 req/s (engine 1.61x the best baseline, 2.81x Sparse-dLLM).
     d = results.create_run("serve", {"preset_line": "preset fixture"}, run_id="serve-fx", root=root)
-    for sysname, tp, lat in (("engine", 90.0, None), ("fast-dllm", 56.0, None), ("sparse-dllm", 32.0, None)):
+    for sysname, tp in (("engine", 90.0), ("fast-dllm", 56.0), ("sparse-dllm", 32.0)):
         _point(d, sysname, "livebench", tp, rps=1.0, p99_e2el_ms=(1e5 if sysname == "engine" else 4e5),
                latency_std_ms=(50.0 if sysname == "engine" else 120.0))
         _point(d, sysname, "livebench", tp / 2, rps=0.25)
@@ -162,7 +158,7 @@ def _fixture_runs(root: Path) -> None:
     pts = [{"point": "dense", "system": "engine", "role": "dense", "selection": None, "retention": 1.0, "n": 20,
             "accuracy": 0.8, "ci_low": 0.6, "ci_high": 0.9}]
     for sel, accs in (("head", (0.6, 0.7)), ("uniform", (0.3, 0.55))):
-        for r, a in zip((0.1, 0.2), accs):
+        for r, a in zip((0.1, 0.2), accs, strict=True):
             pts.append({"point": f"{sel}-r{r}", "system": "engine", "role": "sparse", "selection": sel,
                         "retention": r, "n": 20, "accuracy": a, "ci_low": a - 0.1, "ci_high": a + 0.1})
     results.atomic_write_json(d / "summary.json", {"task": "gsm8k", "model": "fx", "metric": "strict-match",
@@ -177,7 +173,7 @@ def _fixture_runs(root: Path) -> None:
            "cache_rows": [{**r.to_dict(), "label": lab[r.key]} for r in crows]}
     d = results.create_run("ablate", cfg, run_id="ablate-fx", root=root)
     for ds, tps in (("livebench", (10.0, 14.8, 16.0, 17.5)), ("osc", (10.0, 9.0, 12.0, 11.0))):
-        for r, tp in zip(rungs, tps):
+        for r, tp in zip(rungs, tps, strict=True):
             _point(d, lab[r.key], ds, tp, stats={"refresh_request_steps": 100, "reuse_request_steps": 700},
                    query_tokens=16000)
     for key, tp, q in (("cache-none", 6.0, 50000), ("cache-dual", 18.0, 12000), ("cache-sparse-uniform", 15.0, 16000)):
@@ -190,7 +186,7 @@ def _fixture_runs(root: Path) -> None:
         cfg = {"vary": vary, "plan": plan.to_dict(), "systems_labels": ["engine", "sparse-dllm"],
                "reference": "sparse-dllm", "preset_line": "preset fixture", "num_prompts": 8, "measurement": "saturation"}
         d = results.create_run("sweep", cfg, run_id=f"sweep-{vary}-fx", root=root)
-        for pt, x in zip(plan.points, ratios):
+        for pt, x in zip(plan.points, ratios, strict=True):
             _point(d, "sparse-dllm", plan.label(pt), 10.0, max_batch_size=4)
             _point(d, "engine", plan.label(pt), 10.0 * x)
 
@@ -256,10 +252,18 @@ def test_verdict_rule():
 
 
 # ---------------------------------------------------------------- the CLI
-def _cli(*args, timeout=120):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "dllm_bench.cli", *args], capture_output=True, text=True,
-                          cwd=REPO, env=env, timeout=timeout)
+def _cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    """`dllm-bench ARGS` in this process (cli.main: UserError -> one line + exit 2)."""
+    from dllm_bench import cli
+
+    monkeypatch.setattr(sys, "argv", ["dllm-bench", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("args, msg", [
@@ -268,19 +272,26 @@ def _cli(*args, timeout=120):
     (("ablate", "--cache-rows", "most"), "--cache-rows"),
     (("report", "--out", "report.txt"), "--out must be a .md file"),
 ])
-def test_bad_options_exit_2_with_one_line(tmp_path, args, msg):
-    r = _cli(*args, "--result-dir", str(tmp_path / "runs"))
-    assert r.returncode == 2, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], r.stderr
-    assert not (tmp_path / "runs").exists()
+def test_bad_options_exit_2_with_one_line(tmp_path, monkeypatch, capsys, args, msg):
+    code, out, err = _cli(monkeypatch, capsys, *args, "--result-dir", str(tmp_path / "runs"))
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], err
+    assert out == "" and not (tmp_path / "runs").exists()
 
 
-def test_report_cli_renders_the_fixture(tmp_path):
+def test_unknown_option_exits_2(monkeypatch, capsys):
+    code, _, err = _cli(monkeypatch, capsys, "ablate", "--no-such-flag")
+    assert code == 2 and "No such option" in err
+
+
+def test_report_cli_renders_the_fixture(tmp_path, monkeypatch, capsys):
     _fixture_runs(tmp_path / "runs")
     out = tmp_path / "rep" / "r.md"
-    r = _cli("report", "--out", str(out), "--result-dir", str(tmp_path / "runs"), "--json")
-    assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
+    code, stdout, err = _cli(monkeypatch, capsys, "report", "--out", str(out), "--result-dir",
+                             str(tmp_path / "runs"), "--json")
+    assert code == 0, err
+    doc = json.loads(stdout)
     assert doc["report"] == str(out) and out.is_file() and not doc["missing"]
-    assert "claims:" in r.stderr and "matches" in r.stderr
+    assert "21 claims" in err and "matches" in err
+

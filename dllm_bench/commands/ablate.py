@@ -14,6 +14,7 @@ import json
 import math
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -49,6 +50,7 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
     if len(run.rps) != 1:
         raise UserError("--rps takes one rate for ablate (inf = saturation, the default)")
     rate = run.rps[0]
+    run.preset = replace(run.preset, dataset=",".join(ds_list), num_prompts=n)  # describe() tells what ran
     p = run.preset
     rungs = ab.ladder(p.max_num_logits)
     crows = ab.cache_rows(p.max_num_logits) if rows_mode != "none" else []
@@ -100,6 +102,9 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
             planned.append(ab.PlannedPoint(ds, rate, variants[r.key], wl, shape,
                                            {"ablation_rung": r.key, "ablation_title": r.title}))
     res = ab.measure_points(run, planned, run_dir, con)
+    if res["user_error"] and "max_num_logits=none" in res["user_error"]:
+        res["user_error"] += (f" (the monolithic-logit rungs hold [token budget x vocab] logits: lower "
+                              f"--max-num-batched-tokens (now {p.max_num_batched_tokens}) or raise --memory-budget)")
     points = res["points"]
     if res["user_error"] and not points:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing measured: leave no run behind

@@ -19,8 +19,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the runs used, missing kinds and the claim verdicts as JSON"),
     ) -> None:
         """Markdown report from the latest serve / accuracy / ablate / sweep runs, next to the paper's figures."""
-        from dllm_bench import report
-        from dllm_bench import results
+        from dllm_bench import report, results
 
         if out.suffix.lower() != ".md":
             raise UserError(f"--out must be a .md file, got {out}")

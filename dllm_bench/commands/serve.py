@@ -327,6 +327,8 @@ def _display_label(summary: dict) -> str:
         b = summary.get("max_batch_size")
         kind = summary.get("scenario_kind", "")
         label += f" [B={b} {'max-fit' if kind == 'max-fit' else 'fixed'}]"
+    if summary.get("interrupted"):
+        label += " (interrupted)"
     return label
 
 
@@ -343,7 +345,7 @@ def _point_summary(out: dict, variant, rps: float, run: ServeRun, workload) -> t
         "fits_budget": info.get("fits_budget"), "peak_bytes": info.get("peak_bytes"),
         "memory_budget": run.memory_budget, "torch_threads": info.get("torch_threads"),
         "build_seconds": info.get("build_seconds"), "profile_cached": info.get("profile_cached"),
-        "preset": run.preset.name, "num_prompts": len(workload),
+        "preset": run.preset.name, "num_prompts": len(workload), "peak_rss_bytes": info.get("peak_rss_bytes"),
         "stats": res.get("stats"),
     }
     if info.get("profile"):
@@ -453,6 +455,13 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
                   f"{', '.join(_fmt_rps(r) for r in run.rps)}; datasets: {', '.join(run.datasets)}; "
                   f"arrivals {run.arrivals}" + (f" (burstiness {run.burstiness:g})" if run.arrivals == "gamma" else "")
                   + f"; seed {run.seed}", markup=False, highlight=False)
+    for (ds, r), wl in run.workloads.items():
+        d = describe(wl)
+        console.print(f"workload {ds} @ {_fmt_rps(r)} rps: {d['num_requests']} requests over "
+                      f"{d['duration_s']:.1f} s, prompt {d['prompt_len_min']}-{d['prompt_len_max']} tokens "
+                      f"(mean {d['prompt_len_mean']:.0f}), gen_length {d['gen_length_min']}-"
+                      f"{d['gen_length_max']} (mean {d['gen_length_mean']:.0f}), steps = gen_length",
+                      markup=False, highlight=False)
 
     done_keys = results.finished_points(run_dir) if resume else set()
     failures: list[str] = []
@@ -527,10 +536,10 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
         if len(c["summaries"]) > 1:
             print_comparison(c["summaries"], c["baselines"], console,
                              title=f"{c['dataset']} @ {_fmt_rps(c['rps'])} rps — vs best baseline")
-    for s in points:
-        if s.get("is_baseline"):
-            note = "" if s.get("fits_budget") in (True, None) else " (exceeds the memory budget!)"
-            console.print(f"{s['system']}: {s.get('scenario')}{note}", markup=False, highlight=False)
+    scenarios = {s["system"]: s for s in points if s.get("is_baseline")}
+    for label, s in scenarios.items():  # which scenario each baseline row is
+        note = "" if s.get("fits_budget") in (True, None) else " (exceeds the memory budget!)"
+        console.print(f"{label}: {s.get('scenario')}{note}", markup=False, highlight=False)
 
     plots: list[str] = []
     finite = sorted({float(s["rps"]) for s in points if math.isfinite(float(s["rps"]))})

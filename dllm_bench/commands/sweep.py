@@ -12,6 +12,7 @@ import json
 import math
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -45,6 +46,7 @@ def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str 
     if len(run.rps) != 1:
         raise UserError("--rps takes one rate for sweep (inf = saturation, the default)")
     rate = run.rps[0]
+    run.preset = replace(run.preset, dataset="random", num_prompts=n)  # describe() tells what ran
     p = run.preset
     reference = sw.reference_label(run.systems)
     mml = p.max_model_len or run.model_info["max_sequence_length"]
