@@ -132,6 +132,12 @@ def run(spec: dict, out_path: Path) -> int:
         stats["refresh_request_steps"] = sum(int(c[0]) for c in comp)
         stats["reuse_request_steps"] = sum(int(c[1]) for c in comp)
     stats.pop("profile", None)  # already in info
+    try:  # the whole process (Python, torch, weights...): a sanity number, not the budgeted bytes
+        import resource
+
+        info["peak_rss_bytes"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    except (ImportError, OSError):
+        info["peak_rss_bytes"] = None
     atomic_write_json(out_path, {"result": result, "info": info})
     emit("done", interrupted=result["interrupted"], timed_out=result["timed_out"])
     return 0

@@ -298,6 +298,21 @@ def model_fingerprint(model_dir: str | os.PathLike) -> dict:
             "weights": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
 
 
+def code_fingerprint() -> str:
+    """Hash of the engine's and the baselines' source: a profile measured by other code (a new
+    profiler rule, a leaner step) is stale, so any change there re-measures."""
+    import baselines
+    import engine
+
+    h = hashlib.sha256()
+    for pkg in (engine, baselines):
+        root = Path(pkg.__file__).resolve().parent
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root.parent)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _cache_key(payload: Mapping) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -305,13 +320,14 @@ def _cache_key(payload: Mapping) -> str:
 def cached_profile(kind: str, payload: Mapping, compute: Callable[[], dict],
                    cache_dir: str | os.PathLike | None = None, use_cache: bool = True) -> tuple[dict, bool]:
     """compute() unless a profile for exactly `payload` (model fingerprint, knobs, torch
-    version, shapes...) is on disk. Returns (profile dict, came_from_cache). Writes atomically;
+    version, engine/baselines source hash, shapes...) is on disk. Returns (profile dict, came_from_cache). Writes atomically;
     an unreadable cache entry is recomputed, never trusted."""
     import torch
 
     from dllm_bench.results import atomic_write_json
 
-    full = {"format": PROFILE_FORMAT, "kind": kind, "torch": torch.__version__, **payload}
+    full = {"format": PROFILE_FORMAT, "kind": kind, "torch": torch.__version__, "code": code_fingerprint(),
+            **payload}
     path = Path(cache_dir or profile_cache_dir()) / f"{kind}-{_cache_key(full)}.json"
     if use_cache:
         try:
