@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "dllm_bench.commands.serve",
     "dllm_bench.commands.generate",
     "dllm_bench.commands.profile",
+    "dllm_bench.commands.systems",
     "dllm_bench.commands.train",
     "dllm_bench.commands.accuracy",
     "dllm_bench.commands.ablate",

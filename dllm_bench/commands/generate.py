@@ -90,7 +90,9 @@ def register(app: typer.Typer) -> None:
         cache: str = typer.Option("none", help="Engine cache policy: none (exact LLaDA) | dual | sparse."),
         retention: float = typer.Option(0.5, help="Engine sparse cache: fraction of context kept per head."),
         selection: str = typer.Option("head", help="Engine sparse cache: head | uniform."),
-        max_num_logits: int = typer.Option(1024, help="Engine logit budget (rows); 0 = monolithic logits."),
+        max_num_logits: int = typer.Option(1024, help="Engine logit budget (rows per chunk)."),
+        no_logit_budget: bool = typer.Option(False, "--no-logit-budget", help="Engine: monolithic full-sequence logits."),
+        scheduler: str = typer.Option("phase", help="Engine scheduler: phase | request."),
         batch: int = typer.Option(8, help="Baselines: static batch size."),
         threshold: Optional[float] = typer.Option(None, help="fast-dllm: parallel-decoding confidence threshold."),
         fast_dllm_cache: Optional[str] = typer.Option(None, help="fast-dllm: dual | prefix."),
@@ -117,14 +119,20 @@ def register(app: typer.Typer) -> None:
         params = build_params(gen_length, gen_length if steps is None else steps, block_length, temperature, remasking, seed)
         try:
             engine_cfg = EngineConfig(cache=cache, retention=retention, selection=selection, dtype=dtype,
-                                      max_num_logits=max_num_logits or None, device=device)
+                                      max_num_logits=None if no_logit_budget else max_num_logits,
+                                      scheduler=scheduler, device=device)
         except ValueError as e:
             raise UserError(str(e)) from None
-        knobs = {}
-        if system not in ("engine",):
-            knobs = baseline_knobs(system, threshold=threshold, fast_dllm_cache=fast_dllm_cache,
-                                   prompt_interval=prompt_interval, gen_interval=gen_interval,
-                                   transfer_ratio=transfer_ratio, keep_ratio=keep_ratio, kernel_size=kernel_size)
+        given = dict(threshold=threshold, fast_dllm_cache=fast_dllm_cache, prompt_interval=prompt_interval,
+                     gen_interval=gen_interval, transfer_ratio=transfer_ratio, keep_ratio=keep_ratio,
+                     kernel_size=kernel_size)
+        if system == "engine":
+            extra = [k for k, v in given.items() if v is not None]
+            if extra:
+                raise UserError(f"--{extra[0].replace('_', '-')} does not apply to system 'engine'")
+            knobs = {}
+        else:
+            knobs = baseline_knobs(system, **given)
         path = model_dir(model)
         tok = load_tokenizer(path)
         prompts = [parse_ids(s) for s in (prompt_ids or [])]

@@ -1,0 +1,50 @@
+"""`dllm-bench systems`: every system dllm-bench can run, its knobs with defaults, and the
+upstream code it re-implements."""
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from engine import EngineConfig
+
+ENGINE_KNOBS = ("cache", "selection", "retention", "pool_window", "delay_step", "scheduler",
+                "max_num_batched_tokens", "max_num_seqs", "max_num_logits")
+
+
+def system_rows() -> list[dict]:
+    from baselines import SYSTEMS
+
+    defaults = EngineConfig()
+    rows = [dict(name="engine", kind="continuous batching (dLLM-Serve design)",
+                 knobs={k: getattr(defaults, k) for k in ENGINE_KNOBS},
+                 source="this repository: engine/ (paper: dLLM-Serve, arXiv 2512.17077; authors' code chosen-ox/dLLM-Serve aefbf0a)",
+                 notes="exact LLaDA with cache=none; dual = Fast-dLLM dual cache; sparse = head-centric or uniform retention")]
+    for name, spec in SYSTEMS.items():
+        up = spec.upstream
+        rows.append(dict(name=name, kind="request-level static batching", knobs=dict(spec.knobs) | {"batch": "profiled"},
+                         source=f"{up['repo']}@{up['commit'][:10]} ({', '.join(up['files'])})",
+                         notes=spec.notes, upstream_sampling=dict(spec.sampling)))
+    return rows
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def systems(json_out: bool = typer.Option(False, "--json", help="Print one JSON document.")) -> None:
+        """List the systems (engine and baselines) with their knobs, defaults and sources."""
+        rows = system_rows()
+        if json_out:
+            typer.echo(json.dumps(rows, default=str))
+            return
+        t = Table(title="dllm-bench systems (use as --systems NAME[:knob=value,...])", show_lines=True)
+        for c in ("system", "scheduling", "knobs (defaults)", "re-implements"):
+            t.add_column(c, overflow="fold")
+        for r in rows:
+            knobs = ", ".join(f"{k}={v}" for k, v in r["knobs"].items())
+            t.add_row(r["name"], r["kind"], knobs, r["source"] + ("\n" + r["notes"] if r.get("notes") else ""))
+        Console().print(t)
+
+
+__all__ = ["register", "system_rows"]
