@@ -17,7 +17,7 @@ Cache-policy rows (the full engine, rung 3, with only cache/selection switched):
 (exact LLaDA: every step recomputes the canvas), `cache=dual` (Fast-dLLM's dual cache),
 `cache=sparse,selection=head` (= rung 3, measured once) and `cache=sparse,selection=uniform`.
 
-Points run through the serve machinery (dllm_bench/commands/serve.py): one fresh
+Points run through the serve machinery (dllm_bench/serve_run.py, serve_process.py): one fresh
 `dllm_bench.serve_worker` process per (dataset, system), each replaying exactly the same
 workload under exactly the same memory budget; results in the serve layout (results.write_point,
 metrics.csv, summary.json) under a run of kind "ablate". `measure_points` is shared with
@@ -198,7 +198,7 @@ class PlannedPoint:
     rps: float
     variant: Any                   # dllm_bench.systems.SystemVariant
     workload: list                 # [workloads.serving.ServingRequest]
-    shape: Any                     # dllm_bench.systems.WorkloadShape
+    shape: Any                     # dllm_bench.system_build.WorkloadShape
     extra: dict = field(default_factory=dict)  # merged into the point's summary.json
 
     @property
@@ -210,7 +210,7 @@ class PlannedPoint:
 
 def shape_of(workload: Sequence, block_length: int):
     """The worst request of one workload (what a baseline's static batch is profiled for)."""
-    from dllm_bench.systems import WorkloadShape
+    from dllm_bench.system_build import WorkloadShape
 
     return WorkloadShape(max_prompt_len=max(r.prompt_len for r in workload),
                          max_gen_length=max(r.gen_length for r in workload), block_length=block_length, steps=None)
@@ -240,7 +240,8 @@ def measure_points(run, planned: Sequence[PlannedPoint], run_dir: Path, console,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dllm_bench import results
-    from dllm_bench.commands.serve import WorkerFailed, _point_summary, _worker_spec, run_worker
+    from dllm_bench.serve_process import WorkerFailed, run_worker, worker_spec
+    from dllm_bench.serve_run import point_summary
 
     seen: set = set()
     todo = []
@@ -273,7 +274,7 @@ def measure_points(run, planned: Sequence[PlannedPoint], run_dir: Path, console,
                 elif e == "done":
                     progress.update(task, status="done")
 
-            spec = _worker_spec(run, v, pp.workload, pp.shape)
+            spec = worker_spec(run, v, pp.workload, pp.shape)
             log_path = run_dir / "logs" / f"{results.point_name(pp.key)}.log"
             try:
                 out = run_worker(spec, log_path, threads, on_event)
@@ -281,7 +282,7 @@ def measure_points(run, planned: Sequence[PlannedPoint], run_dir: Path, console,
                 interrupted = True
                 out = getattr(e, "partial", None)
                 if out is not None:
-                    s, recs, extra = _point_summary(out, v, pp.rps, run, pp.workload)
+                    s, recs, extra = point_summary(out, v, pp.rps, run, pp.workload)
                     results.write_point(run_dir, pp.key, s, recs, {**extra, **_config_extra(out), **pp.extra})
                 progress.update(task, status="interrupted")
                 break
@@ -293,7 +294,7 @@ def measure_points(run, planned: Sequence[PlannedPoint], run_dir: Path, console,
                 failures.append(f"{v.label} ({pp.dataset}): {e} (log: {log_path})")
                 progress.console.print(f"error: {failures[-1]}", markup=False, highlight=False)
                 continue
-            s, recs, extra = _point_summary(out, v, pp.rps, run, pp.workload)
+            s, recs, extra = point_summary(out, v, pp.rps, run, pp.workload)
             full = {**extra, **_config_extra(out), **pp.extra}
             results.write_point(run_dir, pp.key, s, recs, full)
             line = point_line({**full, **s, "system": v.label, "dataset": pp.dataset})

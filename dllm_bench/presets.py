@@ -106,8 +106,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     # The real thing, for docs and profiler math only (16 GB bf16; can't be made or downloaded).
     _P("llada-8b", 4096, 32, 32, 32, 12288, LLADA_VOCAB_SIZE, tokenizer_learned=4096,
        dtype="bfloat16", makeable=False, note="LLaDA-8B-Instruct shape; not makeable"),
-    # Hook for a committed (trained) checkpoint, e.g.:
-    # _P("tiny-math", 128, 4, 4, 2, 344, 512, tokenizer_learned=500, asset="assets/tiny-math"),
+    # Committed trained checkpoint: `dllm-bench train` on synth (docs/ACCURACY.md); 4 KV heads.
+    _P("tiny-math", 128, 4, 4, 4, 344, 512, tokenizer_learned=500, asset="assets/tiny-math",
+       note="trained on synth (dllm-bench train); docs/ACCURACY.md"),
 ]}
 
 

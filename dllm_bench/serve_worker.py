@@ -3,13 +3,13 @@
 
 `dllm-bench serve` starts one fresh worker per point, one after another, so warm caches, the
 allocator's high-water mark and imported state never leak from one system into the next. The
-spec file (written by dllm_bench/commands/serve.py) carries everything: the system variant,
+spec file (written by dllm_bench/serve_process.py) carries everything: the system variant,
 the checkpoint, dtype/device, the memory budget, the torch thread count, the workload (prompt
 ids, gen_length and arrival offset of every request: the same list for every system) and the
 sampling rule. The worker
 
 1. pins torch to `threads` threads (same count for every system),
-2. builds the system (dllm_bench.systems.build_system: engine KV-pool profile or a baseline's
+2. builds the system (dllm_bench.system_build.build_system: engine KV-pool profile or a baseline's
    static batch, both cached on disk),
 3. warms it up with `num_warmups` short requests (not measured),
 4. replays the workload open-loop in wall-clock time (dllm_bench.driver.run_open_loop),
@@ -77,7 +77,8 @@ def run(spec: dict, out_path: Path) -> int:
     from dllm_bench.driver import run_open_loop
     from dllm_bench.errors import UserError
     from dllm_bench.results import atomic_write_json
-    from dllm_bench.systems import SystemVariant, WorkloadShape, build_system
+    from dllm_bench.system_build import WorkloadShape, build_system
+    from dllm_bench.systems import SystemVariant
     from engine.sampling import SamplingParams
 
     variant = SystemVariant.from_dict(spec["variant"])

@@ -142,13 +142,13 @@ def plan_sweep(vary: str, *, length_scale: float, block_length: int, device: str
 
 def point_workload(run, point: tuple[int, int], num_prompts: int, rps: float, seed: int) -> list:
     """num_prompts requests of exactly `point`'s lengths (vLLM `random` with range ratio 0)."""
-    from dllm_bench.commands.serve import _special_ids
+    from dllm_bench.serve_workload import special_ids
     from workloads.serving import build_workload
 
     L, G = point
     try:
         return build_workload("random", num_prompts=num_prompts, rps=rps, seed=seed,
-                              vocab_size=run.model_info["vocab_size"], special_ids=_special_ids(run.model_info),
+                              vocab_size=run.model_info["vocab_size"], special_ids=special_ids(run.model_info),
                               length_scale=1.0, block_length=run.preset.block_length, gen_cap=None,
                               random_input_len=L, random_output_len=G, random_range_ratio=0.0,
                               fixed_gen_length=G)

@@ -1,4 +1,5 @@
-"""Serving systems for `dllm-bench serve`: parse system specs, validate knobs, build the system.
+"""Serving systems for `dllm-bench serve`: parse system specs, validate knobs, resolve them
+against the run-wide defaults. Building a live system from a variant is dllm_bench/system_build.py.
 
 Spec grammar (`--systems`)::
 
@@ -15,7 +16,7 @@ written with dashes (`max-num-logits`); `none` (any case) is None where a knob a
 Systems and their knobs:
 * `engine` — the dLLM-Serve engine; knobs are EngineConfig fields (ENGINE_KNOBS). It serves with
   `sampling=False` (serving workloads are greedy) and a KV pool sized by the offline profiler
-  for the memory budget; the profile is cached on disk (see `profile_cache_dir`).
+  for the memory budget; the profile is cached on disk (see `system_build.profile_cache_dir`).
 * every name in `baselines.SYSTEMS` (llada, fast-dllm, dllm-cache, sparse-dllm) — static-batch
   baselines; knobs are that system's knobs plus `batch`. Without `batch` the static batch is the
   largest that fits the memory budget, measured (`baselines.profile_max_batch`, as the paper's
@@ -24,13 +25,8 @@ Systems and their knobs:
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from dllm_bench.errors import UserError
@@ -38,14 +34,6 @@ from dllm_bench.errors import UserError
 ENGINE = "engine"
 BATCH_KNOB = "batch"
 DEFAULT_SYSTEMS = "engine,fast-dllm,dllm-cache,sparse-dllm"
-# Bump when what a cached profile means changes (profiler or measure code), so stale ones are redone.
-PROFILE_FORMAT = 1
-# Steps a static batch runs under the memory meter when its largest batch is measured: a full
-# forward (step 0: every cache built, full-sequence logits), Sparse-dLLM's delayed selection
-# step (1) and a cache-reusing step with every cache held (2). Later steps of a block repeat
-# these shapes, so running the whole first block (the baselines' default) finds the same peak
-# at ~10x the cost — tens of minutes at LLaDA's vocabulary on a CPU.
-STATIC_PROFILE_STEPS = 3
 
 
 # ---------------------------------------------------------------- knob value parsers
@@ -279,213 +267,3 @@ def baseline_knobs(variant: SystemVariant, defaults: Mapping[str, Mapping[str, A
     knobs.update({k: v for k, v in dict(defaults.get(variant.name, {})).items() if k in spec.knobs})
     knobs.update({k: v for k, v in variant.knobs if k != BATCH_KNOB})
     return knobs
-
-
-# ---------------------------------------------------------------- profile cache
-def profile_cache_dir() -> Path:
-    """`$DLLM_BENCH_CACHE/profiles` (default ~/.cache/dllm-bench/profiles), next to the models."""
-    from dllm_bench.presets import cache_root
-
-    return cache_root().parent / "profiles"
-
-
-def model_fingerprint(model_dir: str | os.PathLike) -> dict:
-    """Cheap identity of a checkpoint: its config.json text and its weight files' sizes/mtimes."""
-    d = Path(model_dir)
-    files = sorted(p for p in d.iterdir() if p.suffix == ".safetensors" or p.name.endswith(".index.json"))
-    cfg = (d / "config.json").read_bytes()
-    return {"config_sha256": hashlib.sha256(cfg).hexdigest(),
-            "weights": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
-
-
-def code_fingerprint() -> str:
-    """Hash of the engine's and the baselines' source: a profile measured by other code (a new
-    profiler rule, a leaner step) is stale, so any change there re-measures."""
-    import baselines
-    import engine
-
-    h = hashlib.sha256()
-    for pkg in (engine, baselines):
-        root = Path(pkg.__file__).resolve().parent
-        for f in sorted(root.rglob("*.py")):
-            h.update(str(f.relative_to(root.parent)).encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _cache_key(payload: Mapping) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-def cached_profile(kind: str, payload: Mapping, compute: Callable[[], dict],
-                   cache_dir: str | os.PathLike | None = None, use_cache: bool = True) -> tuple[dict, bool]:
-    """compute() unless a profile for exactly `payload` (model fingerprint, knobs, torch
-    version, engine/baselines source hash, shapes...) is on disk. Returns (profile dict, came_from_cache). Writes atomically;
-    an unreadable cache entry is recomputed, never trusted."""
-    import torch
-
-    from dllm_bench.results import atomic_write_json
-
-    full = {"format": PROFILE_FORMAT, "kind": kind, "torch": torch.__version__, "code": code_fingerprint(),
-            **payload}
-    path = Path(cache_dir or profile_cache_dir()) / f"{kind}-{_cache_key(full)}.json"
-    if use_cache:
-        try:
-            stored = json.loads(path.read_text(encoding="utf-8"))
-            if stored.get("key") == json.loads(json.dumps(full, default=str)):
-                return stored["profile"], True
-        except (OSError, ValueError, KeyError, AttributeError):
-            pass
-    t0 = time.perf_counter()
-    prof = compute()
-    try:
-        atomic_write_json(path, {"key": full, "profile": prof, "seconds": time.perf_counter() - t0})
-    except OSError:
-        pass  # a read-only cache only costs time
-    return prof, False
-
-
-# ---------------------------------------------------------------- building
-@dataclass
-class WorkloadShape:
-    """What the static-batch profiling needs from the workload: its worst request."""
-
-    max_prompt_len: int
-    max_gen_length: int
-    block_length: int
-    steps: int | None = None  # None: steps = gen_length (one token per step)
-
-
-@dataclass
-class BuiltSystem:
-    system: Any
-    info: dict = field(default_factory=dict)
-
-
-def build_system(variant: SystemVariant, *, model_dir: str | os.PathLike, dtype: str = "float32",
-                 device: str = "cpu", memory_budget: int | None, shape: WorkloadShape,
-                 engine_defaults: Mapping[str, Any] | None = None,
-                 baseline_defaults: Mapping[str, Mapping[str, Any]] | None = None,
-                 max_model_len: int | None = None, cache_dir: str | os.PathLike | None = None,
-                 use_cache: bool = True, model: Any = None,
-                 log: Callable[[str], None] = lambda msg: None) -> BuiltSystem:
-    """Load the model (unless given) and build the engine or a baseline for `variant`.
-
-    Engine: EngineConfig(sampling=False, memory_budget, knobs) with `kv_pool_tokens` from the
-    (cached) offline profile. Baseline: `baselines.make_system` at batch B = the largest static
-    batch whose measured peak fits the budget (cached), or the variant's `batch=N`.
-    Returns the system and an `info` dict (what was built and why) for the results.
-    """
-    import torch
-
-    from engine.engine import DTYPES, resolve_device
-    from engine.models.llada import load_llada
-
-    dev = resolve_device(device)
-    if model is None:
-        log("loading model")
-        model = load_llada(model_dir, DTYPES[dtype], dev)
-    fp = model_fingerprint(model_dir)
-    info: dict[str, Any] = {"system": variant.name, "label": variant.label, "dtype": dtype,
-                            "device": str(dev), "memory_budget": memory_budget,
-                            "torch_threads": torch.get_num_threads()}
-    if not variant.is_baseline:
-        return _build_engine(variant, model, model_dir, fp, dtype, str(dev), memory_budget,
-                             dict(engine_defaults or {}), max_model_len, cache_dir, use_cache, info, log)
-    return _build_baseline(variant, model, fp, dtype, str(dev), memory_budget, shape,
-                           dict(baseline_defaults or {}), max_model_len, cache_dir, use_cache, info, log)
-
-
-def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, defaults,
-                  max_model_len, cache_dir, use_cache, info, log) -> BuiltSystem:
-    from engine.attention import resolve_backend
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-    from engine.profiler import MemoryProfile, profile_kv_pool
-
-    knobs = engine_knobs(variant, defaults)
-    try:
-        cfg = EngineConfig(model=str(model_dir), dtype=dtype, device=device, sampling=False,
-                           memory_budget=memory_budget, max_model_len=max_model_len, **knobs)
-    except ValueError as e:
-        raise UserError(f"system {variant.label!r}: {e}") from None
-    info.update(kind="engine", knobs=knobs,
-                scenario="continuous batching (phase-multiplexed), KV pool profiled for the budget")
-    if memory_budget is not None or model.device.type == "cuda":
-        backend = resolve_backend(cfg.attention_backend, model.device)
-        mml = cfg.max_model_len or model.config.max_sequence_length
-        payload = {"model": fp, "engine": {k: v for k, v in cfg.to_dict().items()
-                                           if k not in ("model", "kv_pool_tokens")},
-                   "backend": backend, "max_model_len": mml}
-        log("profiling the engine's KV pool")
-
-        def compute() -> dict:
-            try:
-                return profile_kv_pool(model, cfg, backend, mml).to_dict()
-            except ValueError as e:  # budget too small for weights + activations
-                raise UserError(f"system {variant.label!r}: {e}") from None
-        prof, hit = cached_profile("engine", payload, compute, cache_dir, use_cache)
-        profile = MemoryProfile(**prof)
-        cfg.kv_pool_tokens = profile.kv_pool_tokens
-        info.update(profile=prof, profile_cached=hit, kv_pool_tokens=profile.kv_pool_tokens)
-    else:
-        info.update(profile=None, profile_cached=False, kv_pool_tokens=None)
-    engine = LLMEngine(cfg, model=model)
-    info["engine_config"] = cfg.to_dict()
-    return BuiltSystem(engine, info)
-
-
-def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, defaults,
-                    max_model_len, cache_dir, use_cache, info, log) -> BuiltSystem:
-    from baselines import make_system
-    from baselines.static_batch import measure_run, profile_max_batch
-
-    knobs = baseline_knobs(variant, defaults)
-    steps = shape.steps or shape.max_gen_length
-    payload = {"model": fp, "system": variant.name, "knobs": knobs, "dtype": dtype, "device": device,
-               "run_steps": STATIC_PROFILE_STEPS, "prompt_len": shape.max_prompt_len, "gen_length": shape.max_gen_length,
-               "block_length": shape.block_length, "steps": steps}
-    fixed = variant.batch
-    info.update(kind="baseline", knobs=knobs)
-    if fixed is None:
-        if memory_budget is None:
-            raise UserError(f"system {variant.label!r}: a memory budget is needed to measure its "
-                            "largest static batch (give --memory-budget, or batch=N)")
-        log("measuring the largest static batch that fits the budget")
-
-        def compute() -> dict:
-            try:
-                b, peak = profile_max_batch(model, memory_budget, shape.max_prompt_len, shape.max_gen_length,
-                                            shape.block_length, steps, variant.name, knobs,
-                                            run_steps=STATIC_PROFILE_STEPS)
-            except ValueError as e:  # not even batch 1 fits
-                raise UserError(f"system {variant.label!r}: {e}") from None
-            return {"max_batch_size": b, "peak_bytes": peak}
-        prof, hit = cached_profile("static-batch", {**payload, "budget": memory_budget}, compute,
-                                   cache_dir, use_cache)
-        batch = int(prof["max_batch_size"])
-        info.update(scenario=f"max-fit: B={batch}, the largest static batch that fits the budget (measured)",
-                    scenario_kind="max-fit", max_batch_size=batch, peak_bytes=prof["peak_bytes"],
-                    profile_cached=hit, fits_budget=True)
-    else:
-        batch = int(fixed)
-        info.update(scenario=f"fixed: B={batch} as given (batch={batch}; how upstream ran)",
-                    scenario_kind="fixed", max_batch_size=batch)
-        if memory_budget is not None:
-            from baselines.static_batch import weight_bytes
-
-            log(f"measuring the peak at batch {batch}")
-            prof, hit = cached_profile(
-                "static-peak", {**payload, "batch": batch},
-                lambda: {"peak_bytes": measure_run(model, batch, shape.max_prompt_len, shape.max_gen_length,
-                                                   shape.block_length, steps, variant.name, knobs,
-                                                   run_steps=STATIC_PROFILE_STEPS)},
-                cache_dir, use_cache)
-            avail = memory_budget - weight_bytes(model)
-            info.update(peak_bytes=prof["peak_bytes"], profile_cached=hit,
-                        fits_budget=prof["peak_bytes"] <= avail)
-    try:
-        system = make_system(variant.name, model, max_batch_size=batch, max_model_len=max_model_len, **knobs)
-    except ValueError as e:
-        raise UserError(f"system {variant.label!r}: {e}") from None
-    return BuiltSystem(system, info)

@@ -68,7 +68,7 @@ class TrainConfig:
     eps: float = 1e-3                    # LLaDA: t ~ U(eps, 1)
     t_min: float = 0.1                   # plain objective: t ~ U(t_min, 1)
     batch_size: int = 32
-    lr: float = 2e-3
+    lr: float = 5e-4
     min_lr_ratio: float = 0.1
     warmup: int = 100
     weight_decay: float = 0.01

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from dllm_bench.commands.serve import parse_datasets, parse_optional_int, parse_rps_list, resolve_run, serve
+from dllm_bench.commands.serve import parse_datasets, parse_optional_int, parse_rps_list, resolve_run
 from dllm_bench.errors import UserError
 from dllm_bench.serve_presets import PRESETS, preset_for
+from dllm_bench.serve_run import serve
+from dllm_bench.system_build import cached_profile
 from dllm_bench.systems import (
     ENGINE_KNOBS,
     SystemVariant,
     baseline_knobs,
-    cached_profile,
     engine_knobs,
     parse_system,
     parse_systems,

@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         objective: str = typer.Option("llada", help="llada (t~U(eps,1), CE/t; LLaDA SFT) | plain (CE on masked, t~U(t_min,1))."),
         t_min: float = typer.Option(0.1, help="plain objective: lowest mask ratio."),
         batch_size: int = typer.Option(32),
-        lr: float = typer.Option(3e-3),
+        lr: float = typer.Option(5e-4, help="AdamW peak learning rate (warmup + cosine to 10%)."),
         warmup: int = typer.Option(100),
         weight_decay: float = typer.Option(0.01),
         steps: int = typer.Option(2000, help="Optimizer steps (also the LR schedule's horizon)."),

@@ -1,0 +1,100 @@
+"""The workloads of a `dllm-bench serve` run: one seeded request list per (dataset, rps) point,
+built once before any system runs so every system replays exactly the same arrivals.
+
+Also the model facts a workload needs (vocabulary, special ids to keep out of synthetic prompts)
+and the worst-request shape a baseline's static batch is profiled for.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dllm_bench.errors import UserError
+
+if TYPE_CHECKING:  # the run is only annotated here; serve_run imports this module
+    from dllm_bench.serve_run import ServeRun
+
+
+def model_info(model_dir: Path, dtype: str) -> dict:
+    from engine.models.llada import LLaDAConfig
+
+    try:
+        cfg = LLaDAConfig.from_pretrained(model_dir)
+    except (OSError, ValueError) as e:
+        raise UserError(f"model {model_dir}: {e}") from None
+    d, kv = cfg.d_model, cfg.kv_heads * cfg.head_dim
+    per_block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * cfg.mlp_hidden_size
+    n_params = 2 * cfg.padded_vocab * d + cfg.n_layers * per_block + d
+    size = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    return {"vocab_size": cfg.vocab_size, "padded_vocab": cfg.padded_vocab, "d_model": d,
+            "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads,
+            "head_dim": cfg.head_dim, "mlp_hidden_size": cfg.mlp_hidden_size,
+            "max_sequence_length": cfg.max_sequence_length, "n_params": n_params,
+            "weights_bytes": n_params * size,
+            "special_ids": sorted({i for i in (cfg.mask_token_id, cfg.eos_token_id, cfg.pad_token_id,
+                                               cfg.bos_token_id) if i is not None})}
+
+
+def special_ids(info: dict) -> list[int]:
+    from dllm_bench.tokenizer_build import special_token_ids
+
+    ids = set(info["special_ids"])
+    ids |= {i for i in special_token_ids(info["vocab_size"]).values() if i < info["vocab_size"]}
+    return sorted(ids)
+
+
+def _tokenizer(model_dir: Path):
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    return lambda text: tok.encode(text, add_special_tokens=False).ids
+
+
+def build_workloads(run: ServeRun) -> None:
+    """The seeded workload of every (dataset, rps) point; ValueError -> UserError."""
+    from workloads.serving import build_workload
+
+    p = run.preset
+    tokenize = None
+    if run.dataset_path and not str(run.dataset_path).lower().endswith(".csv"):
+        tokenize = _tokenizer(run.model_dir)
+    special = special_ids(run.model_info)
+    rps_list = [math.inf] if run.arrivals == "trace" else run.rps
+    if run.arrivals == "trace":
+        run.rps = []  # filled with each trace's offered rate below
+    for ds in run.datasets:
+        for rps in rps_list:
+            try:
+                wl = build_workload(
+                    ds, num_prompts=run.num_prompts, duration=run.duration, rps=rps,
+                    burstiness=run.burstiness, arrivals=run.arrivals, seed=run.seed,
+                    vocab_size=run.model_info["vocab_size"], special_ids=special,
+                    length_scale=p.length_scale, block_length=p.block_length, gen_cap=p.gen_cap,
+                    max_prompt_len=p.max_prompt_len, dataset_path=run.dataset_path,
+                    time_scale=run.time_scale, model_filter=run.burstgpt_model, tokenize=tokenize)
+            except ValueError as e:
+                raise UserError(str(e)) from None
+            if not wl:
+                raise UserError(f"the {ds} workload has no requests (raise --duration or --num-prompts)")
+            if run.arrivals == "trace":
+                from workloads.serving import describe
+
+                # A trace has no configured rate: its point is keyed by the offered rate.
+                offered = describe(wl).get("offered_rps") or math.inf
+                rps = round(offered, 6) if math.isfinite(offered) else math.inf
+                if rps not in run.rps:
+                    run.rps.append(rps)
+            run.workloads[(ds, rps)] = wl
+
+
+def workload_shape(run: ServeRun):
+    from dllm_bench.system_build import WorkloadShape
+
+    reqs = [r for wl in run.workloads.values() for r in wl]
+    return WorkloadShape(max_prompt_len=max(r.prompt_len for r in reqs),
+                         max_gen_length=max(r.gen_length for r in reqs),
+                         block_length=run.preset.block_length, steps=None)
