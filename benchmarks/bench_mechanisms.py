@@ -117,9 +117,9 @@ def main() -> None:
     bk = bench_bookkeeping(model)
     b, m = mem["budgeted"], mem["monolithic"]
     rows = [
-        ("peak activation, Refresh step of %d tokens (MiB)" % args.tokens, f"{b['refresh_peak'] / MiB:,.0f}",
+        (f"peak activation, Refresh step of {args.tokens} tokens (MiB)", f"{b['refresh_peak'] / MiB:,.0f}",
          f"{m['refresh_peak'] / MiB:,.0f}", m["refresh_peak"] / b["refresh_peak"], ">= 8x"),
-        ("KV pool at %.0f GiB (token slots)" % args.budget_gib, f"{b['kv_pool_tokens']:,}", f"{m['kv_pool_tokens']:,}",
+        (f"KV pool at {args.budget_gib:.0f} GiB (token slots)", f"{b['kv_pool_tokens']:,}", f"{m['kv_pool_tokens']:,}",
          b["kv_pool_tokens"] / max(1, m["kv_pool_tokens"]), ">= 2x"),
         ("requests the KV pool admits (256+256, r=0.5)", str(b["fit"]), str(m["fit"]), b["fit"] / max(1, m["fit"]), ""),
         ("Reuse attention, r=0.1 vs dense (ms/call)", f"{att['sparse'] * 1e3:.2f}", f"{att['dense'] * 1e3:.2f}",

@@ -37,10 +37,11 @@ def test_generate_json_on_bare_checkpoint_matches_reference(bare_dir):
     doc = json.loads(r.stdout)
     assert [len(o["tokens"]) for o in doc["outputs"]] == [16, 16]
     assert all(o["nfe"] == 8 and o["text"] is None for o in doc["outputs"])
+    import torch
+
     from engine import SamplingParams
     from engine.models.llada import load_llada
     from engine.reference import reference_generate
-    import torch
 
     model = load_llada(bare_dir, torch.float64)
     sp = SamplingParams(gen_length=16, steps=8, block_length=8)

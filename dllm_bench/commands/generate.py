@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional
 
 import torch
 import typer
@@ -76,11 +75,11 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def generate(
         model: str = typer.Option("tiny", "--model", "-m", help="Preset name or HF LLaDA checkpoint directory."),
-        prompt: Optional[list[str]] = typer.Option(None, "--prompt", "-p", help="Prompt text (repeatable)."),
-        prompt_ids: Optional[list[str]] = typer.Option(None, "--prompt-ids", help="Prompt as comma-separated token ids (repeatable)."),
+        prompt: list[str] | None = typer.Option(None, "--prompt", "-p", help="Prompt text (repeatable)."),
+        prompt_ids: list[str] | None = typer.Option(None, "--prompt-ids", help="Prompt as comma-separated token ids (repeatable)."),
         gen_length: int = typer.Option(64, help="Tokens to generate (a multiple of --block-length)."),
         block_length: int = typer.Option(32, help="Semi-autoregressive block length."),
-        steps: Optional[int] = typer.Option(None, help="Denoising steps in total (default: gen-length, one token per step)."),
+        steps: int | None = typer.Option(None, help="Denoising steps in total (default: gen-length, one token per step)."),
         temperature: float = typer.Option(0.0, help="Gumbel-max temperature (0 = greedy)."),
         remasking: str = typer.Option("low_confidence", help="low_confidence | random"),
         seed: int = typer.Option(0, help="Per-request seed (noise, random remasking)."),
@@ -94,15 +93,15 @@ def register(app: typer.Typer) -> None:
         no_logit_budget: bool = typer.Option(False, "--no-logit-budget", help="Engine: monolithic full-sequence logits."),
         scheduler: str = typer.Option("phase", help="Engine scheduler: phase | request."),
         batch: int = typer.Option(8, help="Baselines: static batch size."),
-        threshold: Optional[float] = typer.Option(None, help="fast-dllm: parallel-decoding confidence threshold."),
-        fast_dllm_cache: Optional[str] = typer.Option(None, help="fast-dllm: dual | prefix."),
-        prompt_interval: Optional[int] = typer.Option(None, help="dllm-cache: prompt refresh interval."),
-        gen_interval: Optional[int] = typer.Option(None, help="dllm-cache: generation refresh interval."),
-        transfer_ratio: Optional[float] = typer.Option(None, help="dllm-cache: adaptive update ratio."),
-        keep_ratio: Optional[float] = typer.Option(None, help="sparse-dllm: KV keep ratio."),
-        kernel_size: Optional[int] = typer.Option(None, help="sparse-dllm: max-pool kernel (odd)."),
+        threshold: float | None = typer.Option(None, help="fast-dllm: parallel-decoding confidence threshold."),
+        fast_dllm_cache: str | None = typer.Option(None, help="fast-dllm: dual | prefix."),
+        prompt_interval: int | None = typer.Option(None, help="dllm-cache: prompt refresh interval."),
+        gen_interval: int | None = typer.Option(None, help="dllm-cache: generation refresh interval."),
+        transfer_ratio: float | None = typer.Option(None, help="dllm-cache: adaptive update ratio."),
+        keep_ratio: float | None = typer.Option(None, help="sparse-dllm: KV keep ratio."),
+        kernel_size: int | None = typer.Option(None, help="sparse-dllm: max-pool kernel (odd)."),
         chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the tokenizer's chat template to text prompts."),
-        threads: Optional[int] = typer.Option(None, help="torch threads (CPU)."),
+        threads: int | None = typer.Option(None, help="torch threads (CPU)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     ) -> None:
         """Generate with the engine (continuous batching) or a baseline system."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Optional
 
 import torch
 import typer
@@ -47,7 +46,7 @@ def register(app: typer.Typer) -> None:
         block_length: int = typer.Option(32),
         sampling: bool = typer.Option(False, "--sampling/--greedy", help="Profile for temperature > 0 (float64 Gumbel noise)."),
         dtype: str = typer.Option("float32"),
-        threads: Optional[int] = typer.Option(None, help="torch threads"),
+        threads: int | None = typer.Option(None, help="torch threads"),
         json_out: bool = typer.Option(False, "--json"),
     ) -> None:
         """Profile the worst admissible step and size the KV pool, with and without the logit budget."""
