@@ -17,18 +17,17 @@ Cache-policy rows (the full engine, rung 3, with only cache/selection switched):
 (exact LLaDA: every step recomputes the canvas), `cache=dual` (Fast-dLLM's dual cache),
 `cache=sparse,selection=head` (= rung 3, measured once) and `cache=sparse,selection=uniform`.
 
-Points run through the serve machinery (dllm_bench/serve_run.py, serve_process.py): one fresh
+This module holds the ladder's definition and checks only. Points run through the serve
+machinery (dllm_bench/bench_points.py, shared with `dllm-bench sweep`): one fresh
 `dllm_bench.serve_worker` process per (dataset, system), each replaying exactly the same
 workload under exactly the same memory budget; results in the serve layout (results.write_point,
-metrics.csv, summary.json) under a run of kind "ablate". `measure_points` is shared with
-`dllm-bench sweep`.
+metrics.csv, summary.json) under a run of kind "ablate". Tables and figures of a run:
+dllm_bench/ablation_tables.py.
 """
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dllm_bench.errors import UserError
@@ -132,6 +131,19 @@ def parse_dataset_list(text: str | None, allowed: Sequence[str] = DATASETS) -> l
     return out
 
 
+def ablation_settings(preset_name: str, serve_num_prompts: int, max_num_batched_tokens: int | None = None,
+                      max_num_logits: str | None = None, num_prompts: int | None = None) -> dict:
+    """The ladder's token budget, logit budget (CLI text: 'none' allowed) and prompts per
+    dataset: the flags when given, else ABLATION_ENGINE / ABLATION_PROMPTS for the preset, else
+    None (= the serve preset's value)."""
+    d = ABLATION_ENGINE.get(preset_name, {})
+    return {"max_num_batched_tokens": max_num_batched_tokens if max_num_batched_tokens is not None
+            else d.get("max_num_batched_tokens"),
+            "max_num_logits": max_num_logits if max_num_logits is not None
+            else (str(d["max_num_logits"]) if "max_num_logits" in d else None),
+            "num_prompts": num_prompts if num_prompts is not None else ABLATION_PROMPTS.get(preset_name, serve_num_prompts)}
+
+
 # ---------------------------------------------------------------- effective configurations
 def effective_engine_config(variant, engine_defaults: Mapping[str, Any], *, model_dir: str = "",
                             dtype: str = "float32", device: str = "cpu", memory_budget: int | None = None,
@@ -189,362 +201,3 @@ def check_ladder_configs(configs: Sequence[Mapping[str, Any] | None], rungs: Seq
         if r.group == "ladder":
             prev = cfg
     return problems
-
-
-# ---------------------------------------------------------------- measuring points (serve's machinery)
-@dataclass
-class PlannedPoint:
-    dataset: str                   # the point's dataset label (a serve dataset, or a sweep label)
-    rps: float
-    variant: Any                   # dllm_bench.systems.SystemVariant
-    workload: list                 # [workloads.serving.ServingRequest]
-    shape: Any                     # dllm_bench.system_build.WorkloadShape
-    extra: dict = field(default_factory=dict)  # merged into the point's summary.json
-
-    @property
-    def key(self):
-        from dllm_bench.results import PointKey
-
-        return PointKey(self.variant.label, float(self.rps), self.dataset)
-
-
-def shape_of(workload: Sequence, block_length: int):
-    """The worst request of one workload (what a baseline's static batch is profiled for)."""
-    from dllm_bench.system_build import WorkloadShape
-
-    return WorkloadShape(max_prompt_len=max(r.prompt_len for r in workload),
-                         max_gen_length=max(r.gen_length for r in workload), block_length=block_length, steps=None)
-
-
-def _fmt_rps(rps: float) -> str:
-    return "inf" if math.isinf(rps) else format(rps, "g")
-
-
-def point_line(s: Mapping[str, Any]) -> str:
-    def f(v, d=2):
-        return "n/a" if v is None else f"{v:.{d}f}"
-    flags = " INTERRUPTED" if s.get("interrupted") else " TIMED OUT" if s.get("timed_out") else ""
-    batch = f" [B={s['max_batch_size']}]" if s.get("is_baseline") and s.get("max_batch_size") else ""
-    return (f"{s['system']}{batch} ({s.get('dataset')}): {s.get('completed')}/{s.get('num_prompts', '?')} done in "
-            f"{f(s.get('duration_s'), 1)} s, {f(s.get(THROUGHPUT))} tok/s{flags}")
-
-
-def measure_points(run, planned: Sequence[PlannedPoint], run_dir: Path, console,
-                   on_point: Callable[[dict], None] | None = None) -> dict:
-    """Run every planned point (deduplicated by key) in a fresh serve worker, one after another,
-    each written at once with results.write_point (serve's layout and point summary).
-
-    Returns {"points": [summaries of this run's planned points], "failures": [...],
-    "interrupted": bool, "user_error": str | None}. A worker's user error (e.g. a budget too
-    small for a rung) stops the run; an internal failure is recorded and the run goes on."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from dllm_bench import results
-    from dllm_bench.serve_process import WorkerFailed, run_worker, worker_spec
-    from dllm_bench.serve_run import point_summary
-
-    seen: set = set()
-    todo = []
-    for pp in planned:
-        if pp.key not in seen:
-            seen.add(pp.key)
-            todo.append(pp)
-    failures: list[str] = []
-    interrupted = False
-    user_error = None
-    threads = run.preset.threads
-    progress = Progress(TextColumn("{task.description}"), TextColumn("[dim]{task.fields[status]}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False)
-    with progress:
-        for i, pp in enumerate(todo):
-            v = pp.variant
-            task = progress.add_task(f"[{i + 1}/{len(todo)}] {pp.dataset}: {v.label}", total=len(pp.workload),
-                                     status="starting")
-
-            def on_event(ev: dict, task=task) -> None:
-                e = ev.get("event")
-                if e == "status":
-                    progress.update(task, status=ev.get("message", ""))
-                elif e == "built":
-                    info = ev.get("info", {})
-                    b = info.get("max_batch_size")
-                    progress.update(task, status=f"B={b}" if b else f"KV pool {info.get('kv_pool_tokens')} tok")
-                elif e == "progress":
-                    progress.update(task, completed=ev.get("finished", 0))
-                elif e == "done":
-                    progress.update(task, status="done")
-
-            spec = worker_spec(run, v, pp.workload, pp.shape)
-            log_path = run_dir / "logs" / f"{results.point_name(pp.key)}.log"
-            try:
-                out = run_worker(spec, log_path, threads, on_event)
-            except KeyboardInterrupt as e:
-                interrupted = True
-                out = getattr(e, "partial", None)
-                if out is not None:
-                    s, recs, extra = point_summary(out, v, pp.rps, run, pp.workload)
-                    results.write_point(run_dir, pp.key, s, recs, {**extra, **_config_extra(out), **pp.extra})
-                progress.update(task, status="interrupted")
-                break
-            except WorkerFailed as e:
-                progress.update(task, status="failed")
-                if e.kind == "user":
-                    user_error = f"{v.label} ({pp.dataset}): {e}"
-                    break
-                failures.append(f"{v.label} ({pp.dataset}): {e} (log: {log_path})")
-                progress.console.print(f"error: {failures[-1]}", markup=False, highlight=False)
-                continue
-            s, recs, extra = point_summary(out, v, pp.rps, run, pp.workload)
-            full = {**extra, **_config_extra(out), **pp.extra}
-            results.write_point(run_dir, pp.key, s, recs, full)
-            line = point_line({**full, **s, "system": v.label, "dataset": pp.dataset})
-            progress.console.print(line, markup=False, highlight=False)
-            if on_point:
-                on_point({**full, **s})
-    wanted = {(k.system, float(k.rps), k.dataset) for k in seen}
-    points = [s for s in results.load_points(run_dir)
-              if (s["system"], float(s["rps"]), s.get("dataset", "")) in wanted]
-    return {"points": points, "failures": failures, "interrupted": interrupted, "user_error": user_error}
-
-
-def _config_extra(out: Mapping) -> dict:
-    """The built engine's effective EngineConfig (after profiling) for the point summary."""
-    cfg = (out.get("info") or {}).get("engine_config")
-    return {"engine_config": cfg} if cfg else {}
-
-
-# ---------------------------------------------------------------- tables
-def _index(points: Iterable[Mapping]) -> dict[tuple[str, str], Mapping]:
-    return {(p.get("dataset", ""), p["system"]): p for p in points}
-
-
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
-
-
-def ladder_table(points: Iterable[Mapping], rungs: Sequence[Rung | Mapping], datasets: Sequence[str]):
-    """One row per (dataset, rung): throughput, x vs the baseline rung, delta vs the rung before."""
-    import pandas as pd
-
-    idx = _index(points)
-    rows = []
-    for ds in datasets:
-        base = prev = None
-        for i, r in enumerate(rungs):
-            r = r if isinstance(r, Mapping) else r.to_dict()
-            label = _rung_label(r)
-            p = idx.get((ds, label))
-            tp = _num(p.get(THROUGHPUT)) if p else None
-            if i == 0:
-                base = tp
-            x = tp / base if tp is not None and base else None
-            row = {"dataset": ds, "rung": r["title"], "system": label,
-                   "throughput_tok_s": tp, "x_vs_baseline": x,
-                   "delta_x_vs_prev": (x - prev) if x is not None and prev is not None else None,
-                   "pct_vs_prev": (100 * (x / prev - 1)) if x is not None and prev else None,
-                   "kv_pool_tokens": p.get("kv_pool_tokens") if p else None,
-                   "max_batch_size": p.get("max_batch_size") if p and p.get("is_baseline") else None,
-                   "completed": p.get("completed") if p else None}
-            rows.append(row)
-            prev = x
-    return pd.DataFrame(rows)
-
-
-def cache_table(points: Iterable[Mapping], rows_: Sequence[Rung | Mapping], baseline: Rung | Mapping,
-                datasets: Sequence[str]):
-    """One row per (dataset, cache policy) that was measured: throughput, x vs the baseline and
-    vs the full engine (sparse head), and the work per output token (FLOP proxies)."""
-    import pandas as pd
-
-    idx = _index(points)
-    base_label = _rung_label(baseline)
-    out = []
-    for ds in datasets:
-        base = idx.get((ds, base_label))
-        btp = _num(base.get(THROUGHPUT)) if base else None
-        rs = [r if isinstance(r, Mapping) else r.to_dict() for r in rows_]
-        if not any(idx.get((ds, _rung_label(r))) for r in rs if r["key"] != "cache-sparse-head"):
-            continue  # only the full engine (a ladder rung) ran here: no cache-policy rows
-        full = next((idx.get((ds, _rung_label(r))) for r in rs if r["key"] == "cache-sparse-head"), None)
-        ftp = _num(full.get(THROUGHPUT)) if full else None
-        for r in rs:
-            p = idx.get((ds, _rung_label(r)))
-            if p is None:
-                continue
-            tp = _num(p.get(THROUGHPUT))
-            st = p.get("stats") or {}
-            out_tok = p.get("total_output_tokens") or 0
-            qt = p.get("query_tokens", st.get("query_tokens"))
-
-            def per_tok(v, n=out_tok):
-                v = _num(v)
-                return v / n if v is not None and n else None
-            out.append({"dataset": ds, "cache policy": r["title"], "system": _rung_label(r),
-                        "throughput_tok_s": tp,
-                        "x_vs_baseline": tp / btp if tp is not None and btp else None,
-                        "x_vs_full_engine": tp / ftp if tp is not None and ftp else None,
-                        "query_tokens_per_out_tok": per_tok(qt),
-                        "refresh_steps_per_out_tok": per_tok(st.get("refresh_request_steps")),
-                        "reuse_steps_per_out_tok": per_tok(st.get("reuse_request_steps")),
-                        "kv_pool_tokens": p.get("kv_pool_tokens")})
-    return pd.DataFrame(out)
-
-
-def _rung_label(r: Rung | Mapping) -> str:
-    """The system label of a rung (stored in an ablate run's config.json; else parsed)."""
-    from dllm_bench.systems import parse_system
-
-    d = r if isinstance(r, Mapping) else r.to_dict()
-    return d.get("label") or parse_system(d["spec"]).label
-
-
-def fmt_table(df, floats: Mapping[str, str] | None = None) -> Any:
-    """A copy with numbers formatted for a terminal/Markdown table (None -> '-')."""
-    floats = dict(floats or {})
-    out = df.copy()
-    for c in out.columns:
-        fmt = floats.get(c)
-        if fmt is None:
-            out[c] = out[c].map(lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else v)
-        else:
-            out[c] = out[c].map(lambda v, fmt=fmt: "-" if _num(v) is None else fmt.format(float(v)))
-    return out
-
-
-LADDER_FMT = {"throughput_tok_s": "{:.2f}", "x_vs_baseline": "{:.2f}x", "delta_x_vs_prev": "{:+.2f}x",
-              "pct_vs_prev": "{:+.1f}%", "kv_pool_tokens": "{:.0f}", "max_batch_size": "{:.0f}", "completed": "{:.0f}"}
-CACHE_FMT = {"throughput_tok_s": "{:.2f}", "x_vs_baseline": "{:.2f}x", "x_vs_full_engine": "{:.2f}x",
-             "query_tokens_per_out_tok": "{:.1f}", "refresh_steps_per_out_tok": "{:.3f}",
-             "reuse_steps_per_out_tok": "{:.3f}", "kv_pool_tokens": "{:.0f}"}
-
-
-# ---------------------------------------------------------------- figures
-def plot_ablation(ladder_df, path: Path, title: str = "Ablation: relative throughput (vs Sparse-dLLM)") -> Path:
-    """Paper Fig. 8: per dataset, one bar per rung (throughput / baseline's), value labels."""
-    return _grouped_bars(ladder_df, "rung", "x_vs_baseline", path, title, "Relative throughput (x Sparse-dLLM)")
-
-
-def plot_cache_policies(cache_df, path: Path,
-                        title: str = "Full engine under each cache policy (same scheduler and budget)") -> Path:
-    return _grouped_bars(cache_df, "cache policy", "x_vs_baseline", path, title, "Relative throughput (x Sparse-dLLM)")
-
-
-def _grouped_bars(df, series_col: str, value_col: str, path: Path, title: str, ylabel: str) -> Path:
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from dllm_bench.results import atomic_write_bytes
-
-    datasets = list(dict.fromkeys(df["dataset"])) or [""]
-    series = list(dict.fromkeys(df[series_col]))
-    width = 0.8 / max(len(series), 1)
-    fig, ax = plt.subplots(figsize=(max(6.5, 2.2 * len(datasets) + 0.3 * len(series)), 4.2))
-    cmap = plt.get_cmap("tab10")
-    top = 1.0
-    for j, s in enumerate(series):
-        ys = []
-        for ds in datasets:
-            v = df[(df["dataset"] == ds) & (df[series_col] == s)][value_col]
-            y = _num(v.iloc[0]) if len(v) else None
-            ys.append(float("nan") if y is None else y)
-            top = max(top, y or 0)
-        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(datasets))]
-        rects = ax.bar(xs, ys, width, label=s, color=cmap(j % 10))
-        ax.bar_label(rects, fmt="%.2f×", fontsize=7, padding=2, rotation=90 if len(series) > 4 else 0)
-    ax.axhline(1.0, color="red", linestyle="--", linewidth=1.0)
-    ax.set_xticks(range(len(datasets)), datasets)
-    ax.set_ylabel(ylabel)
-    ax.set_ylim(0, top * 1.3)
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return Path(path)
-
-
-# ---------------------------------------------------------------- a finished run, as tables
-def run_tables(run_dir: Path) -> dict:
-    """Ladder and cache tables of an ablate run dir (what `report` renders)."""
-    from dllm_bench import results
-
-    cfg = results.load_config(run_dir)["config"]
-    pts = results.load_points(run_dir)
-    datasets = cfg.get("datasets") or list(dict.fromkeys(p.get("dataset", "") for p in pts))
-    rungs = cfg.get("ladder") or []
-    crows = cfg.get("cache_rows") or []
-    lt = ladder_table(pts, rungs, datasets) if rungs else None
-    ct = cache_table(pts, crows, rungs[0], datasets) if crows and rungs else None
-    return {"config": cfg, "points": pts, "ladder": lt, "cache": ct, "datasets": datasets}
-
-
-# ---------------------------------------------------------------- the run (serve's resolution)
-def ablation_settings(preset_name: str, serve_num_prompts: int, max_num_batched_tokens: int | None = None,
-                      max_num_logits: str | None = None, num_prompts: int | None = None) -> dict:
-    """The ladder's token budget, logit budget (CLI text: 'none' allowed) and prompts per
-    dataset: the flags when given, else ABLATION_ENGINE / ABLATION_PROMPTS for the preset, else
-    None (= the serve preset's value)."""
-    d = ABLATION_ENGINE.get(preset_name, {})
-    return {"max_num_batched_tokens": max_num_batched_tokens if max_num_batched_tokens is not None
-            else d.get("max_num_batched_tokens"),
-            "max_num_logits": max_num_logits if max_num_logits is not None
-            else (str(d["max_num_logits"]) if "max_num_logits" in d else None),
-            "num_prompts": num_prompts if num_prompts is not None else ABLATION_PROMPTS.get(preset_name, serve_num_prompts)}
-
-
-def resolve_bench_run(*, systems: str, dataset: str, rps: str = "inf", num_prompts: int | None = None,
-                      model: str | None = None, preset: str | None = None, memory_budget: str | None = None,
-                      seed: int = 0, threads: int | None = None, max_num_batched_tokens: int | None = None,
-                      max_num_logits: str | None = None, num_warmups: int = 1, max_duration: float | None = None,
-                      no_profile_cache: bool = False):
-    """A ServeRun through serve's own option checks and workload building (rps default inf =
-    every request at t=0: saturation throughput)."""
-    from dllm_bench.commands.serve import resolve_run
-
-    return resolve_run(
-        rps=rps, systems=systems, dataset=dataset, dataset_path=None, num_prompts=num_prompts, duration=None,
-        burstiness=1.0, arrivals=None, time_scale=1.0, burstgpt_model=None, memory_budget=memory_budget,
-        model=model, preset=preset, max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
-        max_num_seqs=None, retention=None, length_scale=None, gen_cap=None, block_length=None,
-        max_prompt_len=None, threads=threads, dtype=None, device=None, seed=seed, max_duration=max_duration,
-        num_warmups=num_warmups, no_profile_cache=no_profile_cache)
-
-
-def console():
-    from rich.console import Console
-
-    c = Console(stderr=True)
-    return c if c.is_terminal else Console(stderr=True, width=180)
-
-
-TERMINAL_NAMES = {"throughput_tok_s": "tok/s", "x_vs_baseline": "x baseline", "delta_x_vs_prev": "Δx prev",
-                  "pct_vs_prev": "Δ% prev", "kv_pool_tokens": "KV pool tok", "max_batch_size": "B",
-                  "x_vs_full_engine": "x full engine", "query_tokens_per_out_tok": "query tok/out tok",
-                  "refresh_steps_per_out_tok": "refresh/out tok", "reuse_steps_per_out_tok": "reuse/out tok"}
-
-
-def print_df(con, df, title: str, floats: Mapping[str, str] | None = None, drop: Sequence[str] = ("system",)) -> None:
-    """A DataFrame as a Rich table on the console (long system labels dropped: they are
-    printed once at the start of the run)."""
-    from rich.table import Table
-
-    t = Table(title=title, title_justify="left")
-    f = fmt_table(df.drop(columns=[c for c in drop if c in df.columns]), floats)
-    f = f.rename(columns=TERMINAL_NAMES)
-    for c in f.columns:
-        t.add_column(str(c), justify="left" if f[c].dtype == object and c in ("dataset", "rung", "system",
-                                                                                "cache policy") else "right")
-    for _, row in f.iterrows():
-        t.add_row(*[str(v) for v in row.tolist()])
-    con.print(t)

@@ -231,12 +231,13 @@ class PointKey(NamedTuple):
     dataset: str = ""
 
 
-def _fmt_rps(rps: float) -> str:
+def fmt_rps(rps: float) -> str:
+    """A request rate for labels and file names: inf, or the shortest decimal (0.5, 1, 2.25)."""
     return "inf" if math.isinf(rps) else format(float(rps), "g")
 
 
 def point_name(key: PointKey) -> str:
-    parts = ([key.dataset] if key.dataset else []) + [key.system, f"rps{_fmt_rps(key.rps)}"]
+    parts = ([key.dataset] if key.dataset else []) + [key.system, f"rps{fmt_rps(key.rps)}"]
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", "__".join(parts))
 
 

@@ -20,10 +20,6 @@ from typing import Any
 from dllm_bench.errors import UserError
 
 
-def _fmt_rps(rps: float) -> str:
-    return "inf" if math.isinf(rps) else format(rps, "g")
-
-
 # ---------------------------------------------------------------- the resolved run
 @dataclass
 class ServeRun:
@@ -107,10 +103,12 @@ def point_summary(out: dict, variant, rps: float, run: ServeRun, workload) -> tu
 
 
 def _point_line(s: dict) -> str:
+    from dllm_bench.results import fmt_rps  # lazily: results pulls in pandas
+
     def f(v, scale=1.0, d=2):
         return "n/a" if v is None else f"{v * scale:.{d}f}"
     flags = " INTERRUPTED" if s.get("interrupted") else " TIMED OUT" if s.get("timed_out") else ""
-    return (f"{_display_label(s)} @ {_fmt_rps(s['rps'])} rps ({s.get('dataset')}): "
+    return (f"{_display_label(s)} @ {fmt_rps(s['rps'])} rps ({s.get('dataset')}): "
             f"{s['completed']}/{s.get('num_prompts', '?')} done in {f(s['duration_s'], d=1)} s, "
             f"{f(s['output_throughput'])} tok/s, mean E2EL {f(s['mean_e2el_ms'], 1e-3)} s{flags}")
 
@@ -140,7 +138,7 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dllm_bench import results
-    from dllm_bench.results import PointKey
+    from dllm_bench.results import PointKey, fmt_rps
     from dllm_bench.serve_process import WorkerFailed, progress_handler, run_worker, worker_spec
     from dllm_bench.serve_workload import workload_shape
     from dllm_bench.summary_print import print_comparison, print_summary
@@ -164,7 +162,7 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
         "memory_budget": run.memory_budget, "max_duration": run.max_duration, "num_warmups": run.num_warmups,
         "engine_defaults": run.engine_defaults, "baseline_defaults": run.baseline_defaults,
         "gen_mapping": describe_gen_mapping(p.block_length, p.gen_cap),
-        "workloads": {f"{ds}@{_fmt_rps(r)}": describe(wl) for (ds, r), wl in run.workloads.items()},
+        "workloads": {f"{ds}@{fmt_rps(r)}": describe(wl) for (ds, r), wl in run.workloads.items()},
         "fingerprint": run.fingerprint(),
     }
     root = results.results_root(result_dir)
@@ -204,12 +202,12 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
                   f"{run.model_info['head_dim']}; memory budget {format_size(run.memory_budget)}; "
                   f"{config['gen_mapping']}", markup=False, highlight=False)
     console.print(f"systems: {', '.join(v.label for v in run.systems)}; rps: "
-                  f"{', '.join(_fmt_rps(r) for r in run.rps)}; datasets: {', '.join(run.datasets)}; "
+                  f"{', '.join(fmt_rps(r) for r in run.rps)}; datasets: {', '.join(run.datasets)}; "
                   f"arrivals {run.arrivals}" + (f" (burstiness {run.burstiness:g})" if run.arrivals == "gamma" else "")
                   + f"; seed {run.seed}", markup=False, highlight=False)
     for (ds, r), wl in run.workloads.items():
         d = describe(wl)
-        console.print(f"workload {ds} @ {_fmt_rps(r)} rps: {d['num_requests']} requests over "
+        console.print(f"workload {ds} @ {fmt_rps(r)} rps: {d['num_requests']} requests over "
                       f"{d['duration_s']:.1f} s, prompt {d['prompt_len_min']}-{d['prompt_len_max']} tokens "
                       f"(mean {d['prompt_len_mean']:.0f}), gen_length {d['gen_length_min']}-"
                       f"{d['gen_length_max']} (mean {d['gen_length_mean']:.0f}), steps = gen_length",
@@ -228,10 +226,10 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
             key = PointKey(v.label, float(rps), ds)
             wl = run.workloads[(ds, rps)]
             if key in done_keys:
-                progress.console.print(f"skip {v.label} @ {_fmt_rps(rps)} rps ({ds}): finished earlier",
+                progress.console.print(f"skip {v.label} @ {fmt_rps(rps)} rps ({ds}): finished earlier",
                                        markup=False, highlight=False)
                 continue
-            task = progress.add_task(f"{v.label} @ {_fmt_rps(rps)} rps", total=len(wl), status="starting",
+            task = progress.add_task(f"{v.label} @ {fmt_rps(rps)} rps", total=len(wl), status="starting",
                                      arrived=0, tps=0.0)
             spec = worker_spec(run, v, wl, shape)
             log_path = run_dir / "logs" / f"{results.point_name(key)}.log"
@@ -250,7 +248,7 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
                 if e.kind == "user":
                     user_error = str(e)
                     break
-                failures.append(f"{v.label} @ {_fmt_rps(rps)} rps ({ds}): {e} (log: {log_path})")
+                failures.append(f"{v.label} @ {fmt_rps(rps)} rps ({ds}): {e} (log: {log_path})")
                 progress.console.print(f"error: {failures[-1]}", markup=False, highlight=False)
                 continue
             s, recs, extra = point_summary(out, v, rps, run, wl)
@@ -273,7 +271,7 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
     for c in comps:
         if len(c["summaries"]) > 1:
             print_comparison(c["summaries"], c["baselines"], console,
-                             title=f"{c['dataset']} @ {_fmt_rps(c['rps'])} rps — vs best baseline")
+                             title=f"{c['dataset']} @ {fmt_rps(c['rps'])} rps — vs best baseline")
     scenarios = {s["system"]: s for s in points if s.get("is_baseline")}
     for label, s in scenarios.items():  # which scenario each baseline row is
         note = "" if s.get("fits_budget") in (True, None) else " (exceeds the memory budget!)"

@@ -2,7 +2,7 @@
 the prompt length (at a fixed output length) or the output length (at a fixed prompt length)
 grows. Every point is a `random`-style workload with FIXED lengths (every request the same
 prompt length and gen_length), all requests at t=0 (saturation), run through serve's worker
-machinery (dllm_bench.ablation.measure_points); run directory of kind "sweep".
+machinery (dllm_bench.bench_points.measure_points); run directory of kind "sweep".
 
 Ranges (docs/ABLATE.md). The paper sweeps input 100-600 tokens (output fixed) and output
 128-512 tokens. A preset scales them:

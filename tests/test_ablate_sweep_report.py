@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dllm_bench import ablation as ab
+from dllm_bench import paper_claims as pc
 from dllm_bench import report as rp
 from dllm_bench import results
 from dllm_bench import sweep as sw
@@ -244,11 +245,11 @@ def test_report_with_missing_runs_says_so(tmp_path):
 
 
 def test_verdict_rule():
-    assert rp.verdict(1.7, 1.61, 1.81) == "matches"
-    assert rp.verdict(1.2, 1.61, 1.81).startswith("same direction, smaller")
-    assert rp.verdict(0.8, 1.61, 1.81) == "does not match"
-    assert rp.verdict(None, 1.5) == "no data"
-    assert rp.trend_verdict(3.0, 2.0, 3.12, 2.45) == "matches (same trend)"
+    assert pc.verdict(1.7, 1.61, 1.81) == "matches"
+    assert pc.verdict(1.2, 1.61, 1.81).startswith("same direction, smaller")
+    assert pc.verdict(0.8, 1.61, 1.81) == "does not match"
+    assert pc.verdict(None, 1.5) == "no data"
+    assert pc.trend_verdict(3.0, 2.0, 3.12, 2.45) == "matches (same trend)"
 
 
 # ---------------------------------------------------------------- the CLI

@@ -27,7 +27,10 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
            rps: str, max_num_batched_tokens: int | None, max_num_logits: str | None, cache_rows: str,
            run_id: str | None, num_warmups: int, max_duration: float | None, no_profile_cache: bool) -> int:
     from dllm_bench import ablation as ab
+    from dllm_bench import ablation_tables as abt
+    from dllm_bench import bench_points as bp
     from dllm_bench import results
+    from dllm_bench import table_text as tt
     from dllm_bench.serve_presets import preset_for
     from dllm_bench.systems import parse_system
     from workloads.serving import describe
@@ -41,7 +44,7 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
     sp = preset_for(preset, model)
     st = ab.ablation_settings(sp.name, sp.num_prompts, max_num_batched_tokens, max_num_logits, num_prompts)
     n = st["num_prompts"]
-    run = ab.resolve_bench_run(systems="sparse-dllm", dataset=",".join(ds_list), rps=rps, num_prompts=n,
+    run = bp.resolve_bench_run(systems="sparse-dllm", dataset=",".join(ds_list), rps=rps, num_prompts=n,
                                model=model, preset=preset, memory_budget=memory_budget, seed=seed,
                                threads=threads, max_num_batched_tokens=st["max_num_batched_tokens"],
                                max_num_logits=st["max_num_logits"],
@@ -64,7 +67,7 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
     if problems:  # a programming error in the ladder, never the user's
         raise RuntimeError("ablation ladder is inconsistent: " + "; ".join(problems))
 
-    con = ab.console()
+    con = tt.console()
     config = {
         "preset": p.to_dict(), "preset_line": p.describe(), "model_dir": str(run.model_dir), "model": run.model_info,
         "datasets": ds_list, "rps": rate, "seed": seed, "num_prompts": n, "memory_budget": run.memory_budget,
@@ -96,12 +99,12 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
     planned = []
     for i, ds in enumerate(ds_list):
         wl = run.workloads[(ds, rate)]
-        shape = ab.shape_of(wl, p.block_length)
+        shape = bp.shape_of(wl, p.block_length)
         rows = rungs + (crows if rows_mode == "all" or (rows_mode == "first" and i == 0) else [])
         for r in rows:
-            planned.append(ab.PlannedPoint(ds, rate, variants[r.key], wl, shape,
+            planned.append(bp.PlannedPoint(ds, rate, variants[r.key], wl, shape,
                                            {"ablation_rung": r.key, "ablation_title": r.title}))
-    res = ab.measure_points(run, planned, run_dir, con)
+    res = bp.measure_points(run, planned, run_dir, con)
     if res["user_error"] and "max_num_logits=none" in res["user_error"]:
         res["user_error"] += (f" (the monolithic-logit rungs hold [token budget x vocab] logits: lower "
                               f"--max-num-batched-tokens (now {p.max_num_batched_tokens}) or raise --memory-budget)")
@@ -110,11 +113,11 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing measured: leave no run behind
         raise UserError(res["user_error"])
 
-    lt = ab.ladder_table(points, config["ladder"], ds_list)
-    ct = ab.cache_table(points, config["cache_rows"], config["ladder"][0], ds_list) if crows else None
-    ab.print_df(con, lt, "Ablation ladder (paper Fig. 8): output throughput, x vs Sparse-dLLM", ab.LADDER_FMT)
+    lt = abt.ladder_table(points, config["ladder"], ds_list)
+    ct = abt.cache_table(points, config["cache_rows"], config["ladder"][0], ds_list) if crows else None
+    tt.print_df(con, lt, "Ablation ladder (paper Fig. 8): output throughput, x vs Sparse-dLLM", abt.LADDER_FMT)
     if ct is not None and not ct.empty:
-        ab.print_df(con, ct, "Full engine under each cache policy (same scheduler, budgets, arrivals)", ab.CACHE_FMT)
+        tt.print_df(con, ct, "Full engine under each cache policy (same scheduler, budgets, arrivals)", abt.CACHE_FMT)
     # The effective configs the workers built (after profiling): differences besides the switch?
     by_key = {(s.get("dataset"), s["system"]): s.get("engine_config") for s in points}
     checks = {}
@@ -127,9 +130,9 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
             con.print(f"config check ({ds}): {pr}", markup=False, highlight=False)
     plots = []
     if not lt["x_vs_baseline"].isna().all():
-        plots.append(str(ab.plot_ablation(lt, run_dir / "plots" / "fig8_ablation.png")))
+        plots.append(str(abt.plot_ablation(lt, run_dir / "plots" / "fig8_ablation.png")))
     if ct is not None and not ct.empty and not ct["x_vs_baseline"].isna().all():
-        plots.append(str(ab.plot_cache_policies(ct, run_dir / "plots" / "cache_policies.png")))
+        plots.append(str(abt.plot_cache_policies(ct, run_dir / "plots" / "cache_policies.png")))
     doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "preset": p.to_dict(), "preset_line": p.describe(),
            "measurement": config["measurement"], "interrupted": res["interrupted"], "failures": res["failures"],
            "ladder": lt.to_dict(orient="records"), "cache_rows": [] if ct is None else ct.to_dict(orient="records"),

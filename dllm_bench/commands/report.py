@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the runs used, missing kinds and the claim verdicts as JSON"),
     ) -> None:
         """Markdown report from the latest serve / accuracy / ablate / sweep runs, next to the paper's figures."""
-        from dllm_bench import report, results
+        from dllm_bench import paper_claims, report, results
 
         if out.suffix.lower() != ".md":
             raise UserError(f"--out must be a .md file, got {out}")
@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         except OSError as e:
             raise UserError(f"--out: cannot create {out.parent}: {e}") from None
         doc = report.render(out, root)
-        c = report.counts(doc["claims"])
+        c = paper_claims.counts(doc["claims"])
         msg = (f"report: {doc['report']} ({len(doc['claims'])} claims: " +
                ", ".join(f"{v} {k}" for k, v in c.items()) + ")" +
                (f"; missing runs: {', '.join(doc['missing'])}" if doc["missing"] else "") +

@@ -25,8 +25,10 @@ def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str 
           rps: str, result_dir: Path | None, run_id: str | None, as_json: bool, num_warmups: int,
           max_duration: float | None, no_profile_cache: bool) -> int:
     from dllm_bench import ablation as ab
+    from dllm_bench import bench_points as bp
     from dllm_bench import results
     from dllm_bench import sweep as sw
+    from dllm_bench import table_text as tt
     from dllm_bench.serve_presets import preset_for
     from workloads.serving import describe
 
@@ -39,7 +41,7 @@ def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str 
     plan = sw.plan_sweep(vary, length_scale=sp.length_scale, block_length=sp.block_length, device=sp.device,
                          points=points, fixed=fixed_len)
     n = num_prompts if num_prompts is not None else ab.ABLATION_PROMPTS.get(sp.name, sp.num_prompts)
-    run = ab.resolve_bench_run(systems=systems or sw.DEFAULT_SYSTEMS, dataset="random", rps=rps, num_prompts=n,
+    run = bp.resolve_bench_run(systems=systems or sw.DEFAULT_SYSTEMS, dataset="random", rps=rps, num_prompts=n,
                                model=model, preset=preset, memory_budget=memory_budget, seed=seed,
                                threads=threads, num_warmups=num_warmups, max_duration=max_duration,
                                no_profile_cache=no_profile_cache)
@@ -73,7 +75,7 @@ def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str 
                                      run_id=run_id, root=root)
     except FileExistsError as e:
         raise UserError(str(e)) from None
-    con = ab.console()
+    con = tt.console()
     con.print(f"[bold]dllm-bench sweep --vary {vary}[/bold] → {run_dir}", highlight=False)
     con.print(p.describe(), markup=False, highlight=False)
     con.print(f"{plan.rule}; points {plan.values}; {n} prompts per point; {config['measurement']}; "
@@ -83,17 +85,17 @@ def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str 
     for pt, paper in zip(plan.points, plan.paper_points, strict=True):
         lab = plan.label(pt)
         wl = workloads[lab]
-        shape = ab.shape_of(wl, p.block_length)  # a baseline's static batch: max fit for THIS point
+        shape = bp.shape_of(wl, p.block_length)  # a baseline's static batch: max fit for THIS point
         for v in run.systems:
-            planned.append(ab.PlannedPoint(lab, rate, v, wl, shape, {
+            planned.append(bp.PlannedPoint(lab, rate, v, wl, shape, {
                 "sweep_vary": vary, "sweep_input_len": pt[0], "sweep_output_len": pt[1], "paper_len": paper}))
-    res = ab.measure_points(run, planned, run_dir, con)
+    res = bp.measure_points(run, planned, run_dir, con)
     pts = res["points"]
     if res["user_error"] and not pts:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise UserError(res["user_error"])
     df = sw.sweep_table(pts, plan, labels, reference)
-    ab.print_df(con, df, f"Sensitivity ({vary}): output throughput and x vs {reference} (paper Fig. 7)",
+    tt.print_df(con, df, f"Sensitivity ({vary}): output throughput and x vs {reference} (paper Fig. 7)",
                 sw.table_formats(df))
     plots = []
     if any(c.startswith("x ") and df[c].notna().any() for c in df.columns):
