@@ -76,6 +76,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     steps: int = 2000
     minutes: float | None = None         # wall-clock safety cap (None = no cap)
+    stop_after: int | None = None        # end after this many steps (deterministic early stop;
+                                         # the LR schedule still spans `steps`)
     seed: int = 0
     threads: int | None = None
     # --- learning curve ---
@@ -96,6 +98,7 @@ class TrainConfig:
         check(1 <= self.eval_facts <= len(synth.NAMES), "eval_facts out of range")
         check(self.steps > 0 and self.batch_size > 0 and self.window > 0, "steps, batch_size, window must be positive")
         check(self.minutes is None or self.minutes > 0, "minutes must be positive")
+        check(self.stop_after is None or self.stop_after > 0, "stop_after must be positive")
         check(self.d_model % self.n_heads == 0 and self.n_heads % self.n_kv_heads == 0,
               "d_model must divide by n_heads and n_heads by n_kv_heads")
         check((self.d_model // self.n_heads) % 2 == 0, "head_dim must be even (RoPE)")
@@ -413,7 +416,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
         log(f"step {step:5d}  {train_s / 60:5.1f} min  loss {row['loss']:.4f}  probe acc "
             f"{acc:.3f} tokens {tok_acc:.3f} (n={len(probe)}, K={cfg.eval_facts})")
 
-    while step < cfg.steps:
+    last = min(cfg.steps, cfg.stop_after or cfg.steps)
+    while step < last:
         if cfg.minutes is not None and (time.perf_counter() - t_start) / 60 >= cfg.minutes:
             stopped = "minutes"
             break
@@ -480,9 +484,14 @@ def write_curve(curve: list[dict], out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     xs = [r["train_seconds"] / 60 for r in curve]
-    ax.plot(xs, [100 * r["probe_accuracy"] for r in curve], marker="o", color="tab:blue")
-    ax.set_xlabel("training time (CPU minutes)")
-    ax.set_ylabel("held-out synth accuracy (%)", color="tab:blue")
+    ax.plot(xs, [100 * r["probe_accuracy"] for r in curve], marker="o", color="tab:blue",
+            label="answer correct (strict-match)")
+    if "probe_token_accuracy" in curve[0]:
+        ax.plot(xs, [100 * r["probe_token_accuracy"] for r in curve], marker=".", color="tab:cyan",
+                label="answer tokens correct")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_xlabel(f"training time (minutes, {curve[-1]['step']} steps)")
+    ax.set_ylabel("held-out synth probe (%)", color="tab:blue")
     ax.set_ylim(0, 100)
     ax.grid(True, alpha=0.3)
     ax2 = ax.twinx()

@@ -45,6 +45,7 @@ def register(app: typer.Typer) -> None:
         weight_decay: float = typer.Option(0.01),
         steps: int = typer.Option(2000, help="Optimizer steps (also the LR schedule's horizon)."),
         minutes: float | None = typer.Option(None, help="Wall-clock cap in minutes (stops early; the step count is recorded)."),
+        stop_after: int | None = typer.Option(None, help="End after N steps (deterministic early stop; the LR schedule spans --steps)."),
         seed: int = typer.Option(0),
         threads: int | None = typer.Option(1, help="torch threads (1 is fastest on a shared CPU)."),
         eval_every: int = typer.Option(250, help="Probe the held-out set every N steps."),
@@ -69,7 +70,8 @@ def register(app: typer.Typer) -> None:
                 n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, mlp_hidden_size=mlp_hidden_size,
                 rope_theta=rope_theta,
                 objective=objective, t_min=t_min, batch_size=batch_size, lr=lr, warmup=warmup,
-                weight_decay=weight_decay, steps=steps, minutes=minutes, seed=seed, threads=threads,
+                weight_decay=weight_decay, steps=steps, minutes=minutes, stop_after=stop_after, seed=seed,
+                threads=threads,
                 eval_every=eval_every, eval_n=eval_n, save_dtype=save_dtype,
             )
             from workloads.tasks import synth
