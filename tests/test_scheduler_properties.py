@@ -148,7 +148,10 @@ def _drive(eng, cfg: dict, reqs: list[dict]) -> None:
     assert set(outs) == set(added)
     for rid in added:
         o, r = outs[rid], reqs[int(rid[1:])]
-        assert o.finished and o.nfe == r["steps"] and MASK not in o.token_ids
+        assert o.finished and o.nfe == r["steps"]
+        # A random-weight model can propose the mask id itself, which LLaDA's rule commits like any
+        # other token; only the fake runner's proposals are guaranteed to be real tokens.
+        assert MASK not in o.token_ids or not fake
         assert len(o.token_ids) == r["gen"]
     times = [outs[rid].admitted_time for rid in added]
     assert times == sorted(times)
@@ -157,13 +160,13 @@ def _drive(eng, cfg: dict, reqs: list[dict]) -> None:
         assert eng.counters["max_logits_rows_in_step"] <= cfg["max_num_logits"]
 
 
-@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(max_requests=8, max_prompt=16))
 def test_scheduler_invariants_fake_runner(w):
     check_workload(*w, fake=True)
 
 
-@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(max_requests=5, max_prompt=12, blocks=(1, 2, 4)))
 def test_scheduler_invariants_real_model(w):
     check_workload(*w, fake=False)
