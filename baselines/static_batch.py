@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.engine import run_to_completion
 from engine.models.llada import LLaDAModelLM
 from engine.request import Request, RequestOutput, Status
 from engine.sampling import SamplingParams
@@ -240,15 +241,7 @@ class StaticBatchSystem:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
                  progress: Callable[[int, int], None] | None = None) -> list[RequestOutput]:
         """Run all prompts to completion; outputs in input order."""
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
-        out: dict[str, RequestOutput] = {}
-        while self.has_unfinished():
-            for o in self.step():
-                out[o.request_id] = o
-                if progress:
-                    progress(len(out), len(ids))
-        return [out[i] for i in ids]
+        return run_to_completion(self, prompts, params, progress)
 
     def stats(self) -> dict:
         c = dict(self.counters)

@@ -132,15 +132,7 @@ class LLMEngine:
         progress: Callable[[int, int], None] | None = None,
     ) -> list[RequestOutput]:
         """Run all prompts concurrently to completion; outputs in input order."""
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
-        out: dict[str, RequestOutput] = {}
-        while self.has_unfinished():
-            for o in self.step():
-                out[o.request_id] = o
-                if progress:
-                    progress(len(out), len(ids))
-        return [out[i] for i in ids]
+        return run_to_completion(self, prompts, params, progress)
 
     def stats(self) -> dict:
         c = dict(self.counters)
@@ -155,3 +147,17 @@ class LLMEngine:
         if self.profile is not None:
             c["profile"] = self.profile.to_dict()
         return c
+
+
+def run_to_completion(system, prompts, params, progress=None) -> list[RequestOutput]:
+    """Add every prompt to a serving system (engine or baseline) and step it until all finish;
+    outputs in input order. `params` is one SamplingParams or one per prompt."""
+    plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+    ids = [system.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+    out: dict[str, RequestOutput] = {}
+    while system.has_unfinished():
+        for o in system.step():
+            out[o.request_id] = o
+            if progress:
+                progress(len(out), len(ids))
+    return [out[i] for i in ids]
