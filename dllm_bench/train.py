@@ -1,7 +1,8 @@
 """Train a tiny LLaDA-architecture masked-diffusion model on the `synth` task, on CPU, and save
 it as an HF-layout LLaDA checkpoint the engine loads unchanged (`dllm-bench train`).
 
-Pieces (each a function below):
+Pieces (the tokenizer in task_tokenizer.py, batches and the batched forward in train_batches.py,
+the held-out probe and curve plot in learning_curve.py; the rest below):
 
 * a task tokenizer: byte-level BPE trained on synth text (digits split one by one, names and
   items end up as single tokens), learned tokens first and LLaDA's special tokens at the top of
@@ -21,7 +22,6 @@ Pieces (each a function below):
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -34,11 +34,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dllm_bench.learning_curve import probe_accuracy, write_curve
+from dllm_bench.task_tokenizer import build_task_tokenizer, save_task_tokenizer
+from dllm_bench.train_batches import ANSWER_DELIM, Encoded, batched_logits, collate, encode_examples
 from engine.models.llada import LLaDAConfig, LLaDAModelLM
 from workloads.tasks import synth
 
 OBJECTIVES = ("llada", "plain")
-ANSWER_DELIM = " "                      # lm-eval's target_delimiter: prompt "...Answer:" + " " + answer
 
 
 @dataclass
@@ -121,82 +123,7 @@ def corpus_lines(n: int, seed: int, facts: Sequence[int], ops, max_value: int) -
     return out
 
 
-def build_task_tokenizer(corpus: Sequence[str], vocab_size: int):
-    """A `tokenizers.Tokenizer` of exactly `vocab_size` dense ids: BPE learned on `corpus` (as many
-    merges as min_frequency 2 allows, up to the budget), `<|reserved_N|>` fillers, then LLaDA's
-    12 special tokens at the top in LLaDA's relative order (tokenizer_build's small-vocab layout)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    from dllm_bench.tokenizer_build import _pre_tokenizer, special_token_ids
-
-    specials = special_token_ids(vocab_size)
-    budget = min(specials.values())
-    if budget <= 256:
-        raise ValueError(f"vocab_size {vocab_size} leaves no room for the 256 byte tokens")
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = _pre_tokenizer()
-    bpe.train_from_iterator(list(corpus), trainers.BpeTrainer(
-        vocab_size=budget, min_frequency=2, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    model = json.loads(bpe.to_str())["model"]
-    learned = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
-    vocab = {t: i for i, t in enumerate(learned)}
-    by_id = {i: t for t, i in specials.items()}
-    for i in range(len(learned), vocab_size):
-        vocab[by_id.get(i, f"<|reserved_{i}|>")] = i
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m) for m in model["merges"]]))
-    tok.pre_tokenizer = _pre_tokenizer()
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t in sorted(specials, key=specials.get)])
-    if {t: tok.token_to_id(t) for t in specials} != specials or tok.get_vocab_size() != vocab_size:
-        raise AssertionError("special token ids moved")
-    return tok
-
-
-def save_task_tokenizer(tok, out: Path, model_max_length: int) -> dict[str, int]:
-    """tokenizer.json + tokenizer_config.json exactly as tokenizer_build.save_tokenizer writes
-    them (AutoTokenizer-loadable offline); returns the config.json special ids."""
-    from dllm_bench.tokenizer_build import _NAMED, BOS, CHAT_TEMPLATE, EOS, MASK, special_token_ids
-
-    specials = special_token_ids(tok.get_vocab_size())
-    (out / "tokenizer.json").write_text(tok.to_str(pretty=False), encoding="utf-8")
-    added = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                      "single_word": False, "special": True}
-             for t, i in sorted(specials.items(), key=lambda kv: kv[1])}
-    config = {
-        "add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": added,
-        "additional_special_tokens": [t for t in sorted(specials, key=specials.get) if t not in _NAMED],
-        "bos_token": BOS, "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
-        "eos_token": EOS, "mask_token": MASK, "model_max_length": model_max_length, "pad_token": EOS,
-        "padding_side": "left", "tokenizer_class": "PreTrainedTokenizerFast",
-    }
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-    return {"bos_token_id": specials[BOS], "eos_token_id": specials[EOS], "pad_token_id": specials[EOS],
-            "mask_token_id": specials[MASK]}
-
-
 # ------------------------------------------------------------------------------------ data
-@dataclass
-class Encoded:
-    prompt: list[int]
-    answer: list[int]        # the answer region: answer tokens + EOS padding, len == window
-    target: str
-
-
-def encode_examples(tok, rows: Sequence[dict], window: int, eos: int) -> list[Encoded]:
-    prompts = tok.encode_batch([synth.format_prompt(r["question"]) for r in rows], add_special_tokens=False)
-    answers = tok.encode_batch([ANSWER_DELIM + r["answer"] for r in rows], add_special_tokens=False)
-    out = []
-    for r, p, a in zip(rows, prompts, answers, strict=True):
-        if len(a.ids) >= window:
-            raise ValueError(f"answer of {len(a.ids)} tokens does not fit window {window} with an EOS")
-        out.append(Encoded(list(p.ids), list(a.ids) + [eos] * (window - len(a.ids)), r["target"]))
-    return out
-
-
 class TrainStream:
     """Seeded, endless batches of train-split synth examples; one context size per batch (drawn
     uniformly from `facts`) so a batch's sequences have nearly equal lengths."""
@@ -228,23 +155,6 @@ class TrainStream:
         return batch
 
 
-def collate(batch: Sequence[Encoded], pad_id: int, mask_answer: bool = False, mask_id: int = 0):
-    """-> ids [B, T] (prompt, answer region, right padding), valid [B, T] (not padding),
-    region [B, T] (answer region). With mask_answer the answer region holds mask_id."""
-    T = max(len(e.prompt) + len(e.answer) for e in batch)
-    B = len(batch)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    valid = torch.zeros((B, T), dtype=torch.bool)
-    region = torch.zeros((B, T), dtype=torch.bool)
-    for i, e in enumerate(batch):
-        p, a = len(e.prompt), len(e.answer)
-        ids[i, :p] = torch.tensor(e.prompt)
-        ids[i, p:p + a] = mask_id if mask_answer else torch.tensor(e.answer)
-        valid[i, :p + a] = True
-        region[i, p:p + a] = True
-    return ids, valid, region
-
-
 # ------------------------------------------------------------------------------------ model
 def model_config(cfg: TrainConfig, special_ids: dict[str, int]) -> LLaDAConfig:
     return LLaDAConfig(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
@@ -270,22 +180,6 @@ def init_model(mcfg: LLaDAConfig, seed: int) -> LLaDAModelLM:
     return model.float().train()
 
 
-def batched_logits(model: LLaDAModelLM, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """[B, T] ids -> [B, T, V] logits through the engine's own blocks (differentiable), keys
-    restricted to each row's valid (non-padding) positions; bidirectional like LLaDA."""
-    B, T = ids.shape
-    pos = torch.arange(T, device=ids.device).repeat(B)
-    keep = valid[:, None, None, :]                                    # [B, 1, 1, T]
-
-    def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        q4, k4, v4 = (x.view(B, T, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q, k, v))
-        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=keep, enable_gqa=q4.shape[1] != k4.shape[1])
-        return o.transpose(1, 2).reshape(B * T, q.shape[1], q.shape[2])
-
-    h = model.hidden_states(ids.reshape(-1), pos, attn)
-    return model.lm_head(h).view(B, T, -1)
-
-
 def diffusion_loss(model: LLaDAModelLM, ids, valid, region, mask_id: int, objective: str = "llada",
                    eps: float = 1e-3, t_min: float = 0.1, generator: torch.Generator | None = None):
     """The masked-diffusion loss of one batch -> (loss, stats).
@@ -305,50 +199,6 @@ def diffusion_loss(model: LLaDAModelLM, ids, valid, region, mask_id: int, object
     else:
         loss = (ce * m).sum() / m.sum().clamp(min=1)
     return loss, {"masked_ce": float((ce.detach() * m).sum() / m.sum().clamp(min=1))}
-
-
-# ------------------------------------------------------------------------------------ probe
-@torch.no_grad()
-def probe_generate(model: LLaDAModelLM, batch: Sequence[Encoded], mask_id: int, pad_id: int) -> list[list[int]]:
-    """Greedy LLaDA decoding of each example's answer region (gen_length = steps = block =
-    window: one token per step, low-confidence remasking), batched with padding masks.
-    Same decisions as the engine's exact mode up to float summation order."""
-    model.eval()
-    ids, valid, region = collate(batch, pad_id, mask_answer=True, mask_id=mask_id)
-    steps = len(batch[0].answer)
-    for _ in range(steps):
-        masked = (ids == mask_id) & region
-        if not masked.any():
-            break
-        logits = batched_logits(model, ids, valid).float()
-        probs = logits.softmax(-1)
-        conf, pred = probs.max(-1)
-        conf = torch.where(masked, conf, torch.full_like(conf, -1.0))
-        best = conf.argmax(1)                                           # one token per row per step
-        rows = torch.nonzero(masked.any(1)).squeeze(-1)
-        ids[rows, best[rows]] = pred[rows, best[rows]]
-    out = []
-    for i, e in enumerate(batch):
-        p = len(e.prompt)
-        out.append(ids[i, p:p + len(e.answer)].tolist())
-    return out
-
-
-def probe_accuracy(model, tok, probe: Sequence[Encoded], mask_id: int, pad_id: int,
-                   batch: int = 32) -> tuple[float, float]:
-    """(strict-match accuracy, token accuracy over the answer tokens before the EOS padding)."""
-    from workloads.tasks.scoring import score_gsm8k
-
-    hits = tok_hits = tok_n = 0
-    for s in range(0, len(probe), batch):
-        chunk = list(probe[s:s + batch])
-        for e, toks in zip(chunk, probe_generate(model, chunk, mask_id, pad_id), strict=True):
-            text = tok.decode(toks[: toks.index(pad_id)] if pad_id in toks else toks, skip_special_tokens=True)
-            hits += score_gsm8k(text, e.target)["strict-match"]
-            n = e.answer.index(pad_id) if pad_id in e.answer else len(e.answer)
-            tok_hits += sum(int(a == b) for a, b in zip(toks[:n], e.answer[:n], strict=True))
-            tok_n += n
-    return hits / max(1, len(probe)), tok_hits / max(1, tok_n)
 
 
 # ------------------------------------------------------------------------------------ training
@@ -468,36 +318,3 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     log(f"saved {out} ({step} steps, {train_s / 60:.1f} min training + {eval_s / 60:.1f} min probes)")
     return summary
-
-
-def write_curve(curve: list[dict], out: Path) -> None:
-    if not curve:
-        return
-    with open(out / "learning_curve.csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(curve[0]))
-        w.writeheader()
-        w.writerows(curve)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    xs = [r["train_seconds"] / 60 for r in curve]
-    ax.plot(xs, [100 * r["probe_accuracy"] for r in curve], marker="o", color="tab:blue",
-            label="answer correct (strict-match)")
-    if "probe_token_accuracy" in curve[0]:
-        ax.plot(xs, [100 * r["probe_token_accuracy"] for r in curve], marker=".", color="tab:cyan",
-                label="answer tokens correct")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.set_xlabel(f"training time (minutes, {curve[-1]['step']} steps)")
-    ax.set_ylabel("held-out synth probe (%)", color="tab:blue")
-    ax.set_ylim(0, 100)
-    ax.grid(True, alpha=0.3)
-    ax2 = ax.twinx()
-    ax2.plot(xs, [r["loss"] for r in curve], color="tab:red", alpha=0.6, linestyle="--")
-    ax2.set_ylabel("train loss", color="tab:red")
-    ax.set_title("tiny LLaDA on synth: learning curve", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out / "learning_curve.png", dpi=110)
-    plt.close(fig)

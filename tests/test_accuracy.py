@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 ASSET_READY = (REPO / "dllm_bench" / "assets" / "tiny-math" / "model.safetensors").is_file()
 
 # Documented in docs/ACCURACY.md ("Regression floor"): tiny-math, engine exact mode (cache=none,
-# float32, greedy, gen_length = steps = block = 32) on the first FLOOR_N synth test questions
+# float32, greedy, gen_length = steps = block = the training window) on the first FLOOR_N synth test questions
 # (seed 0, the model's eval context size). Measured: FLOOR_MEASURED; the floor leaves a margin
 # for float summation-order differences across machines / thread counts.
 FLOOR_N = 48
@@ -55,7 +55,7 @@ def test_tiny_math_asset_layout(tiny_math):
     assert tok.convert_tokens_to_ids("<|mdm_mask|>") == cfg["mask_token_id"] == model.config.mask_token_id
     assert tok.eos_token_id == cfg["eos_token_id"]
     assert info["config"]["objective"] == "llada" and info["config"]["task"] == "synth"
-    text = "Question: Bob has 7 marbles. How many marbles does Bob have?\nAnswer: Bob has 7 marbles.\n#### 7"
+    text = "Question: Bob has 7 marbles. Ann has 2 marbles. How many marbles do Bob and Ann have together?\nAnswer: 7 + 2 = 9\n#### 9"
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert tok.decode(ids) == text and len(tok(" Bob", add_special_tokens=False)["input_ids"]) == 1
 
@@ -65,8 +65,9 @@ def test_tiny_math_reaches_documented_floor(tiny_math):
     from dllm_bench.accuracy import Point, PointBackend, eval_synth_point
 
     path, model, tok, info = tiny_math
+    w = info["config"]["window"]
     backend = PointBackend(model, tok, Point("dense", "engine", "dense", cache="none"),
-                           gen_length=32, block_length=32, steps=32)
+                           gen_length=w, block_length=w, steps=w)
     res = eval_synth_point(backend, _docs(info, FLOOR_N))
     assert res.n == FLOOR_N
     assert res.accuracy >= FLOOR, f"tiny-math dense accuracy {res.accuracy:.3f} < documented floor {FLOOR}"
@@ -83,7 +84,8 @@ def test_engine_exact_mode_matches_reference_on_tiny_math(tiny_math):
 
     path, model, tok, info = tiny_math
     prompts = [encode_prompt(tok, synth.format_prompt(d["question"]), False) for d in _docs(info, 3)]
-    params = SamplingParams(gen_length=32, block_length=32, steps=32)
+    w = info["config"]["window"]
+    params = SamplingParams(gen_length=w, block_length=w, steps=w)
     outs = run_requests(build_system(Point("dense", "engine", "dense", cache="none"), model), prompts, params)
     for p, o in zip(prompts, outs, strict=True):
         assert o.token_ids == reference_generate(model, p, params)[0]
@@ -238,9 +240,10 @@ def test_lm_eval_engine_backend_on_tiny_math(tiny_math):
     res = run_lm_eval("dllm_synth", {"model": "tiny-math", "threads": 1}, limit=5,
                       metadata={"synth_context_facts": k, "synth_n": 5})
     got = res["results"]["dllm_synth"]
-    assert got["sample_len"] == 5 if "sample_len" in got else True
+    assert res["n-samples"]["dllm_synth"]["effective"] == 5
+    w = info["config"]["window"]
     ours = eval_synth_point(PointBackend(model, tok, Point("dense", "engine", "dense", cache="none"),
-                                         gen_length=32, block_length=32, steps=32), _docs(info, 5))
+                                         gen_length=w, block_length=w, steps=w), _docs(info, 5))
     assert got["exact_match,strict-match"] == pytest.approx(ours.accuracy)
     assert got["exact_match,flexible-extract"] == pytest.approx(ours.other["flexible-extract"]["accuracy"])
     assert isinstance(DllmBenchLM(model="tiny-math").backend, PointBackend)

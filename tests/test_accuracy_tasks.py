@@ -163,7 +163,12 @@ def test_synth_answers_and_format():
     for e in exs:
         n = _recompute(e["question"])
         assert n >= 0 and e["target"] == str(n)
-        assert e["answer"].endswith(f"\n#### {n}")
+        if e["op"] == "recall":
+            assert e["answer"] == f"#### {n}"                      # the recalled value, once
+        else:                                                      # operands once, then the result
+            a, sign, b, eq, res = e["answer"].split("\n")[0].split()
+            assert (sign, eq, int(res)) == ("+" if e["op"] == "add" else "-", "=", n)
+            assert e["answer"] == f"{a} {sign} {b} = {n}\n#### {n}" and (int(a) + int(b) if sign == "+" else int(a) - int(b)) == n
         assert scoring.score_gsm8k(" " + e["answer"], e["answer"]) == {"strict-match": 1.0,
                                                                        "flexible-extract": 1.0}
         assert len(_FACT.findall(e["question"])) == synth.DEFAULT_CONTEXT_FACTS

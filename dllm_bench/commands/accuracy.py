@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         selection: str = typer.Option("head,uniform", help="Engine sparse selection(s): head, uniform."),
         system: str = typer.Option("engine", help="engine | llada | fast-dllm | dllm-cache | sparse-dllm (comma list)."),
         limit: int = typer.Option(200, help="Samples per point (synth: the first N of the test split)."),
-        gen_length: int | None = typer.Option(None, help="Tokens generated (default: the task's)."),
+        gen_length: int | None = typer.Option(None, help="Tokens generated (default: a trained model's answer window on synth, else the task's)."),
         block_length: int | None = typer.Option(None, help="Block length (default: the task's)."),
         steps: int | None = typer.Option(None, help="Denoising steps (default: the task's; one token per step)."),
         seed: int = typer.Option(0, help="synth test-slice seed; request seed."),
@@ -64,6 +64,7 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from dllm_bench import accuracy as acc
+        from dllm_bench import accuracy_report as report
         from dllm_bench.modelio import load_model, load_tokenizer, model_dir
         from dllm_bench.results import create_run
         from engine import SamplingParams
@@ -90,6 +91,9 @@ def register(app: typer.Typer) -> None:
         if task not in acc.TASKS:
             raise UserError(f"--task must be one of {', '.join(acc.TASKS)}, got {task!r}")
         g0, b0, s0 = acc.TASK_SHAPES[task]
+        window = info.get("config", {}).get("window")
+        if task == "synth" and window:
+            g0 = window                       # a trained model fills the answer window it saw in training
         gen_length = gen_length or g0
         block_length = block_length or min(b0, gen_length)
         steps = steps or gen_length
@@ -140,16 +144,16 @@ def register(app: typer.Typer) -> None:
             if p.role == "dense":
                 dense_acc = res.accuracy
             results.append(res)
-            acc.write_point(run_dir, res, dense_acc)
-            acc.write_run_tables(run_dir, results, {"task": task, "model": model, "metric": res.metric})
+            report.write_point(run_dir, res, dense_acc)
+            report.write_run_tables(run_dir, results, {"task": task, "model": model, "metric": res.metric})
             if not json_out:
                 typer.echo(f"  {p.name:>16}: {res.correct}/{res.n} = {_fmt_pct(res.accuracy)}% "
                            f"[{_fmt_pct(res.ci_low)}, {_fmt_pct(res.ci_high)}]  ({res.elapsed_s:.1f}s)", err=True)
         plot = None
         if sum(1 for r in results if r.point.retention < 1.0) >= 2:
-            plot = acc.plot_fig6(results, run_dir / "fig6_accuracy_vs_retention.png",
+            plot = report.plot_fig6(results, run_dir / "fig6_accuracy_vs_retention.png",
                                  f"{task} · {model} · n={results[0].n} · {results[0].metric}")
-        analysis = acc.analyse(results)
+        analysis = report.analyse(results)
         summary = json.loads((run_dir / "summary.json").read_text())
         if json_out:
             typer.echo(json.dumps({"run_dir": str(run_dir), "task": task, "model": model, "n": results[0].n,
@@ -160,10 +164,12 @@ def register(app: typer.Typer) -> None:
 
 
 def _print_table(results, analysis, task, model, run_dir, plot) -> None:
+    import shutil
+
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(width=shutil.get_terminal_size((120, 24)).columns)   # 120 when not a terminal
     dense = results[0]
     other = next(iter(dense.other), None)
     t = Table(title=f"accuracy · {task} · {model} · n = {dense.n} per point · {dense.metric} · Wilson 95% CI")

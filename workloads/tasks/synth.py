@@ -7,18 +7,17 @@ Design (why): measured here, a 3.4M model learns ONE arithmetic step over single
 
     context  = K facts "<Name> has <d> <item>." (K distinct names, one shared item, d in 1..9)
     query    = recall one value | add two recalled values | subtract two recalled values
-    answer   = the recalled facts copied verbatim, one single-digit step, then "#### N"
+    answer   = "#### N" (recall) | "a + b = N\n#### N" (add/sub): each recalled value once
 
 e.g. (K=4) question: "Ann has 3 marbles. Bob has 7 marbles. Cy has 2 marbles. Dee has 5 marbles.
-How many marbles do Bob and Dee have together?"  answer: "Bob has 7 marbles. Dee has 5 marbles.
-7 + 5 = 12.\\n#### 12"
+How many marbles do Bob and Dee have together?"  answer: "7 + 5 = 12\\n#### 12"
 
 * Learnable: the only skills are associative recall (name -> the digit two tokens later) and a
-  single-digit add/sub table; copying fact sentences into the answer (a skill small models pick
-  up quickly) puts the operands next to the computation.
+  single-digit add/sub table; the operands are written out before the result, so the arithmetic
+  itself is one visible step. No recalled value is written twice (see `_worked_answer`).
 * KV-sensitive: the answer depends on 1-2 facts (6 tokens each) at random positions among the
   other K-1 (distractors); the default K=32 gives ~206 prompt tokens with a digit-splitting BPE
-  trained on this corpus (K=8: 62, 16: 110, 48: 302, 64: 398), answers <= 27 tokens (one 32-token
+  trained on this corpus (K=8: 62, 16: 110, 48: 302, 64: 398), answers <= 12 tokens (one 32-token
   block). Retention 0.1 keeps ~21 prompt tokens: enough for the needed facts only if the selection
   finds them, and two-fact queries reward per-head selection (heads can retrieve different names).
 * Knobs: `context_facts` (K, length and retrieval difficulty), `ops` (recall < add < sub),
@@ -71,15 +70,21 @@ def split_of(question: str) -> str:
 
 
 def _worked_answer(op: str, item: str, facts: list[tuple[str, int]]) -> tuple[str, int]:
-    """Answer text (facts restated, one step, '#### N') and N, for the queried facts in order."""
-    said = " ".join(f"{name} has {v} {item}." for name, v in facts)
+    """Answer text (one step for add/sub, then '#### N') and N, for the queried facts in order.
+
+    Each recalled value appears exactly once in the answer: when the answer restated the facts
+    ("Bob has 7 marbles. ... #### 7") a model trained with random masking learned to copy the
+    value between the two answer copies instead of recalling it from the context (measured: 100%
+    with the other copy visible, 24% without, at K=12), so recall was barely learned at all.
+    """
+    del item                                        # the unit is in the question only
     if op == "recall":
         n = facts[0][1]
-        return f"{said}\n#### {n}", n
+        return f"#### {n}", n
     (_, a), (_, b) = facts
     n = a + b if op == "add" else a - b
     sign = "+" if op == "add" else "-"
-    return f"{said} {a} {sign} {b} = {n}.\n#### {n}", n
+    return f"{a} {sign} {b} = {n}\n#### {n}", n
 
 
 def _candidate(rng: random.Random, k: int, ops: tuple[str, ...], max_value: int) -> dict:

@@ -1,0 +1,131 @@
+"""What `dllm-bench accuracy` makes of its points: the analysis (smallest retention reaching 95%
+of dense, per selection), the Fig. 6-style plot, and the run directory's files (per-point
+summary + samples, metrics.csv, summary.json), written atomically after every point."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from dllm_bench.accuracy import SELECTIONS, Point, PointResult
+
+
+# ------------------------------------------------------------------------------------ analysis
+def min_retention_reaching(results: Sequence[PointResult], dense_acc: float, selection: str,
+                           system: str = "engine", frac: float = 0.95) -> float | None:
+    """Smallest swept r whose accuracy is >= frac x dense (None if none reaches it)."""
+    pts = sorted((r for r in results if r.point.role != "dense" and r.point.system == system
+                  and r.point.selection == selection and r.point.retention < 1.0), key=lambda r: r.point.retention)
+    for r in pts:
+        if r.accuracy >= frac * dense_acc:
+            return r.point.retention
+    return None
+
+
+def analyse(results: Sequence[PointResult]) -> dict:
+    dense = next(r for r in results if r.point.role == "dense")
+    out: dict = {"dense_accuracy": dense.accuracy, "n": dense.n, "target_95": 0.95 * dense.accuracy}
+    for sel in SELECTIONS:
+        at = {f"{r.point.retention:g}": r.accuracy for r in results
+              if r.point.system == "engine" and r.point.role == "sparse" and r.point.selection == sel
+              and r.point.retention < 1.0}
+        if at:
+            out[sel] = {"accuracy_by_retention": at,
+                        "min_retention_95pct_dense": min_retention_reaching(results, dense.accuracy, sel)}
+    sd = {f"{r.point.retention:g}": r.accuracy for r in results if r.point.system == "sparse-dllm"}
+    if sd:
+        out["sparse-dllm"] = {"accuracy_by_retention": sd,
+                              "min_retention_95pct_dense": min_retention_reaching(results, dense.accuracy, "uniform", "sparse-dllm")}
+    return out
+
+
+def plot_fig6(results: Sequence[PointResult], path: Path, title: str) -> Path:
+    """Accuracy vs retention, one line per selection (95% CI band), dense as a horizontal line."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dllm_bench.results import atomic_write_bytes
+
+    dense = next(r for r in results if r.point.role == "dense")
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    styles = {"head": ("tab:blue", "o", "head-centric (dLLM-Serve)"),
+              "uniform": ("tab:orange", "s", "uniform (Sparse-dLLM selection)"),
+              "sparse-dllm": ("tab:green", "^", "Sparse-dLLM baseline system")}
+    xs_all = []
+    for key, (color, marker, label) in styles.items():
+        pts = sorted((r for r in results if r.point.retention < 1.0 and (
+            (key == "sparse-dllm" and r.point.system == "sparse-dllm") or
+            (key != "sparse-dllm" and r.point.system == "engine" and r.point.role == "sparse"
+             and r.point.selection == key))), key=lambda r: r.point.retention)
+        if not pts:
+            continue
+        xs = [100 * r.point.retention for r in pts]
+        xs_all += xs
+        ax.plot(xs, [100 * r.accuracy for r in pts], marker=marker, color=color, label=label)
+        ax.fill_between(xs, [100 * r.ci_low for r in pts], [100 * r.ci_high for r in pts], color=color, alpha=0.12)
+    ax.axhline(100 * dense.accuracy, color="black", linestyle="--", linewidth=1.2,
+               label=f"dense (r = 1, exact LLaDA): {100 * dense.accuracy:.1f}%")
+    ax.axhline(95 * dense.accuracy, color="gray", linestyle=":", linewidth=1.0, label="95% of dense")
+    if xs_all:
+        ax.set_xticks(sorted(set(xs_all)))
+    ax.set_xlabel("KV retention ratio r (%)")
+    ax.set_ylabel(f"accuracy (%), {dense.metric}")
+    ax.set_ylim(0, max(100 * max(r.ci_high for r in results) + 5, 10))
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+# ------------------------------------------------------------------------------------ run
+def point_dirname(point: Point) -> str:
+    return point.name.replace("/", "-")
+
+
+def write_point(run_dir: Path, res: PointResult, dense_acc: float | None) -> None:
+    from dllm_bench.results import atomic_write_json, atomic_write_jsonl
+
+    pdir = run_dir / "points" / point_dirname(res.point)
+    atomic_write_jsonl(pdir / "samples.jsonl", res.samples)
+    atomic_write_json(pdir / "summary.json", {**res.row(dense_acc), "point_spec": asdict(res.point),
+                                              "stats": res.stats})
+
+
+def write_run_tables(run_dir: Path, results: Sequence[PointResult], extra: dict) -> None:
+    import pandas as pd
+
+    from dllm_bench.results import atomic_write_csv, atomic_write_json
+
+    dense = next((r for r in results if r.point.role == "dense"), None)
+    dacc = dense.accuracy if dense else None
+    rows = [r.row(dacc) for r in results]
+    atomic_write_csv(run_dir / "metrics.csv", pd.DataFrame(rows))
+    doc = {"run_id": run_dir.name, **extra, "points": rows}
+    if dense is not None:
+        doc["analysis"] = analyse(results)
+    atomic_write_json(run_dir / "summary.json", doc)
+
+
+def load_results(run_dir: Path) -> list[PointResult]:
+    """PointResults (without samples) of a finished run, in run order, from its summary.json:
+    e.g. to re-draw the figure, `plot_fig6(load_results(d), d / "fig6.png", "...")`."""
+    doc = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+    out = []
+    for row in doc["points"]:
+        p = Point(row["point"], row["system"], row["role"], row.get("cache"), row.get("selection"),
+                  float(row["retention"]))
+        other = {k[: -len("_accuracy")]: {"correct": row[k[: -len("_accuracy")] + "_correct"], "accuracy": row[k]}
+                 for k in row if k.endswith("_accuracy") and k[: -len("_accuracy")] + "_correct" in row}
+        out.append(PointResult(p, row["n"], row["correct"], row["accuracy"], row["ci_low"], row["ci_high"],
+                               row["metric"], other, row.get("elapsed_s", 0.0), row.get("nfe_mean", 0.0), {}))
+    return out

@@ -1,0 +1,66 @@
+"""The task tokenizer of `dllm-bench train`: byte-level BPE learned on synth text (digits split
+one by one, names and items end up as single tokens), learned tokens first and LLaDA's special
+tokens at the top of the vocab in LLaDA's relative order (tokenizer_build's small-vocab layout),
+saved so `AutoTokenizer` loads it offline."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def build_task_tokenizer(corpus: Sequence[str], vocab_size: int):
+    """A `tokenizers.Tokenizer` of exactly `vocab_size` dense ids: BPE learned on `corpus` (as many
+    merges as min_frequency 2 allows, up to the budget), `<|reserved_N|>` fillers, then LLaDA's
+    12 special tokens at the top in LLaDA's relative order (tokenizer_build's small-vocab layout)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from dllm_bench.tokenizer_build import _pre_tokenizer, special_token_ids
+
+    specials = special_token_ids(vocab_size)
+    budget = min(specials.values())
+    if budget <= 256:
+        raise ValueError(f"vocab_size {vocab_size} leaves no room for the 256 byte tokens")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = _pre_tokenizer()
+    bpe.train_from_iterator(list(corpus), trainers.BpeTrainer(
+        vocab_size=budget, min_frequency=2, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    model = json.loads(bpe.to_str())["model"]
+    learned = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
+    vocab = {t: i for i, t in enumerate(learned)}
+    by_id = {i: t for t, i in specials.items()}
+    for i in range(len(learned), vocab_size):
+        vocab[by_id.get(i, f"<|reserved_{i}|>")] = i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m) for m in model["merges"]]))
+    tok.pre_tokenizer = _pre_tokenizer()
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in sorted(specials, key=specials.get)])
+    if {t: tok.token_to_id(t) for t in specials} != specials or tok.get_vocab_size() != vocab_size:
+        raise AssertionError("special token ids moved")
+    return tok
+
+
+def save_task_tokenizer(tok, out: Path, model_max_length: int) -> dict[str, int]:
+    """tokenizer.json + tokenizer_config.json exactly as tokenizer_build.save_tokenizer writes
+    them (AutoTokenizer-loadable offline); returns the config.json special ids."""
+    from dllm_bench.tokenizer_build import _NAMED, BOS, CHAT_TEMPLATE, EOS, MASK, special_token_ids
+
+    specials = special_token_ids(tok.get_vocab_size())
+    (out / "tokenizer.json").write_text(tok.to_str(pretty=False), encoding="utf-8")
+    added = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False, "special": True}
+             for t, i in sorted(specials.items(), key=lambda kv: kv[1])}
+    config = {
+        "add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": added,
+        "additional_special_tokens": [t for t in sorted(specials, key=specials.get) if t not in _NAMED],
+        "bos_token": BOS, "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
+        "eos_token": EOS, "mask_token": MASK, "model_max_length": model_max_length, "pad_token": EOS,
+        "padding_side": "left", "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    return {"bos_token_id": specials[BOS], "eos_token_id": specials[EOS], "pad_token_id": specials[EOS],
+            "mask_token_id": specials[MASK]}
