@@ -252,6 +252,19 @@ def synth_docs(n: int, seed: int, context_facts: int, ops, max_value: int) -> li
     return synth.synth_examples("test", n, seed=seed, context_facts=context_facts, ops=ops, max_value=max_value)
 
 
+def local_synth_docs(rows: list[dict], n: int) -> list[dict]:
+    """GSM8K-shaped rows of a local file as synth docs (the target is the "#### N" line's N)."""
+    from workloads.tasks.scoring import extract_strict
+
+    docs = []
+    for r in rows[:n]:
+        target = extract_strict(r["answer"])
+        if target == "[invalid]":
+            raise ValueError(f"answer without a '#### N' line: {r['answer'][-60:]!r}")
+        docs.append({"question": r["question"], "answer": r["answer"], "target": target, "op": r.get("op")})
+    return docs
+
+
 @dataclass
 class PointResult:
     point: Point
@@ -319,12 +332,14 @@ def eval_synth_point(backend: PointBackend, docs: list[dict]) -> PointResult:
     return _result(backend.point, "strict-match", strict, {"flexible-extract": flex}, backend, samples)
 
 
-def eval_lm_eval_point(task: str, backend: PointBackend, limit: int | None) -> PointResult:
-    """gsm8k / humaneval through lm_eval.simple_evaluate with this point's backend."""
+def eval_lm_eval_point(task: str, backend: PointBackend, limit: int | None, metadata: dict | None = None,
+                       num_fewshot: int | None = None) -> PointResult:
+    """gsm8k / humaneval through lm_eval.simple_evaluate with this point's backend; `metadata`
+    reaches the task loaders (e.g. {"gsm8k_path": "local.jsonl"})."""
     from dllm_bench.lm_eval_adapter import run_lm_eval
 
     name = LM_EVAL_TASK[task]
-    res = run_lm_eval(name, backend, limit=limit, log_samples=True)
+    res = run_lm_eval(name, backend, limit=limit, log_samples=True, metadata=metadata, num_fewshot=num_fewshot)
     logged = res.get("samples", {}).get(name, [])
     by_doc: dict[int, dict] = {}
     for s in logged:

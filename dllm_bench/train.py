@@ -50,7 +50,7 @@ class TrainConfig:
     # --- data (synth knobs) ---
     train_facts: tuple[int, ...] = (4, 8, 12, 16, 20)   # context_facts drawn per batch (uniformly)
     eval_facts: int = 16                                 # context_facts of the held-out probe
-    ops: tuple[str, ...] = synth.OPS
+    ops: tuple[str, ...] = synth.DEFAULT_OPS
     max_value: int = synth.DEFAULT_MAX_VALUE
     window: int = 32                     # answer region = answer + EOS padding to this length
     # --- tokenizer ---

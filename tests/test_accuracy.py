@@ -188,6 +188,29 @@ def test_accuracy_command_end_to_end(tmp_path, monkeypatch):
     assert "dense" in r.stdout and "llada" in r.stdout
 
 
+def test_accuracy_local_data_synth_and_gsm8k(tmp_path, monkeypatch):
+    """--data: a local GSM8K-shaped JSONL replaces the built-in data, for synth and for gsm8k
+    (through lm-eval, with --num-fewshot); every sample of the run is one of the file's rows."""
+    from typer.testing import CliRunner
+
+    monkeypatch.setenv("DLLM_BENCH_RESULTS_DIR", str(tmp_path))
+    rows = [{"question": f"Ann has {i} pens. How many pens does the first one have?", "answer": f"#### {i}"}
+            for i in range(1, 4)]
+    data = tmp_path / "local.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for task, extra in (("synth", []), ("gsm8k", ["--num-fewshot", "0", "--gen-length", "32", "--steps", "32"])):
+        r = CliRunner().invoke(_app(), ["--model", "tiny", "--task", task, "--data", str(data), "--limit", "3",
+                                        "--retention", "0.5", "--selection", "head", "--no-r1", "--json",
+                                        "--run-id", f"local-{task}", "--threads", "1", *extra])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        assert [p["n"] for p in doc["points"]] == [3, 3]
+        cfg = json.loads((tmp_path / f"local-{task}" / "config.json").read_text())
+        assert cfg["config"]["data"] == str(data) and cfg["config"]["data_rows"] == 3
+        got = [json.loads(x) for x in (tmp_path / f"local-{task}" / "points" / "head-r0.5" / "samples.jsonl").read_text().splitlines()]
+        assert sorted(g["question"] for g in got) == sorted(r["question"] for r in rows)
+
+
 @pytest.mark.parametrize("args, msg", [
     (["--task", "nope"], "--task"),
     (["--retention", "1.5"], "--retention"),
@@ -197,6 +220,9 @@ def test_accuracy_command_end_to_end(tmp_path, monkeypatch):
     (["--limit", "0"], "--limit"),
     (["--model", "tiny", "--gen-length", "48", "--block-length", "32"], "multiple of block_length"),
     (["--model", "no-such-preset"], "unknown model preset"),
+    (["--model", "tiny", "--data", "/no/such/file.jsonl"], "data file not found"),
+    (["--model", "tiny", "--num-fewshot", "3"], "--num-fewshot"),
+    (["--model", "tiny", "--task", "gsm8k", "--num-fewshot", "9"], "--num-fewshot"),
 ])
 def test_accuracy_bad_input_is_a_user_error(args, msg, tmp_path, monkeypatch):
     from typer.testing import CliRunner

@@ -129,19 +129,28 @@ def test_humaneval_truncation(problems):
 
 
 # ---------------------------------------------------------------------------------------- synth
-_FACT = re.compile(r"(\w+) has (\d) (\w+)\.")
+_FACT = re.compile(r"(\w+) (?:has|found|won) (\d) (\w+)\.")
 
 
 def _recompute(question: str) -> int:
     """Independent of synth.solve: parse the facts, then the query, then do the arithmetic."""
-    facts = {n: int(v) for n, v, _ in _FACT.findall(question)}
+    facts = {n: int(v) for n, _, v, _ in re.findall(r"(\w+) (has|found|won) (\d) (\w+)\.", question)}
+    marked = {verb: int(v) for verb, v in re.findall(r"\w+ (found|won) (\d) \w+\.", question)}
     q = question.rsplit(". ", 1)[1]
     if m := re.fullmatch(r"How many \w+ does (\w+) have\?", q):
         return facts[m.group(1)]
     if m := re.fullmatch(r"How many \w+ do (\w+) and (\w+) have together\?", q):
         return facts[m.group(1)] + facts[m.group(2)]
-    m = re.fullmatch(r"How many more \w+ does (\w+) have than (\w+)\?", q)
-    return facts[m.group(1)] - facts[m.group(2)]
+    if m := re.fullmatch(r"How many more \w+ does (\w+) have than (\w+)\?", q):
+        return facts[m.group(1)] - facts[m.group(2)]
+    if m := re.fullmatch(r"How many \w+ were (found|won)\?", q):
+        assert len(marked) == 1                                   # only the asked fact is marked
+        return marked[m.group(1)]
+    assert set(marked) == {"found", "won"}
+    if re.fullmatch(r"How many \w+ were found and won together\?", q):
+        return marked["found"] + marked["won"]
+    assert re.fullmatch(r"How many more \w+ were found than won\?", q)
+    return marked["found"] - marked["won"]
 
 
 def test_synth_determinism_and_disjointness():
@@ -157,21 +166,23 @@ def test_synth_determinism_and_disjointness():
     assert all(synth.split_of(q) == "test" for q in test)
 
 
-def test_synth_answers_and_format():
-    exs = synth.synth_examples("test", 300, seed=0)
+@pytest.mark.parametrize("k", [2, 3, synth.DEFAULT_CONTEXT_FACTS])
+def test_synth_answers_and_format(k):
+    assert {e["op"] for e in synth.synth_examples("test", 100, seed=0)} == set(synth.DEFAULT_OPS)
+    exs = synth.synth_examples("test", 300, seed=0, context_facts=k, ops=synth.OPS)
     assert {e["op"] for e in exs} == set(synth.OPS)
     for e in exs:
         n = _recompute(e["question"])
         assert n >= 0 and e["target"] == str(n)
-        if e["op"] == "recall":
+        if e["op"].endswith("recall"):
             assert e["answer"] == f"#### {n}"                      # the recalled value, once
         else:                                                      # operands once, then the result
             a, sign, b, eq, res = e["answer"].split("\n")[0].split()
-            assert (sign, eq, int(res)) == ("+" if e["op"] == "add" else "-", "=", n)
+            assert (sign, eq, int(res)) == ("+" if e["op"].endswith("add") else "-", "=", n)
             assert e["answer"] == f"{a} {sign} {b} = {n}\n#### {n}" and (int(a) + int(b) if sign == "+" else int(a) - int(b)) == n
         assert scoring.score_gsm8k(" " + e["answer"], e["answer"]) == {"strict-match": 1.0,
                                                                        "flexible-extract": 1.0}
-        assert len(_FACT.findall(e["question"])) == synth.DEFAULT_CONTEXT_FACTS
+        assert len(_FACT.findall(e["question"])) == k
         assert synth.solve(e["question"]) == {k: e[k] for k in ("answer", "target", "op")}
     assert synth.format_prompt("Q") == "Question: Q\nAnswer:"
 
@@ -180,7 +191,7 @@ def test_synth_knobs():
     exs = synth.synth_examples("train", 50, seed=0, context_facts=4, ops="recall", max_value=3)
     assert all(e["op"] == "recall" and len(_FACT.findall(e["question"])) == 4 for e in exs)
     assert all(1 <= int(v) <= 3 for e in exs for _, v, _ in _FACT.findall(e["question"]))
-    for bad in ({"context_facts": 1, "ops": "add"}, {"context_facts": 999}, {"max_value": 10},
+    for bad in ({"context_facts": 1, "ops": "add"}, {"context_facts": 1, "ops": "pos-sub"}, {"context_facts": 999}, {"max_value": 10},
                 {"ops": "mul"}):
         with pytest.raises(ValueError):
             synth.synth_examples("train", 5, **bad)

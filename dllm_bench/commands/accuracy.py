@@ -50,6 +50,8 @@ def register(app: typer.Typer) -> None:
         steps: int | None = typer.Option(None, help="Denoising steps (default: the task's; one token per step)."),
         seed: int = typer.Option(0, help="synth test-slice seed; request seed."),
         synth_facts: int | None = typer.Option(None, help="synth context_facts (default: the model's training probe, else 32)."),
+        data: str | None = typer.Option(None, help="Local JSONL instead of the built-in data: GSM8K-shaped (question, answer with '#### N') for gsm8k/synth, HumanEval-shaped for humaneval."),
+        num_fewshot: int | None = typer.Option(None, help="gsm8k: CoT exemplars in the prompt, 0..8 (default 8)."),
         dtype: str = typer.Option("float32", help="float64 | float32 | bfloat16"),
         device: str = typer.Option("auto", help="auto | cpu | cuda"),
         threads: int | None = typer.Option(None, help="torch threads (CPU)."),
@@ -103,14 +105,25 @@ def register(app: typer.Typer) -> None:
             raise UserError(str(e)) from None
         tcfg = info.get("config", {})
         facts = synth_facts or tcfg.get("eval_facts") or 32
-        ops = tcfg.get("ops") or ["recall", "add", "sub"]
+        from workloads.tasks import synth
+
+        ops = tcfg.get("ops") or list(synth.DEFAULT_OPS)
         max_value = tcfg.get("max_value") or 9
-        docs = None
-        if task == "synth":
-            try:
+        if num_fewshot is not None and (task != "gsm8k" or not 0 <= num_fewshot <= 8):
+            raise UserError("--num-fewshot applies to --task gsm8k only, and takes 0..8")
+        docs, metadata = None, {}
+        try:
+            if data is not None:
+                from workloads.tasks.local import load_local
+
+                _, rows = load_local(data, kind="humaneval" if task == "humaneval" else "gsm8k")
+                metadata = {f"{task}_path": str(data)}
+                if task == "synth":
+                    docs = acc.local_synth_docs(rows, limit)
+            elif task == "synth":
                 docs = acc.synth_docs(limit, seed, facts, ops, max_value)
-            except ValueError as e:
-                raise UserError(str(e)) from None
+        except ValueError as e:
+            raise UserError(str(e)) from None
         tok = load_tokenizer(path)
         if tok is None:
             raise UserError(f"{path} has no tokenizer files: accuracy needs text prompts")
@@ -121,8 +134,12 @@ def register(app: typer.Typer) -> None:
                      steps=steps, seed=seed, dtype=dtype, device=str(mdl.device), threads=torch.get_num_threads(),
                      max_num_seqs=max_num_seqs, batch=batch, chat=chat, temperature=0.0,
                      remasking="low_confidence", points=[p.name for p in points])
-        if task == "synth":
+        if data is not None:
+            knobs.update(data=str(data), data_rows=len(rows))
+        elif task == "synth":
             knobs["synth"] = dict(split="test", seed=seed, n=limit, context_facts=facts, ops=list(ops), max_value=max_value)
+        if task == "gsm8k":
+            knobs["num_fewshot"] = 8 if num_fewshot is None else num_fewshot
         try:
             run_dir = create_run("accuracy", knobs, name=f"accuracy-{task}", run_id=run_id)
         except FileExistsError as e:
@@ -138,7 +155,7 @@ def register(app: typer.Typer) -> None:
                 if task == "synth":
                     res = acc.eval_synth_point(backend, docs)
                 else:
-                    res = acc.eval_lm_eval_point(task, backend, limit)
+                    res = acc.eval_lm_eval_point(task, backend, limit, metadata=metadata, num_fewshot=num_fewshot)
             except ValueError as e:     # a request that can never run (too long for the model, ...)
                 raise UserError(f"{p.name}: {e}") from None
             if p.role == "dense":

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from dllm_bench.errors import UserError
+from workloads.tasks import synth
 
 
 def _int_list(spec: str, flag: str) -> tuple[int, ...]:
@@ -27,7 +28,7 @@ def register(app: typer.Typer) -> None:
         task: str = typer.Option("synth", help="Training task (synth)."),
         train_facts: str = typer.Option("4,8,12,16,20", help="synth context_facts drawn per batch (comma list)."),
         eval_facts: int = typer.Option(16, help="synth context_facts of the held-out probe."),
-        ops: str = typer.Option("recall,add,sub", help="synth ops."),
+        ops: str = typer.Option(",".join(synth.DEFAULT_OPS), help=f"synth ops, a comma list of {', '.join(synth.OPS)}."),
         max_value: int = typer.Option(9, help="synth operand range (1..9)."),
         window: int = typer.Option(32, help="Answer region length (answer + EOS padding)."),
         vocab_size: int = typer.Option(512, help="Vocabulary size (BPE + 12 LLaDA special tokens)."),
@@ -74,7 +75,6 @@ def register(app: typer.Typer) -> None:
                 threads=threads,
                 eval_every=eval_every, eval_n=eval_n, save_dtype=save_dtype,
             )
-            from workloads.tasks import synth
 
             synth.synth_examples("test", 1, context_facts=cfg.eval_facts, ops=cfg.ops, max_value=cfg.max_value)
         except ValueError as e:

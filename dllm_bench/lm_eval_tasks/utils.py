@@ -34,7 +34,7 @@ def gsm8k_fewshot() -> list[dict]:
 
 
 def load_synth(synth_n: int = 500, synth_seed: int = 0,
-               synth_context_facts: int = synth.DEFAULT_CONTEXT_FACTS, synth_ops: str = ",".join(synth.OPS),
+               synth_context_facts: int = synth.DEFAULT_CONTEXT_FACTS, synth_ops: str = ",".join(synth.DEFAULT_OPS),
                synth_max_value: int = synth.DEFAULT_MAX_VALUE, synth_path: str | None = None,
                **_: object) -> datasets.DatasetDict:
     if synth_path:

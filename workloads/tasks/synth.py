@@ -1,27 +1,29 @@
-"""`synth`: a GSM8K-format synthetic task family that a ~3-5M-parameter masked-diffusion model can
+"""`synth`: a GSM8K-format synthetic task family that a ~1M-parameter masked-diffusion model can
 learn on a CPU in minutes, and whose answers hinge on a few specific context tokens (so dropping
 KV entries, retention r << 1, visibly costs accuracy).
 
-Design (why): measured here, a 3.4M model learns ONE arithmetic step over single-digit operands
-(60-76% in 6-8 CPU minutes) but not multi-digit or multi-step problems. So each example is:
+Each example:
 
-    context  = K facts "<Name> has <d> <item>." (K distinct names, one shared item, d in 1..9)
-    query    = recall one value | add two recalled values | subtract two recalled values
+    context  = K facts "<Name> has <d> <item>." (K distinct names, one shared item, d in 1..9);
+               with the default ops the asked facts say "found" / "won" instead of "has"
+    query    = recall one value | add two values | subtract two values, the facts picked by
+               their marker verb (default ops mark-*) or by the person's name (ops recall/add/sub)
     answer   = "#### N" (recall) | "a + b = N\n#### N" (add/sub): each recalled value once
 
-e.g. (K=4) question: "Ann has 3 marbles. Bob has 7 marbles. Cy has 2 marbles. Dee has 5 marbles.
-How many marbles do Bob and Dee have together?"  answer: "7 + 5 = 12\\n#### 12"
+e.g. (K=4) question: "Ann has 3 marbles. Bob found 7 marbles. Cy has 2 marbles. Dee won 5 marbles.
+How many marbles were found and won together?"  answer: "7 + 5 = 12\n#### 12"
 
-* Learnable: the only skills are associative recall (name -> the digit two tokens later) and a
-  single-digit add/sub table; the operands are written out before the result, so the arithmetic
-  itself is one visible step. No recalled value is written twice (see `_worked_answer`).
-* KV-sensitive: the answer depends on 1-2 facts (6 tokens each) at random positions among the
-  other K-1 (distractors); the default K=32 gives ~206 prompt tokens with a digit-splitting BPE
-  trained on this corpus (K=8: 62, 16: 110, 48: 302, 64: 398), answers <= 12 tokens (one 32-token
-  block). Retention 0.1 keeps ~21 prompt tokens: enough for the needed facts only if the selection
-  finds them, and two-fact queries reward per-head selection (heads can retrieve different names).
-* Knobs: `context_facts` (K, length and retrieval difficulty), `ops` (recall < add < sub),
-  `max_value` (operand range; keep <= 9), so training can use a curriculum (small K first).
+* Learnable (measured, docs/ACCURACY.md): name-keyed (associative) recall stayed at chance (1/K)
+  for a 0.9M model after 48k examples, even at K = 2, while a lookup keyed by a fixed marker next
+  to the value is learned in minutes; so name-keyed ops are an option, not the default. The
+  operands are written out before the result, so the arithmetic is one visible step, and no
+  recalled value is written twice (see `_worked_answer`).
+* KV-sensitive: the answer depends on 1-2 facts (one digit token each) at random positions among
+  K-1 distractors; K=16 gives ~130 prompt tokens with the digit-splitting BPE of `dllm-bench
+  train` (K=32: ~230), answers <= 12 tokens. Retention 0.1 keeps ~13 of them: the needed digits
+  survive only if the selection finds them, and the two facts of add/sub sit at different
+  positions, which per-head selection can serve from different heads.
+* Knobs: `context_facts` (K: length), `ops`, `max_value` (operand range; keep <= 9).
 * Splits: a question belongs to train or test by a stable hash of its text (10% test), so train
   and test are disjoint for every seed, n and knob setting; generation asserts it.
 """
@@ -32,7 +34,7 @@ import random
 import re
 
 # Short, common first names: a BPE tokenizer trained on this corpus keeps each as one token, so
-# the recall key is a single token (the easiest form of associative recall).
+# a name-keyed recall key is a single token (the easiest form of associative recall).
 NAMES: tuple[str, ...] = (
     "Ann", "Bob", "Cy", "Dee", "Eve", "Fay", "Gus", "Hal", "Ida", "Jay", "Kim", "Lou", "Max", "Ned",
     "Oli", "Pam", "Quin", "Ray", "Sam", "Tom", "Uma", "Val", "Wes", "Xia", "Yul", "Zoe", "Abe", "Bea",
@@ -44,18 +46,32 @@ ITEMS: tuple[str, ...] = (
     "apples", "pears", "marbles", "books", "coins", "cards", "shells", "pens", "cups", "hats",
     "keys", "stamps", "balls", "eggs", "nuts", "kites",
 )
-OPS: tuple[str, ...] = ("recall", "add", "sub")
+# Two ways to point at a fact. By its person's name (associative recall, ops recall/add/sub:
+# "does Bob have"), or by a marker verb written in the fact itself (ops mark-*: "Bob found 7
+# marbles." among "X has N marbles." distractors; "how many were found"). Measured here
+# (docs/ACCURACY.md): name-keyed recall stayed at chance (1/K) after 48k examples even with K = 2,
+# while a marker-keyed lookup (a fixed key next to the value, any position) is learned in minutes;
+# so the marker-keyed ops are the default. Either way the needed fact sits at a random position.
+NAME_OPS: tuple[str, ...] = ("recall", "add", "sub")
+MARK_OPS: tuple[str, ...] = ("mark-recall", "mark-add", "mark-sub")
+OPS: tuple[str, ...] = NAME_OPS + MARK_OPS
+DEFAULT_OPS: tuple[str, ...] = MARK_OPS
+MARKERS: tuple[str, str] = ("found", "won")      # verbs of the asked facts (distractors: "has")
 SPLITS: tuple[str, ...] = ("train", "test")
 TEST_PERCENT = 10                       # share of the question space assigned to the test split
 DEFAULT_CONTEXT_FACTS = 32
 DEFAULT_MAX_VALUE = 9
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"   # same as GSM8K (lm-eval's gsm8k doc_to_text)
 
-_FACT = re.compile(r"(\w+) has (\d+) (\w+)\.")
+_FACT = re.compile(r"(\w+) (?:has|found|won) (\d+) (\w+)\.")
+_VERB_FACT = re.compile(r"(\w+) (has|found|won) (\d+) (\w+)\.")
 _QUERIES = {
     "recall": re.compile(r"How many (\w+) does (\w+) have\?$"),
     "add": re.compile(r"How many (\w+) do (\w+) and (\w+) have together\?$"),
     "sub": re.compile(r"How many more (\w+) does (\w+) have than (\w+)\?$"),
+    "mark-recall": re.compile(r"How many (\w+) were (found|won)\?$"),
+    "mark-add": re.compile(r"How many (\w+) were (found) and (won) together\?$"),
+    "mark-sub": re.compile(r"How many more (\w+) were (found) than (won)\?$"),
 }
 
 
@@ -78,12 +94,12 @@ def _worked_answer(op: str, item: str, facts: list[tuple[str, int]]) -> tuple[st
     with the other copy visible, 24% without, at K=12), so recall was barely learned at all.
     """
     del item                                        # the unit is in the question only
-    if op == "recall":
+    if op.endswith("recall"):
         n = facts[0][1]
         return f"#### {n}", n
     (_, a), (_, b) = facts
-    n = a + b if op == "add" else a - b
-    sign = "+" if op == "add" else "-"
+    n = a + b if op.endswith("add") else a - b
+    sign = "+" if op.endswith("add") else "-"
     return f"{a} {sign} {b} = {n}\n#### {n}", n
 
 
@@ -92,6 +108,8 @@ def _candidate(rng: random.Random, k: int, ops: tuple[str, ...], max_value: int)
     names = rng.sample(NAMES, k)                     # distinct names: every recall is unambiguous
     values = [rng.randint(1, max_value) for _ in names]
     op = rng.choice(ops)
+    if op in MARK_OPS:
+        return _marked(rng, k, op, item, names, values)
     if op == "recall":
         picked = [rng.randrange(k)]
         query = f"How many {item} does {names[picked[0]]} have?"
@@ -108,8 +126,27 @@ def _candidate(rng: random.Random, k: int, ops: tuple[str, ...], max_value: int)
     return {"question": f"{context} {query}", "answer": answer, "target": str(n), "op": op}
 
 
+def _marked(rng: random.Random, k: int, op: str, item: str, names: list[str], values: list[int]) -> dict:
+    """A marker-keyed question: the asked facts say "found" / "won" instead of "has"."""
+    verbs = ["has"] * k
+    if op == "mark-recall":
+        i, verb = rng.randrange(k), rng.choice(MARKERS)
+        verbs[i], picked, query = verb, [i], f"How many {item} were {verb}?"
+    else:
+        i, j = rng.sample(range(k), 2)
+        if op == "mark-sub" and values[i] < values[j]:
+            i, j = j, i
+        verbs[i], verbs[j] = MARKERS
+        picked = [i, j]
+        query = (f"How many {item} were found and won together?" if op == "mark-add"
+                 else f"How many more {item} were found than won?")
+    context = " ".join(f"{nm} {vb} {v} {item}." for nm, vb, v in zip(names, verbs, values, strict=True))
+    answer, n = _worked_answer(op, item, [(names[p], values[p]) for p in picked])
+    return {"question": f"{context} {query}", "answer": answer, "target": str(n), "op": op}
+
+
 def synth_examples(split: str, n: int, seed: int = 0, context_facts: int = DEFAULT_CONTEXT_FACTS,
-                   ops: tuple[str, ...] | list[str] | str = OPS,
+                   ops: tuple[str, ...] | list[str] | str = DEFAULT_OPS,
                    max_value: int = DEFAULT_MAX_VALUE) -> list[dict]:
     """`n` distinct examples of `split` ("train" | "test"), deterministic in all arguments.
 
@@ -122,7 +159,7 @@ def synth_examples(split: str, n: int, seed: int = 0, context_facts: int = DEFAU
     if not ops or any(o not in OPS for o in ops):
         raise ValueError(f"ops must be a non-empty subset of {OPS}, got {ops}")
     k = int(context_facts)
-    if not (2 if set(ops) - {"recall"} else 1) <= k <= len(NAMES):
+    if not (2 if set(ops) - {"recall", "mark-recall"} else 1) <= k <= len(NAMES):
         raise ValueError(f"context_facts must be in 1..{len(NAMES)} (>= 2 with add/sub), got {k}")
     if not 1 <= int(max_value) <= 9:
         raise ValueError(f"max_value must be in 1..9 (single-digit operands), got {max_value}")
@@ -150,15 +187,18 @@ def solve(question: str) -> dict:
 
     Used by the oracle backend and as an independent check of generated examples.
     """
-    facts = {name: int(v) for name, v, _ in _FACT.findall(question)}
-    items = {it for _, _, it in _FACT.findall(question)}
+    found = _VERB_FACT.findall(question)
+    by_name = {name: int(v) for name, _, v, _ in found}
+    by_verb = {verb: int(v) for _, verb, v, _ in found if verb != "has"}
+    items = {it for *_, it in found}
     query = question.rsplit(". ", 1)[-1]
     for op, rx in _QUERIES.items():
         m = rx.search(query)
         if m:
-            item, *names = m.groups()
-            if item not in items or any(nm not in facts for nm in names):
+            item, *keys = m.groups()
+            table = by_verb if op in MARK_OPS else by_name
+            if item not in items or any(key not in table for key in keys):
                 break
-            answer, n = _worked_answer(op, item, [(nm, facts[nm]) for nm in names])
+            answer, n = _worked_answer(op, item, [("", table[key]) for key in keys])
             return {"answer": answer, "target": str(n), "op": op}
     raise ValueError(f"not a synth question: {question[-80:]!r}")
