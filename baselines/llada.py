@@ -11,6 +11,8 @@ random-remasking draws come from the request's own generators, for its candidate
 (engine/unmask.py contract). Upstream draws one [B, L, V] noise tensor per forward from the
 global RNG: same distribution, different stream, and a smaller T > 0 activation peak here.
 The top-k runs over the candidates instead of a whole row with -inf elsewhere: same choice.
+The proposal x0 is never the mask id (engine/unmask.py `proposal_argmax`, a deliberate
+deviation from upstream that only random-weight models can notice).
 Confidence is upstream's softmax-then-gather (engine/reference.py uses the equivalent
 exp(l - logsumexp), which can differ in the last bit; tokens match in the tests).
 """
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 from baselines.static_batch import Batch, Policy, StepResult
 from engine.models.llada import LLaDABlock, LLaDAModelLM
 from engine.request import Request
-from engine.unmask import gumbel_argmax, random_confidence, select_transfer
+from engine.unmask import gumbel_argmax, proposal_argmax, random_confidence, select_transfer
 
 
 def project(block: LLaDABlock, h: torch.Tensor, pos: torch.Tensor, rope):
@@ -65,19 +67,19 @@ def full_forward(model: LLaDAModelLM, x: torch.Tensor, pos: torch.Tensor, key_ma
     return logits_of(model, h)
 
 
-def sample_exp(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> torch.Tensor:
+def sample_exp(logits: torch.Tensor, temperature: float, gen: torch.Generator, mask_id: int) -> torch.Tensor:
     """dLLM-Cache's add_gumbel_noise + argmax: exp(l) even at T = 0 (argmax of inf ties picks the
-    first), noise drawn and applied in the logits dtype."""
+    first), noise drawn and applied in the logits dtype; the mask id is never proposed."""
     if temperature == 0:
-        return logits.exp().argmax(-1)
+        return proposal_argmax(logits.exp(), mask_id)
     u = torch.rand(logits.shape, dtype=logits.dtype, generator=gen).to(logits.device)
-    return (logits.exp() / (-torch.log(u)) ** temperature).argmax(-1)
+    return proposal_argmax(logits.exp() / (-torch.log(u)) ** temperature, mask_id)
 
 
 def _x0(req: Request, logits: torch.Tensor, exp_argmax: bool) -> torch.Tensor:
     if exp_argmax:
-        return sample_exp(logits, req.params.temperature, req.gens.gumbel)
-    return gumbel_argmax(logits, req.params.temperature, req.gens.gumbel)   # float64 noise
+        return sample_exp(logits, req.params.temperature, req.gens.gumbel, req.mask_id)
+    return gumbel_argmax(logits, req.params.temperature, req.gens.gumbel, req.mask_id)   # float64 noise
 
 
 def decide(batch: Batch, logits: torch.Tensor, q_start: int, conf_dtype: torch.dtype, ks: list[int] | None,

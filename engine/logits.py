@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.unmask import confidence_at, gumbel_argmax
+from engine.unmask import confidence_at, gumbel_argmax, proposal_argmax
 
 
 @dataclass
@@ -34,15 +34,16 @@ class DecodeResult:
     max_rows_at_once: int     # the largest logits tensor that existed, in rows
 
 
-def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment]) -> tuple[torch.Tensor, torch.Tensor]:
-    x0 = logits.argmax(-1)
+def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
+                  mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x0 = proposal_argmax(logits, mask_id)
     c1 = c0 + logits.shape[0]
     for seg in segments:
         if seg.temperature == 0:
             continue
         a, b = max(seg.start, c0), min(seg.start + seg.count, c1)
         if a < b:  # consecutive draws from the request's generator: chunk splits do not matter
-            x0[a - c0 : b - c0] = gumbel_argmax(logits[a - c0 : b - c0], seg.temperature, seg.gen)
+            x0[a - c0 : b - c0] = gumbel_argmax(logits[a - c0 : b - c0], seg.temperature, seg.gen, mask_id)
     return x0, confidence_at(logits, x0)
 
 
@@ -52,18 +53,20 @@ def decode_rows(
     row_index: torch.Tensor,
     segments: list[RowSegment],
     max_num_logits: int | None,
+    mask_id: int,
 ) -> DecodeResult:
-    """hidden [Nq, d] (all query rows of the step); row_index [R] the rows to decode."""
+    """hidden [Nq, d] (all query rows of the step); row_index [R] the rows to decode; mask_id is
+    never proposed (engine/unmask.py proposal_argmax)."""
     R = row_index.numel()
     if max_num_logits is None:
         full = lm_head(hidden)                       # [Nq, V]: the monolithic activation peak
-        x0, conf = _decode_chunk(full[row_index], 0, segments)
+        x0, conf = _decode_chunk(full[row_index], 0, segments, mask_id)
         return DecodeResult(x0, conf, hidden.shape[0], hidden.shape[0])
     rows = hidden[row_index]
     x0s, confs = [], []
     for c0 in range(0, R, max_num_logits):
         logits = lm_head(rows[c0 : c0 + max_num_logits])
-        x0, conf = _decode_chunk(logits, c0, segments)
+        x0, conf = _decode_chunk(logits, c0, segments, mask_id)
         del logits                                   # freed before the next chunk exists
         x0s.append(x0)
         confs.append(conf)

@@ -2,6 +2,7 @@
 
 One sequence at a time, every step a full forward over prompt + generation (NFE = steps), full
 [L, V] logits. The engine's exact mode (cache=none) must reproduce these tokens exactly.
+Like every decoder here it never proposes the mask id (engine/unmask.py `proposal_argmax`).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def reference_generate(model: LLaDAModelLM, prompt_ids: list[int], params: Sampl
             # Candidates: still-masked positions left of the block end (= of the current block).
             cand = torch.nonzero(x[:end] == mask_id).squeeze(-1)
             cand_logits = logits[cand]
-            x0 = gumbel_argmax(cand_logits, params.temperature, gens.gumbel)
+            x0 = gumbel_argmax(cand_logits, params.temperature, gens.gumbel, mask_id)
             if params.remasking == "low_confidence":
                 conf = confidence_at(cand_logits, x0, dtype=cand_logits.dtype)
             else:

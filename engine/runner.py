@@ -112,7 +112,8 @@ class ModelRunner:
             rows.append(cand + offset)
             cands.append(cand)
         row_index = torch.cat(rows)
-        res = decode_rows(self.model.lm_head, hidden, row_index, segments, self.config.max_num_logits)
+        res = decode_rows(self.model.lm_head, hidden, row_index, segments, self.config.max_num_logits,
+                          self.model.config.mask_token_id)
 
         monolithic = self.config.max_num_logits is None
         for i, ((req, _), seg, cand) in enumerate(zip(batch, segments, cands)):

@@ -31,10 +31,29 @@ class RequestGenerators:
         self.remask = torch.Generator(device="cpu").manual_seed(int(seed) ^ 0x5DEECE66D)
 
 
-def gumbel_argmax(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
-    """argmax of exp(l) / (-log U)^T with U ~ U(0,1) in float64 (LLaDA's add_gumbel_noise)."""
+def proposal_argmax(scores: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """argmax over the last dim with the mask id's column excluded: the proposal x0 of every
+    decoder here (engine, reference, baselines). Deviation from LLaDA's generate.py, whose argmax
+    runs over the whole vocabulary: a random-weight model can propose the mask id there, the
+    "committed" position stays masked and upstream re-offers it in later blocks while block-wise
+    decoders never look back, so their tokens diverge. Trained checkpoints never propose it (SFT
+    never has it as a target), so real weights decode as upstream. Only the argmax changes:
+    confidence stays the full-softmax probability of x0.
+
+    `scores` is written in place (one column set to -inf, then restored bit for bit), so there is
+    no [R, V] copy; it must be a writable tensor nobody reads concurrently."""
+    col = scores[..., mask_id].clone()
+    scores[..., mask_id] = -torch.inf
+    x0 = scores.argmax(-1)
+    scores[..., mask_id] = col
+    return x0
+
+
+def gumbel_argmax(logits: torch.Tensor, temperature: float, gen: torch.Generator | None, mask_id: int) -> torch.Tensor:
+    """Proposal: argmax of exp(l) / (-log U)^T with U ~ U(0,1) in float64 (LLaDA's
+    add_gumbel_noise), the mask id excluded (`proposal_argmax`)."""
     if temperature == 0:
-        return logits.argmax(-1)
+        return proposal_argmax(logits, mask_id)
     # In place where possible: at LLaDA's vocabulary these are the largest transients of a step.
     u = torch.rand(logits.shape, dtype=torch.float64, generator=gen).to(logits.device)
     u.log_().neg_()
@@ -42,7 +61,7 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, gen: torch.Generator
         u.pow_(temperature)
     noisy = logits.to(torch.float64)
     noisy = noisy.exp_() if noisy.data_ptr() != logits.data_ptr() else noisy.exp()
-    return noisy.div_(u).argmax(-1)
+    return proposal_argmax(noisy.div_(u), mask_id)
 
 
 def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -129,13 +129,17 @@ def test_humaneval_truncation(problems):
 
 
 # ---------------------------------------------------------------------------------------- synth
-_FACT = re.compile(r"(\w+) (?:has|found|won) (\d) (\w+)\.")
+_FACT = re.compile(r"(\w+) (?:has|found|won) (\w+) (\w+)\.")
+
+
+_WORDS = "zero one two three four five six seven eight nine".split()
 
 
 def _recompute(question: str) -> int:
     """Independent of synth.solve: parse the facts, then the query, then do the arithmetic."""
-    facts = {n: int(v) for n, _, v, _ in re.findall(r"(\w+) (has|found|won) (\d) (\w+)\.", question)}
-    marked = {verb: int(v) for verb, v in re.findall(r"\w+ (found|won) (\d) \w+\.", question)}
+    facts = {n: int(v) for n, v in re.findall(r"(\w+) has (\d) \w+\.", question)}
+    marked = re.findall(r"\w+ (found|won) (\d) \w+\.", question)          # in context order
+    spelled = re.findall(r"\w+ has (\w+) \w+\.", question)
     q = question.rsplit(". ", 1)[1]
     if m := re.fullmatch(r"How many \w+ does (\w+) have\?", q):
         return facts[m.group(1)]
@@ -143,14 +147,16 @@ def _recompute(question: str) -> int:
         return facts[m.group(1)] + facts[m.group(2)]
     if m := re.fullmatch(r"How many more \w+ does (\w+) have than (\w+)\?", q):
         return facts[m.group(1)] - facts[m.group(2)]
+    assert all(w in _WORDS for w in spelled)             # mark-*: every distractor is spelled out
     if m := re.fullmatch(r"How many \w+ were (found|won)\?", q):
-        assert len(marked) == 1                                   # only the asked fact is marked
-        return marked[m.group(1)]
-    assert set(marked) == {"found", "won"}
+        assert len(marked) == 1 and marked[0][0] == m.group(1)  # only the asked fact is marked
+        return int(marked[0][1])
+    assert sorted(v for v, _ in marked) == ["found", "won"]
+    a, b = (int(d) for _, d in marked)
     if re.fullmatch(r"How many \w+ were found and won together\?", q):
-        return marked["found"] + marked["won"]
-    assert re.fullmatch(r"How many more \w+ were found than won\?", q)
-    return marked["found"] - marked["won"]
+        return a + b
+    assert re.fullmatch(r"What is the difference between the \w+ found and won\?", q)
+    return abs(a - b)
 
 
 def test_synth_determinism_and_disjointness():

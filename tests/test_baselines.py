@@ -63,10 +63,11 @@ class Plain:
         rows = logits[torch.tensor(cand) - lo]
         T = self.sp.temperature
         if T == 0:
-            x0 = (rows.exp() if exp_argmax else rows).argmax(-1)
+            score = rows.exp() if exp_argmax else rows
         else:
             u = torch.rand(rows.shape, dtype=torch.float64, generator=self.gens.gumbel)
-            x0 = (rows.to(torch.float64).exp() / (-torch.log(u)) ** T).argmax(-1)
+            score = rows.to(torch.float64).exp() / (-torch.log(u)) ** T
+        x0 = score.index_fill(-1, torch.tensor([MASK]), -torch.inf).argmax(-1)     # never propose MASK
         if self.sp.remasking == "random":
             c = torch.rand(len(cand), dtype=torch.float64, generator=self.gens.remask)
         else:

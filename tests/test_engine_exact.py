@@ -125,11 +125,11 @@ def plain_dual_cache_generate(model, prompt, params: SamplingParams) -> list[int
             logits = model.lm_head(model.final_norm(h))
             cand = torch.nonzero(x[s:e] == mask).squeeze(-1) + s     # positions >= e excluded
             lg = logits[cand if full else cand - s].to(F64)
+            score = lg
             if params.temperature > 0:
                 u = torch.rand(lg.shape, dtype=F64, generator=g_noise)
-                x0 = (lg.exp() / (-torch.log(u)) ** params.temperature).argmax(-1)
-            else:
-                x0 = lg.argmax(-1)
+                score = lg.exp() / (-torch.log(u)) ** params.temperature
+            x0 = score.index_fill(-1, torch.tensor([mask]), -torch.inf).argmax(-1)   # never the mask id
             if params.remasking == "random":
                 conf = torch.rand(cand.numel(), dtype=F64, generator=g_remask)
             else:

@@ -5,17 +5,19 @@ KV entries, retention r << 1, visibly costs accuracy).
 Each example:
 
     context  = K facts "<Name> has <d> <item>." (K distinct names, one shared item, d in 1..9);
-               with the default ops the asked facts say "found" / "won" instead of "has"
+               with the default ops (mark-*) the asked facts say "found" / "won" instead of
+               "has" and only they use digits (the distractors' values are spelled out)
     query    = recall one value | add two values | subtract two values, the facts picked by
                their marker verb (default ops mark-*) or by the person's name (ops recall/add/sub)
     answer   = "#### N" (recall) | "a + b = N\n#### N" (add/sub): each recalled value once
 
-e.g. (K=4) question: "Ann has 3 marbles. Bob found 7 marbles. Cy has 2 marbles. Dee won 5 marbles.
-How many marbles were found and won together?"  answer: "7 + 5 = 12\n#### 12"
+e.g. (K=4) question: "Ann has three marbles. Bob found 7 marbles. Cy has two marbles. Dee won 5
+marbles. How many marbles were found and won together?"  answer: "7 + 5 = 12\n#### 12"
 
 * Learnable (measured, docs/ACCURACY.md): name-keyed (associative) recall stayed at chance (1/K)
-  for a 0.9M model after 48k examples, even at K = 2, while a lookup keyed by a fixed marker next
-  to the value is learned in minutes; so name-keyed ops are an option, not the default. The
+  for a 0.9M model after 48k examples, even at K = 2, and so did a lookup keyed by the verb next
+  to the value; a needle recognisable by its own form (the only digits in the context) is one
+  attention hop. So name-keyed ops are an option, not the default. The
   operands are written out before the result, so the arithmetic is one visible step, and no
   recalled value is written twice (see `_worked_answer`).
 * KV-sensitive: the answer depends on 1-2 facts (one digit token each) at random positions among
@@ -57,21 +59,25 @@ MARK_OPS: tuple[str, ...] = ("mark-recall", "mark-add", "mark-sub")
 OPS: tuple[str, ...] = NAME_OPS + MARK_OPS
 DEFAULT_OPS: tuple[str, ...] = MARK_OPS
 MARKERS: tuple[str, str] = ("found", "won")      # verbs of the asked facts (distractors: "has")
+# mark-* distractors spell their values out, the asked facts use digits: the needle is recognisable
+# by its form, so finding it is one attention hop (learned in minutes); what retention tests is
+# whether the KV selection keeps it.
+WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 SPLITS: tuple[str, ...] = ("train", "test")
 TEST_PERCENT = 10                       # share of the question space assigned to the test split
 DEFAULT_CONTEXT_FACTS = 32
 DEFAULT_MAX_VALUE = 9
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"   # same as GSM8K (lm-eval's gsm8k doc_to_text)
 
-_FACT = re.compile(r"(\w+) (?:has|found|won) (\d+) (\w+)\.")
-_VERB_FACT = re.compile(r"(\w+) (has|found|won) (\d+) (\w+)\.")
+_FACT = re.compile(r"(\w+) (?:has|found|won) (\w+) (\w+)\.")
+_VERB_FACT = re.compile(r"(\w+) (has|found|won) (\w+) (\w+)\.")
 _QUERIES = {
     "recall": re.compile(r"How many (\w+) does (\w+) have\?$"),
     "add": re.compile(r"How many (\w+) do (\w+) and (\w+) have together\?$"),
     "sub": re.compile(r"How many more (\w+) does (\w+) have than (\w+)\?$"),
     "mark-recall": re.compile(r"How many (\w+) were (found|won)\?$"),
     "mark-add": re.compile(r"How many (\w+) were (found) and (won) together\?$"),
-    "mark-sub": re.compile(r"How many more (\w+) were (found) than (won)\?$"),
+    "mark-sub": re.compile(r"What is the difference between the (\w+) (found) and (won)\?$"),
 }
 
 
@@ -127,20 +133,20 @@ def _candidate(rng: random.Random, k: int, ops: tuple[str, ...], max_value: int)
 
 
 def _marked(rng: random.Random, k: int, op: str, item: str, names: list[str], values: list[int]) -> dict:
-    """A marker-keyed question: the asked facts say "found" / "won" instead of "has"."""
+    """A marker-keyed question: the asked facts say "found" / "won" (digits), the others "has"
+    (values spelled out). add lists its operands in context order, sub is larger - smaller."""
     verbs = ["has"] * k
     if op == "mark-recall":
         i, verb = rng.randrange(k), rng.choice(MARKERS)
         verbs[i], picked, query = verb, [i], f"How many {item} were {verb}?"
     else:
-        i, j = rng.sample(range(k), 2)
-        if op == "mark-sub" and values[i] < values[j]:
-            i, j = j, i
-        verbs[i], verbs[j] = MARKERS
-        picked = [i, j]
+        i, j = sorted(rng.sample(range(k), 2))
+        verbs[i], verbs[j] = MARKERS if rng.random() < 0.5 else MARKERS[::-1]
+        picked = [i, j] if op == "mark-add" or values[i] >= values[j] else [j, i]
         query = (f"How many {item} were found and won together?" if op == "mark-add"
-                 else f"How many more {item} were found than won?")
-    context = " ".join(f"{nm} {vb} {v} {item}." for nm, vb, v in zip(names, verbs, values, strict=True))
+                 else f"What is the difference between the {item} found and won?")
+    context = " ".join(f"{nm} {vb} {v if vb != 'has' else WORDS[v]} {item}."
+                       for nm, vb, v in zip(names, verbs, values, strict=True))
     answer, n = _worked_answer(op, item, [(names[p], values[p]) for p in picked])
     return {"question": f"{context} {query}", "answer": answer, "target": str(n), "op": op}
 
@@ -187,9 +193,10 @@ def solve(question: str) -> dict:
 
     Used by the oracle backend and as an independent check of generated examples.
     """
-    found = _VERB_FACT.findall(question)
-    by_name = {name: int(v) for name, _, v, _ in found}
-    by_verb = {verb: int(v) for _, verb, v, _ in found if verb != "has"}
+    found = [(name, verb, int(v) if v.isdigit() else WORDS.index(v), it)
+             for name, verb, v, it in _VERB_FACT.findall(question)]
+    by_name = {name: v for name, _, v, _ in found}
+    by_verb = {verb: v for _, verb, v, _ in found if verb != "has"}
     items = {it for *_, it in found}
     query = question.rsplit(". ", 1)[-1]
     for op, rx in _QUERIES.items():
@@ -199,6 +206,11 @@ def solve(question: str) -> dict:
             table = by_verb if op in MARK_OPS else by_name
             if item not in items or any(key not in table for key in keys):
                 break
-            answer, n = _worked_answer(op, item, [("", table[key]) for key in keys])
+            vals = [table[key] for key in keys]
+            if op == "mark-add":                      # operands in context order
+                vals = [v for _, verb, v, _ in found if verb in keys]
+            elif op == "mark-sub":
+                vals = sorted(vals, reverse=True)
+            answer, n = _worked_answer(op, item, [("", v) for v in vals])
             return {"answer": answer, "target": str(n), "op": op}
     raise ValueError(f"not a synth question: {question[-80:]!r}")
