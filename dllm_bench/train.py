@@ -48,20 +48,20 @@ class TrainConfig:
     out: str = ""
     task: str = "synth"
     # --- data (synth knobs) ---
-    train_facts: tuple[int, ...] = (4, 8, 12, 16, 20)   # context_facts drawn per batch (uniformly)
+    train_facts: tuple[int, ...] = (4, 8, 16)           # context_facts drawn per batch (uniformly)
     eval_facts: int = 16                                 # context_facts of the held-out probe
     ops: tuple[str, ...] = synth.DEFAULT_OPS
     max_value: int = synth.DEFAULT_MAX_VALUE
-    window: int = 32                     # answer region = answer + EOS padding to this length
+    window: int = 16                     # answer region = answer + EOS padding to this length
     # --- tokenizer ---
     vocab_size: int = 512                # embedding rows; learned BPE tokens + fillers + 12 specials
     tokenizer_corpus: int = 4000         # synth examples the BPE is trained on
     # --- model (LLaDA architecture) ---
-    d_model: int = 256
+    d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int = 4
-    mlp_hidden_size: int = 688
+    mlp_hidden_size: int = 344
     max_sequence_length: int = 4096      # LLaDA's (RoPE: a config field only)
     rope_theta: float = 10000.0          # LLaDA-8B uses 500000 for head_dim 128 / 4k context; a
                                          # 32-dim head over ~150 tokens needs faster rotations
@@ -70,21 +70,21 @@ class TrainConfig:
     eps: float = 1e-3                    # LLaDA: t ~ U(eps, 1)
     t_min: float = 0.1                   # plain objective: t ~ U(t_min, 1)
     batch_size: int = 32
-    lr: float = 5e-4
+    lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup: int = 100
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
-    steps: int = 2000
+    steps: int = 3000
     minutes: float | None = None         # wall-clock safety cap (None = no cap)
     stop_after: int | None = None        # end after this many steps (deterministic early stop;
                                          # the LR schedule still spans `steps`)
     seed: int = 0
     threads: int | None = None
     # --- learning curve ---
-    eval_every: int = 250
-    eval_n: int = 64
+    eval_every: int = 300
+    eval_n: int = 48
     eval_seed: int = 1                   # probe = synth test split, this seed (reports use seed 0)
     save_dtype: str = "float32"
 
@@ -213,8 +213,9 @@ def n_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
-    """Train and save into cfg.out; returns the training summary (also written as training.json)."""
+def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | None = None) -> dict:
+    """Train and save into cfg.out; returns the training summary (also written as training.json,
+    with `command`, the command line that ran it, when given)."""
     from safetensors.torch import save_file
 
     from dllm_bench.presets import LLADA_8B_CONFIG
@@ -314,6 +315,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
                   "metric": "strict-match"},
         "learned_tokens": sum(1 for t in tok.get_vocab() if not t.startswith("<|")),
         "curve": curve,
+        "command": command,
     }
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     log(f"saved {out} ({step} steps, {train_s / 60:.1f} min training + {eval_s / 60:.1f} min probes)")

@@ -264,7 +264,8 @@ def test_lm_eval_engine_backend_on_tiny_math(tiny_math):
     assert isinstance(be, PointBackend) and be.point.cache == "sparse" and be.point.retention == 0.1
     assert be.gen_length == info["config"]["window"]
     res = run_lm_eval("dllm_synth", {"model": "tiny-math", "threads": 1}, limit=5,
-                      metadata={"synth_context_facts": k, "synth_n": 5})
+                      metadata={"synth_context_facts": k, "synth_n": 5, "synth_ops": ",".join(info["config"]["ops"]),
+                                "synth_max_value": info["config"]["max_value"]})
     got = res["results"]["dllm_synth"]
     assert res["n-samples"]["dllm_synth"]["effective"] == 5
     w = info["config"]["window"]

@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         block_length: int | None = typer.Option(None, help="Block length (default: the task's)."),
         steps: int | None = typer.Option(None, help="Denoising steps (default: the task's; one token per step)."),
         seed: int = typer.Option(0, help="synth test-slice seed; request seed."),
-        synth_facts: int | None = typer.Option(None, help="synth context_facts (default: the model's training probe, else 32)."),
+        synth_facts: int | None = typer.Option(None, help="synth context_facts (default: the model's training probe, else 16)."),
         data: str | None = typer.Option(None, help="Local JSONL instead of the built-in data: GSM8K-shaped (question, answer with '#### N') for gsm8k/synth, HumanEval-shaped for humaneval."),
         num_fewshot: int | None = typer.Option(None, help="gsm8k: CoT exemplars in the prompt, 0..8 (default 8)."),
         dtype: str = typer.Option("float32", help="float64 | float32 | bfloat16"),
@@ -103,10 +103,10 @@ def register(app: typer.Typer) -> None:
             SamplingParams(gen_length=gen_length, block_length=block_length, steps=steps)
         except ValueError as e:
             raise UserError(str(e)) from None
-        tcfg = info.get("config", {})
-        facts = synth_facts or tcfg.get("eval_facts") or 32
         from workloads.tasks import synth
 
+        tcfg = info.get("config", {})
+        facts = synth_facts or tcfg.get("eval_facts") or synth.DEFAULT_CONTEXT_FACTS
         ops = tcfg.get("ops") or list(synth.DEFAULT_OPS)
         max_value = tcfg.get("max_value") or 9
         if num_fewshot is not None and (task != "gsm8k" or not 0 <= num_fewshot <= 8):

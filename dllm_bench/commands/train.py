@@ -26,11 +26,11 @@ def register(app: typer.Typer) -> None:
     def train(
         out: Path = typer.Option(..., "--out", "-o", help="Checkpoint directory to write (created; must be empty unless --force)."),
         task: str = typer.Option("synth", help="Training task (synth)."),
-        train_facts: str = typer.Option("4,8,12,16,20", help="synth context_facts drawn per batch (comma list)."),
+        train_facts: str = typer.Option("4,8,16", help="synth context_facts drawn per batch (comma list)."),
         eval_facts: int = typer.Option(16, help="synth context_facts of the held-out probe."),
         ops: str = typer.Option(",".join(synth.DEFAULT_OPS), help=f"synth ops, a comma list of {', '.join(synth.OPS)}."),
         max_value: int = typer.Option(9, help="synth operand range (1..9)."),
-        window: int = typer.Option(32, help="Answer region length (answer + EOS padding)."),
+        window: int = typer.Option(16, help="Answer region length (answer + EOS padding)."),
         vocab_size: int = typer.Option(512, help="Vocabulary size (BPE + 12 LLaDA special tokens)."),
         d_model: int = typer.Option(128),
         n_layers: int = typer.Option(4),
@@ -41,16 +41,16 @@ def register(app: typer.Typer) -> None:
         objective: str = typer.Option("llada", help="llada (t~U(eps,1), CE/t; LLaDA SFT) | plain (CE on masked, t~U(t_min,1))."),
         t_min: float = typer.Option(0.1, help="plain objective: lowest mask ratio."),
         batch_size: int = typer.Option(32),
-        lr: float = typer.Option(5e-4, help="AdamW peak learning rate (warmup + cosine to 10%)."),
+        lr: float = typer.Option(1e-3, help="AdamW peak learning rate (warmup + cosine to 10%)."),
         warmup: int = typer.Option(100),
         weight_decay: float = typer.Option(0.01),
-        steps: int = typer.Option(2000, help="Optimizer steps (also the LR schedule's horizon)."),
+        steps: int = typer.Option(3000, help="Optimizer steps (also the LR schedule's horizon)."),
         minutes: float | None = typer.Option(None, help="Wall-clock cap in minutes (stops early; the step count is recorded)."),
         stop_after: int | None = typer.Option(None, help="End after N steps (deterministic early stop; the LR schedule spans --steps)."),
         seed: int = typer.Option(0),
         threads: int | None = typer.Option(1, help="torch threads (1 is fastest on a shared CPU)."),
-        eval_every: int = typer.Option(250, help="Probe the held-out set every N steps."),
-        eval_n: int = typer.Option(64, help="Held-out probe size."),
+        eval_every: int = typer.Option(300, help="Probe the held-out set every N steps."),
+        eval_n: int = typer.Option(48, help="Held-out probe size."),
         save_dtype: str = typer.Option("float32", help="float32 | bfloat16 (weights on disk)."),
         force: bool = typer.Option(False, "--force", help="Write into a non-empty --out."),
         json_out: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
@@ -80,6 +80,9 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             raise UserError(str(e)) from None
         log = (lambda s: typer.echo(s, err=True)) if json_out else typer.echo
-        summary = run_train(cfg, log=log)
+        import shlex
+        import sys
+
+        summary = run_train(cfg, log=log, command=shlex.join(["dllm-bench", *sys.argv[1:]]))
         if json_out:
             typer.echo(json.dumps({k: v for k, v in summary.items()}))

@@ -65,7 +65,7 @@ MARKERS: tuple[str, str] = ("found", "won")      # verbs of the asked facts (dis
 WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 SPLITS: tuple[str, ...] = ("train", "test")
 TEST_PERCENT = 10                       # share of the question space assigned to the test split
-DEFAULT_CONTEXT_FACTS = 32
+DEFAULT_CONTEXT_FACTS = 16                # ~130 prompt tokens; what tiny-math is evaluated at
 DEFAULT_MAX_VALUE = 9
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"   # same as GSM8K (lm-eval's gsm8k doc_to_text)
 
