@@ -230,8 +230,9 @@ def engine_backend(model_args: dict) -> PointBackend:
         kw["max_num_seqs"] = _arg(model_args, "max_num_seqs", int)
     if _arg(model_args, "batch", int):
         kw["batch"] = _arg(model_args, "batch", int)
-    return PointBackend(model, tok, point, gen_length=_arg(model_args, "gen_length", int, window),
-                        block_length=_arg(model_args, "block_length", int, 32),
+    gen_length = _arg(model_args, "gen_length", int, window)
+    return PointBackend(model, tok, point, gen_length=gen_length,
+                        block_length=_arg(model_args, "block_length", int, min(32, gen_length or 32)),
                         steps=_arg(model_args, "steps", int), seed=_arg(model_args, "seed", int, 0),
                         chat=_arg(model_args, "chat", bool, False), system_kw=kw,
                         show_progress=_arg(model_args, "progress", bool, False))

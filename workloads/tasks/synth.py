@@ -21,8 +21,8 @@ marbles. How many marbles were found and won together?"  answer: "7 + 5 = 12\n##
   operands are written out before the result, so the arithmetic is one visible step, and no
   recalled value is written twice (see `_worked_answer`).
 * KV-sensitive: the answer depends on 1-2 facts (one digit token each) at random positions among
-  K-1 distractors; K=16 gives ~130 prompt tokens with the digit-splitting BPE of `dllm-bench
-  train` (K=32: ~230), answers <= 12 tokens. Retention 0.1 keeps ~13 of them: the needed digits
+  K-1 distractors; K=16 gives ~105 prompt tokens with the digit-splitting BPE of `dllm-bench
+  train` (K=32: ~200), answers <= 12 tokens. Retention 0.1 keeps ~10 of them: the needed digits
   survive only if the selection finds them, and the two facts of add/sub sit at different
   positions, which per-head selection can serve from different heads.
 * Knobs: `context_facts` (K: length), `ops`, `max_value` (operand range; keep <= 9).
@@ -65,7 +65,7 @@ MARKERS: tuple[str, str] = ("found", "won")      # verbs of the asked facts (dis
 WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 SPLITS: tuple[str, ...] = ("train", "test")
 TEST_PERCENT = 10                       # share of the question space assigned to the test split
-DEFAULT_CONTEXT_FACTS = 16                # ~130 prompt tokens; what tiny-math is evaluated at
+DEFAULT_CONTEXT_FACTS = 16                # ~105 prompt tokens; what tiny-math is evaluated at
 DEFAULT_MAX_VALUE = 9
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"   # same as GSM8K (lm-eval's gsm8k doc_to_text)
 
