@@ -26,6 +26,7 @@ from typing import Any
 TASKS = ("synth", "gsm8k", "humaneval")
 SYSTEMS = ("engine", "llada", "fast-dllm", "dllm-cache", "sparse-dllm")
 SELECTIONS = ("head", "uniform")
+SCORE_QUERIES = ("mean", "max")
 DEFAULT_RETENTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
 LM_EVAL_TASK = {"synth": "dllm_synth", "gsm8k": "dllm_gsm8k", "humaneval": "dllm_humaneval"}
 # (gen_length, block_length, steps) per task: synth answers fit one 32-token block (one token per
@@ -55,23 +56,33 @@ class Point:
     cache: str | None = None      # engine cache policy
     selection: str | None = None  # head | uniform (engine sparse); "uniform" for sparse-dllm
     retention: float = 1.0
+    score_query: str = "mean"     # engine sparse: block queries' mean (upstream) | max
 
     def label(self) -> str:
         return self.name
 
+    @property
+    def series(self) -> str | None:
+        """The curve this point belongs to: head | uniform | head-max | uniform-max."""
+        if self.selection is None:
+            return None
+        return self.selection if self.score_query == "mean" else f"{self.selection}-{self.score_query}"
+
 
 def plan_points(systems: Sequence[str], selections: Sequence[str], retentions: Sequence[float],
-                include_r1: bool = True) -> list[Point]:
+                include_r1: bool = True, score_queries: Sequence[str] = ("mean",)) -> list[Point]:
     """The dense reference first, then the sweep of every requested system."""
     pts = [Point("dense", "engine", "dense", cache="none", retention=1.0)]
     for s in systems:
         if s == "engine":
             if include_r1:
                 pts.append(Point("sparse-r1.0", "engine", "sparse", "sparse", "head", 1.0))
-            for sel in selections:
-                for r in retentions:
-                    if r < 1.0 or not include_r1:
-                        pts.append(Point(f"{sel}-r{r:g}", "engine", "sparse", "sparse", sel, float(r)))
+            for q in score_queries:
+                for sel in selections:
+                    name = sel if q == "mean" else f"{sel}-{q}"
+                    for r in retentions:
+                        if r < 1.0 or not include_r1:
+                            pts.append(Point(f"{name}-r{r:g}", "engine", "sparse", "sparse", sel, float(r), q))
         elif s == "sparse-dllm":
             for r in retentions:
                 pts.append(Point(f"sparse-dllm-r{r:g}", "sparse-dllm", "baseline", None, "uniform", float(r)))
@@ -88,7 +99,7 @@ def build_system(point: Point, model, *, max_num_seqs: int = 64, max_num_batched
 
     if point.system == "engine":
         cfg = EngineConfig(cache=point.cache or "none", selection=point.selection or "head",
-                           retention=point.retention, max_num_seqs=max_num_seqs,
+                           retention=point.retention, score_query=point.score_query, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
                            pool_window=pool_window, delay_step=delay_step, sampling=False,
                            device=str(model.device), attention_backend="auto")
@@ -190,7 +201,7 @@ def _arg(model_args: dict, key: str, cast, default=None):
 
 def engine_backend(model_args: dict) -> PointBackend:
     """The lm-eval backend `engine`: `model=<preset|dir>` plus optional `retention`, `selection`
-    (head|uniform), `cache` (none|dual|sparse; default sparse when retention < 1 is given, else
+    (head|uniform), `score_query` (mean|max), `cache` (none|dual|sparse; default sparse when retention < 1 is given, else
     none), `system` (engine or a baseline), `dtype`, `device`, `threads`, `gen_length`,
     `block_length`, `steps`, `seed`, `chat`, `max_num_seqs`, `batch` (baselines)."""
     import torch
@@ -215,8 +226,12 @@ def engine_backend(model_args: dict) -> PointBackend:
         raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
     if not 0 < retention <= 1:
         raise ValueError(f"retention must be in (0, 1], got {retention}")
+    score_query = _arg(model_args, "score_query", str, "mean")
+    if score_query not in SCORE_QUERIES:
+        raise ValueError(f"score_query must be one of {SCORE_QUERIES}, got {score_query!r}")
     role = "baseline" if system != "engine" else ("dense" if cache == "none" else "sparse")
-    point = Point(f"{system}:{cache}:{selection}:r{retention:g}", system, role, cache, selection, retention)
+    point = Point(f"{system}:{cache}:{selection}:{score_query}:r{retention:g}", system, role, cache, selection,
+                  retention, score_query)
     path = model_dir(spec)
     tok = load_tokenizer(path)
     if tok is None:
@@ -283,7 +298,7 @@ class PointResult:
 
     def row(self, dense_acc: float | None = None) -> dict:
         p = self.point
-        d = {"point": p.name, "system": p.system, "role": p.role, "cache": p.cache, "selection": p.selection,
+        d = {"point": p.name, "system": p.system, "role": p.role, "cache": p.cache, "selection": p.selection, "score_query": p.score_query,
              "retention": p.retention, "n": self.n, "correct": self.correct, "accuracy": self.accuracy,
              "ci_low": self.ci_low, "ci_high": self.ci_high, "metric": self.metric,
              "elapsed_s": round(self.elapsed_s, 3), "nfe_mean": self.nfe_mean}

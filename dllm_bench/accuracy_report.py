@@ -8,15 +8,18 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from dllm_bench.accuracy import SELECTIONS, Point, PointResult
+from dllm_bench.accuracy import Point, PointResult
+
+SERIES = ("head", "uniform", "head-max", "uniform-max")
 
 
 # ------------------------------------------------------------------------------------ analysis
-def min_retention_reaching(results: Sequence[PointResult], dense_acc: float, selection: str,
+def min_retention_reaching(results: Sequence[PointResult], dense_acc: float, series: str,
                            system: str = "engine", frac: float = 0.95) -> float | None:
-    """Smallest swept r whose accuracy is >= frac x dense (None if none reaches it)."""
+    """Smallest swept r of `series` (head, uniform, head-max, ...) whose accuracy is >= frac x
+    dense (None if none reaches it)."""
     pts = sorted((r for r in results if r.point.role != "dense" and r.point.system == system
-                  and r.point.selection == selection and r.point.retention < 1.0), key=lambda r: r.point.retention)
+                  and r.point.series == series and r.point.retention < 1.0), key=lambda r: r.point.retention)
     for r in pts:
         if r.accuracy >= frac * dense_acc:
             return r.point.retention
@@ -26,9 +29,9 @@ def min_retention_reaching(results: Sequence[PointResult], dense_acc: float, sel
 def analyse(results: Sequence[PointResult]) -> dict:
     dense = next(r for r in results if r.point.role == "dense")
     out: dict = {"dense_accuracy": dense.accuracy, "n": dense.n, "target_95": 0.95 * dense.accuracy}
-    for sel in SELECTIONS:
+    for sel in SERIES:
         at = {f"{r.point.retention:g}": r.accuracy for r in results
-              if r.point.system == "engine" and r.point.role == "sparse" and r.point.selection == sel
+              if r.point.system == "engine" and r.point.role == "sparse" and r.point.series == sel
               and r.point.retention < 1.0}
         if at:
             out[sel] = {"accuracy_by_retention": at,
@@ -55,13 +58,15 @@ def plot_fig6(results: Sequence[PointResult], path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
     styles = {"head": ("tab:blue", "o", "head-centric (dLLM-Serve)"),
               "uniform": ("tab:orange", "s", "uniform (Sparse-dLLM selection)"),
+              "head-max": ("tab:purple", "D", "head-centric, max-query score"),
+              "uniform-max": ("tab:brown", "v", "uniform, max-query score"),
               "sparse-dllm": ("tab:green", "^", "Sparse-dLLM baseline system")}
     xs_all = []
     for key, (color, marker, label) in styles.items():
         pts = sorted((r for r in results if r.point.retention < 1.0 and (
             (key == "sparse-dllm" and r.point.system == "sparse-dllm") or
             (key != "sparse-dllm" and r.point.system == "engine" and r.point.role == "sparse"
-             and r.point.selection == key))), key=lambda r: r.point.retention)
+             and r.point.series == key))), key=lambda r: r.point.retention)
         if not pts:
             continue
         xs = [100 * r.point.retention for r in pts]
@@ -123,7 +128,7 @@ def load_results(run_dir: Path) -> list[PointResult]:
     out = []
     for row in doc["points"]:
         p = Point(row["point"], row["system"], row["role"], row.get("cache"), row.get("selection"),
-                  float(row["retention"]))
+                  float(row["retention"]), row.get("score_query") or "mean")
         other = {k[: -len("_accuracy")]: {"correct": row[k[: -len("_accuracy")] + "_correct"], "accuracy": row[k]}
                  for k in row if k.endswith("_accuracy") and k[: -len("_accuracy")] + "_correct" in row}
         out.append(PointResult(p, row["n"], row["correct"], row["accuracy"], row["ci_low"], row["ci_high"],

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 CACHE_POLICIES = ("none", "dual", "sparse")
 SELECTIONS = ("head", "uniform")
+SCORE_QUERIES = ("mean", "max")
 SCHEDULERS = ("phase", "request")
 DTYPES = ("float64", "float32", "bfloat16", "float16")
 BACKENDS = ("auto", "sdpa", "flash_attn")
@@ -28,6 +29,8 @@ class EngineConfig:
     cache: str = "sparse"                  # none (exact LLaDA) | dual (Fast-dLLM) | sparse (dLLM-Serve)
     selection: str = "head"                # head-centric per-KV-head top-k | uniform (Sparse-dLLM)
     retention: float = 0.5                 # fraction of context tokens kept per head
+    score_query: str = "mean"              # which block queries score the context: their mean
+                                           # (dLLM-Serve's and Sparse-dLLM's code) | max over them
     pool_window: int = 3                   # max-pool window along positions (odd)
     delay_step: int = 1                    # step within a block at which the sparse cache is built
     # --- memory ---
@@ -47,6 +50,7 @@ class EngineConfig:
 
         check(self.cache in CACHE_POLICIES, f"cache must be one of {CACHE_POLICIES}, got {self.cache!r}")
         check(self.selection in SELECTIONS, f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+        check(self.score_query in SCORE_QUERIES, f"score_query must be one of {SCORE_QUERIES}, got {self.score_query!r}")
         check(self.scheduler in SCHEDULERS, f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
         check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         check(self.attention_backend in BACKENDS, f"attention backend must be one of {BACKENDS}")

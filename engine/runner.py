@@ -78,7 +78,8 @@ class StepContext:
         s, e = req.block_range
         ctx = sparse.context_index(req.length, s, e, ks.device)
         k_ctx, v_ctx = ks[:, ctx], vs[:, ctx]
-        idx = sparse.select(q[s:e], k_ctx, req.kv.shape[3], self.config.selection, self.config.pool_window)
+        idx = sparse.select(q[s:e], k_ctx, req.kv.shape[3], self.config.selection, self.config.pool_window,
+                            self.config.score_query)
         req.kv[layer, 0] = sparse.pack(k_ctx, idx)
         req.kv[layer, 1] = sparse.pack(v_ctx, idx)
 

@@ -216,6 +216,21 @@ def test_accuracy_local_data_synth_and_gsm8k(tmp_path, monkeypatch):
         assert sorted(g["question"] for g in got) == sorted(r["question"] for r in rows)
 
 
+def test_accuracy_score_query_sweep(tmp_path, monkeypatch):
+    """--score-query mean,max: both scoring rules as separate curves, with their own analysis."""
+    from typer.testing import CliRunner
+
+    monkeypatch.setenv("DLLM_BENCH_RESULTS_DIR", str(tmp_path))
+    r = CliRunner().invoke(_app(), ["--model", "tiny", "--limit", "2", "--retention", "0.25,0.5", "--selection",
+                                    "head", "--score-query", "mean,max", "--no-r1", "--json", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [p["point"] for p in doc["points"]] == ["dense", "head-r0.25", "head-r0.5", "head-max-r0.25", "head-max-r0.5"]
+    assert [p["score_query"] for p in doc["points"][1:]] == ["mean", "mean", "max", "max"]
+    assert set(doc["analysis"]) >= {"head", "head-max"}
+    assert set(doc["analysis"]["head-max"]["accuracy_by_retention"]) == {"0.25", "0.5"}
+
+
 @pytest.mark.parametrize("args, msg", [
     (["--task", "nope"], "--task"),
     (["--retention", "1.5"], "--retention"),
@@ -226,6 +241,7 @@ def test_accuracy_local_data_synth_and_gsm8k(tmp_path, monkeypatch):
     (["--model", "tiny", "--gen-length", "48", "--block-length", "32"], "multiple of block_length"),
     (["--model", "no-such-preset"], "unknown model preset"),
     (["--model", "tiny", "--data", "/no/such/file.jsonl"], "data file not found"),
+    (["--model", "tiny", "--score-query", "avg"], "--score-query"),
     (["--model", "tiny", "--num-fewshot", "3"], "--num-fewshot"),
     (["--model", "tiny", "--task", "gsm8k", "--num-fewshot", "9"], "--num-fewshot"),
 ])

@@ -128,6 +128,40 @@ def test_head_selection_equals_plain_per_head_loop(hq, hkv):
     assert hkv == 1 or distinct > 0                                          # heads do choose differently
 
 
+def plain_max_query_selection(q_block, k_ctx, n_keep, window, selection):
+    """score_query="max": a token's score is the best q.k over the block's queries (and over a
+    KV head's query group); head keeps per KV head, uniform averages the KV heads' scores."""
+    lb, hq = q_block.shape[:2]
+    hkv, lc, d = k_ctx.shape
+    g = hq // hkv
+    per_head = torch.tensor([[max(float(q_block[b, h * g + i] @ k_ctx[h, j]) for b in range(lb) for i in range(g))
+                              for j in range(lc)] for h in range(hkv)], dtype=F64) / math.sqrt(d)
+    rows = per_head if selection == "head" else per_head.mean(0, keepdim=True)
+    rows = F.max_pool1d(rows[:, None], window, stride=1, padding=window // 2)[:, 0]
+    sets = [set(torch.topk(r, n_keep).indices.tolist()) for r in rows]
+    return sets if selection == "head" else sets * hkv
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (4, 4), (6, 3)])
+@pytest.mark.parametrize("selection", ["head", "uniform"])
+def test_max_query_selection_equals_plain_loop(hq, hkv, selection):
+    differs = 0
+    for seed in range(5):
+        for lc, n, window in [(20, 10, 3), (33, 7, 5), (15, 4, 1)]:
+            q, k = _random_qk(200 + seed, 4, hq, hkv, lc)
+            idx = sparse.select(q, k, n, selection, window, "max")
+            assert [set(row.tolist()) for row in idx] == plain_max_query_selection(q, k, n, window, selection)
+            differs += [set(r.tolist()) for r in idx] != [set(r.tolist()) for r in sparse.select(q, k, n, selection, window)]
+    assert differs > 0                                       # max really is another rule than mean
+
+
+def test_score_query_is_validated():
+    from engine import EngineConfig
+
+    with pytest.raises(ValueError, match="score_query"):
+        EngineConfig(score_query="avg")
+
+
 def _plain_layer_qkv(model, x):
     """Per-layer RoPE'd q, k (and v) of a full forward over canvas x, written plainly."""
     pos = torch.arange(x.numel())

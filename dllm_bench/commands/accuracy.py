@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option("tiny-math", "--model", "-m", help="Preset name or HF LLaDA checkpoint directory."),
         retention: str = typer.Option("0.1,0.2,0.3,0.4,0.5", help="Retention ratio(s) r in (0, 1], comma list."),
         selection: str = typer.Option("head,uniform", help="Engine sparse selection(s): head, uniform."),
+        score_query: str = typer.Option("mean", help="Which block queries score context tokens for selection: mean (upstream), max, or both (comma list)."),
         system: str = typer.Option("engine", help="engine | llada | fast-dllm | dllm-cache | sparse-dllm (comma list)."),
         limit: int = typer.Option(200, help="Samples per point (synth: the first N of the test split)."),
         gen_length: int | None = typer.Option(None, help="Tokens generated (default: a trained model's answer window on synth, else the task's)."),
@@ -77,6 +78,7 @@ def register(app: typer.Typer) -> None:
         retentions = sorted(dict.fromkeys(retentions))
         selections = _names(selection, "--selection", acc.SELECTIONS)
         systems = _names(system, "--system", acc.SYSTEMS)
+        score_queries = _names(score_query, "--score-query", acc.SCORE_QUERIES)
         if limit <= 0:
             raise UserError("--limit must be positive")
         if max_num_seqs <= 0 or batch <= 0:
@@ -128,9 +130,9 @@ def register(app: typer.Typer) -> None:
         if tok is None:
             raise UserError(f"{path} has no tokenizer files: accuracy needs text prompts")
         mdl = load_model(model, dtype, device)
-        points = acc.plan_points(systems, selections, retentions, include_r1=r1)
+        points = acc.plan_points(systems, selections, retentions, include_r1=r1, score_queries=score_queries)
         knobs = dict(task=task, model=model, model_dir=str(path), systems=systems, selections=selections,
-                     retentions=retentions, limit=limit, gen_length=gen_length, block_length=block_length,
+                     retentions=retentions, score_queries=score_queries, limit=limit, gen_length=gen_length, block_length=block_length,
                      steps=steps, seed=seed, dtype=dtype, device=str(mdl.device), threads=torch.get_num_threads(),
                      max_num_seqs=max_num_seqs, batch=batch, chat=chat, temperature=0.0,
                      remasking="low_confidence", points=[p.name for p in points])
@@ -206,7 +208,7 @@ def _print_table(results, analysis, task, model, run_dir, plot) -> None:
         cells += [f"{r.accuracy / dense.accuracy:.2f}" if dense.accuracy else "-", f"{r.elapsed_s:.0f}"]
         t.add_row(*cells, style="bold" if p.role == "dense" else None)
     con.print(t)
-    for sel in ("head", "uniform", "sparse-dllm"):
+    for sel in ("head", "uniform", "head-max", "uniform-max", "sparse-dllm"):
         a = analysis.get(sel)
         if a:
             m = a["min_retention_95pct_dense"]
