@@ -9,9 +9,11 @@ a checkpoint directory selects the `engine` backend (dllm_bench.accuracy.engine_
 no retention = the dense, exact-LLaDA engine; `system=sparse-dllm` etc. for baselines).
 
 The `lm_eval` entry-point group declared in pyproject.toml is NOT scanned by lm-eval 0.4.13 (its
-registry only knows names registered by imported code), so a bare `lm_eval --model dllm_bench`
-cannot find this class. Run lm-eval through this module instead, which imports (= registers)
-the model and adds `--include_path <dllm_bench/lm_eval_tasks>` when absent:
+registry only knows names registered by imported code). `make install` therefore writes
+`dllm_bench_lm_eval.pth`, which imports dllm_bench/lm_eval_hook.py at start-up: when lm-eval is
+imported the hook registers this model lazily and adds our task directory, so a bare
+`lm_eval --model dllm_bench --tasks dllm_gsm8k ...` works. Without the .pth, run lm-eval through
+this module, which imports (= registers) the model and adds `--include_path`:
 
     python -m dllm_bench.lm_eval_adapter --model dllm_bench --model_args model=oracle:gsm8k \
         --tasks dllm_gsm8k,dllm_synth --limit 5

@@ -282,3 +282,29 @@ def test_lm_eval_scores_equal_scoring_module():
     ours = scoring.aggregate([scoring.score_gsm8k(c, a) for c, a in by_q.values()])
     assert res["exact_match,strict-match"] == pytest.approx(ours["strict-match"]) == 0.2
     assert res["exact_match,flexible-extract"] == pytest.approx(ours["flexible-extract"]) == 0.8
+
+
+def test_bare_lm_eval_cli_finds_model_and_tasks(tmp_path):
+    """`make install` writes dllm_bench_lm_eval.pth, so lm-eval's own CLI, with no --include_path
+    and no wrapper, resolves `--model dllm_bench` and our offline tasks; lm-eval's built-in models
+    stay registered next to ours."""
+    import subprocess
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    pth = Path(sysconfig.get_paths()["purelib"]) / "dllm_bench_lm_eval.pth"
+    if not pth.is_file():
+        pytest.skip("dllm_bench_lm_eval.pth not installed (set up with `make install`)")
+    exe = Path(sys.executable).parent / "lm_eval"
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([str(exe), "--model", "dllm_bench", "--model_args", "model=oracle:gsm8k",
+                        "--tasks", "dllm_gsm8k", "--limit", "2"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [line for line in p.stdout.splitlines() if "strict-match" in line]
+    assert rows and rows[0].split("|")[7].strip() == "1"          # the oracle's answers score 1.0
+    q = subprocess.run([sys.executable, "-c", "from lm_eval.api.registry import get_model, model_registry; "
+                        "get_model('dummy'); print(sorted(k for k in model_registry.keys() if k in ('dllm_bench', 'hf')))"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert q.returncode == 0 and q.stdout.strip() == "['dllm_bench', 'hf']", q.stderr[-2000:]
