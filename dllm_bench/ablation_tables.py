@@ -111,14 +111,13 @@ def plot_cache_policies(cache_df, path: Path,
 
 
 def _grouped_bars(df, series_col: str, value_col: str, path: Path, title: str, ylabel: str) -> Path:
-    import io
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dllm_bench.results import atomic_write_bytes
+    from dllm_bench.plots import save_png
 
     datasets = list(dict.fromkeys(df["dataset"])) or [""]
     series = list(dict.fromkeys(df[series_col]))
@@ -144,11 +143,7 @@ def _grouped_bars(df, series_col: str, value_col: str, path: Path, title: str, y
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return Path(path)
+    return save_png(fig, path)
 
 
 # ---------------------------------------------------------------- a finished run, as tables

@@ -45,14 +45,12 @@ def analyse(results: Sequence[PointResult]) -> dict:
 
 def plot_fig6(results: Sequence[PointResult], path: Path, title: str) -> Path:
     """Accuracy vs retention, one line per selection (95% CI band), dense as a horizontal line."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dllm_bench.results import atomic_write_bytes
+    from dllm_bench.plots import save_png
 
     dense = next(r for r in results if r.point.role == "dense")
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
@@ -85,10 +83,7 @@ def plot_fig6(results: Sequence[PointResult], path: Path, title: str) -> Path:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_png(fig, path)
     return path
 
 

@@ -28,7 +28,8 @@ from dllm_bench.results import atomic_write_bytes  # noqa: E402
 MARKERS = "osD^v<>PX*"
 
 
-def _save(fig, path: str | os.PathLike) -> Path:
+def save_png(fig, path: str | os.PathLike) -> Path:
+    """Render `fig` as PNG in memory, close it, and write the file atomically (never half-written)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -77,7 +78,7 @@ def plot_vs_rps(df: pd.DataFrame, path: str | os.PathLike, metric: str, ylabel: 
                    bbox_to_anchor=(0.5, -0.02), frameon=False)
     fig.suptitle(title, fontsize=12)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_throughput(df: pd.DataFrame, path: str | os.PathLike, **kw) -> Path:
@@ -147,7 +148,7 @@ def plot_jitter(df: pd.DataFrame, path: str | os.PathLike, baseline_names: Itera
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_all(df: pd.DataFrame, out_dir: str | os.PathLike, baseline_names: Iterable[str],

@@ -208,14 +208,12 @@ def table_formats(df) -> dict:
 def plot_fig7(df, plan: Mapping | SweepPlan, path: Path, reference: str, title: str = "") -> Path:
     """Paper Fig. 7: (left) throughput relative to the reference vs the swept length, (right)
     the absolute throughputs."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dllm_bench.results import atomic_write_bytes
+    from dllm_bench.plots import save_png
 
     plan = plan.to_dict() if isinstance(plan, SweepPlan) else plan
     xcol = "input_len" if plan["vary"] == "input-len" else "output_len"
@@ -244,11 +242,7 @@ def plot_fig7(df, plan: Mapping | SweepPlan, path: Path, reference: str, title: 
     fig.suptitle(title or f"Sensitivity to {what} (fixed {'output' if xcol == 'input_len' else 'input'} "
                           f"{plan['fixed']} tokens)", fontsize=11)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return Path(path)
+    return save_png(fig, path)
 
 
 def run_tables(run_dir: Path) -> dict:
