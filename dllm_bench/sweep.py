@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dllm_bench.errors import UserError
+from dllm_bench.table_text import num
 
 VARY = ("input-len", "output-len")
 PAPER_INPUT_LENS = (100, 200, 300, 400, 500, 600)
@@ -165,12 +166,6 @@ def reference_label(systems: Sequence) -> str:
 
 
 # ---------------------------------------------------------------- tables / figures
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
 
 
 def sweep_table(points: Iterable[Mapping], plan: Mapping | SweepPlan, systems: Sequence[str], reference: str):
@@ -184,10 +179,10 @@ def sweep_table(points: Iterable[Mapping], plan: Mapping | SweepPlan, systems: S
     for (L, G), paper, label in zip(plan["points"], plan["paper_points"], plan["labels"], strict=True):
         row: dict[str, Any] = {"input_len": L, "output_len": G, "paper_len": paper}
         ref = idx.get((label, reference))
-        rtp = _num(ref.get(THROUGHPUT)) if ref else None
+        rtp = num(ref.get(THROUGHPUT)) if ref else None
         for s in systems:
             p = idx.get((label, s))
-            tp = _num(p.get(THROUGHPUT)) if p else None
+            tp = num(p.get(THROUGHPUT)) if p else None
             row[f"{s} tok/s"] = tp
             if s != reference:
                 row[f"x {s}"] = tp / rtp if tp is not None and rtp else None
@@ -220,17 +215,17 @@ def plot_fig7(df, plan: Mapping | SweepPlan, path: Path, reference: str, title: 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.5, 4.0))
     xs = df[xcol].astype(float)
     for c in [c for c in df.columns if c.startswith("x ")]:
-        ys = df[c].map(_num)
+        ys = df[c].map(num)
         a1.plot(xs, ys, marker="o", label=f"{c[2:]} / {reference}")
         for x, y in zip(xs, ys, strict=True):
             if y is not None and not math.isnan(y):
                 a1.annotate(f"{y:.2f}×", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
     a1.axhline(1.0, color="red", linestyle="--", linewidth=1.0)
     a1.set_ylim(bottom=0, top=max([1.5] + [1.25 * v for c in df.columns if c.startswith("x ")
-                                            for v in df[c].map(_num) if v is not None and not math.isnan(v)]))
+                                            for v in df[c].map(num) if v is not None and not math.isnan(v)]))
     a1.set_ylabel(f"Relative throughput (× {reference})")
     for i, c in enumerate([c for c in df.columns if c.endswith(" tok/s")]):
-        a2.plot(xs, df[c].map(_num), marker="os^D"[i % 4], label=c[: -len(" tok/s")])
+        a2.plot(xs, df[c].map(num), marker="os^D"[i % 4], label=c[: -len(" tok/s")])
     a2.set_ylabel("Output throughput (tok/s)")
     a2.set_ylim(bottom=0)
     what = "input (prompt) length" if xcol == "input_len" else "output length (gen_length)"
