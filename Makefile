@@ -23,7 +23,7 @@ install: $(BIN)/python
 		$(BIN)/pip install -q torch==$(TORCH_VERSION); \
 	fi
 	$(BIN)/pip install -q -e ".[dev]"
-	$(BIN)/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'dllm_bench_lm_eval.pth').write_text('import dllm_bench.lm_eval_hook\\n')"
+	$(BIN)/python -c "from dllm_bench.accuracy.lm_eval_hook import write_pth; print('wrote', write_pth())"
 	@echo "installed: activate with 'source $(VENV)/bin/activate' (or call $(BIN)/dllm-bench)"
 
 test:

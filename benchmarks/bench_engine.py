@@ -17,7 +17,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from dllm_bench.modelio import load_model
+from dllm_bench.checkpoints.load import load_model
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.reference import reference_generate
 

@@ -19,7 +19,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from dllm_bench.modelio import load_model
+from dllm_bench.checkpoints.load import load_model
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine import logits as logits_mod
 from engine.attention import varlen_attention

@@ -83,7 +83,7 @@ def run_config(name: str, kind: str, knobs: dict, model) -> tuple[dict, list[dic
 
 
 def generate_tables() -> dict[str, pd.DataFrame]:
-    from dllm_bench.modelio import load_model
+    from dllm_bench.checkpoints.load import load_model
 
     torch.set_num_threads(1)
     model = load_model("tiny", "float64", "cpu")

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from dllm_bench import ablation as ab
-from dllm_bench import paper_claims as pc
-from dllm_bench import report as rp
 from dllm_bench import results
-from dllm_bench import sweep as sw
+from dllm_bench.ablate import ladder as ab
 from dllm_bench.errors import UserError
-from dllm_bench.serve_presets import PRESETS
-from dllm_bench.systems import parse_system
+from dllm_bench.report import claims as pc
+from dllm_bench.report import document as rp
+from dllm_bench.serve.presets import PRESETS
+from dllm_bench.sweep import lengths as sw
+from dllm_bench.systems.spec import parse_system
 
 
 # ---------------------------------------------------------------- the ladder's configurations

@@ -24,8 +24,8 @@ FLOOR = 0.9
 
 @pytest.fixture(scope="module")
 def tiny_math():
-    from dllm_bench.accuracy import model_training_info
-    from dllm_bench.modelio import load_model, load_tokenizer, model_dir
+    from dllm_bench.accuracy.points import model_training_info
+    from dllm_bench.checkpoints.load import load_model, load_tokenizer, model_dir
 
     if not ASSET_READY:
         pytest.skip("the trained tiny-math checkpoint is not committed yet (docs/ACCURACY.md: dllm-bench train)")
@@ -34,7 +34,7 @@ def tiny_math():
 
 
 def _docs(info: dict, n: int, seed: int = 0):
-    from dllm_bench.accuracy import synth_docs
+    from dllm_bench.accuracy.points import synth_docs
 
     c = info["config"]
     return synth_docs(n, seed, c["eval_facts"], c["ops"], c["max_value"])
@@ -42,7 +42,7 @@ def _docs(info: dict, n: int, seed: int = 0):
 
 # ------------------------------------------------------------------------------ the checkpoint
 def test_tiny_math_asset_layout(tiny_math):
-    from dllm_bench.presets import PRESETS, asset_dir
+    from dllm_bench.checkpoints.presets import PRESETS, asset_dir
 
     path, model, tok, info = tiny_math
     assert path == asset_dir(PRESETS["tiny-math"])
@@ -62,7 +62,7 @@ def test_tiny_math_asset_layout(tiny_math):
 
 def test_tiny_math_reaches_documented_floor(tiny_math):
     """Exact mode (the engine with cache=none = LLaDA's sampler) on a fixed synth slice."""
-    from dllm_bench.accuracy import Point, PointBackend, eval_synth_point
+    from dllm_bench.accuracy.points import Point, PointBackend, eval_synth_point
 
     path, model, tok, info = tiny_math
     w = info["config"]["window"]
@@ -81,8 +81,8 @@ def test_tiny_math_reaches_documented_floor(tiny_math):
 
 
 def test_engine_exact_mode_matches_reference_on_tiny_math(tiny_math):
-    from dllm_bench.accuracy import Point, build_system, run_requests
-    from dllm_bench.modelio import encode_prompt
+    from dllm_bench.accuracy.points import Point, build_system, run_requests
+    from dllm_bench.checkpoints.load import encode_prompt
     from engine import SamplingParams
     from engine.reference import reference_generate
     from workloads.tasks import synth
@@ -100,8 +100,8 @@ def test_engine_exact_mode_matches_reference_on_tiny_math(tiny_math):
 def test_train_is_deterministic_and_engine_loadable(tmp_path):
     import torch
 
-    from dllm_bench.modelio import load_tokenizer
-    from dllm_bench.train import TrainConfig, train
+    from dllm_bench.checkpoints.load import load_tokenizer
+    from dllm_bench.train.loop import TrainConfig, train
     from engine import EngineConfig, LLMEngine, SamplingParams
     from engine.models.llada import load_llada
 
@@ -125,7 +125,7 @@ def test_train_is_deterministic_and_engine_loadable(tmp_path):
 def test_diffusion_loss_masks_only_the_answer_region():
     import torch
 
-    from dllm_bench.train import diffusion_loss
+    from dllm_bench.train.loop import diffusion_loss
     from engine.models.llada import LLaDAConfig, LLaDAModelLM
 
     torch.manual_seed(0)
@@ -265,7 +265,7 @@ def test_accuracy_bad_input_exits_2(tmp_path):
 
 
 def test_wilson_interval():
-    from dllm_bench.accuracy import wilson
+    from dllm_bench.accuracy.points import wilson
 
     lo, hi = wilson(50, 100)
     assert lo == pytest.approx(0.4038, abs=1e-4) and hi == pytest.approx(0.5962, abs=1e-4)
@@ -276,8 +276,8 @@ def test_wilson_interval():
 def test_lm_eval_engine_backend_on_tiny_math(tiny_math):
     """lm-eval's simple_evaluate drives the real engine on 5 dllm_synth docs, offline, and scores
     exactly what our own scoring of the same engine outputs gives."""
-    from dllm_bench.accuracy import Point, PointBackend, eval_synth_point
-    from dllm_bench.lm_eval_adapter import DllmBenchLM, make_backend, run_lm_eval
+    from dllm_bench.accuracy.lm_eval_model import DllmBenchLM, make_backend, run_lm_eval
+    from dllm_bench.accuracy.points import Point, PointBackend, eval_synth_point
 
     path, model, tok, info = tiny_math
     k = info["config"]["eval_facts"]

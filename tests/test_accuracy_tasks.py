@@ -225,12 +225,12 @@ def test_local_loader(tmp_path, problems):
 
 # ---------------------------------------------------------------------------------------- lm-eval
 def _tasks_dir() -> str:
-    from dllm_bench.lm_eval_adapter import TASKS_DIR
+    from dllm_bench.accuracy.lm_eval_model import TASKS_DIR
     return str(TASKS_DIR)
 
 
 def test_adapter_backend_plumbing():
-    from dllm_bench import lm_eval_adapter as ad
+    from dllm_bench.accuracy import lm_eval_model as ad
 
     calls = []
 
@@ -257,7 +257,7 @@ def test_adapter_backend_plumbing():
 def test_lm_eval_offline_oracle_scores_one():
     from lm_eval.api.registry import get_model
 
-    from dllm_bench.lm_eval_adapter import DllmBenchLM, run_lm_eval
+    from dllm_bench.accuracy.lm_eval_model import DllmBenchLM, run_lm_eval
 
     assert get_model("dllm_bench") is DllmBenchLM
     res = run_lm_eval(["dllm_gsm8k", "dllm_synth", "dllm_humaneval"], "oracle", limit=5)["results"]
@@ -268,7 +268,7 @@ def test_lm_eval_offline_oracle_scores_one():
 
 def test_lm_eval_scores_equal_scoring_module():
     """Same completions scored by lm-eval (YAML filters + metric) and by scoring.py agree."""
-    from dllm_bench.lm_eval_adapter import run_lm_eval
+    from dllm_bench.accuracy.lm_eval_model import run_lm_eval
 
     docs = gsm8k.load_gsm8k(limit=5)
     fakes = ["#### {n}", "The answer is {n}.", "#### 0\nso {n}", "${n}.", "nothing"]

@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from dllm_bench import tokenizer_build as tb
-from dllm_bench.checkpoint_make import INDEX_FILE, make_checkpoint, weight_shapes
+from dllm_bench.checkpoints import tokenizer as tb
+from dllm_bench.checkpoints.make import INDEX_FILE, make_checkpoint, weight_shapes
+from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG, PRESETS, STAMP_FILE, get_preset, resolve_model
 from dllm_bench.errors import UserError
-from dllm_bench.presets import LLADA_8B_CONFIG, PRESETS, STAMP_FILE, get_preset, resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def test_tiny_bytes_are_deterministic(tiny_dir, tmp_path):
     assert dir_hashes(again) == dir_hashes(tiny_dir)
     # Another process, with other hash seeds (Python's and the Rust BPE trainer's), must train
     # the same tokenizer; the weights come from torch.Generator, which has no such state.
-    code = "import sys; from dllm_bench.tokenizer_build import save_tokenizer; save_tokenizer(sys.argv[1], 512, 500)"
+    code = "import sys; from dllm_bench.checkpoints.tokenizer import save_tokenizer; save_tokenizer(sys.argv[1], 512, 500)"
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "12345"}
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "proc")], check=True, env=env)
     theirs, ours = dir_hashes(tmp_path / "proc"), dir_hashes(tiny_dir)

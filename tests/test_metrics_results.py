@@ -12,7 +12,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from dllm_bench import driver, metrics, plots, results, summary_print
+from dllm_bench import metrics, plots, results
+from dllm_bench.serve import loadgen as driver
+from dllm_bench.serve import summary as summary_print
 
 # ---------------------------------------------------------------- metrics (hand-computed)
 # Four requests, times in seconds:  arrival admitted first  finished prompt out

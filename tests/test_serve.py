@@ -13,10 +13,10 @@ import pytest
 
 from dllm_bench.commands.serve import parse_datasets, parse_optional_int, parse_rps_list, resolve_run
 from dllm_bench.errors import UserError
-from dllm_bench.serve_presets import PRESETS, preset_for
-from dllm_bench.serve_run import serve
-from dllm_bench.system_build import cached_profile
-from dllm_bench.systems import (
+from dllm_bench.serve.presets import PRESETS, preset_for
+from dllm_bench.serve.run import serve
+from dllm_bench.systems.build import cached_profile
+from dllm_bench.systems.spec import (
     ENGINE_KNOBS,
     SystemVariant,
     baseline_knobs,

@@ -1,6 +1,6 @@
 """`dllm-bench ablate`: the paper's Fig. 8 ablation ladder (Sparse-dLLM -> + inference engine ->
 + phase-multiplexed scheduler -> + logit-aware budgeting) and the full engine under each cache
-policy, on the same arrivals and memory budget (dllm_bench/ablation.py, docs/ABLATE.md).
+policy, on the same arrivals and memory budget (dllm_bench/ablate/ladder.py, docs/ABLATE.md).
 
 Throughput is measured at saturation by default (`--rps inf`: every request arrives at t=0, so
 a system's output tokens / makespan is its capacity, not the offered load). Each point runs in
@@ -26,13 +26,13 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
            seed: int, result_dir: Path | None, as_json: bool, threads: int | None, preset: str | None,
            rps: str, max_num_batched_tokens: int | None, max_num_logits: str | None, cache_rows: str,
            run_id: str | None, num_warmups: int, max_duration: float | None, no_profile_cache: bool) -> int:
-    from dllm_bench import ablation as ab
-    from dllm_bench import ablation_tables as abt
-    from dllm_bench import bench_points as bp
+    from dllm_bench import console as tt
     from dllm_bench import results
-    from dllm_bench import table_text as tt
-    from dllm_bench.serve_presets import preset_for
-    from dllm_bench.systems import parse_system
+    from dllm_bench.ablate import ladder as ab
+    from dllm_bench.ablate import tables as abt
+    from dllm_bench.serve import points as bp
+    from dllm_bench.serve.presets import preset_for
+    from dllm_bench.systems.spec import parse_system
     from workloads.serving import describe
 
     ds_list = ab.parse_dataset_list(datasets)
@@ -153,7 +153,7 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
 
 
 def register(app: typer.Typer) -> None:
-    from dllm_bench.serve_presets import DEFAULT_PRESET, PRESETS
+    from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
 
     @app.command("ablate")
     def ablate_cmd(

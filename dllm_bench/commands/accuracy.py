@@ -66,9 +66,9 @@ def register(app: typer.Typer) -> None:
         """Accuracy vs KV retention: head-centric vs uniform selection, dense reference, baselines."""
         import torch
 
-        from dllm_bench import accuracy as acc
-        from dllm_bench import accuracy_report as report
-        from dllm_bench.modelio import load_model, load_tokenizer, model_dir
+        from dllm_bench.accuracy import points as acc
+        from dllm_bench.accuracy import report
+        from dllm_bench.checkpoints.load import load_model, load_tokenizer, model_dir
         from dllm_bench.results import create_run
         from engine import SamplingParams
 

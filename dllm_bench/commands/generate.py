@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, model_dir, parse_ids
 from dllm_bench.errors import UserError
-from dllm_bench.modelio import encode_prompt, load_model, load_tokenizer, model_dir, parse_ids
 from engine import EngineConfig, LLMEngine, SamplingParams
 
 SYSTEM_NAMES = ("engine", "llada", "fast-dllm", "dllm-cache", "sparse-dllm")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench.checkpoints.presets import PRESETS, Preset, get_preset, is_made, make_cached, preset_path
 from dllm_bench.errors import UserError
-from dllm_bench.presets import PRESETS, Preset, get_preset, is_made, make_cached, preset_path
 
 
 def _human(n: float, unit: str = "") -> str:
@@ -54,7 +54,7 @@ def list_presets() -> None:
 
 def make(name: str, out: Path | None, shards: int, force: bool) -> Path:
     """Make a preset into --out, or into the cache when --out is not given."""
-    from dllm_bench.checkpoint_make import make_checkpoint
+    from dllm_bench.checkpoints.make import make_checkpoint
 
     preset = get_preset(name)
     if shards < 1:

@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dllm_bench.checkpoints.load import load_model
 from dllm_bench.errors import UserError
-from dllm_bench.modelio import load_model
 from engine import EngineConfig
 from engine.attention import resolve_backend
 from engine.profiler import profile_kv_pool

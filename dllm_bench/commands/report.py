@@ -1,5 +1,5 @@
 """`dllm-bench report`: one Markdown report (tables, figures, the paper's numbers and a computed
-verdict per claim) from the latest serve, accuracy, ablate and sweep runs (dllm_bench/report.py)."""
+verdict per claim) from the latest serve, accuracy, ablate and sweep runs (dllm_bench/report/document.py)."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the runs used, missing kinds and the claim verdicts as JSON"),
     ) -> None:
         """Markdown report from the latest serve / accuracy / ablate / sweep runs, next to the paper's figures."""
-        from dllm_bench import paper_claims, report, results
+        from dllm_bench import results
+        from dllm_bench.report import claims as paper_claims
+        from dllm_bench.report import document as report
 
         if out.suffix.lower() != ".md":
             raise UserError(f"--out must be a .md file, got {out}")

@@ -4,9 +4,9 @@
 This module is the command: its options, and their checks and resolution into a ServeRun
 (cheap checks first, then the model and the workloads, so a bad option never leaves a run
 directory behind). The workload is built once per (dataset, rps) from the seed
-(dllm_bench/serve_workload.py); every system then replays exactly that arrival sequence against
+(dllm_bench/serve/workload.py); every system then replays exactly that arrival sequence against
 exactly the same memory budget, one system after another, each in a fresh worker process
-(dllm_bench/serve_run.py, dllm_bench/serve_process.py).
+(dllm_bench/serve/run.py, dllm_bench/serve/process.py).
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from typing import Any
 import typer
 
 from dllm_bench.errors import UserError
-from dllm_bench.serve_run import ServeRun, serve
-from dllm_bench.serve_workload import build_workloads, model_info
+from dllm_bench.serve.run import ServeRun, serve
+from dllm_bench.serve.workload import build_workloads, model_info
 
 DATASET_CHOICES = ("livebench", "osc", "burstgpt", "random")
 ARRIVALS = ("poisson", "gamma", "trace")
@@ -86,9 +86,9 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
                 max_duration: float | None, num_warmups: int, no_profile_cache: bool) -> ServeRun:
     """Every option checked (cheap ones first) and the workloads built: any problem is a
     UserError before a run directory exists."""
-    from dllm_bench.presets import resolve_model
-    from dllm_bench.serve_presets import preset_for
-    from dllm_bench.systems import parse_systems
+    from dllm_bench.checkpoints.presets import resolve_model
+    from dllm_bench.serve.presets import preset_for
+    from dllm_bench.systems.spec import parse_systems
     from dllm_bench.units import parse_size
 
     variants = parse_systems(systems)
@@ -188,7 +188,7 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
 
 # ---------------------------------------------------------------- the command
 def register(app: typer.Typer) -> None:
-    from dllm_bench.serve_presets import DEFAULT_PRESET, PRESETS
+    from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
 
     @app.command("serve")
     def serve_cmd(

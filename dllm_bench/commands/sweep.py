@@ -1,6 +1,6 @@
 """`dllm-bench sweep --vary input-len|output-len`: the paper's Fig. 7 sensitivity sweeps — the
 engine's saturation throughput relative to Sparse-dLLM per prompt length (output fixed) or per
-output length (prompt fixed); ranges scale with the preset (dllm_bench/sweep.py, docs/ABLATE.md).
+output length (prompt fixed); ranges scale with the preset (dllm_bench/sweep/lengths.py, docs/ABLATE.md).
 
 Each (point, system) runs in a fresh serve worker on a fixed-length `random` workload with every
 request at t=0; run directory of kind "sweep" (serve's layout + plots/fig7_<vary>.png). Tables
@@ -24,12 +24,12 @@ def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str 
           model: str | None, preset: str | None, memory_budget: str | None, seed: int, threads: int | None,
           rps: str, result_dir: Path | None, run_id: str | None, as_json: bool, num_warmups: int,
           max_duration: float | None, no_profile_cache: bool) -> int:
-    from dllm_bench import ablation as ab
-    from dllm_bench import bench_points as bp
+    from dllm_bench import console as tt
     from dllm_bench import results
-    from dllm_bench import sweep as sw
-    from dllm_bench import table_text as tt
-    from dllm_bench.serve_presets import preset_for
+    from dllm_bench.ablate import ladder as ab
+    from dllm_bench.serve import points as bp
+    from dllm_bench.serve.presets import preset_for
+    from dllm_bench.sweep import lengths as sw
     from workloads.serving import describe
 
     vary = sw.parse_vary(vary)
@@ -118,7 +118,7 @@ def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str 
 
 
 def register(app: typer.Typer) -> None:
-    from dllm_bench.serve_presets import DEFAULT_PRESET, PRESETS
+    from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
 
     @app.command("sweep")
     def sweep_cmd(

@@ -1,5 +1,5 @@
 """`dllm-bench train`: train a tiny LLaDA-architecture masked-diffusion model on `synth` (CPU) and
-save it as an HF LLaDA checkpoint + tokenizer + learning curve (see dllm_bench/train.py)."""
+save it as an HF LLaDA checkpoint + tokenizer + learning curve (see dllm_bench/train/loop.py)."""
 from __future__ import annotations
 
 import json
@@ -56,8 +56,8 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
     ) -> None:
         """Train a tiny LLaDA on synth with the masked-diffusion objective; save HF LLaDA layout."""
-        from dllm_bench.train import TrainConfig
-        from dllm_bench.train import train as run_train
+        from dllm_bench.train.loop import TrainConfig
+        from dllm_bench.train.loop import train as run_train
 
         if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
             raise UserError(f"--out {out} exists and is not an empty directory (use --force)")

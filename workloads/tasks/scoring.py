@@ -5,7 +5,7 @@ Source of every constant: lm-eval 0.4.13 `lm_eval/tasks/gsm8k/gsm8k.yaml` (filte
 tuple match, strip, fallback "[invalid]") and `lm_eval/api/metrics.py::exact_match_hf_evaluate`
 (regexes removed from both sides in order, then lower-casing; ignore_punctuation is false).
 Re-implemented here (not imported) so the CLI harness scores without importing lm-eval, while the
-lm-eval tasks in dllm_bench/lm_eval_tasks use lm-eval's own filters; a test pins the two together.
+lm-eval tasks in dllm_bench/accuracy/lm_eval_tasks use lm-eval's own filters; a test pins the two together.
 The synthetic task (synth.py) uses the same answer format and therefore the same scoring.
 """
 from __future__ import annotations

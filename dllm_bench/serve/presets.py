@@ -46,7 +46,7 @@ PAPER_BASELINE_KNOBS: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class ServePreset:
     name: str
-    model: str                       # model preset name (dllm_bench.presets) or checkpoint dir
+    model: str                       # model preset name (dllm_bench.checkpoints.presets) or checkpoint dir
     dataset: str                     # livebench | osc | burstgpt | random (workloads.serving)
     num_prompts: int
     length_scale: float              # multiplies dataset token counts (1.0 = paper scale)

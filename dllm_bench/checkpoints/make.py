@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
+from dllm_bench.checkpoints.presets import STAMP_FILE, Preset, get_preset
+from dllm_bench.checkpoints.tokenizer import save_tokenizer
 from dllm_bench.errors import UserError
-from dllm_bench.presets import STAMP_FILE, Preset, get_preset
-from dllm_bench.tokenizer_build import save_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 INDEX_FILE = "model.safetensors.index.json"

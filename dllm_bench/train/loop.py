@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dllm_bench.learning_curve import probe_accuracy, write_curve
-from dllm_bench.task_tokenizer import build_task_tokenizer, save_task_tokenizer
-from dllm_bench.train_batches import ANSWER_DELIM, Encoded, batched_logits, collate, encode_examples
+from dllm_bench.train.batches import ANSWER_DELIM, Encoded, batched_logits, collate, encode_examples
+from dllm_bench.train.curve import probe_accuracy, write_curve
+from dllm_bench.train.tokenizer import build_task_tokenizer, save_task_tokenizer
 from engine.models.llada import LLaDAConfig, LLaDAModelLM
 from workloads.tasks import synth
 
@@ -218,7 +218,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
     with `command`, the command line that ran it, when given)."""
     from safetensors.torch import save_file
 
-    from dllm_bench.presets import LLADA_8B_CONFIG
+    from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG
 
     t_start = time.perf_counter()
     if cfg.threads:

@@ -1,18 +1,18 @@
-"""One (system, workload) serving point in its own process: `python -m dllm_bench.serve_worker
+"""One (system, workload) serving point in its own process: `python -m dllm_bench.serve.worker
 <spec.json> <out.json>`.
 
 `dllm-bench serve` starts one fresh worker per point, one after another, so warm caches, the
 allocator's high-water mark and imported state never leak from one system into the next. The
-spec file (written by dllm_bench/serve_process.py) carries everything: the system variant,
+spec file (written by dllm_bench/serve/process.py) carries everything: the system variant,
 the checkpoint, dtype/device, the memory budget, the torch thread count, the workload (prompt
 ids, gen_length and arrival offset of every request: the same list for every system) and the
 sampling rule. The worker
 
 1. pins torch to `threads` threads (same count for every system),
-2. builds the system (dllm_bench.system_build.build_system: engine KV-pool profile or a baseline's
+2. builds the system (dllm_bench.systems.build.build_system: engine KV-pool profile or a baseline's
    static batch, both cached on disk),
 3. warms it up with `num_warmups` short requests (not measured),
-4. replays the workload open-loop in wall-clock time (dllm_bench.driver.run_open_loop),
+4. replays the workload open-loop in wall-clock time (dllm_bench.serve.loadgen.run_open_loop),
 5. writes {result, info} to <out.json> atomically.
 
 stdout carries JSON lines only, one event each, for the parent's progress display:
@@ -74,11 +74,11 @@ def run(spec: dict, out_path: Path) -> int:
     except RuntimeError:
         pass  # already set (only possible before any parallel work)
 
-    from dllm_bench.driver import run_open_loop
     from dllm_bench.errors import UserError
     from dllm_bench.results import atomic_write_json
-    from dllm_bench.system_build import WorkloadShape, build_system
-    from dllm_bench.systems import SystemVariant
+    from dllm_bench.serve.loadgen import run_open_loop
+    from dllm_bench.systems.build import WorkloadShape, build_system
+    from dllm_bench.systems.spec import SystemVariant
     from engine.sampling import SamplingParams
 
     variant = SystemVariant.from_dict(spec["variant"])
@@ -147,7 +147,7 @@ def run(spec: dict, out_path: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: python -m dllm_bench.serve_worker <spec.json> <out.json>", file=sys.stderr)
+        print("usage: python -m dllm_bench.serve.worker <spec.json> <out.json>", file=sys.stderr)
         return 2
     # SIGTERM behaves like Ctrl-C: the run loop stops, keeps what finished and writes it.
     signal.signal(signal.SIGTERM, signal.default_int_handler)

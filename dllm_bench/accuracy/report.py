@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from dllm_bench.accuracy import Point, PointResult
+from dllm_bench.accuracy.points import Point, PointResult
 
 SERIES = ("head", "uniform", "head-max", "uniform-max")
 

@@ -4,20 +4,20 @@ A backend is `Callable[[list[str], dict], list[str]]`: prompts + lm-eval gen_kwa
 `max_gen_toks`, `temperature`, ...) -> one completion per prompt. `make_backend(model_args)` picks
 the factory in `BACKENDS` named by `model_args["backend"]`, else by the part of
 `model_args["model"]` before ":" (e.g. `model=oracle:gsm8k`); a `model` that is a preset name or
-a checkpoint directory selects the `engine` backend (dllm_bench.accuracy.engine_backend):
+a checkpoint directory selects the `engine` backend (dllm_bench.accuracy.points.engine_backend):
 `--model_args model=tiny-math,retention=0.1,selection=head` (sparse cache at r = 0.1, head-centric;
 no retention = the dense, exact-LLaDA engine; `system=sparse-dllm` etc. for baselines).
 
 The `lm_eval` entry-point group declared in pyproject.toml is NOT scanned by lm-eval 0.4.13 (its
 registry only knows names registered by imported code). `make install` therefore writes
-`dllm_bench_lm_eval.pth`, which imports dllm_bench/lm_eval_hook.py at start-up: when lm-eval is
+`dllm_bench_lm_eval.pth`, which imports dllm_bench/accuracy/lm_eval_hook.py at start-up: when lm-eval is
 imported the hook registers this model lazily and adds our task directory, so a bare
 `lm_eval --model dllm_bench --tasks dllm_gsm8k ...` works. Without the .pth, run lm-eval through
 this module, which imports (= registers) the model and adds `--include_path`:
 
-    python -m dllm_bench.lm_eval_adapter --model dllm_bench --model_args model=oracle:gsm8k \
+    python -m dllm_bench.accuracy.lm_eval_model --model dllm_bench --model_args model=oracle:gsm8k \
         --tasks dllm_gsm8k,dllm_synth --limit 5
-    python -m dllm_bench.lm_eval_adapter --model dllm_bench --model_args model=oracle:humaneval \
+    python -m dllm_bench.accuracy.lm_eval_model --model dllm_bench --model_args model=oracle:humaneval \
         --tasks dllm_humaneval --confirm_run_unsafe_code --limit 5
 
 (all `lm-eval run` flags work; set HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 to be sure nothing is
@@ -93,15 +93,15 @@ def _oracle_backend(model_args: dict) -> Backend:
 
 def _engine_backend(model_args: dict) -> Backend:
     """`model=<preset|checkpoint dir>[,retention=0.1,selection=head,cache=...,system=...]`: the
-    serving engine (or a baseline) on a real checkpoint; see dllm_bench.accuracy.engine_backend."""
-    from dllm_bench.accuracy import engine_backend
+    serving engine (or a baseline) on a real checkpoint; see dllm_bench.accuracy.points.engine_backend."""
+    from dllm_bench.accuracy.points import engine_backend
 
     return engine_backend(model_args)
 
 
 def _is_checkpoint_spec(model: str) -> bool:
     """A preset name or an existing checkpoint directory (-> the engine backend by default)."""
-    from dllm_bench.presets import PRESETS
+    from dllm_bench.checkpoints.presets import PRESETS
 
     return model in PRESETS or (Path(model).expanduser() / "config.json").is_file()
 
@@ -121,7 +121,7 @@ def make_backend(model_args: dict) -> Backend:
     if factory is None:
         raise ValueError(f"no generation backend {name!r} (from model_args {model_args}); available: "
                          f"{sorted(BACKENDS)} -- e.g. model=oracle:gsm8k. Engine backends register "
-                         f"themselves in dllm_bench.lm_eval_adapter.BACKENDS.")
+                         f"themselves in dllm_bench.accuracy.lm_eval_model.BACKENDS.")
     return factory(dict(model_args))
 
 
@@ -212,7 +212,7 @@ def run_lm_eval(task: str | list[str], backend: Backend | dict | str, limit: int
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m dllm_bench.lm_eval_adapter <lm-eval run flags>`: lm-eval's CLI with our model
+    """`python -m dllm_bench.accuracy.lm_eval_model <lm-eval run flags>`: lm-eval's CLI with our model
     registered and our task directory on the include path."""
     from lm_eval.__main__ import cli_evaluate
 
@@ -224,6 +224,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from dllm_bench.lm_eval_adapter import main as _main  # the registered copy of this module
+    from dllm_bench.accuracy.lm_eval_model import main as _main  # the registered copy of this module
 
     _main()

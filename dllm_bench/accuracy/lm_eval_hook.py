@@ -16,7 +16,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-MODEL_TARGET = "dllm_bench.lm_eval_adapter:DllmBenchLM"
+MODEL_TARGET = "dllm_bench.accuracy.lm_eval_model:DllmBenchLM"
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 
 
@@ -67,6 +67,22 @@ class _Finder(importlib.abc.MetaPathFinder):
 def install() -> None:
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
+
+
+# The .pth line tolerates a missing module, so a venv whose checkout moved or removed this file
+# still starts cleanly instead of printing an import error at every interpreter start.
+PTH_NAME = "dllm_bench_lm_eval.pth"
+PTH_LINE = ("import importlib.util as _u; _u.find_spec('dllm_bench') and "
+            "_u.find_spec('dllm_bench.accuracy.lm_eval_hook') and __import__('dllm_bench.accuracy.lm_eval_hook')\n")
+
+
+def write_pth() -> Path:
+    """Write the .pth that imports this hook at interpreter start (called by `make install`)."""
+    import sysconfig
+
+    pth = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
+    pth.write_text(PTH_LINE)
+    return pth
 
 
 try:

@@ -1,6 +1,6 @@
 """One `dllm-bench serve` run (docs/SERVE.md): the resolved options and workloads (ServeRun),
 then every (dataset, rps, system) point one after another, each in a fresh worker process
-(dllm_bench/serve_process.py) pinned to the same torch thread count.
+(dllm_bench/serve/process.py) pinned to the same torch thread count.
 
 Each finished point is persisted at once (results.write_point), so Ctrl-C keeps what finished
 and `--resume` skips it. Rich progress, summaries and tables go to stderr; `--json` prints one
@@ -139,9 +139,9 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
 
     from dllm_bench import results
     from dllm_bench.results import PointKey, fmt_rps
-    from dllm_bench.serve_process import WorkerFailed, progress_handler, run_worker, worker_spec
-    from dllm_bench.serve_workload import workload_shape
-    from dllm_bench.summary_print import print_comparison, print_summary
+    from dllm_bench.serve.process import WorkerFailed, progress_handler, run_worker, worker_spec
+    from dllm_bench.serve.summary import print_comparison, print_summary
+    from dllm_bench.serve.workload import workload_shape
     from dllm_bench.units import format_size
     from workloads.serving import describe, describe_gen_mapping
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from dllm_bench.errors import UserError
 
 if TYPE_CHECKING:  # the run is only annotated here; serve_run imports this module
-    from dllm_bench.serve_run import ServeRun
+    from dllm_bench.serve.run import ServeRun
 
 
 def model_info(model_dir: Path, dtype: str) -> dict:
@@ -37,7 +37,7 @@ def model_info(model_dir: Path, dtype: str) -> dict:
 
 
 def special_ids(info: dict) -> list[int]:
-    from dllm_bench.tokenizer_build import special_token_ids
+    from dllm_bench.checkpoints.tokenizer import special_token_ids
 
     ids = set(info["special_ids"])
     ids |= {i for i in special_token_ids(info["vocab_size"]).values() if i < info["vocab_size"]}
@@ -92,7 +92,7 @@ def build_workloads(run: ServeRun) -> None:
 
 
 def workload_shape(run: ServeRun):
-    from dllm_bench.system_build import WorkloadShape
+    from dllm_bench.systems.build import WorkloadShape
 
     reqs = [r for wl in run.workloads.values() for r in wl]
     return WorkloadShape(max_prompt_len=max(r.prompt_len for r in reqs),

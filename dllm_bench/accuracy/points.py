@@ -8,8 +8,8 @@ static batches). Decoding is greedy (temperature 0), float32 by default.
 
 Scoring: synth with workloads/tasks/scoring (lm-eval-exact GSM8K extraction; strict-match is
 the primary metric, flexible-extract reported too); gsm8k and humaneval through
-`lm_eval.simple_evaluate` (dllm_bench.lm_eval_adapter.run_lm_eval, the tasks in
-dllm_bench/lm_eval_tasks) with a backend that runs the point's system. Each accuracy carries a
+`lm_eval.simple_evaluate` (dllm_bench.accuracy.lm_eval_model.run_lm_eval, the tasks in
+dllm_bench/accuracy/lm_eval_tasks) with a backend that runs the point's system. Each accuracy carries a
 Wilson 95% interval. `engine_backend(model_args)` is also what `lm_eval --model dllm_bench
 --model_args model=tiny-math,retention=0.1,selection=head` runs (registered in lm_eval_adapter).
 """
@@ -173,7 +173,7 @@ class PointBackend:
         return SamplingParams(gen_length=g, block_length=b, steps=self.steps or g, temperature=0.0, seed=self.seed)
 
     def __call__(self, prompts: list[str], gen_kwargs: dict) -> list[str]:
-        from dllm_bench.modelio import encode_prompt
+        from dllm_bench.checkpoints.load import encode_prompt
 
         params = self.params_for(gen_kwargs.get("max_gen_toks"))
         ids = [encode_prompt(self.tok, p, self.chat) for p in prompts]
@@ -206,7 +206,7 @@ def engine_backend(model_args: dict) -> PointBackend:
     `block_length`, `steps`, `seed`, `chat`, `max_num_seqs`, `batch` (baselines)."""
     import torch
 
-    from dllm_bench.modelio import load_model, load_tokenizer, model_dir
+    from dllm_bench.checkpoints.load import load_model, load_tokenizer, model_dir
 
     spec = str(model_args.get("model", ""))
     if spec.startswith("engine:"):
@@ -352,7 +352,7 @@ def eval_lm_eval_point(task: str, backend: PointBackend, limit: int | None, meta
                        num_fewshot: int | None = None) -> PointResult:
     """gsm8k / humaneval through lm_eval.simple_evaluate with this point's backend; `metadata`
     reaches the task loaders (e.g. {"gsm8k_path": "local.jsonl"})."""
-    from dllm_bench.lm_eval_adapter import run_lm_eval
+    from dllm_bench.accuracy.lm_eval_model import run_lm_eval
 
     name = LM_EVAL_TASK[task]
     res = run_lm_eval(name, backend, limit=limit, log_samples=True, metadata=metadata, num_fewshot=num_fewshot)

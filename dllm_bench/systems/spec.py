@@ -1,5 +1,5 @@
 """Serving systems for `dllm-bench serve`: parse system specs, validate knobs, resolve them
-against the run-wide defaults. Building a live system from a variant is dllm_bench/system_build.py.
+against the run-wide defaults. Building a live system from a variant is dllm_bench/systems/build.py.
 
 Spec grammar (`--systems`)::
 

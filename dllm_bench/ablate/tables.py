@@ -1,15 +1,15 @@
 """`dllm-bench ablate`'s results as tables and figures (paper Fig. 8): the ladder table (x vs the
 baseline rung, delta vs the rung before), the cache-policy table (x vs the full engine, FLOP
 proxies per output token), their grouped-bar PNGs, and both tables of a finished run directory
-(what `report` renders). The ladder itself: dllm_bench/ablation.py.
+(what `report` renders). The ladder itself: dllm_bench/ablate/ladder.py.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from dllm_bench.ablation import THROUGHPUT, Rung
-from dllm_bench.table_text import num
+from dllm_bench.ablate.ladder import THROUGHPUT, Rung
+from dllm_bench.console import num
 
 
 def _index(points: Iterable[Mapping]) -> dict[tuple[str, str], Mapping]:
@@ -86,7 +86,7 @@ def cache_table(points: Iterable[Mapping], rows_: Sequence[Rung | Mapping], base
 
 def _rung_label(r: Rung | Mapping) -> str:
     """The system label of a rung (stored in an ablate run's config.json; else parsed)."""
-    from dllm_bench.systems import parse_system
+    from dllm_bench.systems.spec import parse_system
 
     d = r if isinstance(r, Mapping) else r.to_dict()
     return d.get("label") or parse_system(d["spec"]).label

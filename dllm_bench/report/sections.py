@@ -1,7 +1,7 @@
 """The sections of `dllm-bench report`, one per run kind (serve, accuracy, ablate, sweep): each
 renders its run's tables, copies its PNGs next to the report, and checks the paper's claims it
-covers (numbers and verdict rule: dllm_bench/paper_claims.py). The document around them:
-dllm_bench/report.py.
+covers (numbers and verdict rule: dllm_bench/report/claims.py). The document around them:
+dllm_bench/report/document.py.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from dllm_bench.paper_claims import PAPER, Claims, trend_verdict, verdict
-from dllm_bench.table_text import md_table, num
+from dllm_bench.console import md_table, num
+from dllm_bench.report.claims import PAPER, Claims, trend_verdict, verdict
 
 
 def _x(v: float | None, d: int = 2) -> str:
@@ -197,7 +197,7 @@ def accuracy_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: P
 
 
 def ablate_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
-    from dllm_bench import ablation_tables as ab
+    from dllm_bench.ablate import tables as ab
 
     t = ab.run_tables(run_dir)
     cfg = t["config"]
@@ -267,7 +267,7 @@ def ablate_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Pat
 
 
 def sweep_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
-    from dllm_bench import sweep as sw
+    from dllm_bench.sweep import lengths as sw
 
     t = sw.run_tables(run_dir)
     cfg, df, plan, ref = t["config"], t["table"], t["plan"], t["reference"]

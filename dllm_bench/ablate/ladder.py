@@ -18,11 +18,11 @@ Cache-policy rows (the full engine, rung 3, with only cache/selection switched):
 `cache=sparse,selection=head` (= rung 3, measured once) and `cache=sparse,selection=uniform`.
 
 This module holds the ladder's definition and checks only. Points run through the serve
-machinery (dllm_bench/bench_points.py, shared with `dllm-bench sweep`): one fresh
-`dllm_bench.serve_worker` process per (dataset, system), each replaying exactly the same
+machinery (dllm_bench/serve/points.py, shared with `dllm-bench sweep`): one fresh
+`dllm_bench.serve.worker` process per (dataset, system), each replaying exactly the same
 workload under exactly the same memory budget; results in the serve layout (results.write_point,
 metrics.csv, summary.json) under a run of kind "ablate". Tables and figures of a run:
-dllm_bench/ablation_tables.py.
+dllm_bench/ablate/tables.py.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ ABLATION_PROMPTS = {"cpu-default": 8}
 class Rung:
     key: str                       # baseline | engine | scheduler | logits | cache-none | ...
     title: str                     # row name in tables and figures
-    spec: str                      # --systems spec text (dllm_bench.systems grammar)
+    spec: str                      # --systems spec text (dllm_bench.systems.spec grammar)
     switched: tuple[str, ...]      # EngineConfig fields switched vs the rung it is compared with
     group: str = "ladder"          # ladder | cache
     note: str = ""
@@ -148,10 +148,10 @@ def ablation_settings(preset_name: str, serve_num_prompts: int, max_num_batched_
 def effective_engine_config(variant, engine_defaults: Mapping[str, Any], *, model_dir: str = "",
                             dtype: str = "float32", device: str = "cpu", memory_budget: int | None = None,
                             max_model_len: int | None = None):
-    """The EngineConfig the worker builds for an engine variant (dllm_bench.systems' rule:
+    """The EngineConfig the worker builds for an engine variant (dllm_bench.systems.spec' rule:
     run-wide defaults, then the variant's knobs; serving is greedy, sampling=False), before the
     profiler sets kv_pool_tokens."""
-    from dllm_bench.systems import engine_knobs
+    from dllm_bench.systems.spec import engine_knobs
     from engine.config import EngineConfig
 
     return EngineConfig(model=str(model_dir), dtype=dtype, device=device, sampling=False,
@@ -162,8 +162,8 @@ def effective_engine_config(variant, engine_defaults: Mapping[str, Any], *, mode
 def effective_configs(rungs: Sequence[Rung], engine_defaults: Mapping[str, Any],
                       baseline_defaults: Mapping[str, Mapping[str, Any]] | None = None, **kw) -> list[dict]:
     """Per rung: {"system": ..., "config": dict}. Engine rungs: EngineConfig.to_dict();
-    baselines: the policy knobs they are built with (dllm_bench.systems.baseline_knobs)."""
-    from dllm_bench.systems import baseline_knobs, parse_system
+    baselines: the policy knobs they are built with (dllm_bench.systems.spec.baseline_knobs)."""
+    from dllm_bench.systems.spec import baseline_knobs, parse_system
 
     out = []
     for r in rungs:

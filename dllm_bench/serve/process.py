@@ -1,4 +1,4 @@
-"""Running one serving point in a fresh worker process (dllm_bench/serve_worker.py): the spec
+"""Running one serving point in a fresh worker process (dllm_bench/serve/worker.py): the spec
 the parent writes, the subprocess and its Ctrl-C handling, and the JSON-line events it prints.
 
 A fresh process per point keeps warm caches, the allocator's high-water mark and imported state
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the run is only annotated here; serve_run imports this module
-    from dllm_bench.serve_run import ServeRun
+    from dllm_bench.serve.run import ServeRun
 
 INTERRUPT_GRACE_S = 30.0  # after Ctrl-C, how long a worker may take to write its partial result
 
@@ -52,7 +52,7 @@ def worker_spec(run: ServeRun, variant, workload, shape) -> dict:
 
 
 def run_worker(spec: dict, log_path: Path, threads: int, on_event) -> dict:
-    """Run one point in a fresh `python -m dllm_bench.serve_worker` process; return its output.
+    """Run one point in a fresh `python -m dllm_bench.serve.worker` process; return its output.
 
     on_event(dict) gets every JSON line the worker prints. Ctrl-C is forwarded to the worker
     (its own session, so the terminal's SIGINT reaches only us), which stops serving, writes its
@@ -65,7 +65,7 @@ def run_worker(spec: dict, log_path: Path, threads: int, on_event) -> dict:
     with tempfile.TemporaryDirectory(prefix="dllm-serve-") as tmp, open(log_path, "w") as log:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
-        proc = subprocess.Popen([sys.executable, "-m", "dllm_bench.serve_worker", str(spec_path), str(out_path)],
+        proc = subprocess.Popen([sys.executable, "-m", "dllm_bench.serve.worker", str(spec_path), str(out_path)],
                                 stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
                                 env=env, start_new_session=True)
         events: queue.Queue = queue.Queue()

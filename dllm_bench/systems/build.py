@@ -2,7 +2,7 @@
 memory budget, or a baseline at its largest static batch that fits it (or a fixed `batch=N`).
 
 What a variant means (its name, knobs and their resolution against the run-wide defaults) is
-dllm_bench/systems.py; this module turns a resolved variant into a live system. Both kinds of
+dllm_bench/systems/spec.py; this module turns a resolved variant into a live system. Both kinds of
 profile are expensive (a real forward under the memory meter), so they are cached on disk,
 keyed by everything that could change the answer (see `cached_profile`).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dllm_bench.errors import UserError
-from dllm_bench.systems import SystemVariant, baseline_knobs, engine_knobs
+from dllm_bench.systems.spec import SystemVariant, baseline_knobs, engine_knobs
 
 # Bump when what a cached profile means changes (profiler or measure code), so stale ones are redone.
 PROFILE_FORMAT = 1
@@ -33,7 +33,7 @@ STATIC_PROFILE_STEPS = 3
 # ---------------------------------------------------------------- profile cache
 def profile_cache_dir() -> Path:
     """`$DLLM_BENCH_CACHE/profiles` (default ~/.cache/dllm-bench/profiles), next to the models."""
-    from dllm_bench.presets import cache_root
+    from dllm_bench.checkpoints.presets import cache_root
 
     return cache_root().parent / "profiles"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from dllm_bench.train_batches import Encoded, batched_logits, collate
+from dllm_bench.train.batches import Encoded, batched_logits, collate
 from engine.models.llada import LLaDAModelLM
 from engine.unmask import proposal_argmax
 

@@ -16,13 +16,13 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dllm_bench.checkpoints.tokenizer import LLADA_VOCAB_SIZE
 from dllm_bench.errors import UserError
-from dllm_bench.tokenizer_build import LLADA_VOCAB_SIZE
 
 # Bump when the bytes make_checkpoint writes for a preset change, so stale caches are remade.
 FORMAT_VERSION = 1
 STAMP_FILE = "dllm_bench_preset.json"
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # dllm_bench/: assets live there
 
 # LLaDA-8B-Instruct config.json, all fields (baselines_spec.md §1.1) minus auto_map (no remote
 # code here) and minus the special-token ids (they come from the tokenizer that is written).
@@ -150,7 +150,7 @@ def preset_path(preset: Preset) -> Path | None:
 
 def make_cached(preset: Preset, shards: int = 1, force: bool = False) -> Path:
     """Make the preset into the cache atomically (temp dir + rename) unless already there."""
-    from dllm_bench.checkpoint_make import make_checkpoint
+    from dllm_bench.checkpoints.make import make_checkpoint
 
     if not preset.makeable or preset.asset:
         raise UserError(f"preset {preset.name!r} can't be made: {preset.note or 'committed asset'}")

@@ -15,7 +15,7 @@ def build_task_tokenizer(corpus: Sequence[str], vocab_size: int):
     12 special tokens at the top in LLaDA's relative order (tokenizer_build's small-vocab layout)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    from dllm_bench.tokenizer_build import _pre_tokenizer, special_token_ids
+    from dllm_bench.checkpoints.tokenizer import _pre_tokenizer, special_token_ids
 
     specials = special_token_ids(vocab_size)
     budget = min(specials.values())
@@ -46,7 +46,7 @@ def build_task_tokenizer(corpus: Sequence[str], vocab_size: int):
 def save_task_tokenizer(tok, out: Path, model_max_length: int) -> dict[str, int]:
     """tokenizer.json + tokenizer_config.json exactly as tokenizer_build.save_tokenizer writes
     them (AutoTokenizer-loadable offline); returns the config.json special ids."""
-    from dllm_bench.tokenizer_build import _NAMED, BOS, CHAT_TEMPLATE, EOS, MASK, special_token_ids
+    from dllm_bench.checkpoints.tokenizer import _NAMED, BOS, CHAT_TEMPLATE, EOS, MASK, special_token_ids
 
     specials = special_token_ids(tok.get_vocab_size())
     (out / "tokenizer.json").write_text(tok.to_str(pretty=False), encoding="utf-8")

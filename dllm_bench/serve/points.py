@@ -1,6 +1,6 @@
 """Measuring benchmark points through serve's machinery, shared by `dllm-bench ablate` and
 `dllm-bench sweep`: the options resolved by serve's own checks (resolve_bench_run), then every
-planned (dataset label, rps, system) point in a fresh serve worker (dllm_bench/serve_process.py),
+planned (dataset label, rps, system) point in a fresh serve worker (dllm_bench/serve/process.py),
 each written at once in serve's layout (results.write_point, metrics.csv, summary.json).
 
 Reusing serve's resolution and worker keeps an ablate/sweep point comparable with a serve point:
@@ -18,9 +18,9 @@ from typing import Any
 class PlannedPoint:
     dataset: str                   # the point's dataset label (a serve dataset, or a sweep label)
     rps: float
-    variant: Any                   # dllm_bench.systems.SystemVariant
+    variant: Any                   # dllm_bench.systems.spec.SystemVariant
     workload: list                 # [workloads.serving.ServingRequest]
-    shape: Any                     # dllm_bench.system_build.WorkloadShape
+    shape: Any                     # dllm_bench.systems.build.WorkloadShape
     extra: dict = field(default_factory=dict)  # merged into the point's summary.json
 
     @property
@@ -32,7 +32,7 @@ class PlannedPoint:
 
 def shape_of(workload: Sequence, block_length: int):
     """The worst request of one workload (what a baseline's static batch is profiled for)."""
-    from dllm_bench.system_build import WorkloadShape
+    from dllm_bench.systems.build import WorkloadShape
 
     return WorkloadShape(max_prompt_len=max(r.prompt_len for r in workload),
                          max_gen_length=max(r.gen_length for r in workload), block_length=block_length, steps=None)
@@ -59,8 +59,8 @@ def measure_points(run, planned: Sequence[PlannedPoint], run_dir: Path, console,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dllm_bench import results
-    from dllm_bench.serve_process import WorkerFailed, progress_handler, run_worker, worker_spec
-    from dllm_bench.serve_run import point_summary
+    from dllm_bench.serve.process import WorkerFailed, progress_handler, run_worker, worker_spec
+    from dllm_bench.serve.run import point_summary
 
     seen: set = set()
     todo = []

@@ -2,7 +2,7 @@
 the prompt length (at a fixed output length) or the output length (at a fixed prompt length)
 grows. Every point is a `random`-style workload with FIXED lengths (every request the same
 prompt length and gen_length), all requests at t=0 (saturation), run through serve's worker
-machinery (dllm_bench.bench_points.measure_points); run directory of kind "sweep".
+machinery (dllm_bench.serve.points.measure_points); run directory of kind "sweep".
 
 Ranges (docs/ABLATE.md). The paper sweeps input 100-600 tokens (output fixed) and output
 128-512 tokens. A preset scales them:
@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dllm_bench.console import num
 from dllm_bench.errors import UserError
-from dllm_bench.table_text import num
 
 VARY = ("input-len", "output-len")
 PAPER_INPUT_LENS = (100, 200, 300, 400, 500, 600)
@@ -143,7 +143,7 @@ def plan_sweep(vary: str, *, length_scale: float, block_length: int, device: str
 
 def point_workload(run, point: tuple[int, int], num_prompts: int, rps: float, seed: int) -> list:
     """num_prompts requests of exactly `point`'s lengths (vLLM `random` with range ratio 0)."""
-    from dllm_bench.serve_workload import special_ids
+    from dllm_bench.serve.workload import special_ids
     from workloads.serving import build_workload
 
     L, G = point

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
+from dllm_bench.checkpoints.presets import resolve_model
 from dllm_bench.errors import UserError
-from dllm_bench.presets import resolve_model
 from engine.models.llada import LLaDAConfig, LLaDAModelLM, load_llada
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
