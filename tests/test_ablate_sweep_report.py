@@ -209,7 +209,7 @@ def test_report_renders_tables_figures_and_computed_verdicts(tmp_path):
                    "paper: Table 4", "paper: Fig. 6b", "## Summary of claims"):
         assert needle in text, needle
     # Figures copied next to the report and linked relatively.
-    for png in ("serve-throughput_vs_rps.png", "accuracy-fig6_accuracy_vs_retention.png",
+    for png in ("serve-throughput_vs_rps.png", "accuracy-gsm8k-fig6_accuracy_vs_retention.png",
                 "ablate-fig8_ablation.png"):
         assert (tmp_path / "out" / "report_files" / png).is_file()
         assert f"](report_files/{png})" in text
@@ -218,8 +218,9 @@ def test_report_renders_tables_figures_and_computed_verdicts(tmp_path):
     assert v["Up to 3.12× vs Sparse-dLLM (Table 4, L40S, 1.0 req/s)"] == "matches"   # 2.81x
     assert v["~4× lower tail latency under heavy contention"] == "matches"  # p99 4.0x
     assert v["Lower latency jitter (Fig. 5)"] == "matches"                  # sigma gain 2.4x
-    assert v["Head-centric beats uniform selection at low retention"] == "matches"
-    assert v["Head-centric at the lowest r ≈ uniform at the next r"] == "matches"
+    tag = "(mean-query rule, the paper's code)"
+    assert v[f"gsm8k: head-centric beats uniform at low retention {tag}"] == "matches"
+    assert v[f"gsm8k: head-centric at the lowest r ≈ uniform at the next r {tag}"] == "matches"
     assert v["+ inference engine on livebench"] == "matches"
     assert v["+ logit-aware budgeting on livebench"] == "matches"
     assert v["+ inference engine on osc"] == "does not match"                # 0.90x: slower than the baseline

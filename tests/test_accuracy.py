@@ -34,10 +34,10 @@ def tiny_math():
 
 
 def _docs(info: dict, n: int, seed: int = 0):
-    from dllm_bench.accuracy.points import synth_docs
+    from dllm_bench.accuracy.points import generated_docs
 
     c = info["config"]
-    return synth_docs(n, seed, c["eval_facts"], c["ops"], c["max_value"])
+    return generated_docs("synth", "test", n, seed, c["eval_facts"], {"ops": c["ops"], "max_value": c["max_value"]})
 
 
 # ------------------------------------------------------------------------------ the checkpoint

@@ -202,7 +202,7 @@ def test_synth_knobs():
         with pytest.raises(ValueError):
             synth.synth_examples("train", 5, **bad)
     with pytest.raises(ValueError):
-        synth.synth_examples("dev", 5)
+        synth.synth_examples("validation", 5)
 
 
 # ---------------------------------------------------------------------------------------- --data

@@ -23,16 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TASKS = ("synth", "gsm8k", "humaneval")
+TASKS = ("synth", "synth-cot", "gsm8k", "humaneval")
+GENERATED = ("synth", "synth-cot")     # our generated tasks: scored here, with dev / test splits
 SYSTEMS = ("engine", "llada", "fast-dllm", "dllm-cache", "sparse-dllm")
 SELECTIONS = ("head", "uniform")
 SCORE_QUERIES = ("mean", "max")
 DEFAULT_RETENTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
 LM_EVAL_TASK = {"synth": "dllm_synth", "gsm8k": "dllm_gsm8k", "humaneval": "dllm_humaneval"}
-# (gen_length, block_length, steps) per task: synth answers fit one 32-token block (one token per
-# step); gsm8k / humaneval use LLaDA's evaluation lengths (one token per step, 32-token blocks).
-TASK_SHAPES = {"synth": (32, 32, 32), "gsm8k": (256, 32, 256), "humaneval": (512, 32, 512)}
-PRIMARY_METRIC = {"synth": "strict-match", "gsm8k": "strict-match", "humaneval": "pass@1"}
+# (gen_length, block_length, steps) per task: synth / synth-cot answers fit one 32-token block
+# (one token per step); gsm8k / humaneval use LLaDA's evaluation lengths (one token per step,
+# 32-token blocks). A model trained by `dllm-bench train` decodes its own answer window instead.
+TASK_SHAPES = {"synth": (32, 32, 32), "synth-cot": (32, 32, 32), "gsm8k": (256, 32, 256),
+               "humaneval": (512, 32, 512)}
+PRIMARY_METRIC = {"synth": "strict-match", "synth-cot": "strict-match", "gsm8k": "strict-match",
+                  "humaneval": "pass@1"}
 Z95 = 1.959963984540054
 
 
@@ -262,10 +266,13 @@ def model_training_info(path: Path) -> dict:
         return {}
 
 
-def synth_docs(n: int, seed: int, context_facts: int, ops, max_value: int) -> list[dict]:
-    from workloads.tasks import synth
+def generated_docs(task: str, split: str, n: int, seed: int, context_facts: int, knobs: dict) -> list[dict]:
+    """The first `n` questions of a generated task's dev or test split (seed `seed`)."""
+    from workloads.tasks import generated
 
-    return synth.synth_examples("test", n, seed=seed, context_facts=context_facts, ops=ops, max_value=max_value)
+    if split == "train":
+        raise ValueError("accuracy is measured on the dev or test split, never on train")
+    return generated.examples(task, split, n, seed=seed, context_facts=context_facts, **knobs)
 
 
 def local_synth_docs(rows: list[dict], n: int) -> list[dict]:
@@ -295,10 +302,11 @@ class PointResult:
     nfe_mean: float
     stats: dict
     samples: list = field(default_factory=list)
+    model: str = ""                 # which trained model (seed) of a several-model run, else ""
 
     def row(self, dense_acc: float | None = None) -> dict:
         p = self.point
-        d = {"point": p.name, "system": p.system, "role": p.role, "cache": p.cache, "selection": p.selection, "score_query": p.score_query,
+        d = {"point": p.name, **({"model": self.model} if self.model else {}), "system": p.system, "role": p.role, "cache": p.cache, "selection": p.selection, "score_query": p.score_query,
              "retention": p.retention, "n": self.n, "correct": self.correct, "accuracy": self.accuracy,
              "ci_low": self.ci_low, "ci_high": self.ci_high, "metric": self.metric,
              "elapsed_s": round(self.elapsed_s, 3), "nfe_mean": self.nfe_mean}
@@ -331,9 +339,10 @@ def _result(point, metric, hits: list[float], other: dict[str, list[float]], bac
 
 
 def eval_synth_point(backend: PointBackend, docs: list[dict]) -> PointResult:
-    from workloads.tasks import scoring, synth
+    """A generated task (synth, synth-cot) or local GSM8K-shaped docs, scored here."""
+    from workloads.tasks import generated, scoring
 
-    prompts = [synth.format_prompt(d["question"]) for d in docs]
+    prompts = [generated.format_prompt(d["question"]) for d in docs]
     texts = backend(prompts, {"max_gen_toks": backend.gen_length})
     samples, strict, flex = [], [], []
     outs = [backend.by_prompt[p] for p in prompts]     # by prompt: synth questions are distinct

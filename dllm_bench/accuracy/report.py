@@ -1,6 +1,7 @@
 """What `dllm-bench accuracy` makes of its points: the analysis (smallest retention reaching 95%
-of dense, per selection), the Fig. 6-style plot, and the run directory's files (per-point
-summary + samples, metrics.csv, summary.json), written atomically after every point."""
+of dense, per selection; on the mean over models when a run has several), the Fig. 6-style plot
+(mean ± spread across models), and the run directory's files (per-point summary + samples,
+metrics.csv, summary.json with the per-seed spread), written atomically after every point."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from dllm_bench.accuracy import seeds
 from dllm_bench.accuracy.points import Point, PointResult
 
 SERIES = ("head", "uniform", "head-max", "uniform-max")
@@ -44,7 +46,9 @@ def analyse(results: Sequence[PointResult]) -> dict:
 
 
 def plot_fig6(results: Sequence[PointResult], path: Path, title: str) -> Path:
-    """Accuracy vs retention, one line per selection (95% CI band), dense as a horizontal line."""
+    """Accuracy vs retention, one line per selection, dense as a horizontal line. One model: the
+    band is the 95% Wilson interval; several (seeds): the line is their mean, the error bars
+    their min-max spread."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,6 +56,9 @@ def plot_fig6(results: Sequence[PointResult], path: Path, title: str) -> Path:
 
     from dllm_bench.plots import save_png
 
+    spread = seeds.spreads(results)
+    several = any(len(s.models) > 1 for s in spread.values())
+    results = seeds.pooled(results)
     dense = next(r for r in results if r.point.role == "dense")
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
     styles = {"head": ("tab:blue", "o", "head-centric (dLLM-Serve)"),
@@ -69,8 +76,15 @@ def plot_fig6(results: Sequence[PointResult], path: Path, title: str) -> Path:
             continue
         xs = [100 * r.point.retention for r in pts]
         xs_all += xs
-        ax.plot(xs, [100 * r.accuracy for r in pts], marker=marker, color=color, label=label)
-        ax.fill_between(xs, [100 * r.ci_low for r in pts], [100 * r.ci_high for r in pts], color=color, alpha=0.12)
+        ys = [100 * r.accuracy for r in pts]
+        if several:
+            err = [[y - 100 * spread[r.point.name].low for y, r in zip(ys, pts, strict=True)],
+                   [100 * spread[r.point.name].high - y for y, r in zip(ys, pts, strict=True)]]
+            ax.errorbar(xs, ys, yerr=err, marker=marker, color=color, capsize=3,
+                        label=f"{label}, mean of {len(spread[pts[0].point.name].models)} seeds (min-max)")
+        else:
+            ax.plot(xs, ys, marker=marker, color=color, label=label)
+            ax.fill_between(xs, [100 * r.ci_low for r in pts], [100 * r.ci_high for r in pts], color=color, alpha=0.12)
     ax.axhline(100 * dense.accuracy, color="black", linestyle="--", linewidth=1.2,
                label=f"dense (r = 1, exact LLaDA): {100 * dense.accuracy:.1f}%")
     ax.axhline(95 * dense.accuracy, color="gray", linestyle=":", linewidth=1.0, label="95% of dense")
@@ -93,9 +107,13 @@ def point_dirname(point: Point) -> str:
 
 
 def write_point(run_dir: Path, res: PointResult, dense_acc: float | None) -> None:
+    """points/<point>/ (one model) or points/<model>/<point>/ (several)."""
     from dllm_bench.results import atomic_write_json, atomic_write_jsonl
 
-    pdir = run_dir / "points" / point_dirname(res.point)
+    pdir = run_dir / "points"
+    if res.model:
+        pdir = pdir / Path(res.model).name
+    pdir = pdir / point_dirname(res.point)
     atomic_write_jsonl(pdir / "samples.jsonl", res.samples)
     atomic_write_json(pdir / "summary.json", {**res.row(dense_acc), "point_spec": asdict(res.point),
                                               "stats": res.stats})
@@ -106,13 +124,17 @@ def write_run_tables(run_dir: Path, results: Sequence[PointResult], extra: dict)
 
     from dllm_bench.results import atomic_write_csv, atomic_write_json
 
-    dense = next((r for r in results if r.point.role == "dense"), None)
-    dacc = dense.accuracy if dense else None
-    rows = [r.row(dacc) for r in results]
+    dense_of = {r.model: r.accuracy for r in results if r.point.role == "dense"}
+    rows = [r.row(dense_of.get(r.model)) for r in results]
     atomic_write_csv(run_dir / "metrics.csv", pd.DataFrame(rows))
     doc = {"run_id": run_dir.name, **extra, "points": rows}
-    if dense is not None:
-        doc["analysis"] = analyse(results)
+    if len({r.model for r in results}) > 1:
+        mean = seeds.pooled(results)
+        spread = seeds.spreads(results)
+        dacc = next((r.accuracy for r in mean if r.point.role == "dense"), None)
+        doc["seeds"] = [{**r.row(dacc), "model": r.model, **spread[r.point.name].row()} for r in mean]
+    if dense_of:
+        doc["analysis"] = analyse(seeds.pooled(results))
     atomic_write_json(run_dir / "summary.json", doc)
 
 
@@ -127,5 +149,6 @@ def load_results(run_dir: Path) -> list[PointResult]:
         other = {k[: -len("_accuracy")]: {"correct": row[k[: -len("_accuracy")] + "_correct"], "accuracy": row[k]}
                  for k in row if k.endswith("_accuracy") and k[: -len("_accuracy")] + "_correct" in row}
         out.append(PointResult(p, row["n"], row["correct"], row["accuracy"], row["ci_low"], row["ci_high"],
-                               row["metric"], other, row.get("elapsed_s", 0.0), row.get("nfe_mean", 0.0), {}))
+                               row["metric"], other, row.get("elapsed_s", 0.0), row.get("nfe_mean", 0.0), {},
+                               model=row.get("model", "")))
     return out

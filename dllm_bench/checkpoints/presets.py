@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from dllm_bench.checkpoints.tokenizer import LLADA_VOCAB_SIZE
@@ -109,7 +109,19 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     # Committed trained checkpoint: `dllm-bench train` on synth (docs/ACCURACY.md); 4 KV heads.
     _P("tiny-math", 128, 4, 4, 4, 344, 512, tokenizer_learned=500, asset="assets/tiny-math",
        note="trained on synth (dllm-bench train); docs/ACCURACY.md"),
+    _P("synth-cot", 128, 4, 4, 4, 344, 512, tokenizer_learned=500, asset="assets/synth-cot",
+       note="trained on synth-cot (dllm-bench train --task synth-cot); docs/ACCURACY.md"),
 ]}
+# Further training seeds of a trained preset (`make train-seeds`), where committed or made:
+# assets/<name>-s<seed>, the same shape and recipe with another --seed.
+TRAINED = ("tiny-math", "synth-cot")
+SEEDS = (1, 2)
+for _base in TRAINED:
+    for _seed in SEEDS:
+        _name = f"{_base}-s{_seed}"
+        if (PACKAGE_DIR / "assets" / _name / "config.json").is_file():
+            PRESETS[_name] = replace(PRESETS[_base], name=_name, seed=_seed, asset=f"assets/{_name}",
+                                     note=f"{_base}'s recipe, training seed {_seed}")
 
 
 def get_preset(name: str) -> Preset:

@@ -1,4 +1,5 @@
-"""`dllm-bench train`: train a tiny LLaDA-architecture masked-diffusion model on `synth` (CPU) and
+"""`dllm-bench train`: train a tiny LLaDA-architecture masked-diffusion model on a generated task
+(`synth`, `synth-cot`; CPU) and
 save it as an HF LLaDA checkpoint + tokenizer + learning curve (see dllm_bench/train/loop.py)."""
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import typer
 
 from dllm_bench.errors import UserError
-from workloads.tasks import synth
+from workloads.tasks import generated, synth
 
 
 def _int_list(spec: str, flag: str) -> tuple[int, ...]:
@@ -25,12 +26,13 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def train(
         out: Path = typer.Option(..., "--out", "-o", help="Checkpoint directory to write (created; must be empty unless --force)."),
-        task: str = typer.Option("synth", help="Training task (synth)."),
+        task: str = typer.Option("synth", help="Training task: synth | synth-cot."),
         train_facts: str = typer.Option("4,8,16", help="synth context_facts drawn per batch (comma list)."),
         eval_facts: int = typer.Option(16, help="synth context_facts of the held-out probe."),
         ops: str = typer.Option(",".join(synth.DEFAULT_OPS), help=f"synth ops, a comma list of {', '.join(synth.OPS)}."),
-        max_value: int = typer.Option(9, help="synth operand range (1..9)."),
-        window: int = typer.Option(16, help="Answer region length (answer + EOS padding)."),
+        needles: int = typer.Option(3, help="synth-cot: digit-valued events in the chain (answer steps + 1)."),
+        max_value: int = typer.Option(9, help="Operand range (1..9)."),
+        window: int | None = typer.Option(None, help="Answer region length (answer + EOS padding; default: synth 16, synth-cot 32)."),
         vocab_size: int = typer.Option(512, help="Vocabulary size (BPE + 12 LLaDA special tokens)."),
         d_model: int = typer.Option(128),
         n_layers: int = typer.Option(4),
@@ -55,7 +57,7 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Write into a non-empty --out."),
         json_out: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
     ) -> None:
-        """Train a tiny LLaDA on synth with the masked-diffusion objective; save HF LLaDA layout."""
+        """Train a tiny LLaDA on synth or synth-cot with the masked-diffusion objective; save HF LLaDA layout."""
         from dllm_bench.train.loop import TrainConfig
         from dllm_bench.train.loop import train as run_train
 
@@ -67,7 +69,7 @@ def register(app: typer.Typer) -> None:
             cfg = TrainConfig(
                 out=str(out), task=task, train_facts=_int_list(train_facts, "--train-facts"),
                 eval_facts=eval_facts, ops=tuple(o.strip() for o in ops.split(",") if o.strip()),
-                max_value=max_value, window=window, vocab_size=vocab_size, d_model=d_model,
+                needles=needles, max_value=max_value, window=window, vocab_size=vocab_size, d_model=d_model,
                 n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, mlp_hidden_size=mlp_hidden_size,
                 rope_theta=rope_theta,
                 objective=objective, t_min=t_min, batch_size=batch_size, lr=lr, warmup=warmup,
@@ -75,8 +77,7 @@ def register(app: typer.Typer) -> None:
                 threads=threads,
                 eval_every=eval_every, eval_n=eval_n, save_dtype=save_dtype,
             )
-
-            synth.synth_examples("test", 1, context_facts=cfg.eval_facts, ops=cfg.ops, max_value=cfg.max_value)
+            generated.examples(cfg.task, "test", 1, context_facts=cfg.eval_facts, **generated.knobs_of(cfg.task, vars(cfg)))
         except ValueError as e:
             raise UserError(str(e)) from None
         log = (lambda s: typer.echo(s, err=True)) if json_out else typer.echo

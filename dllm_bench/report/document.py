@@ -24,17 +24,26 @@ KINDS = ("serve", "accuracy", "ablate", "sweep")
 
 # ---------------------------------------------------------------- finding runs
 def find_runs(root: str | Path | None = None) -> dict[str, Path | None]:
-    """Latest run of each kind; sweeps: the latest per --vary (keys sweep:input-len, sweep:output-len)."""
+    """Latest run of each kind; sweeps: the latest per --vary (keys sweep:input-len, sweep:output-len);
+    accuracy: test-split runs only (dev runs are where choices are made), the latest of all under
+    "accuracy" and the latest of each other task under "accuracy:<task>"."""
     from dllm_bench import results
 
     base = results.results_root(root)
-    out: dict[str, Path | None] = {k: results.latest_run(k, base) for k in ("serve", "accuracy", "ablate")}
+    out: dict[str, Path | None] = {k: results.latest_run(k, base) for k in ("serve", "ablate")}
     sweeps: dict[str, tuple] = {}
+    acc: dict[str, tuple] = {}
     for cfg in base.glob("*/config.json") if base.is_dir() else ():
         try:
             c = json.loads(cfg.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
+        knobs = c.get("config") or {}
+        if c.get("kind") == "accuracy" and knobs.get("split", "test") != "dev":
+            cand = (c.get("created_utc", ""), cfg.parent.name, cfg.parent)
+            t = knobs.get("task", "?")
+            if t not in acc or cand > acc[t]:
+                acc[t] = cand
         if c.get("kind") == "sweep":
             vary = (c.get("config") or {}).get("vary", "")
             cand = (c.get("created_utc", ""), cfg.parent.name, cfg.parent)
@@ -42,6 +51,11 @@ def find_runs(root: str | Path | None = None) -> dict[str, Path | None]:
                 sweeps[vary] = cand
     for v in ("input-len", "output-len"):
         out[f"sweep:{v}"] = sweeps[v][2] if v in sweeps else None
+    latest = max(acc.values()) if acc else None
+    out["accuracy"] = latest[2] if latest else None
+    for t, cand in sorted(acc.items()):
+        if cand != latest:
+            out[f"accuracy:{t}"] = cand[2]
     return out
 
 
@@ -84,7 +98,8 @@ def render(out_path: str | Path, root: str | Path | None = None, runs: Mapping[s
             except (OSError, ValueError):
                 head.append(f"- {k}: `{v}`\n")
     body = []
-    for key, fn in SECTIONS:
+    extra = tuple((k, accuracy_section) for k in runs if k.startswith("accuracy:"))
+    for key, fn in SECTIONS[:2] + extra + SECTIONS[2:]:
         d = runs.get(key)
         if d is None:
             continue

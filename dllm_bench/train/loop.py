@@ -1,10 +1,10 @@
-"""Train a tiny LLaDA-architecture masked-diffusion model on the `synth` task, on CPU, and save
-it as an HF-layout LLaDA checkpoint the engine loads unchanged (`dllm-bench train`).
+"""Train a tiny LLaDA-architecture masked-diffusion model on a generated task (`synth`,
+`synth-cot`), on CPU, and save it as an HF-layout LLaDA checkpoint the engine loads unchanged (`dllm-bench train`).
 
 Pieces (the tokenizer in task_tokenizer.py, batches and the batched forward in train_batches.py,
 the held-out probe and curve plot in learning_curve.py; the rest below):
 
-* a task tokenizer: byte-level BPE trained on synth text (digits split one by one, names and
+* a task tokenizer: byte-level BPE trained on the task's text (digits split one by one, names and
   items end up as single tokens), learned tokens first and LLaDA's special tokens at the top of
   the vocab in LLaDA's relative order (the small-vocab layout of tokenizer_build.py);
 * the model: `engine.models.llada.LLaDAModelLM` itself, trained through its own blocks with a
@@ -14,8 +14,8 @@ the held-out probe and curve plot in learning_curve.py; the rest below):
   is masked with probability t, prompt tokens never; cross-entropy on the masked tokens weighted
   1/t, normalised by the answer-region length. `objective="plain"` (unweighted CE over masked
   tokens, t ~ U(t_min, 1); lower variance for short windows) exists as an option only;
-* a seeded data stream (train split of synth; the held-out probe uses the test split), AdamW with
-  warmup + cosine decay, a learning curve (probe accuracy on held-out synth every `eval_every`
+* a seeded data stream (the task's train split; the held-out probe uses its dev split), AdamW
+  with warmup + cosine decay, a learning curve (probe accuracy on the dev split every `eval_every`
   steps, greedy LLaDA low-confidence decoding with one token per step), CSV + PNG;
 * the budget: `steps` (deterministic: the same seed, steps and thread count give the same
   weights) and a wall-clock cap `minutes` (a safety stop; the step count reached is recorded).
@@ -27,7 +27,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -38,7 +38,7 @@ from dllm_bench.train.batches import ANSWER_DELIM, Encoded, batched_logits, coll
 from dllm_bench.train.curve import probe_accuracy, write_curve
 from dllm_bench.train.tokenizer import build_task_tokenizer, save_task_tokenizer
 from engine.models.llada import LLaDAConfig, LLaDAModelLM
-from workloads.tasks import synth
+from workloads.tasks import generated, synth
 
 OBJECTIVES = ("llada", "plain")
 
@@ -46,16 +46,17 @@ OBJECTIVES = ("llada", "plain")
 @dataclass
 class TrainConfig:
     out: str = ""
-    task: str = "synth"
-    # --- data (synth knobs) ---
+    task: str = "synth"                                  # a generated task (synth | synth-cot)
+    # --- data (task knobs) ---
     train_facts: tuple[int, ...] = (4, 8, 16)           # context_facts drawn per batch (uniformly)
     eval_facts: int = 16                                 # context_facts of the held-out probe
-    ops: tuple[str, ...] = synth.DEFAULT_OPS
+    ops: tuple[str, ...] = synth.DEFAULT_OPS            # synth only
+    needles: int = 3                                     # synth-cot only: events in the chain
     max_value: int = synth.DEFAULT_MAX_VALUE
-    window: int = 16                     # answer region = answer + EOS padding to this length
+    window: int | None = None            # answer region = answer + EOS padding (None: the task's)
     # --- tokenizer ---
     vocab_size: int = 512                # embedding rows; learned BPE tokens + fillers + 12 specials
-    tokenizer_corpus: int = 4000         # synth examples the BPE is trained on
+    tokenizer_corpus: int = 4000         # train examples the BPE is trained on
     # --- model (LLaDA architecture) ---
     d_model: int = 128
     n_layers: int = 4
@@ -85,7 +86,7 @@ class TrainConfig:
     # --- learning curve ---
     eval_every: int = 300
     eval_n: int = 48
-    eval_seed: int = 1                   # probe = synth test split, this seed (reports use seed 0)
+    eval_seed: int = 1                   # probe = the task's dev split, this seed
     save_dtype: str = "float32"
 
     def __post_init__(self) -> None:
@@ -93,7 +94,8 @@ class TrainConfig:
             if not cond:
                 raise ValueError(msg)
 
-        check(self.task == "synth", f"only task 'synth' can be trained, got {self.task!r}")
+        check(self.task in generated.TASKS, f"task must be one of {generated.TASKS}, got {self.task!r}")
+        self.window = self.window or generated.WINDOWS[self.task]
         check(self.objective in OBJECTIVES, f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         check(bool(self.train_facts) and all(1 <= k <= len(synth.NAMES) for k in self.train_facts),
               f"train_facts must be in 1..{len(synth.NAMES)}")
@@ -113,19 +115,24 @@ class TrainConfig:
 
 
 # ------------------------------------------------------------------------------------ tokenizer
-def corpus_lines(n: int, seed: int, facts: Sequence[int], ops, max_value: int) -> list[str]:
-    """Prompt + answer texts of train-split synth examples, spread over the context sizes."""
-    per = max(1, n // len(facts))
+def task_knobs(cfg: TrainConfig) -> dict:
+    """The task's own knobs of a training config (e.g. ops for synth, needles for synth-cot)."""
+    return generated.knobs_of(cfg.task, asdict(cfg))
+
+
+def corpus_lines(cfg: TrainConfig) -> list[str]:
+    """Prompt + answer texts of train-split examples, spread over the context sizes."""
+    per = max(1, cfg.tokenizer_corpus // len(cfg.train_facts))
     out = []
-    for k in facts:
-        for e in synth.synth_examples("train", per, seed=seed, context_facts=k, ops=ops, max_value=max_value):
-            out.append(synth.format_prompt(e["question"]) + ANSWER_DELIM + e["answer"])
+    for k in cfg.train_facts:
+        for e in generated.examples(cfg.task, "train", per, seed=cfg.seed, context_facts=k, **task_knobs(cfg)):
+            out.append(generated.format_prompt(e["question"]) + ANSWER_DELIM + e["answer"])
     return out
 
 
 # ------------------------------------------------------------------------------------ data
 class TrainStream:
-    """Seeded, endless batches of train-split synth examples; one context size per batch (drawn
+    """Seeded, endless batches of train-split examples; one context size per batch (drawn
     uniformly from `facts`) so a batch's sequences have nearly equal lengths."""
 
     def __init__(self, cfg: TrainConfig, tok, eos: int, chunk: int = 2048):
@@ -138,7 +145,7 @@ class TrainStream:
     def _refill(self, k: int) -> None:
         c = self.cfg
         seed = (c.seed * 1_000_003 + k * 10_007 + self.chunks[k]) % (2**31)
-        rows = synth.synth_examples("train", self.chunk, seed=seed, context_facts=k, ops=c.ops, max_value=c.max_value)
+        rows = generated.examples(c.task, "train", self.chunk, seed=seed, context_facts=k, **task_knobs(c))
         self.chunks[k] += 1
         enc = encode_examples(self.tok, rows, c.window, self.eos)
         self.rng.shuffle(enc)
@@ -227,7 +234,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
     out = Path(cfg.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
 
-    corpus = corpus_lines(cfg.tokenizer_corpus, cfg.seed, cfg.train_facts, cfg.ops, cfg.max_value)
+    corpus = corpus_lines(cfg)
     tok = build_task_tokenizer(corpus, cfg.vocab_size)
     special = save_task_tokenizer(tok, out, cfg.max_sequence_length)
     mask_id, eos = special["mask_token_id"], special["eos_token_id"]
@@ -237,8 +244,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
         f"V{cfg.vocab_size}: {n_params(model) / 1e6:.2f} M params; objective {cfg.objective}; "
         f"threads {torch.get_num_threads()}")
 
-    probe_rows = synth.synth_examples("test", cfg.eval_n, seed=cfg.eval_seed, context_facts=cfg.eval_facts,
-                                      ops=cfg.ops, max_value=cfg.max_value)
+    probe_rows = generated.examples(cfg.task, "dev", cfg.eval_n, seed=cfg.eval_seed, context_facts=cfg.eval_facts,
+                                    **task_knobs(cfg))
     probe = encode_examples(tok, probe_rows, cfg.window, eos)
     stream = TrainStream(cfg, tok, eos)
     decay, no_decay = [], []
@@ -310,7 +317,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
         "examples_seen": stream.examples, "train_seconds": round(train_s, 1), "eval_seconds": round(eval_s, 1),
         "wall_seconds": round(time.perf_counter() - t_start, 1), "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "final_probe_accuracy": curve[-1]["probe_accuracy"],
-        "probe": {"split": "test", "seed": cfg.eval_seed, "n": len(probe), "context_facts": cfg.eval_facts,
+        "probe": {"split": "dev", "seed": cfg.eval_seed, "n": len(probe), "context_facts": cfg.eval_facts,
                   "decoding": f"greedy low-confidence, gen_length=steps=block={cfg.window}",
                   "metric": "strict-match"},
         "learned_tokens": sum(1 for t in tok.get_vocab() if not t.startswith("<|")),

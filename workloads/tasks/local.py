@@ -1,4 +1,6 @@
-"""`--data PATH`: local JSONL(.gz) in GSM8K shape or HumanEval shape, detected from the keys.
+"""`--data PATH`: a local JSONL(.gz) file or a Hugging Face `datasets` directory (what
+`save_to_disk` writes, e.g. `load_dataset("openai/gsm8k", "main").save_to_disk(DIR)` on a
+machine with network access), in GSM8K shape or HumanEval shape, detected from the keys.
 
 GSM8K shape:     {"question": str, "answer": str}             (answer ends in "#### N"; synth too)
 HumanEval shape: {"task_id", "prompt", "test", "entry_point"}  (+ optional "canonical_solution")
@@ -24,15 +26,9 @@ def detect_kind(row: dict) -> str:
                      f"nor HumanEval-shaped {HUMANEVAL_KEYS}")
 
 
-def load_local(path: str | os.PathLike, kind: str | None = None) -> tuple[str, list[dict]]:
-    """(kind, rows) from a local JSONL(.gz); every row must have the same shape. Raises ValueError
-    (naming the file and line) for a missing file, bad JSON, mixed or unknown shapes, or no rows."""
-    if kind is not None and kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    if not os.path.isfile(path):
-        raise ValueError(f"data file not found: {path}")
+def _jsonl_rows(path: str | os.PathLike):
+    """(where, row) per non-empty line of a JSONL(.gz) file."""
     opener = gzip.open if str(path).endswith(".gz") else open
-    rows: list[dict] = []
     with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -41,16 +37,46 @@ def load_local(path: str | os.PathLike, kind: str | None = None) -> tuple[str, l
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object")
-            try:
-                k = detect_kind(row)
-            except ValueError as e:
-                raise ValueError(f"{path}:{lineno}: {e}") from None
-            kind = kind or k
-            if k != kind:
-                raise ValueError(f"{path}:{lineno}: {k}-shaped row in a {kind} file")
-            rows.append(row)
+            yield f"{path}:{lineno}", row
+
+
+def _dataset_rows(path: str | os.PathLike):
+    """(where, row) per row of a `datasets` directory: a Dataset, or a DatasetDict's `test` split
+    (GSM8K's and HumanEval's evaluation split; the only split when there is one)."""
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError) as e:
+        raise ValueError(f"{path}: not a datasets directory ({e})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if "test" not in ds and len(ds) != 1:
+            raise ValueError(f"{path}: a DatasetDict without a 'test' split (splits: {', '.join(ds)})")
+        ds = ds["test"] if "test" in ds else next(iter(ds.values()))
+    for i, row in enumerate(ds):
+        yield f"{path}[{i}]", dict(row)
+
+
+def load_local(path: str | os.PathLike, kind: str | None = None) -> tuple[str, list[dict]]:
+    """(kind, rows) from a local JSONL(.gz) or `datasets` directory; every row must have the same
+    shape. Raises ValueError (naming the file and line or row) for a missing path, bad JSON, mixed
+    or unknown shapes, or no rows."""
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if not os.path.exists(path):
+        raise ValueError(f"data file not found: {path}")
+    rows: list[dict] = []
+    for where, row in (_dataset_rows(path) if os.path.isdir(path) else _jsonl_rows(path)):
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object")
+        try:
+            k = detect_kind(row)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        kind = kind or k
+        if k != kind:
+            raise ValueError(f"{where}: {k}-shaped row in a {kind} file")
+        rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
     if kind == "gsm8k":   # keep only the fields scoring uses (plus target if present, e.g. synth)

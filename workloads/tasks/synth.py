@@ -26,14 +26,15 @@ marbles. How many marbles were found and won together?"  answer: "7 + 5 = 12\n##
   survive only if the selection finds them, and the two facts of add/sub sit at different
   positions, which per-head selection can serve from different heads.
 * Knobs: `context_facts` (K: length), `ops`, `max_value` (operand range; keep <= 9).
-* Splits: a question belongs to train or test by a stable hash of its text (10% test), so train
-  and test are disjoint for every seed, n and knob setting; generation asserts it.
+* Splits: train / dev / test by a stable hash of the question text (`splits.split_of`), so they
+  are disjoint for every seed, n and knob setting; generation asserts it.
 """
 from __future__ import annotations
 
-import hashlib
 import random
 import re
+
+from workloads.tasks.splits import check_split, split_of
 
 # Short, common first names: a BPE tokenizer trained on this corpus keeps each as one token, so
 # a name-keyed recall key is a single token (the easiest form of associative recall).
@@ -63,8 +64,6 @@ MARKERS: tuple[str, str] = ("found", "won")      # verbs of the asked facts (dis
 # by its form, so finding it is one attention hop (learned in minutes); what retention tests is
 # whether the KV selection keeps it.
 WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-SPLITS: tuple[str, ...] = ("train", "test")
-TEST_PERCENT = 10                       # share of the question space assigned to the test split
 DEFAULT_CONTEXT_FACTS = 16                # ~105 prompt tokens; what tiny-math is evaluated at
 DEFAULT_MAX_VALUE = 9
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"   # same as GSM8K (lm-eval's gsm8k doc_to_text)
@@ -83,12 +82,6 @@ _QUERIES = {
 
 def format_prompt(question: str) -> str:
     return PROMPT_TEMPLATE.format(question=question)
-
-
-def split_of(question: str) -> str:
-    """The split a question belongs to: a pure function of its text, hence disjoint splits."""
-    h = int.from_bytes(hashlib.sha256(question.encode("utf-8")).digest()[:8], "big")
-    return "test" if h % 100 < TEST_PERCENT else "train"
 
 
 def _worked_answer(op: str, item: str, facts: list[tuple[str, int]]) -> tuple[str, int]:
@@ -154,13 +147,12 @@ def _marked(rng: random.Random, k: int, op: str, item: str, names: list[str], va
 def synth_examples(split: str, n: int, seed: int = 0, context_facts: int = DEFAULT_CONTEXT_FACTS,
                    ops: tuple[str, ...] | list[str] | str = DEFAULT_OPS,
                    max_value: int = DEFAULT_MAX_VALUE) -> list[dict]:
-    """`n` distinct examples of `split` ("train" | "test"), deterministic in all arguments.
+    """`n` distinct examples of `split` ("train" | "dev" | "test"), deterministic in all arguments.
 
     Each is {"question", "answer" (worked, ends in "#### N"), "target" ("N"), "op"}.
     `ops` may be a comma-separated string ("recall,add") for CLI/metadata use.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    check_split(split)
     ops = tuple(o.strip() for o in ops.split(",")) if isinstance(ops, str) else tuple(ops)
     if not ops or any(o not in OPS for o in ops):
         raise ValueError(f"ops must be a non-empty subset of {OPS}, got {ops}")

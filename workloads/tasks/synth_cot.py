@@ -1,0 +1,134 @@
+"""`synth-cot`: a GSM8K-shaped task with long worked answers, learnable by a ~1M-parameter
+masked-diffusion model on a CPU, whose every answer step depends on a different, specific
+context token (what KV selection can break).
+
+Each example:
+
+    context  = K facts "<Name> has <word> <item>." (values spelled out), of which `needles` (3 by
+               default) at random positions are events with a digit value and a marker verb:
+               "<Name> found 7 <item>." (markers found/won/got add, lost/gave take away)
+    question = "How many <item> are there after the ones found, lost and won?" (the markers in
+               context order)
+    answer   = a worked chain over the needles in context order, one step per needle after the
+               first, each needle's marker written right before its value:
+               "found 7 - lost 3 = 4. 4 + won 5 = 9.\n#### 9"   (27 tokens with `dllm-bench
+               train`'s digit-splitting BPE; 4 needles: ~36)
+
+Why this shape (docs/ACCURACY.md has the measurements on `synth`):
+
+* Every needle value is written once in the answer; only computed running totals repeat (the
+  result of one step is the first operand of the next). A second copy of a recalled value lets a
+  model trained with random masking copy it instead of learning to recall it.
+* Needles are recognisable by form (the only digits in the context) and each is keyed by the
+  marker written before it both in the context and in the answer ("lost 3"): a lookup a small
+  model learns (an induction-style match of the preceding token), unlike name-keyed recall.
+* The step order is the context order and the question lists the markers in that order, so
+  later steps need later needles: at retention r the answer survives only if the selection keeps
+  each step's needle for the queries of that step.
+* Running totals stay in 0..needles*max_value (the subtracted value never exceeds the total).
+
+Splits: train / dev / test by a stable hash of the question text (`splits.split_of`).
+"""
+from __future__ import annotations
+
+import random
+import re
+
+from workloads.tasks.splits import check_split, split_of
+from workloads.tasks.synth import ITEMS, NAMES, WORDS, format_prompt
+
+__all__ = ["examples", "solve", "format_prompt", "DEFAULT_CONTEXT_FACTS", "DEFAULT_NEEDLES"]
+
+ADD_MARKERS: tuple[str, ...] = ("found", "won", "got")
+SUB_MARKERS: tuple[str, ...] = ("lost", "gave")
+MARKERS = ADD_MARKERS + SUB_MARKERS
+DEFAULT_CONTEXT_FACTS = 16
+DEFAULT_NEEDLES = 3
+DEFAULT_MAX_VALUE = 9
+
+_FACT = re.compile(r"(\w+) (has|found|won|got|lost|gave) (\w+) (\w+)\.")
+_QUESTION = re.compile(r"How many (\w+) are there after the ones ([\w, ]+)\?$")
+
+
+def _sign(marker: str) -> str:
+    return "+" if marker in ADD_MARKERS else "-"
+
+
+def worked_answer(events: list[tuple[str, int]]) -> tuple[str, int]:
+    """(answer text, N) for the needles' (marker, value) in context order."""
+    (m0, total), steps = events[0], []
+    first = f"{m0} {total}"
+    for marker, v in events[1:]:
+        new = total + v if marker in ADD_MARKERS else total - v
+        steps.append(f"{first if not steps else total} {_sign(marker)} {marker} {v} = {new}.")
+        total = new
+    return " ".join(steps) + f"\n#### {total}", total
+
+
+def _question(item: str, markers: list[str]) -> str:
+    listed = ", ".join(markers[:-1]) + f" and {markers[-1]}"
+    return f"How many {item} are there after the ones {listed}?"
+
+
+def _candidate(rng: random.Random, k: int, needles: int, max_value: int) -> dict:
+    item = rng.choice(ITEMS)
+    names = rng.sample(NAMES, k)
+    where = sorted(rng.sample(range(k), needles))
+    markers = [rng.choice(ADD_MARKERS)]              # the chain starts from something there
+    markers += rng.sample([m for m in MARKERS if m != markers[0]], needles - 1)
+    values, total = [], 0
+    for m in markers:
+        hi = max_value if m in ADD_MARKERS else min(max_value, total)
+        if hi < 1:                                  # nothing left to take away: make it a gain
+            return _candidate(rng, k, needles, max_value)
+        v = rng.randint(1, hi)
+        values.append(v)
+        total += v if m in ADD_MARKERS else -v
+    event = {i: (m, v) for i, m, v in zip(where, markers, values, strict=True)}
+    facts = [f"{nm} {event[i][0]} {event[i][1]} {item}." if i in event
+             else f"{nm} has {WORDS[rng.randint(1, max_value)]} {item}." for i, nm in enumerate(names)]
+    answer, n = worked_answer(list(zip(markers, values, strict=True)))
+    return {"question": " ".join(facts) + " " + _question(item, markers), "answer": answer,
+            "target": str(n), "op": f"chain{needles}"}
+
+
+def examples(split: str, n: int, seed: int = 0, context_facts: int = DEFAULT_CONTEXT_FACTS,
+             needles: int = DEFAULT_NEEDLES, max_value: int = DEFAULT_MAX_VALUE) -> list[dict]:
+    """`n` distinct examples of `split` ("train" | "dev" | "test"), deterministic in all arguments
+    and prefix-stable in n: {"question", "answer" (worked, ends in "#### N"), "target", "op"}."""
+    check_split(split)
+    k, needles = int(context_facts), int(needles)
+    if not 2 <= needles <= len(MARKERS):
+        raise ValueError(f"needles must be in 2..{len(MARKERS)}, got {needles}")
+    if not needles <= k <= len(NAMES):
+        raise ValueError(f"context_facts must be in {needles}..{len(NAMES)}, got {k}")
+    if not 1 <= int(max_value) <= 9:
+        raise ValueError(f"max_value must be in 1..9 (single-digit values), got {max_value}")
+    rng = random.Random(f"dllm-bench-synth-cot:{int(seed)}:{split}")
+    out: list[dict] = []
+    seen: set[str] = set()
+    budget = 200 * n + 10_000
+    while len(out) < n:
+        budget -= 1
+        if budget < 0:
+            raise ValueError(f"could not draw {n} distinct {split} examples with these knobs")
+        ex = _candidate(rng, k, needles, int(max_value))
+        if split_of(ex["question"]) != split or ex["question"] in seen:
+            continue
+        seen.add(ex["question"])
+        out.append(ex)
+    return out
+
+
+def solve(question: str) -> dict:
+    """{"answer", "target", "op"} recomputed from a synth-cot question's own text; ValueError if
+    the question's markers do not match its digit-valued facts."""
+    events = [(verb, int(v)) for _, verb, v, _ in _FACT.findall(question) if verb != "has"]
+    m = _QUESTION.search(question)
+    if not m or not events:
+        raise ValueError(f"not a synth-cot question: {question[-80:]!r}")
+    listed = re.split(r", | and ", m.group(2))
+    if listed != [verb for verb, _ in events]:
+        raise ValueError(f"question lists {listed}, context has {[v for v, _ in events]}")
+    answer, n = worked_answer(events)
+    return {"answer": answer, "target": str(n), "op": f"chain{len(events)}"}
