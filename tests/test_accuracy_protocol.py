@@ -89,7 +89,7 @@ def test_dev_then_test_with_several_models(tmp_path, monkeypatch):
 @pytest.mark.parametrize("args, msg", [
     (["--model", "tiny,tiny"], "distinct"),
     (["--model", "tiny", "--split", "train"], "--split"),
-    (["--model", "tiny", "--task", "gsm8k", "--split", "dev"], "--split dev"),
+    (["--model", "tiny", "--task", "gsm8k", "--split", "dev"], "needs --data"),
     (["--model", "tiny", "--dev-run", "/no/such/run"], "--dev-run"),
 ])
 def test_bad_protocol_input(args, msg, tmp_path, monkeypatch):

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
     def accuracy(
         task: str | None = typer.Option(None, help="synth | synth-cot | gsm8k | humaneval (default: the model's training task, else synth)."),
         model: str = typer.Option("tiny-math", "--model", "-m", help="Preset name or HF LLaDA checkpoint directory; a comma list = several trained models (seeds) of one task, reported per seed and as mean ± spread."),
-        split: str = typer.Option("test", help="synth / synth-cot questions: test (reported figures) or dev (where choices are made)."),
+        split: str = typer.Option("test", help="test (reported figures) or dev (where choices are made): the generated tasks' own splits; with --data, what the file is."),
         dev_run: str | None = typer.Option(None, help="A dev-split run (id or dir) of the same task and models: its choice of --score-query per selection is recorded with this run."),
         retention: str = typer.Option("0.1,0.2,0.3,0.4,0.5", help="Retention ratio(s) r in (0, 1], comma list."),
         selection: str = typer.Option("head,uniform", help="Engine sparse selection(s): head, uniform."),
@@ -103,8 +103,9 @@ def register(app: typer.Typer) -> None:
         task = task or tcfg.get("task") or "synth"
         if task not in acc.TASKS:
             raise UserError(f"--task must be one of {', '.join(acc.TASKS)}, got {task!r}")
-        if split == "dev" and (task not in acc.GENERATED or data is not None):
-            raise UserError("--split dev applies to the generated tasks (synth, synth-cot) without --data")
+        if split == "dev" and task not in acc.GENERATED and data is None:
+            raise UserError(f"--split dev with --task {task} needs --data (a dev set, e.g. questions of GSM8K's "
+                            "train split): the built-in data is the test split")
         windows = {i.get("config", {}).get("window") for i in infos}
         if len(windows) > 1:
             raise UserError(f"--model: the models were trained with different answer windows {sorted(map(str, windows))}")
@@ -155,7 +156,7 @@ def register(app: typer.Typer) -> None:
                      device=device, threads=torch.get_num_threads(), max_num_seqs=max_num_seqs, batch=batch,
                      chat=chat, temperature=0.0, remasking="low_confidence", points=[p.name for p in points])
         if data is not None:
-            knobs.update(data=str(data), data_rows=len(rows), split="data")
+            knobs.update(data=str(data), data_rows=len(rows), split=split)
         elif task in acc.GENERATED:
             knobs["split"] = split
             knobs[task] = dict(split=split, seed=seed, n=limit, context_facts=facts, **task_knobs)
