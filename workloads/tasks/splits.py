@@ -9,6 +9,8 @@ trained on it) is unchanged.
 from __future__ import annotations
 
 import hashlib
+import random
+from collections.abc import Callable
 
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 TEST_PERCENT = 5
@@ -26,3 +28,25 @@ def split_of(question: str) -> str:
 def check_split(split: str) -> None:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def draw(split: str, n: int, stream: str, candidate: Callable[[random.Random], dict]) -> list[dict]:
+    """The first `n` distinct candidates of the seeded stream `stream` that belong to `split`.
+
+    One stream per (task, seed, split): a split's questions do not change with the size of
+    another's. random.Random(str) seeds via sha512, independent of PYTHONHASHSEED."""
+    check_split(split)
+    rng = random.Random(stream)
+    out: list[dict] = []
+    seen: set[str] = set()
+    budget = 200 * n + 10_000                        # stop degenerate (tiny) question spaces
+    while len(out) < n:
+        budget -= 1
+        if budget < 0:
+            raise ValueError(f"could not draw {n} distinct {split} examples with these knobs")
+        ex = candidate(rng)
+        if split_of(ex["question"]) != split or ex["question"] in seen:
+            continue
+        seen.add(ex["question"])
+        out.append(ex)
+    return out

@@ -34,7 +34,7 @@ from __future__ import annotations
 import random
 import re
 
-from workloads.tasks.splits import check_split, split_of
+from workloads.tasks.splits import check_split, draw, split_of
 
 # Short, common first names: a BPE tokenizer trained on this corpus keeps each as one token, so
 # a name-keyed recall key is a single token (the easiest form of associative recall).
@@ -161,21 +161,7 @@ def synth_examples(split: str, n: int, seed: int = 0, context_facts: int = DEFAU
         raise ValueError(f"context_facts must be in 1..{len(NAMES)} (>= 2 with add/sub), got {k}")
     if not 1 <= int(max_value) <= 9:
         raise ValueError(f"max_value must be in 1..9 (single-digit operands), got {max_value}")
-    # One stream per (seed, split): the test set does not change with the size of the train set.
-    # random.Random(str) seeds via sha512, independent of PYTHONHASHSEED.
-    rng = random.Random(f"dllm-bench-synth:{int(seed)}:{split}")
-    out: list[dict] = []
-    seen: set[str] = set()
-    budget = 200 * n + 10_000                        # stop degenerate (tiny) question spaces
-    while len(out) < n:
-        budget -= 1
-        if budget < 0:
-            raise ValueError(f"could not draw {n} distinct {split} examples with these knobs")
-        ex = _candidate(rng, k, ops, int(max_value))
-        if split_of(ex["question"]) != split or ex["question"] in seen:
-            continue
-        seen.add(ex["question"])
-        out.append(ex)
+    out = draw(split, n, f"dllm-bench-synth:{int(seed)}:{split}", lambda rng: _candidate(rng, k, ops, int(max_value)))
     assert all(split_of(e["question"]) == split for e in out)   # disjointness by construction
     return out
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import random
 import re
 
-from workloads.tasks.splits import check_split, split_of
+from workloads.tasks.splits import check_split, draw
 from workloads.tasks.synth import ITEMS, NAMES, WORDS, format_prompt
 
 __all__ = ["examples", "solve", "format_prompt", "DEFAULT_CONTEXT_FACTS", "DEFAULT_NEEDLES"]
@@ -104,20 +104,8 @@ def examples(split: str, n: int, seed: int = 0, context_facts: int = DEFAULT_CON
         raise ValueError(f"context_facts must be in {needles}..{len(NAMES)}, got {k}")
     if not 1 <= int(max_value) <= 9:
         raise ValueError(f"max_value must be in 1..9 (single-digit values), got {max_value}")
-    rng = random.Random(f"dllm-bench-synth-cot:{int(seed)}:{split}")
-    out: list[dict] = []
-    seen: set[str] = set()
-    budget = 200 * n + 10_000
-    while len(out) < n:
-        budget -= 1
-        if budget < 0:
-            raise ValueError(f"could not draw {n} distinct {split} examples with these knobs")
-        ex = _candidate(rng, k, needles, int(max_value))
-        if split_of(ex["question"]) != split or ex["question"] in seen:
-            continue
-        seen.add(ex["question"])
-        out.append(ex)
-    return out
+    return draw(split, n, f"dllm-bench-synth-cot:{int(seed)}:{split}",
+                lambda rng: _candidate(rng, k, needles, int(max_value)))
 
 
 def solve(question: str) -> dict:
