@@ -184,14 +184,19 @@ def accuracy_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: P
     ref = "humaneval" if task == "humaneval" else "gsm8k"
     ph, pu, txt = PAPER["accuracy"][ref]
     note = "" if task in ("gsm8k", "humaneval") else f" (our task is {task}; compared with the paper's GSM8K)"
-    rules = [q for q in ("mean", "max") if acc_at("engine", "head", q)] or ["mean"]
-    for rule in rules:
-        tag = {"mean": "mean-query rule, the paper's code", "max": "max-query rule"}[rule]
-        if chosen.get("head") == rule:
-            tag += ", chosen on dev"
-        head = acc_at("engine", "head", rule)
+    # (head's rule, uniform's rule, label): each rule for both selections, and each selection
+    # under the rule its dev run chose when that pairs different rules
+    pairs = [(q, q, {"mean": "mean-query rule, the paper's code", "max": "max-query rule"}[q])
+             for q in ("mean", "max") if acc_at("engine", "head", q)] or [("mean", "mean", "mean-query rule, the paper's code")]
+    dev_pair = (chosen.get("head"), chosen.get("uniform"))
+    if None not in dev_pair:
+        pairs = [(h, u, tag + (", chosen on dev" if (h, u) == dev_pair else "")) for h, u, tag in pairs]
+        if dev_pair[0] != dev_pair[1]:
+            pairs.append((*dev_pair, f"rules chosen on dev: head {dev_pair[0]}, uniform {dev_pair[1]}"))
+    for head_rule, uni_rule, tag in pairs:
+        head = acc_at("engine", "head", head_rule)
         # Uniform = the engine's uniform selection; else the Sparse-dLLM system (uniform by design).
-        uni = acc_at("engine", "uniform", rule) or (acc_at("sparse-dllm", "uniform", "mean") if rule == "mean" else {})
+        uni = acc_at("engine", "uniform", uni_rule) or (acc_at("sparse-dllm", "uniform", "mean") if uni_rule == "mean" else {})
         common = sorted(set(head) & set(uni))
         # the paper's points: r = 10 % (and 20 % for the halving claim), else the lowest swept r
         start = common.index(0.1) if 0.1 in common else 0
