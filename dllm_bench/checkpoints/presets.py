@@ -109,19 +109,18 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     # Committed trained checkpoint: `dllm-bench train` on synth (docs/ACCURACY.md); 4 KV heads.
     _P("tiny-math", 128, 4, 4, 4, 344, 512, tokenizer_learned=500, asset="assets/tiny-math",
        note="trained on synth (dllm-bench train); docs/ACCURACY.md"),
-    _P("synth-cot", 128, 4, 4, 4, 344, 512, tokenizer_learned=500, asset="assets/synth-cot",
-       note="trained on synth-cot (dllm-bench train --task synth-cot); docs/ACCURACY.md"),
 ]}
-# Further training seeds of a trained preset (`make train-seeds`), where committed or made:
-# assets/<name>-s<seed>, the same shape and recipe with another --seed.
-TRAINED = ("tiny-math", "synth-cot")
+# Trained checkpoints that exist only once made (`make train-synth-cot`, `make train-seeds`):
+# assets/<name>[-s<seed>], tiny-math's shape, registered when their directory is there.
+TRAINED = {"tiny-math": "trained on synth (dllm-bench train); docs/ACCURACY.md",
+           "synth-cot": "trained on synth-cot (dllm-bench train --task synth-cot); docs/ACCURACY.md"}
 SEEDS = (1, 2)
-for _base in TRAINED:
-    for _seed in SEEDS:
-        _name = f"{_base}-s{_seed}"
-        if (PACKAGE_DIR / "assets" / _name / "config.json").is_file():
-            PRESETS[_name] = replace(PRESETS[_base], name=_name, seed=_seed, asset=f"assets/{_name}",
-                                     note=f"{_base}'s recipe, training seed {_seed}")
+for _base, _note in TRAINED.items():
+    for _seed in (0, *SEEDS):
+        _name = _base if _seed == 0 else f"{_base}-s{_seed}"
+        if _name not in PRESETS and (PACKAGE_DIR / "assets" / _name / "config.json").is_file():
+            PRESETS[_name] = replace(PRESETS["tiny-math"], name=_name, seed=_seed, asset=f"assets/{_name}",
+                                     note=_note if _seed == 0 else f"{_base}'s recipe, training seed {_seed}")
 
 
 def get_preset(name: str) -> Preset:
