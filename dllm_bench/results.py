@@ -16,6 +16,7 @@ Ctrl-C leaves either the old file or the new one, never a truncated one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 import pandas as pd
+import torch
 
 from dllm_bench.errors import UserError
 
@@ -76,8 +78,7 @@ def _default(o: Any) -> Any:
         return o.item()
     if isinstance(o, (Path, set, tuple)):
         return str(o) if isinstance(o, Path) else list(o)
-    if hasattr(o, "__dataclass_fields__"):
-        import dataclasses
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
         return dataclasses.asdict(o)
     return repr(o)
 
@@ -166,16 +167,13 @@ def environment_info() -> dict:
         "git_sha": _git_sha(),
         "torch_threads": None, "cuda_device": None, "cuda_version": None,
     }
-    # torch only if the caller already imported it or it is installed: never fail a write.
     try:
-        import torch
-
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
         if torch.cuda.is_available():
             info["cuda_device"] = torch.cuda.get_device_name(0)
             info["cuda_version"] = torch.version.cuda
-    except Exception:  # noqa: BLE001 - missing/broken torch must not lose a benchmark result
+    except Exception:  # noqa: BLE001 - a broken CUDA query must not lose a benchmark result
         pass
     return info
 

@@ -19,7 +19,8 @@ from safetensors import safe_open
 
 from dllm_bench.checkpoints import tokenizer as tb
 from dllm_bench.checkpoints.make import INDEX_FILE, make_checkpoint, weight_shapes
-from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG, PRESETS, STAMP_FILE, get_preset, resolve_model
+from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG, PRESETS, STAMP_FILE, get_preset
+from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dllm_bench.errors import UserError
+from dllm_bench.systems.spec import baseline_knobs, engine_knobs, parse_system
+from engine.config import EngineConfig
 
 DATASETS = ("livebench", "osc", "burstgpt")
 THROUGHPUT = "output_throughput"   # tok/s: the paper's Fig. 8 "relative throughput"
@@ -151,9 +153,6 @@ def effective_engine_config(variant, engine_defaults: Mapping[str, Any], *, mode
     """The EngineConfig the worker builds for an engine variant (dllm_bench.systems.spec' rule:
     run-wide defaults, then the variant's knobs; serving is greedy, sampling=False), before the
     profiler sets kv_pool_tokens."""
-    from dllm_bench.systems.spec import engine_knobs
-    from engine.config import EngineConfig
-
     return EngineConfig(model=str(model_dir), dtype=dtype, device=device, sampling=False,
                         memory_budget=memory_budget, max_model_len=max_model_len,
                         **engine_knobs(variant, engine_defaults))
@@ -163,8 +162,6 @@ def effective_configs(rungs: Sequence[Rung], engine_defaults: Mapping[str, Any],
                       baseline_defaults: Mapping[str, Mapping[str, Any]] | None = None, **kw) -> list[dict]:
     """Per rung: {"system": ..., "config": dict}. Engine rungs: EngineConfig.to_dict();
     baselines: the policy knobs they are built with (dllm_bench.systems.spec.baseline_knobs)."""
-    from dllm_bench.systems.spec import baseline_knobs, parse_system
-
     out = []
     for r in rungs:
         v = parse_system(r.spec)

@@ -5,8 +5,12 @@ import json
 from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from dllm_bench.checkpoints.presets import PRESETS, Preset, get_preset, is_made, make_cached, preset_path
+from dllm_bench.checkpoints.make import make_checkpoint
+from dllm_bench.checkpoints.presets import PRESETS, Preset, get_preset
+from dllm_bench.checkpoints.store import is_made, make_cached, preset_path
 from dllm_bench.errors import UserError
 
 
@@ -32,9 +36,6 @@ def _dir_bytes(d: Path) -> int:
 
 
 def list_presets() -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title="model presets (LLaDA layout)")
     for col in ("name", "vocab", "d_model", "layers", "heads", "kv heads", "head dim", "mlp",
                 "params", "weights", "made? / path"):
@@ -54,8 +55,6 @@ def list_presets() -> None:
 
 def make(name: str, out: Path | None, shards: int, force: bool) -> Path:
     """Make a preset into --out, or into the cache when --out is not given."""
-    from dllm_bench.checkpoints.make import make_checkpoint
-
     preset = get_preset(name)
     if shards < 1:
         raise UserError(f"--shards must be >= 1, got {shards}")

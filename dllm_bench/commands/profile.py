@@ -12,6 +12,7 @@ from rich.table import Table
 
 from dllm_bench.checkpoints.load import load_model
 from dllm_bench.errors import UserError
+from dllm_bench.units import parse_size
 from engine import EngineConfig
 from engine.attention import resolve_backend
 from engine.profiler import profile_kv_pool
@@ -50,8 +51,6 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json"),
     ) -> None:
         """Profile the worst admissible step and size the KV pool, with and without the logit budget."""
-        from dllm_bench.units import parse_size
-
         if threads:
             torch.set_num_threads(threads)
         budget = parse_size(memory_budget)

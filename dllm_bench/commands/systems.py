@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from baselines import SYSTEMS
 from engine import EngineConfig
 
 ENGINE_KNOBS = ("cache", "selection", "retention", "pool_window", "delay_step", "scheduler",
@@ -15,8 +16,6 @@ ENGINE_KNOBS = ("cache", "selection", "retention", "pool_window", "delay_step", 
 
 
 def system_rows() -> list[dict]:
-    from baselines import SYSTEMS
-
     defaults = EngineConfig()
     rows = [dict(name="engine", kind="continuous batching (dLLM-Serve design)",
                  knobs={k: getattr(defaults, k) for k in ENGINE_KNOBS},

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dllm_bench.checkpoints.presets import resolve_model
+from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.presets import preset_for
