@@ -1,10 +1,9 @@
 """Request-level, static-batch baseline systems: each a decoding policy (one module per system)
-over engine's model code, served by baselines/static_batch.py behind the engine's interface.
+over engine's model code, served by baselines.static_batch.StaticBatchSystem behind the engine's interface.
 
 `SYSTEMS[name]` holds each system's knobs with their defaults, the sampling shape its upstream
-evaluation uses, and the upstream source it re-implements (repo + commit, see
-/work/shared/reference/baselines_spec.md §0). `make_system(name, model, max_batch_size, **knobs)`
-builds a ready StaticBatchSystem.
+evaluation uses, and the upstream source it re-implements (`upstream`: repository + commit).
+`make_system(name, model, max_batch_size, **knobs)` builds a ready StaticBatchSystem.
 """
 from __future__ import annotations
 

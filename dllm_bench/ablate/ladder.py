@@ -18,11 +18,11 @@ Cache-policy rows (the full engine, rung 3, with only cache/selection switched):
 `cache=sparse,selection=head` (= rung 3, measured once) and `cache=sparse,selection=uniform`.
 
 This module holds the ladder's definition and checks only. Points run through the serve
-machinery (dllm_bench/serve/points.py, shared with `dllm-bench sweep`): one fresh
+machinery (dllm_bench.serve.points.measure_points, shared with `dllm-bench sweep`): one fresh
 `dllm_bench.serve.worker` process per (dataset, system), each replaying exactly the same
 workload under exactly the same memory budget; results in the serve layout (results.write_point,
 metrics.csv, summary.json) under a run of kind "ablate". Tables and figures of a run:
-dllm_bench/ablate/tables.py.
+dllm_bench.ablate.tables.
 """
 from __future__ import annotations
 

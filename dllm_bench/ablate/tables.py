@@ -1,7 +1,7 @@
 """`dllm-bench ablate`'s results as tables and figures (paper Fig. 8): the ladder table (x vs the
 baseline rung, delta vs the rung before), the cache-policy table (x vs the full engine, FLOP
 proxies per output token), their grouped-bar PNGs, and both tables of a finished run directory
-(what `report` renders). The ladder itself: dllm_bench/ablate/ladder.py.
+(what `report` renders). The ladder itself: dllm_bench.ablate.ladder.
 """
 from __future__ import annotations
 

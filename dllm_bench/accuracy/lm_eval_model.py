@@ -10,7 +10,7 @@ no retention = the dense, exact-LLaDA engine; `system=sparse-dllm` etc. for base
 
 The `lm_eval` entry-point group declared in pyproject.toml is NOT scanned by lm-eval 0.4.13 (its
 registry only knows names registered by imported code). `make install` therefore writes
-`dllm_bench_lm_eval.pth`, which imports dllm_bench/accuracy/lm_eval_hook.py at start-up: when lm-eval is
+`dllm_bench_lm_eval.pth`, which imports dllm_bench.accuracy.lm_eval_hook at start-up: when lm-eval is
 imported the hook registers this model lazily and adds our task directory, so a bare
 `lm_eval --model dllm_bench --tasks dllm_gsm8k ...` works. Without the .pth, run lm-eval through
 this module, which imports (= registers) the model and adds `--include_path`:

@@ -17,7 +17,7 @@ from dllm_bench.errors import UserError
 FORMAT_VERSION = 1
 STAMP_FILE = "dllm_bench_preset.json"
 
-# LLaDA-8B-Instruct config.json, all fields (baselines_spec.md §1.1) minus auto_map (no remote
+# LLaDA-8B-Instruct's config.json (Hugging Face Hub, GSAI-ML/LLaDA-8B-Instruct), all fields minus auto_map (no remote
 # code here) and minus the special-token ids (they come from the tokenizer that is written).
 LLADA_8B_CONFIG: dict = {
     "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0,

@@ -26,7 +26,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 LLADA_VOCAB_SIZE = 126464
 
-# LLaDA-8B-Instruct's special tokens at their real ids (baselines_spec.md §1.4).
+# LLaDA-8B-Instruct's special tokens at their real ids (its tokenizer_config.json on the Hugging
+# Face Hub, GSAI-ML/LLaDA-8B-Instruct; mask id 126336 as in ML-GSAI/LLaDA@b7e6c35 generate.py).
 LLADA_SPECIAL_IDS: dict[str, int] = {
     "<|startoftext|>": 126080,  # BOS
     "<|endoftext|>": 126081,  # EOS and PAD

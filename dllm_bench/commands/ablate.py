@@ -1,6 +1,6 @@
 """`dllm-bench ablate`: the paper's Fig. 8 ablation ladder (Sparse-dLLM -> + inference engine ->
 + phase-multiplexed scheduler -> + logit-aware budgeting) and the full engine under each cache
-policy, on the same arrivals and memory budget (dllm_bench/ablate/ladder.py, docs/ABLATE.md).
+policy, on the same arrivals and memory budget (dllm_bench.ablate.run.ablate, docs/ABLATE.md).
 
 Throughput is measured at saturation by default (`--rps inf`: every request arrives at t=0, so
 a system's output tokens / makespan is its capacity, not the offered load). Each point runs in

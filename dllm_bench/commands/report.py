@@ -1,5 +1,5 @@
 """`dllm-bench report`: one Markdown report (tables, figures, the paper's numbers and a computed
-verdict per claim) from the latest serve, accuracy, ablate and sweep runs (dllm_bench/report/document.py)."""
+verdict per claim) from the latest serve, accuracy, ablate and sweep runs (dllm_bench.report.document)."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,6 @@
 """`dllm-bench sweep --vary input-len|output-len`: the paper's Fig. 7 sensitivity sweeps — the
 engine's saturation throughput relative to Sparse-dLLM per prompt length (output fixed) or per
-output length (prompt fixed); ranges scale with the preset (dllm_bench/sweep/lengths.py, docs/ABLATE.md).
+output length (prompt fixed); ranges scale with the preset (dllm_bench.sweep.run.sweep, docs/ABLATE.md).
 
 Each (point, system) runs in a fresh serve worker on a fixed-length `random` workload with every
 request at t=0; run directory of kind "sweep" (serve's layout + plots/fig7_<vary>.png). Tables

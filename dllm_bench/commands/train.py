@@ -1,5 +1,5 @@
 """`dllm-bench train`: train a tiny LLaDA-architecture masked-diffusion model on `synth` (CPU) and
-save it as an HF LLaDA checkpoint + tokenizer + learning curve (see dllm_bench/train/loop.py)."""
+save it as an HF LLaDA checkpoint + tokenizer + learning curve (dllm_bench.train.loop.train)."""
 from __future__ import annotations
 
 import json

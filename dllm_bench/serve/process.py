@@ -1,4 +1,4 @@
-"""Running one serving point in a fresh worker process (dllm_bench/serve/worker.py): the spec
+"""Running one serving point in a fresh worker process (dllm_bench.serve.worker): the spec
 the parent writes, the subprocess and its Ctrl-C handling, and the JSON-line events it prints.
 
 A fresh process per point keeps warm caches, the allocator's high-water mark and imported state

@@ -3,7 +3,7 @@
 
 `dllm-bench serve` starts one fresh worker per point, one after another, so warm caches, the
 allocator's high-water mark and imported state never leak from one system into the next. The
-spec file (written by dllm_bench/serve/process.py) carries everything: the system variant,
+spec file (written by dllm_bench.serve.process.worker_spec) carries everything: the system variant,
 the checkpoint, dtype/device, the memory budget, the torch thread count, the workload (prompt
 ids, gen_length and arrival offset of every request: the same list for every system) and the
 sampling rule. The worker

@@ -2,7 +2,7 @@
 memory budget, or a baseline at its largest static batch that fits it (or a fixed `batch=N`).
 
 What a variant means (its name, knobs and their resolution against the run-wide defaults) is
-dllm_bench/systems/spec.py; this module turns a resolved variant into a live system. Both kinds of
+dllm_bench.systems.spec; this module turns a resolved variant into a live system. Both kinds of
 profile are expensive (a real forward under the memory meter), so they are cached on disk,
 keyed by everything that could change the answer (see `cached_profile`).
 """

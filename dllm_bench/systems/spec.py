@@ -1,5 +1,5 @@
 """Serving systems for `dllm-bench serve`: parse system specs, validate knobs, resolve them
-against the run-wide defaults. Building a live system from a variant is dllm_bench/systems/build.py.
+against the run-wide defaults. Building a live system from a variant is dllm_bench.systems.build.
 
 Spec grammar (`--systems`)::
 
@@ -16,7 +16,7 @@ written with dashes (`max-num-logits`); `none` (any case) is None where a knob a
 Systems and their knobs:
 * `engine` — the dLLM-Serve engine; knobs are EngineConfig fields (ENGINE_KNOBS). It serves with
   `sampling=False` (serving workloads are greedy) and a KV pool sized by the offline profiler
-  for the memory budget; the profile is cached on disk (see `system_build.profile_cache_dir`).
+  for the memory budget; the profile is cached on disk (dllm_bench.systems.build.profile_cache_dir).
 * every name in `baselines.SYSTEMS` (llada, fast-dllm, dllm-cache, sparse-dllm) — static-batch
   baselines; knobs are that system's knobs plus `batch`. Without `batch` the static batch is the
   largest that fits the memory budget, measured (`baselines.profile_max_batch`, as the paper's

@@ -1,12 +1,12 @@
 """Train a tiny LLaDA-architecture masked-diffusion model on the `synth` task, on CPU, and save
 it as an HF-layout LLaDA checkpoint the engine loads unchanged (`dllm-bench train`).
 
-Pieces (the tokenizer in task_tokenizer.py, batches and the batched forward in train_batches.py,
-the held-out probe and curve plot in learning_curve.py; the rest below):
+Pieces (the tokenizer in dllm_bench.train.tokenizer, batches and the batched forward in
+dllm_bench.train.batches, the held-out probe and curve plot in dllm_bench.train.curve; the rest below):
 
 * a task tokenizer: byte-level BPE trained on synth text (digits split one by one, names and
   items end up as single tokens), learned tokens first and LLaDA's special tokens at the top of
-  the vocab in LLaDA's relative order (the small-vocab layout of tokenizer_build.py);
+  the vocab in LLaDA's relative order (the small-vocab layout of dllm_bench.checkpoints.tokenizer);
 * the model: `engine.models.llada.LLaDAModelLM` itself, trained through its own blocks with a
   batched, padding-masked attention (so the saved weights mean exactly what the engine computes);
 * the objective, as LLaDA's SFT trains (Nie et al. 2025, Alg. 2 / eq. 5): per sequence

@@ -1,6 +1,6 @@
 """The task tokenizer of `dllm-bench train`: byte-level BPE learned on synth text (digits split
 one by one, names and items end up as single tokens), learned tokens first and LLaDA's special
-tokens at the top of the vocab in LLaDA's relative order (tokenizer_build's small-vocab layout),
+tokens at the top of the vocab in LLaDA's relative order (dllm_bench.checkpoints.tokenizer's small-vocab layout),
 saved so `AutoTokenizer` loads it offline."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from dllm_bench.checkpoints.tokenizer import (
 def build_task_tokenizer(corpus: Sequence[str], vocab_size: int):
     """A `tokenizers.Tokenizer` of exactly `vocab_size` dense ids: BPE learned on `corpus` (as many
     merges as min_frequency 2 allows, up to the budget), `<|reserved_N|>` fillers, then LLaDA's
-    12 special tokens at the top in LLaDA's relative order (tokenizer_build's small-vocab layout)."""
+    12 special tokens at the top in LLaDA's relative order (dllm_bench.checkpoints.tokenizer's small-vocab layout)."""
 
     specials = special_token_ids(vocab_size)
     budget = min(specials.values())
@@ -53,7 +53,7 @@ def build_task_tokenizer(corpus: Sequence[str], vocab_size: int):
 
 
 def save_task_tokenizer(tok, out: Path, model_max_length: int) -> dict[str, int]:
-    """tokenizer.json + tokenizer_config.json exactly as tokenizer_build.save_tokenizer writes
+    """tokenizer.json + tokenizer_config.json exactly as dllm_bench.checkpoints.tokenizer.save_tokenizer writes
     them (AutoTokenizer-loadable offline); returns the config.json special ids."""
     specials = special_token_ids(tok.get_vocab_size())
     (out / "tokenizer.json").write_text(tok.to_str(pretty=False), encoding="utf-8")
