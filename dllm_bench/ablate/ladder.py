@@ -32,6 +32,7 @@ from typing import Any
 
 from dllm_bench.errors import UserError
 from dllm_bench.systems.spec import baseline_knobs, engine_knobs, parse_system
+from dllm_bench.units import comma_list
 from engine.config import EngineConfig
 
 DATASETS = ("livebench", "osc", "burstgpt")
@@ -122,14 +123,10 @@ def parse_cache_rows(text: str) -> str:
 
 
 def parse_dataset_list(text: str | None, allowed: Sequence[str] = DATASETS) -> list[str]:
-    out = [t.strip() for t in str(text or ",".join(allowed)).split(",") if t.strip()]
-    if not out:
-        raise UserError("--datasets is empty")
+    out = comma_list(text or ",".join(allowed), "--datasets")
     for d in out:
         if d not in allowed:
             raise UserError(f"unknown dataset {d!r}; choose from {', '.join(allowed)}")
-    if len(set(out)) != len(out):
-        raise UserError("--datasets lists a dataset twice")
     return out
 
 

@@ -13,7 +13,7 @@ from dllm_bench import results
 from dllm_bench.ablate import ladder as ab
 from dllm_bench.ablate import tables as abt
 from dllm_bench.errors import UserError
-from dllm_bench.serve.options import resolve_bench_run
+from dllm_bench.serve.options import check_counts, resolve_bench_run
 from dllm_bench.serve.points import PlannedPoint, measure_points
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import shape_of
@@ -28,10 +28,7 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
     """The ablation ladder and cache rows, measured, tabulated and plotted; returns the exit code."""
     ds_list = ab.parse_dataset_list(datasets)
     rows_mode = ab.parse_cache_rows(cache_rows)
-    if num_prompts is not None and num_prompts < 1:
-        raise UserError(f"--num-prompts must be >= 1, got {num_prompts}")
-    if seed < 0:
-        raise UserError(f"--seed must be >= 0, got {seed}")
+    check_counts(num_prompts, seed)
     sp = preset_for(preset, model)
     st = ab.ablation_settings(sp.name, sp.num_prompts, max_num_batched_tokens, max_num_logits, num_prompts)
     n = st["num_prompts"]

@@ -20,7 +20,7 @@ from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import build_workloads, model_info
 from dllm_bench.systems.spec import parse_systems
-from dllm_bench.units import format_size, parse_size
+from dllm_bench.units import comma_list, format_size, parse_size
 from engine.config import DTYPES
 
 DATASET_CHOICES = ("livebench", "osc", "burstgpt", "random")
@@ -30,34 +30,23 @@ ARRIVALS = ("poisson", "gamma", "trace")
 # ---------------------------------------------------------------- option parsing
 def parse_rps_list(text: str) -> list[float]:
     """`0.5`, `0.1,0.25,0.5,1.0`, `inf` -> floats > 0 (inf = all requests at t=0)."""
-    out: list[float] = []
-    for tok in (t.strip() for t in str(text).split(",")):
-        if not tok:
-            continue
+    def rate(tok: str) -> float:
         try:
             v = float(tok)
         except ValueError:
             raise UserError(f"--rps: expected numbers > 0 or 'inf' (comma separated), got {tok!r}") from None
         if math.isnan(v) or v <= 0:
             raise UserError(f"--rps must be > 0 (or inf for all requests at t=0), got {tok}")
-        if v in out:
-            raise UserError(f"--rps lists {tok} twice")
-        out.append(v)
-    if not out:
-        raise UserError("--rps is empty")
-    return out
+        return v
+    return comma_list(text, "--rps", rate)
 
 
 def parse_datasets(text: str) -> list[str]:
-    out = [t.strip() for t in str(text).split(",") if t.strip()]
-    if not out:
-        raise UserError("--dataset is empty")
+    out = comma_list(text, "--dataset")
     for d in out:
         if d not in DATASET_CHOICES + ("custom",):
             raise UserError(f"unknown dataset {d!r}; choose from {', '.join(DATASET_CHOICES)} "
                             "(or a file with --dataset-path)")
-    if len(set(out)) != len(out):
-        raise UserError("--dataset lists a dataset twice")
     return out
 
 
@@ -74,6 +63,14 @@ def parse_optional_int(text: str | None, what: str) -> int | None:
     if v < 1:
         raise UserError(f"{what} must be >= 1 (or 'none'), got {v}")
     return v
+
+
+def check_counts(num_prompts: int | None, seed: int) -> None:
+    """--num-prompts (when given) >= 1 and --seed >= 0."""
+    if num_prompts is not None and num_prompts < 1:
+        raise UserError(f"--num-prompts must be >= 1, got {num_prompts}")
+    if seed < 0:
+        raise UserError(f"--seed must be >= 0, got {seed}")
 
 
 # ---------------------------------------------------------------- option resolution
@@ -110,8 +107,7 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
             raise UserError("--arrivals trace replays the timestamps of --dataset-path (a BurstGPT CSV or JSONL)")
         if rps is not None:
             raise UserError("--rps does not apply to --arrivals trace (use --time-scale to speed it up)")
-    if num_prompts is not None and num_prompts < 1:
-        raise UserError(f"--num-prompts must be >= 1, got {num_prompts}")
+    check_counts(num_prompts, seed)
     if duration is not None and not (duration > 0 and math.isfinite(duration)):
         raise UserError(f"--duration must be a number of seconds > 0, got {duration}")
     if duration is not None and num_prompts is None and any(math.isinf(r) for r in rps_list) and arrivals != "trace":
@@ -172,8 +168,6 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
         duration=duration, dataset_path=str(dataset_path) if dataset_path else None,
         time_scale=time_scale, burstgpt_model=burstgpt_model, memory_budget=budget,
         max_duration=max_duration, num_warmups=num_warmups, use_cache=not no_profile_cache)
-    if seed < 0:
-        raise UserError(f"--seed must be >= 0, got {seed}")
     build_workloads(run)
     return run
 

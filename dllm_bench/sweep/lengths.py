@@ -30,6 +30,7 @@ from dllm_bench import results
 from dllm_bench.console import num
 from dllm_bench.errors import UserError
 from dllm_bench.serve.workload import special_ids
+from dllm_bench.units import comma_list
 from workloads.serving import build_workload
 
 VARY = ("input-len", "output-len")
@@ -88,22 +89,15 @@ def scale_output(n: int, scale: float, block_length: int) -> int:
 
 
 def _ints(text: str, flag: str) -> list[int]:
-    out = []
-    for tok in (t.strip() for t in str(text).split(",")):
-        if not tok:
-            continue
+    def length(tok: str) -> int:
         try:
             v = int(tok)
         except ValueError:
             raise UserError(f"{flag}: expected comma-separated token counts, got {tok!r}") from None
         if v < 1:
             raise UserError(f"{flag}: lengths must be >= 1 token, got {v}")
-        out.append(v)
-    if not out:
-        raise UserError(f"{flag} is empty")
-    if len(set(out)) != len(out):
-        raise UserError(f"{flag} lists a length twice")
-    return out
+        return v
+    return comma_list(text, flag, length)
 
 
 def plan_sweep(vary: str, *, length_scale: float, block_length: int, device: str = "cpu",

@@ -11,7 +11,7 @@ from dllm_bench import console as cons
 from dllm_bench import results
 from dllm_bench.ablate.ladder import ABLATION_PROMPTS
 from dllm_bench.errors import UserError
-from dllm_bench.serve.options import resolve_bench_run
+from dllm_bench.serve.options import check_counts, resolve_bench_run
 from dllm_bench.serve.points import PlannedPoint, measure_points
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import shape_of
@@ -25,10 +25,7 @@ def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str 
           max_duration: float | None, no_profile_cache: bool) -> int:
     """Every (length, system) point measured, tabulated and plotted; returns the exit code."""
     vary = sw.parse_vary(vary)
-    if num_prompts is not None and num_prompts < 1:
-        raise UserError(f"--num-prompts must be >= 1, got {num_prompts}")
-    if seed < 0:
-        raise UserError(f"--seed must be >= 0, got {seed}")
+    check_counts(num_prompts, seed)
     sp = preset_for(preset, model)
     plan = sw.plan_sweep(vary, length_scale=sp.length_scale, block_length=sp.block_length, device=sp.device,
                          points=points, fixed=fixed_len)
