@@ -49,11 +49,11 @@ def md_table(df, floats: Mapping[str, str] | None = None) -> str:
         return "\n".join(lines) + "\n"
 
 
-def console() -> Console:
-    """The stderr console (stdout is kept for --json); wide when not a terminal so logged tables
-    do not wrap."""
-    c = Console(stderr=True)
-    return c if c.is_terminal else Console(stderr=True, width=180)
+def console(stderr: bool = True, width: int = 180) -> Console:
+    """The stderr console (stdout is kept for --json), or stdout's for a command whose output is
+    the table; `width` columns when not a terminal so logged or piped tables do not wrap."""
+    c = Console(stderr=stderr)
+    return c if c.is_terminal else Console(stderr=stderr, width=width)
 
 
 def progress(*fields: str, con: Console | None = None, status: bool = False, transient: bool = True,

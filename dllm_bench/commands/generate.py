@@ -7,7 +7,6 @@ import time
 
 import torch
 import typer
-from rich.console import Console
 
 from baselines import SYSTEMS
 from dllm_bench import console
@@ -133,7 +132,7 @@ def register(app: typer.Typer) -> None:
             )
             typer.echo(json.dumps(doc))
             return
-        con = Console()
+        con = console.console(stderr=False)
         for i, (o, t) in enumerate(zip(outs, texts)):
             con.rule(f"output {i} · {len(o.prompt_ids)} prompt tokens · nfe {o.nfe}")
             con.print(t if t is not None else o.token_ids, markup=False, highlight=False)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from baselines import SYSTEMS
+from dllm_bench.console import console
 from engine import EngineConfig
 
 ENGINE_KNOBS = ("cache", "selection", "retention", "pool_window", "delay_step", "scheduler",
@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
         for r in rows:
             knobs = ", ".join(f"{k}={v}" for k, v in r["knobs"].items())
             t.add_row(r["name"], r["kind"], knobs, r["source"] + ("\n" + r["notes"] if r.get("notes") else ""))
-        Console().print(t)
+        console(stderr=False).print(t)
 
 
 __all__ = ["register", "system_rows"]
