@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.attention import resolve_backend
+from engine.canvas import CanvasPool
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool
 from engine.models.llada import LLaDAModelLM, load_llada
@@ -53,8 +54,10 @@ class LLMEngine:
             self.profile = profile_kv_pool(self.model, config, self.backend, self.max_model_len)
             capacity = self.profile.kv_pool_tokens
         self.pool = KVPool(capacity, self.model_config, self.dtype, self.device)
-        self.scheduler = Scheduler(config, self.pool)
-        self.runner = runner if runner is not None else ModelRunner(self.model, config, self.backend)
+        self.canvases = CanvasPool(self.device)
+        self.scheduler = Scheduler(config, self.pool, self.canvases)
+        self.runner = runner if runner is not None else ModelRunner(self.model, config, self.backend, self.pool,
+                                                                    self.max_model_len)
         self._ids = itertools.count()
         self.counters = dict(steps=0, forwards=0, query_tokens=0, logits_rows=0, max_logits_rows_in_step=0,
                              refresh_steps=0, reuse_steps=0)
@@ -118,7 +121,7 @@ class LLMEngine:
             return []
         st = self.runner.run(batch)
         if st.decisions is not None:
-            commit(batch, st.decisions)
+            self.commit(batch, st.decisions)
         now = time.perf_counter()
         done = []
         for req, _ in batch:
@@ -137,6 +140,13 @@ class LLMEngine:
         self.batch_sizes.append(len(batch))
         self.step_log.append((st.refresh, st.reuse, st.query_tokens))
         return done
+
+    def commit(self, batch: Batch, d: StepDecisions) -> None:
+        """Write every request's decided tokens into the canvas pool with one indexed write."""
+        offsets = torch.tensor([r.canvas_offset for r, _ in batch], dtype=torch.long, device=self.device)
+        self.canvases.tokens[offsets[d.row] + d.positions] = d.tokens
+        for (req, _), n in zip(batch, d.logits_rows):
+            req.charge(n)
 
     def generate(
         self,
@@ -160,14 +170,6 @@ class LLMEngine:
         if self.profile is not None:
             c["profile"] = self.profile.to_dict()
         return c
-
-
-def commit(batch: Batch, d: StepDecisions) -> None:
-    """Write every request's decided tokens into its canvas."""
-    bounds = torch.searchsorted(d.row, torch.arange(len(batch) + 1)).tolist()
-    for j, (req, _) in enumerate(batch):
-        a, b = bounds[j], bounds[j + 1]
-        req.commit(d.positions[a:b], d.tokens[a:b], d.logits_rows[j])
 
 
 def run_to_completion(system, prompts, params, progress=None) -> list[RequestOutput]:

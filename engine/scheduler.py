@@ -17,14 +17,15 @@ from __future__ import annotations
 
 from collections import deque
 
+from engine.canvas import CanvasPool
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, kv_need
 from engine.request import Phase, Request, Status
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, pool: KVPool):
-        self.config, self.pool = config, pool
+    def __init__(self, config: EngineConfig, pool: KVPool, canvases: CanvasPool | None = None):
+        self.config, self.pool, self.canvases = config, pool, canvases
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -66,7 +67,9 @@ class Scheduler:
             ):
                 break
             self.waiting.popleft()
-            req.kv = self.pool.reserve(need)
+            req.slots, req.kv_pool = self.pool.reserve(need), self.pool
+            if self.canvases is not None:
+                self.canvases.place(req)
             req.kv_tokens = need
             req.kv_bytes = need * self.pool.bytes_per_token
             req.status = Status.RUNNING
@@ -78,8 +81,10 @@ class Scheduler:
 
     def finish(self, req: Request) -> None:
         self.running.remove(req)
-        self.pool.release(req.kv_tokens)
-        req.kv = None
+        self.pool.release(req.kv_tokens, req.slots)
+        req.slots = None
+        if self.canvases is not None:
+            self.canvases.release(req)
 
     def abort(self, request_id: str) -> Request | None:
         for req in list(self.waiting):
