@@ -9,7 +9,8 @@ import torch
 
 from engine.attention import resolve_backend
 from engine.canvas import CanvasPool
-from engine.config import EngineConfig
+from engine.config import DTYPES, EngineConfig
+from engine.counters import StepCounters
 from engine.kv_cache import KVPool
 from engine.models.llada import LLaDAModelLM, load_llada
 from engine.request import Request, RequestOutput, Status
@@ -17,8 +18,6 @@ from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from engine.step import Batch, Runner, StepDecisions
-
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -59,10 +58,8 @@ class LLMEngine:
         self.runner = runner if runner is not None else ModelRunner(self.model, config, self.backend, self.pool,
                                                                     self.max_model_len)
         self._ids = itertools.count()
-        self.counters = dict(steps=0, forwards=0, query_tokens=0, logits_rows=0, max_logits_rows_in_step=0,
-                             refresh_steps=0, reuse_steps=0)
-        self.batch_sizes: list[int] = []
-        self.step_log: list[tuple[int, int, int]] = []   # (refresh, reuse, query tokens) per step
+        self.counters = StepCounters()
+        self.batch_sizes, self.step_log = self.counters.batch_sizes, self.counters.step_log
 
     # ------------------------------------------------------------------ requests
     def add_request(
@@ -129,16 +126,8 @@ class LLMEngine:
             if req.status is Status.FINISHED:
                 self.scheduler.finish(req)
                 done.append(req.output())
-        c = self.counters
-        c["steps"] += 1
-        c["forwards"] += 1
-        c["query_tokens"] += st.query_tokens
-        c["logits_rows"] += st.logits_rows
-        c["max_logits_rows_in_step"] = max(c["max_logits_rows_in_step"], st.max_logits_rows)
-        c["refresh_steps"] += st.refresh
-        c["reuse_steps"] += st.reuse
-        self.batch_sizes.append(len(batch))
-        self.step_log.append((st.refresh, st.reuse, st.query_tokens))
+        self.counters.record(len(batch), st.query_tokens, st.logits_rows, st.max_logits_rows, st.refresh, st.reuse,
+                             self.scheduler.stalled)
         return done
 
     def commit(self, batch: Batch, d: StepDecisions) -> None:
@@ -158,14 +147,12 @@ class LLMEngine:
         return run_to_completion(self, prompts, params, progress)
 
     def stats(self) -> dict:
-        c = dict(self.counters)
+        c = self.counters.stats()
         c.update(
             kv_pool_tokens=self.pool.capacity,
             kv_pool_bytes=self.pool.capacity_bytes,
             peak_kv_tokens=self.pool.peak_used,
             peak_kv_bytes=self.pool.peak_used * self.pool.bytes_per_token,
-            batch_sizes=list(self.batch_sizes),
-            step_composition=[list(s) for s in self.step_log],
         )
         if self.profile is not None:
             c["profile"] = self.profile.to_dict()

@@ -28,6 +28,7 @@ class Scheduler:
         self.config, self.pool, self.canvases = config, pool, canvases
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.stalled = 0            # running requests the last schedule() left out
 
     def kv_need(self, req: Request) -> int:
         c = self.config
@@ -49,10 +50,12 @@ class Scheduler:
         c = self.config
         batch: list[tuple[Request, Phase]] = []
         tokens = 0
+        self.stalled = 0
         for req in self.running:
             phase = req.phase(c.cache, c.delay_step)
             cost = self.cost(req, phase)
             if len(batch) >= c.max_num_seqs or tokens + cost > c.max_num_batched_tokens:
+                self.stalled = len(self.running) - len(batch)
                 return batch            # strict FCFS: nobody overtakes a running request
             batch.append((req, phase))
             tokens += cost

@@ -187,7 +187,7 @@ def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, d
 def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, defaults,
                     max_model_len, cache_dir, use_cache, info, log) -> BuiltSystem:
     from baselines import make_system
-    from baselines.static_batch import measure_run, profile_max_batch
+    from baselines.profile import measure_run, profile_max_batch
 
     knobs = baseline_knobs(variant, defaults)
     steps = shape.steps or shape.max_gen_length
@@ -221,7 +221,7 @@ def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, def
         info.update(scenario=f"fixed: B={batch} as given (batch={batch}; how upstream ran)",
                     scenario_kind="fixed", max_batch_size=batch)
         if memory_budget is not None:
-            from baselines.static_batch import weight_bytes
+            from engine.profiler import weights_bytes as weight_bytes
 
             log(f"measuring the peak at batch {batch}")
             prof, hit = cached_profile(
