@@ -33,12 +33,18 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[-3] != k.shape[-3])
 
 
-def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-    """q [G, Lq, Hq, D], k/v [G, Lk, Hkv, D], key_mask [G, Lk] (True = a real key; None = all)
-    -> [G, Lq, Hq, D]."""
-    m = None if key_mask is None else key_mask[:, None, None, :]
+def key_bias(key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """key_mask [G, Lk] (True = a real key) -> the additive mask [G, 1, 1, Lk] (0 / -inf) SDPA
+    takes as is: built once per step, it saves every layer the bool-to-bias conversion."""
+    bias = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill_(~key_mask, -torch.inf)
+    return bias[:, None, None, :]
+
+
+def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """q [G, Lq, Hq, D], k/v [G, Lk, Hkv, D], bias [G, 1, 1, Lk] from `key_bias` (None: every
+    key is real) -> [G, Lq, Hq, D]."""
     # A contiguous [G, H, Lq, D] query is several times faster in CPU SDPA than a strided view.
-    return sdpa(q.transpose(1, 2).contiguous(), k.transpose(1, 2), v.transpose(1, 2), m).transpose(1, 2)
+    return sdpa(q.transpose(1, 2).contiguous(), k.transpose(1, 2), v.transpose(1, 2), bias).transpose(1, 2)
 
 
 def varlen_attention(q: torch.Tensor, cu_q: list[int], keys: list[torch.Tensor], values: list[torch.Tensor],
@@ -62,7 +68,7 @@ def varlen_attention(q: torch.Tensor, cu_q: list[int], keys: list[torch.Tensor],
         kp[i, : lk[i]] = keys[i].transpose(0, 1)
         vp[i, : lk[i]] = values[i].transpose(0, 1)
         mask[i, : lk[i]] = True
-    o = padded_attention(qp, kp, vp, mask)
+    o = padded_attention(qp, kp, vp, key_bias(mask, q.dtype))
     return torch.cat([o[i, : lq[i]] for i in range(G)])
 
 

@@ -9,6 +9,8 @@ remasking) are drawn request by request, as the randomness contract requires.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engine.cache_policy import POLICIES
@@ -16,9 +18,10 @@ from engine.config import EngineConfig
 from engine.kv_cache import KVPool
 from engine.logits import RowSegment, decode_rows
 from engine.models.llada import LLaDAModelLM
+from engine.ragged import padded, ragged
 from engine.request import Phase, Request
 from engine.step import StepDecisions, StepStats
-from engine.step_context import StepContext, padded, ragged
+from engine.step_context import StepContext
 from engine.unmask import random_confidence
 
 
@@ -32,11 +35,10 @@ class ModelRunner:
         # largest single Reuse measures.
         self.key_budget = max_model_len or model.config.max_sequence_length
 
-    @torch.no_grad()
-    def run(self, batch: list[tuple[Request, Phase]]) -> StepStats:
+    def prepare(self, batch: list[tuple[Request, Phase]]) -> PackedStep:
+        """The step's packed inputs and its attention context (everything before the forward)."""
         dev = self.device
-        reqs = [r for r, _ in batch]
-        tokens, offsets = _canvases(reqs, dev)
+        tokens, offsets = _canvases([r for r, _ in batch], dev)
         q_start = [0 if p.is_refresh else r.block_range[0] for r, p in batch]
         n_q = [r.length if p.is_refresh else r.params.block_length for r, p in batch]
         cu_q = [0]
@@ -45,8 +47,16 @@ class ModelRunner:
         positions = ragged(q_start, n_q, dev)
         ids = tokens[ragged([o + s for o, s in zip(offsets, q_start)], n_q, dev)]
         rotation = self.model.rope.at(positions, self.model.dtype)
-        ctx = StepContext(batch, cu_q, self.policy, self.pool, rotation, self.backend, self.key_budget, dev)
-        hidden = self.model.hidden_states(ids, positions, ctx, rope=rotation)
+        ctx = StepContext(batch, cu_q, self.policy, self.pool, rotation, self.backend, self.key_budget, dev, self.dtype)
+        return PackedStep(tokens, offsets, q_start, n_q, cu_q, ids, positions, ctx)
+
+    @torch.no_grad()
+    def run(self, batch: list[tuple[Request, Phase]]) -> StepStats:
+        dev = self.device
+        reqs = [r for r, _ in batch]
+        p = self.prepare(batch)
+        tokens, offsets, q_start, n_q, cu_q = p.tokens, p.offsets, p.q_start, p.n_q, p.cu_q
+        hidden = self.model.hidden_states(p.ids, p.positions, p.ctx, rope=p.ctx.rotation)
 
         # Candidates: still-masked positions of each request's current block, [B, max block].
         bl = [r.params.block_length for r in reqs]
@@ -85,6 +95,18 @@ class ModelRunner:
                                   n_q if monolithic else counts)
         n_ref = sum(1 for _, p in batch if p.is_refresh)
         return StepStats(cu_q[-1], res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref, decisions)
+
+
+@dataclass
+class PackedStep:
+    tokens: torch.Tensor          # the token tensor holding every canvas
+    offsets: list[int]            # each request's canvas offset in it
+    q_start: list[int]            # canvas position of each request's first query
+    n_q: list[int]                # queries per request
+    cu_q: list[int]               # packed query offsets
+    ids: torch.Tensor             # [N] packed input ids
+    positions: torch.Tensor       # [N] their canvas positions
+    ctx: StepContext
 
 
 def _col(xs: list[int], device) -> torch.Tensor:

@@ -7,8 +7,8 @@ Refresh sequences (keys = their own canvas) and Reuse sequences (keys = cache sl
 block) — is one padded attention call (`padded_attention`; flash-attn varlen on CUDA) whose
 keys are gathered from the pool by the requests' slot tables in one indexed read. A group is
 split into chunks only when its padded keys would exceed `key_budget` rows, which bounds the
-transient memory (the profiler measures a full chunk). Only the sparse Refresh-select runs per
-request (`SparseCache.select`), once per block.
+transient memory (the profiler measures a full chunk). The sparse Refresh-select of all
+selecting requests is one batched scoring per layer (`SparseCache.select`).
 
 The step's RoPE rows are gathered once (`rotation`) and handed to every layer.
 """
@@ -18,41 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import flash_varlen, padded_attention
+from engine.attention import flash_varlen, key_bias, padded_attention
 from engine.cache_policy import CachePolicy, KeySpec
 from engine.kv_cache import KVPool
+from engine.ragged import excl_cumsum, padded, ragged
 from engine.request import Phase, Request
-
-
-def _t(xs: list[int], device) -> torch.Tensor:
-    return torch.tensor(xs, dtype=torch.long, device=device)
-
-
-def ragged(starts: list[int], lens: list[int], device) -> torch.Tensor:
-    """Concatenated ranges [starts[i], starts[i] + lens[i]) as one index tensor."""
-    total = sum(lens)
-    if total == 0:
-        return torch.zeros(0, dtype=torch.long, device=device)
-    ln = _t(lens, device)
-    row = torch.repeat_interleave(torch.arange(len(lens), device=device), ln, output_size=total)
-    base = _t([s - c for s, c in zip(starts, _excl_cumsum(lens))], device)
-    return base[row] + torch.arange(total, device=device)
-
-
-def padded(starts: list[int], lens: list[int], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """[G, width] indices starts[g] + j, valid where j < lens[g]; a pad repeats the row's first
-    index (a real row of the source, so the padding stays finite) -> (index, valid)."""
-    j = torch.arange(width, device=device)
-    valid = j < _t(lens, device)[:, None]
-    return _t(starts, device)[:, None] + j * valid, valid
-
-
-def _excl_cumsum(xs: list[int]) -> list[int]:
-    out, acc = [], 0
-    for x in xs:
-        out.append(acc)
-        acc += x
-    return out
 
 
 @dataclass
@@ -65,19 +35,21 @@ class _Chunk:
     fresh_index: torch.Tensor | None   # [G*fmax] packed rows of fresh K/V
     fmax: int
     key_mask: torch.Tensor | None      # [G, kmax + fmax]
+    bias: torch.Tensor | None = None   # the same as an additive SDPA mask (padded path)
     cu_q: list[int] | None = None      # flash: packed query and key offsets
     cu_k: list[int] | None = None
 
 
 class StepContext:
     def __init__(self, batch: list[tuple[Request, Phase]], cu_q: list[int], policy: CachePolicy, pool: KVPool | None,
-                 rotation, backend: str, key_budget: int, device):
+                 rotation, backend: str, key_budget: int, device, dtype: torch.dtype):
         self.batch, self.cu_q, self.policy, self.pool, self.backend = batch, cu_q, policy, pool, backend
-        self.rotation, self.device = rotation, device
+        self.rotation, self.device, self.dtype = rotation, device, dtype
         n_q = [cu_q[i + 1] - cu_q[i] for i in range(len(batch))]
         specs = [policy.spec(req, phase, n) for (req, phase), n in zip(batch, n_q)]
         self._plan_stores(specs, n_q)
-        self.selecting = [(req, cu_q[i], cu_q[i + 1]) for i, (req, phase) in enumerate(batch) if policy.selects(phase)]
+        self.select_plan = policy.plan_select([(req, cu_q[i]) for i, (req, phase) in enumerate(batch)
+                                               if phase is Phase.REFRESH_SELECT])
         self.chunks: list[_Chunk] = []
         out_pos = [0] * len(batch)            # where each request's first output row lands
         base = 0
@@ -98,7 +70,7 @@ class StepContext:
         if st:
             tables = [self.batch[i][0].slots for i in st]
             all_slots = torch.cat(tables)
-            offs = _excl_cumsum([t.numel() for t in tables])
+            offs = excl_cumsum([t.numel() for t in tables])
             self.store_slots = all_slots[ragged([o + specs[i].store_from for o, i in zip(offs, st)], [n_q[i] for i in st], self.device)]
             self.store_src = ragged([self.cu_q[i] for i in st], [n_q[i] for i in st], self.device)
 
@@ -114,8 +86,9 @@ class StepContext:
         if kmax:
             tables = [self.batch[i][0].slots for i in chunk]
             all_slots = torch.cat([t if t is not None else t_empty(dev) for t in tables])
-            idx, ok = padded(_excl_cumsum([0 if t is None else t.numel() for t in tables]), kc, kmax, dev)
-            cache_index = all_slots[idx.clamp_(max=all_slots.numel() - 1).view(-1)]
+            idx, ok = padded(excl_cumsum([0 if t is None else t.numel() for t in tables]), kc, kmax, dev)
+            slots = all_slots[idx.clamp_(max=all_slots.numel() - 1).view(-1)]
+            cache_index = torch.cat([slots, slots + self.pool.storage.shape[2]])     # K rows, then V rows
             valid.append(ok)
         if fmax:
             idx, ok = padded([self.cu_q[i] for i in chunk], kf, fmax, dev)
@@ -128,17 +101,19 @@ class StepContext:
         if self.backend == "flash_attn":
             cu_q = [0, *torch.tensor(lq).cumsum(0).tolist()]
             cu_k = [0, *torch.tensor(lens_k).cumsum(0).tolist()]
-            return _Chunk(G, Lq, ragged(starts, lq, dev), cache_index, kmax, fresh_index, fmax, key_mask, cu_q, cu_k)
+            return _Chunk(G, Lq, ragged(starts, lq, dev), cache_index, kmax, fresh_index, fmax, key_mask,
+                          cu_q=cu_q, cu_k=cu_k)
         q_index, _ = padded(starts, lq, Lq, dev)
-        return _Chunk(G, Lq, q_index.view(-1), cache_index, kmax, fresh_index, fmax, key_mask)
+        bias = None if key_mask is None else key_bias(key_mask, self.dtype)
+        return _Chunk(G, Lq, q_index.view(-1), cache_index, kmax, fresh_index, fmax, key_mask, bias)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        pool = self.pool.storage[layer] if self.pool is not None and self.pool.storage.numel() else None
+        pool = self.pool.storage[layer] if self.pool is not None and self.pool.storage.numel() else None  # [2, S, Hkv, D]
         if self.store_slots is not None:
             pool[0, self.store_slots] = k[self.store_src]
             pool[1, self.store_slots] = v[self.store_src]
-        for req, a, b in self.selecting:
-            self.policy.select(req, pool, q[a:b], k[a:b], v[a:b])
+        if self.select_plan is not None:
+            self.policy.select(self.select_plan, pool, q, k, v)
         outs = [self._attend(ch, q, k, v, pool) for ch in self.chunks]
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
         return o if self.out_index is None else o[self.out_index]
@@ -146,9 +121,10 @@ class StepContext:
     def _attend(self, ch: _Chunk, q, k, v, pool) -> torch.Tensor:
         hkv, d = k.shape[1:]
         ks, vs = [], []
-        if ch.cache_index is not None:
-            ks.append(pool[0, ch.cache_index].view(ch.G, ch.kmax, hkv, d))
-            vs.append(pool[1, ch.cache_index].view(ch.G, ch.kmax, hkv, d))
+        if ch.cache_index is not None:                # K and V of every member in one indexed read
+            kv = pool.view(-1, hkv, d)[ch.cache_index].view(2, ch.G, ch.kmax, hkv, d)
+            ks.append(kv[0])
+            vs.append(kv[1])
         if ch.fresh_index is not None:
             ks.append(k[ch.fresh_index].view(ch.G, ch.fmax, hkv, d))
             vs.append(v[ch.fresh_index].view(ch.G, ch.fmax, hkv, d))
@@ -161,7 +137,7 @@ class StepContext:
                 K, V = K.reshape(-1, hkv, d), V.reshape(-1, hkv, d)
             return flash_varlen(q[ch.q_index], ch.cu_q, K, V, ch.cu_k)
         qg = q[ch.q_index].view(ch.G, ch.Lq, *q.shape[1:])
-        return padded_attention(qg, K, V, ch.key_mask).reshape(ch.G * ch.Lq, *q.shape[1:])
+        return padded_attention(qg, K, V, ch.bias).reshape(ch.G * ch.Lq, *q.shape[1:])
 
 
 def t_empty(device) -> torch.Tensor:
