@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from baselines.llada import decide, full_forward, logits_of, project, residual
+from baselines.common import decide, full_forward, logits_of, project, residual
 from baselines.static_batch import Batch, Policy, StepResult
 from engine.models.llada import LLaDAModelLM
 
@@ -82,8 +82,9 @@ class FastDLLM(Policy):
         if km is not None and self.cache == "prefix":
             km = km[:, :q_end]                      # keys = [cached prefix ; fresh block + suffix]
         h = m.embed(batch.x[:, q_start:q_end])
+        rope = m.rope.at(pos.reshape(-1), h.dtype)
         for i, blk in enumerate(m.blocks):
-            q, k, v = project(blk, h, pos, m.rope)
+            q, k, v = project(blk, h, pos, rope)
             if self.cache == "dual":
                 self.k[i][:, s:e] = k               # replace_position: fresh block K/V in place
                 self.v[i][:, s:e] = v

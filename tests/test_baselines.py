@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from baselines import SYSTEMS, make_system, profile_max_batch
-from baselines.static_batch import measure_run, weight_bytes
+from baselines.profile import measure_run
 from engine.models.llada import LLaDAConfig, LLaDAModelLM, dense_attention, rms_norm
+from engine.profiler import weights_bytes as weight_bytes
 from engine.reference import reference_generate
 from engine.sampling import SamplingParams
 from engine.unmask import RequestGenerators, transfer_schedule

@@ -22,7 +22,7 @@ import torch
 import baselines
 import engine
 from baselines import make_system as make_baseline
-from baselines.static_batch import measure_run, profile_max_batch, weight_bytes
+from baselines.profile import measure_run, profile_max_batch
 from dllm_bench.checkpoints.store import cache_root
 from dllm_bench.errors import UserError
 from dllm_bench.results import atomic_write_json
@@ -32,6 +32,7 @@ from engine.config import EngineConfig
 from engine.engine import DTYPES, LLMEngine, resolve_device
 from engine.models.llada import load_llada
 from engine.profiler import MemoryProfile, profile_kv_pool
+from engine.profiler import weights_bytes as weight_bytes
 
 # Bump when what a cached profile means changes (profiler or measure code), so stale ones are redone.
 PROFILE_FORMAT = 1
