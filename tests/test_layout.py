@@ -100,12 +100,7 @@ def foreign_imports(graph: dict[str, set[str]], package: str) -> list[tuple[str,
 
 
 # ---------------------------------------------------------------- the repository
-@pytest.mark.parametrize("package", [
-    "dllm_bench", "engine", "workloads",
-    pytest.param("baselines", marks=pytest.mark.xfail(
-        strict=True, reason="baselines.static_batch imports the registry in baselines/__init__: "
-                            "removed by the baselines common/profile split of issue 11")),
-])
+@pytest.mark.parametrize("package", ["dllm_bench", "engine", "workloads", "baselines"])
 def test_no_import_cycles(package):
     found = [c for c in cycles(import_graph(REPO, PACKAGES)) if any(m.split(".")[0] == package for m in c)]
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
