@@ -131,7 +131,7 @@ SPARSE_FLOOR = 0.7
 def synth_cot_model():
     from dllm_bench.accuracy.points import model_training_info
     from dllm_bench.checkpoints.load import load_model, load_tokenizer, model_dir
-    from dllm_bench.checkpoints.presets import PACKAGE_DIR
+    from dllm_bench.checkpoints.store import PACKAGE_DIR
 
     if not (PACKAGE_DIR / "assets" / "synth-cot" / "model.safetensors").is_file():
         pytest.skip("the trained synth-cot checkpoint is not committed (docs/ACCURACY.md: dllm-bench train --task synth-cot)")
@@ -140,7 +140,9 @@ def synth_cot_model():
 
 
 def test_synth_cot_model_reaches_documented_floor(synth_cot_model):
-    from dllm_bench.accuracy.points import Point, PointBackend, eval_synth_point, generated_docs
+    from dllm_bench.accuracy.backend import PointBackend
+    from dllm_bench.accuracy.evaluate import eval_synth_point
+    from dllm_bench.accuracy.points import Point, generated_docs
 
     model, tok, info = synth_cot_model
     c = info["config"]

@@ -9,8 +9,11 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+import pandas as pd
+
 from dllm_bench.accuracy import seeds
 from dllm_bench.accuracy.points import Point, PointResult
+from dllm_bench.results import atomic_write_csv, atomic_write_json, atomic_write_jsonl
 
 SERIES = ("head", "uniform", "head-max", "uniform-max")
 
@@ -108,8 +111,6 @@ def point_dirname(point: Point) -> str:
 
 def write_point(run_dir: Path, res: PointResult, dense_acc: float | None) -> None:
     """points/<point>/ (one model) or points/<model>/<point>/ (several)."""
-    from dllm_bench.results import atomic_write_json, atomic_write_jsonl
-
     pdir = run_dir / "points"
     if res.model:
         pdir = pdir / Path(res.model).name
@@ -120,10 +121,6 @@ def write_point(run_dir: Path, res: PointResult, dense_acc: float | None) -> Non
 
 
 def write_run_tables(run_dir: Path, results: Sequence[PointResult], extra: dict) -> None:
-    import pandas as pd
-
-    from dllm_bench.results import atomic_write_csv, atomic_write_json
-
     dense_of = {r.model: r.accuracy for r in results if r.point.role == "dense"}
     rows = [r.row(dense_of.get(r.model)) for r in results]
     atomic_write_csv(run_dir / "metrics.csv", pd.DataFrame(rows))

@@ -71,6 +71,8 @@ def register(app: typer.Typer) -> None:
 
         from dllm_bench.accuracy import points as acc
         from dllm_bench.accuracy import report
+        from dllm_bench.accuracy.backend import PointBackend
+        from dllm_bench.accuracy.evaluate import eval_lm_eval_point, eval_synth_point
         from dllm_bench.checkpoints.load import load_model, load_tokenizer, model_dir
         from dllm_bench.results import create_run
         from engine import SamplingParams
@@ -166,10 +168,7 @@ def register(app: typer.Typer) -> None:
             knobs["dev_choice"] = chosen
         if task == "gsm8k":
             knobs["num_fewshot"] = 8 if num_fewshot is None else num_fewshot
-        try:
-            run_dir = create_run("accuracy", knobs, name=f"accuracy-{task}-{knobs['split']}", run_id=run_id)
-        except FileExistsError as e:
-            raise UserError(str(e)) from None
+        run_dir = create_run("accuracy", knobs, name=f"accuracy-{task}-{knobs['split']}", run_id=run_id)
 
         results = []
         extra = {"task": task, "model": model, "models": models, "split": knobs["split"]}
@@ -180,15 +179,15 @@ def register(app: typer.Typer) -> None:
             label = m if len(models) > 1 else ""
             dense_acc = None
             for i, p in enumerate(points):
-                backend = acc.PointBackend(mdl, tok, p, gen_length=gen_length, block_length=block_length, steps=steps,
+                backend = PointBackend(mdl, tok, p, gen_length=gen_length, block_length=block_length, steps=steps,
                                            seed=seed, chat=chat, system_kw=dict(max_num_seqs=max_num_seqs, batch=batch),
                                            show_progress=not json_out,
                                            label=f"{label + ' ' if label else ''}[{i + 1}/{len(points)}] {p.name}")
                 try:
                     if task in acc.GENERATED:
-                        res = acc.eval_synth_point(backend, docs)
+                        res = eval_synth_point(backend, docs)
                     else:
-                        res = acc.eval_lm_eval_point(task, backend, limit, metadata=metadata, num_fewshot=num_fewshot)
+                        res = eval_lm_eval_point(task, backend, limit, metadata=metadata, num_fewshot=num_fewshot)
                 except ValueError as e:     # a request that can never run (too long for the model, ...)
                     raise UserError(f"{p.name}: {e}") from None
                 res.model = label
