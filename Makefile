@@ -54,10 +54,11 @@ bench-serve:
 
 bench: bench-engine bench-mechanisms
 
-# Training seeds (docs/ACCURACY.md). Seed 0 of each task is committed (tiny-math, synth-cot);
-# this trains the further seeds, one model at a time on one thread, with the recipe of seed 0
-# (its training.json): ~22 min per tiny-math and ~25 min per synth-cot model on an idle core,
-# so ~95 min for SEEDS="1 2". Existing assets are kept; the same seed gives the same weights.
+# Trained models (docs/ACCURACY.md): tiny-math (seed 0) is committed; `train-synth-cot` makes
+# synth-cot (seed 0), `train-seeds` the further seeds of both, one model at a time on one
+# thread with the seed-0 recipe: ~22 min per tiny-math and ~10 min per synth-cot model of an
+# idle core (~0.3 s per batch-16 step), ~65 min for SEEDS="1 2". Existing assets are kept; the
+# same seed gives the same weights.
 SEEDS ?= 1 2
 comma := ,
 space := $() $()
