@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from dllm_bench.serve.loadgen import ProgressFn, _get, arrival_offset
+from dllm_bench.systems.spec import ENDPOINT, SystemVariant
 
 APIS = ("completions", "chat")
 CONNECT_TIMEOUT_S = 30.0
@@ -42,6 +43,16 @@ class Endpoint:
     api: str = "completions"       # completions | chat
     stream: bool = True
     dllm_extras: bool = True       # send block_length/steps and ask for token ids (our server)
+
+    def variant(self) -> SystemVariant:
+        """The endpoint as a system of a serve run (its label names it in every table)."""
+        knobs = (("url", self.url), ("model", self.model), ("api", self.api), ("stream", self.stream),
+                 ("dllm_extras", self.dllm_extras))
+        return SystemVariant(ENDPOINT, knobs, ENDPOINT)
+
+    @classmethod
+    def from_variant(cls, v: SystemVariant) -> Endpoint:
+        return cls(**v.knob_dict)
 
     @property
     def root(self) -> str:
@@ -290,3 +301,39 @@ def run_endpoint(ep: Endpoint, workload: Iterable[Any], **kw: Any) -> dict:
             res["interrupted"] = True
         exc.partial = res  # type: ignore[attr-defined]
         raise exc from None
+
+
+def measure_endpoint(run: Any, variant: SystemVariant, workload: list, on_event: Callable[[dict], None]) -> dict:
+    """One serve point against an endpoint: {result, info} as a worker writes it, and the
+    worker's progress events on the way (dllm_bench.serve.process.progress_handler)."""
+    from dllm_bench.checkpoints.load import load_tokenizer
+
+    ep = Endpoint.from_variant(variant)
+    decode = None
+    if ep.api == "chat":
+        tok = load_tokenizer(run.model_dir)
+        decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    cards = {m.get("id"): m for m in list_models(ep.url)}
+    on_event({"event": "status", "message": f"{ep.url} ({ep.api}, {'stream' if ep.stream else 'whole'})"})
+    total = len(workload)
+    t0 = time.perf_counter()
+
+    def progress(arrived: int, finished: int, tps: float) -> None:
+        on_event({"event": "progress", "arrived": arrived, "finished": finished, "total": total, "tps": tps,
+                  "elapsed": time.perf_counter() - t0})
+
+    card = cards.get(ep.model, {})
+    info = {"system": ENDPOINT, "label": variant.label, "kind": "endpoint", "knobs": variant.knob_dict,
+            "scenario": f"HTTP endpoint {ep.url}, model {ep.model}, {ep.api} API, "
+                        f"{'streamed' if ep.stream else 'whole responses'}",
+            "scenario_kind": "endpoint", "served_model_root": card.get("root")}
+    try:
+        res = run_endpoint(ep, workload, block_length=run.preset.block_length if ep.dllm_extras else None,
+                           decode=decode, progress=progress, max_duration=run.max_duration)
+    except KeyboardInterrupt as e:
+        part = getattr(e, "partial", None)
+        e.partial = None if part is None else {"result": part, "info": info}  # type: ignore[attr-defined]
+        raise
+    on_event({"event": "done"})
+    info["kv_pool_tokens"] = res["stats"].get("kv_pool_tokens")
+    return {"result": res, "info": info}
