@@ -337,3 +337,39 @@ def measure_endpoint(run: Any, variant: SystemVariant, workload: list, on_event:
     on_event({"event": "done"})
     info["kv_pool_tokens"] = res["stats"].get("kv_pool_tokens")
     return {"result": res, "info": info}
+
+
+def resolve_endpoint(url: str, model_name: str | None, api: str, stream: bool, dllm_extras: bool,
+                     model: str | None) -> tuple[Endpoint, str | None]:
+    """`serve --endpoint` options -> (the Endpoint, the --model whose vocabulary and tokenizer
+    the workload uses). Without --model: the served model's id, or its `root`, when it names a
+    local preset or checkpoint. Any problem is a UserError (nothing measured yet)."""
+    from dllm_bench.checkpoints.presets import resolve_model
+    from dllm_bench.errors import UserError
+
+    if api not in APIS:
+        raise UserError(f"--api must be one of {', '.join(APIS)}, got {api!r}")
+    try:
+        base = normalize_url(url)
+        cards = list_models(base)
+    except EndpointError as e:
+        raise UserError(str(e)) from None
+    ids = [c.get("id") for c in cards]
+    name = model_name or ids[0]
+    if model_name is not None and model_name not in ids:
+        raise UserError(f"--endpoint-model {model_name!r}: {base} serves {', '.join(map(str, ids))}")
+    if model is None:
+        card = cards[ids.index(name)]
+        for candidate in (name, card.get("root")):
+            if not candidate:
+                continue
+            try:
+                resolve_model(candidate)
+            except UserError:
+                continue
+            model = candidate
+            break
+        else:
+            raise UserError(f"{base} serves {name!r}, which is no local preset or checkpoint: give --model "
+                            "(a preset or checkpoint dir with the served model's tokenizer) for the workload")
+    return Endpoint(base, name, api, stream, dllm_extras), model
