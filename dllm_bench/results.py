@@ -33,6 +33,8 @@ from typing import IO, Any, NamedTuple
 
 import pandas as pd
 
+from dllm_bench.errors import UserError
+
 KINDS = ("serve", "accuracy", "ablate", "sweep")
 RESULTS_ENV = "DLLM_BENCH_RESULTS_DIR"
 
@@ -95,6 +97,12 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     with atomic_open(path) as f:
         json.dump(_clean(obj), f, indent=2, default=_default, allow_nan=False)
         f.write("\n")
+
+
+def print_json(obj: Any) -> None:
+    """A command's one --json document on stdout (its progress and tables go to stderr)."""
+    sys.stdout.write(json.dumps(_clean(obj), default=_default, allow_nan=False) + "\n")
+    sys.stdout.flush()
 
 
 def atomic_write_jsonl(path: str | os.PathLike, rows: Iterable[Mapping]) -> None:
@@ -181,6 +189,10 @@ def make_run_id(name: str = "", now: dt.datetime | None = None) -> str:
     return f"{stamp}-{slug}" if slug else stamp
 
 
+class RunExistsError(UserError, FileExistsError):
+    """--run-id names a run directory that exists (and --resume was not given)."""
+
+
 def create_run(kind: str, config: Mapping[str, Any], *, name: str = "", run_id: str | None = None,
                root: str | os.PathLike | None = None, resume: bool = False) -> Path:
     """Make results/runs/<run-id>/ and write config.json (kind + knobs + environment).
@@ -195,7 +207,7 @@ def create_run(kind: str, config: Mapping[str, Any], *, name: str = "", run_id: 
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     if cfg_path.exists():
         if not resume:
-            raise FileExistsError(f"run directory {run_dir} exists (use --resume or another --run-id)")
+            raise RunExistsError(f"run directory {run_dir} exists (use --resume or another --run-id)")
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         cfg.setdefault("resumed_utc", []).append(now)
     else:

@@ -142,10 +142,7 @@ def register(app: typer.Typer) -> None:
             knobs["synth"] = dict(split="test", seed=seed, n=limit, context_facts=facts, ops=list(ops), max_value=max_value)
         if task == "gsm8k":
             knobs["num_fewshot"] = 8 if num_fewshot is None else num_fewshot
-        try:
-            run_dir = create_run("accuracy", knobs, name=f"accuracy-{task}", run_id=run_id)
-        except FileExistsError as e:
-            raise UserError(str(e)) from None
+        run_dir = create_run("accuracy", knobs, name=f"accuracy-{task}", run_id=run_id)
 
         results = []
         dense_acc = None
