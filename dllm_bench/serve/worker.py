@@ -49,21 +49,6 @@ def emit(event: str, **fields: Any) -> None:
         pass
 
 
-def _warmup(system: Any, spec: dict, n: int) -> None:
-    """n short requests through the system before timing (first-call costs are not serving)."""
-    from engine.sampling import SamplingParams
-
-    if n <= 0 or not spec["workload"]:
-        return
-    b = int(spec["sampling"]["block_length"])
-    params = SamplingParams(gen_length=b, steps=b, block_length=b)
-    first = spec["workload"][0]["prompt_ids"][:8]
-    for i in range(n):
-        system.add_request(list(first), params, request_id=f"warmup-{i}")
-    while system.has_unfinished():
-        system.step()
-
-
 def run(spec: dict, out_path: Path) -> int:
     import torch
 
@@ -77,7 +62,7 @@ def run(spec: dict, out_path: Path) -> int:
     from dllm_bench.errors import UserError
     from dllm_bench.results import atomic_write_json
     from dllm_bench.serve.loadgen import run_open_loop
-    from dllm_bench.systems.build import WorkloadShape, build_system
+    from dllm_bench.systems.build import WorkloadShape, build_system, warm_up
     from dllm_bench.systems.spec import SystemVariant
     from engine.sampling import SamplingParams
 
@@ -102,7 +87,7 @@ def run(spec: dict, out_path: Path) -> int:
     n_warm = int(spec.get("num_warmups", 0))
     if n_warm:
         emit("status", message=f"warming up ({n_warm} request{'s' if n_warm > 1 else ''})")
-        _warmup(system, spec, n_warm)
+        warm_up(system, spec["workload"][0]["prompt_ids"][:8], int(spec["sampling"]["block_length"]), n_warm)
 
     steps_rule = spec["sampling"].get("steps", "gen_length")
     block = int(spec["sampling"]["block_length"])
