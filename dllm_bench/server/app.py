@@ -120,6 +120,8 @@ def create_app(state: ServerState) -> FastAPI:
 async def generate(state: ServerState, body: Any, request: Request, chat: bool):
     if body.model is not None and body.model != state.model_name:
         return error(404, f"The model `{body.model}` does not exist.", "not_found_error", "model")
+    if not state.loop.alive:
+        return error(503, "the engine loop is not running", "service_unavailable")
     waiting = state.loop.num_waiting()
     if waiting >= state.max_waiting:
         return error(503, f"server busy: {waiting} requests waiting (limit {state.max_waiting}); retry later",

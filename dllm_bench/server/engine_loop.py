@@ -132,6 +132,11 @@ class EngineLoop:
                 self.counters["requests_rejected"] += 1
                 job.push("rejected", str(e))
                 continue
+            except Exception as e:  # noqa: BLE001 - an engine bug fails this request, not the loop
+                log.exception("add_request failed")
+                self.counters["requests_failed"] += 1
+                job.push("failed", f"add_request failed: {type(e).__name__}: {e}")
+                continue
             self._jobs[job.request_id] = job
             self.counters["prompt_tokens"] += len(job.prompt_ids)
             job.push("accepted")
@@ -141,7 +146,10 @@ class EngineLoop:
             except queue.Empty:
                 break
             if self._jobs.pop(rid, None) is not None:
-                self.engine.abort(rid)       # frees its KV reservation
+                try:
+                    self.engine.abort(rid)   # frees its KV reservation
+                except Exception:  # noqa: BLE001
+                    log.exception("abort failed")
                 self.counters["requests_aborted"] += 1
 
     def _step(self) -> None:
