@@ -43,7 +43,7 @@ def build_state(*, model: str | None, preset: str | None, served_model_name: str
     import torch
 
     from dllm_bench.checkpoints.load import load_config, load_tokenizer
-    from dllm_bench.checkpoints.presets import resolve_model
+    from dllm_bench.checkpoints.store import resolve_model
     from dllm_bench.serve.presets import preset_for
     from dllm_bench.server.app import ServerState
     from dllm_bench.server.engine_loop import EngineLoop

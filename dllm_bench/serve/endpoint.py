@@ -344,7 +344,7 @@ def resolve_endpoint(url: str, model_name: str | None, api: str, stream: bool, d
     """`serve --endpoint` options -> (the Endpoint, the --model whose vocabulary and tokenizer
     the workload uses). Without --model: the served model's id, or its `root`, when it names a
     local preset or checkpoint. Any problem is a UserError (nothing measured yet)."""
-    from dllm_bench.checkpoints.presets import resolve_model
+    from dllm_bench.checkpoints.store import resolve_model
     from dllm_bench.errors import UserError
 
     if api not in APIS:
