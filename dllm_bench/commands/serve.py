@@ -58,8 +58,18 @@ def register(app: typer.Typer) -> None:
         resume: bool = typer.Option(False, "--resume", help="continue a run (--run-id, default the latest): skip finished points"),
         no_profile_cache: bool = typer.Option(False, "--no-profile-cache", help="re-measure KV pools and static batches"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON document (summaries, ratios, run dir) on stdout"),
+        endpoint: str | None = typer.Option(None, "--endpoint", help="also (without --systems: only) benchmark this OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"),
+        endpoint_model: str | None = typer.Option(None, "--endpoint-model", help="model name sent to --endpoint (default: its first model)"),
+        api: str = typer.Option("completions", "--api", help="--endpoint API: completions (token-id prompts) | chat (text)"),
+        stream: bool = typer.Option(True, "--stream/--no-stream", help="--endpoint: streamed responses (TTFT = first block)"),
+        dllm_extras: bool = typer.Option(True, "--dllm-extras/--no-dllm-extras", help="--endpoint: send block_length, steps, return_token_ids"),
     ) -> None:
         """Open-loop serving benchmark: every system replays the same arrivals under the same memory budget."""
+        ep = None
+        if endpoint is not None:
+            from dllm_bench.serve.endpoint import resolve_endpoint
+
+            ep, model = resolve_endpoint(endpoint, endpoint_model, api, stream, dllm_extras, model)
         run = resolve_run(
             rps=rps, systems=systems, dataset=dataset, dataset_path=dataset_path, num_prompts=num_prompts,
             duration=duration, burstiness=burstiness, arrivals=arrivals, time_scale=time_scale,
@@ -69,6 +79,8 @@ def register(app: typer.Typer) -> None:
             block_length=block_length, max_prompt_len=max_prompt_len, threads=threads, dtype=dtype,
             device=device, seed=seed, max_duration=max_duration, num_warmups=num_warmups,
             no_profile_cache=no_profile_cache)
+        if ep is not None:
+            run.systems = (run.systems if systems is not None else []) + [ep.variant()]
         code = serve(run, result_dir=result_dir, run_id=run_id, resume=resume, as_json=as_json)
         if code:
             sys.exit(code)  # not typer.Exit: with standalone_mode=False click returns its code unused

@@ -38,9 +38,7 @@ class ServeRun:
 
     @property
     def engine_defaults(self) -> dict:
-        p = self.preset
-        return {"max_num_batched_tokens": p.max_num_batched_tokens, "max_num_logits": p.max_num_logits,
-                "max_num_seqs": p.max_num_seqs, "retention": p.retention}
+        return self.preset.engine_defaults()
 
     @property
     def baseline_defaults(self) -> dict:

@@ -23,6 +23,7 @@ from dllm_bench.errors import UserError
 from dllm_bench.metrics import summarize
 from dllm_bench.results import PointKey, fmt_rps
 from dllm_bench.serve.config import ServeRun
+from dllm_bench.serve.endpoint import measure_endpoint
 from dllm_bench.serve.process import WorkerFailed, progress_handler, run_worker, worker_spec
 from dllm_bench.systems.build import WorkloadShape
 from dllm_bench.systems.spec import SystemVariant
@@ -153,8 +154,11 @@ def measure_points(run: ServeRun, planned: Sequence[PlannedPoint], run_dir: Path
                                      status="starting", arrived=0, tps=0.0)
             log_path = run_dir / "logs" / f"{results.point_name(pp.key)}.log"
             try:
-                out = run_worker(worker_spec(run, pp.variant, pp.workload, pp.shape), log_path,
-                                 run.preset.threads, progress_handler(progress, task))
+                if pp.variant.is_endpoint:  # over HTTP from this process: there is nothing to build
+                    out = measure_endpoint(run, pp.variant, pp.workload, progress_handler(progress, task))
+                else:
+                    out = run_worker(worker_spec(run, pp.variant, pp.workload, pp.shape), log_path,
+                                     run.preset.threads, progress_handler(progress, task))
             except KeyboardInterrupt as e:
                 interrupted = True
                 out = getattr(e, "partial", None)

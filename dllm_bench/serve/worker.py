@@ -45,7 +45,7 @@ import torch  # noqa: E402
 from dllm_bench.errors import UserError  # noqa: E402
 from dllm_bench.results import atomic_write_json  # noqa: E402
 from dllm_bench.serve.loadgen import run_open_loop  # noqa: E402
-from dllm_bench.systems.build import WorkloadShape, build_system  # noqa: E402
+from dllm_bench.systems.build import WorkloadShape, build_system, warm_up  # noqa: E402
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 
@@ -56,15 +56,6 @@ def emit(event: str, **fields: Any) -> None:
         _EVENTS.flush()
     except (BrokenPipeError, ValueError):  # the parent went away: keep running to write the result
         pass
-
-
-def _warmup(system: Any, spec: dict, n: int) -> None:
-    """n short requests through the system before timing (first-call costs are not serving)."""
-    if n <= 0 or not spec["workload"]:
-        return
-    b = int(spec["sampling"]["block_length"])
-    first = spec["workload"][0]["prompt_ids"][:8]
-    system.generate([list(first)] * n, SamplingParams(gen_length=b, steps=b, block_length=b))
 
 
 def run(spec: dict, out_path: Path) -> int:
@@ -96,7 +87,7 @@ def run(spec: dict, out_path: Path) -> int:
     n_warm = int(spec.get("num_warmups", 0))
     if n_warm:
         emit("status", message=f"warming up ({n_warm} request{'s' if n_warm > 1 else ''})")
-        _warmup(system, spec, n_warm)
+        warm_up(system, spec["workload"][0]["prompt_ids"][:8], int(spec["sampling"]["block_length"]), n_warm)
 
     steps_rule = spec["sampling"].get("steps", "gen_length")
     block = int(spec["sampling"]["block_length"])

@@ -33,6 +33,7 @@ from engine.engine import LLMEngine, resolve_device
 from engine.models.llada import load_llada
 from engine.profiler import MemoryProfile, profile_kv_pool
 from engine.profiler import weights_bytes as weight_bytes
+from engine.sampling import SamplingParams
 
 # Bump when what a cached profile means changes (profiler or measure code), so stale ones are redone.
 PROFILE_FORMAT = 1
@@ -133,16 +134,17 @@ class BuiltSystem:
 
 
 def build_system(variant: SystemVariant, *, model_dir: str | os.PathLike, dtype: str = "float32",
-                 device: str = "cpu", memory_budget: int | None, shape: WorkloadShape,
+                 device: str = "cpu", memory_budget: int | None, shape: WorkloadShape | None = None,
                  engine_defaults: Mapping[str, Any] | None = None,
                  baseline_defaults: Mapping[str, Mapping[str, Any]] | None = None,
                  max_model_len: int | None = None, cache_dir: str | os.PathLike | None = None,
-                 use_cache: bool = True, model: Any = None,
+                 use_cache: bool = True, model: Any = None, sampling: bool = False,
                  log: Callable[[str], None] = lambda msg: None) -> BuiltSystem:
     """Load the model (unless given) and build the engine or a baseline for `variant`.
 
-    Engine: EngineConfig(sampling=False, memory_budget, knobs) with `kv_pool_tokens` from the
-    (cached) offline profile. Baseline: `baselines.make_system` at batch B = the largest static
+    Engine: EngineConfig(sampling, memory_budget, knobs) with `kv_pool_tokens` from the
+    (cached) offline profile; `sampling=False` (greedy only, as serving workloads are) leaves
+    the Gumbel noise out of the profiled peak. Baseline: `baselines.make_system` at batch B = the largest static
     batch whose measured peak fits the budget (cached), or the variant's `batch=N`.
     Returns the system and an `info` dict (what was built and why) for the results.
     """
@@ -156,16 +158,19 @@ def build_system(variant: SystemVariant, *, model_dir: str | os.PathLike, dtype:
                             "torch_threads": torch.get_num_threads()}
     if not variant.is_baseline:
         return _build_engine(variant, model, model_dir, fp, dtype, str(dev), memory_budget,
-                             dict(engine_defaults or {}), max_model_len, cache_dir, use_cache, info, log)
+                             dict(engine_defaults or {}), max_model_len, cache_dir, use_cache, sampling,
+                             info, log)
+    if shape is None:
+        raise ValueError("a baseline is profiled for a workload shape: pass shape")
     return _build_baseline(variant, model, fp, dtype, str(dev), memory_budget, shape,
                            dict(baseline_defaults or {}), max_model_len, cache_dir, use_cache, info, log)
 
 
 def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, defaults,
-                  max_model_len, cache_dir, use_cache, info, log) -> BuiltSystem:
+                  max_model_len, cache_dir, use_cache, sampling, info, log) -> BuiltSystem:
     knobs = engine_knobs(variant, defaults)
     try:
-        cfg = EngineConfig(model=str(model_dir), dtype=dtype, device=device, sampling=False,
+        cfg = EngineConfig(model=str(model_dir), dtype=dtype, device=device, sampling=sampling,
                            memory_budget=memory_budget, max_model_len=max_model_len, **knobs)
     except ValueError as e:
         raise UserError(f"system {variant.label!r}: {e}") from None
@@ -242,3 +247,12 @@ def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, def
     system = make_system(variant.name, model, batch=batch, knobs=knobs, max_model_len=max_model_len,
                          label=variant.label)
     return BuiltSystem(system, info)
+
+
+def warm_up(system: Any, prompt_ids: list[int], block_length: int, n: int = 1) -> None:
+    """n one-block requests through a system before it is measured or serves (first-call
+    costs are not serving)."""
+    if n <= 0:
+        return
+    params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
+    system.generate([list(prompt_ids)] * n, params)

@@ -34,6 +34,7 @@ from dllm_bench.errors import UserError
 from engine.config import CACHE_POLICIES, SCHEDULERS, SELECTIONS, EngineConfig
 
 ENGINE = "engine"
+ENDPOINT = "endpoint"   # an OpenAI-compatible server measured over HTTP (`serve --endpoint`)
 BATCH_KNOB = "batch"
 DEFAULT_SYSTEMS = "engine,fast-dllm,dllm-cache,sparse-dllm"
 
@@ -145,7 +146,11 @@ class SystemVariant:
 
     @property
     def is_baseline(self) -> bool:
-        return self.name != ENGINE
+        return self.name not in (ENGINE, ENDPOINT)
+
+    @property
+    def is_endpoint(self) -> bool:
+        return self.name == ENDPOINT
 
     @property
     def knob_dict(self) -> dict[str, Any]:
