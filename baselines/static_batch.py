@@ -2,14 +2,14 @@
 
 When idle, take up to `max_batch_size` waiting requests FCFS and run them together, in lock
 step, to completion; then take the next batch. One `step()` is one (batched) model forward of
-the current batch. A decoding policy (baselines/llada.py, fast_dllm.py, dllm_cache.py,
-sparse_dllm.py) decides what that forward computes and caches and which tokens it commits.
+the current batch. A decoding policy (baselines.llada, baselines.fast_dllm, baselines.dllm_cache,
+baselines.sparse_dllm) decides what that forward computes and caches and which tokens it commits.
 
 Choices, and how they differ from upstream:
 * Sampling shape: a batch only takes *consecutive* FCFS requests with the same
   (gen_length, block_length, steps); filling stops at the first different one, so every row
   shares the block cursor (upstream takes one shape per call). Temperature, remasking and seed
-  may differ per row: token choice is per request (engine/unmask.py randomness contract).
+  may differ per row: token choice is per request (engine.unmask randomness contract).
 * Mixed prompt lengths: rows are left-padded (as upstream's tokenizer does) to the longest
   prompt, so every row's generation region sits in the same columns. Unlike upstream, whose
   cached attention paths ignore the padding mask and whose RoPE positions count the pads,

@@ -56,7 +56,7 @@ def decode_rows(
     mask_id: int,
 ) -> DecodeResult:
     """hidden [Nq, d] (all query rows of the step); row_index [R] the rows to decode; mask_id is
-    never proposed (engine/unmask.py proposal_argmax)."""
+    never proposed (engine.unmask.proposal_argmax)."""
     R = row_index.numel()
     if max_num_logits is None:
         full = lm_head(hidden)                       # [Nq, V]: the monolithic activation peak

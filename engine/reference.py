@@ -2,7 +2,7 @@
 
 One sequence at a time, every step a full forward over prompt + generation (NFE = steps), full
 [L, V] logits. The engine's exact mode (cache=none) must reproduce these tokens exactly.
-Like every decoder here it never proposes the mask id (engine/unmask.py `proposal_argmax`).
+Like every decoder here it never proposes the mask id (engine.unmask.proposal_argmax).
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
-from engine.engine import DTYPES, resolve_device
+from engine.config import DTYPES
+from engine.engine import resolve_device
 from engine.models.llada import LLaDAConfig, LLaDAModelLM, load_llada
 
 

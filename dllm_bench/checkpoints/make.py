@@ -19,9 +19,9 @@ from safetensors.torch import save_file
 from dllm_bench.checkpoints.presets import STAMP_FILE, Preset, get_preset
 from dllm_bench.checkpoints.tokenizer import save_tokenizer
 from dllm_bench.errors import UserError
-from engine.engine import DTYPES
+from engine.config import DTYPES
 
-# The dtypes a checkpoint is stored in (engine.engine.DTYPES minus float64: LLaDA ships bf16).
+# The dtypes a checkpoint is stored in (engine.config.DTYPES minus float64: LLaDA ships bf16).
 STORAGE_DTYPES = {k: v for k, v in DTYPES.items() if k != "float64"}
 INDEX_FILE = "model.safetensors.index.json"
 INIT_STD = 0.02  # LLaDA's init_std

@@ -12,7 +12,7 @@ from dllm_bench.checkpoints.presets import PRESETS, Preset, get_preset
 from dllm_bench.checkpoints.store import is_made, make_cached, preset_path
 from dllm_bench.console import console
 from dllm_bench.errors import UserError
-from engine.engine import DTYPES
+from engine.config import DTYPES
 
 
 def _human(n: float, unit: str = "") -> str:

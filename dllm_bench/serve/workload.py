@@ -16,7 +16,7 @@ from dllm_bench.checkpoints.tokenizer import special_token_ids
 from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.systems.build import WorkloadShape
-from engine.engine import DTYPES
+from engine.config import DTYPES
 from engine.models.llada import LLaDAConfig
 from workloads.serving import ServingRequest, build_workload, describe
 

@@ -28,8 +28,8 @@ from dllm_bench.errors import UserError
 from dllm_bench.results import atomic_write_json
 from dllm_bench.systems.spec import SystemVariant, baseline_knobs, engine_knobs
 from engine.attention import resolve_backend
-from engine.config import EngineConfig
-from engine.engine import DTYPES, LLMEngine, resolve_device
+from engine.config import DTYPES, EngineConfig
+from engine.engine import LLMEngine, resolve_device
 from engine.models.llada import load_llada
 from engine.profiler import MemoryProfile, profile_kv_pool
 from engine.profiler import weights_bytes as weight_bytes

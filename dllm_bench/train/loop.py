@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from dllm_bench.train.batches import ANSWER_DELIM, Encoded, batched_logits, collate, encode_examples
 from dllm_bench.train.curve import probe_accuracy, write_curve
 from dllm_bench.train.tokenizer import build_task_tokenizer, save_task_tokenizer
-from engine.engine import DTYPES
+from engine.config import DTYPES
 from engine.models.llada import LLaDAConfig, LLaDAModelLM
 from workloads.tasks import generated, synth
 
