@@ -15,6 +15,7 @@ from engine.request import Request, RequestOutput, Status
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
+from engine.step import Batch, Runner, StepDecisions
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -26,24 +27,34 @@ def resolve_device(name: str) -> torch.device:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, model: LLaDAModelLM | None = None):
+    """`runner`: any `engine.step.Runner` in place of the `ModelRunner` over `model` (e.g. a
+    simulator's cost model); the scheduler, KV pool and logit budget stay the engine's own. An
+    injected runner without a model cannot be memory-profiled: give `kv_pool_tokens` (or no
+    budget on CPU)."""
+
+    def __init__(self, config: EngineConfig, model: LLaDAModelLM | None = None, runner: Runner | None = None):
         self.config = config
-        self.device = resolve_device(config.device) if model is None else model.device
-        self.dtype = DTYPES[config.dtype] if model is None else model.dtype
-        self.model = model if model is not None else load_llada(config.model, self.dtype, self.device)
-        self.model_config = self.model.config
+        if model is None and runner is None:
+            device = resolve_device(config.device)
+            model = load_llada(config.model, DTYPES[config.dtype], device)
+        self.model = model if model is not None else getattr(runner, "model", None)
+        source = runner if runner is not None else model
+        self.device, self.dtype = source.device, source.dtype
+        self.model_config = runner.model_config if runner is not None else model.config
         self.max_model_len = config.max_model_len or self.model_config.max_sequence_length
         self.backend = resolve_backend(config.attention_backend, self.device)
         self.profile = None
         capacity = config.kv_pool_tokens
         if capacity is None and (config.memory_budget is not None or self.device.type == "cuda"):
+            if self.model is None:
+                raise ValueError("an injected runner without a model cannot be profiled: set kv_pool_tokens")
             from engine.profiler import profile_kv_pool
 
             self.profile = profile_kv_pool(self.model, config, self.backend, self.max_model_len)
             capacity = self.profile.kv_pool_tokens
         self.pool = KVPool(capacity, self.model_config, self.dtype, self.device)
         self.scheduler = Scheduler(config, self.pool)
-        self.runner = ModelRunner(self.model, config, self.backend)
+        self.runner = runner if runner is not None else ModelRunner(self.model, config, self.backend)
         self._ids = itertools.count()
         self.counters = dict(steps=0, forwards=0, query_tokens=0, logits_rows=0, max_logits_rows_in_step=0,
                              refresh_steps=0, reuse_steps=0)
@@ -106,6 +117,8 @@ class LLMEngine:
         if not batch:
             return []
         st = self.runner.run(batch)
+        if st.decisions is not None:
+            commit(batch, st.decisions)
         now = time.perf_counter()
         done = []
         for req, _ in batch:
@@ -147,6 +160,14 @@ class LLMEngine:
         if self.profile is not None:
             c["profile"] = self.profile.to_dict()
         return c
+
+
+def commit(batch: Batch, d: StepDecisions) -> None:
+    """Write every request's decided tokens into its canvas."""
+    bounds = torch.searchsorted(d.row, torch.arange(len(batch) + 1)).tolist()
+    for j, (req, _) in enumerate(batch):
+        a, b = bounds[j], bounds[j + 1]
+        req.commit(d.positions[a:b], d.tokens[a:b], d.logits_rows[j])
 
 
 def run_to_completion(system, prompts, params, progress=None) -> list[RequestOutput]:

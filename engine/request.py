@@ -113,6 +113,12 @@ class Request:
         s, e = self.block_range
         return torch.nonzero(self.canvas[s:e] == self.mask_id).squeeze(-1) + s
 
+    def commit(self, positions: torch.Tensor, tokens: torch.Tensor, logits_rows: int) -> None:
+        """This step's decision: tokens at canvas positions; one forward evaluation charged."""
+        self.canvas[positions] = tokens.to(self.canvas.dtype)
+        self.nfe += 1
+        self.logits_rows += logits_rows
+
     def advance(self, now: float) -> None:
         """One denoising step done: move the cursor; record first-block and finish times."""
         self.step_in_block += 1

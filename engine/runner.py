@@ -8,8 +8,6 @@ the global).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from engine import sparse
@@ -18,16 +16,8 @@ from engine.config import EngineConfig
 from engine.logits import RowSegment, decode_rows
 from engine.models.llada import LLaDAModelLM
 from engine.request import Phase, Request
+from engine.step import StepDecisions, StepStats
 from engine.unmask import random_confidence, select_transfer
-
-
-@dataclass
-class StepStats:
-    query_tokens: int
-    logits_rows: int
-    max_logits_rows: int
-    refresh: int
-    reuse: int
 
 
 class StepContext:
@@ -87,6 +77,7 @@ class StepContext:
 class ModelRunner:
     def __init__(self, model: LLaDAModelLM, config: EngineConfig, backend: str):
         self.model, self.config, self.backend = model, config, backend
+        self.model_config, self.dtype, self.device = model.config, model.dtype, model.device
 
     @torch.no_grad()
     def run(self, batch: list[tuple[Request, Phase]]) -> StepStats:
@@ -117,6 +108,7 @@ class ModelRunner:
                           self.model.config.mask_token_id)
 
         monolithic = self.config.max_num_logits is None
+        rows_of, pos_of, tok_of, conf_of, charged = [], [], [], [], []
         for i, ((req, _), seg, cand) in enumerate(zip(batch, segments, cands)):
             x0 = res.x0[seg.start : seg.start + seg.count]
             if req.params.remasking == "random":
@@ -124,8 +116,11 @@ class ModelRunner:
             else:
                 conf = res.conf[seg.start : seg.start + seg.count]
             chosen = select_transfer(conf, req.schedule[req.step_in_block])
-            req.canvas[cand[chosen]] = x0[chosen].to(req.canvas.dtype)
-            req.nfe += 1
-            req.logits_rows += (cu_q[i + 1] - cu_q[i]) if monolithic else seg.count
+            rows_of.append(torch.full((chosen.numel(),), i, dtype=torch.long))
+            pos_of.append(cand[chosen])
+            tok_of.append(x0[chosen])
+            conf_of.append(conf[chosen])
+            charged.append((cu_q[i + 1] - cu_q[i]) if monolithic else seg.count)
         n_ref = sum(1 for _, p in batch if p.is_refresh)
-        return StepStats(cu_q[-1], res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref)
+        decisions = StepDecisions(torch.cat(rows_of), torch.cat(pos_of), torch.cat(tok_of), torch.cat(conf_of), charged)
+        return StepStats(cu_q[-1], res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref, decisions)
