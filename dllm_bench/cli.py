@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "dllm_bench.commands.ablate",
     "dllm_bench.commands.sweep",
     "dllm_bench.commands.report",
+    "dllm_bench.commands.calibrate",
 ]
 
 for _name in COMMAND_MODULES:
