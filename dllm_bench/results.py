@@ -33,7 +33,7 @@ from typing import IO, Any, NamedTuple
 
 import pandas as pd
 
-KINDS = ("serve", "accuracy", "ablate", "sweep")
+KINDS = ("serve", "accuracy", "ablate", "sweep", "simulate")
 RESULTS_ENV = "DLLM_BENCH_RESULTS_DIR"
 
 
