@@ -10,8 +10,16 @@ import sys
 import pytest
 
 from dllm_bench.simulate import calibrate as cal
-from dllm_bench.simulate.cost_model import (CostModel, Efficiency, Forward, HostCost, LayerPass, ModelShape, Seg,
-                                            gemm_time)
+from dllm_bench.simulate.cost_model import (
+    CostModel,
+    Efficiency,
+    Forward,
+    HostCost,
+    LayerPass,
+    ModelShape,
+    Seg,
+    gemm_time,
+)
 from dllm_bench.simulate.implementations import get_impl
 
 LLADA_8B = ModelShape(d=4096, layers=32, heads=32, kv_heads=32, head_dim=128, ffn=12288, vocab=126464, wbytes=2)

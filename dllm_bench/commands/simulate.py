@@ -31,7 +31,8 @@ def register(app: typer.Typer) -> None:
                                      "or a file written by `dllm-bench calibrate`"),
         impl: str | None = typer.Option(None, "--impl", help="implementation per system, e.g. fast-dllm=engine "
                                         "(engine | hf-eager | hf-fast-dllm | dllm-bench)"),
-        paper: str | None = typer.Option(None, "--paper", help=f"replay the paper: {' | '.join(PAPER_CHOICES)}"),
+        paper: str | None = typer.Option(None, "--paper", help=f"replay the paper ({' | '.join(PAPER_CHOICES)}) on "
+                                         "its GPU (L40S; fig3: RTX 4090); other options do not apply"),
         rps: str | None = typer.Option(None, "--rps", "--request-rate", help="arrival rate(s), req/s [preset]"),
         systems: str | None = typer.Option(None, "--systems", help="systems and variants, as in serve"),
         dataset: str | None = typer.Option(None, "--dataset", help="livebench | osc | burstgpt | random (list allowed)"),
@@ -64,14 +65,14 @@ def register(app: typer.Typer) -> None:
         from dllm_bench.simulate.run import make_setup, simulate_serve
         from dllm_bench.simulate.simulator import resolve_sim_model
 
-        hw = hwmod.load(hardware)
         if paper is not None:
             if paper not in PAPER_CHOICES:
                 raise UserError(f"--paper must be one of {', '.join(PAPER_CHOICES)}, got {paper!r}")
             from dllm_bench.simulate.paper import replay
 
-            replay(paper, hw_spec=hardware, as_json=as_json)
+            replay(paper, as_json=as_json)
             return
+        hw = hwmod.load(hardware)
         sp = preset_for(preset, model)
         model_dir, loadable = resolve_sim_model(sp.model)
         run = resolve_run(

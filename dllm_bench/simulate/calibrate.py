@@ -20,8 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dllm_bench.simulate.cost_model import (CostModel, Efficiency, Forward, HostCost, ModelShape, attention_time,
-                                            gemm_time)
+from dllm_bench.simulate.cost_model import (
+    CostModel,
+    Efficiency,
+    Forward,
+    HostCost,
+    ModelShape,
+    attention_time,
+    gemm_time,
+)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ phase is the pessimistic, eager-execution choice; docs/SIMULATE.md discusses it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,7 @@ class ModelShape:
         return self.block_params * self.layers + 2 * self.d * self.vocab
 
 
-@dataclass(frozen=True)
-class Seg:
+class Seg(NamedTuple):
     """One request's slice of a layer pass: `q` query tokens attending over `k` keys."""
 
     q: int
@@ -183,15 +182,13 @@ def attention_time(flops: float, nbytes: float, peak: float, bw: float, eff: Eff
 
 
 class CostModel:
-    """Step durations of one (model, hardware, implementation). `step` is memoised on the
-    forward (static batches repeat the same few forwards thousands of times)."""
+    """Step durations of one (model, hardware, implementation)."""
 
     def __init__(self, model: ModelShape, peak_flops: float, bandwidth: float, eff: Efficiency,
                  impl: ImplProfile, host: HostCost):
         self.m, self.peak, self.bw, self.eff, self.impl, self.host = model, peak_flops, bandwidth, eff, impl, host
-        self.step = lru_cache(maxsize=65536)(self._step)
 
-    def _step(self, fw: Forward) -> StepCost:
+    def step(self, fw: Forward) -> StepCost:
         m, e, impl = self.m, self.eff, self.impl
         bw = self.bw * e.u_m
         parts = dict(gemm=0.0, attn=0.0, lm_head=0.0, kv=0.0, elem=0.0)

@@ -29,10 +29,12 @@ def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, sha
     """The step's Forward and what each request is charged in logits rows."""
     segs, charged = [], []
     rows = kv_read = kv_write = cached = 0
+    reuse = Phase.REUSE
     for req, phase in batch:
-        L, blk = req.length, req.params.block_length
+        blk = req.params.block_length
+        L = req.prompt_len + req.params.gen_length      # req.length without a tensor call
         cand = masked_in_block(req)
-        if phase.is_refresh:
+        if phase is not reuse:
             q, k = L, L
             if phase is Phase.REFRESH_STORE:
                 kv_write += L
