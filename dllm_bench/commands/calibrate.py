@@ -111,5 +111,5 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         path = calibrate(preset=preset, model=model, systems=systems, name=name, out=out, repeats=repeats,
-                         sizes=(1, 4), console=Console(stderr=True))
+                         sizes=(1, 4, 2, 8, 1, 4), console=Console(stderr=True))
         typer.echo(str(path))

@@ -81,6 +81,13 @@ def workload(ds: str, n: int, prompt_len: int | None = None, gen: int = GEN, see
                           block_length=BLOCK, gen_cap=gen, fixed_gen_length=gen, **kw)
 
 
+def _quiet(msg: str) -> None:
+    pass
+
+
+LOG = {"fn": _quiet}      # replay() points this at the console: one line per simulated cell
+
+
 def run(hw: Hardware, spec: str, wl, engine: dict | None = None) -> dict:
     from dllm_bench.metrics import summarize
     from dllm_bench.simulate.simulator import simulate_point
@@ -89,6 +96,8 @@ def run(hw: Hardware, spec: str, wl, engine: dict | None = None) -> dict:
     out = simulate_point(parse_system(spec), _setup(hw, engine), wl, BLOCK)
     s = summarize(out["result"])
     s["batch"] = out["info"].get("max_batch_size")
+    LOG["fn"](f"  {spec} {engine or ''} on {hw.name}, {len(wl)} requests: {s['output_throughput']:.1f} tok/s, "
+              f"mean E2EL {s['mean_e2el_ms'] / 1e3:.0f} s" + (f", B={s['batch']}" if s["batch"] else ""))
     return s
 
 
@@ -97,14 +106,14 @@ def fit_u(hw: Hardware) -> float:
     (secant steps on log u; throughput grows monotonically with u)."""
     target = TABLE4[("burstgpt", "engine")][1]
     wl = workload("burstgpt", TRACE["burstgpt"])
-    lo_u, lo = 0.25, run(scaled(hw, 0.25), "engine", wl)["output_throughput"]
+    lo_u, lo = 0.5, run(scaled(hw, 0.5), "engine", wl)["output_throughput"]
     hi_u, hi = 1.0, run(scaled(hw, 1.0), "engine", wl)["output_throughput"]
     for _ in range(6):
         x = math.log(lo_u) + (math.log(target) - math.log(lo)) * (math.log(hi_u) - math.log(lo_u)) / (
             math.log(hi) - math.log(lo))
         u = min(max(math.exp(x), 1e-3), 4.0)
         got = run(scaled(hw, u), "engine", wl)["output_throughput"]
-        if abs(got / target - 1) < 0.002:
+        if abs(got / target - 1) < 0.005:
             return u
         lo_u, lo, hi_u, hi = hi_u, hi, u, got
     return u
@@ -179,6 +188,7 @@ def replay(name: str, as_json: bool) -> None:
     from dllm_bench.console import console, md_table
 
     con = console()
+    LOG["fn"] = lambda msg: con.print(msg, markup=False, highlight=False)
     l40s = load("l40s")
     con.print("fitting the one scalar (u) on dLLM-Serve, L40S, Burst, 106.95 tok/s ...", highlight=False)
     u = fit_u(l40s)
