@@ -46,6 +46,7 @@ TOKENS = {"l40s": 16384, "rtx4090": 4000}
 NAMES = {"engine": "dLLM-Serve", "fast-dllm": "Fast-dLLM", "sparse-dllm": "Sparse-dLLM", "dllm-cache": "dLLM-Cache"}
 BASELINES = ("dllm-cache", "sparse-dllm", "fast-dllm")
 GEN, BLOCK, RPS, UTIL = 256, 32, 1.0, 0.9
+MAX_PROMPT = None     # the paper gives no prompt cap (BurstGPT's length model reaches 4,096 tokens)
 
 
 def scaled(hw: Hardware, u: float) -> Hardware:
@@ -78,7 +79,7 @@ def workload(ds: str, n: int, prompt_len: int | None = None, gen: int = GEN, see
     kw = dict(random_input_len=prompt_len, random_output_len=gen) if prompt_len else {}
     return build_workload("random" if prompt_len else ds, num_prompts=n, rps=rps, seed=seed,
                           vocab_size=cfg.vocab_size, special_ids=[cfg.mask_token_id, cfg.eos_token_id],
-                          block_length=BLOCK, gen_cap=gen, fixed_gen_length=gen, **kw)
+                          block_length=BLOCK, gen_cap=gen, fixed_gen_length=gen, max_prompt_len=MAX_PROMPT, **kw)
 
 
 def _quiet(msg: str) -> None:
@@ -89,11 +90,17 @@ LOG = {"fn": _quiet}      # replay() points this at the console: one line per si
 
 
 def run(hw: Hardware, spec: str, wl, engine: dict | None = None) -> dict:
+    """A simulated point's summary (+ its batch); a system that does not fit: NaN throughput."""
+    from dllm_bench.errors import UserError
     from dllm_bench.metrics import summarize
     from dllm_bench.simulate.simulator import simulate_point
     from dllm_bench.systems.spec import parse_system
 
-    out = simulate_point(parse_system(spec), _setup(hw, engine), wl, BLOCK)
+    try:
+        out = simulate_point(parse_system(spec), _setup(hw, engine), wl, BLOCK)
+    except UserError as e:
+        LOG["fn"](f"  {spec} on {hw.name}: {e}")
+        return {"output_throughput": math.nan, "mean_e2el_ms": math.nan, "batch": None}
     s = summarize(out["result"])
     s["batch"] = out["info"].get("max_batch_size")
     LOG["fn"](f"  {spec} {engine or ''} on {hw.name}, {len(wl)} requests: {s['output_throughput']:.1f} tok/s, "
