@@ -141,3 +141,24 @@ def test_same_seed_same_simulated_summary():
             for s in ("engine", "fast-dllm", "engine", "fast-dllm")]
     assert outs[0] == outs[2] and outs[1] == outs[3]
     assert outs[0] != outs[1]
+
+
+def test_simulate_cli_writes_serve_layout(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "simulate", "--preset", "tiny", "--hardware", "h100",
+                        "--systems", "engine,fast-dllm:batch=2", "--rps", "4,8", "--num-prompts", "4",
+                        "--result-dir", str(tmp_path), "--run-id", "sim", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "sim"
+    doc = json.loads(r.stdout)
+    assert doc["simulated"] and len(doc["points"]) == 4 and doc["plots"]
+    assert json.loads((run / "config.json").read_text())["kind"] == "simulate"
+    for p in (run / "points").iterdir():
+        s = json.loads((p / "summary.json").read_text())
+        assert s["simulated"] is True and s["hardware"] == "h100" and s["completed"] == 4
+        assert len((p / "requests.jsonl").read_text().splitlines()) == 4
+    assert (run / "metrics.csv").is_file()
