@@ -8,7 +8,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.attention import resolve_backend
-from engine.config import EngineConfig
+from engine.canvas import CanvasPool
+from engine.config import DTYPES, EngineConfig
+from engine.counters import StepCounters
 from engine.kv_cache import KVPool
 from engine.models.llada import LLaDAModelLM, load_llada
 from engine.request import Request, RequestOutput, Status
@@ -16,8 +18,6 @@ from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from engine.step import Batch, Runner, StepDecisions
-
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -53,13 +53,13 @@ class LLMEngine:
             self.profile = profile_kv_pool(self.model, config, self.backend, self.max_model_len)
             capacity = self.profile.kv_pool_tokens
         self.pool = KVPool(capacity, self.model_config, self.dtype, self.device)
-        self.scheduler = Scheduler(config, self.pool)
-        self.runner = runner if runner is not None else ModelRunner(self.model, config, self.backend)
+        self.canvases = CanvasPool(self.device)
+        self.scheduler = Scheduler(config, self.pool, self.canvases)
+        self.runner = runner if runner is not None else ModelRunner(self.model, config, self.backend, self.pool,
+                                                                    self.max_model_len)
         self._ids = itertools.count()
-        self.counters = dict(steps=0, forwards=0, query_tokens=0, logits_rows=0, max_logits_rows_in_step=0,
-                             refresh_steps=0, reuse_steps=0)
-        self.batch_sizes: list[int] = []
-        self.step_log: list[tuple[int, int, int]] = []   # (refresh, reuse, query tokens) per step
+        self.counters = StepCounters()
+        self.batch_sizes, self.step_log = self.counters.batch_sizes, self.counters.step_log
 
     # ------------------------------------------------------------------ requests
     def add_request(
@@ -118,7 +118,7 @@ class LLMEngine:
             return []
         st = self.runner.run(batch)
         if st.decisions is not None:
-            commit(batch, st.decisions)
+            self.commit(batch, st.decisions)
         now = time.perf_counter()
         done = []
         for req, _ in batch:
@@ -126,17 +126,16 @@ class LLMEngine:
             if req.status is Status.FINISHED:
                 self.scheduler.finish(req)
                 done.append(req.output())
-        c = self.counters
-        c["steps"] += 1
-        c["forwards"] += 1
-        c["query_tokens"] += st.query_tokens
-        c["logits_rows"] += st.logits_rows
-        c["max_logits_rows_in_step"] = max(c["max_logits_rows_in_step"], st.max_logits_rows)
-        c["refresh_steps"] += st.refresh
-        c["reuse_steps"] += st.reuse
-        self.batch_sizes.append(len(batch))
-        self.step_log.append((st.refresh, st.reuse, st.query_tokens))
+        self.counters.record(len(batch), st.query_tokens, st.logits_rows, st.max_logits_rows, st.refresh, st.reuse,
+                             self.scheduler.stalled)
         return done
+
+    def commit(self, batch: Batch, d: StepDecisions) -> None:
+        """Write every request's decided tokens into the canvas pool with one indexed write."""
+        offsets = torch.tensor([r.canvas_offset for r, _ in batch], dtype=torch.long, device=self.device)
+        self.canvases.tokens[offsets[d.row] + d.positions] = d.tokens
+        for (req, _), n in zip(batch, d.logits_rows):
+            req.charge(n)
 
     def generate(
         self,
@@ -148,26 +147,16 @@ class LLMEngine:
         return run_to_completion(self, prompts, params, progress)
 
     def stats(self) -> dict:
-        c = dict(self.counters)
+        c = self.counters.stats()
         c.update(
             kv_pool_tokens=self.pool.capacity,
             kv_pool_bytes=self.pool.capacity_bytes,
             peak_kv_tokens=self.pool.peak_used,
             peak_kv_bytes=self.pool.peak_used * self.pool.bytes_per_token,
-            batch_sizes=list(self.batch_sizes),
-            step_composition=[list(s) for s in self.step_log],
         )
         if self.profile is not None:
             c["profile"] = self.profile.to_dict()
         return c
-
-
-def commit(batch: Batch, d: StepDecisions) -> None:
-    """Write every request's decided tokens into its canvas."""
-    bounds = torch.searchsorted(d.row, torch.arange(len(batch) + 1)).tolist()
-    for j, (req, _) in enumerate(batch):
-        a, b = bounds[j], bounds[j + 1]
-        req.commit(d.positions[a:b], d.tokens[a:b], d.logits_rows[j])
 
 
 def run_to_completion(system, prompts, params, progress=None) -> list[RequestOutput]:

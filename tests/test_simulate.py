@@ -16,8 +16,6 @@ from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.simulator import SimSetup, simulate_point
 from dllm_bench.systems.spec import baseline_knobs, engine_knobs, parse_system
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.attention import resolve_backend
-from engine.runner import ModelRunner
 from tests.helpers import tiny_model
 from workloads.serving import build_workload
 
@@ -96,8 +94,9 @@ def _real(model, variant, wl):
     else:
         cfg = EngineConfig(dtype="float32", device="cpu", sampling=False, kv_pool_tokens=60,
                            **engine_knobs(variant, ENGINE_KNOBS))
-        runner = _TimedRunner(ModelRunner(model, cfg, resolve_backend("sdpa", model.device)), clock)
-        system, last = LLMEngine(cfg, model=model, runner=runner), (lambda: runner.last)
+        system = LLMEngine(cfg, model=model)
+        runner = system.runner = _TimedRunner(system.runner, clock)
+        last = lambda: runner.last  # noqa: E731
     return run_open_loop(VirtualTimed(system, clock, last), wl, _params, clock=clock.now, sleep=clock.sleep)
 
 

@@ -17,7 +17,7 @@ def calibrate(*, preset: str | None, model: str | None, systems: str, name: str,
               repeats: int, sizes: tuple[int, ...], console) -> Path:
     import torch
 
-    from dllm_bench.checkpoints.presets import resolve_model
+    from dllm_bench.checkpoints.store import resolve_model
     from dllm_bench.serve.presets import preset_for
     from dllm_bench.serve.workload import model_info, special_ids
     from dllm_bench.simulate import calibrate as cal

@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Simulate `serve` on a hardware profile: the real schedulers, a calibrated cost model."""
-        from dllm_bench.commands.serve import resolve_run
+        from dllm_bench.serve.options import resolve_run
         from dllm_bench.serve.presets import preset_for
         from dllm_bench.simulate import hardware as hwmod
         from dllm_bench.simulate.implementations import default_impl, parse_impl_overrides

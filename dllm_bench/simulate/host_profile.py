@@ -60,15 +60,12 @@ def _timed_steps(system, forwards: list, prompts, params) -> list[tuple[Forward,
 
 
 def engine_steps(model, config, shape: ModelShape, prompts, params) -> list[tuple[Forward, float]]:
-    from engine.attention import resolve_backend
     from engine.engine import LLMEngine
-    from engine.runner import ModelRunner
 
     fws: list[Forward] = []
-    inner = ModelRunner(model, config, resolve_backend(config.attention_backend, model.device))
-    runner = CostRunner(model.config, config, shape, lambda fw: fws.append(fw) or 0.0, VirtualClock(),
-                        model.dtype, inner=inner)
-    eng = LLMEngine(config, model=model, runner=runner)
+    eng = LLMEngine(config, model=model)
+    eng.runner = CostRunner(model.config, config, shape, lambda fw: fws.append(fw) or 0.0, VirtualClock(),
+                            model.dtype, inner=eng.runner)
     _timed_steps(eng, fws, prompts[:1], params)              # warm-up
     return _timed_steps(eng, fws, prompts, params)
 

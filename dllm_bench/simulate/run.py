@@ -51,8 +51,10 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
 
     from dllm_bench import results
     from dllm_bench.results import PointKey, fmt_rps
-    from dllm_bench.serve.run import _point_line, comparisons, point_summary
+    from dllm_bench.serve.points import PlannedPoint, point_line, point_summary
+    from dllm_bench.serve.run import comparisons
     from dllm_bench.serve.summary import print_comparison
+    from dllm_bench.serve.workload import shape_of
 
     console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 180)
     hw = setup.hardware
@@ -74,7 +76,7 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
         for v in run.systems:
             t0 = time.process_time()
             out = simulate_point(v, setup, wl, run.preset.block_length, max_duration=run.max_duration)
-            s, recs, extra = point_summary(out, v, rps, run, wl)
+            s, recs, extra = point_summary(out, PlannedPoint(ds, rps, v, wl, shape_of(wl, run.preset.block_length)), run)
             extra.update(simulated=True, hardware=hw.name, hardware_file=hw.path, impl=setup.impls[v.name],
                          scenario=out["info"].get("scenario"), scenario_kind=out["info"].get("scenario_kind", "engine"),
                          max_batch_size=out["info"].get("max_batch_size"),
@@ -82,7 +84,7 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
                          simulation_cpu_seconds=time.process_time() - t0)
             results.write_point(run_dir, PointKey(v.label, float(rps), ds), s, recs, extra)
             points.append({**extra, **s, "system": v.label, "dataset": ds})
-            console.print(_point_line(points[-1]), markup=False, highlight=False)
+            console.print(point_line(points[-1]), markup=False, highlight=False)
     baseline_labels = {v.label for v in run.systems if v.is_baseline}
     for c in comparisons(points, baseline_labels):
         if len(c["summaries"]) > 1:

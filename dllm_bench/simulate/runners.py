@@ -22,7 +22,7 @@ from dllm_bench.simulate.clock import VirtualClock
 from dllm_bench.simulate.cost_model import Forward, ModelShape
 from dllm_bench.simulate.work import baseline_forward, engine_forward
 from engine.config import EngineConfig
-from engine.kv_cache import KVPool
+from engine.kv_cache import KVPool, bytes_per_token
 from engine.step import StepStats
 
 Cost = Callable[[Forward], float]
@@ -37,8 +37,13 @@ class ShapeModel:
 
 
 class AccountingPool(KVPool):
-    """The engine's KV pool with its capacity accounting but no storage (an 8B model's cache
-    would be gigabytes of untouched memory)."""
+    """The engine's KV pool with its capacity accounting (can_ever_fit, can_reserve, peak) but
+    no storage: an 8B model's pool would be tens of gigabytes of address space."""
+
+    def __init__(self, capacity_tokens: int | None, cfg, dtype: torch.dtype, device):
+        self.capacity, self.cfg, self.dtype, self.device = capacity_tokens, cfg, dtype, device
+        self.bytes_per_token = bytes_per_token(cfg, dtype)
+        self.used = self.peak_used = 0
 
     def reserve(self, n: int):
         if not self.can_reserve(n):
@@ -46,6 +51,9 @@ class AccountingPool(KVPool):
         self.used += n
         self.peak_used = max(self.peak_used, self.used)
         return None
+
+    def release(self, n: int, table=None) -> None:
+        self.used -= n
 
 
 class CostRunner:
@@ -63,8 +71,7 @@ class CostRunner:
             st = self.inner.run(batch)
         else:
             for (req, _), rows in zip(batch, charged, strict=True):
-                req.nfe += 1
-                req.logits_rows += rows
+                req.charge(rows)
             n_ref = sum(1 for _, p in batch if p.is_refresh)
             cap = self.config.max_num_logits
             st = StepStats(fw.query_tokens, fw.rows, fw.rows if cap is None else min(fw.rows, cap),
@@ -73,10 +80,17 @@ class CostRunner:
         return st
 
 
-def use_accounting_pool(engine) -> None:
-    """Swap the engine's pool for one that only counts (same capacity, same scheduler checks)."""
-    pool = AccountingPool(engine.pool.capacity, engine.model_config, engine.dtype, engine.device)
-    engine.pool = engine.scheduler.pool = pool
+def cost_engine(config: EngineConfig, runner: "CostRunner"):
+    """LLMEngine over `runner` whose pool only counts: built with an empty pool (LLMEngine
+    allocates its pool's storage up front), then given the real capacity before any request."""
+    from engine.engine import LLMEngine
+
+    capacity = config.kv_pool_tokens
+    config.kv_pool_tokens = 0
+    engine = LLMEngine(config, runner=runner)
+    config.kv_pool_tokens = capacity
+    engine.pool = engine.scheduler.pool = AccountingPool(capacity, engine.model_config, engine.dtype, engine.device)
+    return engine
 
 
 class CostPolicy(Policy):

@@ -31,7 +31,8 @@ TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": 
 def shape_only_dir(name: str) -> Path:
     """A config-only checkpoint dir for a shape preset (e.g. llada-8b): enough for the workload
     (vocabulary, special ids) and the cost model, no weights."""
-    from dllm_bench.checkpoints.presets import cache_root, get_preset
+    from dllm_bench.checkpoints.presets import get_preset
+    from dllm_bench.checkpoints.store import cache_root
     from engine.models.llada import LLaDAConfig
 
     preset = get_preset(name)
@@ -48,7 +49,8 @@ def shape_only_dir(name: str) -> Path:
 
 def resolve_sim_model(spec: str) -> tuple[Path, bool]:
     """(checkpoint or config-only dir, loadable?) for a preset name, a shape preset or a dir."""
-    from dllm_bench.checkpoints.presets import PRESETS, resolve_model
+    from dllm_bench.checkpoints.presets import PRESETS
+    from dllm_bench.checkpoints.store import resolve_model
 
     if spec in PRESETS and not PRESETS[spec].makeable and not PRESETS[spec].asset:
         return shape_only_dir(spec), False
@@ -86,10 +88,9 @@ class SimSetup:
 
 def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
     from dllm_bench.simulate.memory import engine_kv_tokens
-    from dllm_bench.simulate.runners import CostRunner, use_accounting_pool
+    from dllm_bench.simulate.runners import CostRunner, cost_engine
     from dllm_bench.systems.spec import engine_knobs
     from engine.config import EngineConfig
-    from engine.engine import LLMEngine
 
     knobs = engine_knobs(variant, setup.engine_defaults)
     try:
@@ -106,8 +107,7 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
     cfg.kv_pool_tokens = info["kv_pool_tokens"]
     runner = CostRunner(setup.model_config, cfg, setup.shape, setup.step_cost(variant.name), clock,
                         TORCH_DTYPES[setup.dtype])
-    engine = LLMEngine(cfg, runner=runner)
-    use_accounting_pool(engine)
+    engine = cost_engine(cfg, runner)
     info.update(kind="engine", knobs=knobs, engine_config=cfg.to_dict())
     return VirtualTimed(engine, clock, lambda: runner.last)
 
