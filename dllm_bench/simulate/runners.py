@@ -80,7 +80,7 @@ class CostRunner:
         return st
 
 
-def cost_engine(config: EngineConfig, runner: "CostRunner"):
+def cost_engine(config: EngineConfig, runner: CostRunner):
     """LLMEngine over `runner` whose pool only counts: built with an empty pool (LLMEngine
     allocates its pool's storage up front), then given the real capacity before any request."""
     from engine.engine import LLMEngine
