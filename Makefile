@@ -5,8 +5,8 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench-server bench clean \
-	train-seeds train-synth-cot accuracy-fig6
+.PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench-server \
+	bench-simulate bench clean train-seeds train-synth-cot accuracy-fig6
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -51,6 +51,9 @@ bench-mechanisms:
 
 bench-server:
 	$(BIN)/python benchmarks/bench_server.py
+
+bench-simulate:
+	$(BIN)/python benchmarks/bench_simulate.py
 
 bench-serve:
 	$(BIN)/dllm-bench serve --rps 0.25,0.5,1.0

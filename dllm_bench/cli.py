@@ -30,6 +30,8 @@ COMMAND_MODULES = [
     "dllm_bench.commands.ablate",
     "dllm_bench.commands.sweep",
     "dllm_bench.commands.report",
+    "dllm_bench.commands.calibrate",
+    "dllm_bench.commands.simulate",
 ]
 
 for _name in COMMAND_MODULES:

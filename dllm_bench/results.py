@@ -37,7 +37,7 @@ import torch
 
 from dllm_bench.errors import UserError
 
-KINDS = ("serve", "accuracy", "ablate", "sweep")
+KINDS = ("serve", "accuracy", "ablate", "sweep", "simulate")
 RESULTS_ENV = "DLLM_BENCH_RESULTS_DIR"
 
 

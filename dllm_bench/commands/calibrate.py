@@ -1,0 +1,115 @@
+"""`dllm-bench calibrate`: profile this machine's operators and each system's host time, fit a
+hardware profile and write it as the file `dllm-bench simulate --hardware` reads
+(dllm_bench/simulate/calibrate.py, docs/SIMULATE.md)."""
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import typer
+
+from dllm_bench.errors import UserError
+
+ALL_SYSTEMS = "engine,llada,fast-dllm,dllm-cache,sparse-dllm"
+
+
+def calibrate(*, preset: str | None, model: str | None, systems: str, name: str, out: Path | None,
+              repeats: int, sizes: tuple[int, ...], console) -> Path:
+    import torch
+
+    from dllm_bench.checkpoints.store import resolve_model
+    from dllm_bench.serve.presets import preset_for
+    from dllm_bench.serve.workload import model_info, special_ids
+    from dllm_bench.simulate import calibrate as cal
+    from dllm_bench.simulate import hardware, host_profile
+    from dllm_bench.simulate.cost_model import CostModel, HostCost, ModelShape
+    from dllm_bench.simulate.implementations import get_impl
+    from dllm_bench.simulate.simulator import DTYPE_BYTES, TORCH_DTYPES
+    from dllm_bench.systems.spec import baseline_knobs, engine_knobs, parse_systems
+    from engine.config import EngineConfig
+    from engine.models.llada import load_llada
+    from engine.sampling import SamplingParams
+    from workloads.serving import build_workload
+
+    p = preset_for(preset, model)
+    variants = parse_systems(systems)
+    if repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {repeats}")
+    model_dir = resolve_model(p.model)
+    torch.set_num_threads(p.threads)
+    dtype = TORCH_DTYPES[p.dtype]
+    mdl = load_llada(model_dir, dtype, torch.device("cpu"))
+    shape = ModelShape.from_config(mdl.config, DTYPE_BYTES[p.dtype])
+    console.print(f"calibrating {platform.node() or 'this machine'}: model {p.model} ({p.dtype}, {p.threads} threads)")
+
+    peak, bw = cal.measure_peaks(dtype, repeats)
+    console.print(f"peaks: {peak / 1e9:.1f} GFLOP/s GEMM, {bw / 1e9:.1f} GB/s copy")
+    ops = cal.measure_ops(shape, dtype, repeats)
+    peak, bw = cal.peaks_from(ops, peak, bw, shape.wbytes)
+    eff, op_fit = cal.fit_efficiency(ops, peak, bw, shape.wbytes)
+    console.print(f"operators: u_c {eff.u_c:.3f}, u_m {eff.u_m:.3f}, u_attn {eff.u_attn:.3f}, c_op "
+                  f"{eff.c_op * 1e6:.1f} us over {op_fit['ops']} ops (median error {op_fit['median_rel_err']:.1%})")
+
+    info = model_info(model_dir, p.dtype)
+    wl = build_workload(p.dataset, num_prompts=max(sizes), seed=0, vocab_size=info["vocab_size"],
+                        special_ids=special_ids(info), length_scale=p.length_scale, block_length=p.block_length,
+                        gen_cap=p.gen_cap, max_prompt_len=p.max_prompt_len)
+    g = max(r.gen_length for r in wl)
+    params = SamplingParams(gen_length=g, steps=g, block_length=p.block_length)
+    engine_defaults = {"max_num_batched_tokens": p.max_num_batched_tokens, "max_num_logits": p.max_num_logits,
+                       "max_num_seqs": p.max_num_seqs, "retention": p.retention}
+    base_defaults = {k: dict(v) for k, v in p.baseline_knobs.items()}
+    base_defaults.setdefault("sparse-dllm", {})["keep_ratio"] = p.retention
+    device_only = CostModel(shape, peak, bw, eff, get_impl("dllm-bench"), HostCost())
+    host, host_fit = {}, {}
+    for v in variants:
+        steps = []
+        for n in sizes:
+            prompts = [r.prompt_ids for r in wl[:n]]
+            if v.is_baseline:
+                steps += host_profile.baseline_steps(mdl, v.name, baseline_knobs(v, base_defaults), shape, prompts, params)
+            else:
+                cfg = EngineConfig(dtype=p.dtype, device="cpu", sampling=False, **engine_knobs(v, engine_defaults))
+                steps += host_profile.engine_steps(mdl, cfg, shape, prompts, params)
+        hc, fit = cal.fit_host(steps, device_only)
+        host[f"dllm-bench/{v.name}"], host_fit[v.name] = hc, fit
+        console.print(f"host {v.label}: {hc.c_step * 1e3:.2f} ms/step + {hc.c_seq * 1e3:.3f} ms/sequence "
+                      f"({fit['steps']} steps, median error {fit['median_rel_err']:.1%})")
+    hw = hardware.Hardware(
+        name=name, kind="cpu", peak_flops=peak, bandwidth=bw, memory_bytes=_memory_bytes(),
+        efficiency=eff, host=host, description=f"{platform.processor() or platform.machine()} "
+        f"({platform.node()}), {p.threads} torch threads, {p.dtype}",
+        sources=["measured by dllm-bench calibrate on this machine"],
+        fit={"model": p.model, "preset": p.name, "dtype": p.dtype, "threads": p.threads, "operators": op_fit,
+             "host": host_fit, "sizes": list(sizes), "repeats": repeats})
+    path = out or hardware.cache_dir() / f"{name}.json"
+    hardware.save(hw, path)
+    return path
+
+
+def _memory_bytes() -> float:
+    import os
+
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8.0 * 2**30
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("calibrate")
+    def calibrate_cmd(
+        preset: str | None = typer.Option(None, "--preset", help="serve preset whose model, dtype, threads and "
+                                          "workload shape are profiled [cpu-default]"),
+        model: str | None = typer.Option(None, "--model", help="model preset or checkpoint dir [preset]"),
+        systems: str = typer.Option(ALL_SYSTEMS, "--systems", help="systems whose host time is fitted"),
+        name: str = typer.Option("cpu", "--name", help="profile name (`simulate --hardware NAME`)"),
+        out: Path | None = typer.Option(None, "--out", help="file to write [~/.cache/dllm-bench/hardware/NAME.json]"),
+        repeats: int = typer.Option(5, "--repeats", help="timings per operator (median)"),
+    ) -> None:
+        """Profile this machine (GEMMs, attention, host time per system) and write a hardware profile."""
+        from rich.console import Console
+
+        path = calibrate(preset=preset, model=model, systems=systems, name=name, out=out, repeats=repeats,
+                         sizes=(1, 4, 2, 8, 1, 4), console=Console(stderr=True))
+        typer.echo(str(path))

@@ -1,0 +1,142 @@
+"""`dllm-bench calibrate`: profile the operators on this machine, fit a hardware profile.
+
+1. Peaks: the FLOP rate of a large GEMM and the bandwidth of a large copy, in the model dtype.
+2. Operators: GEMMs over a grid of M for every (K, N) of the model (the four per-layer GEMMs
+   and the LM head) and attention over a (q, k) grid; fit (u_c, u_m, u_attn, c_op) of
+   `cost_model.gemm_time` / `attention_time` by least squares on log time (relative error).
+3. Host time: each system's real code runs whole requests at a few batch sizes; the step time the
+   fitted operators do not explain is the host's, fitted as c_step + c_seq·n_seq (non-negative
+   least squares, i.e. the mean step) per system. With one model the layer count is fixed, so
+   c_sl stays 0.
+
+The fit functions take samples, not a machine: tests feed them synthetic timings and check that
+the parameters come back (the round trip).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from dllm_bench.simulate.cost_model import (
+    CostModel,
+    Efficiency,
+    Forward,
+    HostCost,
+    ModelShape,
+    attention_time,
+    gemm_time,
+)
+
+
+@dataclass(frozen=True)
+class OpSample:
+    kind: str            # "gemm" | "attn"
+    a: int               # M (gemm) or q (attn, per head group)
+    b: int               # K (gemm) or k
+    c: int               # N (gemm) or heads·head_dim (attn)
+    t: float             # seconds
+
+
+def predict(s: OpSample, eff: Efficiency, peak: float, bw: float, wbytes: int) -> float:
+    if s.kind == "gemm":
+        return gemm_time(s.a, s.b, s.c, wbytes, peak, bw, eff)
+    return attention_time(s.a * s.b * 4.0 * s.c, (2 * s.a + 2 * s.b) * s.c * wbytes, peak, bw, eff)
+
+
+def fit_efficiency(samples: list[OpSample], peak: float, bw: float, wbytes: int) -> tuple[Efficiency, dict]:
+    """(u_c, u_m, u_attn, c_op, c_attn) minimising the log-time error over the samples."""
+    from scipy.optimize import least_squares
+
+    meas = np.log([s.t for s in samples])
+
+    def eff_of(x) -> Efficiency:
+        return Efficiency(u_c=math.exp(x[0]), u_m=math.exp(x[1]), u_attn=math.exp(x[2]), c_op=math.exp(x[3]),
+                          c_attn=math.exp(x[4]))
+
+    def resid(x):
+        e = eff_of(x)
+        return np.log([predict(s, e, peak, bw, wbytes) for s in samples]) - meas
+
+    best = None
+    for c0 in (1e-6, 1e-5, 1e-4):       # the max() makes the surface piecewise: a few starts
+        r = least_squares(resid, x0=[math.log(0.5), math.log(0.5), math.log(0.5), math.log(c0), math.log(c0)],
+                          bounds=([-12, -12, -12, -30, -30], [0.5, 0.5, 1.5, 0, 0]))
+        if best is None or r.cost < best.cost:
+            best = r
+    err = np.exp(np.abs(best.fun)) - 1
+    return eff_of(best.x), {"ops": len(samples), "median_rel_err": float(np.median(err)), "max_rel_err": float(err.max())}
+
+
+def fit_host(steps: list[tuple[Forward, float]], device: CostModel) -> tuple[HostCost, dict]:
+    """c_step + c_seq·n_seq (both >= 0) fitted by least squares to the step time the device model
+    leaves. A squared loss on wall time fits the *mean* step: on a shared machine that includes
+    the time the process waits for a core, which serving on that machine pays too."""
+    from scipy.optimize import nnls
+
+    A = np.array([[1.0, fw.n_seq] for fw, _ in steps])
+    dev = np.array([device.step(fw).t_device for fw, _ in steps])
+    meas = np.array([t for _, t in steps])
+    (c_step, c_seq), _ = nnls(A, meas - dev)
+    host = HostCost(c_step=float(c_step), c_seq=float(c_seq))
+    rel = np.abs(dev + A @ np.array([c_step, c_seq]) - meas) / meas
+    return host, {"steps": len(steps), "median_rel_err": float(np.median(rel)), "max_rel_err": float(rel.max()),
+                  "mean_step_s": float(meas.mean())}
+
+
+# ---------------------------------------------------------------- measuring (this machine)
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def peaks_from(ops: list[OpSample], peak: float, bw: float, wbytes: int) -> tuple[float, float]:
+    """A peak is the best rate seen: a small GEMM in cache can beat the large-GEMM / large-copy
+    figures on a CPU, and an efficiency above 1 would mean the peak was wrong."""
+    for s in ops:
+        if s.kind == "gemm":
+            peak = max(peak, 2.0 * s.a * s.b * s.c / s.t)
+            bw = max(bw, (s.b * s.c + s.a * s.b + s.a * s.c) * wbytes / s.t)
+    return peak, bw
+
+
+def measure_peaks(dtype, repeats: int) -> tuple[float, float]:
+    import torch
+
+    n = 1024
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    flops = 2 * n**3 / median_time(lambda: a @ b, repeats)
+    x = torch.randn(16 << 20, dtype=torch.float32).to(dtype)
+    y = torch.empty_like(x)
+    bw = 2 * x.numel() * x.element_size() / median_time(lambda: y.copy_(x), repeats)
+    return flops, bw
+
+
+def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25) -> list[OpSample]:
+    import torch
+    import torch.nn.functional as F
+
+    out: list[OpSample] = []
+    pairs = [(k, n) for _, k, n in shape.gemms()] + [(shape.d, shape.vocab)]
+    for k, n in pairs:
+        w = torch.randn(k, n, dtype=dtype)
+        for m in (1, 4, 16, 64, 256, 1024):
+            if m * max(k, n) > max_elems:
+                break
+            x = torch.randn(m, k, dtype=dtype)
+            out.append(OpSample("gemm", m, k, n, median_time(lambda x=x, w=w: x @ w, repeats)))
+    h, hd = shape.heads, shape.head_dim
+    for q in (8, 32, 128):
+        for kk in (32, 128, 512):
+            qt, kt = torch.randn(h, q, hd, dtype=dtype), torch.randn(h, kk, hd, dtype=dtype)
+            t = median_time(lambda qt=qt, kt=kt: F.scaled_dot_product_attention(qt, kt, kt), repeats)
+            out.append(OpSample("attn", q, kk, h * hd, t))
+    return out

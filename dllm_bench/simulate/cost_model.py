@@ -1,0 +1,229 @@
+"""Per-forward cost model: a forward's work (what the system computes) -> its duration on a
+hardware profile under an implementation profile (docs/SIMULATE.md, "Cost model").
+
+Work is described without token values: a forward is one or more `LayerPass`es (a set of
+layers that all see the same query segments; dLLM-Cache's partial layers need several) plus the
+forward-wide LM-head rows, KV traffic and implementation extras. Each term is a roofline:
+
+* per GEMM (QKV, O, gate+up, down) on the step's real M:  max(F / (P·u_c), B / (BW·u_m)) + c_op
+* attention (no S×S tensor in memory):  max(Σq·k·4·d / (P·u_c·u_attn), Σ(2q+2k)·d·w / (BW·u_m))
+* LM head over R rows: a GEMM (d → V) plus the implementation's softmax bytes per vocab entry
+* KV traffic:  (c_copy·read + write) tokens · kv bytes per token / (BW·u_m)
+* elementwise:  (M·e_impl·layers + extra bytes) / (BW·u_m)
+* host:  c_step + c_fwd + c_seq·n_seq + c_sl·n_seq·layers  (serial with the device time: every
+  system here synchronises each step, upstream HF code each layer)
+
+Summing per-operator rooflines (kernels run one after another) rather than taking one max per
+phase is the pessimistic, eager-execution choice; docs/SIMULATE.md discusses it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The model as the cost model sees it (LLaDA: SwiGLU MLP, untied LM head)."""
+
+    d: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    wbytes: int = 2          # bytes per weight / activation element (bf16 = 2, fp32 = 4)
+
+    @classmethod
+    def from_config(cls, cfg, wbytes: int) -> ModelShape:
+        """From an engine.models.llada.LLaDAConfig."""
+        return cls(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.mlp_hidden_size,
+                   cfg.padded_vocab, wbytes)
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def gemms(self) -> tuple[tuple[str, int, int], ...]:
+        """(name, K, N) of each per-layer GEMM."""
+        return (("qkv", self.d, self.d + 2 * self.kv_dim), ("o", self.d, self.d),
+                ("gate_up", self.d, 2 * self.ffn), ("down", self.ffn, self.d))
+
+    @property
+    def block_params(self) -> int:
+        return sum(k * n for _, k, n in self.gemms())
+
+    @property
+    def linear_flops_per_token(self) -> int:
+        return 2 * self.block_params * self.layers
+
+    @property
+    def lm_head_flops_per_row(self) -> int:
+        return 2 * self.d * self.vocab
+
+    @property
+    def attn_flops_per_pair(self) -> int:
+        """QKᵀ and PV over all heads and layers for one (query, key) pair (bidirectional)."""
+        return 4 * self.heads * self.head_dim * self.layers
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_dim * self.wbytes
+
+    @property
+    def weights_read_per_forward(self) -> int:
+        """Blocks plus LM head (the embedding is a gather)."""
+        return (self.block_params * self.layers + self.d * self.vocab) * self.wbytes
+
+    @property
+    def n_params(self) -> int:
+        return self.block_params * self.layers + 2 * self.d * self.vocab
+
+
+class Seg(NamedTuple):
+    """One request's slice of a layer pass: `q` query tokens attending over `k` keys."""
+
+    q: int
+    k: int
+
+
+@dataclass(frozen=True)
+class LayerPass:
+    """`layers` layers that all process the same segments. `v_only` tokens go through the V
+    projection alone (dLLM-Cache's V-verify of the tokens it does not recompute)."""
+
+    layers: int
+    segs: tuple[Seg, ...]
+    v_only: int = 0
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A whole forward (one engine step, or one static-batch forward)."""
+
+    passes: tuple[LayerPass, ...]
+    rows: int = 0                 # LM-head rows
+    kv_read: int = 0              # cached tokens read (all layers)
+    kv_write: int = 0             # tokens written to the cache
+    cached_keys: int = 0          # cached keys attended (re-RoPE'd per layer by a pre-RoPE cache)
+    n_seq: int = 1                # sequences in the forward (host loops run over them)
+    softmax_rows: int = 0         # rows whose full-vocabulary softmax the decoder computes
+    lm_chunk: int = 0             # rows per LM-head call (the logit budget); 0 = one call
+
+    @property
+    def query_tokens(self) -> int:
+        return max((sum(s.q for s in p.segs) for p in self.passes), default=0)
+
+
+@dataclass(frozen=True)
+class ImplProfile:
+    """What an implementation adds on top of the algorithm's GEMMs (counted from the code,
+    not fitted). `elem` = elementwise bytes per query token per layer as multiples of (d, ffn)."""
+
+    name: str
+    elem_d: float                 # bytes per query token per layer per unit of d
+    elem_f: float                 # ... per unit of ffn
+    softmax_bytes_per_entry: float  # per (row, vocab entry) of the decoder's softmax
+    rope_bytes_per_key_d: float   # per cached key per layer per unit of d (0: cache holds RoPE'd keys)
+    kv_copy: float                # times each cached token is moved per read (gather, cat, attend)
+    source: str = ""
+
+    def elem_bytes_per_token_layer(self, m: ModelShape) -> float:
+        return self.elem_d * m.d + self.elem_f * m.ffn
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The fitted part of a hardware profile (calibrate writes these)."""
+
+    u_c: float = 1.0              # fraction of peak FLOP/s a GEMM reaches
+    u_m: float = 1.0              # fraction of peak bandwidth a memory-bound kernel reaches
+    u_attn: float = 1.0           # attention's compute rate relative to a GEMM's
+    c_op: float = 0.0             # seconds per GEMM call (launch / dispatch)
+    c_attn: float = 0.0           # seconds per attention call
+
+
+@dataclass(frozen=True)
+class HostCost:
+    """Host time per step for one implementation (fitted per machine)."""
+
+    c_step: float = 0.0
+    c_seq: float = 0.0
+    c_sl: float = 0.0             # per sequence per layer
+
+    def time(self, n_seq: int, layers: int) -> float:
+        return self.c_step + self.c_seq * n_seq + self.c_sl * n_seq * layers
+
+
+@dataclass
+class StepCost:
+    t: float
+    t_device: float
+    t_host: float
+    flops: float
+    bytes: float
+    parts: dict = field(default_factory=dict)
+
+
+def gemm_time(m: int, k: int, n: int, wbytes: int, peak: float, bw: float, eff: Efficiency) -> float:
+    if m <= 0:
+        return 0.0
+    f = 2.0 * m * k * n
+    b = (k * n + m * k + m * n) * wbytes
+    return max(f / (peak * eff.u_c), b / (bw * eff.u_m)) + eff.c_op
+
+
+def attention_time(flops: float, nbytes: float, peak: float, bw: float, eff: Efficiency) -> float:
+    """One attention call (all heads): FlashAttention-style, no score matrix in memory."""
+    if flops <= 0:
+        return 0.0
+    return max(flops / (peak * eff.u_c * eff.u_attn), nbytes / (bw * eff.u_m)) + eff.c_attn
+
+
+class CostModel:
+    """Step durations of one (model, hardware, implementation)."""
+
+    def __init__(self, model: ModelShape, peak_flops: float, bandwidth: float, eff: Efficiency,
+                 impl: ImplProfile, host: HostCost):
+        self.m, self.peak, self.bw, self.eff, self.impl, self.host = model, peak_flops, bandwidth, eff, impl, host
+
+    def step(self, fw: Forward) -> StepCost:
+        m, e, impl = self.m, self.eff, self.impl
+        bw = self.bw * e.u_m
+        parts = dict(gemm=0.0, attn=0.0, lm_head=0.0, kv=0.0, elem=0.0)
+        flops = nbytes = 0.0
+        for p in fw.passes:
+            M = sum(s.q for s in p.segs)
+            for _, k, n in m.gemms():
+                parts["gemm"] += p.layers * gemm_time(M, k, n, m.wbytes, self.peak, self.bw, e)
+                flops += p.layers * 2.0 * M * k * n
+                nbytes += p.layers * (k * n + M * k + M * n) * m.wbytes
+            if p.v_only:
+                parts["gemm"] += p.layers * gemm_time(p.v_only, m.d, m.kv_dim, m.wbytes, self.peak, self.bw, e)
+                flops += p.layers * 2.0 * p.v_only * m.d * m.kv_dim
+            af = sum(s.q * s.k for s in p.segs) * 4.0 * m.heads * m.head_dim
+            ab = sum(2 * s.q + 2 * s.k for s in p.segs) * m.d * m.wbytes
+            parts["attn"] += p.layers * attention_time(af, ab, self.peak, self.bw, e)
+            flops += af * p.layers
+            nbytes += ab * p.layers
+            eb = (M + p.v_only) * impl.elem_bytes_per_token_layer(m) * p.layers
+            parts["elem"] += eb / bw
+            nbytes += eb
+        if fw.rows:
+            c = fw.lm_chunk or fw.rows
+            full, rest = divmod(fw.rows, c)      # every chunk streams the LM head again
+            parts["lm_head"] = (full * gemm_time(c, m.d, m.vocab, m.wbytes, self.peak, self.bw, e)
+                                + gemm_time(rest, m.d, m.vocab, m.wbytes, self.peak, self.bw, e))
+            flops += 2.0 * fw.rows * m.d * m.vocab
+            nbytes += (m.d * m.vocab + fw.rows * (m.d + m.vocab)) * m.wbytes
+        sb = fw.softmax_rows * m.vocab * impl.softmax_bytes_per_entry
+        rb = fw.cached_keys * impl.rope_bytes_per_key_d * m.d * m.layers
+        kvb = (impl.kv_copy * fw.kv_read + fw.kv_write) * m.kv_bytes_per_token
+        parts["elem"] += (sb + rb) / bw
+        parts["kv"] = kvb / bw
+        nbytes += sb + rb + kvb
+        t_dev = sum(parts.values())
+        t_host = self.host.time(fw.n_seq, m.layers)
+        parts["host"] = t_host
+        return StepCost(t_dev + t_host, t_dev, t_host, flops, nbytes, parts)

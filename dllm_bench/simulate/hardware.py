@@ -1,0 +1,122 @@
+"""Hardware profiles: measured peaks (with their sources), fitted efficiencies and per-
+implementation host costs, as JSON files (dllm_bench/simulate/hardware/*.json for the built-in
+GPUs; `dllm-bench calibrate` writes one for the machine it runs on).
+
+`--hardware NAME` resolves a built-in name (for `cpu`: this machine's calibrated file in the
+cache when there is one, else the committed `cpu.json`), `--hardware FILE` reads a file. A
+malformed file is one UserError line.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dllm_bench.errors import UserError
+from dllm_bench.simulate.cost_model import Efficiency, HostCost
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "hardware"
+KINDS = ("cpu", "gpu")
+
+
+@dataclass
+class Hardware:
+    name: str
+    kind: str
+    peak_flops: float                 # measured FLOP/s of a large GEMM in the serving dtype
+    bandwidth: float                  # measured bytes/s of a large copy
+    memory_bytes: float
+    efficiency: Efficiency = field(default_factory=Efficiency)
+    host: dict[str, HostCost] = field(default_factory=dict)   # "impl" or "impl/system" -> HostCost
+    description: str = ""
+    datasheet: dict = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+    fit: dict = field(default_factory=dict)                   # what calibrate measured and its errors
+    path: str = ""
+
+    def host_cost(self, impl: str, system: str) -> HostCost:
+        return self.host.get(f"{impl}/{system}") or self.host.get(impl) or HostCost()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("path")
+        return d
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("DLLM_BENCH_CACHE") or Path.home() / ".cache" / "dllm-bench"
+    return Path(base).expanduser() / "hardware"
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.json"))
+
+
+def resolve_path(spec: str) -> Path:
+    p = Path(spec)
+    if p.suffix == ".json" or p.exists():
+        if not p.is_file():
+            raise UserError(f"--hardware: no such file: {spec}")
+        return p
+    calibrated = cache_dir() / f"{spec}.json"
+    if calibrated.is_file():
+        return calibrated
+    builtin = BUILTIN_DIR / f"{spec}.json"
+    if builtin.is_file():
+        return builtin
+    raise UserError(f"--hardware: {spec!r} is neither a file nor a profile ({', '.join(builtin_names())})")
+
+
+def _num(d: dict, key: str, where: str, positive: bool = True, default: float | None = None) -> float:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0) or v < 0:
+        raise UserError(f"{where}: {key!r} must be a {'positive' if positive else 'non-negative'} number, got {v!r}")
+    return float(v)
+
+
+def from_dict(d: dict, where: str) -> Hardware:
+    if not isinstance(d, dict):
+        raise UserError(f"{where}: expected a JSON object")
+    name, kind = d.get("name"), d.get("kind")
+    if not isinstance(name, str) or not name:
+        raise UserError(f"{where}: 'name' must be a non-empty string")
+    if kind not in KINDS:
+        raise UserError(f"{where}: 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
+    e = d.get("efficiency", {})
+    if not isinstance(e, dict):
+        raise UserError(f"{where}: 'efficiency' must be an object")
+    eff = Efficiency(u_c=_num(e, "u_c", where, default=1.0), u_m=_num(e, "u_m", where, default=1.0),
+                     u_attn=_num(e, "u_attn", where, default=1.0),
+                     c_op=_num(e, "c_op", where, positive=False, default=0.0))
+    host = {}
+    if not isinstance(d.get("host", {}), dict):
+        raise UserError(f"{where}: 'host' must be an object")
+    for k, h in d.get("host", {}).items():
+        if not isinstance(h, dict):
+            raise UserError(f"{where}: host[{k!r}] must be an object")
+        host[k] = HostCost(*(_num(h, c, f"{where} host[{k!r}]", positive=False, default=0.0)
+                             for c in ("c_step", "c_seq", "c_sl")))
+    return Hardware(name=name, kind=kind, peak_flops=_num(d, "peak_flops", where), bandwidth=_num(d, "bandwidth", where),
+                    memory_bytes=_num(d, "memory_bytes", where), efficiency=eff, host=host,
+                    description=str(d.get("description", "")), datasheet=dict(d.get("datasheet") or {}),
+                    sources=list(d.get("sources") or []), fit=dict(d.get("fit") or {}))
+
+
+def load(spec: str) -> Hardware:
+    path = resolve_path(spec)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"hardware profile {path}: not a readable JSON file ({e})") from None
+    hw = from_dict(d, f"hardware profile {path}")
+    hw.path = str(path)
+    return hw
+
+
+def save(hw: Hardware, path: Path) -> None:
+    from dllm_bench.results import atomic_write_json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, hw.to_dict())

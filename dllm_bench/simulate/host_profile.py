@@ -1,0 +1,79 @@
+"""Timed steps of the real systems on this machine, each paired with the Forward the simulator
+would charge for it: the samples `calibrate.fit_host` turns into per-system host costs.
+
+The engine runs with a recording `CostRunner` around its real ModelRunner (so the Forward is
+read off exactly the batch the Scheduler built); a baseline runs its real policy under a
+recording wrapper. Each system runs `sizes` concurrent requests (all at t = 0) after one
+warm-up request, as serve's worker warms up before it measures.
+"""
+from __future__ import annotations
+
+import time
+
+from baselines.static_batch import Batch, Policy, StaticBatchSystem, StepResult
+from dllm_bench.simulate.clock import VirtualClock
+from dllm_bench.simulate.cost_model import Forward, ModelShape
+from dllm_bench.simulate.runners import CostRunner
+from dllm_bench.simulate.work import baseline_forward
+
+
+class RecordingPolicy(Policy):
+    """The real policy, with the Forward of each of its steps recorded."""
+
+    def __init__(self, real: Policy, shape: ModelShape):
+        super().__init__(real.model)
+        self.real, self.shape, self.name, self.knobs = real, shape, real.name, real.knobs
+        self.forwards: list[Forward] = []
+
+    def begin(self, batch: Batch) -> None:
+        self.real.begin(batch)
+
+    def step(self, batch: Batch) -> StepResult:
+        self.forwards.append(baseline_forward(self.name, self.knobs, batch, self.shape)[0])
+        return self.real.step(batch)
+
+    def block_done(self, batch: Batch) -> bool:
+        return self.real.block_done(batch)
+
+    def kv_row_tokens(self, batch: Batch) -> list[int]:
+        return self.real.kv_row_tokens(batch)
+
+    def kv_token_bytes(self) -> int:
+        return self.real.kv_token_bytes()
+
+    def cache_tensors(self):
+        return self.real.cache_tensors()
+
+
+def _timed_steps(system, forwards: list, prompts, params) -> list[tuple[Forward, float]]:
+    for p in prompts:
+        system.add_request(p, params)
+    out = []
+    while system.has_unfinished():
+        n = len(forwards)
+        t0 = time.perf_counter()
+        system.step()
+        dt = time.perf_counter() - t0
+        if len(forwards) > n:
+            out.append((forwards[-1], dt))
+    return out
+
+
+def engine_steps(model, config, shape: ModelShape, prompts, params) -> list[tuple[Forward, float]]:
+    from engine.engine import LLMEngine
+
+    fws: list[Forward] = []
+    eng = LLMEngine(config, model=model)
+    eng.runner = CostRunner(model.config, config, shape, lambda fw: fws.append(fw) or 0.0, VirtualClock(),
+                            model.dtype, inner=eng.runner)
+    _timed_steps(eng, fws, prompts[:1], params)              # warm-up
+    return _timed_steps(eng, fws, prompts, params)
+
+
+def baseline_steps(model, name: str, knobs: dict, shape: ModelShape, prompts, params) -> list[tuple[Forward, float]]:
+    from baselines import make_policy
+
+    pol = RecordingPolicy(make_policy(name, model, **knobs), shape)
+    system = StaticBatchSystem(model, pol, max_batch_size=len(prompts))
+    _timed_steps(system, pol.forwards, prompts[:1], params)
+    return _timed_steps(system, pol.forwards, prompts, params)

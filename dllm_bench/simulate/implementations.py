@@ -1,0 +1,68 @@
+"""Implementation profiles: what a code base adds on top of its algorithm's GEMMs, counted per
+element from the code (never fitted). A system's algorithm (its schedule of forwards) and its
+implementation are independent, so `--impl fast-dllm=engine` asks "Fast-dLLM's algorithm on
+our engine".
+
+* `engine` — a nano-vllm-style engine (dLLM-Serve; ours on a GPU): compiled RMSNorm/RoPE,
+  fused SiLU-mul, per-sequence index copies (24·d + 6·f + 32·d bytes per query token and
+  layer); a Reuse step gathers the packed K/V, concatenates the block, then attends (3 moves
+  per cached token); bf16 confidence softmax.
+* `hf-eager` — the upstream HF LLaDA modeling code the baselines run (ML-GSAI/LLaDA @ b7e6c35,
+  maomaocun/dLLM-cache @ 17235bf, OpenMOSS/Sparse-dLLM @ 3fd8986): fp32 RMSNorm twice
+  (≈ 36 B/elem), fp32 RoPE on q and k (≈ 52-56 B/elem), SiLU, mul, residual adds: 144·d + 10·f;
+  softmax in the logits dtype over every logit row (read, write, argmax read: 6 B per entry).
+* `hf-fast-dllm` — hf-eager plus NVlabs/Fast-dLLM @ 24cc59e llada/model/modeling_llada.py: keys
+  cached before RoPE, so every forward re-applies fp32 RoPE to every cached key in every layer
+  (56·d bytes per key per layer), and llada/generate.py's softmax of logits.to(float64) over
+  all rows (26 B per entry).
+* `dllm-bench` — this repository's code as it runs on a CPU (engine and baselines share
+  engine/models/llada.py): eager, unfused, float32. Host time dominates there and is fitted by
+  `dllm-bench calibrate` per system.
+"""
+from __future__ import annotations
+
+from dllm_bench.errors import UserError
+from dllm_bench.simulate.cost_model import ImplProfile
+
+IMPLEMENTATIONS: dict[str, ImplProfile] = {p.name: p for p in [
+    ImplProfile("engine", elem_d=56, elem_f=6, softmax_bytes_per_entry=6, rope_bytes_per_key_d=0, kv_copy=3,
+                source="nano-vllm-style engine (dLLM-Serve); docs/SIMULATE.md"),
+    ImplProfile("hf-eager", elem_d=144, elem_f=10, softmax_bytes_per_entry=6, rope_bytes_per_key_d=0, kv_copy=1,
+                source="ML-GSAI/LLaDA@b7e6c35 modeling; dLLM-cache@17235bf; Sparse-dLLM@3fd8986"),
+    ImplProfile("hf-fast-dllm", elem_d=144, elem_f=10, softmax_bytes_per_entry=26, rope_bytes_per_key_d=56,
+                kv_copy=1, source="NVlabs/Fast-dLLM@24cc59e llada/model/modeling_llada.py, llada/generate.py"),
+    ImplProfile("dllm-bench", elem_d=144, elem_f=10, softmax_bytes_per_entry=12, rope_bytes_per_key_d=0,
+                kv_copy=2, source="this repository (engine/, baselines/), eager float32 on CPU"),
+]}
+
+# Which implementation each system runs by default on a GPU profile (upstream code) and on a
+# CPU profile (this repository's code, which is what `serve` measures there).
+GPU_DEFAULT = {"engine": "engine", "llada": "hf-eager", "dllm-cache": "hf-eager", "sparse-dllm": "hf-eager",
+               "fast-dllm": "hf-fast-dllm"}
+
+
+def default_impl(system: str, hardware_kind: str) -> str:
+    return "dllm-bench" if hardware_kind == "cpu" else GPU_DEFAULT.get(system, "hf-eager")
+
+
+def get_impl(name: str) -> ImplProfile:
+    try:
+        return IMPLEMENTATIONS[name]
+    except KeyError:
+        raise UserError(f"unknown implementation profile {name!r}; choose from {', '.join(IMPLEMENTATIONS)}") from None
+
+
+def parse_impl_overrides(text: str | None, systems: list[str]) -> dict[str, str]:
+    """`fast-dllm=engine,dllm-cache=engine` -> {system: profile}; every name checked."""
+    out: dict[str, str] = {}
+    for tok in (t.strip() for t in (text or "").split(",")):
+        if not tok:
+            continue
+        sysname, sep, impl = tok.partition("=")
+        if not sep or not impl:
+            raise UserError(f"--impl: expected SYSTEM=PROFILE, got {tok!r}")
+        if sysname not in systems:
+            raise UserError(f"--impl: {sysname!r} is not one of the simulated systems ({', '.join(systems)})")
+        get_impl(impl)
+        out[sysname] = impl
+    return out

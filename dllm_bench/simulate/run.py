@@ -1,0 +1,107 @@
+"""One `dllm-bench simulate` run: every (dataset, rps, system) point of a resolved ServeRun
+simulated in-process (dllm_bench.simulate.simulator.simulate_point) and written in serve's
+layout (results.write_point: summary.json, requests.jsonl; run-level metrics.csv; the serving
+plots), each summary marked `simulated: true` with its hardware and implementation profiles.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from dllm_bench.errors import UserError
+from dllm_bench.simulate.hardware import Hardware
+from dllm_bench.simulate.simulator import DTYPE_BYTES, SimSetup, simulate_point
+
+
+def make_setup(run, hw: Hardware, impls: dict[str, str], loadable: bool) -> SimSetup:
+    from dllm_bench.simulate.cost_model import ModelShape
+    from engine.models.llada import LLaDAConfig
+
+    cfg = LLaDAConfig.from_pretrained(run.model_dir)
+    real = _real_capacity(run) if hw.kind == "cpu" and loadable else None
+    return SimSetup(cfg, ModelShape.from_config(cfg, DTYPE_BYTES[run.preset.dtype]), hw, run.preset.dtype, impls,
+                    memory_budget=float(run.memory_budget), engine_defaults=run.engine_defaults,
+                    baseline_defaults=run.baseline_defaults, real_capacity=real)
+
+
+def _real_capacity(run):
+    """serve's own builders (cached KV-pool profiles and static-batch searches), so a simulated
+    point on this machine has exactly the measured point's pool or batch."""
+    from dllm_bench.serve.workload import workload_shape
+    from dllm_bench.systems.build import build_system
+    from engine.engine import DTYPES
+    from engine.models.llada import load_llada
+
+    model = load_llada(run.model_dir, DTYPES[run.preset.dtype], "cpu")
+    shape = workload_shape(run)
+    keep = ("kv_pool_tokens", "max_batch_size", "scenario", "scenario_kind", "fits_budget", "peak_bytes")
+
+    def capacity(variant) -> dict:
+        built = build_system(variant, model_dir=run.model_dir, dtype=run.preset.dtype, device="cpu",
+                             memory_budget=run.memory_budget, shape=shape, engine_defaults=run.engine_defaults,
+                             baseline_defaults=run.baseline_defaults, max_model_len=run.preset.max_model_len,
+                             use_cache=run.use_cache, model=model)
+        return {k: built.info.get(k) for k in keep if built.info.get(k) is not None}
+    return capacity
+
+
+def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str | None, as_json: bool) -> int:
+    from rich.console import Console
+
+    from dllm_bench import results
+    from dllm_bench.results import PointKey, fmt_rps
+    from dllm_bench.serve.points import PlannedPoint, point_line, point_summary
+    from dllm_bench.serve.run import comparisons
+    from dllm_bench.serve.summary import print_comparison
+    from dllm_bench.serve.workload import shape_of
+
+    console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 180)
+    hw = setup.hardware
+    config = {"simulated": True, "hardware": hw.to_dict(), "hardware_file": hw.path, "impls": setup.impls,
+              "preset": run.preset.to_dict(), "model_dir": str(run.model_dir), "model": run.model_info,
+              "systems": [v.to_dict() for v in run.systems], "datasets": run.datasets, "rps": run.rps,
+              "arrivals": run.arrivals, "burstiness": run.burstiness, "seed": run.seed,
+              "num_prompts": run.num_prompts, "memory_budget": run.memory_budget,
+              "engine_defaults": run.engine_defaults, "baseline_defaults": run.baseline_defaults}
+    name = f"simulate-{hw.name}-{Path(str(run.preset.model)).name}-{'+'.join(run.datasets)}"
+    try:
+        run_dir = results.create_run("simulate", config, name=name, run_id=run_id, root=results.results_root(result_dir))
+    except FileExistsError as e:
+        raise UserError(str(e)) from None
+    console.print(f"[bold]dllm-bench simulate[/bold] on {hw.name} ({hw.description}) → {run_dir}", highlight=False)
+    console.print(run.preset.describe(), markup=False, highlight=False)
+    points = []
+    for (ds, rps), wl in run.workloads.items():
+        for v in run.systems:
+            t0 = time.process_time()
+            out = simulate_point(v, setup, wl, run.preset.block_length, max_duration=run.max_duration)
+            s, recs, extra = point_summary(out, PlannedPoint(ds, rps, v, wl, shape_of(wl, run.preset.block_length)), run)
+            extra.update(simulated=True, hardware=hw.name, hardware_file=hw.path, impl=setup.impls[v.name],
+                         scenario=out["info"].get("scenario"), scenario_kind=out["info"].get("scenario_kind", "engine"),
+                         max_batch_size=out["info"].get("max_batch_size"),
+                         kv_pool_tokens=out["info"].get("kv_pool_tokens"),
+                         simulation_cpu_seconds=time.process_time() - t0)
+            results.write_point(run_dir, PointKey(v.label, float(rps), ds), s, recs, extra)
+            points.append({**extra, **s, "system": v.label, "dataset": ds})
+            console.print(point_line(points[-1]), markup=False, highlight=False)
+    baseline_labels = {v.label for v in run.systems if v.is_baseline}
+    for c in comparisons(points, baseline_labels):
+        if len(c["summaries"]) > 1:
+            print_comparison(c["summaries"], c["baselines"], console,
+                             title=f"simulated on {hw.name}: {c['dataset']} @ {fmt_rps(c['rps'])} rps — vs best baseline")
+    plots: list[str] = []
+    if len({float(s["rps"]) for s in points if math.isfinite(float(s["rps"]))}) >= 2:
+        from dllm_bench.plots import plot_all
+
+        plots = [str(p) for p in plot_all(results.metrics_frame(run_dir), run_dir / "plots", sorted(baseline_labels))]
+        console.print(f"plots: {', '.join(plots)}", markup=False, highlight=False)
+    console.print(f"results: {run_dir}", markup=False, highlight=False)
+    if as_json:
+        import json
+        import sys
+
+        doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "simulated": True, "hardware": hw.name,
+               "points": points, "plots": plots}
+        sys.stdout.write(json.dumps(results._clean(doc), default=results._default, allow_nan=False) + "\n")
+    return 0

@@ -1,0 +1,151 @@
+"""The cost model in place of the forward, behind the real systems' own seams.
+
+* `CostRunner` is an `engine.step.Runner`: `LLMEngine(config, runner=CostRunner(...))` keeps the
+  engine's Scheduler, KV pool accounting and logit budget, and each step is charged the cost of
+  the work `work.engine_forward` reads off the scheduled batch. With `inner` (a real
+  ModelRunner) it also runs the model: the test that proves the simulator's schedule is the
+  engine's own.
+* `CostPolicy` is a `baselines.static_batch.Policy`: `StaticBatchSystem` keeps its FCFS static
+  batching, padding and counters; each forward is charged `work.baseline_forward`'s cost.
+
+Neither commits tokens (the engine's `decisions=None` path): every schedule here is independent
+of token values when steps are fixed and one token is committed per step.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from baselines.static_batch import Batch, Policy, StepResult
+from dllm_bench.simulate.clock import VirtualClock
+from dllm_bench.simulate.cost_model import Forward, ModelShape
+from dllm_bench.simulate.work import baseline_forward, engine_forward
+from engine.config import EngineConfig
+from engine.kv_cache import KVPool, bytes_per_token
+from engine.step import StepStats
+
+Cost = Callable[[Forward], float]
+
+
+class ShapeModel:
+    """What the engine and the static batch read from a model when nothing runs: its config,
+    device and dtype (requests' canvases stay on the CPU)."""
+
+    def __init__(self, model_config, dtype: torch.dtype = torch.bfloat16):
+        self.config, self.dtype, self.device = model_config, dtype, torch.device("cpu")
+
+
+class AccountingPool(KVPool):
+    """The engine's KV pool with its capacity accounting (can_ever_fit, can_reserve, peak) but
+    no storage: an 8B model's pool would be tens of gigabytes of address space."""
+
+    def __init__(self, capacity_tokens: int | None, cfg, dtype: torch.dtype, device):
+        self.capacity, self.cfg, self.dtype, self.device = capacity_tokens, cfg, dtype, device
+        self.bytes_per_token = bytes_per_token(cfg, dtype)
+        self.used = self.peak_used = 0
+
+    def reserve(self, n: int):
+        if not self.can_reserve(n):
+            raise RuntimeError("KV pool over-committed: the scheduler must check can_reserve first")
+        self.used += n
+        self.peak_used = max(self.peak_used, self.used)
+        return None
+
+    def release(self, n: int, table=None) -> None:
+        self.used -= n
+
+
+class CostRunner:
+    def __init__(self, model_config, config: EngineConfig, shape: ModelShape, cost: Cost, clock: VirtualClock,
+                 dtype: torch.dtype = torch.bfloat16, inner=None):
+        self.model_config, self.dtype, self.device = model_config, dtype, torch.device("cpu")
+        self.config, self.shape, self.cost, self.clock, self.inner = config, shape, cost, clock, inner
+        self.model = getattr(inner, "model", None)
+        self.last: list = []
+
+    def run(self, batch) -> StepStats:
+        fw, charged = engine_forward(batch, self.config, self.shape)
+        self.last = [req for req, _ in batch]
+        if self.inner is not None:
+            st = self.inner.run(batch)
+        else:
+            for (req, _), rows in zip(batch, charged, strict=True):
+                req.charge(rows)
+            n_ref = sum(1 for _, p in batch if p.is_refresh)
+            cap = self.config.max_num_logits
+            st = StepStats(fw.query_tokens, fw.rows, fw.rows if cap is None else min(fw.rows, cap),
+                           n_ref, len(batch) - n_ref)
+        self.clock.advance(self.cost(fw))
+        return st
+
+
+def cost_engine(config: EngineConfig, runner: CostRunner):
+    """LLMEngine over `runner` whose pool only counts: built with an empty pool (LLMEngine
+    allocates its pool's storage up front), then given the real capacity before any request."""
+    from engine.engine import LLMEngine
+
+    capacity = config.kv_pool_tokens
+    config.kv_pool_tokens = 0
+    engine = LLMEngine(config, runner=runner)
+    config.kv_pool_tokens = capacity
+    engine.pool = engine.scheduler.pool = AccountingPool(capacity, engine.model_config, engine.dtype, engine.device)
+    return engine
+
+
+class CostPolicy(Policy):
+    """A baseline's forward schedule charged to the clock; `real` is the baseline's own policy
+    object (its validated knobs, cache accounting rules)."""
+
+    def __init__(self, real: Policy, shape: ModelShape, cost: Cost, clock: VirtualClock):
+        super().__init__(real.model)
+        self.real, self.shape, self.cost, self.clock = real, shape, cost, clock
+        self.name, self.knobs = real.name, dict(real.knobs)
+        if self.knobs.get("threshold") is not None:
+            raise ValueError("the simulator does not model parallel decoding (threshold): its steps depend on token values")
+        self.last: list = []
+        self._bytes = real.kv_token_bytes()
+        # A static batch repeats the same few forwards: memoise (cost, result) on what decides them.
+        self._memo: dict = {}
+
+    def _key(self, batch: Batch) -> tuple:
+        t = batch.forwards if self.name == "dllm-cache" else 0
+        pads = tuple(batch.pads) if self.name == "sparse-dllm" else ()
+        return (batch.size, batch.length, batch.prompt_len, batch.block, batch.step_in_block, t, pads)
+
+    def step(self, batch: Batch) -> StepResult:
+        key = self._key(batch)
+        hit = self._memo.get(key)
+        if hit is None:
+            fw, res = baseline_forward(self.name, self.knobs, batch, self.shape)
+            hit = self._memo[key] = (self.cost(fw), res)
+        self.last = batch.reqs
+        self.clock.advance(hit[0])
+        return hit[1]
+
+    def block_done(self, batch: Batch) -> bool:
+        if self.name == "fast-dllm":  # ends when no MASK is left (a schedule's zero tail is skipped)
+            i = batch.step_in_block
+            if all(sum(s[:i]) >= sum(s) for s in batch.schedules):
+                return True
+        return super().block_done(batch)
+
+    def kv_row_tokens(self, batch: Batch) -> list[int]:
+        s, e = batch.block_range
+        if self.name == "fast-dllm":
+            held = batch.length if self.knobs.get("fast_dllm_cache", "dual") == "dual" else s
+            return [max(0, held - p) for p in batch.pads]
+        if self.name == "sparse-dllm":
+            if batch.step_in_block >= 2:   # called after the step: the kept set exists from step 1 on
+                r = self.knobs.get("keep_ratio", 0.5)
+                return [int(((s - p) + (batch.length - e)) * r) for p in batch.pads]
+            return [0] * batch.size
+        if self.name == "dllm-cache":
+            return [batch.row_length(i) for i in range(batch.size)]
+        return [0] * batch.size
+
+    def kv_token_bytes(self) -> int:
+        return self._bytes
+
+    def cache_bytes(self) -> int:
+        return 0  # no storage exists; stats report peak_kv_tokens

@@ -1,0 +1,187 @@
+"""One simulated serving point: a real system (the engine's Scheduler + KV pool + logit budget,
+or a baseline's StaticBatchSystem) stepping on the virtual clock with the cost model as its
+forward, driven by serve's own open-loop replay (dllm_bench.serve.loadgen.run_open_loop).
+
+Capacities: a run on the `cpu` profile with a loadable model takes the KV pool / static batch
+from the same profilers `serve` uses (dllm_bench.systems.build, cached on disk), so simulated
+and measured points share them; on a GPU profile they come from dllm_bench.simulate.memory.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dllm_bench.errors import UserError
+from dllm_bench.simulate.clock import VirtualClock, VirtualTimed
+from dllm_bench.simulate.cost_model import CostModel, Forward, ModelShape
+from dllm_bench.simulate.hardware import Hardware
+from dllm_bench.simulate.implementations import get_impl
+
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                "float16": torch.float16}
+
+
+def shape_only_dir(name: str) -> Path:
+    """A config-only checkpoint dir for a shape preset (e.g. llada-8b): enough for the workload
+    (vocabulary, special ids) and the cost model, no weights."""
+    from dllm_bench.checkpoints.presets import get_preset
+    from dllm_bench.checkpoints.store import cache_root
+    from engine.models.llada import LLaDAConfig
+
+    preset = get_preset(name)
+    d = LLaDAConfig()
+    ids = {"mask_token_id": d.mask_token_id, "eos_token_id": d.eos_token_id, "pad_token_id": d.pad_token_id}
+    out = cache_root().parent / "shapes" / name
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = preset.config_dict(ids)
+    path = out / "config.json"
+    if not path.is_file() or json.loads(path.read_text(encoding="utf-8")) != cfg:
+        path.write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+    return out
+
+
+def resolve_sim_model(spec: str) -> tuple[Path, bool]:
+    """(checkpoint or config-only dir, loadable?) for a preset name, a shape preset or a dir."""
+    from dllm_bench.checkpoints.presets import PRESETS
+    from dllm_bench.checkpoints.store import resolve_model
+
+    if spec in PRESETS and not PRESETS[spec].makeable and not PRESETS[spec].asset:
+        return shape_only_dir(spec), False
+    path = resolve_model(spec)
+    loadable = any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()
+    return path, loadable
+
+
+@dataclass
+class SimSetup:
+    """Everything a point needs besides the workload."""
+
+    model_config: Any                      # engine.models.llada.LLaDAConfig
+    shape: ModelShape
+    hardware: Hardware
+    dtype: str
+    impls: dict[str, str]                  # system name -> implementation profile
+    memory_budget: float                   # bytes
+    engine_defaults: dict = field(default_factory=dict)
+    baseline_defaults: dict = field(default_factory=dict)
+    real_capacity: Any = None              # callable(variant) -> info dict from serve's builders, or None
+    cost_fn: Callable[[Forward], float] | None = None   # replaces the cost model (tests: unit costs)
+
+    def cost_model(self, system: str) -> CostModel:
+        hw, impl = self.hardware, self.impls[system]
+        return CostModel(self.shape, hw.peak_flops, hw.bandwidth, hw.efficiency, get_impl(impl),
+                         hw.host_cost(impl, system))
+
+    def step_cost(self, system: str) -> Callable[[Forward], float]:
+        if self.cost_fn is not None:
+            return self.cost_fn
+        step = self.cost_model(system).step
+        return lambda fw: step(fw).t
+
+
+def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
+    from dllm_bench.simulate.memory import engine_kv_tokens
+    from dllm_bench.simulate.runners import CostRunner, cost_engine
+    from dllm_bench.systems.spec import engine_knobs
+    from engine.config import EngineConfig
+
+    knobs = engine_knobs(variant, setup.engine_defaults)
+    try:
+        cfg = EngineConfig(dtype=setup.dtype, device="cpu", sampling=False, **knobs)
+    except ValueError as e:
+        raise UserError(f"system {variant.label!r}: {e}") from None
+    if info.get("kv_pool_tokens") is None:
+        try:
+            info["kv_pool_tokens"] = engine_kv_tokens(setup.shape, setup.memory_budget, cfg.max_num_batched_tokens,
+                                                      cfg.max_num_logits)
+        except ValueError as e:
+            raise UserError(f"system {variant.label!r}: {e}") from None
+        info["scenario"] = "continuous batching (phase-multiplexed), KV pool from the memory model"
+    cfg.kv_pool_tokens = info["kv_pool_tokens"]
+    runner = CostRunner(setup.model_config, cfg, setup.shape, setup.step_cost(variant.name), clock,
+                        TORCH_DTYPES[setup.dtype])
+    engine = cost_engine(cfg, runner)
+    info.update(kind="engine", knobs=knobs, engine_config=cfg.to_dict())
+    return VirtualTimed(engine, clock, lambda: runner.last)
+
+
+def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len: int):
+    from baselines import make_policy
+    from baselines.static_batch import StaticBatchSystem
+    from dllm_bench.simulate.memory import baseline_max_batch
+    from dllm_bench.simulate.runners import CostPolicy, ShapeModel
+    from dllm_bench.systems.spec import baseline_knobs
+
+    knobs = baseline_knobs(variant, setup.baseline_defaults)
+    model = ShapeModel(setup.model_config, TORCH_DTYPES[setup.dtype])
+    if variant.batch is not None:
+        info.update(max_batch_size=variant.batch, scenario_kind="fixed",
+                    scenario=f"static batch B={variant.batch} (declared)")
+    elif info.get("max_batch_size") is None:
+        try:
+            b = baseline_max_batch(variant.name, setup.shape, setup.memory_budget, max_len)
+        except ValueError as e:
+            raise UserError(f"system {variant.label!r}: {e}") from None
+        info.update(max_batch_size=b, scenario_kind="max-fit",
+                    scenario=f"static batch B={b}: the largest that fits the memory model")
+    try:
+        policy = CostPolicy(make_policy(variant.name, model, **knobs), setup.shape, setup.step_cost(variant.name), clock)
+    except ValueError as e:
+        raise UserError(f"system {variant.label!r}: {e}") from None
+    system = StaticBatchSystem(model, policy, int(info["max_batch_size"]))
+    info.update(kind="baseline", knobs=knobs)
+    return VirtualTimed(system, clock, lambda: policy.last)
+
+
+def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[VirtualTimed, dict]:
+    info: dict[str, Any] = {"system": variant.name, "label": variant.label, "impl": setup.impls[variant.name],
+                            "hardware": setup.hardware.name, "memory_budget": setup.memory_budget}
+    if setup.real_capacity is not None:
+        info.update(setup.real_capacity(variant))
+    if variant.is_baseline:
+        return _baseline(variant, setup, clock, info, max_len), info
+    return _engine(variant, setup, clock, info), info
+
+
+def summarize_stats(stats: dict) -> dict:
+    """Per-step lists reduced to the figures a point keeps (as serve's worker does)."""
+    stats = dict(stats)
+    sizes = stats.pop("batch_sizes", None)
+    if isinstance(sizes, list):
+        stats["mean_batch_size"] = (sum(sizes) / len(sizes)) if sizes else None
+        stats["max_batch_size_seen"] = max(sizes) if sizes else None
+    comp = stats.pop("step_composition", None)
+    if isinstance(comp, list):
+        stats["refresh_request_steps"] = sum(int(c[0]) for c in comp)
+        stats["reuse_request_steps"] = sum(int(c[1]) for c in comp)
+    stats.pop("profile", None)
+    return stats
+
+
+def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
+                   max_duration: float | None = None, keep_steps: bool = False) -> dict:
+    """{"result": run_open_loop's result in simulated seconds, "info": what was built}."""
+    from dllm_bench.serve.loadgen import run_open_loop
+    from engine.sampling import SamplingParams
+
+    clock = VirtualClock()
+    max_len = max(len(w.prompt_ids) + w.gen_length for w in workload)
+    system, info = build(variant, setup, clock, max_len)
+
+    def make_params(item) -> SamplingParams:
+        g = int(item.gen_length)
+        return SamplingParams(gen_length=g, steps=g, block_length=block_length, temperature=0.0)
+
+    res = run_open_loop(system, workload, make_params, max_duration=max_duration,
+                        clock=clock.now, sleep=clock.sleep, progress_interval=math.inf)
+    if not keep_steps:
+        res["stats"] = summarize_stats(res.get("stats") or {})
+    info.update(simulated=True, hardware_profile=setup.hardware.path or setup.hardware.name)
+    return {"result": res, "info": info}

@@ -1,0 +1,127 @@
+"""What each system computes in one forward, as a cost_model.Forward — read from the request
+state the real scheduler or static batch hands over, never from token values.
+
+* `engine_forward`: one packed engine step (engine.runner.ModelRunner's work): per request, a
+  Refresh queries its whole canvas, a Reuse its block against the cache (dual: every position,
+  sparse: the kept ones); logits only for the block's still-masked rows, in chunks of the logit
+  budget (monolithic: every query row).
+* `baseline_forward`: one static-batch forward of a baseline policy (baselines/*.py), padded to
+  the batch's canvas, with the StepResult the real policy reports for it.
+
+Candidate rows follow the linear transfer schedule (engine.unmask.transfer_schedule): a block's
+k-th step still has block_length − Σ schedule[:k] masked positions, because decoders never
+propose the mask id (engine.unmask.proposal_argmax).
+"""
+from __future__ import annotations
+
+from baselines.static_batch import Batch, StepResult
+from dllm_bench.simulate.cost_model import Forward, LayerPass, ModelShape, Seg
+from engine.config import EngineConfig
+from engine.request import Phase, Request
+
+
+def masked_in_block(req) -> int:
+    """Still-masked positions of the current block (engine Request or baseline Batch row)."""
+    return req.params.block_length - sum(req.schedule[: req.step_in_block])
+
+
+def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, shape: ModelShape) -> tuple[Forward, list[int]]:
+    """The step's Forward and what each request is charged in logits rows."""
+    segs, charged = [], []
+    rows = kv_read = kv_write = cached = 0
+    reuse = Phase.REUSE
+    for req, phase in batch:
+        blk = req.params.block_length
+        L = req.prompt_len + req.params.gen_length      # req.length without a tensor call
+        cand = masked_in_block(req)
+        if phase is not reuse:
+            q, k = L, L
+            if phase is Phase.REFRESH_STORE:
+                kv_write += L
+            elif phase is Phase.REFRESH_SELECT:
+                kv_write += req.kv_tokens
+        else:
+            q = blk
+            held = L if config.cache == "dual" else req.kv_tokens
+            k = held if config.cache == "dual" else held + blk
+            kv_read += held
+            cached += held
+            kv_write += blk if config.cache == "dual" else 0
+        segs.append(Seg(q, k))
+        r = q if config.max_num_logits is None else cand
+        charged.append(r)
+        rows += r
+    fw = Forward((LayerPass(shape.layers, tuple(segs)),), rows=rows, kv_read=kv_read, kv_write=kv_write,
+                 cached_keys=cached, n_seq=len(batch), softmax_rows=rows, lm_chunk=config.max_num_logits or 0)
+    return fw, charged
+
+
+def _kept(batch: Batch, keep_ratio: float) -> int:
+    """Sparse-dLLM's largest kept count over the rows: int(ratio · context) of its own context."""
+    s, e = batch.block_range
+    return max(int(((s - pad) + (batch.length - e)) * keep_ratio) for pad in batch.pads)
+
+
+def baseline_forward(name: str, knobs: dict, batch: Batch, shape: ModelShape) -> tuple[Forward, StepResult]:
+    """One forward of baseline `name` (knobs as the policy holds them) on static batch `batch`."""
+    B, L, i = batch.size, batch.length, batch.step_in_block
+    s, e = batch.block_range
+    blk = e - s
+    every = shape.layers
+
+    def uniform(q: int, k: int) -> tuple[LayerPass, ...]:
+        return (LayerPass(every, (Seg(q, k),) * B),)
+
+    if name == "llada":
+        return Forward(uniform(L, L), rows=B * L, n_seq=B, softmax_rows=B * L), StepResult(B * L, L, True)
+    if name == "fast-dllm":
+        dual = knobs.get("cache", "dual") == "dual"
+        if i == 0:
+            keep = L if dual else s
+            return (Forward(uniform(L, L), rows=B * L, kv_write=B * keep, n_seq=B, softmax_rows=B * L),
+                    StepResult(B * L, L, True))
+        q0, q1 = s, (e if dual else L)
+        q = q1 - q0
+        held = L if dual else s
+        k = L if dual else s + q
+        fw = Forward(uniform(q, k), rows=B * q, kv_read=B * held, kv_write=B * blk if dual else 0,
+                     cached_keys=B * held, n_seq=B, softmax_rows=B * q)
+        return fw, StepResult(B * q, q, False)
+    if name == "sparse-dllm":
+        if i <= 1:
+            kept = _kept(batch, knobs.get("keep_ratio", 0.5)) if i == 1 else 0
+            return (Forward(uniform(L, L), rows=B * L, kv_write=B * kept, n_seq=B, softmax_rows=B * L),
+                    StepResult(B * L, L, True))
+        kept = _kept(batch, knobs.get("keep_ratio", 0.5))
+        fw = Forward(uniform(blk, kept + blk), rows=B * blk, kv_read=B * kept, n_seq=B, softmax_rows=B * blk)
+        return fw, StepResult(B * blk, blk, False)
+    if name == "dllm-cache":
+        return _dllm_cache(knobs, batch, shape)
+    raise ValueError(f"no cost description for baseline {name!r}")
+
+
+def _dllm_cache(knobs: dict, batch: Batch, shape: ModelShape) -> tuple[Forward, StepResult]:
+    """Layer 0 always refreshes; the others by the prompt/gen intervals at global step t, with
+    V-verify of every gen token and Q/K/attention/MLP for the int(G · ratio) least similar."""
+    B, L, P = batch.size, batch.length, batch.prompt_len
+    G = L - P
+    t = batch.forwards + 1
+    pi, gi, ratio = knobs["prompt_interval"], knobs["gen_interval"], knobs["transfer_ratio"]
+    rp, rg = (t - 1) % pi == 0, (t - 1) % gi == 0
+    transfer = 0 < ratio <= 1
+    n_sel = int(G * ratio) if transfer else 0
+    v_only = B * G if transfer and not rg else 0
+    if rp and rg:
+        q = L
+    elif rg:
+        q = G
+    elif rp:
+        q = P + n_sel
+    else:
+        q = n_sel
+    passes = [LayerPass(1, (Seg(L, L),) * B)]
+    if shape.layers > 1:
+        passes.append(LayerPass(shape.layers - 1, (Seg(q, L),) * B, v_only=v_only))
+    # Cached K, V and the two deltas of every token are read back in every layer.
+    fw = Forward(tuple(passes), rows=B * L, kv_read=2 * B * L, n_seq=B, softmax_rows=B * G)
+    return fw, StepResult(B * L, L, rp and rg)

@@ -1,0 +1,122 @@
+"""Cost formulas against the per-phase FLOPs/bytes of LLaDA-8B (docs/SIMULATE.md "Cost model":
+one request, P = 256, L = 512, block 32), the calibration fit round trip on synthetic timings,
+and a malformed hardware file."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dllm_bench.simulate import calibrate as cal
+from dllm_bench.simulate.cost_model import (
+    CostModel,
+    Efficiency,
+    Forward,
+    HostCost,
+    LayerPass,
+    ModelShape,
+    Seg,
+    gemm_time,
+)
+from dllm_bench.simulate.implementations import get_impl
+
+LLADA_8B = ModelShape(d=4096, layers=32, heads=32, kv_heads=32, head_dim=128, ffn=12288, vocab=126464, wbytes=2)
+
+
+def _flops(fw: Forward, part: str) -> float:
+    """FLOPs of one part, by zeroing the others' inputs."""
+    m = CostModel(LLADA_8B, 1e15, 1e12, Efficiency(), get_impl("engine"), HostCost())
+    if part == "lm_head":
+        return m.step(Forward((), rows=fw.rows)).flops
+    if part == "linear":
+        return m.step(Forward(tuple(LayerPass(p.layers, tuple(Seg(s.q, 0) for s in p.segs)) for p in fw.passes))).flops
+    return m.step(fw).flops - _flops(fw, "linear") - _flops(fw, "lm_head")
+
+
+L = 512
+PHASES = {  # forward, (linear, LM head, attention) TFLOPs from the table
+    "refresh, full logits": (Forward((LayerPass(32, (Seg(L, L),)),), rows=L), (7.15, 0.53, 0.137)),
+    "refresh, block logits": (Forward((LayerPass(32, (Seg(L, L),)),), rows=32), (7.15, 0.033, 0.137)),
+    "reuse, dual cache": (Forward((LayerPass(32, (Seg(32, L),)),), rows=32), (0.447, 0.033, None)),
+    "reuse, sparse": (Forward((LayerPass(32, (Seg(32, 240 + 32),)),), rows=32), (0.447, 0.033, None)),
+}
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_llada_8b_flops_per_phase(phase):
+    fw, (lin, lm, attn) = PHASES[phase]
+    assert _flops(fw, "linear") / 1e12 == pytest.approx(lin, rel=0.01)
+    assert _flops(fw, "lm_head") / 1e12 == pytest.approx(lm, rel=0.01)
+    q, k = fw.passes[0].segs[0].q, fw.passes[0].segs[0].k
+    # The table rounds the small attention cells to one digit: check the per-pair constant.
+    assert _flops(fw, "attn") == pytest.approx(q * k * 524_288, rel=1e-9)
+    if attn is not None:
+        assert _flops(fw, "attn") / 1e12 == pytest.approx(attn, rel=0.01)
+
+
+def test_llada_8b_shape_constants():
+    m = LLADA_8B
+    assert m.linear_flops_per_token == pytest.approx(13.96e9, rel=0.01)
+    assert m.lm_head_flops_per_row == pytest.approx(1.036e9, rel=0.01)
+    assert m.attn_flops_per_pair == 524_288
+    assert m.kv_bytes_per_token == 512 * 1024
+    assert m.weights_read_per_forward == pytest.approx(15.0e9, rel=0.01)
+    assert m.n_params == pytest.approx(8_015_581_184 - 2 * m.d - 64 * m.d, rel=1e-3)  # norms are not GEMMs
+    assert get_impl("hf-eager").elem_bytes_per_token_layer(m) == pytest.approx(0.71e6, rel=0.01)
+    assert get_impl("engine").elem_bytes_per_token_layer(m) == 24 * m.d + 6 * m.ffn + 32 * m.d
+
+
+def test_reuse_is_weight_bound_and_refresh_compute_bound():
+    """4090 datasheet peaks, u = 1: the table's regimes (Reuse ≈ weight streaming, Refresh ≈ FLOPs)."""
+    m = CostModel(LLADA_8B, 165.2e12, 1008e9, Efficiency(), get_impl("engine"), HostCost())
+    reuse = m.step(PHASES["reuse, dual cache"][0])
+    assert reuse.parts["gemm"] + reuse.parts["lm_head"] == pytest.approx(LLADA_8B.weights_read_per_forward / 1008e9, rel=0.05)
+    fw = PHASES["refresh, full logits"][0]
+    assert m.step(fw).parts["gemm"] == pytest.approx(_flops(fw, "linear") / 165.2e12, rel=0.01)
+
+
+def test_efficiency_fit_round_trip():
+    truth = Efficiency(u_c=0.42, u_m=0.7, u_attn=0.3, c_op=12e-6, c_attn=80e-6)
+    peak, bw, w = 50e9, 10e9, 4
+    grid = [cal.OpSample("gemm", mm, k, n, 0.0) for k, n in ((64, 192), (64, 64), (64, 256), (128, 64), (64, 512))
+            for mm in (1, 4, 16, 64, 256, 1024)]
+    grid += [cal.OpSample("attn", q, k, 64, 0.0) for q in (8, 32, 128) for k in (32, 128, 512)]
+    samples = [cal.OpSample(s.kind, s.a, s.b, s.c, cal.predict(s, truth, peak, bw, w)) for s in grid]
+    eff, fit = cal.fit_efficiency(samples, peak, bw, w)
+    for name in ("u_c", "u_m", "u_attn", "c_op", "c_attn"):
+        assert getattr(eff, name) == pytest.approx(getattr(truth, name), rel=0.02), name
+    assert fit["max_rel_err"] < 1e-3
+
+
+def test_host_fit_round_trip():
+    dev = CostModel(LLADA_8B, 50e12, 1e12, Efficiency(), get_impl("engine"), HostCost())
+    truth = HostCost(c_step=3e-3, c_seq=0.8e-3)
+    fws = [Forward((LayerPass(32, (Seg(40, 40),) * n),), rows=8 * n, n_seq=n) for n in (1, 2, 4, 8)]
+    steps = [(fw, dev.step(fw).t_device + truth.time(fw.n_seq, 32)) for fw in fws]
+    host, fit = cal.fit_host(steps, dev)
+    assert host.c_step == pytest.approx(truth.c_step, rel=1e-6)
+    assert host.c_seq == pytest.approx(truth.c_seq, rel=1e-6)
+
+
+def test_gemm_roofline_regimes():
+    e = Efficiency(u_c=0.5, u_m=0.5, c_op=1e-6)
+    t_small = gemm_time(1, 4096, 4096, 2, 100e12, 1e12, e)
+    assert t_small == pytest.approx(4096 * 4096 * 2 / 0.5e12 + 1e-6, rel=0.01)
+    t_big = gemm_time(8192, 4096, 4096, 2, 100e12, 1e12, e)
+    assert t_big == pytest.approx(2 * 8192 * 4096 * 4096 / 50e12 + 1e-6, rel=1e-9)
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"name": "x", "kind": "gpu", "peak_flops": -1,
+                                                                 "bandwidth": 1e9, "memory_bytes": 1e9}),
+                                     json.dumps({"name": "x", "kind": "tpu"})])
+def test_malformed_hardware_file_is_one_line_exit_2(tmp_path, content):
+    bad = tmp_path / "hw.json"
+    bad.write_text(content)
+    r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "simulate", "--preset", "tiny", "--hardware", str(bad),
+                        "--result-dir", str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "hw.json" in lines[0]
+    assert not (tmp_path / "runs").exists()
