@@ -12,7 +12,7 @@ Confidence is softmax(logits.float64)[x0]. threshold=None (default) commits the 
 schedule's count each step; a threshold turns on parallel decoding: the most confident
 candidate always, every other one whose confidence reaches the threshold.
 
-NFE semantics (spec §3): 1 full forward + window forwards while the block still has a MASK,
+NFE semantics (NVlabs/Fast-dLLM@24cc59e generate.py): 1 full forward + window forwards while the block still has a MASK,
 so zero schedule entries (S > block_length) are skipped. The "no MASK left?" test runs before
 each window forward, as in the newer upstream generate.py: the pinned snapshot tests after it,
 which crashes at S = 1 without a threshold and spends one idle window forward when the full

@@ -1,5 +1,5 @@
-"""Baselines vs independent plain re-implementations written here from the spec
-(/work/shared/reference/baselines_spec.md), in float64 on a tiny random LLaDA.
+"""Baselines vs independent plain re-implementations written here from the upstream
+code each baseline follows (repository + commit in baselines.SYSTEMS), in float64 on a tiny random LLaDA.
 
 Each plain version runs one sequence with a different code path from baselines/: the caches are
 emulated by full recomputation through `model.hidden_states` with an attention function that
@@ -240,7 +240,7 @@ def test_fast_dllm(model, cache):
         out = run(model, "fast-dllm", prompt(P, seed), sp, fast_dllm_cache=cache)
         toks, nfe = plain_fast(model, prompt(P, seed), sp, cache)
         assert out.token_ids == toks and out.nfe == nfe
-        # spec §3: 1 full + window forwards while the block has a MASK (zeros skipped)
+        # Fast-dLLM (NVlabs/Fast-dLLM@24cc59e): 1 full + window forwards while the block has a MASK (zeros skipped)
         assert nfe == sp.num_blocks * min(sp.steps_per_block, block)
         differs += toks != run(model, "llada", prompt(P, seed), sp).token_ids
     assert differs >= 2
