@@ -1,10 +1,17 @@
-"""`make bench-engine`: engine throughput against the plain reference sampler, from one run.
+"""`make bench-engine`: engine throughput against the plain reference sampler, MFU against this
+machine's measured matmul peak, host overhead and operator calls per step, from one run.
 
 Shape (fixed unless overridden): a random-weight preset in float32, 8 prompts of 64 tokens,
 gen 64, block 16, steps 64 (one token per step), greedy. The reference sampler (LLaDA's
 `generate`, engine.reference.reference_generate) decodes the prompts one after another; the engine decodes them
 concurrently with cache=none (exact: its tokens must equal the reference's), dual (Fast-dLLM)
 and sparse (dLLM-Serve). Ratios are generated tokens/s over the reference's.
+
+Then (benchmarks/engine_efficiency.py): MFU of the sparse engine at saturation on --mfu-preset
+in float32 and bfloat16 (FLOPs from the step shapes: GEMMs, attention, LM-head rows; peak: an
+n x n matmul in the same dtype and thread count, measured here), per phase; host time per step
+with a near-zero model (LLaDA-8B's 32 layers, d = 8) at 1, 8, 32, 64 requests split into the
+layers and everything else; the operator count per step at 1, 8, 64 requests.
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import os
 import platform
 import time
 
+import engine_efficiency as eff
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -44,9 +52,27 @@ def main() -> None:
     # One thread by default: at this model size intra-op threads only add synchronisation, and on
     # a shared (loaded) machine two spinning OpenMP threads made the reference ~30x slower.
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--mfu-preset", default="serve-126k")
+    ap.add_argument("--mfu-prompts", type=int, default=16)
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: throughput,mfu,host,ops")
     a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
     torch.set_num_threads(a.threads)
 
+    console = Console()
+    if "throughput" not in skip:
+        throughput(a, console)
+    if "mfu" not in skip:
+        mfu(a, console)
+    if "host" not in skip:
+        host(console)
+    if "ops" not in skip:
+        ops(console)
+    console.print(f"hardware: {cpu_name()} ({os.cpu_count()} logical CPUs), torch {torch.__version__}, "
+                  f"{torch.get_num_threads()} torch threads")
+
+
+def throughput(a, console) -> None:
     model = load_model(a.preset, "float32", "cpu")
     cfg = model.config
     g = torch.Generator().manual_seed(0)
@@ -84,13 +110,53 @@ def main() -> None:
         table.add_column(col, justify="left" if col == "system" else "right")
     for label, secs, fwd, same in rows:
         table.add_row(label, f"{secs:.2f}", f"{n_tokens / secs:.1f}", f"{ref_s / secs:.2f}x", str(fwd), same)
-    console = Console()
     console.print(table)
     console.print("forwards: the reference's are per request (NFE); the engine's are batched steps. "
-                  "= ref: requests whose tokens equal the reference's (required for none).")
-    console.print(f"hardware: {cpu_name()} ({os.cpu_count()} logical CPUs), "
-                  f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
+                  "= ref: requests whose tokens equal the reference's (required for none). "
                   f"model d={cfg.d_model} layers={cfg.n_layers} heads={cfg.n_heads}/{cfg.kv_heads} vocab={cfg.padded_vocab}")
+
+
+def mfu(a, console) -> None:
+    g = torch.Generator().manual_seed(1)
+    params = SamplingParams(gen_length=32, steps=32, block_length=8)
+    table = Table(title=f"MFU at saturation: {a.mfu_preset}, engine sparse r=0.5, {a.mfu_prompts} requests x 64 "
+                        "prompt tokens, gen 32, block 8, all at once")
+    for col in ("dtype", "matmul peak GFLOP/s", "tokens/s", "GFLOP/s", "MFU", "Refresh", "Reuse", "LM head"):
+        table.add_column(col, justify="right")
+    tps = {}
+    for dtype in ("float32", "bfloat16"):
+        model = load_model(a.mfu_preset, dtype, "cpu")
+        hi = min(model.config.mask_token_id, model.config.eos_token_id, model.config.padded_vocab)
+        prompts = [torch.randint(0, hi, (64,), generator=g).tolist() for _ in range(a.mfu_prompts)]
+        peak = eff.matmul_peak(model.dtype)
+        eff.saturation(model, "sparse", prompts[:2], params, peak)            # warm-up
+        r = eff.saturation(model, "sparse", prompts, params, peak)
+        tps[dtype] = r["tokens_per_s"]
+        pct = lambda k, r=r: f"{100 * r[k]:.1f}%" if k in r else "-"  # noqa: E731
+        table.add_row(dtype, f"{peak / 1e9:.1f}", f"{r['tokens_per_s']:.1f}", f"{r['flops'] / r['wall'] / 1e9:.1f}",
+                      pct("mfu"), pct("mfu_refresh"), pct("mfu_reuse"), pct("mfu_lm_head"))
+    console.print(table)
+    console.print(f"bf16 / fp32 tokens/s: {tps['bfloat16'] / tps['float32']:.2f}x")
+
+
+def host(console) -> None:
+    table = Table(title="host time per step, near-zero model (32 layers, d=8), 8 staggered arrival waves: median ms")
+    for col in ("cache", "requests", "step", "layers", "everything else"):
+        table.add_column(col, justify="right")
+    for cache in ("sparse", "dual"):
+        for n, r in eff.host_overhead(cache).items():
+            table.add_row(cache, str(n), f"{r['step_ms']:.2f}", f"{r['layers_ms']:.2f}", f"{r['other_ms']:.2f}")
+    console.print(table)
+
+
+def ops(console) -> None:
+    table = Table(title="torch operator calls per step (busiest step), near-zero model, mixed phases")
+    for col in ("cache", "1 request", "8", "64", "64 / 1", "64 / 8"):
+        table.add_column(col, justify="right")
+    for cache in ("sparse", "dual"):
+        c = eff.op_counts(cache)
+        table.add_row(cache, str(c[1]), str(c[8]), str(c[64]), f"{c[64] / c[1]:.2f}", f"{c[64] / c[8]:.2f}")
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -50,3 +50,23 @@ def test_injected_runner_drives_scheduler_and_pool(commit):
 def test_injected_runner_needs_a_pool_size_to_profile():
     with pytest.raises(ValueError, match="kv_pool_tokens"):
         LLMEngine(EngineConfig(memory_budget=2**30), runner=CostRunner(True))
+
+
+def test_stalled_steps_are_counted():
+    """A running request left out of a step (its Refresh does not fit behind the others) is a
+    stall; blocks of different lengths drift the requests' Refreshes into the same step."""
+    eng = LLMEngine(EngineConfig(cache="dual", max_num_batched_tokens=40), runner=CostRunner(True))
+    stalls, original = [], eng.scheduler.schedule
+
+    def schedule(now):
+        batch = original(now)
+        stalls.append(len(eng.scheduler.running) - len(batch))
+        return batch
+
+    eng.scheduler.schedule = schedule
+    shapes = [(8, 8, 4), (9, 9, 3), (10, 10, 5)]        # (gen, steps, block): 4, 3, 2 steps a block
+    prompts = random_prompts(3, 10, seed=2)
+    eng.generate(prompts, [SamplingParams(gen_length=g, steps=s, block_length=b) for g, s, b in shapes])
+    assert sum(stalls) > 0
+    assert eng.counters["stalled_requests"] == sum(stalls)
+    assert eng.counters["stalled_steps"] == sum(1 for s in stalls if s)

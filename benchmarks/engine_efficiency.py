@@ -1,0 +1,171 @@
+"""The engine against the machine: FLOPs counted from step shapes, the matmul peak measured in the
+same process, host overhead with a near-zero model, and operator calls per step.
+
+Used by `make bench-engine` (benchmarks/bench_engine.py); every function returns plain numbers.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.models.llada import LLaDAConfig, LLaDAModelLM
+from engine.op_count import OpCounter
+from engine.request import Phase
+
+
+def matmul_peak(dtype: torch.dtype, sizes=(256, 512, 1024), seconds: float = 1.0) -> float:
+    """FLOP/s of the best n x n x n GEMM in `dtype` at the current thread count, called as the
+    model calls its weights (`F.linear`, x Wᵀ: a CPU without native bf16 runs another kernel for
+    a plain a @ b); the best over sizes and repeats."""
+    best = 0.0
+    for n in sizes:
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        t_end = time.perf_counter() + seconds
+        while True:
+            t = time.perf_counter()
+            F.linear(a, b)
+            best = max(best, 2 * n**3 / (time.perf_counter() - t))
+            if time.perf_counter() > t_end:
+                break
+    return best
+
+
+def layer_flops(cfg: LLaDAConfig, n_q: int, n_k: int) -> float:
+    """One request's forward over all layers: GEMMs for n_q tokens plus attention over n_k keys."""
+    d, hd = cfg.d_model, cfg.head_dim
+    gemm = 2 * n_q * (d * cfg.n_heads * hd + 2 * d * cfg.kv_heads * hd + d * d + 3 * d * cfg.mlp_hidden_size)
+    attn = 4 * n_q * n_k * cfg.n_heads * hd
+    return cfg.n_layers * (gemm + attn)
+
+
+def keys_of(req, phase: Phase, cache: str) -> int:
+    if phase is not Phase.REUSE:
+        return req.length
+    return req.length if cache == "dual" else req.kv_tokens + req.params.block_length
+
+
+class PhaseClock:
+    """Wraps an engine's model: time and FLOPs of the layers per phase (steps are phase-pure when
+    every request arrives at once with one shape) and of the LM head."""
+
+    def __init__(self, eng: LLMEngine):
+        self.eng, self.cfg = eng, eng.model.config
+        self.time: dict[str, float] = defaultdict(float)
+        self.flops: dict[str, float] = defaultdict(float)
+        self._phase = "refresh"
+        run, hidden, head = eng.runner.run, eng.model.hidden_states, eng.model.lm_head
+
+        def run_(batch):
+            refresh = [p.is_refresh for _, p in batch]
+            self._phase = "refresh" if all(refresh) else "reuse" if not any(refresh) else "mixed"
+            f = sum(layer_flops(self.cfg, r.length if p.is_refresh else r.params.block_length,
+                                keys_of(r, p, eng.config.cache)) for r, p in batch)
+            self.flops[self._phase] += f
+            return run(batch)
+
+        def hidden_(*a, **k):
+            t = time.perf_counter()
+            out = hidden(*a, **k)
+            self.time[self._phase] += time.perf_counter() - t
+            return out
+
+        def head_(h):
+            t = time.perf_counter()
+            out = head(h)
+            self.time["lm_head"] += time.perf_counter() - t
+            self.flops["lm_head"] += 2 * h.shape[0] * self.cfg.d_model * self.cfg.padded_vocab
+            return out
+
+        eng.runner.run, eng.model.hidden_states, eng.model.lm_head = run_, hidden_, head_
+
+    def restore(self) -> None:
+        for name in ("hidden_states", "lm_head"):
+            self.eng.model.__dict__.pop(name, None)
+
+
+def saturation(model: LLaDAModelLM, cache: str, prompts, params: SamplingParams, peak: float) -> dict:
+    """Every prompt at once (phase-pure steps): tokens/s, achieved FLOP/s and MFU, per phase."""
+    eng = LLMEngine(EngineConfig(cache=cache, attention_backend="sdpa", device="cpu", sampling=False,
+                                 max_num_batched_tokens=len(prompts) * (len(prompts[0]) + params.gen_length),
+                                 max_num_seqs=len(prompts)), model=model)
+    clock = PhaseClock(eng)
+    try:
+        t = time.perf_counter()
+        eng.generate(prompts, params)
+        wall = time.perf_counter() - t
+    finally:
+        clock.restore()
+    total = sum(clock.flops.values())
+    out = dict(wall=wall, tokens_per_s=len(prompts) * params.gen_length / wall, flops=total,
+               mfu=total / wall / peak)
+    for ph in ("refresh", "reuse", "lm_head"):
+        if clock.time.get(ph):
+            out[f"mfu_{ph}"] = clock.flops[ph] / clock.time[ph] / peak
+    return out
+
+
+def near_zero_model(n_layers: int = 32) -> LLaDAModelLM:
+    """LLaDA-8B's layer count with d = 8: the math is negligible, what is left is host work."""
+    cfg = LLaDAConfig(d_model=8, n_heads=2, n_kv_heads=1, n_layers=n_layers, mlp_hidden_size=16, vocab_size=512,
+                      embedding_size=512, mask_token_id=511, eos_token_id=510, pad_token_id=510)
+    return LLaDAModelLM(cfg).eval()
+
+
+def staggered_steps(model: LLaDAModelLM, cache: str, n: int, measure: int = 16, count_ops: bool = False):
+    """n requests in 8 arrival waves (so every step mixes phases), then `measure` steps timed:
+    [(total s, layers s, ops)] per step."""
+    eng = LLMEngine(EngineConfig(cache=cache, attention_backend="sdpa", device="cpu", sampling=False,
+                                 max_num_batched_tokens=1 << 20, max_num_seqs=max(n, 1)), model=model)
+    params = SamplingParams(gen_length=64, steps=64, block_length=8)
+    g = torch.Generator().manual_seed(n)
+    waves = [n // 8 + (1 if i < n % 8 else 0) for i in range(8)]
+    layers = [0.0]
+    hidden = eng.model.hidden_states
+
+    def hidden_(*a, **k):
+        t = time.perf_counter()
+        out = hidden(*a, **k)
+        layers[0] += time.perf_counter() - t
+        return out
+
+    eng.model.hidden_states = hidden_
+    try:
+        for w in waves:
+            for _ in range(w):
+                eng.add_request(torch.randint(0, 500, (64,), generator=g).tolist(), params)
+            eng.step()
+        rows = []
+        for _ in range(measure):
+            layers[0] = 0.0
+            if count_ops:
+                with OpCounter() as c:
+                    eng.step()
+                rows.append((0.0, 0.0, c.total))
+            else:
+                t = time.perf_counter()
+                eng.step()
+                rows.append((time.perf_counter() - t, layers[0], 0))
+    finally:
+        eng.model.__dict__.pop("hidden_states", None)
+    return rows
+
+
+def host_overhead(cache: str, sizes=(1, 8, 32, 64)) -> dict[int, dict]:
+    model = near_zero_model()
+    out = {}
+    for n in sizes:
+        rows = staggered_steps(model, cache, n)
+        out[n] = dict(step_ms=1e3 * statistics.median(r[0] for r in rows),
+                      layers_ms=1e3 * statistics.median(r[1] for r in rows),
+                      other_ms=1e3 * statistics.median(r[0] - r[1] for r in rows))
+    return out
+
+
+def op_counts(cache: str, sizes=(1, 8, 64)) -> dict[int, int]:
+    model = near_zero_model()
+    return {n: max(r[2] for r in staggered_steps(model, cache, n, measure=8, count_ops=True)) for n in sizes}
