@@ -19,6 +19,7 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
 
 
@@ -35,6 +36,7 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
     from dllm_bench.systems.spec import parse_system
     from workloads.serving import describe
 
+    result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)
     ds_list = ab.parse_dataset_list(datasets)
     rows_mode = ab.parse_cache_rows(cache_rows)
     if num_prompts is not None and num_prompts < 1:

@@ -11,6 +11,7 @@ import json
 
 import typer
 
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
 
 
@@ -68,10 +69,12 @@ def register(app: typer.Typer) -> None:
 
         from dllm_bench.accuracy import points as acc
         from dllm_bench.accuracy import report
-        from dllm_bench.checkpoints.load import load_model, load_tokenizer, model_dir
+        from dllm_bench.checkpoints.load import load_model, load_tokenizer
         from dllm_bench.results import create_run
         from engine import SamplingParams
 
+        run_id = inputs.run_id(run_id)
+        inputs.input_file(data, "--data")
         retentions = _floats(retention, "--retention")
         if any(not 0 < r <= 1 for r in retentions):
             raise UserError(f"--retention values must be in (0, 1], got {retention!r}")
@@ -89,7 +92,7 @@ def register(app: typer.Typer) -> None:
             torch.set_num_threads(threads)
         if task is not None and task not in acc.TASKS:
             raise UserError(f"--task must be one of {', '.join(acc.TASKS)}, got {task!r}")
-        path = model_dir(model)
+        path = inputs.checkpoint_dir(model, tokenizer=True, why="accuracy needs text prompts")
         info = acc.model_training_info(path)
         task = task or info.get("config", {}).get("task") or "synth"
         if task not in acc.TASKS:
@@ -127,8 +130,6 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             raise UserError(str(e)) from None
         tok = load_tokenizer(path)
-        if tok is None:
-            raise UserError(f"{path} has no tokenizer files: accuracy needs text prompts")
         mdl = load_model(model, dtype, device)
         points = acc.plan_points(systems, selections, retentions, include_r1=r1, score_queries=score_queries)
         knobs = dict(task=task, model=model, model_dir=str(path), systems=systems, selections=selections,

@@ -10,7 +10,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, model_dir, parse_ids
+from dllm_bench import inputs
+from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, parse_device, parse_ids
 from dllm_bench.errors import UserError
 from engine import EngineConfig, LLMEngine, SamplingParams
 
@@ -132,12 +133,11 @@ def register(app: typer.Typer) -> None:
             knobs = {}
         else:
             knobs = baseline_knobs(system, **given)
-        path = model_dir(model)
+        parse_device(device)
+        path = inputs.checkpoint_dir(model, tokenizer=bool(prompt), why="give prompts with --prompt-ids")
         tok = load_tokenizer(path)
         prompts = [parse_ids(s) for s in (prompt_ids or [])]
         if prompt:
-            if tok is None:
-                raise UserError(f"{path} has no tokenizer files: give prompts with --prompt-ids")
             for text in prompt:
                 if not text.strip():
                     raise UserError("empty prompt")

@@ -18,6 +18,7 @@ from typing import Any
 
 import typer
 
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
 from dllm_bench.serve.run import ServeRun, serve
 from dllm_bench.serve.workload import build_workloads, model_info
@@ -86,7 +87,6 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
                 max_duration: float | None, num_warmups: int, no_profile_cache: bool) -> ServeRun:
     """Every option checked (cheap ones first) and the workloads built: any problem is a
     UserError before a run directory exists."""
-    from dllm_bench.checkpoints.presets import resolve_model
     from dllm_bench.serve.presets import preset_for
     from dllm_bench.systems.spec import parse_systems
     from dllm_bench.units import parse_size
@@ -102,9 +102,7 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
         raise UserError(f"--burstiness must be > 0 (1 = Poisson, < 1 burstier), got {burstiness}")
     if arrivals == "poisson" and burstiness != 1.0:
         raise UserError("--burstiness applies to gamma arrivals (poisson is burstiness 1); use --arrivals gamma")
-    if dataset_path is not None:
-        if not dataset_path.is_file():
-            raise UserError(f"--dataset-path: no such file: {dataset_path}")
+    if inputs.input_file(dataset_path, "--dataset-path") is not None:
         if len(datasets) > 1:
             raise UserError("--dataset-path replays one file: give a single --dataset (its label)")
     elif "custom" in datasets:
@@ -165,7 +163,7 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
         raise UserError(f"--device must be cpu or cuda[:N], got {sp.device!r}")
     if budget is None and not sp.device.startswith("cuda"):
         raise UserError("a --memory-budget is needed on CPU (e.g. --memory-budget 1GiB)")
-    model_dir = resolve_model(sp.model)
+    model_dir = inputs.checkpoint_dir(sp.model)
     info = model_info(model_dir, sp.dtype)
     if budget is not None and budget <= info["weights_bytes"]:
         from dllm_bench.units import format_size
@@ -230,6 +228,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print one JSON document (summaries, ratios, run dir) on stdout"),
     ) -> None:
         """Open-loop serving benchmark: every system replays the same arrivals under the same memory budget."""
+        result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)
         run = resolve_run(
             rps=rps, systems=systems, dataset=dataset, dataset_path=dataset_path, num_prompts=num_prompts,
             duration=duration, burstiness=burstiness, arrivals=arrivals, time_scale=time_scale,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
 
 
@@ -32,6 +33,7 @@ def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str 
     from dllm_bench.sweep import lengths as sw
     from workloads.serving import describe
 
+    result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)
     vary = sw.parse_vary(vary)
     if num_prompts is not None and num_prompts < 1:
         raise UserError(f"--num-prompts must be >= 1, got {num_prompts}")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
 from workloads.tasks import synth
 
@@ -59,7 +60,7 @@ def register(app: typer.Typer) -> None:
         from dllm_bench.train.loop import TrainConfig
         from dllm_bench.train.loop import train as run_train
 
-        if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
+        if inputs.writable_dir(out, "--out").exists() and (any(out.iterdir()) and not force):
             raise UserError(f"--out {out} exists and is not an empty directory (use --force)")
         if threads is not None and threads <= 0:
             raise UserError("--threads must be positive")

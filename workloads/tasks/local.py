@@ -5,10 +5,9 @@ HumanEval shape: {"task_id", "prompt", "test", "entry_point"}  (+ optional "cano
 """
 from __future__ import annotations
 
-import gzip
-import json
 import os
 
+from workloads.jsonl import objects
 from workloads.tasks.humaneval import REQUIRED_KEYS as HUMANEVAL_KEYS
 
 GSM8K_KEYS = ("question", "answer")
@@ -16,6 +15,11 @@ KINDS = ("gsm8k", "humaneval")
 
 
 def detect_kind(row: dict) -> str:
+    for keys in (HUMANEVAL_KEYS, GSM8K_KEYS):  # the right keys, a wrong type: name the field
+        if all(k in row for k in keys):
+            bad = next((k for k in keys if not isinstance(row[k], str)), None)
+            if bad:
+                raise ValueError(f"'{bad}' must be a string, got {type(row[bad]).__name__}")
     if all(isinstance(row.get(k), str) for k in HUMANEVAL_KEYS):
         return "humaneval"
     if all(isinstance(row.get(k), str) for k in GSM8K_KEYS):
@@ -31,26 +35,16 @@ def load_local(path: str | os.PathLike, kind: str | None = None) -> tuple[str, l
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not os.path.isfile(path):
         raise ValueError(f"data file not found: {path}")
-    opener = gzip.open if str(path).endswith(".gz") else open
     rows: list[dict] = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object")
-            try:
-                k = detect_kind(row)
-            except ValueError as e:
-                raise ValueError(f"{path}:{lineno}: {e}") from None
-            kind = kind or k
-            if k != kind:
-                raise ValueError(f"{path}:{lineno}: {k}-shaped row in a {kind} file")
-            rows.append(row)
+    for _, where, row in objects(path):
+        try:
+            k = detect_kind(row)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        kind = kind or k
+        if k != kind:
+            raise ValueError(f"{where}: {k}-shaped row in a {kind} file")
+        rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
     if kind == "gsm8k":   # keep only the fields scoring uses (plus target if present, e.g. synth)
