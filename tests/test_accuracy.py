@@ -240,7 +240,7 @@ def test_accuracy_score_query_sweep(tmp_path, monkeypatch):
     (["--limit", "0"], "--limit"),
     (["--model", "tiny", "--gen-length", "48", "--block-length", "32"], "multiple of block_length"),
     (["--model", "no-such-preset"], "unknown model preset"),
-    (["--model", "tiny", "--data", "/no/such/file.jsonl"], "data file not found"),
+    (["--model", "tiny", "--data", "/no/such/file.jsonl"], "--data: no such file"),
     (["--model", "tiny", "--score-query", "avg"], "--score-query"),
     (["--model", "tiny", "--num-fewshot", "3"], "--num-fewshot"),
     (["--model", "tiny", "--task", "gsm8k", "--num-fewshot", "9"], "--num-fewshot"),
