@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench clean
+.PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench-server bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -47,6 +47,9 @@ bench-engine:
 
 bench-mechanisms:
 	$(BIN)/python benchmarks/bench_mechanisms.py
+
+bench-server:
+	$(BIN)/python benchmarks/bench_server.py
 
 bench-serve:
 	$(BIN)/dllm-bench serve --rps 0.25,0.5,1.0

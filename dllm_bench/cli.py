@@ -24,6 +24,7 @@ app = typer.Typer(
 COMMAND_MODULES = [
     "dllm_bench.commands.models",
     "dllm_bench.commands.serve",
+    "dllm_bench.commands.server",
     "dllm_bench.commands.generate",
     "dllm_bench.commands.profile",
     "dllm_bench.commands.systems",

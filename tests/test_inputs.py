@@ -131,7 +131,7 @@ def test_create_run_keeps_run_dirs_inside_the_root(tmp_path):
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     """The `tiny` preset, and copies of it broken in every way a checkpoint dir can be."""
-    from dllm_bench.checkpoints.presets import resolve_model
+    from dllm_bench.checkpoints.store import resolve_model
 
     src = resolve_model("tiny")
     root = tmp_path_factory.mktemp("ckpt")

@@ -10,12 +10,10 @@ from pathlib import Path
 
 import torch
 
-from dllm_bench.checkpoints.presets import resolve_model
+from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
+from engine.engine import DTYPES, resolve_device
 from engine.models.llada import LLaDAConfig, LLaDAModelLM, load_llada
-
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 # config.json fields the model's shapes come from: (name, optional). Checked before
 # LLaDAConfig sees them, so a mistyped value is one line rather than an error deep in torch.
@@ -111,10 +109,8 @@ def load_model(name_or_dir: str, dtype: str = "float32", device: str = "auto") -
 
 def parse_device(device: str) -> torch.device:
     """`auto` (CUDA when present), `cpu`, `cuda` or `cuda:N`."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        dev = torch.device(device)
+        dev = resolve_device(device)
     except RuntimeError:
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
@@ -134,6 +130,8 @@ def load_tokenizer(path: Path):
         return None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # Imported here, after the offline switches above (read at import), and because transformers
+    # costs about a second to import that commands without text prompts never pay.
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 

@@ -5,10 +5,15 @@ import json
 from pathlib import Path
 
 import typer
+from rich.table import Table
 
 from dllm_bench import inputs
-from dllm_bench.checkpoints.presets import PRESETS, Preset, get_preset, is_made, make_cached, preset_path
+from dllm_bench.checkpoints.make import make_checkpoint
+from dllm_bench.checkpoints.presets import PRESETS, Preset, get_preset
+from dllm_bench.checkpoints.store import is_made, make_cached, preset_path
+from dllm_bench.console import console
 from dllm_bench.errors import UserError
+from engine.engine import DTYPES
 
 
 def _human(n: float, unit: str = "") -> str:
@@ -33,9 +38,6 @@ def _dir_bytes(d: Path) -> int:
 
 
 def list_presets() -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title="model presets (LLaDA layout)")
     for col in ("name", "vocab", "d_model", "layers", "heads", "kv heads", "head dim", "mlp",
                 "params", "weights", "made? / path"):
@@ -43,20 +45,15 @@ def list_presets() -> None:
         table.add_column(col, justify="left" if left else "right", no_wrap=col != "made? / path",
                          overflow="fold")
     for p in PRESETS.values():
-        disk = p.n_params * (2 if p.dtype in ("bfloat16", "float16") else 4)
+        disk = p.n_params * DTYPES[p.dtype].itemsize
         table.add_row(p.name, str(p.vocab_size), str(p.d_model), str(p.n_layers), str(p.n_heads),
                       str(p.n_kv_heads), str(p.head_dim), str(p.mlp_hidden_size), _human(p.n_params),
                       f"{_human(disk, 'B')} {p.dtype}", _status(p))
-    console = Console()
-    if not console.is_terminal:  # piped / captured: don't squeeze paths into 80 columns
-        console = Console(width=200)
-    console.print(table)
+    console(stderr=False, width=200).print(table)  # piped: paths are not squeezed into 80 columns
 
 
 def make(name: str, out: Path | None, shards: int, force: bool) -> Path:
     """Make a preset into --out, or into the cache when --out is not given."""
-    from dllm_bench.checkpoints.make import make_checkpoint
-
     preset = get_preset(name)
     if shards < 1:
         raise UserError(f"--shards must be >= 1, got {shards}")

@@ -73,6 +73,11 @@ class ServePreset:
         d["steps_rule"] = self.steps_rule
         return d
 
+    def engine_defaults(self) -> dict:
+        """The engine knobs this preset sets (a variant's or a flag's own values win)."""
+        return {"max_num_batched_tokens": self.max_num_batched_tokens, "max_num_logits": self.max_num_logits,
+                "max_num_seqs": self.max_num_seqs, "retention": self.retention}
+
     def describe(self) -> str:
         """One line stating the preset (printed at the start and the end of a run)."""
         logits = "monolithic" if self.max_num_logits is None else f"{self.max_num_logits} rows"

@@ -3,7 +3,7 @@
 
 `dllm-bench serve` starts one fresh worker per point, one after another, so warm caches, the
 allocator's high-water mark and imported state never leak from one system into the next. The
-spec file (written by dllm_bench/serve/process.py) carries everything: the system variant,
+spec file (written by dllm_bench.serve.process.worker_spec) carries everything: the system variant,
 the checkpoint, dtype/device, the memory budget, the torch thread count, the workload (prompt
 ids, gen_length and arrival offset of every request: the same list for every system) and the
 sampling rule. The worker
@@ -36,9 +36,18 @@ from pathlib import Path
 from typing import Any
 
 # The parent reads our stdout as JSON lines: keep a private handle on it and point sys.stdout at
-# stderr, so a stray print() in any library cannot corrupt the stream.
+# stderr before anything else is imported, so a stray print() in any library cannot corrupt the stream.
 _EVENTS = sys.stdout
 sys.stdout = sys.stderr
+
+import torch  # noqa: E402
+
+from dllm_bench.errors import UserError  # noqa: E402
+from dllm_bench.results import atomic_write_json  # noqa: E402
+from dllm_bench.serve.loadgen import run_open_loop  # noqa: E402
+from dllm_bench.systems.build import WorkloadShape, build_system, warm_up  # noqa: E402
+from dllm_bench.systems.spec import SystemVariant  # noqa: E402
+from engine.sampling import SamplingParams  # noqa: E402
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -49,37 +58,13 @@ def emit(event: str, **fields: Any) -> None:
         pass
 
 
-def _warmup(system: Any, spec: dict, n: int) -> None:
-    """n short requests through the system before timing (first-call costs are not serving)."""
-    from engine.sampling import SamplingParams
-
-    if n <= 0 or not spec["workload"]:
-        return
-    b = int(spec["sampling"]["block_length"])
-    params = SamplingParams(gen_length=b, steps=b, block_length=b)
-    first = spec["workload"][0]["prompt_ids"][:8]
-    for i in range(n):
-        system.add_request(list(first), params, request_id=f"warmup-{i}")
-    while system.has_unfinished():
-        system.step()
-
-
 def run(spec: dict, out_path: Path) -> int:
-    import torch
-
     threads = int(spec["threads"])
     torch.set_num_threads(threads)
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:
         pass  # already set (only possible before any parallel work)
-
-    from dllm_bench.errors import UserError
-    from dllm_bench.results import atomic_write_json
-    from dllm_bench.serve.loadgen import run_open_loop
-    from dllm_bench.systems.build import WorkloadShape, build_system
-    from dllm_bench.systems.spec import SystemVariant
-    from engine.sampling import SamplingParams
 
     variant = SystemVariant.from_dict(spec["variant"])
     t_build = time.perf_counter()
@@ -102,7 +87,7 @@ def run(spec: dict, out_path: Path) -> int:
     n_warm = int(spec.get("num_warmups", 0))
     if n_warm:
         emit("status", message=f"warming up ({n_warm} request{'s' if n_warm > 1 else ''})")
-        _warmup(system, spec, n_warm)
+        warm_up(system, spec["workload"][0]["prompt_ids"][:8], int(spec["sampling"]["block_length"]), n_warm)
 
     steps_rule = spec["sampling"].get("steps", "gen_length")
     block = int(spec["sampling"]["block_length"])

@@ -1,0 +1,375 @@
+"""Open-loop replay of a workload against an OpenAI-compatible HTTP endpoint (`serve --endpoint`):
+the HTTP counterpart of dllm_bench.serve.loadgen.run_open_loop, returning the same result
+document, so metrics, result files and plots are shared with the in-process systems.
+
+Every request is sent at t0 + its arrival offset whatever the server is doing, each on its own
+asyncio task (httpx, no connection limit), like vLLM's `bench serve`. Times are taken on this
+side: arrival = the scheduled send time, first token = the first streamed chunk that carries a
+choice (for a diffusion server that is the first committed block), finished = the end of the
+response. Output lengths come from the response's token ids or usage (the server's count, so a
+dLLM's whole blocks count as generated), else from the streamed chunks. For our own server the
+`dllm` extension adds per-request NFE, logit rows and KV, and its /metrics page the step counts.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from dllm_bench.serve.loadgen import ProgressFn, _get, arrival_offset
+from dllm_bench.systems.spec import ENDPOINT, SystemVariant
+
+APIS = ("completions", "chat")
+CONNECT_TIMEOUT_S = 30.0
+# /metrics counters whose increase over a point is reported as the point's system stats.
+SCRAPED_COUNTERS = {"steps": "dllm_steps", "forwards": "dllm_forwards", "query_tokens": "dllm_query_tokens",
+                    "logits_rows": "dllm_logits_rows"}
+
+
+class EndpointError(Exception):
+    """The endpoint cannot be used (unreachable, no models, not OpenAI-compatible)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str                       # base URL ending in /v1
+    model: str
+    api: str = "completions"       # completions | chat
+    stream: bool = True
+    dllm_extras: bool = True       # send block_length/steps and ask for token ids (our server)
+
+    def variant(self) -> SystemVariant:
+        """The endpoint as a system of a serve run (its label names it in every table)."""
+        knobs = (("url", self.url), ("model", self.model), ("api", self.api), ("stream", self.stream),
+                 ("dllm_extras", self.dllm_extras))
+        return SystemVariant(ENDPOINT, knobs, ENDPOINT)
+
+    @classmethod
+    def from_variant(cls, v: SystemVariant) -> Endpoint:
+        return cls(**v.knob_dict)
+
+    @property
+    def root(self) -> str:
+        """The server's root (where /metrics and /health live)."""
+        return self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
+
+
+def normalize_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise EndpointError(f"--endpoint must be an http(s) URL, got {url!r}")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def list_models(url: str, timeout: float = CONNECT_TIMEOUT_S) -> list[dict]:
+    """GET {url}/models: the endpoint's model cards (EndpointError when it does not answer)."""
+    try:
+        r = httpx.get(url + "/models", timeout=timeout)
+        r.raise_for_status()
+        data = r.json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        raise EndpointError(f"endpoint {url} does not list its models ({type(e).__name__}: {e})") from None
+    if not data:
+        raise EndpointError(f"endpoint {url} serves no model")
+    return list(data)
+
+
+def request_body(ep: Endpoint, item: Any, *, block_length: int | None, decode: Callable | None) -> dict:
+    ids = list(_get(item, "prompt_ids"))
+    gen = int(_get(item, "gen_length"))
+    body: dict[str, Any] = {"model": ep.model, "max_tokens": gen, "temperature": 0.0, "stream": ep.stream}
+    if ep.api == "chat":
+        body["messages"] = [{"role": "user", "content": decode(ids)}]
+    else:
+        body["prompt"] = ids
+    if ep.stream:
+        body["stream_options"] = {"include_usage": True}
+    if ep.dllm_extras:
+        body.update(steps=gen, return_token_ids=True)
+        if block_length:
+            body["block_length"] = block_length
+    return body
+
+
+class _Outcome:
+    """What one request produced, filled while its response arrives."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.finished: float | None = None
+        self.tokens = 0                # from streamed token ids or chunks
+        self.usage: dict | None = None
+        self.dllm: dict | None = None
+        self.error: str | None = None
+
+    def choice(self, c: Mapping, now: float) -> None:
+        if self.first is None:
+            self.first = now
+        ids = c.get("token_ids")
+        self.tokens += len(ids) if ids is not None else 1
+
+    def document(self, doc: Mapping) -> None:
+        if doc.get("usage"):
+            self.usage = doc["usage"]
+        if doc.get("dllm"):
+            self.dllm = doc["dllm"]
+
+
+async def _send(client: httpx.AsyncClient, ep: Endpoint, body: dict, out: _Outcome, clock) -> None:
+    if not ep.stream:
+        r = await client.post(ep.url + ("/chat/completions" if ep.api == "chat" else "/completions"), json=body)
+        if r.status_code != 200:
+            out.error = _error_text(r.status_code, r.text)
+            return
+        doc = r.json()
+        out.finished = clock()
+        for c in doc.get("choices", []):
+            out.tokens += len(c.get("token_ids") or ())
+        out.document(doc)
+        return
+    path = "/chat/completions" if ep.api == "chat" else "/completions"
+    async with client.stream("POST", ep.url + path, json=body) as r:
+        if r.status_code != 200:
+            out.error = _error_text(r.status_code, (await r.aread()).decode(errors="replace"))
+            return
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            doc = json.loads(data)
+            if "error" in doc:
+                out.error = str(doc["error"].get("message", doc["error"]))
+                return
+            now = clock()
+            for c in doc.get("choices") or ():
+                out.choice(c, now)
+            out.document(doc)
+    out.finished = clock()
+
+
+def _error_text(status: int, text: str) -> str:
+    try:
+        msg = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        msg = text[:200]
+    return f"HTTP {status}: {msg}"
+
+
+def _record(rid: str, item: Any, out: _Outcome, arrival: float, t0: float) -> dict:
+    usage = out.usage or {}
+    d = out.dllm or {}
+    return {
+        "request_id": rid,
+        "prompt_len": int(usage.get("prompt_tokens") or len(_get(item, "prompt_ids"))),
+        "output_len": int(usage.get("completion_tokens") or out.tokens),
+        "arrival_time": arrival - t0, "admitted_time": None,
+        "first_token_time": None if out.first is None else out.first - t0,
+        "finished_time": out.finished - t0,
+        "nfe": d.get("nfe"), "logits_rows": d.get("logits_rows"), "kv_tokens": d.get("kv_tokens"),
+        "kv_bytes": d.get("kv_bytes"),
+    }
+
+
+async def scrape(client: httpx.AsyncClient, ep: Endpoint) -> dict[str, float]:
+    """The server's dllm_* metrics, or {} when it has none (any other OpenAI server)."""
+    from dllm_bench.server.metrics import parse
+
+    try:
+        r = await client.get(ep.root + "/metrics", timeout=CONNECT_TIMEOUT_S)
+        return parse(r.text) if r.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def stats_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict:
+    if not after:
+        return {}
+    out: dict[str, Any] = {k: int(after[m] - before.get(m, 0)) for k, m in SCRAPED_COUNTERS.items() if m in after}
+    steps = out.get("steps")
+    if steps and "dllm_batched_requests" in after:
+        out["mean_batch_size"] = (after["dllm_batched_requests"] - before.get("dllm_batched_requests", 0)) / steps
+    if "dllm_kv_pool_capacity_tokens" in after:
+        out["kv_pool_tokens"] = int(after["dllm_kv_pool_capacity_tokens"])
+    return out
+
+
+async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | None = None,
+                 decode: Callable[[list[int]], str] | None = None, progress: ProgressFn | None = None,
+                 max_duration: float | None = None, progress_interval: float = 0.25,
+                 holder: dict | None = None) -> dict:
+    """Replay `workload` against `ep` in real time; the result document of run_open_loop.
+    `holder["result"]` is kept current, so a caller interrupted by Ctrl-C still has the partial
+    result."""
+    if ep.api == "chat" and decode is None:
+        raise ValueError("the chat API sends text: pass decode (token ids -> text)")
+    items = sorted(enumerate(workload), key=lambda p: arrival_offset(p[1]))
+    clock = time.perf_counter
+    holder = {} if holder is None else holder
+    records: list[dict] = []
+    rejected: list[dict] = []
+    live: dict[str, asyncio.Task] = {}
+    state = {"sent": 0, "out_tokens": 0, "interrupted": False, "timed_out": False}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        before = await scrape(client, ep)
+        t0 = clock()
+
+        def result() -> dict:
+            el = clock() - t0
+            return {"records": list(records), "rejected": list(rejected), "duration": el,
+                    "interrupted": state["interrupted"], "timed_out": state["timed_out"],
+                    "unfinished": len(live), "unfinished_ids": list(live), "not_sent": len(items) - state["sent"],
+                    "num_requests": len(items), "stats": {}}
+
+        async def one(idx: int, item: Any, arrival: float) -> None:
+            rid = str(_get(item, "request_id") or f"req-{idx}")
+            out = _Outcome()
+            try:
+                await _send(client, ep, request_body(ep, item, block_length=block_length, decode=decode), out, clock)
+            except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:  # transport or a malformed reply
+                out.error = f"{type(e).__name__}: {e}"
+            live.pop(rid, None)
+            if out.error is not None or out.finished is None:
+                rejected.append({"request_id": rid, "prompt_len": len(_get(item, "prompt_ids")),
+                                 "gen_length": _get(item, "gen_length"), "arrival_time": arrival - t0,
+                                 "error": out.error or "no response"})
+                return
+            rec = _record(rid, item, out, arrival, t0)
+            records.append(rec)
+            state["out_tokens"] += rec["output_len"]
+
+        async def report() -> None:
+            while True:
+                holder["result"] = result()
+                if progress is not None:
+                    el = clock() - t0
+                    progress(state["sent"], len(records), state["out_tokens"] / el if el > 0 else 0.0)
+                await asyncio.sleep(progress_interval)
+
+        reporter = asyncio.create_task(report())
+        deadline = math.inf if max_duration is None else t0 + float(max_duration)
+        try:
+            for idx, item in items:
+                at = t0 + arrival_offset(item)
+                if at > deadline:
+                    break
+                await asyncio.sleep(max(0.0, at - clock()))
+                rid = str(_get(item, "request_id") or f"req-{idx}")
+                live[rid] = asyncio.create_task(one(idx, item, at))
+                state["sent"] += 1
+            pending = list(live.values())
+            if pending:
+                _, still = await asyncio.wait(pending, timeout=None if math.isinf(deadline) else max(0.0, deadline - clock()))
+                if still:
+                    state["timed_out"] = True
+            elif state["sent"] < len(items):
+                state["timed_out"] = True
+        except asyncio.CancelledError:
+            state["interrupted"] = True
+        finally:
+            reporter.cancel()
+            res = result()
+            for task in list(live.values()):  # closing the connection makes the server abort it
+                task.cancel()
+            await asyncio.gather(*live.values(), return_exceptions=True)
+            res["stats"] = stats_delta(before, await scrape(client, ep))
+            holder["result"] = res
+            if progress is not None:
+                progress(state["sent"], len(records), state["out_tokens"] / max(res["duration"], 1e-9))
+    return res
+
+
+def run_endpoint(ep: Endpoint, workload: Iterable[Any], **kw: Any) -> dict:
+    """replay() from synchronous code. Ctrl-C: a KeyboardInterrupt carrying the partial result
+    as `.partial` (the convention of dllm_bench.serve.process.run_worker)."""
+    holder: dict = {}
+    try:
+        return asyncio.run(replay(ep, list(workload), holder=holder, **kw))
+    except KeyboardInterrupt:
+        exc = KeyboardInterrupt()
+        res = holder.get("result")
+        if res is not None:
+            res["interrupted"] = True
+        exc.partial = res  # type: ignore[attr-defined]
+        raise exc from None
+
+
+def measure_endpoint(run: Any, variant: SystemVariant, workload: list, on_event: Callable[[dict], None]) -> dict:
+    """One serve point against an endpoint: {result, info} as a worker writes it, and the
+    worker's progress events on the way (dllm_bench.serve.process.progress_handler)."""
+    from dllm_bench.checkpoints.load import load_tokenizer
+
+    ep = Endpoint.from_variant(variant)
+    decode = None
+    if ep.api == "chat":
+        tok = load_tokenizer(run.model_dir)
+        decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    cards = {m.get("id"): m for m in list_models(ep.url)}
+    on_event({"event": "status", "message": f"{ep.url} ({ep.api}, {'stream' if ep.stream else 'whole'})"})
+    total = len(workload)
+    t0 = time.perf_counter()
+
+    def progress(arrived: int, finished: int, tps: float) -> None:
+        on_event({"event": "progress", "arrived": arrived, "finished": finished, "total": total, "tps": tps,
+                  "elapsed": time.perf_counter() - t0})
+
+    card = cards.get(ep.model, {})
+    info = {"system": ENDPOINT, "label": variant.label, "kind": "endpoint", "knobs": variant.knob_dict,
+            "scenario": f"HTTP endpoint {ep.url}, model {ep.model}, {ep.api} API, "
+                        f"{'streamed' if ep.stream else 'whole responses'}",
+            "scenario_kind": "endpoint", "served_model_root": card.get("root")}
+    try:
+        res = run_endpoint(ep, workload, block_length=run.preset.block_length if ep.dllm_extras else None,
+                           decode=decode, progress=progress, max_duration=run.max_duration)
+    except KeyboardInterrupt as e:
+        part = getattr(e, "partial", None)
+        e.partial = None if part is None else {"result": part, "info": info}  # type: ignore[attr-defined]
+        raise
+    on_event({"event": "done"})
+    info["kv_pool_tokens"] = res["stats"].get("kv_pool_tokens")
+    return {"result": res, "info": info}
+
+
+def resolve_endpoint(url: str, model_name: str | None, api: str, stream: bool, dllm_extras: bool,
+                     model: str | None) -> tuple[Endpoint, str | None]:
+    """`serve --endpoint` options -> (the Endpoint, the --model whose vocabulary and tokenizer
+    the workload uses). Without --model: the served model's id, or its `root`, when it names a
+    local preset or checkpoint. Any problem is a UserError (nothing measured yet)."""
+    from dllm_bench.checkpoints.store import resolve_model
+    from dllm_bench.errors import UserError
+
+    if api not in APIS:
+        raise UserError(f"--api must be one of {', '.join(APIS)}, got {api!r}")
+    try:
+        base = normalize_url(url)
+        cards = list_models(base)
+    except EndpointError as e:
+        raise UserError(str(e)) from None
+    ids = [c.get("id") for c in cards]
+    name = model_name or ids[0]
+    if model_name is not None and model_name not in ids:
+        raise UserError(f"--endpoint-model {model_name!r}: {base} serves {', '.join(map(str, ids))}")
+    if model is None:
+        card = cards[ids.index(name)]
+        for candidate in (name, card.get("root")):
+            if not candidate:
+                continue
+            try:
+                resolve_model(candidate)
+            except UserError:
+                continue
+            model = candidate
+            break
+        else:
+            raise UserError(f"{base} serves {name!r}, which is no local preset or checkpoint: give --model "
+                            "(a preset or checkpoint dir with the served model's tokenizer) for the workload")
+    return Endpoint(base, name, api, stream, dllm_extras), model

@@ -1,0 +1,233 @@
+"""The FastAPI application of `dllm-bench server`: OpenAI's completions and chat completions
+over one EngineLoop, with block streaming, OpenAI-style errors, /v1/models, /health, /metrics.
+
+A request is handed to the engine thread and the handler waits for `accepted` before it answers,
+so everything add_request refuses (prompt too long for the model, the token budget or the KV
+pool; ids outside the vocabulary; sampling on a greedy-only engine) is a 400 with the engine's
+own message rather than an error in the middle of a stream. With `stream: true` each committed
+block is one SSE chunk, the last one carries the finish reason, then a chunk with empty choices
+carries the usage (OpenAI's `include_usage` shape), then `[DONE]`. A client that goes away
+aborts its request, which frees its KV reservation.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dllm_bench.server import metrics, protocol
+from dllm_bench.server.engine_loop import EngineLoop, Job
+from dllm_bench.server.protocol import ChatCompletionRequest, CompletionRequest
+from dllm_bench.server.text import Detokenizer, PromptError, chat_ids, prompt_ids
+
+log = logging.getLogger("dllm_bench.server")
+
+
+@dataclass
+class ServerState:
+    loop: EngineLoop
+    tokenizer: Any                   # None: token-id prompts only, empty response text
+    model_name: str
+    model_root: str
+    max_model_len: int
+    block_length: int                # default block length of a request
+    eos_token_id: int | None
+    max_waiting: int                 # 503 once this many requests wait for admission
+    retry_after_s: int = 1
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+          headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(protocol.error_body(message, kind, param, status), status_code=status, headers=headers)
+
+
+def sampling_params(state: ServerState, body: protocol._Body):
+    """max_tokens rounded up to whole blocks; steps default to one token per step."""
+    from engine.sampling import SamplingParams
+
+    max_tokens = body.gen_max_tokens()
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    block = body.block_length or state.block_length
+    gen_length = math.ceil(max_tokens / block) * block
+    return SamplingParams(gen_length=gen_length, steps=body.steps or gen_length, block_length=block,
+                          temperature=body.temperature, remasking=body.remasking, seed=body.seed or 0)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if not state.loop.alive:
+            state.loop.start()
+        yield
+        state.loop.stop()
+
+    app = FastAPI(title="dllm-bench server", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        e = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        return error(400, f"{'.'.join(loc) + ': ' if loc else ''}{e.get('msg')}", param=loc[0] if loc else None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error(exc.status_code, str(exc.detail), kind)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error(500, f"internal server error: {type(exc).__name__}", "internal_server_error")
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not state.loop.alive:
+            return error(503, "the engine loop is not running", "service_unavailable")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [protocol.model_card(state.model_name, state.model_root, state.max_model_len)]}
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(state.loop.snapshot()),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await generate(state, body, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await generate(state, body, request, chat=True)
+
+    return app
+
+
+async def generate(state: ServerState, body: Any, request: Request, chat: bool):
+    if body.model is not None and body.model != state.model_name:
+        return error(404, f"The model `{body.model}` does not exist.", "not_found_error", "model")
+    if not state.loop.alive:
+        return error(503, "the engine loop is not running", "service_unavailable")
+    waiting = state.loop.num_waiting()
+    if waiting >= state.max_waiting:
+        return error(503, f"server busy: {waiting} requests waiting (limit {state.max_waiting}); retry later",
+                     "service_unavailable", headers={"Retry-After": str(state.retry_after_s)})
+    try:
+        if chat:
+            ids = chat_ids(state.tokenizer, [{"role": m.role, "content": m.text()} for m in body.messages])
+        else:
+            ids = prompt_ids(state.tokenizer, body.prompt)
+        params = sampling_params(state, body)
+    except (PromptError, ValueError) as e:
+        return error(400, str(e))
+    job = Job(protocol.new_id("chatcmpl" if chat else "cmpl"), ids, params, asyncio.get_running_loop(),
+              stream=body.stream)
+    state.loop.submit(job)
+    kind, payload = await job.events.get()
+    if kind == "rejected":
+        return error(400, payload)
+    if kind == "failed":
+        return error(500, payload, "internal_server_error")
+    reply = Reply(state, job, chat, body, int(time.time()))
+    if body.stream:
+        return StreamingResponse(reply.stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return await reply.whole(request)
+
+
+class Reply:
+    """The response to one accepted job, whole or as SSE chunks."""
+
+    def __init__(self, state: ServerState, job: Job, chat: bool, body: Any, created: int):
+        self.state, self.job, self.chat, self.body, self.created = state, job, chat, body, created
+        self.detok = Detokenizer(state.tokenizer)
+        self.model = state.model_name
+
+    def finish_reason(self, token_ids: list[int]) -> str:
+        eos = self.state.eos_token_id
+        return "stop" if eos is not None and eos in token_ids else "length"
+
+    def dllm(self, out) -> dict:
+        """Per-request engine counters (an extension field; OpenAI clients ignore it)."""
+        p = self.job.params
+        return {"gen_length": p.gen_length, "steps": p.steps, "block_length": p.block_length,
+                "nfe": out.nfe, "logits_rows": out.logits_rows, "kv_tokens": out.kv_tokens,
+                "kv_bytes": out.kv_bytes}
+
+    def ids(self, toks: list[int]) -> list[int] | None:
+        return toks if self.body.return_token_ids else None
+
+    async def whole(self, request: Request):
+        waiter = asyncio.ensure_future(self.job.events.get())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not waiter.done():
+            waiter.cancel()
+            self.state.loop.abort(self.job.request_id)
+            return error(499, "client closed the request")
+        kind, out = waiter.result()
+        if kind == "failed":
+            return error(500, out, "internal_server_error")
+        text = self.detok.add(out.token_ids, final=True)
+        c = protocol.choice(self.chat, text, self.finish_reason(out.token_ids), self.ids(out.token_ids), delta=False)
+        return JSONResponse(protocol.envelope(
+            self.chat, self.job.request_id, self.model, self.created, chunk=False, choices=[c],
+            usage=protocol.usage(len(out.prompt_ids), len(out.token_ids)), dllm=self.dllm(out)))
+
+    def sse(self, choices: list[dict], **extra: Any) -> str:
+        doc = protocol.envelope(self.chat, self.job.request_id, self.model, self.created, chunk=True,
+                                choices=choices, **extra)
+        return f"data: {json.dumps(doc)}\n\n"
+
+    async def stream(self) -> AsyncIterator[str]:
+        done = False
+        first = True
+        try:
+            while True:
+                kind, payload = await self.job.events.get()
+                if kind == "block":
+                    c = protocol.choice(self.chat, self.detok.add(payload), None, self.ids(payload), True, first)
+                    first = False
+                    yield self.sse([c])
+                elif kind == "finished":
+                    out = payload
+                    rest = out.token_ids[len(self.detok.ids):]
+                    c = protocol.choice(self.chat, self.detok.add(rest, final=True),
+                                        self.finish_reason(out.token_ids), self.ids(rest), True, first)
+                    yield self.sse([c])
+                    yield self.sse([], usage=protocol.usage(len(out.prompt_ids), len(out.token_ids)),
+                                   dllm=self.dllm(out))
+                    yield "data: [DONE]\n\n"
+                    done = True
+                    return
+                else:  # failed: the status line is gone, so the error is the last event
+                    yield f"data: {json.dumps(protocol.error_body(payload, 'internal_server_error', code=500))}\n\n"
+                    done = True
+                    return
+        finally:
+            if not done:  # the client went away (the generator was cancelled or closed)
+                self.state.loop.abort(self.job.request_id)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone away (the body is already read, so the next ASGI
+    message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,141 @@
+"""The OpenAI-compatible request and response bodies of `dllm-bench server`, as pydantic models.
+
+Requests follow OpenAI's `/v1/completions` and `/v1/chat/completions` plus the diffusion knobs
+of LLaDA's `generate` (`block_length`, `steps`, `remasking`, `threshold`) and vLLM's
+`return_token_ids`. Unknown fields are rejected, as OpenAI's API does, so a misspelt knob is an
+error rather than a silently ignored option; OpenAI fields the engine cannot honour are accepted
+only at their neutral value (docs/SERVER.md).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# OpenAI's default for /v1/completions; rounded up to whole blocks like every max_tokens.
+DEFAULT_MAX_TOKENS = 16
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = Field(0.0, ge=0)
+    seed: int | None = Field(None, ge=0)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None   # usage always ends a stream (include_usage)
+    user: str | None = None
+    # OpenAI knobs the engine has no counterpart for: accepted at their neutral value only.
+    n: int = 1
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # dLLM extras (LLaDA's generate arguments); None = the server's defaults.
+    block_length: int | None = Field(None, gt=0)
+    steps: int | None = Field(None, gt=0)
+    remasking: Literal["low_confidence", "random"] = "low_confidence"
+    threshold: None = Field(None, description="confidence-threshold parallel decoding: not in this engine")
+    return_token_ids: bool = False
+
+    @model_validator(mode="after")
+    def _neutral(self) -> _Body:
+        for name, neutral in (("n", (1,)), ("top_p", (None, 1)), ("stop", (None, [])),
+                              ("presence_penalty", (None, 0)), ("frequency_penalty", (None, 0))):
+            if getattr(self, name) not in neutral:
+                raise ValueError(f"{name} is not supported by this server (only {neutral[-1]!r})")
+        return self
+
+    @field_validator("threshold", mode="before")
+    @classmethod
+    def _no_threshold(cls, v: Any) -> None:
+        if v is not None:
+            raise ValueError("this engine commits a fixed number of tokens per step (steps); "
+                             "threshold decoding is not supported")
+        return None
+
+    def gen_max_tokens(self) -> int:
+        return DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+
+class CompletionRequest(_Body):
+    prompt: str | list[int] = Field(..., description="text, or token ids")
+    echo: Literal[False] = False
+    logprobs: None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict[str, Any]]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for p in self.content:
+            if p.get("type") != "text" or not isinstance(p.get("text"), str):
+                raise ValueError("only text content parts are supported")
+            parts.append(p["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_Body):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: Literal[False] | None = None
+
+    def gen_max_tokens(self) -> int:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return super().gen_max_tokens()
+
+
+# ---------------------------------------------------------------- responses (plain dicts)
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: int | None = None) -> dict:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def choice(chat: bool, text: str, finish_reason: str | None, token_ids: list[int] | None,
+           delta: bool, first: bool = False) -> dict:
+    """One choice of a response (delta=False) or of a stream chunk (delta=True)."""
+    c: dict[str, Any] = {"index": 0}
+    if not chat:
+        c.update(text=text, logprobs=None)
+    elif delta:
+        c["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+        c["logprobs"] = None
+    else:
+        c["message"] = {"role": "assistant", "content": text}
+        c["logprobs"] = None
+    c["finish_reason"] = finish_reason
+    if token_ids is not None:
+        c["token_ids"] = token_ids
+    return c
+
+
+def envelope(chat: bool, rid: str, model: str, created: int, *, chunk: bool, choices: list[dict],
+             **extra: Any) -> dict:
+    obj = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **extra}
+
+
+def model_card(name: str, root: str, max_model_len: int) -> dict:
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "dllm-bench",
+            "root": root, "max_model_len": max_model_len}
