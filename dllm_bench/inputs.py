@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dllm_bench.checkpoints.load import has_tokenizer, model_dir
 from dllm_bench.errors import UserError
 from dllm_bench.results import results_root
 
@@ -93,8 +94,6 @@ def input_file(value: str | os.PathLike | None, flag: str) -> Path | None:
 def checkpoint_dir(value: str, *, tokenizer: bool = False, why: str = "") -> Path:
     """A preset name or LLaDA checkpoint directory whose config and weights agree
     (`dllm_bench.checkpoints.load.model_dir`), with tokenizer files when `tokenizer`."""
-    from dllm_bench.checkpoints.load import has_tokenizer, model_dir
-
     path = model_dir(value)
     if tokenizer and not has_tokenizer(path):
         raise UserError(f"{path} has no tokenizer files" + (f": {why}" if why else ""))
