@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 
+import click
 import typer
+import typer.main
 
 from dllm_bench.errors import EXIT_USAGE, UserError
 
@@ -38,24 +41,55 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
+class _Float(click.types.FloatParamType):
+    """A float option that refuses NaN (Python's float() accepts "nan"; no knob means it)."""
+
+    def convert(self, value, param, ctx):
+        v = super().convert(value, param, ctx)
+        if math.isnan(v):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return v
+
+
+class _Int(click.types.IntParamType):
+    """An integer option that fits int64, the widest integer torch and numpy take."""
+
+    def convert(self, value, param, ctx):
+        v = super().convert(value, param, ctx)
+        if not -(2**63) <= v < 2**63:
+            self.fail(f"{value!r} is out of range", param, ctx)
+        return v
+
+
+def _harden(cmd: click.Command) -> click.Command:
+    """Every plain float/int option of every command gets the checked types above."""
+    for p in cmd.params:
+        if type(p.type) is click.types.FloatParamType:
+            p.type = _Float()
+        elif type(p.type) is click.types.IntParamType:
+            p.type = _Int()
+    for sub in getattr(cmd, "commands", {}).values():
+        _harden(sub)
+    return cmd
+
+
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        _harden(typer.main.get_command(app)).main(standalone_mode=False)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    except (typer.Abort, KeyboardInterrupt):
+    except (click.exceptions.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)
         sys.exit(130)
-    except Exception as e:  # click usage errors come through here with standalone_mode=False
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(EXIT_USAGE)
-        if isinstance(e, click.exceptions.Exit):
-            sys.exit(e.exit_code)
-        raise
+    except click.exceptions.NoArgsIsHelpError as e:  # bare `dllm-bench models`: the help is the answer
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.ClickException as e:  # usage errors: one line as well
+        where = getattr(getattr(e, "ctx", None), "command_path", None)
+        hint = f" (see '{where} --help')" if where else ""
+        print(f"error: {e.format_message()}{hint}", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

@@ -200,7 +200,10 @@ def create_run(kind: str, config: Mapping[str, Any], *, name: str = "", run_id: 
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    run_dir = results_root(root) / (run_id or make_run_id(name or kind))
+    base = results_root(root)
+    run_dir = base / (run_id or make_run_id(name or kind))
+    if run_dir.resolve().parent != base.resolve():  # the CLI checks --run-id; this guards callers
+        raise UserError(f"run id {run_id!r} is not a plain directory name under {base}")
     cfg_path = run_dir / "config.json"
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     if cfg_path.exists():

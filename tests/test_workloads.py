@@ -337,15 +337,15 @@ def test_jsonl_good(tmp_path):
 
 
 @pytest.mark.parametrize("content,fragment", [
-    ('{"prompt_len": 4, "output_len": 2}\n{"prompt_len": 4, "output_len": 2\n', "line 2: invalid JSON"),
-    ('[1, 2]\n', "line 1: expected a JSON object"),
-    ('{"prompt_len": 4}\n', "line 1: missing 'output_len'"),
-    ('\n{"prompt_len": 4, "output_len": 0}\n', "line 2: 'output_len' must be an integer >= 1"),
+    ('{"prompt_len": 4, "output_len": 2}\n{"prompt_len": 4, "output_len": 2\n', ":2: invalid JSON"),
+    ('[1, 2]\n', ":1: expected a JSON object"),
+    ('{"prompt_len": 4}\n', ":1: missing 'output_len'"),
+    ('\n{"prompt_len": 4, "output_len": 0}\n', ":2: 'output_len' must be an integer >= 1"),
     ('{"prompt_len": 4, "output_len": "7"}\n', "'output_len' must be an integer"),
     ('{"prompt_len": 4, "output_len": true}\n', "'output_len' must be an integer"),
     ('{"prompt_len": 2.5, "output_len": 3}\n', "'prompt_len' must be an integer"),
-    ('{"output_len": 3}\n', "line 1: needs 'prompt' \\(text\\) or 'prompt_len'"),
-    ('{"prompt": "hi", "output_len": 3}\n', "line 1: has 'prompt' text but no tokenizer"),
+    ('{"output_len": 3}\n', ":1: needs 'prompt' \\(text\\) or 'prompt_len'"),
+    ('{"prompt": "hi", "output_len": 3}\n', ":1: has 'prompt' text but no tokenizer"),
     ('{"prompt_len": 3, "output_len": 3, "timestamp": "now"}\n', "'timestamp' must be a finite"),
     ("\n\n", "no records"),
 ])

@@ -8,7 +8,6 @@ applies `length_scale` and the caps.
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import burstgpt
+from . import burstgpt, jsonl
 
 Sampler = Callable[[int, np.random.Generator], tuple[np.ndarray, np.ndarray]]
 
@@ -163,24 +162,8 @@ def load_jsonl(path: str | Path, tokenize: Callable[[str], list[int]] | None = N
     Returns dicts {prompt_ids: list[int] | None, prompt_len, output_len, timestamp: float | None,
     line}. Any bad line raises ValueError("<path> line N: <problem>").
     """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"JSONL {path}: file not found") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"JSONL {path}: not UTF-8 text") from None
     records = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"JSONL {path} line {n}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for n, where, obj in jsonl.objects(path):
         if "output_len" not in obj:
             raise ValueError(f"{where}: missing 'output_len'")
         output_len = _positive_int(obj["output_len"], "output_len", where)
@@ -206,5 +189,5 @@ def load_jsonl(path: str | Path, tokenize: Callable[[str], list[int]] | None = N
         records.append({"prompt_ids": ids, "prompt_len": prompt_len, "output_len": output_len,
                         "timestamp": None if ts is None else float(ts), "line": n})
     if not records:
-        raise ValueError(f"JSONL {path}: no records (file is empty)")
+        raise ValueError(f"{path}: no records (file is empty)")
     return records

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench import inputs
 from dllm_bench.ablate.run import ablate
 from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
 
@@ -46,6 +47,7 @@ def register(app: typer.Typer) -> None:
         no_profile_cache: bool = typer.Option(False, "--no-profile-cache", help="re-measure KV pools and static batches"),
     ) -> None:
         """Ablation (paper Fig. 8): Sparse-dLLM -> +engine -> +phase scheduler -> +logit budget, and cache policies."""
+        result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)
         code = ablate(datasets=datasets, num_prompts=num_prompts, model=model, memory_budget=memory_budget, seed=seed,
                       result_dir=result_dir, as_json=as_json, threads=threads, preset=preset, rps=rps,
                       max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,

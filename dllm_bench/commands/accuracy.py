@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
 
 
@@ -73,10 +74,11 @@ def register(app: typer.Typer) -> None:
         from dllm_bench.accuracy import report
         from dllm_bench.accuracy.backend import PointBackend
         from dllm_bench.accuracy.evaluate import eval_lm_eval_point, eval_synth_point
-        from dllm_bench.checkpoints.load import load_model, load_tokenizer, model_dir
+        from dllm_bench.checkpoints.load import load_model, load_tokenizer
         from dllm_bench.results import create_run
         from engine import SamplingParams
 
+        run_id = inputs.run_id(run_id)
         retentions = _floats(retention, "--retention")
         if any(not 0 < r <= 1 for r in retentions):
             raise UserError(f"--retention values must be in (0, 1], got {retention!r}")
@@ -99,7 +101,7 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--model takes a comma list of distinct presets or directories, got {model!r}")
         if split not in ("dev", "test"):
             raise UserError(f"--split must be dev or test, got {split!r}")
-        paths = [model_dir(m) for m in models]
+        paths = [inputs.checkpoint_dir(m, tokenizer=True, why="accuracy needs text prompts") for m in models]
         infos = [acc.model_training_info(p) for p in paths]
         tcfg = infos[0].get("config", {})
         task = task or tcfg.get("task") or "synth"

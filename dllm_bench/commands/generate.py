@@ -9,8 +9,8 @@ import torch
 import typer
 
 from baselines import SYSTEMS
-from dllm_bench import console
-from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, model_dir, parse_ids
+from dllm_bench import console, inputs
+from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, parse_device, parse_ids
 from dllm_bench.errors import UserError
 from dllm_bench.systems.build import make_system
 from engine import EngineConfig, SamplingParams
@@ -106,12 +106,11 @@ def register(app: typer.Typer) -> None:
             knobs = {}
         else:
             knobs = baseline_knobs(system, **given)
-        path = model_dir(model)
+        parse_device(device)
+        path = inputs.checkpoint_dir(model, tokenizer=bool(prompt), why="give prompts with --prompt-ids")
         tok = load_tokenizer(path)
         prompts = [parse_ids(s) for s in (prompt_ids or [])]
         if prompt:
-            if tok is None:
-                raise UserError(f"{path} has no tokenizer files: give prompts with --prompt-ids")
             for text in prompt:
                 if not text.strip():
                     raise UserError("empty prompt")

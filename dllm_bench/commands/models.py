@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from dllm_bench import inputs
 from dllm_bench.checkpoints.make import make_checkpoint
 from dllm_bench.checkpoints.presets import PRESETS, Preset, get_preset
 from dllm_bench.checkpoints.store import is_made, make_cached, preset_path
@@ -60,7 +61,7 @@ def make(name: str, out: Path | None, shards: int, force: bool) -> Path:
         raise UserError(f"preset {name!r} can't be made ({preset.note or 'packaged checkpoint'})")
     if out is None:
         return make_cached(preset, shards=shards, force=force)
-    return make_checkpoint(preset, out, shards=shards, force=force)
+    return make_checkpoint(preset, inputs.writable_dir(out, "--out"), shards=shards, force=force)
 
 
 def register(app: typer.Typer) -> None:

@@ -51,7 +51,9 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json"),
     ) -> None:
         """Profile the worst admissible step and size the KV pool, with and without the logit budget."""
-        if threads:
+        if threads is not None:
+            if threads <= 0:
+                raise UserError("--threads must be positive")
             torch.set_num_threads(threads)
         budget = parse_size(memory_budget)
         for name, v in (("--prompt-len", prompt_len), ("--gen-length", gen_length), ("--block-length", block_length),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from dllm_bench import results
+from dllm_bench import inputs, results
 from dllm_bench.errors import UserError
 from dllm_bench.report import claims as paper_claims
 from dllm_bench.report import document as report
@@ -24,15 +24,11 @@ def register(app: typer.Typer) -> None:
         """Markdown report from the latest serve / accuracy / ablate / sweep runs, next to the paper's figures."""
         if out.suffix.lower() != ".md":
             raise UserError(f"--out must be a .md file, got {out}")
-        if out.exists() and out.is_dir():
-            raise UserError(f"--out {out} is a directory")
+        inputs.out_file(out, "--out")
         root = results.results_root(result_dir)
         if result_dir is not None and not root.is_dir():
             raise UserError(f"--result-dir: no such directory: {root}")
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UserError(f"--out: cannot create {out.parent}: {e}") from None
+        out.parent.mkdir(parents=True, exist_ok=True)
         doc = report.render(out, root)
         c = paper_claims.counts(doc["claims"])
         msg = (f"report: {doc['report']} ({len(doc['claims'])} claims: " +

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench import inputs
 from dllm_bench.serve.options import resolve_run
 from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
 from dllm_bench.serve.run import serve
@@ -70,6 +71,7 @@ def register(app: typer.Typer) -> None:
             from dllm_bench.serve.endpoint import resolve_endpoint
 
             ep, model = resolve_endpoint(endpoint, endpoint_model, api, stream, dllm_extras, model)
+        result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)
         run = resolve_run(
             rps=rps, systems=systems, dataset=dataset, dataset_path=dataset_path, num_prompts=num_prompts,
             duration=duration, burstiness=burstiness, arrivals=arrivals, time_scale=time_scale,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench import inputs
 from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
 from dllm_bench.sweep.run import sweep
 
@@ -40,6 +41,7 @@ def register(app: typer.Typer) -> None:
         no_profile_cache: bool = typer.Option(False, "--no-profile-cache", help="re-measure KV pools and static batches"),
     ) -> None:
         """Sensitivity sweeps (paper Fig. 7): engine throughput relative to Sparse-dLLM vs input or output length."""
+        result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)
         code = sweep(vary=vary, points=points, fixed_len=fixed_len, systems=systems, num_prompts=num_prompts,
                      model=model, preset=preset, memory_budget=memory_budget, seed=seed, threads=threads, rps=rps,
                      result_dir=result_dir, run_id=run_id, as_json=as_json, num_warmups=num_warmups,

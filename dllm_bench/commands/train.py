@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
 from dllm_bench.train.loop import TrainConfig
 from dllm_bench.train.loop import train as run_train
@@ -62,7 +63,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
     ) -> None:
         """Train a tiny LLaDA on synth or synth-cot with the masked-diffusion objective; save HF LLaDA layout."""
-        if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
+        if inputs.writable_dir(out, "--out").exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
             raise UserError(f"--out {out} exists and is not an empty directory (use --force)")
         if threads is not None and threads <= 0:
             raise UserError("--threads must be positive")

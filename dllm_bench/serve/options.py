@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dllm_bench.checkpoints.store import resolve_model
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.presets import preset_for
@@ -95,9 +95,7 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
         raise UserError(f"--burstiness must be > 0 (1 = Poisson, < 1 burstier), got {burstiness}")
     if arrivals == "poisson" and burstiness != 1.0:
         raise UserError("--burstiness applies to gamma arrivals (poisson is burstiness 1); use --arrivals gamma")
-    if dataset_path is not None:
-        if not dataset_path.is_file():
-            raise UserError(f"--dataset-path: no such file: {dataset_path}")
+    if inputs.input_file(dataset_path, "--dataset-path") is not None:
         if len(datasets) > 1:
             raise UserError("--dataset-path replays one file: give a single --dataset (its label)")
     elif "custom" in datasets:
@@ -155,7 +153,7 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
         raise UserError(f"--device must be cpu or cuda[:N], got {sp.device!r}")
     if budget is None and not sp.device.startswith("cuda"):
         raise UserError("a --memory-budget is needed on CPU (e.g. --memory-budget 1GiB)")
-    model_dir = resolve_model(sp.model)
+    model_dir = inputs.checkpoint_dir(sp.model)
     info = model_info(model_dir, sp.dtype)
     if budget is not None and budget <= info["weights_bytes"]:
         raise UserError(f"--memory-budget {format_size(budget)} does not even hold the weights "

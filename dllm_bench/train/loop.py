@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dllm_bench.checkpoints.tokenizer import special_token_ids
 from dllm_bench.train.batches import ANSWER_DELIM, Encoded, batched_logits, collate, encode_examples
 from dllm_bench.train.curve import probe_accuracy, write_curve
 from dllm_bench.train.tokenizer import build_task_tokenizer, save_task_tokenizer
@@ -104,6 +105,13 @@ class TrainConfig:
         check(self.steps > 0 and self.batch_size > 0 and self.window > 0, "steps, batch_size, window must be positive")
         check(self.minutes is None or self.minutes > 0, "minutes must be positive")
         check(self.stop_after is None or self.stop_after > 0, "stop_after must be positive")
+        check(min(self.d_model, self.n_layers, self.n_heads, self.n_kv_heads, self.mlp_hidden_size) > 0,
+              "d_model, n_layers, n_heads, n_kv_heads and mlp_hidden_size must be positive")
+        check(min(special_token_ids(self.vocab_size).values()) > 256,
+              f"vocab_size {self.vocab_size} leaves no room for the 256 byte tokens")
+        check(self.lr > 0 and self.rope_theta > 0 and math.isfinite(self.lr * self.rope_theta),
+              "lr and rope_theta must be positive numbers")
+        check(self.warmup >= 0 and self.weight_decay >= 0, "warmup and weight_decay must be >= 0")
         check(self.d_model % self.n_heads == 0 and self.n_heads % self.n_kv_heads == 0,
               "d_model must divide by n_heads and n_heads by n_kv_heads")
         check((self.d_model // self.n_heads) % 2 == 0, "head_dim must be even (RoPE)")

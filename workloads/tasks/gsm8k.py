@@ -13,6 +13,8 @@ import os
 import re
 from pathlib import Path
 
+from workloads.jsonl import objects
+
 DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "gsm8k_test.jsonl.gz"
 # sha256 of DATA_FILE's bytes; a test checks it so a silently altered file cannot go unnoticed.
 DATA_SHA256 = "b18774b41a57f26fc41bcdd8eff6a210c696edfc3828829e03b28927cdb6c58e"
@@ -81,15 +83,9 @@ def build_prompt(question: str, num_fewshot: int = 8) -> str:
     return "".join(s + FEWSHOT_DELIMITER for s in shots) + format_prompt(question)
 
 
-def _read_jsonl(path: str | os.PathLike) -> list[dict]:
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def load_gsm8k(path: str | os.PathLike | None = None, limit: int | None = None) -> list[dict]:
     """Problems as [{"question", "answer"}] in file order; `path` = a local GSM8K-shaped JSONL(.gz)."""
-    rows = _read_jsonl(path or DATA_FILE)
+    rows = [obj for _, _, obj in objects(path or DATA_FILE)]
     for i, r in enumerate(rows):
         if not isinstance(r.get("question"), str) or not isinstance(r.get("answer"), str):
             raise ValueError(f"{path or DATA_FILE}: line {i + 1} lacks string 'question'/'answer'")

@@ -7,10 +7,9 @@ HumanEval shape: {"task_id", "prompt", "test", "entry_point"}  (+ optional "cano
 """
 from __future__ import annotations
 
-import gzip
-import json
 import os
 
+from workloads.jsonl import objects
 from workloads.tasks.humaneval import REQUIRED_KEYS as HUMANEVAL_KEYS
 
 GSM8K_KEYS = ("question", "answer")
@@ -18,6 +17,11 @@ KINDS = ("gsm8k", "humaneval")
 
 
 def detect_kind(row: dict) -> str:
+    for keys in (HUMANEVAL_KEYS, GSM8K_KEYS):  # the right keys, a wrong type: name the field
+        if all(k in row for k in keys):
+            bad = next((k for k in keys if not isinstance(row[k], str)), None)
+            if bad:
+                raise ValueError(f"'{bad}' must be a string, got {type(row[bad]).__name__}")
     if all(isinstance(row.get(k), str) for k in HUMANEVAL_KEYS):
         return "humaneval"
     if all(isinstance(row.get(k), str) for k in GSM8K_KEYS):
@@ -28,16 +32,8 @@ def detect_kind(row: dict) -> str:
 
 def _jsonl_rows(path: str | os.PathLike):
     """(where, row) per non-empty line of a JSONL(.gz) file."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
-            yield f"{path}:{lineno}", row
+    for _, where, row in objects(path):
+        yield where, row
 
 
 def _dataset_rows(path: str | os.PathLike):
