@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workloads.tasks import generated
 from workloads.tasks.scoring import extract_strict
 
 TASKS = ("synth", "synth-cot", "gsm8k", "humaneval")
@@ -99,7 +100,6 @@ def model_training_info(path: Path) -> dict:
 
 def generated_docs(task: str, split: str, n: int, seed: int, context_facts: int, knobs: dict) -> list[dict]:
     """The first `n` questions of a generated task's dev or test split (seed `seed`)."""
-    from workloads.tasks import generated
 
     if split == "train":
         raise ValueError("accuracy is measured on the dev or test split, never on train")

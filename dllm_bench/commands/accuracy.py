@@ -13,7 +13,16 @@ from pathlib import Path
 import typer
 
 from dllm_bench import inputs
+from dllm_bench.accuracy import points as acc
+from dllm_bench.accuracy import report, seeds
+from dllm_bench.accuracy.backend import PointBackend
+from dllm_bench.accuracy.protocol import load_dev_choice
+from dllm_bench.checkpoints.load import load_model, load_tokenizer
 from dllm_bench.errors import UserError
+from dllm_bench.results import create_run, results_root
+from engine import SamplingParams
+from workloads.tasks import generated, synth
+from workloads.tasks.local import load_local
 
 
 def _floats(spec: str, flag: str) -> list[float]:
@@ -70,13 +79,7 @@ def register(app: typer.Typer) -> None:
         """Accuracy vs KV retention: head-centric vs uniform selection, dense reference, baselines."""
         import torch
 
-        from dllm_bench.accuracy import points as acc
-        from dllm_bench.accuracy import report
-        from dllm_bench.accuracy.backend import PointBackend
         from dllm_bench.accuracy.evaluate import eval_lm_eval_point, eval_synth_point
-        from dllm_bench.checkpoints.load import load_model, load_tokenizer
-        from dllm_bench.results import create_run
-        from engine import SamplingParams
 
         run_id = inputs.run_id(run_id)
         retentions = _floats(retention, "--retention")
@@ -124,7 +127,6 @@ def register(app: typer.Typer) -> None:
             SamplingParams(gen_length=gen_length, block_length=block_length, steps=steps)
         except ValueError as e:
             raise UserError(str(e)) from None
-        from workloads.tasks import generated, synth
 
         facts = synth_facts or tcfg.get("eval_facts") or synth.DEFAULT_CONTEXT_FACTS
         task_knobs = generated.knobs_of(task, tcfg) if task in acc.GENERATED and tcfg.get("task") == task else {}
@@ -133,7 +135,6 @@ def register(app: typer.Typer) -> None:
         docs, metadata, chosen = None, {}, None
         try:
             if data is not None:
-                from workloads.tasks.local import load_local
 
                 _, rows = load_local(data, kind="humaneval" if task == "humaneval" else "gsm8k")
                 metadata = {f"{task}_path": str(data)}
@@ -142,8 +143,6 @@ def register(app: typer.Typer) -> None:
             elif task in acc.GENERATED:
                 docs = acc.generated_docs(task, split, limit, seed, facts, task_knobs)
             if dev_run is not None:
-                from dllm_bench.accuracy.protocol import load_dev_choice
-                from dllm_bench.results import results_root
 
                 d = Path(dev_run) if Path(dev_run).is_dir() else results_root() / dev_run
                 chosen = load_dev_choice(d, task, models)
@@ -226,7 +225,6 @@ def _print_table(results, summary, task, model, run_dir, plot) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from dllm_bench.accuracy import seeds
 
     con = Console(width=shutil.get_terminal_size((120, 24)).columns)   # 120 when not a terminal
     spread = seeds.spreads(results)

@@ -8,7 +8,20 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
+from dllm_bench.serve.presets import preset_for
+from dllm_bench.serve.workload import model_info, special_ids
+from dllm_bench.simulate import calibrate as cal
+from dllm_bench.simulate import hardware, host_profile
+from dllm_bench.simulate.cost_model import CostModel, HostCost, ModelShape
+from dllm_bench.simulate.implementations import get_impl
+from dllm_bench.simulate.simulator import DTYPE_BYTES, TORCH_DTYPES
+from dllm_bench.systems.spec import baseline_knobs, engine_knobs, parse_systems
+from engine.config import EngineConfig
+from engine.models.llada import load_llada
+from engine.sampling import SamplingParams
+from workloads.serving import build_workload
 
 ALL_SYSTEMS = "engine,llada,fast-dllm,dllm-cache,sparse-dllm"
 
@@ -17,19 +30,6 @@ def calibrate(*, preset: str | None, model: str | None, systems: str, name: str,
               repeats: int, sizes: tuple[int, ...], console) -> Path:
     import torch
 
-    from dllm_bench.checkpoints.store import resolve_model
-    from dllm_bench.serve.presets import preset_for
-    from dllm_bench.serve.workload import model_info, special_ids
-    from dllm_bench.simulate import calibrate as cal
-    from dllm_bench.simulate import hardware, host_profile
-    from dllm_bench.simulate.cost_model import CostModel, HostCost, ModelShape
-    from dllm_bench.simulate.implementations import get_impl
-    from dllm_bench.simulate.simulator import DTYPE_BYTES, TORCH_DTYPES
-    from dllm_bench.systems.spec import baseline_knobs, engine_knobs, parse_systems
-    from engine.config import EngineConfig
-    from engine.models.llada import load_llada
-    from engine.sampling import SamplingParams
-    from workloads.serving import build_workload
 
     p = preset_for(preset, model)
     variants = parse_systems(systems)

@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from dllm_bench import inputs
+from dllm_bench.serve.endpoint import resolve_endpoint
 from dllm_bench.serve.options import resolve_run
 from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
 from dllm_bench.serve.run import serve
@@ -68,7 +69,6 @@ def register(app: typer.Typer) -> None:
         """Open-loop serving benchmark: every system replays the same arrivals under the same memory budget."""
         ep = None
         if endpoint is not None:
-            from dllm_bench.serve.endpoint import resolve_endpoint
 
             ep, model = resolve_endpoint(endpoint, endpoint_model, api, stream, dllm_extras, model)
         result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)

@@ -13,7 +13,13 @@ import sys
 
 import typer
 
+from dllm_bench.checkpoints.load import load_config, load_tokenizer
+from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
+from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS, preset_for
+from dllm_bench.systems.build import build_system, warm_up
+from dllm_bench.systems.spec import parse_system
+from dllm_bench.units import parse_size
 
 DEFAULT_MAX_WAITING = 256
 
@@ -42,14 +48,8 @@ def build_state(*, model: str | None, preset: str | None, served_model_name: str
     ServerState the app serves; any bad option is a UserError."""
     import torch
 
-    from dllm_bench.checkpoints.load import load_config, load_tokenizer
-    from dllm_bench.checkpoints.store import resolve_model
-    from dllm_bench.serve.presets import preset_for
     from dllm_bench.server.app import ServerState
     from dllm_bench.server.engine_loop import EngineLoop
-    from dllm_bench.systems.build import build_system, warm_up
-    from dllm_bench.systems.spec import parse_system
-    from dllm_bench.units import parse_size
 
     sp = preset_for(preset, model)
     for name, v in (("--threads", threads), ("--block-length", block_length), ("--max-waiting", max_waiting)):
@@ -84,7 +84,6 @@ def build_state(*, model: str | None, preset: str | None, served_model_name: str
 
 
 def register(app: typer.Typer) -> None:
-    from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
 
     @app.command("server")
     def server_cmd(

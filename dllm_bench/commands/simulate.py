@@ -8,6 +8,13 @@ from pathlib import Path
 import typer
 
 from dllm_bench.errors import UserError
+from dllm_bench.serve.options import resolve_run
+from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS, preset_for
+from dllm_bench.simulate import hardware as hwmod
+from dllm_bench.simulate.implementations import default_impl, parse_impl_overrides
+from dllm_bench.simulate.paper import replay
+from dllm_bench.simulate.run import make_setup, simulate_serve
+from dllm_bench.simulate.simulator import resolve_sim_model
 
 PAPER_CHOICES = ("table4", "fig3", "fig7", "fig8")
 
@@ -23,7 +30,6 @@ def _budget(memory_budget: str | None, preset_budget: str | None, hw) -> str | N
 
 
 def register(app: typer.Typer) -> None:
-    from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
 
     @app.command("simulate")
     def simulate_cmd(
@@ -58,17 +64,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Simulate `serve` on a hardware profile: the real schedulers, a calibrated cost model."""
-        from dllm_bench.serve.options import resolve_run
-        from dllm_bench.serve.presets import preset_for
-        from dllm_bench.simulate import hardware as hwmod
-        from dllm_bench.simulate.implementations import default_impl, parse_impl_overrides
-        from dllm_bench.simulate.run import make_setup, simulate_serve
-        from dllm_bench.simulate.simulator import resolve_sim_model
 
         if paper is not None:
             if paper not in PAPER_CHOICES:
                 raise UserError(f"--paper must be one of {', '.join(PAPER_CHOICES)}, got {paper!r}")
-            from dllm_bench.simulate.paper import replay
 
             replay(paper, as_json=as_json)
             return

@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from dllm_bench import results
 from dllm_bench.console import md_table
 from dllm_bench.report.claims import TOLERANCE, Claims
 from dllm_bench.report.sections import ablate_section, accuracy_section, serve_section, sweep_section
@@ -27,7 +28,6 @@ def find_runs(root: str | Path | None = None) -> dict[str, Path | None]:
     """Latest run of each kind; sweeps: the latest per --vary (keys sweep:input-len, sweep:output-len);
     accuracy: test-split runs only (dev runs are where choices are made), the latest of all under
     "accuracy" and the latest of each other task under "accuracy:<task>"."""
-    from dllm_bench import results
 
     base = results.results_root(root)
     out: dict[str, Path | None] = {k: results.latest_run(k, base) for k in ("serve", "ablate")}
@@ -68,7 +68,6 @@ HOW = {"serve": "dllm-bench serve --rps 0.1,0.25,0.5,1.0 --dataset livebench,osc
 
 def render(out_path: str | Path, root: str | Path | None = None, runs: Mapping[str, Path | None] | None = None) -> dict:
     """Write the report; returns {"report", "runs", "missing", "claims", "errors"}."""
-    from dllm_bench import results
 
     out_path = Path(out_path)
     rel_base = out_path.parent

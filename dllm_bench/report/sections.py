@@ -11,8 +11,11 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from dllm_bench import results
+from dllm_bench.ablate import tables as ab
 from dllm_bench.console import md_table, num
 from dllm_bench.report.claims import PAPER, Claims, trend_verdict, verdict
+from dllm_bench.sweep import lengths as sw
 
 
 def _x(v: float | None, d: int = 2) -> str:
@@ -41,7 +44,6 @@ def _figures(run_dir: Path, pattern: str, files_dir: Path, prefix: str, rel_base
 def serve_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
     import pandas as pd
 
-    from dllm_bench import results
 
     df = results.metrics_frame(run_dir)
     cfg = results.load_config(run_dir).get("config", {})
@@ -220,7 +222,6 @@ def accuracy_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: P
 
 
 def ablate_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
-    from dllm_bench.ablate import tables as ab
 
     t = ab.run_tables(run_dir)
     cfg = t["config"]
@@ -290,7 +291,6 @@ def ablate_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Pat
 
 
 def sweep_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
-    from dllm_bench.sweep import lengths as sw
 
     t = sw.run_tables(run_dir)
     cfg, df, plan, ref = t["config"], t["table"], t["plan"], t["reference"]

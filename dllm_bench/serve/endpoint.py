@@ -22,6 +22,9 @@ from typing import Any
 
 import httpx
 
+from dllm_bench.checkpoints.load import load_tokenizer
+from dllm_bench.checkpoints.store import resolve_model
+from dllm_bench.errors import UserError
 from dllm_bench.serve.loadgen import ProgressFn, _get, arrival_offset
 from dllm_bench.systems.spec import ENDPOINT, SystemVariant
 
@@ -306,7 +309,6 @@ def run_endpoint(ep: Endpoint, workload: Iterable[Any], **kw: Any) -> dict:
 def measure_endpoint(run: Any, variant: SystemVariant, workload: list, on_event: Callable[[dict], None]) -> dict:
     """One serve point against an endpoint: {result, info} as a worker writes it, and the
     worker's progress events on the way (dllm_bench.serve.process.progress_handler)."""
-    from dllm_bench.checkpoints.load import load_tokenizer
 
     ep = Endpoint.from_variant(variant)
     decode = None
@@ -344,8 +346,6 @@ def resolve_endpoint(url: str, model_name: str | None, api: str, stream: bool, d
     """`serve --endpoint` options -> (the Endpoint, the --model whose vocabulary and tokenizer
     the workload uses). Without --model: the served model's id, or its `root`, when it names a
     local preset or checkpoint. Any problem is a UserError (nothing measured yet)."""
-    from dllm_bench.checkpoints.store import resolve_model
-    from dllm_bench.errors import UserError
 
     if api not in APIS:
         raise UserError(f"--api must be one of {', '.join(APIS)}, got {api!r}")

@@ -30,6 +30,7 @@ from dllm_bench.server import metrics, protocol
 from dllm_bench.server.engine_loop import EngineLoop, Job
 from dllm_bench.server.protocol import ChatCompletionRequest, CompletionRequest
 from dllm_bench.server.text import Detokenizer, PromptError, chat_ids, prompt_ids
+from engine.sampling import SamplingParams
 
 log = logging.getLogger("dllm_bench.server")
 
@@ -54,7 +55,6 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
 
 def sampling_params(state: ServerState, body: protocol._Body):
     """max_tokens rounded up to whole blocks; steps default to one token per step."""
-    from engine.sampling import SamplingParams
 
     max_tokens = body.gen_max_tokens()
     if max_tokens <= 0:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dllm_bench.errors import UserError
+from dllm_bench.results import atomic_write_json
 from dllm_bench.simulate.cost_model import Efficiency, HostCost
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "hardware"
@@ -116,7 +117,6 @@ def load(spec: str) -> Hardware:
 
 
 def save(hw: Hardware, path: Path) -> None:
-    from dllm_bench.results import atomic_write_json
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, hw.to_dict())

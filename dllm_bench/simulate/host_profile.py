@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import time
 
+from baselines import make_policy
 from baselines.static_batch import Batch, Policy, StaticBatchSystem, StepResult
 from dllm_bench.simulate.clock import VirtualClock
 from dllm_bench.simulate.cost_model import Forward, ModelShape
 from dllm_bench.simulate.runners import CostRunner
 from dllm_bench.simulate.work import baseline_forward
+from engine.engine import LLMEngine
 
 
 class RecordingPolicy(Policy):
@@ -60,7 +62,6 @@ def _timed_steps(system, forwards: list, prompts, params) -> list[tuple[Forward,
 
 
 def engine_steps(model, config, shape: ModelShape, prompts, params) -> list[tuple[Forward, float]]:
-    from engine.engine import LLMEngine
 
     fws: list[Forward] = []
     eng = LLMEngine(config, model=model)
@@ -71,7 +72,6 @@ def engine_steps(model, config, shape: ModelShape, prompts, params) -> list[tupl
 
 
 def baseline_steps(model, name: str, knobs: dict, shape: ModelShape, prompts, params) -> list[tuple[Forward, float]]:
-    from baselines import make_policy
 
     pol = RecordingPolicy(make_policy(name, model, **knobs), shape)
     system = StaticBatchSystem(model, pol, max_batch_size=len(prompts))

@@ -18,7 +18,17 @@ from dataclasses import replace
 
 import pandas as pd
 
+from dllm_bench.console import console, md_table
+from dllm_bench.errors import UserError
+from dllm_bench.metrics import summarize
+from dllm_bench.serve.presets import PAPER_BASELINE_KNOBS
+from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.hardware import Hardware, load
+from dllm_bench.simulate.implementations import default_impl
+from dllm_bench.simulate.simulator import SimSetup, resolve_sim_model, simulate_point
+from dllm_bench.systems.spec import parse_system
+from engine.models.llada import LLaDAConfig
+from workloads.serving import build_workload
 
 # Table 4 (L40S, 1.0 req/s): (avg latency s, throughput tok/s).
 TABLE4 = {
@@ -55,11 +65,6 @@ def scaled(hw: Hardware, u: float) -> Hardware:
 
 
 def _setup(hw: Hardware, engine: dict | None = None):
-    from dllm_bench.serve.presets import PAPER_BASELINE_KNOBS
-    from dllm_bench.simulate.cost_model import ModelShape
-    from dllm_bench.simulate.implementations import default_impl
-    from dllm_bench.simulate.simulator import SimSetup, resolve_sim_model
-    from engine.models.llada import LLaDAConfig
 
     cfg = LLaDAConfig.from_pretrained(resolve_sim_model("llada-8b")[0])
     base = {k: dict(v) for k, v in PAPER_BASELINE_KNOBS.items()}
@@ -72,8 +77,6 @@ def _setup(hw: Hardware, engine: dict | None = None):
 
 
 def workload(ds: str, n: int, prompt_len: int | None = None, gen: int = GEN, seed: int = 0, rps: float = RPS):
-    from engine.models.llada import LLaDAConfig
-    from workloads.serving import build_workload
 
     cfg = LLaDAConfig()
     kw = dict(random_input_len=prompt_len, random_output_len=gen) if prompt_len else {}
@@ -91,10 +94,6 @@ LOG = {"fn": _quiet}      # replay() points this at the console: one line per si
 
 def run(hw: Hardware, spec: str, wl, engine: dict | None = None) -> dict:
     """A simulated point's summary (+ its batch); a system that does not fit: NaN throughput."""
-    from dllm_bench.errors import UserError
-    from dllm_bench.metrics import summarize
-    from dllm_bench.simulate.simulator import simulate_point
-    from dllm_bench.systems.spec import parse_system
 
     try:
         out = simulate_point(parse_system(spec), _setup(hw, engine), wl, BLOCK)
@@ -192,7 +191,6 @@ GPU_OF = {"table4": "l40s", "fig3": "rtx4090", "fig7": "l40s", "fig8": "l40s"}
 
 
 def replay(name: str, as_json: bool) -> None:
-    from dllm_bench.console import console, md_table
 
     con = console()
     LOG["fn"] = lambda msg: con.print(msg, markup=False, highlight=False)

@@ -9,14 +9,22 @@ import math
 import time
 from pathlib import Path
 
+from dllm_bench import results
 from dllm_bench.errors import UserError
+from dllm_bench.results import PointKey, fmt_rps
+from dllm_bench.serve.points import PlannedPoint, point_line, point_summary
+from dllm_bench.serve.run import comparisons
+from dllm_bench.serve.summary import print_comparison
+from dllm_bench.serve.workload import shape_of, workload_shape
+from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.simulator import DTYPE_BYTES, SimSetup, simulate_point
+from dllm_bench.systems.build import build_system
+from engine.engine import DTYPES
+from engine.models.llada import LLaDAConfig, load_llada
 
 
 def make_setup(run, hw: Hardware, impls: dict[str, str], loadable: bool) -> SimSetup:
-    from dllm_bench.simulate.cost_model import ModelShape
-    from engine.models.llada import LLaDAConfig
 
     cfg = LLaDAConfig.from_pretrained(run.model_dir)
     real = _real_capacity(run) if hw.kind == "cpu" and loadable else None
@@ -28,10 +36,6 @@ def make_setup(run, hw: Hardware, impls: dict[str, str], loadable: bool) -> SimS
 def _real_capacity(run):
     """serve's own builders (cached KV-pool profiles and static-batch searches), so a simulated
     point on this machine has exactly the measured point's pool or batch."""
-    from dllm_bench.serve.workload import workload_shape
-    from dllm_bench.systems.build import build_system
-    from engine.engine import DTYPES
-    from engine.models.llada import load_llada
 
     model = load_llada(run.model_dir, DTYPES[run.preset.dtype], "cpu")
     shape = workload_shape(run)
@@ -49,12 +53,6 @@ def _real_capacity(run):
 def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str | None, as_json: bool) -> int:
     from rich.console import Console
 
-    from dllm_bench import results
-    from dllm_bench.results import PointKey, fmt_rps
-    from dllm_bench.serve.points import PlannedPoint, point_line, point_summary
-    from dllm_bench.serve.run import comparisons
-    from dllm_bench.serve.summary import print_comparison
-    from dllm_bench.serve.workload import shape_of
 
     console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 180)
     hw = setup.hardware

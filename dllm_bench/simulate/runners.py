@@ -22,6 +22,7 @@ from dllm_bench.simulate.clock import VirtualClock
 from dllm_bench.simulate.cost_model import Forward, ModelShape
 from dllm_bench.simulate.work import baseline_forward, engine_forward
 from engine.config import EngineConfig
+from engine.engine import LLMEngine
 from engine.kv_cache import KVPool, bytes_per_token
 from engine.step import StepStats
 
@@ -83,7 +84,6 @@ class CostRunner:
 def cost_engine(config: EngineConfig, runner: CostRunner):
     """LLMEngine over `runner` whose pool only counts: built with an empty pool (LLMEngine
     allocates its pool's storage up front), then given the real capacity before any request."""
-    from engine.engine import LLMEngine
 
     capacity = config.kv_pool_tokens
     config.kv_pool_tokens = 0

@@ -17,11 +17,22 @@ from typing import Any
 
 import torch
 
+from baselines import make_policy
+from baselines.static_batch import StaticBatchSystem
+from dllm_bench.checkpoints.presets import PRESETS, get_preset
+from dllm_bench.checkpoints.store import cache_root, resolve_model
 from dllm_bench.errors import UserError
+from dllm_bench.serve.loadgen import run_open_loop
 from dllm_bench.simulate.clock import VirtualClock, VirtualTimed
 from dllm_bench.simulate.cost_model import CostModel, Forward, ModelShape
 from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.implementations import get_impl
+from dllm_bench.simulate.memory import baseline_max_batch, engine_kv_tokens
+from dllm_bench.simulate.runners import CostPolicy, CostRunner, ShapeModel, cost_engine
+from dllm_bench.systems.spec import baseline_knobs, engine_knobs
+from engine.config import EngineConfig
+from engine.models.llada import LLaDAConfig
+from engine.sampling import SamplingParams
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
@@ -31,9 +42,6 @@ TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": 
 def shape_only_dir(name: str) -> Path:
     """A config-only checkpoint dir for a shape preset (e.g. llada-8b): enough for the workload
     (vocabulary, special ids) and the cost model, no weights."""
-    from dllm_bench.checkpoints.presets import get_preset
-    from dllm_bench.checkpoints.store import cache_root
-    from engine.models.llada import LLaDAConfig
 
     preset = get_preset(name)
     d = LLaDAConfig()
@@ -49,8 +57,6 @@ def shape_only_dir(name: str) -> Path:
 
 def resolve_sim_model(spec: str) -> tuple[Path, bool]:
     """(checkpoint or config-only dir, loadable?) for a preset name, a shape preset or a dir."""
-    from dllm_bench.checkpoints.presets import PRESETS
-    from dllm_bench.checkpoints.store import resolve_model
 
     if spec in PRESETS and not PRESETS[spec].makeable and not PRESETS[spec].asset:
         return shape_only_dir(spec), False
@@ -87,10 +93,6 @@ class SimSetup:
 
 
 def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
-    from dllm_bench.simulate.memory import engine_kv_tokens
-    from dllm_bench.simulate.runners import CostRunner, cost_engine
-    from dllm_bench.systems.spec import engine_knobs
-    from engine.config import EngineConfig
 
     knobs = engine_knobs(variant, setup.engine_defaults)
     try:
@@ -113,11 +115,6 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
 
 
 def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len: int):
-    from baselines import make_policy
-    from baselines.static_batch import StaticBatchSystem
-    from dllm_bench.simulate.memory import baseline_max_batch
-    from dllm_bench.simulate.runners import CostPolicy, ShapeModel
-    from dllm_bench.systems.spec import baseline_knobs
 
     knobs = baseline_knobs(variant, setup.baseline_defaults)
     model = ShapeModel(setup.model_config, TORCH_DTYPES[setup.dtype])
@@ -168,8 +165,6 @@ def summarize_stats(stats: dict) -> dict:
 def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
                    max_duration: float | None = None, keep_steps: bool = False) -> dict:
     """{"result": run_open_loop's result in simulated seconds, "info": what was built}."""
-    from dllm_bench.serve.loadgen import run_open_loop
-    from engine.sampling import SamplingParams
 
     clock = VirtualClock()
     max_len = max(len(w.prompt_ids) + w.gen_length for w in workload)

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from dllm_bench.results import metrics_frame
+
 METRICS = {"output_throughput": ("tok/s", 0.10), "mean_e2el_ms": ("mean E2E", 0.10), "p99_e2el_ms": ("p99 E2E", 0.15)}
 
 
 def compare(sim_dir: Path, measured_dirs: Sequence[Path]) -> pd.DataFrame:
     """One row per (dataset, system, rps): simulated value, measured median and min-max spread,
     signed relative error and whether it meets its goal (10 % throughput and mean, 15 % p99)."""
-    from dllm_bench.results import metrics_frame
 
     sim = metrics_frame(sim_dir)
     meas = pd.concat([metrics_frame(d).assign(repeat=i) for i, d in enumerate(measured_dirs)], ignore_index=True)

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG
 from dllm_bench.checkpoints.tokenizer import special_token_ids
 from dllm_bench.train.batches import ANSWER_DELIM, Encoded, batched_logits, collate, encode_examples
 from dllm_bench.train.curve import probe_accuracy, write_curve
@@ -234,7 +235,6 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
     with `command`, the command line that ran it, when given)."""
     from safetensors.torch import save_file
 
-    from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG
 
     t_start = time.perf_counter()
     if cfg.threads:
