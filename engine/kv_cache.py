@@ -1,12 +1,10 @@
 """The KV pool: a capacity in token slots (sized by the profiler) and per-request reservations.
 
 A request's whole KV need is reserved at admission — dense: its canvas length; sparse: the
-retained ⌈r·L_ctx⌉ tokens per head — so a running request can never run out. Storage is a
+retained ⌊r·L_ctx⌋ tokens per head — so a running request can never run out. Storage is a
 per-request tensor in [layers, 2 (K, V), H_kv, tokens, head_dim], the layout attention reads.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -19,10 +17,11 @@ def bytes_per_token(cfg: LLaDAConfig, dtype: torch.dtype) -> int:
 
 
 def retained_tokens(context_len: int, retention: float) -> int:
-    """⌈r·L_ctx⌉, at least one token when there is any context."""
+    """⌊r·L_ctx⌋, as Sparse-dLLM (`int(L_ctx * keep_ratio)`) and dLLM-Serve round: rounding up
+    would hold one more token per head than they do at the same retention."""
     if context_len <= 0:
         return 0
-    return min(context_len, max(1, math.ceil(retention * context_len - 1e-9)))
+    return min(context_len, int(context_len * retention))
 
 
 def kv_need(cache: str, length: int, block_length: int, retention: float) -> int:
