@@ -1,5 +1,7 @@
 """Fair comparisons between the engine and the baselines (issue 12, item 0), float64 exactness.
 
+* Budget held: every system's profile fits the budget it was sized for, and a logit-aware
+  profile leaves a larger KV pool than a monolithic one.
 * Retention: the engine keeps ⌊r·L_ctx⌋ context tokens per head, as Sparse-dLLM's code
   (`int(L_ctx * keep_ratio)` in CustomCache.filter_cache) — so with `selection=uniform` and the
   same knobs the engine emits the Sparse-dLLM baseline's tokens on ragged context lengths.
@@ -9,9 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines import make_system
-from engine import SamplingParams
+from baselines import SYSTEMS, make_system, profile_max_batch
+from baselines.static_batch import measure_run, weight_bytes
+from engine import EngineConfig, SamplingParams
 from engine.kv_cache import retained_tokens
+from engine.profiler import profile_kv_pool
 from tests.helpers import make_engine, random_prompts, tiny_model
 
 F64 = torch.float64
@@ -50,3 +54,29 @@ def test_context_too_short_to_keep_a_token_matches_the_baseline(model):
     eng = make_engine(model, cache="sparse", selection="uniform", retention=0.5, max_num_logits=None)
     base = make_system("sparse-dllm", model, max_batch_size=1, keep_ratio=0.5, kernel_size=3)
     assert [o.token_ids for o in eng.generate(prompts, params)] == [o.token_ids for o in base.generate(prompts, params)]
+
+
+BUDGET = 6 * 2**20
+
+
+@pytest.mark.parametrize("cache", ["none", "dual", "sparse"])
+def test_engine_profile_fits_the_budget_and_the_logit_budget_frees_pool(cache):
+    m32 = tiny_model(torch.float32)
+    pools = {}
+    for logits in (None, 16):
+        cfg = EngineConfig(cache=cache, max_num_logits=logits, max_num_batched_tokens=256, memory_budget=BUDGET,
+                           device="cpu", attention_backend="sdpa", sampling=False)
+        p = profile_kv_pool(m32, cfg, "sdpa", 256)
+        assert p.weights_bytes + p.activation_peak_bytes + p.guard_bytes + p.kv_pool_bytes <= BUDGET
+        pools[logits] = p.kv_pool_tokens
+    assert pools[16] > pools[None]
+
+
+@pytest.mark.parametrize("system", list(SYSTEMS))
+def test_baseline_batch_fits_the_budget_and_one_more_does_not(system):
+    m32 = tiny_model(torch.float32)
+    shape = dict(prompt_len=24, gen_length=16, block_length=8)
+    budget = weight_bytes(m32) + 2 * 2**20
+    b, peak = profile_max_batch(m32, budget, system=system, run_steps=3, **shape)
+    assert weight_bytes(m32) + peak <= budget
+    assert weight_bytes(m32) + measure_run(m32, b + 1, system=system, run_steps=3, **shape) > budget
