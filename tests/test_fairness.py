@@ -80,3 +80,25 @@ def test_baseline_batch_fits_the_budget_and_one_more_does_not(system):
     b, peak = profile_max_batch(m32, budget, system=system, run_steps=3, **shape)
     assert weight_bytes(m32) + peak <= budget
     assert weight_bytes(m32) + measure_run(m32, b + 1, system=system, run_steps=3, **shape) > budget
+
+
+def test_monolithic_decode_costs_the_logits_of_an_hf_forward_and_no_row_copy():
+    """The ablation's "logit budget off": [Nq, V] logits for every query row, as an HF forward
+    returns them, and no further [R, V] copy of the decoded rows (which made a whole-generation
+    block — the profiler's worst step — cost ~3x the logits)."""
+    from engine.logits import MONOLITHIC_DECODE_ROWS, RowSegment, decode_rows
+    from engine.memory import MemoryMeter
+
+    nq, d, v = 512, 16, 2048
+    head = torch.nn.Linear(d, v, bias=False)
+    hidden = torch.randn(nq, d)
+    rows = torch.arange(16, nq)                     # a whole-generation block: most rows decode
+    seg = [RowSegment(0, rows.numel(), 0.0, None)]
+    with torch.no_grad(), MemoryMeter(torch.device("cpu")) as meter:
+        out = decode_rows(head, hidden, rows, seg, None, mask_id=v - 1)
+    logits_bytes = nq * v * 4
+    assert meter.peak_bytes <= logits_bytes + 2 * MONOLITHIC_DECODE_ROWS * v * 4 + 64 * 1024
+    assert out.rows_materialized == out.max_rows_at_once == nq
+    with torch.no_grad():
+        chunked = decode_rows(head, hidden, rows, seg, 7, mask_id=v - 1)
+    assert torch.equal(out.x0, chunked.x0) and torch.equal(out.conf, chunked.conf)
