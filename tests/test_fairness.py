@@ -2,6 +2,8 @@
 
 * Budget held: every system's profile fits the budget it was sized for, and a logit-aware
   profile leaves a larger KV pool than a monolithic one.
+* Request shapes: the paper-comparison presets give every request one gen_length, so a static
+  batch fills to its B instead of stopping at the first request of another shape.
 * Retention: the engine keeps ⌊r·L_ctx⌋ context tokens per head, as Sparse-dLLM's code
   (`int(L_ctx * keep_ratio)` in CustomCache.filter_cache) — so with `selection=uniform` and the
   same knobs the engine emits the Sparse-dLLM baseline's tokens on ragged context lengths.
@@ -102,3 +104,27 @@ def test_monolithic_decode_costs_the_logits_of_an_hf_forward_and_no_row_copy():
     with torch.no_grad():
         chunked = decode_rows(head, hidden, rows, seg, 7, mask_id=v - 1)
     assert torch.equal(out.x0, chunked.x0) and torch.equal(out.conf, chunked.conf)
+
+
+def _realised_batch(model, workload, batch: int) -> float:
+    system = make_system("llada", model, max_batch_size=batch)
+    for r in workload:
+        system.add_request(r.prompt_ids, SamplingParams(gen_length=r.gen_length, steps=r.gen_length, block_length=8))
+    while system.has_unfinished():
+        system.step()
+    sizes = system.stats()["batch_sizes"]
+    return sum(sizes) / len(sizes)
+
+
+def test_one_gen_length_lets_static_batches_fill():
+    from dllm_bench.serve.presets import PRESETS
+    from workloads.serving import build_workload
+
+    assert PRESETS["cpu-default"].gen_length == 128 and PRESETS["paper"].gen_length == 256
+    m32 = tiny_model(torch.float32)
+    kw = dict(num_prompts=8, seed=3, vocab_size=290, length_scale=0.05, block_length=8, gen_cap=32)
+    spread = build_workload("livebench", **kw)
+    fixed = build_workload("livebench", **kw, fixed_gen_length=16)
+    assert len({r.gen_length for r in spread}) > 1 and {r.gen_length for r in fixed} == {16}
+    assert _realised_batch(m32, fixed, 4) == 4
+    assert _realised_batch(m32, spread, 4) < 4

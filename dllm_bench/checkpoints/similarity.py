@@ -233,7 +233,7 @@ def serve_shape(sp) -> RequestShape:
 
     prompts, outputs = LENGTHS[sp.dataset].sample(20_000, np.random.default_rng(0))
     scaled = np.maximum(1, np.round(outputs * sp.length_scale)).astype(int)
-    gens = [gen_length_for(int(o), sp.block_length, sp.gen_cap) for o in scaled]
+    gens = [sp.gen_length or gen_length_for(int(o), sp.block_length, sp.gen_cap) for o in scaled]
     return RequestShape(float(np.mean(prompts)) * sp.length_scale, float(np.mean(gens)), sp.block_length)
 
 

@@ -7,8 +7,9 @@ records it in config.json. Any field can still be overridden by its CLI flag.
 Rules shared by every preset (the paper's Table 3 / §6.1 shape):
 * steps = gen_length: one token committed per denoising step, so every system runs the same
   number of steps per request (Fast-dLLM's parallel decoding off: "Execution Parity");
-* gen_length = the dataset's output length rounded up to a block multiple, capped at gen_cap
-  (workloads.serving.gen_length_for) — the paper fixes 256, we keep the dataset's spread;
+* gen_length: the preset's fixed `gen_length` for every request where it has one (the paper
+  fixes 256; cpu-default 128, paper 256), else the dataset's output length rounded up to a
+  block multiple, capped at gen_cap (workloads.serving.gen_length_for);
 * retention 0.5 for both the engine and Sparse-dLLM, pool/kernel 3, Fast-dLLM dual cache,
   dLLM-Cache prompt interval 100 and gen interval 7 (Table 3);
 * one memory budget for every system: the engine's KV pool is profiled for it, each baseline
@@ -62,6 +63,9 @@ class ServePreset:
     max_num_seqs: int = 64
     retention: float = 0.5           # engine retention and Sparse-dLLM keep_ratio (Table 3)
     max_prompt_len: int | None = None
+    # One output length for every request (the paper fixes 256), so static batches are not cut
+    # at every change of request shape; None = each request's own length, rounded up to blocks.
+    gen_length: int | None = None
     max_model_len: int | None = None
     threads: int = 2                 # torch threads of every system process
     dtype: str = "float32"
@@ -80,9 +84,9 @@ class ServePreset:
     def describe(self) -> str:
         """One line stating the preset (printed at the start and the end of a run)."""
         logits = "monolithic" if self.max_num_logits is None else f"{self.max_num_logits} rows"
+        gen = f"gen_length {self.gen_length} for every request" if self.gen_length else f"gen cap {self.gen_cap}"
         return (f"preset {self.name}: model {self.model}, {self.dataset} x{self.length_scale:g} "
-                f"lengths, {self.num_prompts} prompts, block {self.block_length}, gen cap "
-                f"{self.gen_cap}, {self.steps_rule}, memory budget {self.memory_budget or 'device default'}, "
+                f"lengths, {self.num_prompts} prompts, block {self.block_length}, {gen}, {self.steps_rule}, memory budget {self.memory_budget or 'device default'}, "
                 f"token budget {self.max_num_batched_tokens}, logit budget {logits}, retention "
                 f"{self.retention:g}, {self.dtype} on {self.device}, {self.threads} threads")
 
@@ -94,7 +98,7 @@ NUM_PROMPTS_SIMILAR = 6
 PRESETS: dict[str, ServePreset] = {p.name: p for p in [
     ServePreset(
         "cpu-default", model="similar-1536", dataset="livebench", num_prompts=NUM_PROMPTS_SIMILAR,
-        length_scale=1.0, gen_cap=128, block_length=32, memory_budget="400MiB",
+        length_scale=1.0, gen_cap=128, gen_length=128, block_length=32, memory_budget="400MiB",
         max_num_batched_tokens=1088, max_num_logits=256, threads=2,
         note="scale-similar to LLaDA-8B on an RTX 4090 (docs/SCALING.md); <= 10 min for --rps 0.5 on 2 cores"),
     ServePreset(
@@ -107,7 +111,7 @@ PRESETS: dict[str, ServePreset] = {p.name: p for p in [
         block_length=8, memory_budget="8MiB", max_num_batched_tokens=256, max_num_logits=64,
         threads=1, note="tests and smoke runs: seconds per system"),
     ServePreset(
-        "paper", model="llada-8b", dataset="livebench", num_prompts=200, length_scale=1.0, gen_cap=256,
+        "paper", model="llada-8b", dataset="livebench", num_prompts=200, length_scale=1.0, gen_cap=256, gen_length=256,
         block_length=32, memory_budget=None, max_num_batched_tokens=4000, max_num_logits=2048,
         threads=8, dtype="bfloat16", device="cuda", rps="0.1,0.25,0.5,1.0",
         note="the paper's Table 3 on a GPU: pass --model /path/to/LLaDA-8B-Instruct (RTX 4090 "
