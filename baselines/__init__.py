@@ -1,82 +1,15 @@
-"""Request-level, static-batch baseline systems: each a decoding policy (one module per system)
-over engine's model code, served by baselines/static_batch.py behind the engine's interface.
-
-`SYSTEMS[name]` holds each system's knobs with their defaults, the sampling shape its upstream
-evaluation uses, and the upstream source it re-implements (repo + commit, see
-/work/shared/reference/baselines_spec.md §0). `make_system(name, model, max_batch_size, **knobs)`
-builds a ready StaticBatchSystem.
-"""
+"""Request-level, static-batch baseline systems (see `baselines.registry`): the registry, the
+shared kit (`baselines.common`), the static-batch server (`baselines.static_batch`) and the
+largest-batch profile (`baselines.profile`)."""
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 from baselines.dllm_cache import TASK_DEFAULTS, DLLMCache
 from baselines.fast_dllm import FastDLLM
 from baselines.llada import LLaDASampler
+from baselines.profile import measure_run, profile_max_batch
+from baselines.registry import SYSTEMS, SystemSpec, make_policy, make_system
 from baselines.sparse_dllm import SparseDLLM
-from baselines.static_batch import Policy, StaticBatchSystem, profile_max_batch
-
-
-@dataclass(frozen=True)
-class SystemSpec:
-    name: str
-    policy: type[Policy]
-    knobs: dict                       # knob name -> default (CLI names)
-    sampling: dict                    # upstream's default gen_length / block_length / steps
-    upstream: dict                    # repo, commit, files
-    notes: str = ""
-    knob_args: dict = field(default_factory=dict)   # CLI knob name -> policy argument name
-
-
-SYSTEMS: dict[str, SystemSpec] = {
-    "llada": SystemSpec(
-        "llada", LLaDASampler, {},
-        dict(gen_length=128, block_length=32, steps=128),            # generate.py main()
-        dict(repo="ML-GSAI/LLaDA", commit="b7e6c3565f194352da44b38dd12b6970597309f3", files=["generate.py"]),
-        "no cache: S full forwards per block, full-sequence logits",
-    ),
-    "fast-dllm": SystemSpec(
-        "fast-dllm", FastDLLM, dict(fast_dllm_cache="dual", threshold=None),
-        dict(gen_length=256, block_length=32, steps=256),            # gsm8k eval, non-parallel
-        dict(repo="NVlabs/Fast-dLLM", commit="24cc59e75f20a6384bae8c905965bb090b96388e",
-             files=["llada/generate.py", "llada/model/modeling_llada.py"]),
-        "dual|prefix cache refreshed at each block start; threshold (e.g. 0.9) = parallel decoding",
-        knob_args=dict(fast_dllm_cache="cache", threshold="threshold"),
-    ),
-    "dllm-cache": SystemSpec(
-        "dllm-cache", DLLMCache, dict(prompt_interval=50, gen_interval=7, transfer_ratio=0.25),
-        dict(gen_length=256, block_length=8, steps=256),             # gsm8k script (block 8 upstream)
-        dict(repo="maomaocun/dLLM-cache", commit="17235bffc8c5b587a2dc6f7dc76fcd01eab76e3a",
-             files=["dllm_cache/hooks/cache_hook_LLaDA.py", "dllm_cache/cache/Cache.py", "utils/generate_function.py"]),
-        "per-task upstream settings: baselines.dllm_cache.TASK_DEFAULTS",
-        knob_args=dict(prompt_interval="prompt_interval", gen_interval="gen_interval", transfer_ratio="transfer_ratio"),
-    ),
-    "sparse-dllm": SystemSpec(
-        "sparse-dllm", SparseDLLM, dict(keep_ratio=0.5, kernel_size=3),
-        dict(gen_length=256, block_length=32, steps=256),            # shipped eval configs
-        dict(repo="OpenMOSS/Sparse-dLLM", commit="3fd8986bee4ddd68e70ee8041da3a8c9de44f405",
-             files=["opencompass/models/sparse_dllm/llada_generate.py", "opencompass/models/sparse_dllm/modeling_llada.py"]),
-        "delayed eviction: kept subset built at step 1 of each block",
-        knob_args=dict(keep_ratio="keep_ratio", kernel_size="kernel_size"),
-    ),
-}
-
-
-def make_policy(name: str, model, **knobs) -> Policy:
-    if name not in SYSTEMS:
-        raise ValueError(f"unknown system {name!r}; choose from {sorted(SYSTEMS)}")
-    spec = SYSTEMS[name]
-    unknown = set(knobs) - set(spec.knobs)
-    if unknown:
-        raise ValueError(f"system {name!r} has no knob(s) {sorted(unknown)}; its knobs: {sorted(spec.knobs)}")
-    args = {spec.knob_args[k]: v for k, v in {**spec.knobs, **knobs}.items()}
-    return spec.policy(model, **args)
-
-
-def make_system(name: str, model, max_batch_size: int = 8, max_model_len: int | None = None, **knobs) -> StaticBatchSystem:
-    """A StaticBatchSystem running system `name` with its defaults overridden by `knobs`."""
-    return StaticBatchSystem(model, make_policy(name, model, **knobs), max_batch_size, max_model_len)
-
+from baselines.static_batch import StaticBatchSystem
 
 __all__ = ["SYSTEMS", "SystemSpec", "TASK_DEFAULTS", "make_policy", "make_system", "profile_max_batch",
-           "StaticBatchSystem", "LLaDASampler", "FastDLLM", "DLLMCache", "SparseDLLM"]
+           "measure_run", "StaticBatchSystem", "LLaDASampler", "FastDLLM", "DLLMCache", "SparseDLLM"]

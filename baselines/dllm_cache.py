@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from baselines.llada import attend, decide, logits_of, project
+from baselines.common import attend, decide, logits_of, project
 from baselines.static_batch import Batch, Policy, StepResult
 from engine.models.llada import LLaDAModelLM, rms_norm
 
@@ -144,9 +144,9 @@ class DLLMCache(Policy):
         return [batch.row_length(i) for i in range(batch.size)]
 
     def kv_token_bytes(self) -> int:
-        """K, V, attention delta and MLP delta per token and layer."""
+        """K and V (the engine's `bytes_per_token`) plus the attention and MLP deltas, every layer."""
         cf = self.model.config
-        return cf.n_layers * (2 * cf.kv_heads * cf.head_dim + 2 * cf.d_model) * self.model.dtype.itemsize
+        return super().kv_token_bytes() + cf.n_layers * 2 * cf.d_model * self.model.dtype.itemsize
 
     def cache_tensors(self) -> list[torch.Tensor]:
         return [t for c in self.c for t in c.values()]

@@ -12,7 +12,7 @@ Confidence is softmax(logits.float64)[x0]. threshold=None (default) commits the 
 schedule's count each step; a threshold turns on parallel decoding: the most confident
 candidate always, every other one whose confidence reaches the threshold.
 
-NFE semantics (spec §3): 1 full forward + window forwards while the block still has a MASK,
+NFE semantics (NVlabs/Fast-dLLM@24cc59e generate.py): 1 full forward + window forwards while the block still has a MASK,
 so zero schedule entries (S > block_length) are skipped. The "no MASK left?" test runs before
 each window forward, as in the newer upstream generate.py: the pinned snapshot tests after it,
 which crashes at S = 1 without a threshold and spends one idle window forward when the full
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from baselines.llada import decide, full_forward, logits_of, project, residual
+from baselines.common import decide, full_forward, logits_of, project, residual
 from baselines.static_batch import Batch, Policy, StepResult
 from engine.models.llada import LLaDAModelLM
 
@@ -82,8 +82,9 @@ class FastDLLM(Policy):
         if km is not None and self.cache == "prefix":
             km = km[:, :q_end]                      # keys = [cached prefix ; fresh block + suffix]
         h = m.embed(batch.x[:, q_start:q_end])
+        rope = m.rope.at(pos.reshape(-1), h.dtype)
         for i, blk in enumerate(m.blocks):
-            q, k, v = project(blk, h, pos, m.rope)
+            q, k, v = project(blk, h, pos, rope)
             if self.cache == "dual":
                 self.k[i][:, s:e] = k               # replace_position: fresh block K/V in place
                 self.v[i][:, s:e] = v

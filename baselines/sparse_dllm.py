@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from baselines.llada import attend, decide, full_forward, logits_of, project
+from baselines.common import attend, decide, full_forward, logits_of, project
 from baselines.static_batch import Batch, Policy, StepResult
 from engine.models.llada import LLaDAModelLM
 
@@ -74,8 +74,9 @@ class SparseDLLM(Policy):
         m = self.model
         h = m.embed(batch.x[:, s:e])
         pos = batch.pos[:, s:e]
+        rope = m.rope.at(pos.reshape(-1), h.dtype)
         for li, blk in enumerate(m.blocks):
-            q, k, v = project(blk, h, pos, m.rope)
+            q, k, v = project(blk, h, pos, rope)
             kk, vk, mk = self.kept[li]
             km = None if mk is None else torch.cat([mk, torch.ones_like(mk[:, :1]).expand(-1, e - s)], 1)
             h = h + blk.attn_out(attend(q, torch.cat([kk, k], 1), torch.cat([vk, v], 1), km))

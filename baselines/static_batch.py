@@ -33,7 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.counters import StepCounters
 from engine.engine import run_to_completion
+from engine.kv_cache import bytes_per_token
 from engine.models.llada import LLaDAModelLM
 from engine.request import Request, RequestOutput, Status
 from engine.sampling import SamplingParams
@@ -119,8 +121,7 @@ class Policy:
 
     def kv_token_bytes(self) -> int:
         """Bytes one cached token costs over all layers (K and V by default)."""
-        c = self.model.config
-        return c.n_layers * 2 * c.kv_heads * c.head_dim * self.model.dtype.itemsize
+        return bytes_per_token(self.model.config, self.model.dtype)
 
     def cache_tensors(self) -> list[torch.Tensor]:
         return []
@@ -143,10 +144,8 @@ class StaticBatchSystem:
         self.waiting: deque[Request] = deque()
         self.batch: Batch | None = None
         self._ids = itertools.count()
-        self.counters = dict(steps=0, forwards=0, query_tokens=0, logits_rows=0, max_logits_rows_in_step=0,
-                             refresh_steps=0, reuse_steps=0)
-        self.batch_sizes: list[int] = []
-        self.step_log: list[tuple[int, int, int]] = []
+        self.counters = StepCounters()
+        self.batch_sizes, self.step_log = self.counters.batch_sizes, self.counters.step_log
         self.peak_kv_tokens = self.peak_kv_bytes = 0
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams,
@@ -201,15 +200,9 @@ class StaticBatchSystem:
         res = self.policy.step(b)
         b.forwards += 1
         b.step_in_block += 1
-        c = self.counters
-        c["steps"] += 1
-        c["forwards"] += 1
-        c["query_tokens"] += res.query_tokens
-        c["logits_rows"] += res.logits_rows * b.size
-        c["max_logits_rows_in_step"] = max(c["max_logits_rows_in_step"], res.logits_rows * b.size)
-        c["refresh_steps" if res.refresh else "reuse_steps"] += b.size
-        self.batch_sizes.append(b.size)
-        self.step_log.append((b.size if res.refresh else 0, 0 if res.refresh else b.size, res.query_tokens))
+        rows = res.logits_rows * b.size
+        self.counters.record(b.size, res.query_tokens, rows, rows, b.size if res.refresh else 0,
+                             0 if res.refresh else b.size)
         kv_rows = self.policy.kv_row_tokens(b)
         self.peak_kv_tokens = max(self.peak_kv_tokens, sum(kv_rows))
         self.peak_kv_bytes = max(self.peak_kv_bytes, self.policy.cache_bytes())
@@ -244,71 +237,10 @@ class StaticBatchSystem:
         return run_to_completion(self, prompts, params, progress)
 
     def stats(self) -> dict:
-        c = dict(self.counters)
+        c = self.counters.stats()
         c.update(
             system=self.policy.name, knobs=dict(self.policy.knobs), max_batch_size=self.max_batch_size,
             kv_pool_tokens=None, kv_pool_bytes=None,   # no pool: caches live and die with the batch
             peak_kv_tokens=self.peak_kv_tokens, peak_kv_bytes=self.peak_kv_bytes,
-            batch_sizes=list(self.batch_sizes), step_composition=[list(s) for s in self.step_log],
         )
         return c
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-def profile_max_batch(model: LLaDAModelLM, memory_budget_bytes: int, prompt_len: int, gen_length: int,
-                      block_length: int = 32, steps: int | None = None, system: str = "llada",
-                      knobs: dict | None = None, measure: Callable[[int], int] | None = None,
-                      max_batch: int = 4096, run_steps: int | None = None) -> tuple[int, int]:
-    """Largest static batch B whose measured peak (activations incl. full-sequence logits +
-    caches, weights excluded) fits `memory_budget_bytes - weights`. Returns (B, measured peak at B).
-
-    `measure(B) -> peak bytes` defaults to running `system` at batch B under engine.memory's
-    MemoryMeter for `run_steps` steps (None: the first block plus one step, which visits every
-    phase of every policy with its caches held; pass a large number for a whole generation).
-    The search assumes the peak grows with B: doubling, then bisection."""
-    avail = memory_budget_bytes - weight_bytes(model)
-    if measure is None:
-        measure = lambda B: measure_run(model, B, prompt_len, gen_length, block_length, steps, system, knobs, run_steps)  # noqa: E731
-    cache: dict[int, int] = {}
-
-    def fits(B: int) -> bool:
-        if B not in cache:
-            cache[B] = measure(B)
-        return cache[B] <= avail
-
-    if not fits(1):
-        raise ValueError(f"batch 1 needs {cache[1]} bytes beyond the weights but the budget leaves {avail}")
-    lo, hi = 1, 2
-    while hi <= max_batch and fits(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, max_batch + 1)
-    while hi - lo > 1:                     # invariant: lo fits, hi does not (or is past max_batch)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo, cache[lo]
-
-
-def measure_run(model: LLaDAModelLM, batch_size: int, prompt_len: int, gen_length: int, block_length: int = 32,
-                steps: int | None = None, system: str = "llada", knobs: dict | None = None,
-                run_steps: int | None = None) -> int:
-    """Peak bytes (beyond what was live before) of a static batch of `batch_size` synthetic requests."""
-    from baselines import make_system  # the registry imports this module
-    from engine.memory import MemoryMeter  # CUDA allocator peaks / CPU live-tensor bytes
-
-    params = SamplingParams(gen_length=gen_length, steps=steps or gen_length, block_length=block_length)
-    sysm = make_system(system, model, max_batch_size=batch_size, **(knobs or {}))
-    g = torch.Generator().manual_seed(0)
-    hi = min(model.config.mask_token_id, model.config.padded_vocab)
-    for _ in range(batch_size):
-        sysm.add_request(torch.randint(0, hi, (prompt_len,), generator=g).tolist(), params)
-    n = run_steps if run_steps is not None else params.steps_per_block + 1
-    with MemoryMeter(model.device) as meter:
-        for _ in range(n):
-            if not sysm.has_unfinished():
-                break
-            sysm.step()
-        sysm.batch = None
-    return int(meter.peak_bytes)

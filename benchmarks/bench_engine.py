@@ -2,7 +2,7 @@
 
 Shape (fixed unless overridden): a random-weight preset in float32, 8 prompts of 64 tokens,
 gen 64, block 16, steps 64 (one token per step), greedy. The reference sampler (LLaDA's
-`generate`, engine/reference.py) decodes the prompts one after another; the engine decodes them
+`generate`, engine.reference.reference_generate) decodes the prompts one after another; the engine decodes them
 concurrently with cache=none (exact: its tokens must equal the reference's), dual (Fast-dLLM)
 and sparse (dLLM-Serve). Ratios are generated tokens/s over the reference's.
 """

@@ -1,13 +1,16 @@
-"""DataFrames as text: the stderr console that tables and progress go to (Rich), terminal
-tables, and the number formatting shared with the report's Markdown tables.
-
-Shared by ablate, sweep and report so a number reads the same on the terminal and in the report.
+"""What a command shows on stderr: the Rich console (stdout is kept for --json), the one
+progress-bar layout, DataFrames as terminal tables, and the number formatting shared with the
+report's Markdown tables (a number reads the same on the terminal and in the report).
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 
 def num(v: Any) -> float | None:
@@ -46,13 +49,22 @@ def md_table(df, floats: Mapping[str, str] | None = None) -> str:
         return "\n".join(lines) + "\n"
 
 
-def console():
-    """The stderr console (stdout is kept for --json); wide when not a terminal so logged tables
-    do not wrap."""
-    from rich.console import Console
+def console(stderr: bool = True, width: int = 180) -> Console:
+    """The stderr console (stdout is kept for --json), or stdout's for a command whose output is
+    the table; `width` columns when not a terminal so logged or piped tables do not wrap."""
+    c = Console(stderr=stderr)
+    return c if c.is_terminal else Console(stderr=stderr, width=width)
 
-    c = Console(stderr=True)
-    return c if c.is_terminal else Console(stderr=True, width=180)
+
+def progress(*fields: str, con: Console | None = None, status: bool = False, transient: bool = True,
+             enabled: bool = True) -> Progress:
+    """The one progress-bar layout: bold description, [dim status field], bar, done/total, then
+    `fields` (Rich format strings over the task, e.g. "{task.fields[tps]:.1f} tok/s"), elapsed."""
+    cols = [TextColumn("[bold]{task.description}")]
+    if status:
+        cols.append(TextColumn("[dim]{task.fields[status]}"))
+    cols += [BarColumn(), MofNCompleteColumn(), *(TextColumn(f) for f in fields), TimeElapsedColumn()]
+    return Progress(*cols, console=con or console(), transient=transient, disable=not enabled)
 
 
 TERMINAL_NAMES = {"throughput_tok_s": "tok/s", "x_vs_baseline": "x baseline", "delta_x_vs_prev": "Δx prev",
@@ -64,8 +76,6 @@ TERMINAL_NAMES = {"throughput_tok_s": "tok/s", "x_vs_baseline": "x baseline", "d
 def print_df(con, df, title: str, floats: Mapping[str, str] | None = None, drop: Sequence[str] = ("system",)) -> None:
     """A DataFrame as a Rich table on the console (long system labels dropped: they are
     printed once at the start of the run)."""
-    from rich.table import Table
-
     t = Table(title=title, title_justify="left")
     f = fmt_table(df.drop(columns=[c for c in drop if c in df.columns]), floats)
     f = f.rename(columns=TERMINAL_NAMES)

@@ -101,7 +101,7 @@ def compute_metrics(records: Iterable[Any], duration_s: float, *, rejected: int 
 
     e2el = (df["finished_time"] - df["arrival_time"]).dropna().astype(float)
     m.update(_stats_ms(e2el, "e2el", percentiles=E2EL_PERCENTILES))
-    # TTFT = first committed block - arrival (dLLMs commit a block at a time, B3); systems that
+    # TTFT = first committed block - arrival (dLLMs commit a block at a time); systems that
     # do not report it are left out rather than imputed.
     ttft = (df["first_token_time"] - df["arrival_time"]).dropna().astype(float)
     m.update(_stats_ms(ttft, "ttft"))

@@ -18,6 +18,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from dllm_bench.checkpoints.load import load_model
+from dllm_bench.results import atomic_write_csv
+from dllm_bench.systems.build import make_system
+from engine import EngineConfig, SamplingParams
+
 TABLE_DIR = Path(__file__).resolve().parent.parent / "results" / "regression"
 KEYS = {"systems": ["config"], "requests": ["config", "request"]}
 
@@ -61,8 +66,6 @@ def _similar_workload():
 
 
 def _workload():
-    from engine import SamplingParams
-
     g = torch.Generator().manual_seed(1234)
     prompts = [torch.randint(0, 480, (n,), generator=g).tolist() for n in (7, 19, 4, 12, 25)]
     params = [SamplingParams(gen_length=16, steps=8, block_length=8, seed=i) for i in range(len(prompts))]
@@ -77,37 +80,28 @@ def _digest(tokens: list[int]) -> str:
 
 def _system(name: str, kind: str, knobs: dict, model):
     if kind == "engine":
-        from engine import EngineConfig, LLMEngine
-
-        return LLMEngine(EngineConfig(dtype="float64", **{**ENGINE_BASE, **knobs}), model=model)
-    from baselines import make_system
-
+        return make_system(kind, model, engine_config=EngineConfig(dtype="float64", **{**ENGINE_BASE, **knobs}),
+                           label=name)
     knobs = dict(knobs)
-    return make_system(kind, model, max_batch_size=knobs.pop("batch"), **knobs)
+    return make_system(kind, model, batch=knobs.pop("batch"), knobs=knobs, label=name)
 
 
 def run_config(name: str, kind: str, knobs: dict, model, workload=None) -> tuple[dict, list[dict]]:
     prompts, params = (workload or _workload)()
     system = _system(name, kind, knobs, model)
-    ids = [system.add_request(p, sp, request_id=f"r{i}") for i, (p, sp) in enumerate(zip(prompts, params))]
-    outs = {}
-    while system.has_unfinished():
-        for o in system.step():
-            outs[o.request_id] = o
+    outs = system.generate(prompts, params)
     st = system.stats()
     row = dict(config=name, system=kind, steps=st["steps"], forwards=st["forwards"], query_tokens=st["query_tokens"],
                logits_rows=st["logits_rows"], max_logits_rows_in_step=st["max_logits_rows_in_step"],
                refresh_steps=st["refresh_steps"], reuse_steps=st["reuse_steps"], peak_kv_tokens=st["peak_kv_tokens"],
                batch_sizes=" ".join(map(str, st["batch_sizes"])),
                step_composition=_digest([x for s in st["step_composition"] for x in s]))
-    reqs = [dict(config=name, request=i, tokens=_digest(outs[i].token_ids), nfe=outs[i].nfe,
-                 logits_rows=outs[i].logits_rows, kv_tokens=outs[i].kv_tokens) for i in ids]
+    reqs = [dict(config=name, request=f"r{i}", tokens=_digest(o.token_ids), nfe=o.nfe,
+                 logits_rows=o.logits_rows, kv_tokens=o.kv_tokens) for i, o in enumerate(outs)]
     return row, reqs
 
 
 def generate_tables() -> dict[str, pd.DataFrame]:
-    from dllm_bench.checkpoints.load import load_model
-
     torch.set_num_threads(1)
     model = load_model("tiny", "float64", "cpu")
     systems, requests = [], []
@@ -150,8 +144,6 @@ def diff_tables(old: dict[str, pd.DataFrame], new: dict[str, pd.DataFrame]) -> l
 
 
 def write_tables(tables: dict[str, pd.DataFrame], directory: Path | None = None) -> None:
-    from dllm_bench.results import atomic_write_csv
-
     directory = directory or TABLE_DIR
     directory.mkdir(parents=True, exist_ok=True)
     for k, df in tables.items():

@@ -16,6 +16,7 @@ Ctrl-C leaves either the old file or the new one, never a truncated one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -32,6 +33,9 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 import pandas as pd
+import torch
+
+from dllm_bench.errors import UserError
 
 KINDS = ("serve", "accuracy", "ablate", "sweep")
 RESULTS_ENV = "DLLM_BENCH_RESULTS_DIR"
@@ -74,8 +78,7 @@ def _default(o: Any) -> Any:
         return o.item()
     if isinstance(o, (Path, set, tuple)):
         return str(o) if isinstance(o, Path) else list(o)
-    if hasattr(o, "__dataclass_fields__"):
-        import dataclasses
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
         return dataclasses.asdict(o)
     return repr(o)
 
@@ -95,6 +98,12 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     with atomic_open(path) as f:
         json.dump(_clean(obj), f, indent=2, default=_default, allow_nan=False)
         f.write("\n")
+
+
+def print_json(obj: Any) -> None:
+    """A command's one --json document on stdout (its progress and tables go to stderr)."""
+    sys.stdout.write(json.dumps(_clean(obj), default=_default, allow_nan=False) + "\n")
+    sys.stdout.flush()
 
 
 def atomic_write_jsonl(path: str | os.PathLike, rows: Iterable[Mapping]) -> None:
@@ -158,16 +167,13 @@ def environment_info() -> dict:
         "git_sha": _git_sha(),
         "torch_threads": None, "cuda_device": None, "cuda_version": None,
     }
-    # torch only if the caller already imported it or it is installed: never fail a write.
     try:
-        import torch
-
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
         if torch.cuda.is_available():
             info["cuda_device"] = torch.cuda.get_device_name(0)
             info["cuda_version"] = torch.version.cuda
-    except Exception:  # noqa: BLE001 - missing/broken torch must not lose a benchmark result
+    except Exception:  # noqa: BLE001 - a broken CUDA query must not lose a benchmark result
         pass
     return info
 
@@ -179,6 +185,10 @@ def make_run_id(name: str = "", now: dt.datetime | None = None) -> str:
     stamp = now.astimezone(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")[:48]
     return f"{stamp}-{slug}" if slug else stamp
+
+
+class RunExistsError(UserError, FileExistsError):
+    """--run-id names a run directory that exists (and --resume was not given)."""
 
 
 def create_run(kind: str, config: Mapping[str, Any], *, name: str = "", run_id: str | None = None,
@@ -195,7 +205,7 @@ def create_run(kind: str, config: Mapping[str, Any], *, name: str = "", run_id: 
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     if cfg_path.exists():
         if not resume:
-            raise FileExistsError(f"run directory {run_dir} exists (use --resume or another --run-id)")
+            raise RunExistsError(f"run directory {run_dir} exists (use --resume or another --run-id)")
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         cfg.setdefault("resumed_utc", []).append(now)
     else:

@@ -1,4 +1,6 @@
-"""Human-readable sizes: `4GiB`, `512MiB`, `2.5GB`, `1e9`, `300000000` -> bytes (int).
+"""CLI values: comma lists (comma_list) and human-readable sizes.
+
+Sizes: `4GiB`, `512MiB`, `2.5GB`, `1e9`, `300000000` -> bytes (int).
 
 Binary suffixes (KiB, MiB, GiB, TiB) are powers of 1024, decimal ones (kB/KB, MB, GB, TB) powers
 of 1000, as `nvidia-smi`/`df -H` and vLLM's `--kv-cache-memory` docs use them. `K`, `M`, `G`,
@@ -9,8 +11,25 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 from dllm_bench.errors import UserError
+
+T = TypeVar("T")
+
+
+def comma_list(text: str | None, flag: str, parse: Callable[[str], T] = str, unique: bool = True) -> list[T]:
+    """`a, b,c` -> [parse("a"), parse("b"), parse("c")] (empty items skipped); an empty list, or
+    with `unique` an item given twice, is a UserError naming `flag`. `parse` raises its own."""
+    out = [parse(t) for t in (t.strip() for t in str(text or "").split(",")) if t]
+    if not out:
+        raise UserError(f"{flag} is empty")
+    if unique:
+        dup = next((v for i, v in enumerate(out) if v in out[:i]), None)
+        if dup is not None:
+            raise UserError(f"{flag} lists {dup} twice")
+    return out
 
 _UNITS = {
     "": 1, "b": 1,

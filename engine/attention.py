@@ -1,9 +1,11 @@
-"""Varlen, non-causal attention over a packed batch of sequences with different query and key
-lengths (Refresh: keys = own queries; Reuse: keys = cache + fresh block).
+"""Bidirectional attention: the one SDPA + GQA helper (`sdpa`) every model path calls, the
+padded batch form the engine's step uses on CPU (`padded_attention`: one SDPA call for a whole
+phase group, padding keys masked out), and flash-attn varlen on CUDA (`flash_varlen`).
 
-Backends: `flash_attn` (flash_attn_varlen_func, CUDA only, optional import) and `sdpa` (a loop
-of torch SDPA calls, one per sequence: robust on CPU, exact, memory O(max Lq·Lk)).
-Keys and values come per sequence in [H_kv, L_k, D] layout, the layout caches are stored in.
+Why padded SDPA on CPU (measured in docs/PERFORMANCE.md): flex_attention without
+torch.compile materializes the score matrix and ran 5-10x slower; a per-sequence loop costs
+host work per request; padding waste is small when a group's lengths are alike, and the
+runner splits a group into chunks so no padded call exceeds a key budget.
 """
 from __future__ import annotations
 
@@ -25,37 +27,57 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
-def varlen_attention(
-    q: torch.Tensor,
-    cu_q: list[int],
-    keys: list[torch.Tensor],
-    values: list[torch.Tensor],
-    backend: str = "sdpa",
-) -> torch.Tensor:
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q kᵀ/√D) v, no causal mask: q [..., Hq, Lq, D], k/v [..., Hkv, Lk, D]; query head
+    h uses KV head h // (Hq / Hkv) (GQA). mask: bool, True = attend, broadcast to the scores."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[-3] != k.shape[-3])
+
+
+def key_bias(key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """key_mask [G, Lk] (True = a real key) -> the additive mask [G, 1, 1, Lk] (0 / -inf) SDPA
+    takes as is: built once per step, it saves every layer the bool-to-bias conversion."""
+    bias = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill_(~key_mask, -torch.inf)
+    return bias[:, None, None, :]
+
+
+def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """q [G, Lq, Hq, D], k/v [G, Lk, Hkv, D], bias [G, 1, 1, Lk] from `key_bias` (None: every
+    key is real) -> [G, Lq, Hq, D]."""
+    # A contiguous [G, H, Lq, D] query is several times faster in CPU SDPA than a strided view.
+    return sdpa(q.transpose(1, 2).contiguous(), k.transpose(1, 2), v.transpose(1, 2), bias).transpose(1, 2)
+
+
+def varlen_attention(q: torch.Tensor, cu_q: list[int], keys: list[torch.Tensor], values: list[torch.Tensor],
+                     backend: str = "sdpa") -> torch.Tensor:
     """q [Nq, Hq, D] packed; segment i is q[cu_q[i]:cu_q[i+1]] and attends over keys[i] /
-    values[i] ([Hkv, Lk_i, D]). Returns [Nq, Hq, D]."""
+    values[i] ([Hkv, Lk_i, D]). Returns [Nq, Hq, D]. A convenience over lists (benchmarks and
+    tests); the engine's step builds its padded or packed keys from the pool directly."""
+    lk = [t.shape[1] for t in keys]
     if backend == "flash_attn":
-        return _flash(q, cu_q, keys, values)
-    out = torch.empty_like(q)
-    for i, (k, v) in enumerate(zip(keys, values)):
-        out[cu_q[i] : cu_q[i + 1]] = attend_one(q[cu_q[i] : cu_q[i + 1]], k, v)
-    return out
+        kp = torch.cat([t.transpose(0, 1) for t in keys])
+        vp = torch.cat([t.transpose(0, 1) for t in values])
+        return flash_varlen(q, cu_q, kp, vp, [0, *torch.tensor(lk).cumsum(0).tolist()])
+    lq = [cu_q[i + 1] - cu_q[i] for i in range(len(keys))]
+    G, Lq, Lk = len(keys), max(lq), max(lk)
+    qp = q.new_zeros(G, Lq, *q.shape[1:])
+    kp = q.new_zeros(G, Lk, keys[0].shape[0], q.shape[-1])
+    vp = torch.zeros_like(kp)
+    mask = torch.zeros(G, Lk, dtype=torch.bool, device=q.device)
+    for i in range(G):
+        qp[i, : lq[i]] = q[cu_q[i] : cu_q[i + 1]]
+        kp[i, : lk[i]] = keys[i].transpose(0, 1)
+        vp[i, : lk[i]] = values[i].transpose(0, 1)
+        mask[i, : lk[i]] = True
+    o = padded_attention(qp, kp, vp, key_bias(mask, q.dtype))
+    return torch.cat([o[i, : lq[i]] for i in range(G)])
 
 
-def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One sequence with SDPA: q [Lq, Hq, D], k/v [Hkv, Lk, D] -> [Lq, Hq, D]."""
-    # A contiguous [H, Lq, D] query is several times faster in CPU SDPA than a strided view.
-    o = F.scaled_dot_product_attention(q.transpose(0, 1).contiguous(), k, v, enable_gqa=q.shape[1] != k.shape[0])
-    return o.transpose(0, 1)
-
-
-def _flash(q, cu_q, keys, values):
+def flash_varlen(q: torch.Tensor, cu_q: list[int], k: torch.Tensor, v: torch.Tensor, cu_k: list[int]) -> torch.Tensor:
+    """flash_attn_varlen_func over packed q [Nq, Hq, D] and k/v [Nk, Hkv, D] (CUDA only)."""
     from flash_attn import flash_attn_varlen_func  # optional dependency, CUDA only
 
-    k = torch.cat([t.transpose(0, 1) for t in keys])
-    v = torch.cat([t.transpose(0, 1) for t in values])
-    lk = [t.shape[1] for t in keys]
-    cu_k = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device=q.device)
     cq = torch.tensor(cu_q, dtype=torch.int32, device=q.device)
-    max_q = max(cu_q[i + 1] - cu_q[i] for i in range(len(cu_q) - 1))
-    return flash_attn_varlen_func(q, k, v, cq, cu_k, max_q, max(lk), causal=False)
+    ck = torch.tensor(cu_k, dtype=torch.int32, device=q.device)
+    max_q = max(b - a for a, b in zip(cu_q, cu_q[1:]))
+    max_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
+    return flash_attn_varlen_func(q, k, v, cq, ck, max_q, max_k, causal=False)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import torch
+
 CACHE_POLICIES = ("none", "dual", "sparse")
 SELECTIONS = ("head", "uniform")
 SCORE_QUERIES = ("mean", "max")
 SCHEDULERS = ("phase", "request")
-DTYPES = ("float64", "float32", "bfloat16", "float16")
+# The one dtype-name table of the repository (CLI names -> torch dtypes).
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = ("auto", "sdpa", "flash_attn")
 
 
@@ -52,7 +55,7 @@ class EngineConfig:
         check(self.selection in SELECTIONS, f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         check(self.score_query in SCORE_QUERIES, f"score_query must be one of {SCORE_QUERIES}, got {self.score_query!r}")
         check(self.scheduler in SCHEDULERS, f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
-        check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        check(self.dtype in DTYPES, f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         check(self.attention_backend in BACKENDS, f"attention backend must be one of {BACKENDS}")
         check(self.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive")
         check(self.max_num_seqs > 0, "max_num_seqs must be positive")

@@ -8,15 +8,16 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.attention import resolve_backend
-from engine.config import EngineConfig
+from engine.canvas import CanvasPool
+from engine.config import DTYPES, EngineConfig
+from engine.counters import StepCounters
 from engine.kv_cache import KVPool
 from engine.models.llada import LLaDAModelLM, load_llada
 from engine.request import Request, RequestOutput, Status
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
-
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from engine.step import Batch, Runner, StepDecisions
 
 
 def resolve_device(name: str) -> torch.device:
@@ -26,29 +27,39 @@ def resolve_device(name: str) -> torch.device:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, model: LLaDAModelLM | None = None):
+    """`runner`: any `engine.step.Runner` in place of the `ModelRunner` over `model` (e.g. a
+    simulator's cost model); the scheduler, KV pool and logit budget stay the engine's own. An
+    injected runner without a model cannot be memory-profiled: give `kv_pool_tokens` (or no
+    budget on CPU)."""
+
+    def __init__(self, config: EngineConfig, model: LLaDAModelLM | None = None, runner: Runner | None = None):
         self.config = config
-        self.device = resolve_device(config.device) if model is None else model.device
-        self.dtype = DTYPES[config.dtype] if model is None else model.dtype
-        self.model = model if model is not None else load_llada(config.model, self.dtype, self.device)
-        self.model_config = self.model.config
+        if model is None and runner is None:
+            device = resolve_device(config.device)
+            model = load_llada(config.model, DTYPES[config.dtype], device)
+        self.model = model if model is not None else getattr(runner, "model", None)
+        source = runner if runner is not None else model
+        self.device, self.dtype = source.device, source.dtype
+        self.model_config = runner.model_config if runner is not None else model.config
         self.max_model_len = config.max_model_len or self.model_config.max_sequence_length
         self.backend = resolve_backend(config.attention_backend, self.device)
         self.profile = None
         capacity = config.kv_pool_tokens
         if capacity is None and (config.memory_budget is not None or self.device.type == "cuda"):
+            if self.model is None:
+                raise ValueError("an injected runner without a model cannot be profiled: set kv_pool_tokens")
             from engine.profiler import profile_kv_pool
 
             self.profile = profile_kv_pool(self.model, config, self.backend, self.max_model_len)
             capacity = self.profile.kv_pool_tokens
         self.pool = KVPool(capacity, self.model_config, self.dtype, self.device)
-        self.scheduler = Scheduler(config, self.pool)
-        self.runner = ModelRunner(self.model, config, self.backend)
+        self.canvases = CanvasPool(self.device)
+        self.scheduler = Scheduler(config, self.pool, self.canvases)
+        self.runner = runner if runner is not None else ModelRunner(self.model, config, self.backend, self.pool,
+                                                                    self.max_model_len)
         self._ids = itertools.count()
-        self.counters = dict(steps=0, forwards=0, query_tokens=0, logits_rows=0, max_logits_rows_in_step=0,
-                             refresh_steps=0, reuse_steps=0)
-        self.batch_sizes: list[int] = []
-        self.step_log: list[tuple[int, int, int]] = []   # (refresh, reuse, query tokens) per step
+        self.counters = StepCounters()
+        self.batch_sizes, self.step_log = self.counters.batch_sizes, self.counters.step_log
 
     # ------------------------------------------------------------------ requests
     def add_request(
@@ -106,6 +117,8 @@ class LLMEngine:
         if not batch:
             return []
         st = self.runner.run(batch)
+        if st.decisions is not None:
+            self.commit(batch, st.decisions)
         now = time.perf_counter()
         done = []
         for req, _ in batch:
@@ -113,17 +126,16 @@ class LLMEngine:
             if req.status is Status.FINISHED:
                 self.scheduler.finish(req)
                 done.append(req.output())
-        c = self.counters
-        c["steps"] += 1
-        c["forwards"] += 1
-        c["query_tokens"] += st.query_tokens
-        c["logits_rows"] += st.logits_rows
-        c["max_logits_rows_in_step"] = max(c["max_logits_rows_in_step"], st.max_logits_rows)
-        c["refresh_steps"] += st.refresh
-        c["reuse_steps"] += st.reuse
-        self.batch_sizes.append(len(batch))
-        self.step_log.append((st.refresh, st.reuse, st.query_tokens))
+        self.counters.record(len(batch), st.query_tokens, st.logits_rows, st.max_logits_rows, st.refresh, st.reuse,
+                             self.scheduler.stalled)
         return done
+
+    def commit(self, batch: Batch, d: StepDecisions) -> None:
+        """Write every request's decided tokens into the canvas pool with one indexed write."""
+        offsets = torch.tensor([r.canvas_offset for r, _ in batch], dtype=torch.long, device=self.device)
+        self.canvases.tokens[offsets[d.row] + d.positions] = d.tokens
+        for (req, _), n in zip(batch, d.logits_rows):
+            req.charge(n)
 
     def generate(
         self,
@@ -135,14 +147,12 @@ class LLMEngine:
         return run_to_completion(self, prompts, params, progress)
 
     def stats(self) -> dict:
-        c = dict(self.counters)
+        c = self.counters.stats()
         c.update(
             kv_pool_tokens=self.pool.capacity,
             kv_pool_bytes=self.pool.capacity_bytes,
             peak_kv_tokens=self.pool.peak_used,
             peak_kv_bytes=self.pool.peak_used * self.pool.bytes_per_token,
-            batch_sizes=list(self.batch_sizes),
-            step_composition=[list(s) for s in self.step_log],
         )
         if self.profile is not None:
             c["profile"] = self.profile.to_dict()

@@ -1,8 +1,11 @@
-"""The KV pool: a capacity in token slots (sized by the profiler) and per-request reservations.
+"""The KV pool: one K/V storage in token slots (sized by the profiler), per-request slot tables.
 
 A request's whole KV need is reserved at admission — dense: its canvas length; sparse: the
-retained ⌊r·L_ctx⌋ tokens per head — so a running request can never run out. Storage is a
-per-request tensor in [layers, 2 (K, V), H_kv, tokens, head_dim], the layout attention reads.
+retained ⌊r·L_ctx⌋ tokens per head — so a running request can never run out. Storage is
+[layers, 2 (K, V), slots, H_kv, head_dim]; a request owns the slots in its table `req.slots`
+(a LongTensor, in position order for dual, retained-entry order for sparse), so a step reads
+or writes the cache of every request in a layer with one indexed op (vLLM's block table, at
+token granularity). An unbounded pool (capacity None) grows its storage on demand.
 """
 from __future__ import annotations
 
@@ -33,6 +36,50 @@ def kv_need(cache: str, length: int, block_length: int, retention: float) -> int
     return 0
 
 
+class SlotRanges:
+    """Free slots as sorted [start, end) ranges: first fit, then any pieces (a slot table need
+    not be contiguous), merged again on release."""
+
+    def __init__(self, size: int = 0):
+        self.free: list[list[int]] = [[0, size]] if size else []
+        self.size = size
+
+    def grow(self, size: int) -> None:
+        if self.free and self.free[-1][1] == self.size:
+            self.free[-1][1] = size
+        else:
+            self.free.append([self.size, size])
+        self.size = size
+
+    def take(self, n: int, contiguous: bool = False) -> list[tuple[int, int]] | None:
+        for r in self.free:
+            if r[1] - r[0] >= n:
+                r[0] += n
+                self.free = [x for x in self.free if x[1] > x[0]]
+                return [(r[0] - n, r[0])]
+        if contiguous or sum(e - s for s, e in self.free) < n:
+            return None
+        got, left = [], n
+        while left:
+            s, e = self.free[0]
+            k = min(left, e - s)
+            got.append((s, s + k))
+            left -= k
+            self.free[0][0] += k
+            if self.free[0][0] == e:
+                self.free.pop(0)
+        return got
+
+    def put(self, pieces: list[tuple[int, int]]) -> None:
+        merged: list[list[int]] = []
+        for s, e in sorted([*map(tuple, self.free), *pieces]):
+            if merged and merged[-1][1] == s:
+                merged[-1][1] = e
+            else:
+                merged.append([s, e])
+        self.free = merged
+
+
 class KVPool:
     def __init__(self, capacity_tokens: int | None, cfg: LLaDAConfig, dtype: torch.dtype, device):
         self.capacity = capacity_tokens            # None = unbounded
@@ -40,6 +87,15 @@ class KVPool:
         self.bytes_per_token = bytes_per_token(cfg, dtype)
         self.used = 0
         self.peak_used = 0
+        self.storage = self._alloc(capacity_tokens or 0)
+        self.ranges = SlotRanges(self.storage.shape[2])
+        self.pieces: dict[int, list[tuple[int, int]]] = {}   # id(slot table) -> its ranges
+
+    def _alloc(self, n: int) -> torch.Tensor:
+        c = self.cfg
+        # Never read before written (a Refresh stores or selects every slot before a Reuse reads
+        # it), so the pages are not touched up front.
+        return torch.empty(c.n_layers, 2, n, c.kv_heads, c.head_dim, dtype=self.dtype, device=self.device)
 
     @property
     def capacity_bytes(self) -> int | None:
@@ -52,16 +108,30 @@ class KVPool:
         return self.capacity is None or self.used + n <= self.capacity
 
     def reserve(self, n: int) -> torch.Tensor | None:
-        """Reserve n slots and allocate their storage."""
+        """Reserve n slots; returns their slot table (None for n = 0)."""
         if not self.can_reserve(n):
             raise RuntimeError("KV pool over-committed: the scheduler must check can_reserve first")
         self.used += n
         self.peak_used = max(self.peak_used, self.used)
         if n == 0:
             return None
-        c = self.cfg
-        return torch.empty(c.n_layers, 2, c.kv_heads, n, c.head_dim, dtype=self.dtype, device=self.device)
+        pieces = self.ranges.take(n)
+        if pieces is None:                       # unbounded pool: double the storage
+            old = self.storage
+            self.storage = self._alloc(max(2 * old.shape[2], old.shape[2] + n))
+            self.storage[:, :, : old.shape[2]] = old
+            self.ranges.grow(self.storage.shape[2])
+            pieces = self.ranges.take(n)
+        table = torch.cat([torch.arange(s, e) for s, e in pieces]).to(self.device)
+        self.pieces[id(table)] = pieces
+        return table
 
-    def release(self, n: int) -> None:
+    def release(self, n: int, table: torch.Tensor | None = None) -> None:
         self.used -= n
         assert self.used >= 0
+        if table is not None:
+            self.ranges.put(self.pieces.pop(id(table)))
+
+    def view(self, table: torch.Tensor) -> torch.Tensor:
+        """A request's cache as [layers, 2, H_kv, slots, head_dim] (a copy; for inspection)."""
+        return self.storage[:, :, table].transpose(2, 3)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
-from engine.kv_cache import bytes_per_token, kv_need
+from engine.kv_cache import KVPool, bytes_per_token, kv_need
 from engine.memory import MemoryMeter
 from engine.models.llada import LLaDAModelLM
 from engine.request import Phase, Request
@@ -70,20 +70,22 @@ def _synthetic(n_tokens: int, prompt_len: int, block_length: int, model: LLaDAMo
     return Request(f"profile-{n_tokens}", [0] * prompt_len, params, model.config.mask_token_id, model.device)
 
 
-def _measure(runner: ModelRunner, batch: list[tuple[Request, Phase]], pool_dtype, config: EngineConfig) -> int:
-    c = runner.model.config
-    for req, phase in batch:  # caches live in the pool, outside the activation measurement
+def _measure(runner: ModelRunner, batch: list[tuple[Request, Phase]], config: EngineConfig) -> int:
+    pool = runner.pool
+    for req, _ in batch:  # caches live in the pool, outside the activation measurement
         need = kv_need(config.cache, req.length, req.params.block_length, config.retention)
-        if need and phase is not Phase.REFRESH:
-            req.kv = torch.zeros(c.n_layers, 2, c.kv_heads, need, c.head_dim, dtype=pool_dtype, device=runner.model.device)
+        req.slots, req.kv_pool, req.kv_tokens = pool.reserve(need), pool, need
     with MemoryMeter(runner.model.device) as meter:
         runner.run(batch)
+    for req, _ in batch:
+        pool.release(req.kv_tokens, req.slots)
     return meter.peak_bytes
 
 
 def measure_activation_peak(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int):
     """(refresh_peak, reuse_peak) in bytes for the worst admissible steps."""
-    runner = ModelRunner(model, config, backend)
+    scratch = KVPool(None, model.config, model.dtype, model.device)     # the profiled steps' caches
+    runner = ModelRunner(model, config, backend, scratch, max_model_len)
     temp = 1.0 if config.sampling else 0.0
     budget = config.max_num_batched_tokens
     L = min(max_model_len, budget)
@@ -95,7 +97,7 @@ def measure_activation_peak(model: LLaDAModelLM, config: EngineConfig, backend: 
     rest = budget - n * L
     if rest >= 2 and n < config.max_num_seqs:
         batch.append((_synthetic(rest, 1, rest - 1, model, temp), refresh_phase))
-    refresh_peak = _measure(runner, batch, model.dtype, config)
+    refresh_peak = _measure(runner, batch, config)
     if config.cache == "none":
         return refresh_peak, 0
     # (b) Reuse: the token budget full of short Reuse queries, plus the largest single Reuse.
@@ -104,7 +106,7 @@ def measure_activation_peak(model: LLaDAModelLM, config: EngineConfig, backend: 
     many = [(_synthetic(2 * bl, bl, bl, model, temp), Phase.REUSE) for _ in range(n_reuse)]
     big_bl = min(bl, L - 1)
     one = [(_synthetic(L, L - big_bl, big_bl, model, temp), Phase.REUSE)]
-    reuse_peak = _measure(runner, many, model.dtype, config) + _measure(runner, one, model.dtype, config)
+    reuse_peak = _measure(runner, many, config) + _measure(runner, one, config)
     return refresh_peak, reuse_peak
 
 
@@ -121,10 +123,7 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
             f"activation peak {peak / 2**20:.0f} MiB + guard {guard / 2**20:.0f} MiB"
         )
     bpt = bytes_per_token(model.config, model.dtype)
-    # The packed flash-attn call concatenates one layer's K/V of every running request, which
-    # can reach the whole pool / n_layers; the SDPA path attends one sequence at a time.
-    per_token = bpt + (-(-bpt // model.config.n_layers) if backend == "flash_attn" else 0)
-    tokens = free // per_token
+    tokens = free // bpt
     return MemoryProfile(
         budget_bytes=budget, weights_bytes=wb, activation_peak_bytes=peak, refresh_peak_bytes=refresh_peak,
         reuse_peak_bytes=reuse_peak, guard_bytes=guard, kv_pool_bytes=tokens * bpt, kv_pool_tokens=tokens,

@@ -75,7 +75,15 @@ class Request:
         self.logits_rows = 0
         self.kv_tokens = 0          # token slots reserved in the KV pool
         self.kv_bytes = 0
-        self.kv = None              # the request's cache storage (engine/kv_cache.py)
+        self.slots: torch.Tensor | None = None   # its slot table in the KV pool (`KVPool`)
+        self.kv_pool = None
+        self.canvas_pool = None     # the `CanvasPool` whose tokens `canvas` views while running
+        self.canvas_offset: int | None = None
+
+    @property
+    def kv(self) -> torch.Tensor | None:
+        """The request's cache as [layers, 2, H_kv, slots, head_dim] (a copy, for inspection)."""
+        return None if self.slots is None else self.kv_pool.view(self.slots)
 
     @property
     def length(self) -> int:
@@ -112,6 +120,11 @@ class Request:
         """Absolute positions of the still-masked tokens of the current block (position order)."""
         s, e = self.block_range
         return torch.nonzero(self.canvas[s:e] == self.mask_id).squeeze(-1) + s
+
+    def charge(self, logits_rows: int) -> None:
+        """One forward evaluation that computed `logits_rows` logits rows for this request."""
+        self.nfe += 1
+        self.logits_rows += logits_rows
 
     def advance(self, now: float) -> None:
         """One denoising step done: move the cursor; record first-block and finish times."""

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 from collections import deque
 
+from engine.canvas import CanvasPool
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, kv_need
 from engine.request import Phase, Request, Status
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, pool: KVPool):
-        self.config, self.pool = config, pool
+    def __init__(self, config: EngineConfig, pool: KVPool, canvases: CanvasPool | None = None):
+        self.config, self.pool, self.canvases = config, pool, canvases
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.stalled = 0            # running requests the last schedule() left out
 
     def kv_need(self, req: Request) -> int:
         c = self.config
@@ -48,10 +50,12 @@ class Scheduler:
         c = self.config
         batch: list[tuple[Request, Phase]] = []
         tokens = 0
+        self.stalled = 0
         for req in self.running:
             phase = req.phase(c.cache, c.delay_step)
             cost = self.cost(req, phase)
             if len(batch) >= c.max_num_seqs or tokens + cost > c.max_num_batched_tokens:
+                self.stalled = len(self.running) - len(batch)
                 return batch            # strict FCFS: nobody overtakes a running request
             batch.append((req, phase))
             tokens += cost
@@ -66,7 +70,9 @@ class Scheduler:
             ):
                 break
             self.waiting.popleft()
-            req.kv = self.pool.reserve(need)
+            req.slots, req.kv_pool = self.pool.reserve(need), self.pool
+            if self.canvases is not None:
+                self.canvases.place(req)
             req.kv_tokens = need
             req.kv_bytes = need * self.pool.bytes_per_token
             req.status = Status.RUNNING
@@ -78,8 +84,10 @@ class Scheduler:
 
     def finish(self, req: Request) -> None:
         self.running.remove(req)
-        self.pool.release(req.kv_tokens)
-        req.kv = None
+        self.pool.release(req.kv_tokens, req.slots)
+        req.slots = None
+        if self.canvases is not None:
+            self.canvases.release(req)
 
     def abort(self, request_id: str) -> Request | None:
         for req in list(self.waiting):

@@ -15,44 +15,76 @@ import torch
 import torch.nn.functional as F
 
 
-def context_index(length: int, start: int, end: int, device) -> torch.Tensor:
-    """Positions outside the current block [start, end): the eviction candidates."""
-    return torch.cat([torch.arange(0, start, device=device), torch.arange(end, length, device=device)])
-
-
-def score_context(q_block: torch.Tensor, k_ctx: torch.Tensor, selection: str, query: str = "mean") -> torch.Tensor:
-    """q_block [Lb, Hq, D], k_ctx [Hkv, Lc, D] -> scores [Hkv, Lc] (head) or [1, Lc] (uniform).
+def score_context(q_block: torch.Tensor, k_ctx: torch.Tensor, selection: str, query: str = "mean",
+                  q_len: torch.Tensor | None = None) -> torch.Tensor:
+    """q_block [G, Lb, Hq, D], k_ctx [G, Hkv, Lc, D] -> scores [G, Hkv, Lc] (head) or [G, 1, Lc]
+    (uniform). q_len [G]: each member's real block queries (the rest is padding); None = all.
 
     query="mean": the block queries' mean (the upstream code) — one dot product per head and
     token, but a block that is mostly EOS padding then scores for what the padding looks at
     (docs/ACCURACY.md). query="max": the best score any block query gives the token."""
-    hkv, _, d = k_ctx.shape
+    G, lb, hq, d = q_block.shape
+    hkv = k_ctx.shape[1]
+    pad = None if q_len is None else torch.arange(lb, device=q_block.device)[None] >= q_len[:, None]
     if query == "mean":
-        q_mean = q_block.mean(0).view(hkv, -1, d)                  # [Hkv, G, D]
-        s = torch.einsum("hgd,hld->hgl", q_mean, k_ctx)            # [Hkv, G, Lc]
+        if pad is None:
+            q_mean = q_block.mean(1)
+        else:
+            q_mean = q_block.masked_fill(pad[:, :, None, None], 0).sum(1) / q_len[:, None, None].to(q_block.dtype)
+        s = torch.einsum("nhgd,nhld->nhgl", q_mean.view(G, hkv, -1, d), k_ctx)       # [G, Hkv, g, Lc]
     else:
-        q = q_block.view(q_block.shape[0], hkv, -1, d)              # [Lb, Hkv, G, D]
-        s = torch.einsum("bhgd,hld->hgbl", q, k_ctx).flatten(1, 2)  # [Hkv, G*Lb, Lc]
+        q = q_block.view(G, lb, hkv, -1, d)
+        s = torch.einsum("nbhgd,nhld->nhgbl", q, k_ctx)                               # [G, Hkv, g, Lb, Lc]
+        if pad is not None:
+            s = s.masked_fill(pad[:, None, None, :, None], -torch.inf)
+        s = s.flatten(2, 3)                                                           # [G, Hkv, g*Lb, Lc]
     if selection == "head":
-        return s.amax(1) / math.sqrt(d)                        # max over the query group (GQA)
+        return s.amax(2) / math.sqrt(d)                        # max over the query group (GQA)
     if query == "max":
-        s = s.amax(1, keepdim=True)                            # each KV head's best query first
-    return s.mean((0, 1))[None]                                # Sparse-dLLM: raw dot, mean over heads
+        s = s.amax(2, keepdim=True)                            # each KV head's best query first
+    return s.mean((1, 2))[:, None]                             # Sparse-dLLM: raw dot, mean over heads
 
 
 def max_pool(scores: torch.Tensor, window: int) -> torch.Tensor:
+    """Along the last axis of [..., Lc]; -inf padding at the end never wins a window."""
     if window <= 1:
         return scores
-    return F.max_pool1d(scores[:, None], window, stride=1, padding=window // 2)[:, 0]
+    flat = scores.reshape(-1, 1, scores.shape[-1])
+    return F.max_pool1d(flat, window, stride=1, padding=window // 2).view(scores.shape)
+
+
+def select_many(q_block, k_ctx, ctx_len: list[int], n_keep: list[int], selection: str, window: int,
+                query: str = "mean", q_len: torch.Tensor | None = None) -> torch.Tensor:
+    """Batched `select` over G members padded to one shape (k_ctx [G, Hkv, Lc_max, D], member g's
+    real context is its first ctx_len[g] tokens) -> indices [G, Hkv, max n_keep]; member g's are
+    the first n_keep[g] of its row (the rest is 0). The top-k runs once per distinct
+    (ctx_len, n_keep) on exactly the members' own scores, so padding cannot change which of
+    tied tokens is kept."""
+    s = score_context(q_block, k_ctx, selection, query, q_len)
+    G, hkv, lc = s.shape[0], k_ctx.shape[1], s.shape[-1]
+    if any(n < lc for n in ctx_len):
+        pad = torch.arange(lc, device=s.device)[None] >= torch.tensor(ctx_len, device=s.device)[:, None]
+        s = s.masked_fill(pad[:, None], -torch.inf)
+    s = max_pool(s, window)
+    shapes: dict[tuple[int, int], list[int]] = {}
+    for g, key in enumerate(zip(ctx_len, n_keep)):
+        shapes.setdefault(key, []).append(g)
+    if len(shapes) == 1:
+        (c, n), = shapes
+        return torch.topk(s[..., :c], n, dim=-1).indices.sort(-1).values.expand(G, hkv, n)
+    out = torch.zeros(G, hkv, max(n_keep), dtype=torch.long, device=s.device)
+    for (c, n), members in shapes.items():
+        m = torch.tensor(members, device=s.device)
+        out[m, :, :n] = torch.topk(s[m, :, :c], n, dim=-1).indices.sort(-1).values.expand(len(members), hkv, n)
+    return out
 
 
 def select(q_block, k_ctx, n_keep: int, selection: str, window: int, query: str = "mean") -> torch.Tensor:
-    """Indices into the context axis, [Hkv, n_keep], sorted by position within each head."""
-    s = max_pool(score_context(q_block, k_ctx, selection, query), window)
-    idx = torch.topk(s, n_keep, dim=-1).indices.sort(-1).values
-    return idx.expand(k_ctx.shape[0], -1)
+    """One sequence: q_block [Lb, Hq, D], k_ctx [Hkv, Lc, D] -> indices into the context axis,
+    [Hkv, n_keep], sorted by position within each head."""
+    return select_many(q_block[None], k_ctx[None], [k_ctx.shape[1]], [n_keep], selection, window, query)[0]
 
 
 def pack(t_ctx: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """t_ctx [Hkv, Lc, D] gathered per head at idx [Hkv, k] -> dense [Hkv, k, D]."""
-    return t_ctx.gather(1, idx[..., None].expand(-1, -1, t_ctx.shape[-1]))
+    """t_ctx [..., Hkv, Lc, D] gathered per head at idx [..., Hkv, k] -> dense [..., Hkv, k, D]."""
+    return t_ctx.gather(-2, idx[..., None].expand(*idx.shape, t_ctx.shape[-1]))

@@ -42,7 +42,8 @@ def _docs(info: dict, n: int, seed: int = 0):
 
 # ------------------------------------------------------------------------------ the checkpoint
 def test_tiny_math_asset_layout(tiny_math):
-    from dllm_bench.checkpoints.presets import PRESETS, asset_dir
+    from dllm_bench.checkpoints.presets import PRESETS
+    from dllm_bench.checkpoints.store import asset_dir
 
     path, model, tok, info = tiny_math
     assert path == asset_dir(PRESETS["tiny-math"])
@@ -62,7 +63,9 @@ def test_tiny_math_asset_layout(tiny_math):
 
 def test_tiny_math_reaches_documented_floor(tiny_math):
     """Exact mode (the engine with cache=none = LLaDA's sampler) on a fixed synth slice."""
-    from dllm_bench.accuracy.points import Point, PointBackend, eval_synth_point
+    from dllm_bench.accuracy.backend import PointBackend
+    from dllm_bench.accuracy.evaluate import eval_synth_point
+    from dllm_bench.accuracy.points import Point
 
     path, model, tok, info = tiny_math
     w = info["config"]["window"]
@@ -81,7 +84,8 @@ def test_tiny_math_reaches_documented_floor(tiny_math):
 
 
 def test_engine_exact_mode_matches_reference_on_tiny_math(tiny_math):
-    from dllm_bench.accuracy.points import Point, build_system, run_requests
+    from dllm_bench.accuracy.backend import point_system
+    from dllm_bench.accuracy.points import Point
     from dllm_bench.checkpoints.load import encode_prompt
     from engine import SamplingParams
     from engine.reference import reference_generate
@@ -91,7 +95,7 @@ def test_engine_exact_mode_matches_reference_on_tiny_math(tiny_math):
     prompts = [encode_prompt(tok, synth.format_prompt(d["question"]), False) for d in _docs(info, 3)]
     w = info["config"]["window"]
     params = SamplingParams(gen_length=w, block_length=w, steps=w)
-    outs = run_requests(build_system(Point("dense", "engine", "dense", cache="none"), model), prompts, params)
+    outs = point_system(Point("dense", "engine", "dense", cache="none"), model).generate(prompts, params)
     for p, o in zip(prompts, outs, strict=True):
         assert o.token_ids == reference_generate(model, p, params)[0]
 
@@ -276,8 +280,10 @@ def test_wilson_interval():
 def test_lm_eval_engine_backend_on_tiny_math(tiny_math):
     """lm-eval's simple_evaluate drives the real engine on 5 dllm_synth docs, offline, and scores
     exactly what our own scoring of the same engine outputs gives."""
+    from dllm_bench.accuracy.backend import PointBackend
+    from dllm_bench.accuracy.evaluate import eval_synth_point
     from dllm_bench.accuracy.lm_eval_model import DllmBenchLM, make_backend, run_lm_eval
-    from dllm_bench.accuracy.points import Point, PointBackend, eval_synth_point
+    from dllm_bench.accuracy.points import Point
 
     path, model, tok, info = tiny_math
     k = info["config"]["eval_facts"]

@@ -267,7 +267,7 @@ def test_lm_eval_offline_oracle_scores_one():
 
 
 def test_lm_eval_scores_equal_scoring_module():
-    """Same completions scored by lm-eval (YAML filters + metric) and by scoring.py agree."""
+    """Same completions scored by lm-eval (YAML filters + metric) and by workloads.tasks.scoring agree."""
     from dllm_bench.accuracy.lm_eval_model import run_lm_eval
 
     docs = gsm8k.load_gsm8k(limit=5)

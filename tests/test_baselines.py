@@ -1,5 +1,5 @@
-"""Baselines vs independent plain re-implementations written here from the spec
-(/work/shared/reference/baselines_spec.md), in float64 on a tiny random LLaDA.
+"""Baselines vs independent plain re-implementations written here from the upstream
+code each baseline follows (repository + commit in baselines.SYSTEMS), in float64 on a tiny random LLaDA.
 
 Each plain version runs one sequence with a different code path from baselines/: the caches are
 emulated by full recomputation through `model.hidden_states` with an attention function that
@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from baselines import SYSTEMS, make_system, profile_max_batch
-from baselines.static_batch import measure_run, weight_bytes
+from baselines.profile import measure_run
 from engine.models.llada import LLaDAConfig, LLaDAModelLM, dense_attention, rms_norm
+from engine.profiler import weights_bytes as weight_bytes
 from engine.reference import reference_generate
 from engine.sampling import SamplingParams
 from engine.unmask import RequestGenerators, transfer_schedule
@@ -239,7 +240,7 @@ def test_fast_dllm(model, cache):
         out = run(model, "fast-dllm", prompt(P, seed), sp, fast_dllm_cache=cache)
         toks, nfe = plain_fast(model, prompt(P, seed), sp, cache)
         assert out.token_ids == toks and out.nfe == nfe
-        # spec §3: 1 full + window forwards while the block has a MASK (zeros skipped)
+        # Fast-dLLM (NVlabs/Fast-dLLM@24cc59e): 1 full + window forwards while the block has a MASK (zeros skipped)
         assert nfe == sp.num_blocks * min(sp.steps_per_block, block)
         differs += toks != run(model, "llada", prompt(P, seed), sp).token_ids
     assert differs >= 2

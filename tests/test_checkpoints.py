@@ -19,7 +19,8 @@ from safetensors import safe_open
 
 from dllm_bench.checkpoints import tokenizer as tb
 from dllm_bench.checkpoints.make import INDEX_FILE, make_checkpoint, weight_shapes
-from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG, PRESETS, STAMP_FILE, get_preset, resolve_model
+from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG, PRESETS, STAMP_FILE, get_preset
+from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +55,8 @@ def test_preset_table_shapes():
     assert tiny.n_kv_heads < tiny.n_heads  # GQA is exercised by the tests' preset
     for name in ("mini-126k", "serve-126k", "llada-8b"):
         assert PRESETS[name].vocab_size == tb.LLADA_VOCAB_SIZE and PRESETS[name].head_dim == 128
-    # The parameter formula reproduces LLaDA-8B's real count (baselines_spec.md §1.2).
+    # The parameter formula reproduces LLaDA-8B-Instruct's real count (its safetensors index on the
+    # Hugging Face Hub, GSAI-ML/LLaDA-8B-Instruct).
     assert PRESETS["llada-8b"].n_params == 8_015_581_184
     assert not PRESETS["llada-8b"].makeable
 

@@ -21,7 +21,7 @@ def cli(*args, env_extra=None):
 @pytest.fixture(scope="module")
 def bare_dir(tmp_path_factory):
     """A checkpoint directory holding only config.json and model.safetensors."""
-    from dllm_bench.checkpoints.presets import resolve_model
+    from dllm_bench.checkpoints.store import resolve_model
 
     src = resolve_model("tiny")
     d = tmp_path_factory.mktemp("bare")

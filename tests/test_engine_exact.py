@@ -1,8 +1,8 @@
 """Exactness of the engine in float64 (issue "foundation").
 
-* cache=none reproduces engine/reference.py (LLaDA's sampler) token for token, NFE = steps;
+* cache=none reproduces engine.reference.reference_generate (LLaDA's sampler) token for token, NFE = steps;
 * batch invariance: requests decoded together get exactly the tokens each gets alone;
-* cache=dual equals a plainly written Fast-dLLM dual cache (baselines_spec §3) written below
+* cache=dual equals a plainly written Fast-dLLM dual cache (NVlabs/Fast-dLLM@24cc59e) written below
   against the model's building blocks only (no engine.runner), and differs from cache=none;
 * the varlen attention backend equals a plain softmax(QK^T/sqrt(d))V, GQA and Lq != Lk included.
 """
@@ -93,7 +93,7 @@ def plain_dual_cache_generate(model, prompt, params: SamplingParams) -> list[int
     """Fast-dLLM `generate_with_dual_cache` (threshold=None): at each block start a full forward
     caches every layer's pre-RoPE K and V for all L positions; the other steps of the block feed
     only the block, each layer overwrites the block's K/V in the cache and attends over all L
-    (RoPE re-applied to all keys at positions 0..L-1). Randomness follows engine/unmask.py's
+    (RoPE re-applied to all keys at positions 0..L-1). Randomness follows engine.unmask's
     contract: noise / uniforms drawn for the block's masked rows in position order."""
     mask = model.config.mask_token_id
     P, bl, S = len(prompt), params.block_length, params.steps_per_block

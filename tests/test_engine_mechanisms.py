@@ -2,7 +2,8 @@
 
 * logit budgeting: chunking the LM head (max_num_logits 1, 2, 3, 7, None) never changes tokens;
 * sparse KV: retention 1.0 gives the same tokens under head and uniform selection; uniform
-  selection equals a plain Sparse-dLLM selection (baselines_spec §5 state 1); head-centric
+  selection equals a plain Sparse-dLLM selection (OpenMOSS/Sparse-dLLM@3fd8986: the block
+  queries' mean scores the context, one kept set shared by every head); head-centric
   selection under GQA equals a plain per-head loop; the runner's Refresh-select step packs
   exactly the K/V rows a plain selection over the step's own queries and keys picks;
 * the request-level scheduler policy charges whole canvases and admits fewer requests;

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from baselines import SYSTEMS, make_system, profile_max_batch
-from baselines.static_batch import measure_run, weight_bytes
+from baselines.profile import measure_run
 from engine import EngineConfig, SamplingParams
 from engine.kv_cache import retained_tokens
 from engine.profiler import profile_kv_pool
+from engine.profiler import weights_bytes as weight_bytes
 from tests.helpers import make_engine, random_prompts, tiny_model
 
 F64 = torch.float64

@@ -1,4 +1,4 @@
-"""The mask id is never a proposal (engine/unmask.py `proposal_argmax`), in every decoder.
+"""The mask id is never a proposal (engine.unmask.proposal_argmax), in every decoder.
 
 A random model whose LM head always puts the mask id on top is the worst case: under LLaDA's
 upstream rule every "committed" position would stay masked. Here each decoder must still fill

@@ -149,7 +149,7 @@ def _drive(eng, cfg: dict, reqs: list[dict]) -> None:
     for rid in added:
         o, r = outs[rid], reqs[int(rid[1:])]
         assert o.finished and o.nfe == r["steps"]
-        assert MASK not in o.token_ids                   # proposals never are (engine/unmask.py)
+        assert MASK not in o.token_ids                   # proposals never are (engine.unmask.proposal_argmax)
         assert len(o.token_ids) == r["gen"]
     times = [outs[rid].admitted_time for rid in added]
     assert times == sorted(times)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dllm_bench.commands.serve import parse_datasets, parse_optional_int, parse_rps_list, resolve_run
 from dllm_bench.errors import UserError
+from dllm_bench.serve.options import parse_datasets, parse_optional_int, parse_rps_list, resolve_run
 from dllm_bench.serve.presets import PRESETS, preset_for
 from dllm_bench.serve.run import serve
 from dllm_bench.systems.build import cached_profile

@@ -5,7 +5,8 @@ with the first request at t = 0 (as in `vllm bench serve`, which sends the first
 then sleeps one sampled gap per request). Runs are bounded by `num_prompts` (count), `duration`
 (keep arrivals with offset < duration) or both (whichever bound is hit first).
 
-Conventions follow vLLM's `--request-rate` / `--burstiness` (peers_and_conventions.md §B1):
+Conventions follow vLLM's `--request-rate` / `--burstiness` (vllm-project/vllm
+@def9ce85ba1079af970a58ed3d42dd861ae35d58, vllm/benchmarks/serve.py):
   * rps = inf           -> every request at t = 0 (needs `num_prompts`),
   * gamma(burstiness=k) -> gaps ~ Gamma(shape=k, scale=1/(rps*k)); mean gap 1/rps for every k,
                            coefficient of variation 1/sqrt(k): k = 1 is Poisson, k < 1 burstier,

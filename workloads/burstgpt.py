@@ -7,7 +7,7 @@ files add `Session ID, Elapsed time`, so columns are read by name, never by posi
 reads positions and breaks on v3). Failed requests are rows with `Response tokens == 0` (1.8% of
 BurstGPT_1) and are dropped, as vLLM does.
 
-Synthetic model (offline_data_and_models.md §3.1; the trace itself could not be obtained):
+Synthetic model (the trace itself could not be obtained):
   * request tokens ~ log-normal with median 400 and mean 620 (mu = ln 400, sigma = sqrt(2 ln 1.55)
     = 0.936), clipped to [1, 4096]. Sources: mean request ~622 (third-party MLPerf KV-cache
     benchmark doc, not re-verified); the paper (arXiv 2401.17644) calls request lengths Zipf-like.

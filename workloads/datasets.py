@@ -1,9 +1,9 @@
 """Serving dataset presets (prompt/output token-length models), synthetic prompt ids, JSONL replay.
 
 The dLLM-Serve paper (§6.1) serves LiveBench-coding, OSC and BurstGPT, none of which can be had
-offline here (offline_data_and_models.md §0), and only token counts matter to a serving engine.
+offline here, and only token counts matter to a serving engine.
 So each preset is a seeded length model built from published numbers, documented next to it, and
-prompts are random token ids. All lengths in this module are at full (paper) scale; serving.py
+prompts are random token ids. All lengths in this module are at full (paper) scale; workloads.serving
 applies `length_scale` and the caps.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _truncated_normal_int(rng: np.random.Generator, mean: float, sd: float, lo: 
     return out.astype(np.int64)
 
 
-# LiveBench coding (offline_data_and_models.md §3.3). Prompts are LiveCodeBench statements plus
+# LiveBench coding (livebench/livebench, its LiveCodeBench-derived coding category). Prompts are LiveCodeBench statements plus
 # examples, constraints and format instructions: ~300-900 tokens. Outputs for code without
 # reasoning: ~100-400 tokens (stored model answers of an 8B model: 10-365, mostly 60-200). Only the
 # ranges are known, so both are uniform over them. Long prompts, long outputs.
@@ -64,8 +64,8 @@ def _livebench(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray
     return _uniform_int(rng, *LIVEBENCH_PROMPT, n), _uniform_int(rng, *LIVEBENCH_OUTPUT, n)
 
 
-# OSC = OpenAI summarize-from-feedback comparisons (§3.2). Posts were filtered to fit 512 GPT-2
-# tokens; no published mean, so prompt ~ Normal(350, 100) truncated to [100, 512] (the reference's
+# OSC = OpenAI summarize-from-feedback comparisons (openai/summarize-from-feedback). Posts were filtered to fit 512 GPT-2
+# tokens; no published mean, so prompt ~ Normal(350, 100) truncated to [100, 512] (our
 # estimate; truncated mean ~340). Reference summaries are 24-48 tokens, max SFT response 53 tokens:
 # output uniform over [24, 53]. Mid-length prompts, short outputs.
 OSC_PROMPT_MEAN, OSC_PROMPT_SD = 350.0, 100.0
@@ -81,16 +81,16 @@ def _osc(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
 PRESETS: dict[str, LengthPreset] = {
     "livebench": LengthPreset(
         "livebench", LIVEBENCH_PROMPT, LIVEBENCH_OUTPUT,
-        "LiveBench coding: prompt U[300,900], output U[100,400] tokens (offline_data_and_models §3.3)",
+        "LiveBench coding: prompt U[300,900], output U[100,400] tokens",
         _livebench),
     "osc": LengthPreset(
         "osc", OSC_PROMPT, OSC_OUTPUT,
-        "OSC summarization: prompt N(350,100) truncated to [100,512], output U[24,53] tokens (§3.2)",
+        "OSC summarization: prompt N(350,100) truncated to [100,512], output U[24,53] tokens",
         _osc),
     "burstgpt": LengthPreset(
         "burstgpt", burstgpt.REQUEST_CLIP, burstgpt.RESPONSE_CLIP,
         "BurstGPT: request lognormal median 400 / mean 620 clipped [1,4096]; response "
-        "N(100+0.17*req, 0.6*mean) clipped [1,2000] (§3.1, README Fig. 4)",
+        "N(100+0.17*req, 0.6*mean) clipped [1,2000] (BurstGPT README Fig. 4)",
         burstgpt.synthetic_lengths),
 }
 

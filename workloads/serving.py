@@ -1,6 +1,6 @@
 """Serving workloads: a list of ServingRequest (prompt, lengths, arrival, dLLM gen_length).
 
-Entry point `build_workload` combines an arrival process (arrivals.py) with a dataset: a synthetic
+Entry point `build_workload` combines an arrival process (workloads.arrivals) with a dataset: a synthetic
 length preset (datasets.PRESETS, or the vLLM-like `random`), or a file replay (`dataset_path`: a
 BurstGPT CSV, or JSONL). Everything is seeded: the same arguments give the same workload.
 
@@ -28,7 +28,7 @@ from . import arrivals as arr
 from . import burstgpt, datasets
 
 DATASETS = ("livebench", "osc", "burstgpt", "random", "custom")
-# Independent random streams per concern (arrivals.py uses stream 0), so that e.g. changing the
+# Independent random streams per concern (workloads.arrivals uses stream 0), so that e.g. changing the
 # dataset does not change arrival times, and changing lengths does not change which rows replay.
 _LENGTH_STREAM, _PROMPT_STREAM, _ROW_STREAM = 1, 2, 3
 

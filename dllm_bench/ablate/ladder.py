@@ -18,11 +18,11 @@ Cache-policy rows (the full engine, rung 3, with only cache/selection switched):
 `cache=sparse,selection=head` (= rung 3, measured once) and `cache=sparse,selection=uniform`.
 
 This module holds the ladder's definition and checks only. Points run through the serve
-machinery (dllm_bench/serve/points.py, shared with `dllm-bench sweep`): one fresh
+machinery (dllm_bench.serve.points.measure_points, shared with `dllm-bench sweep`): one fresh
 `dllm_bench.serve.worker` process per (dataset, system), each replaying exactly the same
 workload under exactly the same memory budget; results in the serve layout (results.write_point,
 metrics.csv, summary.json) under a run of kind "ablate". Tables and figures of a run:
-dllm_bench/ablate/tables.py.
+dllm_bench.ablate.tables.
 """
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dllm_bench.errors import UserError
+from dllm_bench.systems.spec import baseline_knobs, engine_knobs, parse_system
+from dllm_bench.units import comma_list
+from engine.config import EngineConfig
 
 DATASETS = ("livebench", "osc", "burstgpt")
 THROUGHPUT = "output_throughput"   # tok/s: the paper's Fig. 8 "relative throughput"
@@ -120,14 +123,10 @@ def parse_cache_rows(text: str) -> str:
 
 
 def parse_dataset_list(text: str | None, allowed: Sequence[str] = DATASETS) -> list[str]:
-    out = [t.strip() for t in str(text or ",".join(allowed)).split(",") if t.strip()]
-    if not out:
-        raise UserError("--datasets is empty")
+    out = comma_list(text or ",".join(allowed), "--datasets")
     for d in out:
         if d not in allowed:
             raise UserError(f"unknown dataset {d!r}; choose from {', '.join(allowed)}")
-    if len(set(out)) != len(out):
-        raise UserError("--datasets lists a dataset twice")
     return out
 
 
@@ -151,9 +150,6 @@ def effective_engine_config(variant, engine_defaults: Mapping[str, Any], *, mode
     """The EngineConfig the worker builds for an engine variant (dllm_bench.systems.spec' rule:
     run-wide defaults, then the variant's knobs; serving is greedy, sampling=False), before the
     profiler sets kv_pool_tokens."""
-    from dllm_bench.systems.spec import engine_knobs
-    from engine.config import EngineConfig
-
     return EngineConfig(model=str(model_dir), dtype=dtype, device=device, sampling=False,
                         memory_budget=memory_budget, max_model_len=max_model_len,
                         **engine_knobs(variant, engine_defaults))
@@ -163,8 +159,6 @@ def effective_configs(rungs: Sequence[Rung], engine_defaults: Mapping[str, Any],
                       baseline_defaults: Mapping[str, Mapping[str, Any]] | None = None, **kw) -> list[dict]:
     """Per rung: {"system": ..., "config": dict}. Engine rungs: EngineConfig.to_dict();
     baselines: the policy knobs they are built with (dllm_bench.systems.spec.baseline_knobs)."""
-    from dllm_bench.systems.spec import baseline_knobs, parse_system
-
     out = []
     for r in rungs:
         v = parse_system(r.spec)

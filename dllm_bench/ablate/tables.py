@@ -1,15 +1,19 @@
 """`dllm-bench ablate`'s results as tables and figures (paper Fig. 8): the ladder table (x vs the
 baseline rung, delta vs the rung before), the cache-policy table (x vs the full engine, FLOP
 proxies per output token), their grouped-bar PNGs, and both tables of a finished run directory
-(what `report` renders). The ladder itself: dllm_bench/ablate/ladder.py.
+(what `report` renders). The ladder itself: dllm_bench.ablate.ladder.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+import pandas as pd
+
+from dllm_bench import results
 from dllm_bench.ablate.ladder import THROUGHPUT, Rung
 from dllm_bench.console import num
+from dllm_bench.systems.spec import parse_system
 
 
 def _index(points: Iterable[Mapping]) -> dict[tuple[str, str], Mapping]:
@@ -18,8 +22,6 @@ def _index(points: Iterable[Mapping]) -> dict[tuple[str, str], Mapping]:
 
 def ladder_table(points: Iterable[Mapping], rungs: Sequence[Rung | Mapping], datasets: Sequence[str]):
     """One row per (dataset, rung): throughput, x vs the baseline rung, delta vs the rung before."""
-    import pandas as pd
-
     idx = _index(points)
     rows = []
     for ds in datasets:
@@ -48,8 +50,6 @@ def cache_table(points: Iterable[Mapping], rows_: Sequence[Rung | Mapping], base
                 datasets: Sequence[str]):
     """One row per (dataset, cache policy) that was measured: throughput, x vs the baseline and
     vs the full engine (sparse head), and the work per output token (FLOP proxies)."""
-    import pandas as pd
-
     idx = _index(points)
     base_label = _rung_label(baseline)
     out = []
@@ -86,8 +86,6 @@ def cache_table(points: Iterable[Mapping], rows_: Sequence[Rung | Mapping], base
 
 def _rung_label(r: Rung | Mapping) -> str:
     """The system label of a rung (stored in an ablate run's config.json; else parsed)."""
-    from dllm_bench.systems.spec import parse_system
-
     d = r if isinstance(r, Mapping) else r.to_dict()
     return d.get("label") or parse_system(d["spec"]).label
 
@@ -111,7 +109,6 @@ def plot_cache_policies(cache_df, path: Path,
 
 
 def _grouped_bars(df, series_col: str, value_col: str, path: Path, title: str, ylabel: str) -> Path:
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,8 +146,6 @@ def _grouped_bars(df, series_col: str, value_col: str, path: Path, title: str, y
 # ---------------------------------------------------------------- a finished run, as tables
 def run_tables(run_dir: Path) -> dict:
     """Ladder and cache tables of an ablate run dir (what `report` renders)."""
-    from dllm_bench import results
-
     cfg = results.load_config(run_dir)["config"]
     pts = results.load_points(run_dir)
     datasets = cfg.get("datasets") or list(dict.fromkeys(p.get("dataset", "") for p in pts))

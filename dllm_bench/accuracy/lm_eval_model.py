@@ -4,13 +4,13 @@ A backend is `Callable[[list[str], dict], list[str]]`: prompts + lm-eval gen_kwa
 `max_gen_toks`, `temperature`, ...) -> one completion per prompt. `make_backend(model_args)` picks
 the factory in `BACKENDS` named by `model_args["backend"]`, else by the part of
 `model_args["model"]` before ":" (e.g. `model=oracle:gsm8k`); a `model` that is a preset name or
-a checkpoint directory selects the `engine` backend (dllm_bench.accuracy.points.engine_backend):
+a checkpoint directory selects the `engine` backend (dllm_bench.accuracy.backend.engine_backend):
 `--model_args model=tiny-math,retention=0.1,selection=head` (sparse cache at r = 0.1, head-centric;
 no retention = the dense, exact-LLaDA engine; `system=sparse-dllm` etc. for baselines).
 
 The `lm_eval` entry-point group declared in pyproject.toml is NOT scanned by lm-eval 0.4.13 (its
 registry only knows names registered by imported code). `make install` therefore writes
-`dllm_bench_lm_eval.pth`, which imports dllm_bench/accuracy/lm_eval_hook.py at start-up: when lm-eval is
+`dllm_bench_lm_eval.pth`, which imports dllm_bench.accuracy.lm_eval_hook at start-up: when lm-eval is
 imported the hook registers this model lazily and adds our task directory, so a bare
 `lm_eval --model dllm_bench --tasks dllm_gsm8k ...` works. Without the .pth, run lm-eval through
 this module, which imports (= registers) the model and adds `--include_path`:
@@ -31,8 +31,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import lm_eval
+from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from lm_eval.tasks import TaskManager
+
+from dllm_bench.accuracy.backend import engine_backend
+from dllm_bench.checkpoints.presets import PRESETS
+from workloads.tasks import gsm8k, humaneval, synth
+from workloads.tasks.local import load_local
 
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 TASK_NAMES = ("dllm_gsm8k", "dllm_synth", "dllm_humaneval")
@@ -51,9 +59,6 @@ def _question_of(prompt: str) -> str:
 
 def _oracle_answerer(task: str, data: str | None) -> Callable[[str], str]:
     """prompt -> gold completion ("" when the prompt is not one of the task's)."""
-    from workloads.tasks import gsm8k, humaneval, synth
-    from workloads.tasks.local import load_local
-
     if task == "gsm8k" or (task == "synth" and data):
         rows = load_local(data, kind="gsm8k")[1] if data else gsm8k.load_gsm8k()
         gold = {r["question"]: r["answer"] for r in rows}
@@ -93,16 +98,12 @@ def _oracle_backend(model_args: dict) -> Backend:
 
 def _engine_backend(model_args: dict) -> Backend:
     """`model=<preset|checkpoint dir>[,retention=0.1,selection=head,cache=...,system=...]`: the
-    serving engine (or a baseline) on a real checkpoint; see dllm_bench.accuracy.points.engine_backend."""
-    from dllm_bench.accuracy.points import engine_backend
-
+    serving engine (or a baseline) on a real checkpoint; see dllm_bench.accuracy.backend.engine_backend."""
     return engine_backend(model_args)
 
 
 def _is_checkpoint_spec(model: str) -> bool:
     """A preset name or an existing checkpoint directory (-> the engine backend by default)."""
-    from dllm_bench.checkpoints.presets import PRESETS
-
     return model in PRESETS or (Path(model).expanduser() / "config.json").is_file()
 
 
@@ -191,9 +192,6 @@ def run_lm_eval(task: str | list[str], backend: Backend | dict | str, limit: int
     `backend`: a Backend callable, a model_args dict, or a model spec string ("oracle:gsm8k").
     `metadata`: loader knobs, e.g. {"synth_n": 100, "gsm8k_path": "x.jsonl"} (see the YAMLs).
     """
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
     tasks = [task] if isinstance(task, str) else list(task)
     if callable(backend):
         lm = DllmBenchLM(backend=backend)
@@ -214,8 +212,6 @@ def run_lm_eval(task: str | list[str], backend: Backend | dict | str, limit: int
 def main(argv: list[str] | None = None) -> None:
     """`python -m dllm_bench.accuracy.lm_eval_model <lm-eval run flags>`: lm-eval's CLI with our model
     registered and our task directory on the include path."""
-    from lm_eval.__main__ import cli_evaluate
-
     args = list(sys.argv[1:] if argv is None else argv)
     if "--include_path" not in args and not any(a.startswith("--include_path=") for a in args):
         args += ["--include_path", str(TASKS_DIR)]

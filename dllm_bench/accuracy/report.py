@@ -8,7 +8,10 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+import pandas as pd
+
 from dllm_bench.accuracy.points import Point, PointResult
+from dllm_bench.results import atomic_write_csv, atomic_write_json, atomic_write_jsonl
 
 SERIES = ("head", "uniform", "head-max", "uniform-max")
 
@@ -93,8 +96,6 @@ def point_dirname(point: Point) -> str:
 
 
 def write_point(run_dir: Path, res: PointResult, dense_acc: float | None) -> None:
-    from dllm_bench.results import atomic_write_json, atomic_write_jsonl
-
     pdir = run_dir / "points" / point_dirname(res.point)
     atomic_write_jsonl(pdir / "samples.jsonl", res.samples)
     atomic_write_json(pdir / "summary.json", {**res.row(dense_acc), "point_spec": asdict(res.point),
@@ -102,10 +103,6 @@ def write_point(run_dir: Path, res: PointResult, dense_acc: float | None) -> Non
 
 
 def write_run_tables(run_dir: Path, results: Sequence[PointResult], extra: dict) -> None:
-    import pandas as pd
-
-    from dllm_bench.results import atomic_write_csv, atomic_write_json
-
     dense = next((r for r in results if r.point.role == "dense"), None)
     dacc = dense.accuracy if dense else None
     rows = [r.row(dacc) for r in results]

@@ -6,13 +6,10 @@ import os
 import warnings
 from pathlib import Path
 
-import torch
-
-from dllm_bench.checkpoints.presets import resolve_model
+from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
+from engine.engine import DTYPES, resolve_device
 from engine.models.llada import LLaDAConfig, LLaDAModelLM, load_llada
-
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def model_dir(name_or_dir: str) -> Path:
@@ -30,9 +27,8 @@ def load_model(name_or_dir: str, dtype: str = "float32", device: str = "auto") -
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     path = model_dir(name_or_dir)
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
     try:
-        return load_llada(path, DTYPES[dtype], dev)
+        return load_llada(path, DTYPES[dtype], resolve_device(device))
     except (FileNotFoundError, ValueError, KeyError, RuntimeError) as e:
         raise UserError(f"cannot load checkpoint {path}: {e}") from None
 
@@ -47,6 +43,8 @@ def load_tokenizer(path: Path):
         return None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # Imported here, after the offline switches above (read at import), and because transformers
+    # costs about a second to import that commands without text prompts never pay.
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 

@@ -14,12 +14,15 @@ import zlib
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from dllm_bench.checkpoints.presets import STAMP_FILE, Preset, get_preset
 from dllm_bench.checkpoints.tokenizer import save_tokenizer
 from dllm_bench.errors import UserError
+from engine.engine import DTYPES
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The dtypes a checkpoint is stored in (engine.engine.DTYPES minus float64: LLaDA ships bf16).
+STORAGE_DTYPES = {k: v for k, v in DTYPES.items() if k != "float64"}
 INDEX_FILE = "model.safetensors.index.json"
 INIT_STD = 0.02  # LLaDA's init_std
 BLOCK_WEIGHTS = ("attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj",
@@ -57,13 +60,13 @@ def to_dtype(dtype: str | torch.dtype | None, preset: Preset) -> tuple[str, torc
     if dtype is None:
         dtype = preset.dtype
     if isinstance(dtype, torch.dtype):
-        names = {v: k for k, v in DTYPES.items()}
+        names = {v: k for k, v in STORAGE_DTYPES.items()}
         if dtype not in names:
-            raise UserError(f"unsupported dtype {dtype}; use one of {', '.join(DTYPES)}")
+            raise UserError(f"unsupported dtype {dtype}; use one of {', '.join(STORAGE_DTYPES)}")
         return names[dtype], dtype
-    if dtype not in DTYPES:
-        raise UserError(f"unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    return dtype, DTYPES[dtype]
+    if dtype not in STORAGE_DTYPES:
+        raise UserError(f"unsupported dtype {dtype!r}; use one of {', '.join(STORAGE_DTYPES)}")
+    return dtype, STORAGE_DTYPES[dtype]
 
 
 def plan_shards(sizes: dict[str, int], shards: int) -> list[list[str]]:
@@ -101,8 +104,6 @@ def make_checkpoint(preset: Preset | str, out_dir: str | Path, shards: int = 1,
     """Write the checkpoint into out_dir and return it. dtype None = the preset's storage dtype.
 
     A non-empty out_dir needs force=True, which removes only the files this function writes."""
-    from safetensors.torch import save_file
-
     if isinstance(preset, str):
         preset = get_preset(preset)
     if not preset.makeable or preset.asset:  # shape-only, or a committed (trained) checkpoint

@@ -27,8 +27,15 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
+import torch
 
+from dllm_bench.checkpoints.presets import PRESETS as MODELS
 from dllm_bench.checkpoints.presets import Preset
+from dllm_bench.serve.presets import PRESETS as SERVE
+from dllm_bench.units import parse_size
+from workloads.datasets import PRESETS as LENGTHS
+from workloads.serving import gen_length_for
 
 GiB = 2**30
 FP64 = 8
@@ -105,8 +112,6 @@ class RequestShape:
 
 def mean_prompt_len(dataset: str, length_scale: float = 1.0, n: int = 20_000, seed: int = 0) -> float:
     """Mean prompt length of a dataset's length model (workloads.datasets), sampled."""
-    from workloads.datasets import PRESETS as LENGTHS
-
     prompts, _ = LENGTHS[dataset].sample(n, np.random.default_rng(seed))
     return float(np.mean(prompts)) * length_scale
 
@@ -199,8 +204,6 @@ def reuse_intensity(c: Costs, n_requests: int, shape: RequestShape, retention: f
 
 def measure_cpu(threads: int = 2, size: int = 1024, dtype_bytes: int = 4) -> Machine:
     """This CPU's float32 matmul rate and copy bandwidth, measured now (a few seconds)."""
-    import torch
-
     torch.set_num_threads(threads)
     a, b = torch.randn(size, size), torch.randn(size, size)
     a @ b
@@ -228,9 +231,6 @@ PAPER_GEN_LENGTH = 256
 def serve_shape(sp) -> RequestShape:
     """Mean request shape of a serve preset's workload (its dataset's length model, scaled,
     outputs mapped to gen_length as `serve` maps them)."""
-    from workloads.datasets import PRESETS as LENGTHS
-    from workloads.serving import gen_length_for
-
     prompts, outputs = LENGTHS[sp.dataset].sample(20_000, np.random.default_rng(0))
     scaled = np.maximum(1, np.round(outputs * sp.length_scale)).astype(int)
     gens = [sp.gen_length or gen_length_for(int(o), sp.block_length, sp.gen_cap) for o in scaled]
@@ -256,12 +256,6 @@ def similarity_row(name: str, c: Costs, shape: RequestShape, dtype_bytes: int, b
 def similarity_table(cpu: Machine | None = None):
     """LLaDA-8B on every GPU of MACHINES at the paper's shapes, then every model preset at the
     workload of its serve preset (float32 on this CPU: `cpu` gives the ridge point)."""
-    import pandas as pd
-
-    from dllm_bench.checkpoints.presets import PRESETS as MODELS
-    from dllm_bench.serve.presets import PRESETS as SERVE
-    from dllm_bench.units import parse_size
-
     rows = []
     big = MODELS["llada-8b"]
     paper = RequestShape(mean_prompt_len(PAPER_SHAPE_DATASET), PAPER_GEN_LENGTH, 32)

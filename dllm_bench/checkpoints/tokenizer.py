@@ -22,9 +22,12 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
 LLADA_VOCAB_SIZE = 126464
 
-# LLaDA-8B-Instruct's special tokens at their real ids (baselines_spec.md §1.4).
+# LLaDA-8B-Instruct's special tokens at their real ids (its tokenizer_config.json on the Hugging
+# Face Hub, GSAI-ML/LLaDA-8B-Instruct; mask id 126336 as in ML-GSAI/LLaDA@b7e6c35 generate.py).
 LLADA_SPECIAL_IDS: dict[str, int] = {
     "<|startoftext|>": 126080,  # BOS
     "<|endoftext|>": 126081,  # EOS and PAD
@@ -178,8 +181,6 @@ def build_corpus(n_lines: int = 16000, seed: int = 0) -> list[str]:
 
 # --------------------------------------------------------------------------- training
 def _pre_tokenizer():
-    from tokenizers import pre_tokenizers
-
     return pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False),
@@ -189,8 +190,6 @@ def _pre_tokenizer():
 @functools.lru_cache(maxsize=4)
 def _train_bpe(n_learned: int) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """Learned tokens (in id order) and merges; cached since every preset of a size shares them."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = _pre_tokenizer()
     trainer = trainers.BpeTrainer(
@@ -206,8 +205,6 @@ def _train_bpe(n_learned: int) -> tuple[tuple[str, ...], tuple[tuple[str, str], 
 
 def build_tokenizer(vocab_size: int, n_learned: int):
     """A `tokenizers.Tokenizer` with exactly `vocab_size` dense ids (learned, specials, fillers)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
-
     specials = special_token_ids(vocab_size)
     budget = min(specials.values())  # learned tokens must stay below the first special id
     if n_learned > budget:

@@ -68,6 +68,8 @@ def register(app: typer.Typer) -> None:
 
         from dllm_bench.accuracy import points as acc
         from dllm_bench.accuracy import report
+        from dllm_bench.accuracy.backend import PointBackend
+        from dllm_bench.accuracy.evaluate import eval_lm_eval_point, eval_synth_point
         from dllm_bench.checkpoints.load import load_model, load_tokenizer, model_dir
         from dllm_bench.results import create_run
         from engine import SamplingParams
@@ -142,22 +144,19 @@ def register(app: typer.Typer) -> None:
             knobs["synth"] = dict(split="test", seed=seed, n=limit, context_facts=facts, ops=list(ops), max_value=max_value)
         if task == "gsm8k":
             knobs["num_fewshot"] = 8 if num_fewshot is None else num_fewshot
-        try:
-            run_dir = create_run("accuracy", knobs, name=f"accuracy-{task}", run_id=run_id)
-        except FileExistsError as e:
-            raise UserError(str(e)) from None
+        run_dir = create_run("accuracy", knobs, name=f"accuracy-{task}", run_id=run_id)
 
         results = []
         dense_acc = None
         for i, p in enumerate(points):
-            backend = acc.PointBackend(mdl, tok, p, gen_length=gen_length, block_length=block_length, steps=steps,
+            backend = PointBackend(mdl, tok, p, gen_length=gen_length, block_length=block_length, steps=steps,
                                        seed=seed, chat=chat, system_kw=dict(max_num_seqs=max_num_seqs, batch=batch),
                                        show_progress=not json_out, label=f"[{i + 1}/{len(points)}] {p.name}")
             try:
                 if task == "synth":
-                    res = acc.eval_synth_point(backend, docs)
+                    res = eval_synth_point(backend, docs)
                 else:
-                    res = acc.eval_lm_eval_point(task, backend, limit, metadata=metadata, num_fewshot=num_fewshot)
+                    res = eval_lm_eval_point(task, backend, limit, metadata=metadata, num_fewshot=num_fewshot)
             except ValueError as e:     # a request that can never run (too long for the model, ...)
                 raise UserError(f"{p.name}: {e}") from None
             if p.role == "dense":

@@ -7,12 +7,13 @@ import time
 
 import torch
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from baselines import SYSTEMS
+from dllm_bench import console
 from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, model_dir, parse_ids
 from dllm_bench.errors import UserError
-from engine import EngineConfig, LLMEngine, SamplingParams
+from dllm_bench.systems.build import make_system
+from engine import EngineConfig, SamplingParams
 
 SYSTEM_NAMES = ("engine", "llada", "fast-dllm", "dllm-cache", "sparse-dllm")
 
@@ -27,8 +28,6 @@ def build_params(gen_length, steps, block_length, temperature, remasking, seed) 
 
 def baseline_knobs(system: str, **given) -> dict:
     """Only the knobs the user set that this baseline has (others are its upstream defaults)."""
-    from baselines import SYSTEMS
-
     known = SYSTEMS[system].knobs
     extra = {k: v for k, v in given.items() if v is not None and k not in known}
     if extra:
@@ -36,39 +35,14 @@ def baseline_knobs(system: str, **given) -> dict:
     return {k: v for k, v in given.items() if v is not None}
 
 
-def make_system(system: str, model, engine_cfg: EngineConfig, max_batch: int, knobs: dict):
-    if system == "engine":
-        try:
-            return LLMEngine(engine_cfg, model=model)
-        except ValueError as e:
-            raise UserError(str(e)) from None
-    from baselines import make_system as make_baseline
-
-    try:
-        return make_baseline(system, model, max_batch_size=max_batch, **knobs)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-
-
 def run_all(system, prompts: list[list[int]], params: SamplingParams, show_progress: bool):
-    ids = []
-    for p in prompts:
+    """Every prompt through the system at once (continuous batching in the engine)."""
+    with console.progress(enabled=show_progress) as progress:
+        task = progress.add_task("generate", total=len(prompts))
         try:
-            ids.append(system.add_request(p, params))
-        except ValueError as e:
+            return system.generate(prompts, params, lambda done, _total: progress.update(task, completed=done))
+        except ValueError as e:  # a request the system can never run (e.g. longer than the model)
             raise UserError(str(e)) from None
-    out = {}
-    progress = Progress(TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(), TextColumn("steps {task.fields[steps]}"),
-                        TimeElapsedColumn(), console=Console(stderr=True), disable=not show_progress, transient=True)
-    with progress:
-        task = progress.add_task("gen", total=len(ids), steps=0)
-        steps = 0
-        while system.has_unfinished():
-            for o in system.step():
-                out[o.request_id] = o
-            steps += 1
-            progress.update(task, completed=len(out), steps=steps)
-    return [out[i] for i in ids]
 
 
 def register(app: typer.Typer) -> None:
@@ -143,7 +117,7 @@ def register(app: typer.Typer) -> None:
                     raise UserError("empty prompt")
                 prompts.append(encode_prompt(tok, text, chat))
         mdl = load_model(model, dtype, device)
-        sysobj = make_system(system, mdl, engine_cfg, batch, knobs)
+        sysobj = make_system(system, mdl, engine_config=engine_cfg, batch=batch, knobs=knobs)
         t0 = time.perf_counter()
         outs = run_all(sysobj, prompts, params, show_progress=not json_out)
         elapsed = time.perf_counter() - t0
@@ -158,7 +132,7 @@ def register(app: typer.Typer) -> None:
             )
             typer.echo(json.dumps(doc))
             return
-        con = Console()
+        con = console.console(stderr=False)
         for i, (o, t) in enumerate(zip(outs, texts)):
             con.rule(f"output {i} · {len(o.prompt_ids)} prompt tokens · nfe {o.nfe}")
             con.print(t if t is not None else o.token_ids, markup=False, highlight=False)

@@ -5,9 +5,15 @@ import json
 from pathlib import Path
 
 import typer
+from rich.table import Table
 
-from dllm_bench.checkpoints.presets import PRESETS, Preset, get_preset, is_made, make_cached, preset_path
+from dllm_bench.checkpoints.make import make_checkpoint
+from dllm_bench.checkpoints.presets import PRESETS, Preset, get_preset
+from dllm_bench.checkpoints.similarity import measure_cpu, similarity_table
+from dllm_bench.checkpoints.store import is_made, make_cached, preset_path
+from dllm_bench.console import console, md_table, print_df
 from dllm_bench.errors import UserError
+from engine.engine import DTYPES
 
 
 def _human(n: float, unit: str = "") -> str:
@@ -32,9 +38,6 @@ def _dir_bytes(d: Path) -> int:
 
 
 def list_presets() -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title="model presets (LLaDA layout)")
     for col in ("name", "vocab", "d_model", "layers", "heads", "kv heads", "head dim", "mlp",
                 "params", "weights", "made? / path"):
@@ -42,14 +45,11 @@ def list_presets() -> None:
         table.add_column(col, justify="left" if left else "right", no_wrap=col != "made? / path",
                          overflow="fold")
     for p in PRESETS.values():
-        disk = p.n_params * (2 if p.dtype in ("bfloat16", "float16") else 4)
+        disk = p.n_params * DTYPES[p.dtype].itemsize
         table.add_row(p.name, str(p.vocab_size), str(p.d_model), str(p.n_layers), str(p.n_heads),
                       str(p.n_kv_heads), str(p.head_dim), str(p.mlp_hidden_size), _human(p.n_params),
                       f"{_human(disk, 'B')} {p.dtype}", _status(p))
-    console = Console()
-    if not console.is_terminal:  # piped / captured: don't squeeze paths into 80 columns
-        console = Console(width=200)
-    console.print(table)
+    console(stderr=False, width=200).print(table)  # piped: paths are not squeezed into 80 columns
 
 
 SIMILARITY_FLOATS = {"lm_head_over_body": "{:.3f}", "logit_row_over_kv_token": "{:.2f}", "prompt_over_block": "{:.1f}",
@@ -60,9 +60,6 @@ SIMILARITY_FLOATS = {"lm_head_over_body": "{:.3f}", "logit_row_over_kv_token": "
 
 def similarity(markdown: bool, cpu_peak: bool, threads: int) -> None:
     """The scale-similarity table (dllm_bench.checkpoints.similarity) on stdout."""
-    from dllm_bench.checkpoints.similarity import measure_cpu, similarity_table
-    from dllm_bench.console import console, md_table, print_df
-
     if threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
     cpu = measure_cpu(threads) if cpu_peak else None
@@ -70,7 +67,7 @@ def similarity(markdown: bool, cpu_peak: bool, threads: int) -> None:
     if markdown:
         typer.echo(md_table(df, SIMILARITY_FLOATS), nl=False)
     else:
-        print_df(console(), df, "scale similarity (ratios at each workload; capacities for a 256+256-token request)",
+        print_df(console(stderr=False), df, "scale similarity (ratios at each workload; capacities for a 256+256-token request)",
                  SIMILARITY_FLOATS, drop=())
     if cpu is not None:
         typer.echo(f"cpu ridge: {cpu.matmul_flops / 1e9:.0f} GFLOP/s float32 matmul / "
@@ -79,8 +76,6 @@ def similarity(markdown: bool, cpu_peak: bool, threads: int) -> None:
 
 def make(name: str, out: Path | None, shards: int, force: bool) -> Path:
     """Make a preset into --out, or into the cache when --out is not given."""
-    from dllm_bench.checkpoints.make import make_checkpoint
-
     preset = get_preset(name)
     if shards < 1:
         raise UserError(f"--shards must be >= 1, got {shards}")

@@ -7,11 +7,12 @@ import json
 
 import torch
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from dllm_bench.checkpoints.load import load_model
+from dllm_bench.console import console
 from dllm_bench.errors import UserError
+from dllm_bench.units import parse_size
 from engine import EngineConfig
 from engine.attention import resolve_backend
 from engine.profiler import profile_kv_pool
@@ -50,8 +51,6 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json"),
     ) -> None:
         """Profile the worst admissible step and size the KV pool, with and without the logit budget."""
-        from dllm_bench.units import parse_size
-
         if threads:
             torch.set_num_threads(threads)
         budget = parse_size(memory_budget)
@@ -83,9 +82,10 @@ def register(app: typer.Typer) -> None:
         for label, key, div in rows:
             t.add_row(label, *[f"{d[key] / div:,.0f}" if key in d else d.get("error", "")[:40] for d in doc.values()])
         t.add_row(f"requests that fit ({prompt_len}+{gen_length})", *[f"{d.get('requests_that_fit', 0):,}" for d in doc.values()])
-        Console().print(t)
+        out = console(stderr=False)
+        out.print(t)
         ok = [d for d in doc.values() if "kv_pool_tokens" in d]
         if len(ok) == 2 and ok[1]["activation_peak_bytes"]:
             a, b = ok
-            Console().print(f"activation peak ratio (monolithic / budgeted): {b['activation_peak_bytes'] / a['activation_peak_bytes']:.1f}x; "
-                            f"KV capacity ratio: {a['kv_pool_tokens'] / max(1, b['kv_pool_tokens']):.2f}x")
+            out.print(f"activation peak ratio (monolithic / budgeted): {b['activation_peak_bytes'] / a['activation_peak_bytes']:.1f}x; "
+                   f"KV capacity ratio: {a['kv_pool_tokens'] / max(1, b['kv_pool_tokens']):.2f}x")

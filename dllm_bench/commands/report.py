@@ -1,5 +1,5 @@
 """`dllm-bench report`: one Markdown report (tables, figures, the paper's numbers and a computed
-verdict per claim) from the latest serve, accuracy, ablate and sweep runs (dllm_bench/report/document.py)."""
+verdict per claim) from the latest serve, accuracy, ablate and sweep runs (dllm_bench.report.document)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,10 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench import results
 from dllm_bench.errors import UserError
+from dllm_bench.report import claims as paper_claims
+from dllm_bench.report import document as report
 
 
 def register(app: typer.Typer) -> None:
@@ -19,10 +22,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the runs used, missing kinds and the claim verdicts as JSON"),
     ) -> None:
         """Markdown report from the latest serve / accuracy / ablate / sweep runs, next to the paper's figures."""
-        from dllm_bench import results
-        from dllm_bench.report import claims as paper_claims
-        from dllm_bench.report import document as report
-
         if out.suffix.lower() != ".md":
             raise UserError(f"--out must be a .md file, got {out}")
         if out.exists() and out.is_dir():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from baselines import SYSTEMS
+from dllm_bench.console import console
 from engine import EngineConfig
 
 ENGINE_KNOBS = ("cache", "selection", "retention", "pool_window", "delay_step", "scheduler",
@@ -15,8 +16,6 @@ ENGINE_KNOBS = ("cache", "selection", "retention", "pool_window", "delay_step", 
 
 
 def system_rows() -> list[dict]:
-    from baselines import SYSTEMS
-
     defaults = EngineConfig()
     rows = [dict(name="engine", kind="continuous batching (dLLM-Serve design)",
                  knobs={k: getattr(defaults, k) for k in ENGINE_KNOBS},
@@ -44,7 +43,7 @@ def register(app: typer.Typer) -> None:
         for r in rows:
             knobs = ", ".join(f"{k}={v}" for k, v in r["knobs"].items())
             t.add_row(r["name"], r["kind"], knobs, r["source"] + ("\n" + r["notes"] if r.get("notes") else ""))
-        Console().print(t)
+        console(stderr=False).print(t)
 
 
 __all__ = ["register", "system_rows"]

@@ -1,13 +1,17 @@
 """`dllm-bench train`: train a tiny LLaDA-architecture masked-diffusion model on `synth` (CPU) and
-save it as an HF LLaDA checkpoint + tokenizer + learning curve (see dllm_bench/train/loop.py)."""
+save it as an HF LLaDA checkpoint + tokenizer + learning curve (dllm_bench.train.loop.train)."""
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import typer
 
 from dllm_bench.errors import UserError
+from dllm_bench.train.loop import TrainConfig
+from dllm_bench.train.loop import train as run_train
 from workloads.tasks import synth
 
 
@@ -56,9 +60,6 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
     ) -> None:
         """Train a tiny LLaDA on synth with the masked-diffusion objective; save HF LLaDA layout."""
-        from dllm_bench.train.loop import TrainConfig
-        from dllm_bench.train.loop import train as run_train
-
         if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
             raise UserError(f"--out {out} exists and is not an empty directory (use --force)")
         if threads is not None and threads <= 0:
@@ -80,8 +81,6 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             raise UserError(str(e)) from None
         log = (lambda s: typer.echo(s, err=True)) if json_out else typer.echo
-        import shlex
-        import sys
 
         summary = run_train(cfg, log=log, command=shlex.join(["dllm-bench", *sys.argv[1:]]))
         if json_out:

@@ -1,5 +1,5 @@
 """The dLLM-Serve paper's quoted numbers and the rule that turns ours into a verdict per claim
-(used by `dllm-bench report`, dllm_bench/report/sections.py).
+(used by `dllm-bench report`, dllm_bench.report.sections).
 
 Every number attributed to the paper below is quoted from its text (PAPER: abstract, §6.2-§6.6,
 Table 4). Each claim gets a verdict computed from the data by one stated rule (`verdict`):

@@ -1,9 +1,9 @@
 """`dllm-bench report`: one Markdown report from the latest runs of serve, accuracy, ablate and
 sweep (input-len and output-len), next to the dLLM-Serve paper's numbers.
 
-Every number attributed to the paper is quoted from its text (dllm_bench/report/claims.py, with
+Every number attributed to the paper is quoted from its text (dllm_bench.report.claims, with
 the verdict rule); our numbers come from the run directories, one section per run kind
-(dllm_bench/report/sections.py). This module finds the runs and assembles the document: the
+(dllm_bench.report.sections). This module finds the runs and assembles the document: the
 runs list, the summary of claims, then the sections. The PNGs of each run are copied next to the
 report (<report stem>_files/) and linked relatively.
 """

@@ -1,7 +1,7 @@
 """The sections of `dllm-bench report`, one per run kind (serve, accuracy, ablate, sweep): each
 renders its run's tables, copies its PNGs next to the report, and checks the paper's claims it
-covers (numbers and verdict rule: dllm_bench/report/claims.py). The document around them:
-dllm_bench/report/document.py.
+covers (numbers and verdict rule: dllm_bench.report.claims). The document around them:
+dllm_bench.report.document.
 """
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from engine.sampling import SamplingParams
+
 # Names a workload item may use for its arrival offset (seconds from the start). The first
 # one present wins; workloads/ is free to pick any of them.
 ARRIVAL_FIELDS = ("arrival", "arrival_offset", "offset", "arrival_s", "timestamp")
@@ -40,8 +42,6 @@ def arrival_offset(item: Any) -> float:
 
 def params_factory(**fixed: Any) -> Callable[[Any], Any]:
     """make_params for run_open_loop: SamplingParams(gen_length=item's gen_length, **fixed)."""
-    from engine.sampling import SamplingParams
-
     return lambda item: SamplingParams(gen_length=int(_get(item, "gen_length")), **fixed)
 
 

@@ -1,69 +1,141 @@
-"""Measuring benchmark points through serve's machinery, shared by `dllm-bench ablate` and
-`dllm-bench sweep`: the options resolved by serve's own checks (resolve_bench_run), then every
-planned (dataset label, rps, system) point in a fresh serve worker (dllm_bench/serve/process.py),
-each written at once in serve's layout (results.write_point, metrics.csv, summary.json).
+"""THE benchmark-point loop of `dllm-bench serve`, `ablate` and `sweep`: every planned
+(dataset label, rps, system) point in a fresh worker process (dllm_bench.serve.process.run_worker),
+one after another, each written at once in the run directory (results.write_point).
 
-Reusing serve's resolution and worker keeps an ablate/sweep point comparable with a serve point:
-same workload builder, same memory-budget profiling, same process isolation.
+One loop for the three commands keeps their points comparable: same workload builder, same
+memory-budget profiling, same process isolation, same point summary. Ctrl-C keeps what finished
+(and the interrupted point's partial result); a worker's user error (e.g. a budget too small
+for a system) stops the run; an internal failure is recorded and the run goes on.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import shutil
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+
+from dllm_bench import console as cons
+from dllm_bench import results
+from dllm_bench.errors import UserError
+from dllm_bench.metrics import summarize
+from dllm_bench.results import PointKey, fmt_rps
+from dllm_bench.serve.config import ServeRun
+from dllm_bench.serve.process import WorkerFailed, progress_handler, run_worker, worker_spec
+from dllm_bench.systems.build import WorkloadShape
+from dllm_bench.systems.spec import SystemVariant
+from workloads.serving import ServingRequest
 
 
 @dataclass
 class PlannedPoint:
     dataset: str                   # the point's dataset label (a serve dataset, or a sweep label)
     rps: float
-    variant: Any                   # dllm_bench.systems.spec.SystemVariant
-    workload: list                 # [workloads.serving.ServingRequest]
-    shape: Any                     # dllm_bench.systems.build.WorkloadShape
+    variant: SystemVariant
+    workload: list[ServingRequest]
+    shape: WorkloadShape           # what a baseline's static batch is profiled for
     extra: dict = field(default_factory=dict)  # merged into the point's summary.json
 
     @property
-    def key(self):
-        from dllm_bench.results import PointKey
-
+    def key(self) -> PointKey:
         return PointKey(self.variant.label, float(self.rps), self.dataset)
 
+    @property
+    def title(self) -> str:
+        return f"{self.variant.label} @ {fmt_rps(self.rps)} rps ({self.dataset})"
 
-def shape_of(workload: Sequence, block_length: int):
-    """The worst request of one workload (what a baseline's static batch is profiled for)."""
-    from dllm_bench.systems.build import WorkloadShape
 
-    return WorkloadShape(max_prompt_len=max(r.prompt_len for r in workload),
-                         max_gen_length=max(r.gen_length for r in workload), block_length=block_length, steps=None)
+@dataclass
+class Outcome:
+    """What a run of measure_points leaves: the summaries of its planned points (also those
+    finished by an earlier, resumed run) and how it ended."""
+
+    points: list[dict]
+    failures: list[str]
+    interrupted: bool
+    user_error: str | None
+
+    def give_up_if_empty(self, run_dir: Path, fresh: bool = True) -> None:
+        """A user error before any point finished: remove the new run directory (nothing
+        measured, leave no run behind) and raise it."""
+        if self.user_error is not None and fresh and not self.points:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise UserError(self.user_error)
+
+    def finish(self, console: Console, run_dir: Path, doc: Mapping, as_json: bool, resumable: bool = False) -> int:
+        """The last lines of a command (where the results are, whether it was interrupted), its
+        --json document, and its exit code: raises the user error, else 130 after Ctrl-C, 1
+        after a failed point."""
+        console.print(f"results: {run_dir}", markup=False, highlight=False)
+        if self.interrupted:
+            console.print("interrupted: finished points are kept" + ("; rerun with --resume to complete"
+                                                                    if resumable else ""),
+                          markup=False, highlight=False)
+        if as_json:
+            results.print_json(doc)
+        if self.user_error is not None:
+            raise UserError(self.user_error)
+        if self.interrupted:
+            return 130
+        return 1 if self.failures else 0
+
+
+def display_label(summary: Mapping[str, Any]) -> str:
+    """A point's system label, with a baseline's batch and scenario, for tables and lines."""
+    label = summary["system"]
+    if summary.get("is_baseline"):
+        b = summary.get("max_batch_size")
+        kind = summary.get("scenario_kind", "")
+        label += f" [B={b} {'max-fit' if kind == 'max-fit' else 'fixed'}]"
+    if summary.get("interrupted"):
+        label += " (interrupted)"
+    return label
+
+
+def point_summary(out: Mapping, pp: PlannedPoint, run: ServeRun) -> tuple[dict, list, dict]:
+    """A worker's output -> (metrics summary, request records, extra fields of summary.json)."""
+    res, info = out["result"], out["info"]
+    summary = summarize(res)
+    summary["rps"] = pp.rps
+    extra = {
+        "system_name": pp.variant.name, "is_baseline": pp.variant.is_baseline, "knobs": info.get("knobs"),
+        "scenario": info.get("scenario"), "scenario_kind": info.get("scenario_kind", "engine"),
+        "max_batch_size": info.get("max_batch_size"), "kv_pool_tokens": info.get("kv_pool_tokens"),
+        "fits_budget": info.get("fits_budget"), "peak_bytes": info.get("peak_bytes"),
+        "memory_budget": run.memory_budget, "torch_threads": info.get("torch_threads"),
+        "build_seconds": info.get("build_seconds"), "profile_cached": info.get("profile_cached"),
+        "preset": run.preset.name, "num_prompts": len(pp.workload), "peak_rss_bytes": info.get("peak_rss_bytes"),
+        "stats": res.get("stats"),
+    }
+    if info.get("profile"):
+        extra["profile"] = info["profile"]
+    if info.get("engine_config"):  # the built engine's effective EngineConfig (after profiling)
+        extra["engine_config"] = info["engine_config"]
+    extra.update(pp.extra)
+    recs = [{"status": "finished", **r} for r in res["records"]]
+    recs += [{"status": "rejected", **r} for r in res.get("rejected", [])]
+    recs += [{"status": "unfinished", "request_id": rid} for rid in res.get("unfinished_ids", [])]
+    return summary, recs, extra
 
 
 def point_line(s: Mapping[str, Any]) -> str:
-    """One finished point as a progress-console line (throughput = ablation.THROUGHPUT's metric)."""
-    def f(v, d=2):
-        return "n/a" if v is None else f"{v:.{d}f}"
+    """One finished point as a progress-console line."""
+    def f(v, scale=1.0, d=2):
+        return "n/a" if v is None else f"{v * scale:.{d}f}"
     flags = " INTERRUPTED" if s.get("interrupted") else " TIMED OUT" if s.get("timed_out") else ""
-    batch = f" [B={s['max_batch_size']}]" if s.get("is_baseline") and s.get("max_batch_size") else ""
-    return (f"{s['system']}{batch} ({s.get('dataset')}): {s.get('completed')}/{s.get('num_prompts', '?')} done in "
-            f"{f(s.get('duration_s'), 1)} s, {f(s.get('output_throughput'))} tok/s{flags}")
+    return (f"{display_label(s)} @ {fmt_rps(s['rps'])} rps ({s.get('dataset')}): "
+            f"{s.get('completed')}/{s.get('num_prompts', '?')} done in {f(s.get('duration_s'), d=1)} s, "
+            f"{f(s.get('output_throughput'))} tok/s, mean E2EL {f(s.get('mean_e2el_ms'), 1e-3)} s{flags}")
 
 
-def measure_points(run, planned: Sequence[PlannedPoint], run_dir: Path, console,
-                   on_point: Callable[[dict], None] | None = None) -> dict:
-    """Run every planned point (deduplicated by key) in a fresh serve worker, one after another,
-    each written at once with results.write_point (serve's layout and point summary).
-
-    Returns {"points": [summaries of this run's planned points], "failures": [...],
-    "interrupted": bool, "user_error": str | None}. A worker's user error (e.g. a budget too
-    small for a rung) stops the run; an internal failure is recorded and the run goes on."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from dllm_bench import results
-    from dllm_bench.serve.process import WorkerFailed, progress_handler, run_worker, worker_spec
-    from dllm_bench.serve.run import point_summary
-
-    seen: set = set()
-    todo = []
+def measure_points(run: ServeRun, planned: Sequence[PlannedPoint], run_dir: Path, console: Console,
+                   done: Collection[PointKey] = ()) -> Outcome:
+    """Run every planned point (deduplicated by key; those in `done` are skipped: finished by
+    the run being resumed) in a fresh worker, one after another, each written at once."""
+    seen: set[PointKey] = set()
+    todo: list[PlannedPoint] = []
     for pp in planned:
         if pp.key not in seen:
             seen.add(pp.key)
@@ -71,67 +143,37 @@ def measure_points(run, planned: Sequence[PlannedPoint], run_dir: Path, console,
     failures: list[str] = []
     interrupted = False
     user_error = None
-    threads = run.preset.threads
-    progress = Progress(TextColumn("{task.description}"), TextColumn("[dim]{task.fields[status]}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False)
-    with progress:
+    with cons.progress("arrived {task.fields[arrived]}", "{task.fields[tps]:.1f} tok/s", con=console,
+                       status=True, transient=False) as progress:
         for i, pp in enumerate(todo):
-            v = pp.variant
-            task = progress.add_task(f"[{i + 1}/{len(todo)}] {pp.dataset}: {v.label}", total=len(pp.workload),
-                                     status="starting")
-
-            spec = worker_spec(run, v, pp.workload, pp.shape)
+            if pp.key in done:
+                progress.console.print(f"skip {pp.title}: finished earlier", markup=False, highlight=False)
+                continue
+            task = progress.add_task(f"[{i + 1}/{len(todo)}] {pp.title}", total=len(pp.workload),
+                                     status="starting", arrived=0, tps=0.0)
             log_path = run_dir / "logs" / f"{results.point_name(pp.key)}.log"
             try:
-                out = run_worker(spec, log_path, threads, progress_handler(progress, task))
+                out = run_worker(worker_spec(run, pp.variant, pp.workload, pp.shape), log_path,
+                                 run.preset.threads, progress_handler(progress, task))
             except KeyboardInterrupt as e:
                 interrupted = True
                 out = getattr(e, "partial", None)
                 if out is not None:
-                    s, recs, extra = point_summary(out, v, pp.rps, run, pp.workload)
-                    results.write_point(run_dir, pp.key, s, recs, {**extra, **_config_extra(out), **pp.extra})
+                    results.write_point(run_dir, pp.key, *point_summary(out, pp, run))
                 progress.update(task, status="interrupted")
                 break
             except WorkerFailed as e:
                 progress.update(task, status="failed")
                 if e.kind == "user":
-                    user_error = f"{v.label} ({pp.dataset}): {e}"
+                    user_error = str(e)
                     break
-                failures.append(f"{v.label} ({pp.dataset}): {e} (log: {log_path})")
+                failures.append(f"{pp.title}: {e} (log: {log_path})")
                 progress.console.print(f"error: {failures[-1]}", markup=False, highlight=False)
                 continue
-            s, recs, extra = point_summary(out, v, pp.rps, run, pp.workload)
-            full = {**extra, **_config_extra(out), **pp.extra}
-            results.write_point(run_dir, pp.key, s, recs, full)
-            line = point_line({**full, **s, "system": v.label, "dataset": pp.dataset})
-            progress.console.print(line, markup=False, highlight=False)
-            if on_point:
-                on_point({**full, **s})
-    wanted = {(k.system, float(k.rps), k.dataset) for k in seen}
+            s, recs, extra = point_summary(out, pp, run)
+            results.write_point(run_dir, pp.key, s, recs, extra)
+            progress.console.print(point_line({**extra, **s, "system": pp.variant.label, "dataset": pp.dataset}),
+                                   markup=False, highlight=False)
     points = [s for s in results.load_points(run_dir)
-              if (s["system"], float(s["rps"]), s.get("dataset", "")) in wanted]
-    return {"points": points, "failures": failures, "interrupted": interrupted, "user_error": user_error}
-
-
-def _config_extra(out: Mapping) -> dict:
-    """The built engine's effective EngineConfig (after profiling) for the point summary."""
-    cfg = (out.get("info") or {}).get("engine_config")
-    return {"engine_config": cfg} if cfg else {}
-
-
-def resolve_bench_run(*, systems: str, dataset: str, rps: str = "inf", num_prompts: int | None = None,
-                      model: str | None = None, preset: str | None = None, memory_budget: str | None = None,
-                      seed: int = 0, threads: int | None = None, max_num_batched_tokens: int | None = None,
-                      max_num_logits: str | None = None, num_warmups: int = 1, max_duration: float | None = None,
-                      no_profile_cache: bool = False):
-    """A ServeRun through serve's own option checks and workload building (rps default inf =
-    every request at t=0: saturation throughput)."""
-    from dllm_bench.commands.serve import resolve_run
-
-    return resolve_run(
-        rps=rps, systems=systems, dataset=dataset, dataset_path=None, num_prompts=num_prompts, duration=None,
-        burstiness=1.0, arrivals=None, time_scale=1.0, burstgpt_model=None, memory_budget=memory_budget,
-        model=model, preset=preset, max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
-        max_num_seqs=None, retention=None, length_scale=None, gen_cap=None, block_length=None,
-        max_prompt_len=None, threads=threads, dtype=None, device=None, seed=seed, max_duration=max_duration,
-        num_warmups=num_warmups, no_profile_cache=no_profile_cache)
+              if PointKey(s["system"], float(s["rps"]), s.get("dataset", "")) in seen]
+    return Outcome(points, failures, interrupted, user_error)

@@ -1,4 +1,4 @@
-"""Running one serving point in a fresh worker process (dllm_bench/serve/worker.py): the spec
+"""Running one serving point in a fresh worker process (dllm_bench.serve.worker): the spec
 the parent writes, the subprocess and its Ctrl-C handling, and the JSON-line events it prints.
 
 A fresh process per point keeps warm caches, the allocator's high-water mark and imported state
@@ -20,10 +20,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the run is only annotated here; serve_run imports this module
-    from dllm_bench.serve.run import ServeRun
+from dllm_bench.serve.config import ServeRun
 
 INTERRUPT_GRACE_S = 30.0  # after Ctrl-C, how long a worker may take to write its partial result
 

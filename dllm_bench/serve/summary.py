@@ -1,19 +1,17 @@
 """Human output for `dllm-bench serve`: vLLM's printed result block (same 50-char rulers and
 `{:<40} {:<10.2f}` rows, so a vLLM user reads it at a glance) with a "Diffusion Decoding"
-section, a side-by-side Rich table of all systems with ratios vs the best baseline, and the
-live Rich progress bar the driver feeds. Everything goes to stderr by default so that
-`--json` can own stdout (peers_and_conventions B5).
+section, and a side-by-side Rich table of all systems with ratios vs the best baseline.
+Everything goes to stderr by default so that `--json` can own stdout.
 """
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from dllm_bench.console import console as stderr_console
 from dllm_bench.metrics import ratio_table
 
 WIDTH = 50
@@ -88,14 +86,10 @@ def format_summary(summary: Mapping[str, Any], title: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def default_console() -> Console:
-    return Console(stderr=True)
-
-
 def print_summary(summary: Mapping[str, Any], console: Console | None = None,
                   title: str | None = None) -> None:
     # markup/highlight off: the block must come out byte-for-byte like vLLM's.
-    (console or default_console()).print(format_summary(summary, title), markup=False,
+    (console or stderr_console()).print(format_summary(summary, title), markup=False,
                                          highlight=False, soft_wrap=True)
 
 
@@ -132,20 +126,4 @@ def comparison_table(summaries: Mapping[str, Mapping], baseline_names: Iterable[
 
 def print_comparison(summaries: Mapping[str, Mapping], baseline_names: Iterable[str],
                      console: Console | None = None, title: str = "Serving comparison") -> None:
-    (console or default_console()).print(comparison_table(summaries, list(baseline_names), title))
-
-
-@contextlib.contextmanager
-def serve_progress(total: int, description: str, console: Console | None = None,
-                   transient: bool = True) -> Iterator[Any]:
-    """Rich progress bar; yields the driver's progress callback (arrived, finished, tok/s)."""
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("arrived {task.fields[arrived]}/{task.total}"),
-                  TextColumn("{task.fields[tps]:.1f} tok/s"), TimeElapsedColumn(),
-                  console=console or default_console(), transient=transient) as prog:
-        task = prog.add_task(description, total=total, arrived=0, tps=0.0)
-
-        def update(arrived: int, finished: int, tps: float) -> None:
-            prog.update(task, completed=finished, arrived=arrived, tps=tps)
-
-        yield update
+    (console or stderr_console()).print(comparison_table(summaries, list(baseline_names), title))

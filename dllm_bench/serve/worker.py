@@ -3,7 +3,7 @@
 
 `dllm-bench serve` starts one fresh worker per point, one after another, so warm caches, the
 allocator's high-water mark and imported state never leak from one system into the next. The
-spec file (written by dllm_bench/serve/process.py) carries everything: the system variant,
+spec file (written by dllm_bench.serve.process.worker_spec) carries everything: the system variant,
 the checkpoint, dtype/device, the memory budget, the torch thread count, the workload (prompt
 ids, gen_length and arrival offset of every request: the same list for every system) and the
 sampling rule. The worker
@@ -36,9 +36,20 @@ from pathlib import Path
 from typing import Any
 
 # The parent reads our stdout as JSON lines: keep a private handle on it and point sys.stdout at
-# stderr, so a stray print() in any library cannot corrupt the stream.
+# stderr before anything else is imported, so a stray print() in any library cannot corrupt the stream.
 _EVENTS = sys.stdout
 sys.stdout = sys.stderr
+
+import torch  # noqa: E402
+
+from dllm_bench.errors import UserError  # noqa: E402
+from dllm_bench.results import atomic_write_json  # noqa: E402
+from dllm_bench.serve.loadgen import run_open_loop  # noqa: E402
+from dllm_bench.systems.build import WorkloadShape, build_system  # noqa: E402
+from dllm_bench.systems.spec import SystemVariant  # noqa: E402
+from engine.memory import MemoryMeter  # noqa: E402  (the profiler's meter: the budget is held, not only accounted)
+from engine.profiler import weights_bytes  # noqa: E402
+from engine.sampling import SamplingParams  # noqa: E402
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -51,35 +62,20 @@ def emit(event: str, **fields: Any) -> None:
 
 def _warmup(system: Any, spec: dict, n: int) -> None:
     """n short requests through the system before timing (first-call costs are not serving)."""
-    from engine.sampling import SamplingParams
-
     if n <= 0 or not spec["workload"]:
         return
     b = int(spec["sampling"]["block_length"])
-    params = SamplingParams(gen_length=b, steps=b, block_length=b)
     first = spec["workload"][0]["prompt_ids"][:8]
-    for i in range(n):
-        system.add_request(list(first), params, request_id=f"warmup-{i}")
-    while system.has_unfinished():
-        system.step()
+    system.generate([list(first)] * n, SamplingParams(gen_length=b, steps=b, block_length=b))
 
 
 def run(spec: dict, out_path: Path) -> int:
-    import torch
-
     threads = int(spec["threads"])
     torch.set_num_threads(threads)
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:
         pass  # already set (only possible before any parallel work)
-
-    from dllm_bench.errors import UserError
-    from dllm_bench.results import atomic_write_json
-    from dllm_bench.serve.loadgen import run_open_loop
-    from dllm_bench.systems.build import WorkloadShape, build_system
-    from dllm_bench.systems.spec import SystemVariant
-    from engine.sampling import SamplingParams
 
     variant = SystemVariant.from_dict(spec["variant"])
     t_build = time.perf_counter()
@@ -120,8 +116,6 @@ def run(spec: dict, out_path: Path) -> int:
              elapsed=time.perf_counter() - t0)
 
     emit("status", message="serving")
-    from engine.memory import MemoryMeter  # the profiler's meter: the budget is held, not only accounted
-
     with MemoryMeter(system.model.device) as meter:
         result = run_open_loop(system, spec["workload"], make_params, progress=progress,
                                max_duration=spec.get("max_duration"), progress_interval=0.25)
@@ -151,8 +145,6 @@ def run(spec: dict, out_path: Path) -> int:
 def budget_held(model, run_peak_bytes: int, budget: int | None) -> dict:
     """Weights + the meter's peak over the whole replay (activations, KV, logits, caches) against
     the memory budget every system was sized for."""
-    from engine.profiler import weights_bytes
-
     peak = weights_bytes(model) + int(run_peak_bytes)
     return {"peak_memory_bytes": peak, "memory_budget_bytes": budget,
             "within_budget": None if budget is None else bool(peak <= budget)}

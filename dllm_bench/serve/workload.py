@@ -7,18 +7,21 @@ and the worst-request shape a baseline's static batch is profiled for.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from tokenizers import Tokenizer
+
+from dllm_bench.checkpoints.tokenizer import special_token_ids
 from dllm_bench.errors import UserError
-
-if TYPE_CHECKING:  # the run is only annotated here; serve_run imports this module
-    from dllm_bench.serve.run import ServeRun
+from dllm_bench.serve.config import ServeRun
+from dllm_bench.systems.build import WorkloadShape
+from engine.engine import DTYPES
+from engine.models.llada import LLaDAConfig
+from workloads.serving import ServingRequest, build_workload, describe
 
 
 def model_info(model_dir: Path, dtype: str) -> dict:
-    from engine.models.llada import LLaDAConfig
-
     try:
         cfg = LLaDAConfig.from_pretrained(model_dir)
     except (OSError, ValueError) as e:
@@ -26,7 +29,7 @@ def model_info(model_dir: Path, dtype: str) -> dict:
     d, kv = cfg.d_model, cfg.kv_heads * cfg.head_dim
     per_block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * cfg.mlp_hidden_size
     n_params = 2 * cfg.padded_vocab * d + cfg.n_layers * per_block + d
-    size = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    size = DTYPES[dtype].itemsize
     return {"vocab_size": cfg.vocab_size, "padded_vocab": cfg.padded_vocab, "d_model": d,
             "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads,
             "head_dim": cfg.head_dim, "mlp_hidden_size": cfg.mlp_hidden_size,
@@ -37,8 +40,6 @@ def model_info(model_dir: Path, dtype: str) -> dict:
 
 
 def special_ids(info: dict) -> list[int]:
-    from dllm_bench.checkpoints.tokenizer import special_token_ids
-
     ids = set(info["special_ids"])
     ids |= {i for i in special_token_ids(info["vocab_size"]).values() if i < info["vocab_size"]}
     return sorted(ids)
@@ -48,16 +49,12 @@ def _tokenizer(model_dir: Path):
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         return None
-    from tokenizers import Tokenizer
-
     tok = Tokenizer.from_file(str(path))
     return lambda text: tok.encode(text, add_special_tokens=False).ids
 
 
 def build_workloads(run: ServeRun) -> None:
     """The seeded workload of every (dataset, rps) point; ValueError -> UserError."""
-    from workloads.serving import build_workload
-
     p = run.preset
     tokenize = None
     if run.dataset_path and not str(run.dataset_path).lower().endswith(".csv"):
@@ -82,8 +79,6 @@ def build_workloads(run: ServeRun) -> None:
             if not wl:
                 raise UserError(f"the {ds} workload has no requests (raise --duration or --num-prompts)")
             if run.arrivals == "trace":
-                from workloads.serving import describe
-
                 # A trace has no configured rate: its point is keyed by the offered rate.
                 offered = describe(wl).get("offered_rps") or math.inf
                 rps = round(offered, 6) if math.isfinite(offered) else math.inf
@@ -92,10 +87,12 @@ def build_workloads(run: ServeRun) -> None:
             run.workloads[(ds, rps)] = wl
 
 
-def workload_shape(run: ServeRun):
-    from dllm_bench.systems.build import WorkloadShape
+def shape_of(workload: Sequence[ServingRequest], block_length: int) -> WorkloadShape:
+    """The worst request of a workload: what a baseline's static batch is profiled for."""
+    return WorkloadShape(max_prompt_len=max(r.prompt_len for r in workload),
+                         max_gen_length=max(r.gen_length for r in workload), block_length=block_length, steps=None)
 
-    reqs = [r for wl in run.workloads.values() for r in wl]
-    return WorkloadShape(max_prompt_len=max(r.prompt_len for r in reqs),
-                         max_gen_length=max(r.gen_length for r in reqs),
-                         block_length=run.preset.block_length, steps=None)
+
+def workload_shape(run: ServeRun) -> WorkloadShape:
+    """The worst request over every workload of the run (serve profiles one static batch for all)."""
+    return shape_of([r for wl in run.workloads.values() for r in wl], run.preset.block_length)

@@ -24,8 +24,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from dllm_bench import results
 from dllm_bench.console import num
 from dllm_bench.errors import UserError
+from dllm_bench.serve.workload import special_ids
+from dllm_bench.units import comma_list
+from workloads.serving import build_workload
 
 VARY = ("input-len", "output-len")
 PAPER_INPUT_LENS = (100, 200, 300, 400, 500, 600)
@@ -83,22 +89,15 @@ def scale_output(n: int, scale: float, block_length: int) -> int:
 
 
 def _ints(text: str, flag: str) -> list[int]:
-    out = []
-    for tok in (t.strip() for t in str(text).split(",")):
-        if not tok:
-            continue
+    def length(tok: str) -> int:
         try:
             v = int(tok)
         except ValueError:
             raise UserError(f"{flag}: expected comma-separated token counts, got {tok!r}") from None
         if v < 1:
             raise UserError(f"{flag}: lengths must be >= 1 token, got {v}")
-        out.append(v)
-    if not out:
-        raise UserError(f"{flag} is empty")
-    if len(set(out)) != len(out):
-        raise UserError(f"{flag} lists a length twice")
-    return out
+        return v
+    return comma_list(text, flag, length)
 
 
 def plan_sweep(vary: str, *, length_scale: float, block_length: int, device: str = "cpu",
@@ -143,9 +142,6 @@ def plan_sweep(vary: str, *, length_scale: float, block_length: int, device: str
 
 def point_workload(run, point: tuple[int, int], num_prompts: int, rps: float, seed: int) -> list:
     """num_prompts requests of exactly `point`'s lengths (vLLM `random` with range ratio 0)."""
-    from dllm_bench.serve.workload import special_ids
-    from workloads.serving import build_workload
-
     L, G = point
     try:
         return build_workload("random", num_prompts=num_prompts, rps=rps, seed=seed,
@@ -171,8 +167,6 @@ def reference_label(systems: Sequence) -> str:
 def sweep_table(points: Iterable[Mapping], plan: Mapping | SweepPlan, systems: Sequence[str], reference: str):
     """One row per sweep point: throughput of every system and each non-reference system's
     throughput / the reference's (the paper's Fig. 7 y axis)."""
-    import pandas as pd
-
     plan = plan.to_dict() if isinstance(plan, SweepPlan) else plan
     idx = {(p.get("dataset", ""), p["system"]): p for p in points}
     rows = []
@@ -242,8 +236,6 @@ def plot_fig7(df, plan: Mapping | SweepPlan, path: Path, reference: str, title: 
 
 def run_tables(run_dir: Path) -> dict:
     """The sweep table of a finished sweep run dir (what `report` renders)."""
-    from dllm_bench import results
-
     cfg = results.load_config(run_dir)["config"]
     pts = results.load_points(run_dir)
     plan = cfg["plan"]

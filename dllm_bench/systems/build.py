@@ -2,7 +2,7 @@
 memory budget, or a baseline at its largest static batch that fits it (or a fixed `batch=N`).
 
 What a variant means (its name, knobs and their resolution against the run-wide defaults) is
-dllm_bench/systems/spec.py; this module turns a resolved variant into a live system. Both kinds of
+dllm_bench.systems.spec; this module turns a resolved variant into a live system. Both kinds of
 profile are expensive (a real forward under the memory meter), so they are cached on disk,
 keyed by everything that could change the answer (see `cached_profile`).
 """
@@ -17,8 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import baselines
+import engine
+from baselines import make_system as make_baseline
+from baselines.profile import measure_run, profile_max_batch
+from dllm_bench.checkpoints.store import cache_root
 from dllm_bench.errors import UserError
+from dllm_bench.results import atomic_write_json
 from dllm_bench.systems.spec import SystemVariant, baseline_knobs, engine_knobs
+from engine.attention import resolve_backend
+from engine.config import EngineConfig
+from engine.engine import DTYPES, LLMEngine, resolve_device
+from engine.models.llada import load_llada
+from engine.profiler import MemoryProfile, profile_kv_pool
+from engine.profiler import weights_bytes as weight_bytes
 
 # Bump when what a cached profile means changes (profiler or measure code), so stale ones are redone.
 PROFILE_FORMAT = 1
@@ -33,8 +47,6 @@ STATIC_PROFILE_STEPS = 3
 # ---------------------------------------------------------------- profile cache
 def profile_cache_dir() -> Path:
     """`$DLLM_BENCH_CACHE/profiles` (default ~/.cache/dllm-bench/profiles), next to the models."""
-    from dllm_bench.checkpoints.presets import cache_root
-
     return cache_root().parent / "profiles"
 
 
@@ -50,9 +62,6 @@ def model_fingerprint(model_dir: str | os.PathLike) -> dict:
 def code_fingerprint() -> str:
     """Hash of the engine's and the baselines' source: a profile measured by other code (a new
     profiler rule, a leaner step) is stale, so any change there re-measures."""
-    import baselines
-    import engine
-
     h = hashlib.sha256()
     for pkg in (engine, baselines):
         root = Path(pkg.__file__).resolve().parent
@@ -71,10 +80,6 @@ def cached_profile(kind: str, payload: Mapping, compute: Callable[[], dict],
     """compute() unless a profile for exactly `payload` (model fingerprint, knobs, torch
     version, engine/baselines source hash, shapes...) is on disk. Returns (profile dict, came_from_cache). Writes atomically;
     an unreadable cache entry is recomputed, never trusted."""
-    import torch
-
-    from dllm_bench.results import atomic_write_json
-
     full = {"format": PROFILE_FORMAT, "kind": kind, "torch": torch.__version__, "code": code_fingerprint(),
             **payload}
     path = Path(cache_dir or profile_cache_dir()) / f"{kind}-{_cache_key(full)}.json"
@@ -95,6 +100,22 @@ def cached_profile(kind: str, payload: Mapping, compute: Callable[[], dict],
 
 
 # ---------------------------------------------------------------- building
+def make_system(name: str, model: Any, *, engine_config: EngineConfig | None = None, batch: int = 1,
+                knobs: Mapping[str, Any] | None = None, max_model_len: int | None = None,
+                label: str | None = None) -> Any:
+    """THE constructor of a serving system over a loaded model: the engine (`engine_config`,
+    default EngineConfig(sampling=False) on the model's device) or the baseline `name` at static
+    batch `batch` with its `knobs`. Both expose add_request/step/has_unfinished/generate/stats.
+    A configuration the system rejects is a UserError naming `label` (default `name`)."""
+    try:
+        if name == "engine":
+            cfg = engine_config or EngineConfig(sampling=False, device=str(model.device))
+            return LLMEngine(cfg, model=model)
+        return make_baseline(name, model, max_batch_size=batch, max_model_len=max_model_len, **dict(knobs or {}))
+    except ValueError as e:
+        raise UserError(f"system {(label or name)!r}: {e}") from None
+
+
 @dataclass
 class WorkloadShape:
     """What the static-batch profiling needs from the workload: its worst request."""
@@ -125,11 +146,6 @@ def build_system(variant: SystemVariant, *, model_dir: str | os.PathLike, dtype:
     batch whose measured peak fits the budget (cached), or the variant's `batch=N`.
     Returns the system and an `info` dict (what was built and why) for the results.
     """
-    import torch
-
-    from engine.engine import DTYPES, resolve_device
-    from engine.models.llada import load_llada
-
     dev = resolve_device(device)
     if model is None:
         log("loading model")
@@ -147,11 +163,6 @@ def build_system(variant: SystemVariant, *, model_dir: str | os.PathLike, dtype:
 
 def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, defaults,
                   max_model_len, cache_dir, use_cache, info, log) -> BuiltSystem:
-    from engine.attention import resolve_backend
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-    from engine.profiler import MemoryProfile, profile_kv_pool
-
     knobs = engine_knobs(variant, defaults)
     try:
         cfg = EngineConfig(model=str(model_dir), dtype=dtype, device=device, sampling=False,
@@ -179,16 +190,13 @@ def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, d
         info.update(profile=prof, profile_cached=hit, kv_pool_tokens=profile.kv_pool_tokens)
     else:
         info.update(profile=None, profile_cached=False, kv_pool_tokens=None)
-    engine = LLMEngine(cfg, model=model)
+    system = make_system("engine", model, engine_config=cfg, label=variant.label)
     info["engine_config"] = cfg.to_dict()
-    return BuiltSystem(engine, info)
+    return BuiltSystem(system, info)
 
 
 def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, defaults,
                     max_model_len, cache_dir, use_cache, info, log) -> BuiltSystem:
-    from baselines import make_system
-    from baselines.static_batch import measure_run, profile_max_batch
-
     knobs = baseline_knobs(variant, defaults)
     steps = shape.steps or shape.max_gen_length
     payload = {"model": fp, "system": variant.name, "knobs": knobs, "dtype": dtype, "device": device,
@@ -221,8 +229,6 @@ def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, def
         info.update(scenario=f"fixed: B={batch} as given (batch={batch}; how upstream ran)",
                     scenario_kind="fixed", max_batch_size=batch)
         if memory_budget is not None:
-            from baselines.static_batch import weight_bytes
-
             log(f"measuring the peak at batch {batch}")
             prof, hit = cached_profile(
                 "static-peak", {**payload, "batch": batch},
@@ -233,8 +239,6 @@ def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, def
             avail = memory_budget - weight_bytes(model)
             info.update(peak_bytes=prof["peak_bytes"], profile_cached=hit,
                         fits_budget=prof["peak_bytes"] <= avail)
-    try:
-        system = make_system(variant.name, model, max_batch_size=batch, max_model_len=max_model_len, **knobs)
-    except ValueError as e:
-        raise UserError(f"system {variant.label!r}: {e}") from None
+    system = make_system(variant.name, model, batch=batch, knobs=knobs, max_model_len=max_model_len,
+                         label=variant.label)
     return BuiltSystem(system, info)

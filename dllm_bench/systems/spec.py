@@ -1,5 +1,5 @@
 """Serving systems for `dllm-bench serve`: parse system specs, validate knobs, resolve them
-against the run-wide defaults. Building a live system from a variant is dllm_bench/systems/build.py.
+against the run-wide defaults. Building a live system from a variant is dllm_bench.systems.build.
 
 Spec grammar (`--systems`)::
 
@@ -16,7 +16,7 @@ written with dashes (`max-num-logits`); `none` (any case) is None where a knob a
 Systems and their knobs:
 * `engine` — the dLLM-Serve engine; knobs are EngineConfig fields (ENGINE_KNOBS). It serves with
   `sampling=False` (serving workloads are greedy) and a KV pool sized by the offline profiler
-  for the memory budget; the profile is cached on disk (see `system_build.profile_cache_dir`).
+  for the memory budget; the profile is cached on disk (dllm_bench.systems.build.profile_cache_dir).
 * every name in `baselines.SYSTEMS` (llada, fast-dllm, dllm-cache, sparse-dllm) — static-batch
   baselines; knobs are that system's knobs plus `batch`. Without `batch` the static batch is the
   largest that fits the memory budget, measured (`baselines.profile_max_batch`, as the paper's
@@ -29,7 +29,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from baselines import SYSTEMS
 from dllm_bench.errors import UserError
+from engine.config import CACHE_POLICIES, SCHEDULERS, SELECTIONS, EngineConfig
 
 ENGINE = "engine"
 BATCH_KNOB = "batch"
@@ -71,8 +73,6 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
 
 
 def _engine_knobs() -> dict[str, Callable[[str], Any]]:
-    from engine.config import CACHE_POLICIES, SCHEDULERS, SELECTIONS
-
     return {
         "cache": _choice(CACHE_POLICIES), "selection": _choice(SELECTIONS),
         "retention": _float, "pool_window": _int, "delay_step": _int,
@@ -118,8 +118,6 @@ def _by_default(default: Any) -> Callable[[str], Any]:
 
 def baseline_registry() -> Mapping[str, Any]:
     """baselines.SYSTEMS (imported lazily: it pulls in torch)."""
-    from baselines import SYSTEMS
-
     return SYSTEMS
 
 
@@ -172,8 +170,6 @@ def _fmt_value(v: Any) -> str:
 def _validate(name: str, knobs: dict[str, Any], spec_text: str) -> None:
     """Whole-combination checks the per-value parsers cannot do (engine: EngineConfig's own)."""
     if name == ENGINE:
-        from engine.config import EngineConfig
-
         try:
             EngineConfig(**knobs)
         except ValueError as e:

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from engine.attention import sdpa
 from engine.models.llada import LLaDAModelLM
 from workloads.tasks import synth
 
@@ -58,7 +58,7 @@ def batched_logits(model: LLaDAModelLM, ids: torch.Tensor, valid: torch.Tensor) 
 
     def attn(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q4, k4, v4 = (x.view(B, T, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q, k, v))
-        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=keep, enable_gqa=q4.shape[1] != k4.shape[1])
+        o = sdpa(q4, k4, v4, keep)
         return o.transpose(1, 2).reshape(B * T, q.shape[1], q.shape[2])
 
     h = model.hidden_states(ids.reshape(-1), pos, attn)

@@ -1,54 +1,34 @@
 """The learning curve of `dllm-bench train`: a held-out probe (greedy LLaDA decoding of synth test
-questions through the model being trained) and its CSV + PNG."""
+questions through the model being trained, by the engine) and its CSV + PNG."""
 from __future__ import annotations
 
 import csv
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
-from dllm_bench.train.batches import Encoded, batched_logits, collate
+from dllm_bench.train.batches import Encoded
+from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.models.llada import LLaDAModelLM
-from engine.unmask import proposal_argmax
+from workloads.tasks.scoring import score_gsm8k
 
 
-@torch.no_grad()
-def probe_generate(model: LLaDAModelLM, batch: Sequence[Encoded], mask_id: int, pad_id: int) -> list[list[int]]:
-    """Greedy LLaDA decoding of each example's answer region (gen_length = steps = block =
-    window: one token per step, low-confidence remasking), batched with padding masks.
-    Same decisions as the engine's exact mode up to float summation order."""
+def probe_generate(model: LLaDAModelLM, batch: Sequence[Encoded]) -> list[list[int]]:
+    """Greedy LLaDA decoding of each example's answer region through the engine in exact mode
+    (cache none; gen_length = steps = block = window: one token per step, low-confidence
+    remasking), the way `dllm-bench accuracy` will decode the trained model."""
     model.eval()
-    ids, valid, region = collate(batch, pad_id, mask_answer=True, mask_id=mask_id)
-    steps = len(batch[0].answer)
-    for _ in range(steps):
-        masked = (ids == mask_id) & region
-        if not masked.any():
-            break
-        logits = batched_logits(model, ids, valid).float()
-        probs = logits.softmax(-1)
-        pred = proposal_argmax(probs, mask_id)                          # never the mask id, as the engine
-        conf = probs.gather(-1, pred[..., None])[..., 0]
-        conf = torch.where(masked, conf, torch.full_like(conf, -1.0))
-        best = conf.argmax(1)                                           # one token per row per step
-        rows = torch.nonzero(masked.any(1)).squeeze(-1)
-        ids[rows, best[rows]] = pred[rows, best[rows]]
-    out = []
-    for i, e in enumerate(batch):
-        p = len(e.prompt)
-        out.append(ids[i, p:p + len(e.answer)].tolist())
-    return out
+    window = len(batch[0].answer)
+    engine = LLMEngine(EngineConfig(cache="none", sampling=False, device=str(model.device)), model=model)
+    params = SamplingParams(gen_length=window, steps=window, block_length=window, temperature=0.0)
+    return [o.token_ids for o in engine.generate([e.prompt for e in batch], params)]
 
 
-def probe_accuracy(model, tok, probe: Sequence[Encoded], mask_id: int, pad_id: int,
-                   batch: int = 32) -> tuple[float, float]:
+def probe_accuracy(model, tok, probe: Sequence[Encoded], pad_id: int, batch: int = 32) -> tuple[float, float]:
     """(strict-match accuracy, token accuracy over the answer tokens before the EOS padding)."""
-    from workloads.tasks.scoring import score_gsm8k
-
     hits = tok_hits = tok_n = 0
     for s in range(0, len(probe), batch):
         chunk = list(probe[s:s + batch])
-        for e, toks in zip(chunk, probe_generate(model, chunk, mask_id, pad_id), strict=True):
+        for e, toks in zip(chunk, probe_generate(model, chunk), strict=True):
             text = tok.decode(toks[: toks.index(pad_id)] if pad_id in toks else toks, skip_special_tokens=True)
             hits += score_gsm8k(text, e.target)["strict-match"]
             n = e.answer.index(pad_id) if pad_id in e.answer else len(e.answer)
@@ -64,10 +44,10 @@ def write_curve(curve: list[dict], out: Path) -> None:
         w = csv.DictWriter(f, fieldnames=list(curve[0]))
         w.writeheader()
         w.writerows(curve)
-    import matplotlib
-
-    matplotlib.use("Agg")
+    # matplotlib costs ~1 s to import: paid only when a curve is drawn (dllm_bench.plots selects Agg)
     import matplotlib.pyplot as plt
+
+    from dllm_bench.plots import save_png
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     xs = [r["train_seconds"] / 60 for r in curve]
@@ -86,5 +66,4 @@ def write_curve(curve: list[dict], out: Path) -> None:
     ax2.set_ylabel("train loss", color="tab:red")
     ax.set_title("tiny LLaDA on synth: learning curve", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / "learning_curve.png", dpi=110)
-    plt.close(fig)
+    save_png(fig, out / "learning_curve.png")

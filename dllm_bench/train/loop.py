@@ -1,12 +1,12 @@
 """Train a tiny LLaDA-architecture masked-diffusion model on the `synth` task, on CPU, and save
 it as an HF-layout LLaDA checkpoint the engine loads unchanged (`dllm-bench train`).
 
-Pieces (the tokenizer in task_tokenizer.py, batches and the batched forward in train_batches.py,
-the held-out probe and curve plot in learning_curve.py; the rest below):
+Pieces (the tokenizer in dllm_bench.train.tokenizer, batches and the batched forward in
+dllm_bench.train.batches, the held-out probe and curve plot in dllm_bench.train.curve; the rest below):
 
 * a task tokenizer: byte-level BPE trained on synth text (digits split one by one, names and
   items end up as single tokens), learned tokens first and LLaDA's special tokens at the top of
-  the vocab in LLaDA's relative order (the small-vocab layout of tokenizer_build.py);
+  the vocab in LLaDA's relative order (the small-vocab layout of dllm_bench.checkpoints.tokenizer);
 * the model: `engine.models.llada.LLaDAModelLM` itself, trained through its own blocks with a
   batched, padding-masked attention (so the saved weights mean exactly what the engine computes);
 * the objective, as LLaDA's SFT trains (Nie et al. 2025, Alg. 2 / eq. 5): per sequence
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from dllm_bench.train.batches import ANSWER_DELIM, Encoded, batched_logits, collate, encode_examples
 from dllm_bench.train.curve import probe_accuracy, write_curve
 from dllm_bench.train.tokenizer import build_task_tokenizer, save_task_tokenizer
+from engine.engine import DTYPES
 from engine.models.llada import LLaDAConfig, LLaDAModelLM
 from workloads.tasks import synth
 
@@ -257,7 +258,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
     def evaluate() -> None:
         nonlocal eval_s
         t0 = time.perf_counter()
-        acc, tok_acc = probe_accuracy(model, tok, probe, mask_id, eos)
+        acc, tok_acc = probe_accuracy(model, tok, probe, eos)
         model.train()
         eval_s += time.perf_counter() - t0
         row = {"step": step, "examples": stream.examples, "train_seconds": round(train_s, 1),
@@ -293,8 +294,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
         evaluate()
 
     # ---- save (HF LLaDA layout)
-    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.save_dtype]
-    state = {k: v.detach().to(dt).contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to(DTYPES[cfg.save_dtype]).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     os.chmod(out / "model.safetensors", 0o644)
     hf = dict(LLADA_8B_CONFIG)

@@ -1,6 +1,6 @@
 """The task tokenizer of `dllm-bench train`: byte-level BPE learned on synth text (digits split
 one by one, names and items end up as single tokens), learned tokens first and LLaDA's special
-tokens at the top of the vocab in LLaDA's relative order (tokenizer_build's small-vocab layout),
+tokens at the top of the vocab in LLaDA's relative order (dllm_bench.checkpoints.tokenizer's small-vocab layout),
 saved so `AutoTokenizer` loads it offline."""
 from __future__ import annotations
 
@@ -8,14 +8,23 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from dllm_bench.checkpoints.tokenizer import (
+    _NAMED,
+    BOS,
+    CHAT_TEMPLATE,
+    EOS,
+    MASK,
+    _pre_tokenizer,
+    special_token_ids,
+)
+
 
 def build_task_tokenizer(corpus: Sequence[str], vocab_size: int):
     """A `tokenizers.Tokenizer` of exactly `vocab_size` dense ids: BPE learned on `corpus` (as many
     merges as min_frequency 2 allows, up to the budget), `<|reserved_N|>` fillers, then LLaDA's
-    12 special tokens at the top in LLaDA's relative order (tokenizer_build's small-vocab layout)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    from dllm_bench.checkpoints.tokenizer import _pre_tokenizer, special_token_ids
+    12 special tokens at the top in LLaDA's relative order (dllm_bench.checkpoints.tokenizer's small-vocab layout)."""
 
     specials = special_token_ids(vocab_size)
     budget = min(specials.values())
@@ -44,10 +53,8 @@ def build_task_tokenizer(corpus: Sequence[str], vocab_size: int):
 
 
 def save_task_tokenizer(tok, out: Path, model_max_length: int) -> dict[str, int]:
-    """tokenizer.json + tokenizer_config.json exactly as tokenizer_build.save_tokenizer writes
+    """tokenizer.json + tokenizer_config.json exactly as dllm_bench.checkpoints.tokenizer.save_tokenizer writes
     them (AutoTokenizer-loadable offline); returns the config.json special ids."""
-    from dllm_bench.checkpoints.tokenizer import _NAMED, BOS, CHAT_TEMPLATE, EOS, MASK, special_token_ids
-
     specials = special_token_ids(tok.get_vocab_size())
     (out / "tokenizer.json").write_text(tok.to_str(pretty=False), encoding="utf-8")
     added = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.attention import sdpa
+
 # attn(layer_idx, q [N, Hq, D], k [N, Hkv, D], v [N, Hkv, D]) -> [N, Hq, D]; q and k carry RoPE.
 AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -96,12 +98,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    """Rotate-half RoPE with a cos/sin table that grows on demand."""
+    """Rotate-half RoPE with a cos/sin table that grows on demand. `rope(x, positions)` rotates
+    at any positions; `rope.at(positions)` gathers the table rows once for a forward whose every
+    layer rotates at the same positions (the caller keeps it: no hidden memo)."""
 
     def __init__(self, head_dim: int, theta: float):
         self.head_dim, self.theta = head_dim, theta
         self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._last: tuple | None = None
 
     def _table(self, n: int, device: torch.device, dtype: torch.dtype):
         key = (device, dtype)
@@ -113,31 +116,34 @@ class RotaryEmbedding:
             self._cache[key] = (emb.cos(), emb.sin())
         return self._cache[key]
 
+    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+        """The rotation at `positions` for tensors of `dtype` (norm dtype: >= float32)."""
+        dt = torch.promote_types(dtype, torch.float32)
+        cos, sin = self._table(int(positions.max()) + 1, positions.device, dt)
+        return Rotation(cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [N, H, D], positions [N] -> x rotated, in x's dtype."""
-        dt = torch.promote_types(x.dtype, torch.float32)
-        cos, sin = self._gathered(positions, x.device, dt)
-        xf = x.to(dt)
+        return self.at(positions, x.dtype)(x)
+
+
+class Rotation:
+    """cos/sin rows gathered for one positions tensor; applies to x [N, H, D] at those positions."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
+        self.cos, self.sin = cos, sin
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        # `positions` is accepted for the rope(x, positions) call shape; the rows are already bound.
+        xf = x.to(self.cos.dtype)
         x1, x2 = xf.chunk(2, dim=-1)
         rot = torch.cat([-x2, x1], dim=-1)
-        return (xf * cos + rot * sin).to(x.dtype)
-
-    def _gathered(self, positions: torch.Tensor, device, dt):
-        # Every layer rotates q and k at the same positions tensor: gather the table rows once.
-        key = (id(positions), positions.data_ptr(), positions.numel(), device, dt)
-        if self._last is None or self._last[0] != key or self._last[1] is not positions:
-            cos, sin = self._table(int(positions.max()) + 1, device, dt)
-            self._last = (key, positions, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
-        return self._last[2], self._last[3]
+        return (xf * self.cos + rot * self.sin).to(x.dtype)
 
 
 def dense_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Attention of one sequence over itself (bidirectional, no mask)."""
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
-    return o.transpose(0, 1)
+    """Attention of one sequence over itself (bidirectional, no mask): q [L, Hq, D], k/v [L, Hkv, D]."""
+    return sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)).transpose(0, 1)
 
 
 class LLaDABlock(nn.Module):
@@ -217,12 +223,15 @@ class LLaDAModelLM(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.transformer.wte(input_ids)
 
-    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn) -> torch.Tensor:
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn,
+                      rope: Rotation | None = None) -> torch.Tensor:
         """Packed tokens -> final-normed hidden states [N, d]. Logits are a separate call so the
-        engine can decide which rows ever get them (logit-aware activation budgeting)."""
+        engine can decide which rows ever get them (logit-aware activation budgeting). `rope`:
+        the rotation at `positions` if the caller already holds it (the engine's step context)."""
         h = self.embed(input_ids)
+        rope = rope if rope is not None else self.rope.at(positions, h.dtype)
         for i, block in enumerate(self.blocks):
-            h = block(h, positions, self.rope, i, attn)
+            h = block(h, positions, rope, i, attn)
         return self.final_norm(h)
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:

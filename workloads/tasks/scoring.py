@@ -6,7 +6,7 @@ tuple match, strip, fallback "[invalid]") and `lm_eval/api/metrics.py::exact_mat
 (regexes removed from both sides in order, then lower-casing; ignore_punctuation is false).
 Re-implemented here (not imported) so the CLI harness scores without importing lm-eval, while the
 lm-eval tasks in dllm_bench/accuracy/lm_eval_tasks use lm-eval's own filters; a test pins the two together.
-The synthetic task (synth.py) uses the same answer format and therefore the same scoring.
+The synthetic task (workloads.tasks.synth) uses the same answer format and therefore the same scoring.
 """
 from __future__ import annotations
 

@@ -1,0 +1,66 @@
+"""The largest static batch a baseline can run within a memory budget, measured: the paper's
+"max-fit" scenario for request-level systems (`profile_max_batch`, `measure_run`)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from baselines.registry import make_system
+from engine.memory import MemoryMeter
+from engine.models.llada import LLaDAModelLM
+from engine.profiler import weights_bytes
+from engine.sampling import SamplingParams
+
+
+def profile_max_batch(model: LLaDAModelLM, memory_budget_bytes: int, prompt_len: int, gen_length: int,
+                      block_length: int = 32, steps: int | None = None, system: str = "llada",
+                      knobs: dict | None = None, measure: Callable[[int], int] | None = None,
+                      max_batch: int = 4096, run_steps: int | None = None) -> tuple[int, int]:
+    """Largest static batch B whose measured peak (activations incl. full-sequence logits +
+    caches, weights excluded) fits `memory_budget_bytes - weights`. Returns (B, measured peak at B).
+
+    `measure(B) -> peak bytes` defaults to running `system` at batch B under engine.memory's
+    MemoryMeter for `run_steps` steps (None: the first block plus one step, which visits every
+    phase of every policy with its caches held; pass a large number for a whole generation).
+    The search assumes the peak grows with B: doubling, then bisection."""
+    avail = memory_budget_bytes - weights_bytes(model)
+    if measure is None:
+        measure = lambda B: measure_run(model, B, prompt_len, gen_length, block_length, steps, system, knobs, run_steps)  # noqa: E731
+    cache: dict[int, int] = {}
+
+    def fits(B: int) -> bool:
+        if B not in cache:
+            cache[B] = measure(B)
+        return cache[B] <= avail
+
+    if not fits(1):
+        raise ValueError(f"batch 1 needs {cache[1]} bytes beyond the weights but the budget leaves {avail}")
+    lo, hi = 1, 2
+    while hi <= max_batch and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, max_batch + 1)
+    while hi - lo > 1:                     # invariant: lo fits, hi does not (or is past max_batch)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo, cache[lo]
+
+
+def measure_run(model: LLaDAModelLM, batch_size: int, prompt_len: int, gen_length: int, block_length: int = 32,
+                steps: int | None = None, system: str = "llada", knobs: dict | None = None,
+                run_steps: int | None = None) -> int:
+    """Peak bytes (beyond what was live before) of a static batch of `batch_size` synthetic requests."""
+    params = SamplingParams(gen_length=gen_length, steps=steps or gen_length, block_length=block_length)
+    sysm = make_system(system, model, max_batch_size=batch_size, **(knobs or {}))
+    g = torch.Generator().manual_seed(0)
+    hi = min(model.config.mask_token_id, model.config.padded_vocab)
+    for _ in range(batch_size):
+        sysm.add_request(torch.randint(0, hi, (prompt_len,), generator=g).tolist(), params)
+    n = run_steps if run_steps is not None else params.steps_per_block + 1
+    with MemoryMeter(model.device) as meter:
+        for _ in range(n):
+            if not sysm.has_unfinished():
+                break
+            sysm.step()
+        sysm.batch = None
+    return int(meter.peak_bytes)

@@ -1,0 +1,114 @@
+"""One `dllm-bench ablate` run (docs/ABLATE.md): the ladder's rungs and the cache-policy rows
+(dllm_bench.ablate.ladder) as planned points on every dataset's workload, measured by the point
+loop (dllm_bench.serve.points.measure_points), then the tables and figures
+(dllm_bench.ablate.tables) and a check that consecutive rungs differ only in their switch.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from dllm_bench import console as cons
+from dllm_bench import results
+from dllm_bench.ablate import ladder as ab
+from dllm_bench.ablate import tables as abt
+from dllm_bench.errors import UserError
+from dllm_bench.serve.options import check_counts, resolve_bench_run
+from dllm_bench.serve.points import PlannedPoint, measure_points
+from dllm_bench.serve.presets import preset_for
+from dllm_bench.serve.workload import shape_of
+from dllm_bench.systems.spec import parse_system
+from workloads.serving import describe
+
+
+def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, memory_budget: str | None,
+           seed: int, result_dir: Path | None, as_json: bool, threads: int | None, preset: str | None,
+           rps: str, max_num_batched_tokens: int | None, max_num_logits: str | None, cache_rows: str,
+           run_id: str | None, num_warmups: int, max_duration: float | None, no_profile_cache: bool) -> int:
+    """The ablation ladder and cache rows, measured, tabulated and plotted; returns the exit code."""
+    ds_list = ab.parse_dataset_list(datasets)
+    rows_mode = ab.parse_cache_rows(cache_rows)
+    check_counts(num_prompts, seed)
+    sp = preset_for(preset, model)
+    st = ab.ablation_settings(sp.name, sp.num_prompts, max_num_batched_tokens, max_num_logits, num_prompts)
+    n = st["num_prompts"]
+    run = resolve_bench_run(systems="sparse-dllm", dataset=",".join(ds_list), rps=rps, num_prompts=n,
+                            model=model, preset=preset, memory_budget=memory_budget, seed=seed,
+                            threads=threads, max_num_batched_tokens=st["max_num_batched_tokens"],
+                            max_num_logits=st["max_num_logits"], num_warmups=num_warmups,
+                            max_duration=max_duration, no_profile_cache=no_profile_cache)
+    if len(run.rps) != 1:
+        raise UserError("--rps takes one rate for ablate (inf = saturation, the default)")
+    rate = run.rps[0]
+    run.preset = replace(run.preset, dataset=",".join(ds_list), num_prompts=n)  # describe() tells what ran
+    p = run.preset
+    rungs = ab.ladder(p.max_num_logits)
+    crows = ab.cache_rows(p.max_num_logits) if rows_mode != "none" else []
+    variants = {r.key: parse_system(r.spec) for r in rungs + crows}
+    run.systems = list({v.label: v for v in variants.values()}.values())
+    eff = ab.effective_configs(rungs + crows, run.engine_defaults, run.baseline_defaults,
+                               model_dir=str(run.model_dir), dtype=p.dtype, device=p.device,
+                               memory_budget=run.memory_budget, max_model_len=p.max_model_len)
+    eng = [e["config"] if e["system"] == "engine" else None for e in eff]
+    problems = ab.check_ladder_configs(eng, rungs + crows, reference=eng[len(rungs) - 1])
+    if problems:  # a programming error in the ladder, never the user's
+        raise RuntimeError("ablation ladder is inconsistent: " + "; ".join(problems))
+
+    con = cons.console()
+    config = {
+        **run.describe(), "datasets": ds_list, "rps": rate, "num_prompts": n, "cache_rows_mode": rows_mode,
+        "ladder": [{**r.to_dict(), "label": variants[r.key].label} for r in rungs],
+        "cache_rows": [{**r.to_dict(), "label": variants[r.key].label} for r in crows],
+        "effective_configs": {r.key: e for r, e in zip(rungs + crows, eff, strict=True)},
+        "throughput_metric": ab.THROUGHPUT, "measurement": run.measurement(rate),
+        "workloads": {ds: describe(run.workloads[(ds, rate)]) for ds in ds_list},
+    }
+    run_dir = results.create_run("ablate", config, name=f"ablate-{Path(str(p.model)).name}-{'+'.join(ds_list)}",
+                                 run_id=run_id, root=results.results_root(result_dir))
+    con.print(f"[bold]dllm-bench ablate[/bold] → {run_dir}", highlight=False)
+    con.print(p.describe(), markup=False, highlight=False)
+    con.print(f"{config['measurement']}; {n} prompts per dataset; datasets {', '.join(ds_list)}; seed {seed}",
+              markup=False, highlight=False)
+    for r in rungs + crows:
+        con.print(f"  {r.group:>6} {r.title}: {variants[r.key].label}", markup=False, highlight=False)
+
+    planned = []
+    for i, ds in enumerate(ds_list):
+        wl = run.workloads[(ds, rate)]
+        shape = shape_of(wl, p.block_length)
+        rows = rungs + (crows if rows_mode == "all" or (rows_mode == "first" and i == 0) else [])
+        planned += [PlannedPoint(ds, rate, variants[r.key], wl, shape,
+                                 {"ablation_rung": r.key, "ablation_title": r.title}) for r in rows]
+    res = measure_points(run, planned, run_dir, con)
+    if res.user_error and "max_num_logits=none" in res.user_error:
+        res.user_error += (f" (the monolithic-logit rungs hold [token budget x vocab] logits: lower "
+                           f"--max-num-batched-tokens (now {p.max_num_batched_tokens}) or raise --memory-budget)")
+    res.give_up_if_empty(run_dir)
+    points = res.points
+
+    lt = abt.ladder_table(points, config["ladder"], ds_list)
+    ct = abt.cache_table(points, config["cache_rows"], config["ladder"][0], ds_list) if crows else None
+    cons.print_df(con, lt, "Ablation ladder (paper Fig. 8): output throughput, x vs Sparse-dLLM", abt.LADDER_FMT)
+    if ct is not None and not ct.empty:
+        cons.print_df(con, ct, "Full engine under each cache policy (same scheduler, budgets, arrivals)",
+                      abt.CACHE_FMT)
+    # The effective configs the workers built (after profiling): differences besides the switch?
+    by_key = {(s.get("dataset"), s["system"]): s.get("engine_config") for s in points}
+    checks = {}
+    for ds in ds_list:
+        got = [by_key.get((ds, variants[r.key].label)) for r in rungs + crows]
+        checks[ds] = ab.check_ladder_configs(got, rungs + crows, reference=got[len(rungs) - 1])
+        for pr in checks[ds]:
+            con.print(f"config check ({ds}): {pr}", markup=False, highlight=False)
+    plots = []
+    if not lt["x_vs_baseline"].isna().all():
+        plots.append(str(abt.plot_ablation(lt, run_dir / "plots" / "fig8_ablation.png")))
+    if ct is not None and not ct.empty and not ct["x_vs_baseline"].isna().all():
+        plots.append(str(abt.plot_cache_policies(ct, run_dir / "plots" / "cache_policies.png")))
+    doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "preset": p.to_dict(), "preset_line": p.describe(),
+           "measurement": config["measurement"], "interrupted": res.interrupted, "failures": res.failures,
+           "ladder": lt.to_dict(orient="records"), "cache_rows": [] if ct is None else ct.to_dict(orient="records"),
+           "config_checks": checks, "plots": plots, "points": points}
+    results.atomic_write_json(run_dir / "ablation.json", {k: v for k, v in doc.items() if k != "points"})
+    con.print(f"plots: {', '.join(plots) or 'none'}", markup=False, highlight=False)
+    return res.finish(con, run_dir, doc, as_json)

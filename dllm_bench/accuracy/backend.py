@@ -1,0 +1,155 @@
+"""An accuracy point's system as an lm-eval backend: prompts + gen_kwargs -> completions
+(PointBackend), and the `engine` backend `lm_eval --model dllm_bench --model_args
+model=tiny-math,retention=0.1,selection=head` runs (engine_backend, registered by
+dllm_bench.accuracy.lm_eval_model).
+
+All samples of a point go through ONE system instance at once (LLMEngine.generate: every request
+added, then stepped until all finish; the engine batches them continuously, baselines in static
+batches). Decoding is greedy (temperature 0).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dllm_bench import console
+from dllm_bench.accuracy.points import SCORE_QUERIES, SELECTIONS, SYSTEMS, Point, model_training_info
+from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, model_dir
+from dllm_bench.systems.build import make_system
+from engine import EngineConfig, SamplingParams
+from engine.models.llada import LLaDAModelLM
+
+
+def point_system(point: Point, model: LLaDAModelLM, *, max_num_seqs: int = 64, max_num_batched_tokens: int = 8192,
+                 max_num_logits: int | None = 1024, batch: int = 32, pool_window: int = 3,
+                 delay_step: int = 1) -> Any:
+    """A fresh serving system for `point` over an already-loaded model (systems.build.make_system)."""
+    if point.system == "engine":
+        cfg = EngineConfig(cache=point.cache or "none", selection=point.selection or "head",
+                           retention=point.retention, score_query=point.score_query, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
+                           pool_window=pool_window, delay_step=delay_step, sampling=False,
+                           device=str(model.device), attention_backend="auto")
+        return make_system("engine", model, engine_config=cfg, label=point.name)
+    knobs = {"keep_ratio": point.retention} if point.system == "sparse-dllm" else {}
+    return make_system(point.system, model, batch=batch, knobs=knobs, label=point.name)
+
+
+def decode_completion(tok, token_ids: Sequence[int], eos_id: int | None) -> str:
+    """Generated ids -> text: cut at the first EOS (the answer ends there), special tokens dropped."""
+    ids = list(token_ids)
+    if eos_id is not None and eos_id in ids:
+        ids = ids[: ids.index(eos_id)]
+    return tok.decode(ids, skip_special_tokens=True)
+
+
+@dataclass
+class PointBackend:
+    """prompts + lm-eval gen_kwargs -> completions, through `point`'s system (lm-eval Backend).
+
+    Shape: gen_length = the given one, else max_gen_toks rounded up to a block multiple; steps
+    = the given one, else gen_length (one token per step)."""
+    model: Any
+    tok: Any
+    point: Point
+    gen_length: int | None = None
+    block_length: int = 32
+    steps: int | None = None
+    seed: int = 0
+    chat: bool = False
+    system_kw: dict = field(default_factory=dict)
+    show_progress: bool = False
+    label: str = ""
+    outputs: list = field(default_factory=list)      # RequestOutputs of every call
+    by_prompt: dict = field(default_factory=dict)    # prompt text -> its RequestOutput
+    stats: list = field(default_factory=list)        # system.stats() of every call
+    elapsed_s: float = 0.0
+
+    def params_for(self, max_gen_toks: int | None) -> SamplingParams:
+        b = self.block_length
+        g = self.gen_length or max(b, math.ceil(int(max_gen_toks or 256) / b) * b)
+        return SamplingParams(gen_length=g, block_length=b, steps=self.steps or g, temperature=0.0, seed=self.seed)
+
+    def __call__(self, prompts: list[str], gen_kwargs: dict) -> list[str]:
+        params = self.params_for(gen_kwargs.get("max_gen_toks"))
+        ids = [encode_prompt(self.tok, p, self.chat) for p in prompts]
+        system = point_system(self.point, self.model, **self.system_kw)
+        label = self.label or self.point.name
+        t0 = time.perf_counter()
+        with console.progress(enabled=self.show_progress) as prog:
+            task = prog.add_task(label, total=len(ids))
+            outs = system.generate(ids, params, lambda done, _total: prog.update(task, completed=done))
+        self.elapsed_s += time.perf_counter() - t0
+        self.outputs.extend(outs)
+        self.by_prompt.update(zip(prompts, outs, strict=True))
+        self.stats.append(system.stats())
+        eos = self.model.config.eos_token_id
+        return [decode_completion(self.tok, o.token_ids, eos) for o in outs]
+
+
+def _arg(model_args: dict, key: str, cast, default=None):
+    v = model_args.get(key)
+    if v is None or v == "":
+        return default
+    if cast is bool:
+        return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes")
+    return cast(v)
+
+
+def engine_backend(model_args: dict) -> PointBackend:
+    """The lm-eval backend `engine`: `model=<preset|dir>` plus optional `retention`, `selection`
+    (head|uniform), `score_query` (mean|max), `cache` (none|dual|sparse; default sparse when retention < 1 is given, else
+    none), `system` (engine or a baseline), `dtype`, `device`, `threads`, `gen_length`,
+    `block_length`, `steps`, `seed`, `chat`, `max_num_seqs`, `batch` (baselines)."""
+
+
+    spec = str(model_args.get("model", ""))
+    if spec.startswith("engine:"):
+        spec = spec.split(":", 1)[1]
+    if not spec:
+        raise ValueError("the engine backend needs model=<preset name or checkpoint dir>")
+    threads = _arg(model_args, "threads", int)
+    if threads:
+        torch.set_num_threads(threads)
+    retention = _arg(model_args, "retention", float, 1.0)
+    selection = _arg(model_args, "selection", str, "head")
+    system = _arg(model_args, "system", str, "engine")
+    cache = _arg(model_args, "cache", str, "sparse" if retention < 1.0 else "none")
+    if system not in SYSTEMS:
+        raise ValueError(f"system must be one of {SYSTEMS}, got {system!r}")
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+    if not 0 < retention <= 1:
+        raise ValueError(f"retention must be in (0, 1], got {retention}")
+    score_query = _arg(model_args, "score_query", str, "mean")
+    if score_query not in SCORE_QUERIES:
+        raise ValueError(f"score_query must be one of {SCORE_QUERIES}, got {score_query!r}")
+    role = "baseline" if system != "engine" else ("dense" if cache == "none" else "sparse")
+    point = Point(f"{system}:{cache}:{selection}:{score_query}:r{retention:g}", system, role, cache, selection,
+                  retention, score_query)
+    path = model_dir(spec)
+    tok = load_tokenizer(path)
+    if tok is None:
+        raise ValueError(f"{path} has no tokenizer: the lm-eval backend needs text prompts")
+    # A model trained by `dllm-bench train` decodes its fixed answer window by default (the task's
+    # max_gen_toks may be longer than anything it saw in training); gen_length= overrides.
+    window = model_training_info(path).get("config", {}).get("window")
+    model = load_model(spec, _arg(model_args, "dtype", str, "float32"), _arg(model_args, "device", str, "auto"))
+    kw = {}
+    if _arg(model_args, "max_num_seqs", int):
+        kw["max_num_seqs"] = _arg(model_args, "max_num_seqs", int)
+    if _arg(model_args, "batch", int):
+        kw["batch"] = _arg(model_args, "batch", int)
+    gen_length = _arg(model_args, "gen_length", int, window)
+    return PointBackend(model, tok, point, gen_length=gen_length,
+                        block_length=_arg(model_args, "block_length", int, min(32, gen_length or 32)),
+                        steps=_arg(model_args, "steps", int), seed=_arg(model_args, "seed", int, 0),
+                        chat=_arg(model_args, "chat", bool, False), system_kw=kw,
+                        show_progress=_arg(model_args, "progress", bool, False))
+
+

@@ -1,0 +1,73 @@
+"""The resolved options of a serving run (ServeRun): preset with overrides, model, systems,
+rates and the workloads built once per (dataset, rps) point.
+
+`dllm-bench serve` resolves its options into one (dllm_bench.serve.options.resolve_run);
+`ablate` and `sweep` resolve theirs through the same checks (dllm_bench.serve.points.resolve_bench_run)
+so every kind of point is measured by the same loop from the same kind of run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dllm_bench.serve.presets import ServePreset
+from dllm_bench.systems.spec import SystemVariant
+
+
+@dataclass
+class ServeRun:
+    preset: ServePreset              # with CLI overrides applied
+    model_dir: Path
+    model_info: dict
+    systems: list[SystemVariant]
+    datasets: list[str]
+    rps: list[float]                 # for trace arrivals: the single offered rate per dataset
+    arrivals: str
+    burstiness: float
+    seed: int
+    num_prompts: int | None
+    duration: float | None
+    dataset_path: str | None
+    time_scale: float
+    burstgpt_model: str | None
+    memory_budget: int | None
+    max_duration: float | None
+    num_warmups: int
+    use_cache: bool
+    workloads: dict = field(default_factory=dict)   # (dataset, rps) -> [ServingRequest]
+
+    @property
+    def engine_defaults(self) -> dict:
+        p = self.preset
+        return {"max_num_batched_tokens": p.max_num_batched_tokens, "max_num_logits": p.max_num_logits,
+                "max_num_seqs": p.max_num_seqs, "retention": p.retention}
+
+    @property
+    def baseline_defaults(self) -> dict:
+        knobs = {k: dict(v) for k, v in self.preset.baseline_knobs.items()}
+        # One retention for both sparse systems (the paper's "Algorithmic Consistency").
+        knobs.setdefault("sparse-dllm", {})["keep_ratio"] = self.preset.retention
+        return knobs
+
+    def describe(self) -> dict:
+        """What every run directory's config.json records about the run (each command adds its own)."""
+        p = self.preset
+        return {"preset": p.to_dict(), "preset_line": p.describe(), "model_dir": str(self.model_dir),
+                "model": self.model_info, "seed": self.seed, "memory_budget": self.memory_budget,
+                "num_warmups": self.num_warmups, "max_duration": self.max_duration,
+                "engine_defaults": self.engine_defaults, "baseline_defaults": self.baseline_defaults}
+
+    def measurement(self, rate: float) -> str:
+        """How throughput is measured at one arrival rate (ablate and sweep)."""
+        if rate == float("inf"):
+            return "saturation: every request at t=0 (rps inf); throughput = output tokens / makespan"
+        return f"open loop at {rate:g} req/s ({self.arrivals}); throughput = output tokens / makespan"
+
+    def fingerprint(self) -> dict:
+        """What a resumed run must share with the original for its points to be comparable."""
+        p = self.preset
+        return {"model": str(self.model_dir), "preset": p.to_dict() | {"rps": None}, "seed": self.seed,
+                "arrivals": self.arrivals, "burstiness": self.burstiness, "num_prompts": self.num_prompts,
+                "duration": self.duration, "dataset_path": self.dataset_path, "time_scale": self.time_scale,
+                "burstgpt_model": self.burstgpt_model, "memory_budget": self.memory_budget,
+                "max_duration": self.max_duration}

@@ -1,0 +1,188 @@
+"""The options of a serving run checked and resolved into a ServeRun: cheap checks first,
+then the model and the workloads, so a bad option never leaves a run directory behind.
+
+`dllm-bench serve` calls resolve_run with its options; `ablate` and `sweep` call
+resolve_bench_run, the same checks with the options they do not expose fixed (every request at
+t=0 by default: saturation throughput).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dllm_bench.checkpoints.store import resolve_model
+from dllm_bench.errors import UserError
+from dllm_bench.serve.config import ServeRun
+from dllm_bench.serve.presets import preset_for
+from dllm_bench.serve.workload import build_workloads, model_info
+from dllm_bench.systems.spec import parse_systems
+from dllm_bench.units import comma_list, format_size, parse_size
+from engine.config import DTYPES
+
+DATASET_CHOICES = ("livebench", "osc", "burstgpt", "random")
+ARRIVALS = ("poisson", "gamma", "trace")
+
+
+# ---------------------------------------------------------------- option parsing
+def parse_rps_list(text: str) -> list[float]:
+    """`0.5`, `0.1,0.25,0.5,1.0`, `inf` -> floats > 0 (inf = all requests at t=0)."""
+    def rate(tok: str) -> float:
+        try:
+            v = float(tok)
+        except ValueError:
+            raise UserError(f"--rps: expected numbers > 0 or 'inf' (comma separated), got {tok!r}") from None
+        if math.isnan(v) or v <= 0:
+            raise UserError(f"--rps must be > 0 (or inf for all requests at t=0), got {tok}")
+        return v
+    return comma_list(text, "--rps", rate)
+
+
+def parse_datasets(text: str) -> list[str]:
+    out = comma_list(text, "--dataset")
+    for d in out:
+        if d not in DATASET_CHOICES + ("custom",):
+            raise UserError(f"unknown dataset {d!r}; choose from {', '.join(DATASET_CHOICES)} "
+                            "(or a file with --dataset-path)")
+    return out
+
+
+def parse_optional_int(text: str | None, what: str) -> int | None:
+    """For knobs where 'none' means unbounded (e.g. --max-num-logits none = monolithic)."""
+    if text is None:
+        return None
+    if str(text).strip().lower() in ("none", "null"):
+        return None
+    try:
+        v = int(str(text))
+    except ValueError:
+        raise UserError(f"{what}: expected a positive integer or 'none', got {text!r}") from None
+    if v < 1:
+        raise UserError(f"{what} must be >= 1 (or 'none'), got {v}")
+    return v
+
+
+def check_counts(num_prompts: int | None, seed: int) -> None:
+    """--num-prompts (when given) >= 1 and --seed >= 0."""
+    if num_prompts is not None and num_prompts < 1:
+        raise UserError(f"--num-prompts must be >= 1, got {num_prompts}")
+    if seed < 0:
+        raise UserError(f"--seed must be >= 0, got {seed}")
+
+
+# ---------------------------------------------------------------- option resolution
+def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, dataset_path: Path | None,
+                num_prompts: int | None, duration: float | None, burstiness: float, arrivals: str | None,
+                time_scale: float, burstgpt_model: str | None, memory_budget: str | None, model: str | None,
+                preset: str | None, max_num_batched_tokens: int | None, max_num_logits: str | None,
+                max_num_seqs: int | None, retention: float | None, length_scale: float | None,
+                gen_cap: int | None, block_length: int | None, max_prompt_len: int | None,
+                threads: int | None, dtype: str | None, device: str | None, seed: int,
+                max_duration: float | None, num_warmups: int, no_profile_cache: bool) -> ServeRun:
+    """Every option checked (cheap ones first) and the workloads built: any problem is a
+    UserError before a run directory exists."""
+    variants = parse_systems(systems)
+    sp = preset_for(preset, model)
+    rps_list = parse_rps_list(rps if rps is not None else sp.rps)
+    datasets = parse_datasets(dataset if dataset is not None else sp.dataset)
+    arrivals = arrivals or ("gamma" if burstiness != 1.0 else "poisson")
+    if arrivals not in ARRIVALS:
+        raise UserError(f"--arrivals must be one of {', '.join(ARRIVALS)}, got {arrivals!r}")
+    if not (burstiness > 0):
+        raise UserError(f"--burstiness must be > 0 (1 = Poisson, < 1 burstier), got {burstiness}")
+    if arrivals == "poisson" and burstiness != 1.0:
+        raise UserError("--burstiness applies to gamma arrivals (poisson is burstiness 1); use --arrivals gamma")
+    if dataset_path is not None:
+        if not dataset_path.is_file():
+            raise UserError(f"--dataset-path: no such file: {dataset_path}")
+        if len(datasets) > 1:
+            raise UserError("--dataset-path replays one file: give a single --dataset (its label)")
+    elif "custom" in datasets:
+        raise UserError("--dataset custom needs --dataset-path (a BurstGPT CSV or a JSONL file)")
+    if arrivals == "trace":
+        if dataset_path is None:
+            raise UserError("--arrivals trace replays the timestamps of --dataset-path (a BurstGPT CSV or JSONL)")
+        if rps is not None:
+            raise UserError("--rps does not apply to --arrivals trace (use --time-scale to speed it up)")
+    check_counts(num_prompts, seed)
+    if duration is not None and not (duration > 0 and math.isfinite(duration)):
+        raise UserError(f"--duration must be a number of seconds > 0, got {duration}")
+    if duration is not None and num_prompts is None and any(math.isinf(r) for r in rps_list) and arrivals != "trace":
+        raise UserError("--rps inf sends everything at t=0: bound it with --num-prompts, not --duration")
+    if max_duration is not None and not max_duration > 0:
+        raise UserError(f"--max-duration must be > 0 seconds, got {max_duration}")
+    if not time_scale > 0:
+        raise UserError(f"--time-scale must be > 0, got {time_scale}")
+    if num_warmups < 0:
+        raise UserError(f"--num-warmups must be >= 0, got {num_warmups}")
+    over: dict[str, Any] = {}
+    for k, v in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs),
+                 ("gen_cap", gen_cap), ("block_length", block_length), ("max_prompt_len", max_prompt_len),
+                 ("threads", threads)):
+        if v is not None:
+            if v < 1:
+                raise UserError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
+            over[k] = v
+    if max_num_logits is not None:
+        over["max_num_logits"] = parse_optional_int(max_num_logits, "--max-num-logits")
+    if retention is not None:
+        if not 0 < retention <= 1:
+            raise UserError(f"--retention must be in (0, 1], got {retention}")
+        over["retention"] = retention
+    if length_scale is not None:
+        if not (length_scale > 0 and math.isfinite(length_scale)):
+            raise UserError(f"--length-scale must be > 0, got {length_scale}")
+        over["length_scale"] = length_scale
+    if dtype is not None:
+        if dtype not in DTYPES:
+            raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        over["dtype"] = dtype
+    if device is not None:
+        over["device"] = device
+    if memory_budget is not None:
+        over["memory_budget"] = None if memory_budget.strip().lower() in ("none", "auto") else memory_budget
+    sp = replace(sp, **over)
+    if sp.gen_cap < sp.block_length:
+        raise UserError(f"--gen-cap {sp.gen_cap} is smaller than one block ({sp.block_length} tokens)")
+    budget = parse_size(sp.memory_budget, "--memory-budget") if sp.memory_budget else None
+    if sp.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {sp.device}: CUDA is not available here (use --device cpu)")
+    elif sp.device != "cpu":
+        raise UserError(f"--device must be cpu or cuda[:N], got {sp.device!r}")
+    if budget is None and not sp.device.startswith("cuda"):
+        raise UserError("a --memory-budget is needed on CPU (e.g. --memory-budget 1GiB)")
+    model_dir = resolve_model(sp.model)
+    info = model_info(model_dir, sp.dtype)
+    if budget is not None and budget <= info["weights_bytes"]:
+        raise UserError(f"--memory-budget {format_size(budget)} does not even hold the weights "
+                        f"({format_size(info['weights_bytes'])} in {sp.dtype})")
+    if num_prompts is None and duration is None:
+        num_prompts = sp.num_prompts
+    run = ServeRun(
+        preset=sp, model_dir=model_dir, model_info=info, systems=variants, datasets=datasets,
+        rps=rps_list, arrivals=arrivals, burstiness=burstiness, seed=seed, num_prompts=num_prompts,
+        duration=duration, dataset_path=str(dataset_path) if dataset_path else None,
+        time_scale=time_scale, burstgpt_model=burstgpt_model, memory_budget=budget,
+        max_duration=max_duration, num_warmups=num_warmups, use_cache=not no_profile_cache)
+    build_workloads(run)
+    return run
+
+
+def resolve_bench_run(*, systems: str, dataset: str, rps: str = "inf", num_prompts: int | None = None,
+                      model: str | None = None, preset: str | None = None, memory_budget: str | None = None,
+                      seed: int = 0, threads: int | None = None, max_num_batched_tokens: int | None = None,
+                      max_num_logits: str | None = None, num_warmups: int = 1, max_duration: float | None = None,
+                      no_profile_cache: bool = False) -> ServeRun:
+    """resolve_run for `ablate` and `sweep`: serve's checks and workload building with the
+    options they do not expose at serve's defaults (rps default inf: saturation throughput)."""
+    return resolve_run(
+        rps=rps, systems=systems, dataset=dataset, dataset_path=None, num_prompts=num_prompts, duration=None,
+        burstiness=1.0, arrivals=None, time_scale=1.0, burstgpt_model=None, memory_budget=memory_budget,
+        model=model, preset=preset, max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
+        max_num_seqs=None, retention=None, length_scale=None, gen_cap=None, block_length=None,
+        max_prompt_len=None, threads=threads, dtype=None, device=None, seed=seed, max_duration=max_duration,
+        num_warmups=num_warmups, no_profile_cache=no_profile_cache)

@@ -1,0 +1,86 @@
+"""One `dllm-bench sweep --vary input-len|output-len` run (docs/ABLATE.md): a fixed-length
+`random` workload per planned length (dllm_bench.sweep.lengths.plan_sweep), every system on each
+through the point loop (dllm_bench.serve.points.measure_points), then the Fig. 7 table and plot.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from dllm_bench import console as cons
+from dllm_bench import results
+from dllm_bench.ablate.ladder import ABLATION_PROMPTS
+from dllm_bench.errors import UserError
+from dllm_bench.serve.options import check_counts, resolve_bench_run
+from dllm_bench.serve.points import PlannedPoint, measure_points
+from dllm_bench.serve.presets import preset_for
+from dllm_bench.serve.workload import shape_of
+from dllm_bench.sweep import lengths as sw
+from workloads.serving import describe
+
+
+def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str | None, num_prompts: int | None,
+          model: str | None, preset: str | None, memory_budget: str | None, seed: int, threads: int | None,
+          rps: str, result_dir: Path | None, run_id: str | None, as_json: bool, num_warmups: int,
+          max_duration: float | None, no_profile_cache: bool) -> int:
+    """Every (length, system) point measured, tabulated and plotted; returns the exit code."""
+    vary = sw.parse_vary(vary)
+    check_counts(num_prompts, seed)
+    sp = preset_for(preset, model)
+    plan = sw.plan_sweep(vary, length_scale=sp.length_scale, block_length=sp.block_length, device=sp.device,
+                         points=points, fixed=fixed_len)
+    n = num_prompts if num_prompts is not None else ABLATION_PROMPTS.get(sp.name, sp.num_prompts)
+    run = resolve_bench_run(systems=systems or sw.DEFAULT_SYSTEMS, dataset="random", rps=rps, num_prompts=n,
+                            model=model, preset=preset, memory_budget=memory_budget, seed=seed,
+                            threads=threads, num_warmups=num_warmups, max_duration=max_duration,
+                            no_profile_cache=no_profile_cache)
+    if len(run.rps) != 1:
+        raise UserError("--rps takes one rate for sweep (inf = saturation, the default)")
+    rate = run.rps[0]
+    run.preset = replace(run.preset, dataset="random", num_prompts=n)  # describe() tells what ran
+    p = run.preset
+    reference = sw.reference_label(run.systems)
+    mml = p.max_model_len or run.model_info["max_sequence_length"]
+    too_long = [pt for pt in plan.points if pt[0] + pt[1] > mml]
+    if too_long:
+        raise UserError(f"sweep points {too_long} exceed the model's {mml} tokens")
+    workloads = {plan.label(pt): sw.point_workload(run, pt, n, rate, seed) for pt in plan.points}
+    run.workloads = {(lab, rate): wl for lab, wl in workloads.items()}
+    labels = [v.label for v in run.systems]
+    config = {
+        **run.describe(), "vary": vary, "plan": plan.to_dict(), "systems": [v.to_dict() for v in run.systems],
+        "systems_labels": labels, "reference": reference, "rps": rate, "num_prompts": n,
+        "throughput_metric": sw.THROUGHPUT, "measurement": run.measurement(rate),
+        "workloads": {lab: describe(wl) for lab, wl in workloads.items()},
+    }
+    run_dir = results.create_run("sweep", config, name=f"sweep-{vary}-{Path(str(p.model)).name}",
+                                 run_id=run_id, root=results.results_root(result_dir))
+    con = cons.console()
+    con.print(f"[bold]dllm-bench sweep --vary {vary}[/bold] → {run_dir}", highlight=False)
+    con.print(p.describe(), markup=False, highlight=False)
+    con.print(f"{plan.rule}; points {plan.values}; {n} prompts per point; {config['measurement']}; "
+              f"systems {', '.join(labels)} (ratios vs {reference})", markup=False, highlight=False)
+
+    planned = []
+    for pt, paper in zip(plan.points, plan.paper_points, strict=True):
+        lab = plan.label(pt)
+        wl = workloads[lab]
+        shape = shape_of(wl, p.block_length)  # a baseline's static batch: max fit for THIS point
+        planned += [PlannedPoint(lab, rate, v, wl, shape, {"sweep_vary": vary, "sweep_input_len": pt[0],
+                                                           "sweep_output_len": pt[1], "paper_len": paper})
+                    for v in run.systems]
+    res = measure_points(run, planned, run_dir, con)
+    res.give_up_if_empty(run_dir)
+    df = sw.sweep_table(res.points, plan, labels, reference)
+    cons.print_df(con, df, f"Sensitivity ({vary}): output throughput and x vs {reference} (paper Fig. 7)",
+                  sw.table_formats(df))
+    plots = []
+    if any(c.startswith("x ") and df[c].notna().any() for c in df.columns):
+        plots.append(str(sw.plot_fig7(df, plan, run_dir / "plots" / f"fig7_{vary}.png", reference)))
+    doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "vary": vary, "plan": plan.to_dict(),
+           "reference": reference, "preset": p.to_dict(), "measurement": config["measurement"],
+           "interrupted": res.interrupted, "failures": res.failures, "table": df.to_dict(orient="records"),
+           "plots": plots, "points": res.points}
+    results.atomic_write_json(run_dir / "sweep.json", {k: v for k, v in doc.items() if k != "points"})
+    con.print(f"plots: {', '.join(plots) or 'none'}", markup=False, highlight=False)
+    return res.finish(con, run_dir, doc, as_json)
