@@ -20,7 +20,8 @@ E2EL_PERCENTILES = (50, 90, 99)
 
 # stats() keys copied through unchanged (cumulative counters or peaks of the system under test).
 STAT_KEYS = ("forwards", "steps", "query_tokens", "logits_rows", "max_logits_rows_in_step",
-             "peak_kv_bytes", "kv_pool_bytes", "peak_memory_bytes")
+             "peak_kv_bytes", "kv_pool_bytes", "peak_memory_bytes", "memory_budget_bytes", "within_budget",
+             "mean_batch_size")
 
 # Columns of the ratio table: "higher is better" metrics are divided by the best baseline,
 # "lower is better" ones divide the best baseline, so every ratio > 1 means better (the

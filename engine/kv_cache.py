@@ -1,15 +1,13 @@
 """The KV pool: one K/V storage in token slots (sized by the profiler), per-request slot tables.
 
 A request's whole KV need is reserved at admission — dense: its canvas length; sparse: the
-retained ⌈r·L_ctx⌉ tokens per head — so a running request can never run out. Storage is
+retained ⌊r·L_ctx⌋ tokens per head — so a running request can never run out. Storage is
 [layers, 2 (K, V), slots, H_kv, head_dim]; a request owns the slots in its table `req.slots`
 (a LongTensor, in position order for dual, retained-entry order for sparse), so a step reads
 or writes the cache of every request in a layer with one indexed op (vLLM's block table, at
 token granularity). An unbounded pool (capacity None) grows its storage on demand.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -22,10 +20,11 @@ def bytes_per_token(cfg: LLaDAConfig, dtype: torch.dtype) -> int:
 
 
 def retained_tokens(context_len: int, retention: float) -> int:
-    """⌈r·L_ctx⌉, at least one token when there is any context."""
+    """⌊r·L_ctx⌋, as Sparse-dLLM (`int(L_ctx * keep_ratio)`) and dLLM-Serve round: rounding up
+    would hold one more token per head than they do at the same retention."""
     if context_len <= 0:
         return 0
-    return min(context_len, max(1, math.ceil(retention * context_len - 1e-9)))
+    return min(context_len, int(context_len * retention))
 
 
 def kv_need(cache: str, length: int, block_length: int, retention: float) -> int:

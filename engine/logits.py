@@ -15,6 +15,10 @@ import torch
 
 from engine.unmask import confidence_at, gumbel_argmax, proposal_argmax
 
+# Rows the monolithic path decodes at once out of its full logits (their copy and confidence
+# temporaries stay small next to the [Nq, V] logits themselves).
+MONOLITHIC_DECODE_ROWS = 64
+
 
 @dataclass
 class RowSegment:
@@ -59,9 +63,15 @@ def decode_rows(
     never proposed (engine.unmask.proposal_argmax)."""
     R = row_index.numel()
     if max_num_logits is None:
+        # An HF forward's logits for every query row; the candidate rows are then decoded a
+        # slice at a time, so nothing [R, V]-sized is copied on top of them.
         full = lm_head(hidden)                       # [Nq, V]: the monolithic activation peak
-        x0, conf = _decode_chunk(full[row_index], 0, segments, mask_id)
-        return DecodeResult(x0, conf, hidden.shape[0], hidden.shape[0])
+        x0s, confs = [], []
+        for c0 in range(0, R, MONOLITHIC_DECODE_ROWS):
+            x0, conf = _decode_chunk(full[row_index[c0 : c0 + MONOLITHIC_DECODE_ROWS]], c0, segments, mask_id)
+            x0s.append(x0)
+            confs.append(conf)
+        return _joined(x0s, confs, hidden, hidden.shape[0], hidden.shape[0])
     rows = hidden[row_index]
     x0s, confs = [], []
     for c0 in range(0, R, max_num_logits):
@@ -70,7 +80,11 @@ def decode_rows(
         del logits                                   # freed before the next chunk exists
         x0s.append(x0)
         confs.append(conf)
+    return _joined(x0s, confs, hidden, R, min(R, max_num_logits))
+
+
+def _joined(x0s: list, confs: list, hidden: torch.Tensor, rows: int, at_once: int) -> DecodeResult:
     if not x0s:
         empty = hidden.new_zeros(0, dtype=torch.long)
-        return DecodeResult(empty, hidden.new_zeros(0, dtype=torch.float64), 0, 0)
-    return DecodeResult(torch.cat(x0s), torch.cat(confs), R, min(R, max_num_logits))
+        return DecodeResult(empty, hidden.new_zeros(0, dtype=torch.float64), rows, at_once)
+    return DecodeResult(torch.cat(x0s), torch.cat(confs), rows, at_once)

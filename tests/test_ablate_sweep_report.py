@@ -86,7 +86,7 @@ def test_ladder_needs_a_logit_budget_and_options_are_checked():
     with pytest.raises(UserError, match="--cache-rows"):
         ab.parse_cache_rows("some")
     assert ab.parse_dataset_list(None) == ["livebench", "osc", "burstgpt"]
-    st = ab.ablation_settings("cpu-default", 16)
+    st = ab.ablation_settings("serve-126k", 16)
     assert st == {"max_num_batched_tokens": 384, "max_num_logits": "96", "num_prompts": 8}
     assert ab.ablation_settings("tiny", 8, None, "none", 3) == {"max_num_batched_tokens": None,
                                                                 "max_num_logits": "none", "num_prompts": 3}
@@ -103,8 +103,8 @@ def test_sweep_points_scale_with_the_preset():
     gi, go = _plan("paper", "input-len"), _plan("paper", "output-len")
     assert gi.points == [(n, 256) for n in (100, 200, 300, 400, 500, 600)]
     assert go.points == [(300, n) for n in (128, 256, 384, 512)]
-    # cpu-default: inputs x0.125; outputs whole 32-token blocks at x max(0.125, 32/128) = 0.25.
-    ci, co = _plan("cpu-default", "input-len"), _plan("cpu-default", "output-len")
+    # serve-126k: inputs x0.125; outputs whole 32-token blocks at x max(0.125, 32/128) = 0.25.
+    ci, co = _plan("serve-126k", "input-len"), _plan("serve-126k", "output-len")
     assert ci.points == [(13, 64), (38, 64), (75, 64)] and ci.paper_points == [100, 300, 600]
     assert co.points == [(38, 32), (38, 64), (38, 128)] and co.paper_points == [128, 256, 512]
     assert co.output_scale == 0.25 and ci.input_scale == 0.125

@@ -8,8 +8,12 @@ from dllm_bench import regression
 
 def test_committed_tables_cover_every_config():
     t = regression.load_tables()
-    assert set(t["systems"]["config"]) == {c[0] for c in regression.CONFIGS}
-    assert len(t["requests"]) == 5 * len(regression.CONFIGS)
+    assert set(t["systems"]["config"]) == {c[0] for c in regression.CONFIGS + regression.SIMILAR_CONFIGS}
+    assert len(t["requests"]) == 5 * len(regression.CONFIGS) + 2 * len(regression.SIMILAR_CONFIGS)
+    # the default preset's slice pins the counters the headline numbers are made of, per system
+    sim = t["systems"].set_index("config").loc[[c[0] for c in regression.SIMILAR_CONFIGS]]
+    for col in ("logits_rows", "query_tokens", "refresh_steps", "reuse_steps"):
+        assert (sim[col].astype(int) > 0).all(), col
 
 
 def test_check_fails_on_altered_counter(tmp_path, monkeypatch, capsys):

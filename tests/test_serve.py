@@ -142,8 +142,9 @@ def test_rps_datasets_and_optional_ints():
 
 def test_serve_presets():
     default = PRESETS["cpu-default"]
-    assert default.model == "serve-126k" and default.rps == "0.5"
-    assert "serve-126k" in default.describe() and "steps = gen_length" in default.describe()
+    assert default.model == "similar-1536" and default.rps == "0.5" and default.length_scale == 1.0
+    assert "similar-1536" in default.describe() and "steps = gen_length" in default.describe()
+    assert PRESETS["serve-126k"].model == "serve-126k"              # the logit-memory stress preset
     assert preset_for(None, "tiny").name == "tiny"          # --model tiny gets tiny workloads
     assert preset_for(None, None).name == "cpu-default"
     p = preset_for("tiny", "/some/ckpt")
@@ -182,6 +183,9 @@ def test_serve_tiny_end_to_end_writes_every_file_and_resumes(tmp_path):
         assert p["torch_threads"] == 1
     assert points["llada"]["scenario_kind"] == "max-fit" and points["llada"]["max_batch_size"] >= 1
     assert points["engine"]["kv_pool_tokens"] > 0
+    for p in points.values():                 # the budget was held over the whole replay, measured
+        assert p["within_budget"] is True and 0 < p["peak_memory_bytes"] <= p["memory_budget_bytes"]
+        assert p["mean_batch_size"] >= 1
     (comp,) = doc["comparisons"]
     assert comp["best_baseline"].startswith("llada [B=")
     rows = {row["system"]: row for row in comp["rows"]}

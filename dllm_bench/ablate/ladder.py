@@ -41,17 +41,17 @@ THROUGHPUT = "output_throughput"   # tok/s: the paper's Fig. 8 "relative through
 KNOB_ORDER = ("scheduler", "max_num_logits", "cache", "selection")
 
 # The ladder's engine token/logit budgets per serve preset. Rungs 1-2 materialize monolithic
-# [query tokens x vocab] logits; at cpu-default's serve token budget (1024) that alone is
+# [query tokens x vocab] logits; at serve-126k's serve token budget (1024) that alone is
 # ~0.5 GB of float32 at LLaDA's vocabulary and the monolithic profile does not fit the 1 GiB
 # budget (1.5 GB activation peak), so the ladder runs every engine rung at a token budget the
 # monolithic rungs can hold (384: ~0.6 GB peak) with the preset's logits:tokens ratio (1:4).
 # Presets not listed use their serve values. `--max-num-batched-tokens/--max-num-logits` override.
 ABLATION_ENGINE = {
-    "cpu-default": {"max_num_batched_tokens": 384, "max_num_logits": 96},
+    "serve-126k": {"max_num_batched_tokens": 384, "max_num_logits": 96},
 }
 # Fewer prompts than `serve` (16) on the CPU preset: 3 datasets x up to 7 systems must fit in
 # about ten minutes on 2 cores. Presets not listed use their serve num_prompts.
-ABLATION_PROMPTS = {"cpu-default": 8}
+ABLATION_PROMPTS = {"serve-126k": 8, "cpu-default": 3}
 
 
 @dataclass(frozen=True)

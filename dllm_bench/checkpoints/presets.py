@@ -92,11 +92,18 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     # logit-memory problem (chunked LM head) is as real as for LLaDA-8B.
     _P("mini-126k", 256, 2, 2, 2, 512, LLADA_VOCAB_SIZE, tokenizer_learned=4096,
        note="LLaDA vocab + head_dim 128; logit memory dominates"),
-    # Default serving model on CPU: LLaDA vocab/head size, a few cheap layers, >1 head so the
-    # head-centric mechanisms mean something. Stored bf16 like LLaDA's own safetensors: with
-    # 126464 x 256 embedding + LM head alone, fp32 would be ~260 MB.
+    # Logit-memory stress model: LLaDA vocab/head size, a few cheap layers, >1 head so the
+    # head-centric mechanisms mean something; its LM head is ~128x LLaDA-8B's share of a step
+    # (docs/SCALING.md). Stored bf16 like LLaDA's own safetensors: with 126464 x 256 embedding
+    # + LM head alone, fp32 would be ~260 MB.
     _P("serve-126k", 256, 4, 2, 2, 768, LLADA_VOCAB_SIZE, tokenizer_learned=4096, dtype="bfloat16",
-       note="default CPU serving preset; bf16 on disk"),
+       note="logit-memory stress preset (profile, bench-mechanisms); bf16 on disk"),
+    # Scale-similar to LLaDA-8B (docs/SCALING.md): the LM head / body FLOPs and the logit row /
+    # KV token bytes within 4 % of LLaDA-8B's (V ≈ 13·L·d·0.074), and at the paper's prompt
+    # lengths the attention share within 3× of it (2·ctx / 13d needs a wide model: d = 1536,
+    # head 128, f = 3d as LLaDA). One layer and a 1,536-token vocabulary keep it CPU-sized.
+    _P("similar-1536", 1536, 1, 12, 12, 4608, 1536, tokenizer_learned=1500,
+       note="scale-similar to LLaDA-8B (docs/SCALING.md); default CPU serving model"),
     # The real thing, for docs and profiler math only (16 GB bf16; can't be made or downloaded).
     _P("llada-8b", 4096, 32, 32, 32, 12288, LLADA_VOCAB_SIZE, tokenizer_learned=4096,
        dtype="bfloat16", makeable=False, note="LLaDA-8B-Instruct shape; not makeable"),

@@ -10,8 +10,9 @@ from rich.table import Table
 from dllm_bench import inputs
 from dllm_bench.checkpoints.make import make_checkpoint
 from dllm_bench.checkpoints.presets import PRESETS, Preset, get_preset
+from dllm_bench.checkpoints.similarity import measure_cpu, similarity_table
 from dllm_bench.checkpoints.store import is_made, make_cached, preset_path
-from dllm_bench.console import console
+from dllm_bench.console import console, md_table, print_df
 from dllm_bench.errors import UserError
 from engine.config import DTYPES
 
@@ -52,6 +53,28 @@ def list_presets() -> None:
     console(stderr=False, width=200).print(table)  # piped: paths are not squeezed into 80 columns
 
 
+SIMILARITY_FLOATS = {"lm_head_over_body": "{:.3f}", "logit_row_over_kv_token": "{:.2f}", "prompt_over_block": "{:.1f}",
+                     "attention_share": "{:.3f}", "blocks_per_request": "{:.1f}", "weights_over_budget": "{:.2f}",
+                     "request_kv_over_free": "{:.3f}", "reuse AI (1 req)": "{:.0f}", "reuse AI (n req)": "{:.0f}",
+                     "ridge": "{:.0f}"}
+
+
+def similarity(markdown: bool, cpu_peak: bool, threads: int) -> None:
+    """The scale-similarity table (dllm_bench.checkpoints.similarity) on stdout."""
+    if threads < 1:
+        raise UserError(f"--threads must be >= 1, got {threads}")
+    cpu = measure_cpu(threads) if cpu_peak else None
+    df = similarity_table(cpu)
+    if markdown:
+        typer.echo(md_table(df, SIMILARITY_FLOATS), nl=False)
+    else:
+        print_df(console(stderr=False), df, "scale similarity (ratios at each workload; capacities for a 256+256-token request)",
+                 SIMILARITY_FLOATS, drop=())
+    if cpu is not None:
+        typer.echo(f"cpu ridge: {cpu.matmul_flops / 1e9:.0f} GFLOP/s float32 matmul / "
+                   f"{cpu.bandwidth / 1e9:.1f} GB/s copy, measured now with {threads} threads", err=True)
+
+
 def make(name: str, out: Path | None, shards: int, force: bool) -> Path:
     """Make a preset into --out, or into the cache when --out is not given."""
     preset = get_preset(name)
@@ -86,5 +109,15 @@ def register(app: typer.Typer) -> None:
         ids = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id", "mask_token_id")}
         typer.echo(f"{name}: {path} ({_human(_dir_bytes(path), 'B')}, {cfg['torch_dtype']}); "
                    + ", ".join(f"{k}={v}" for k, v in ids.items()))
+
+    @models_app.command("similarity")
+    def similarity_cmd(
+        markdown: bool = typer.Option(False, "--markdown", help="print a Markdown table (docs/SCALING.md)"),
+        cpu_peak: bool = typer.Option(True, "--cpu-peak/--no-cpu-peak",
+                                      help="measure this CPU's matmul rate and bandwidth for the ridge column"),
+        threads: int = typer.Option(2, "--threads", help="torch threads for the CPU measurement"),
+    ) -> None:
+        """How closely each preset keeps LLaDA-8B's cost ratios (docs/SCALING.md)."""
+        similarity(markdown, cpu_peak, threads)
 
     app.add_typer(models_app, name="models")

@@ -7,25 +7,30 @@ records it in config.json. Any field can still be overridden by its CLI flag.
 Rules shared by every preset (the paper's Table 3 / §6.1 shape):
 * steps = gen_length: one token committed per denoising step, so every system runs the same
   number of steps per request (Fast-dLLM's parallel decoding off: "Execution Parity");
-* gen_length = the dataset's output length rounded up to a block multiple, capped at gen_cap
-  (workloads.serving.gen_length_for) — the paper fixes 256, we keep the dataset's spread;
+* gen_length: the preset's fixed `gen_length` for every request where it has one (the paper
+  fixes 256; cpu-default 128, paper 256), else the dataset's output length rounded up to a
+  block multiple, capped at gen_cap (workloads.serving.gen_length_for);
 * retention 0.5 for both the engine and Sparse-dLLM, pool/kernel 3, Fast-dLLM dual cache,
   dLLM-Cache prompt interval 100 and gen interval 7 (Table 3);
 * one memory budget for every system: the engine's KV pool is profiled for it, each baseline
   runs at the largest static batch whose measured peak fits it.
 
-`cpu-default` — why these numbers (2-core CPU, `dllm-bench serve --rps 0.5` in <= 10 min):
-* model `serve-126k`: LLaDA's vocabulary (126464) and head size (128), 4 cheap layers. The
-  [tokens x 126464] logit tensor dominates a step exactly as it does for LLaDA-8B, so the
-  memory story (full-sequence logits vs a logit budget) is the paper's, at CPU cost.
-* livebench (the paper's first panel) at length_scale 0.125: prompts U[300,900] -> ~38-112
-  tokens, outputs U[100,400] -> ~12-50 tokens -> gen_length 32 or 64 (block 32, cap 64), so
-  requests of two shapes interleave, as real outputs do.
-* 16 prompts: at 0.5 RPS they arrive over ~30 s; a system past saturation then queues them.
-* memory budget 1 GiB: float32 weights are ~273 MB, leaving room for only a few full-sequence
-  logit tensors (a baseline's static batch comes out at a handful of requests, the paper's
-  1-3 regime) while the engine's logit budget keeps its activations small and its KV pool large.
-* token budget 1024 / logit budget 256 rows: a few canvases per step on 2 cores.
+`cpu-default` — the scale-similar preset (docs/SCALING.md), 2-core CPU, `serve --rps 0.5` <= 10 min:
+* model `similar-1536`: LLaDA architecture with d = 1536 (head 128, f = 3d), 1 layer, vocab 1536,
+  so the LM head / body FLOPs and logit-row / KV-token bytes are LLaDA-8B's within 4 % and, at
+  the paper's prompt lengths, the attention share is within 3x of LLaDA-8B's;
+* livebench at the paper's lengths (length_scale 1): prompts U[300,900], gen 128 (every
+  LiveBench output rounds up to 4 blocks of 32 under the cap), steps = gen_length;
+* memory budget 400 MiB: with float32 weights of 135 MiB, the memory left holds the RTX 4090's
+  dLLM-Serve concurrency (~34 paper-length requests) and Fast-dLLM's largest static batch
+  (~5); Sparse-dLLM and dLLM-Cache fit ~5 instead of 9-10, because one layer's activations per
+  token outweigh its KV 6.5x (LLaDA-8B: 0.2x) — a ratio a 1-layer model cannot keep;
+* token budget 1088: one Refresh of the longest canvas (900 + 128); logit budget 256 rows.
+
+`serve-126k` — the logit-memory stress preset (`profile`, `make bench-mechanisms`): LLaDA's
+vocabulary (126464) on a 4-layer d=256 body, livebench at length_scale 0.125, so a
+[tokens x 126464] logit tensor dominates every step (its LM head is ~128x LLaDA-8B's share).
+Budget 1 GiB: float32 weights ~273 MB leave room for only a few full-sequence logit tensors.
 """
 from __future__ import annotations
 
@@ -58,6 +63,9 @@ class ServePreset:
     max_num_seqs: int = 64
     retention: float = 0.5           # engine retention and Sparse-dLLM keep_ratio (Table 3)
     max_prompt_len: int | None = None
+    # One output length for every request (the paper fixes 256), so static batches are not cut
+    # at every change of request shape; None = each request's own length, rounded up to blocks.
+    gen_length: int | None = None
     max_model_len: int | None = None
     threads: int = 2                 # torch threads of every system process
     dtype: str = "float32"
@@ -81,25 +89,34 @@ class ServePreset:
     def describe(self) -> str:
         """One line stating the preset (printed at the start and the end of a run)."""
         logits = "monolithic" if self.max_num_logits is None else f"{self.max_num_logits} rows"
+        gen = f"gen_length {self.gen_length} for every request" if self.gen_length else f"gen cap {self.gen_cap}"
         return (f"preset {self.name}: model {self.model}, {self.dataset} x{self.length_scale:g} "
-                f"lengths, {self.num_prompts} prompts, block {self.block_length}, gen cap "
-                f"{self.gen_cap}, {self.steps_rule}, memory budget {self.memory_budget or 'device default'}, "
+                f"lengths, {self.num_prompts} prompts, block {self.block_length}, {gen}, {self.steps_rule}, memory budget {self.memory_budget or 'device default'}, "
                 f"token budget {self.max_num_batched_tokens}, logit budget {logits}, retention "
                 f"{self.retention:g}, {self.dtype} on {self.device}, {self.threads} threads")
 
 
+# Requests of the scale-similar default: at its paper-length shapes a request costs ~10-40 s of
+# 2-core CPU per system (dLLM-Cache the most), so this many keep `serve --rps 0.5` in 10 min.
+NUM_PROMPTS_SIMILAR = 6
+
 PRESETS: dict[str, ServePreset] = {p.name: p for p in [
     ServePreset(
-        "cpu-default", model="serve-126k", dataset="livebench", num_prompts=16, length_scale=0.125,
+        "cpu-default", model="similar-1536", dataset="livebench", num_prompts=NUM_PROMPTS_SIMILAR,
+        length_scale=1.0, gen_cap=128, gen_length=128, block_length=32, memory_budget="400MiB",
+        max_num_batched_tokens=1088, max_num_logits=256, threads=2,
+        note="scale-similar to LLaDA-8B on an RTX 4090 (docs/SCALING.md); <= 10 min for --rps 0.5 on 2 cores"),
+    ServePreset(
+        "serve-126k", model="serve-126k", dataset="livebench", num_prompts=16, length_scale=0.125,
         gen_cap=64, block_length=32, memory_budget="1GiB", max_num_batched_tokens=1024,
         max_num_logits=256, threads=1,
-        note="2-core CPU, LLaDA vocab/head size; <= 10 min for --rps 0.5; baselines saturated at 0.5 RPS"),
+        note="logit-memory stress: LLaDA vocab on a tiny body; baselines saturated at 0.5 RPS"),
     ServePreset(
         "tiny", model="tiny", dataset="livebench", num_prompts=8, length_scale=0.05, gen_cap=16,
         block_length=8, memory_budget="8MiB", max_num_batched_tokens=256, max_num_logits=64,
         threads=1, note="tests and smoke runs: seconds per system"),
     ServePreset(
-        "paper", model="llada-8b", dataset="livebench", num_prompts=200, length_scale=1.0, gen_cap=256,
+        "paper", model="llada-8b", dataset="livebench", num_prompts=200, length_scale=1.0, gen_cap=256, gen_length=256,
         block_length=32, memory_budget=None, max_num_batched_tokens=4000, max_num_logits=2048,
         threads=8, dtype="bfloat16", device="cuda", rps="0.1,0.25,0.5,1.0",
         note="the paper's Table 3 on a GPU: pass --model /path/to/LLaDA-8B-Instruct (RTX 4090 "

@@ -47,6 +47,8 @@ from dllm_bench.results import atomic_write_json  # noqa: E402
 from dllm_bench.serve.loadgen import run_open_loop  # noqa: E402
 from dllm_bench.systems.build import WorkloadShape, build_system, warm_up  # noqa: E402
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
+from engine.memory import MemoryMeter  # noqa: E402  (the profiler's meter: the budget is held, not only accounted)
+from engine.profiler import weights_bytes  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 
 
@@ -105,10 +107,12 @@ def run(spec: dict, out_path: Path) -> int:
              elapsed=time.perf_counter() - t0)
 
     emit("status", message="serving")
-    result = run_open_loop(system, spec["workload"], make_params, progress=progress,
-                           max_duration=spec.get("max_duration"), progress_interval=0.25)
+    with MemoryMeter(system.model.device) as meter:
+        result = run_open_loop(system, spec["workload"], make_params, progress=progress,
+                               max_duration=spec.get("max_duration"), progress_interval=0.25)
     # Per-step lists can be long; the counters the metrics need are kept, the rest summarized.
     stats = result.get("stats") or {}
+    stats.update(budget_held(system.model, meter.peak_bytes, spec.get("memory_budget")))
     sizes = stats.pop("batch_sizes", None)
     if isinstance(sizes, list):
         stats["mean_batch_size"] = (sum(sizes) / len(sizes)) if sizes else None
@@ -127,6 +131,14 @@ def run(spec: dict, out_path: Path) -> int:
     atomic_write_json(out_path, {"result": result, "info": info})
     emit("done", interrupted=result["interrupted"], timed_out=result["timed_out"])
     return 0
+
+
+def budget_held(model, run_peak_bytes: int, budget: int | None) -> dict:
+    """Weights + the meter's peak over the whole replay (activations, KV, logits, caches) against
+    the memory budget every system was sized for."""
+    peak = weights_bytes(model) + int(run_peak_bytes)
+    return {"peak_memory_bytes": peak, "memory_budget_bytes": budget,
+            "within_budget": None if budget is None else bool(peak <= budget)}
 
 
 def main(argv: list[str] | None = None) -> int:

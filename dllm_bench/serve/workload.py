@@ -72,7 +72,8 @@ def build_workloads(run: ServeRun) -> None:
                     vocab_size=run.model_info["vocab_size"], special_ids=special,
                     length_scale=p.length_scale, block_length=p.block_length, gen_cap=p.gen_cap,
                     max_prompt_len=p.max_prompt_len, dataset_path=run.dataset_path,
-                    time_scale=run.time_scale, model_filter=run.burstgpt_model, tokenize=tokenize)
+                    time_scale=run.time_scale, model_filter=run.burstgpt_model, tokenize=tokenize,
+                    fixed_gen_length=p.gen_length)
             except ValueError as e:
                 raise UserError(str(e)) from None
             if not wl:

@@ -6,10 +6,10 @@ machinery (dllm_bench.serve.points.measure_points); run directory of kind "sweep
 
 Ranges (docs/ABLATE.md). The paper sweeps input 100-600 tokens (output fixed) and output
 128-512 tokens. A preset scales them:
-* input lengths x `length_scale` (cpu-default 0.125: 100..600 -> 12..75 tokens);
+* input lengths x `length_scale` (serve-126k 0.125: 100..600 -> 12..75 tokens; cpu-default 1);
 * output lengths must be whole blocks (gen_length is a block multiple, steps = gen_length), so
   they scale by `max(length_scale, block_length / 128)` — the paper's shortest output is then
-  at least one block — and are rounded up to a block multiple (cpu-default: x0.25 ->
+  at least one block — and are rounded up to a block multiple (serve-126k: x0.25 ->
   32, 64, 128 tokens = 1..4 blocks of 32, the paper's 4..16 blocks / 4);
 * the fixed other length: output 256 (Table 3's generation length) and input 300 (the paper
   does not state it; the middle of its input sweep), scaled the same way;

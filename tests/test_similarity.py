@@ -1,0 +1,94 @@
+"""Scale similarity (dllm_bench.checkpoints.similarity, docs/SCALING.md).
+
+LLaDA-8B's per-forward numbers against a hand computation from its published shape (d 4096,
+32 layers, f 12288, V 126464, no GQA, bf16), and the scale-similar preset's ratios within the
+bands docs/SCALING.md claims for it."""
+from __future__ import annotations
+
+import pytest
+
+from dllm_bench.checkpoints import similarity as sim
+from dllm_bench.checkpoints.presets import PRESETS
+from dllm_bench.serve.presets import PRESETS as SERVE
+from dllm_bench.units import parse_size
+
+D, NL, F, V = 4096, 32, 12288, 126464
+
+
+def close(a, b, rel=0.01):
+    return a == pytest.approx(b, rel=rel)
+
+
+def test_llada_8b_per_forward_costs_match_the_hand_computation():
+    c = sim.costs(PRESETS["llada-8b"], 2)
+    per_layer = 4 * D * D + 3 * D * F                      # QKV 3d², O d², gate+up+down 3df
+    assert close(c.linear_flops_per_token, 2 * NL * per_layer)         # 13.96 GFLOP
+    assert close(c.linear_flops_per_token, 13.96e9)
+    assert close(c.lm_head_flops_per_row, 1.036e9)
+    assert close(c.attn_flops_per_pair, 524_288)
+    assert close(c.weights_read_bytes, 15.0e9)
+    assert close(c.weights_bytes, 16.03e9)
+    assert close(c.kv_bytes_per_token, 512 * 1024)
+    shape = sim.RequestShape(prompt_len=600, gen_length=256, block_length=32)
+    r = sim.ratios(c, shape, 2, 2, 2)
+    assert close(r["lm_head_over_body"], V / (13 * NL * D))             # 0.074
+    assert close(r["logit_row_over_kv_token"], V * 2 / (2 * NL * D * 2))  # 0.48
+    assert close(sim.ratios(c, shape, 8, 2, 2)["logit_row_over_kv_token"], V * 8 / (2 * NL * D * 2))
+    assert close(r["attention_share"], 4 * 856 * D / (2 * 13 * D * D))  # 0.032 at L = 856
+    assert r["blocks_per_request"] == 8 and close(r["prompt_over_block"], 600 / 32)
+
+
+def test_rtx4090_capacities_follow_from_the_memory_left():
+    m = sim.MACHINES["rtx4090"]
+    c = sim.costs(PRESETS["llada-8b"], 2)
+    free = m.memory_bytes - m.reserved_bytes - c.weights_bytes
+    assert close(free / 2**30, 8.06)
+    ref = sim.REFERENCE_REQUEST
+    fast = sim.largest_static_batch(c, free, ref.length, "fast-dllm", 2)
+    # Fast-dLLM at the Refresh: KV + bf16 logits + two float64 copies + one layer's activations
+    per_token = 512 * 1024 + V * (2 + 16) + (3 * F + 4 * D) * 2
+    assert fast == int(free // (per_token * 512))
+    # dLLM-Serve: 0.9 of the card − weights − 4000 tokens of activations − 2048 fp32x2 logit rows,
+    # one 256-token page per request at L = 512 (⌈0.5·512⌉ = 256)
+    pool = m.memory_bytes * 0.9 - c.weights_bytes - 4000 * (3 * F + 4 * D) * 2 - 2048 * V * 8
+    assert sim.DLLM_SERVE_GPU.concurrency(c, m.memory_bytes * 0.9, ref) == int(pool // (256 * 512 * 1024))
+
+
+def test_similar_preset_keeps_the_ratios_it_claims():
+    big = sim.costs(PRESETS["llada-8b"], 2)
+    paper = sim.RequestShape(sim.mean_prompt_len("livebench"), 256, 32)
+    r8 = sim.ratios(big, paper, 2, 2, 2)
+    sp = SERVE["cpu-default"]
+    assert sp.model == "similar-1536" and sp.length_scale == 1.0
+    c = sim.costs(PRESETS[sp.model], 4)
+    shape = sim.serve_shape(sp)
+    r = sim.ratios(c, shape, 4, 4, 4)
+    for key in ("lm_head_over_body", "logit_row_over_kv_token"):
+        assert abs(r[key] / r8[key] - 1) <= 0.25, key
+    assert r8["attention_share"] / 3 <= r["attention_share"] <= 3 * r8["attention_share"]
+    assert r["blocks_per_request"] >= 4 and r["prompt_over_block"] == pytest.approx(r8["prompt_over_block"], rel=0.05)
+    # the memory left after weights holds the RTX 4090's engine concurrency and Fast-dLLM batch
+    gpu = sim.MACHINES["rtx4090"]
+    n8 = sim.DLLM_SERVE_GPU.concurrency(big, gpu.memory_bytes * 0.9, sim.REFERENCE_REQUEST)
+    b8 = sim.largest_static_batch(big, gpu.memory_bytes - gpu.reserved_bytes - big.weights_bytes,
+                                  sim.REFERENCE_REQUEST.length, "fast-dllm", 2)
+    row = sim.similarity_table().set_index("model @ machine").loc["similar-1536 @ cpu-default"]
+    assert abs(row["engine n"] / n8 - 1) <= 0.25 and abs(row["B fast-dllm"] / b8 - 1) <= 0.25
+    assert row["weights_over_budget"] == pytest.approx(c.weights_bytes / parse_size(sp.memory_budget))
+
+
+def test_the_stress_preset_is_far_from_llada_8b():
+    """serve-126k keeps LLaDA's vocabulary on a tiny body: its LM head dominates (why it is the
+    logit-memory stress preset, not the default)."""
+    c = sim.costs(PRESETS["serve-126k"], 4)
+    assert sim.ratios(c, sim.serve_shape(SERVE["serve-126k"]), 4, 4, 4)["lm_head_over_body"] > 50 * (V / (13 * NL * D))
+
+
+def test_similarity_command_prints_the_table():
+    from tests.test_cli_generate import cli
+
+    r = cli("models", "similarity", "--markdown", "--no-cpu-peak")
+    assert r.returncode == 0, r.stderr
+    assert "llada-8b @ rtx4090" in r.stdout and "similar-1536 @ cpu-default" in r.stdout
+    bad = cli("models", "similarity", "--threads", "0")
+    assert bad.returncode == 2 and "--threads" in bad.stderr and "Traceback" not in bad.stderr
