@@ -17,7 +17,7 @@ from dllm_bench.accuracy import points as acc
 from dllm_bench.accuracy import report, seeds
 from dllm_bench.accuracy.backend import PointBackend
 from dllm_bench.accuracy.protocol import load_dev_choice
-from dllm_bench.checkpoints.load import load_model, load_tokenizer
+from dllm_bench.checkpoints.load import load_model, load_tokenizer, parse_device
 from dllm_bench.errors import UserError
 from dllm_bench.results import create_run, results_root
 from engine import SamplingParams
@@ -82,6 +82,7 @@ def register(app: typer.Typer) -> None:
         from dllm_bench.accuracy.evaluate import eval_lm_eval_point, eval_synth_point
 
         run_id = inputs.run_id(run_id)
+        parse_device(device)                  # before any run dir exists
         retentions = _floats(retention, "--retention")
         if any(not 0 < r <= 1 for r in retentions):
             raise UserError(f"--retention values must be in (0, 1], got {retention!r}")
