@@ -8,7 +8,9 @@ went away, and after each step reports to every job on its own asyncio queue, vi
 `call_soon_threadsafe`: `accepted` / `rejected` (add_request's ValueError), one `block` event
 per committed block of a streamed request (read from the engine's running requests: a block is
 final once the request's block cursor has passed it), then `finished` with the RequestOutput,
-or `failed` if a step raised.
+or `failed` if a step raised. Each event is `(job.index, kind, payload)`, so the jobs of one HTTP
+request (OpenAI's list of prompts) can share one queue; they are submitted together and admitted
+all or none, in the same drain.
 """
 from __future__ import annotations
 
@@ -37,10 +39,11 @@ class Job:
     arrival_time: float = field(default_factory=time.perf_counter)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     sent: int = 0                    # generated tokens already reported in block events
+    index: int = 0                   # its prompt's place in the HTTP request (the choice index)
 
     def push(self, kind: str, payload: Any = None) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, kind, payload))
         except RuntimeError:  # the event loop is gone (server shutting down)
             pass
 
@@ -61,9 +64,11 @@ class EngineLoop:
 
     def __init__(self, engine: Any):
         self.engine = engine
-        self._submits: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._submits: queue.SimpleQueue[tuple[Job, ...]] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._handed_over = 0                      # jobs submitted, not yet drained
         self._stop = threading.Event()
         self._jobs: dict[str, Job] = {}           # engine thread only
         self._thread: threading.Thread | None = None
@@ -86,8 +91,11 @@ class EngineLoop:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def submit(self, job: Job) -> None:
-        self._submits.put(job)
+    def submit(self, *jobs: Job) -> None:
+        """Hand over the jobs of one HTTP request: all are admitted in the same drain, or none."""
+        with self._lock:
+            self._handed_over += len(jobs)
+        self._submits.put(jobs)
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -97,7 +105,7 @@ class EngineLoop:
     def num_waiting(self) -> int:
         """Requests not yet admitted to a step: handed over but not added, plus the engine's
         waiting queue (a deque's len is safe to read from another thread)."""
-        return self._submits.qsize() + len(self.engine.scheduler.waiting)
+        return self._handed_over + len(self.engine.scheduler.waiting)
 
     def snapshot(self) -> dict:
         return {**self._snapshot, "requests_waiting": self.num_waiting()}
@@ -122,24 +130,12 @@ class EngineLoop:
     def _drain(self) -> None:
         while True:
             try:
-                job = self._submits.get_nowait()
+                group = self._submits.get_nowait()
             except queue.Empty:
                 break
-            try:
-                self.engine.add_request(job.prompt_ids, job.params, request_id=job.request_id,
-                                        arrival_time=job.arrival_time)
-            except ValueError as e:
-                self.counters["requests_rejected"] += 1
-                job.push("rejected", str(e))
-                continue
-            except Exception as e:  # noqa: BLE001 - an engine bug fails this request, not the loop
-                log.exception("add_request failed")
-                self.counters["requests_failed"] += 1
-                job.push("failed", f"add_request failed: {type(e).__name__}: {e}")
-                continue
-            self._jobs[job.request_id] = job
-            self.counters["prompt_tokens"] += len(job.prompt_ids)
-            job.push("accepted")
+            with self._lock:
+                self._handed_over -= len(group)
+            self._admit(group)
         while True:
             try:
                 rid = self._aborts.get_nowait()
@@ -151,6 +147,31 @@ class EngineLoop:
                 except Exception:  # noqa: BLE001
                     log.exception("abort failed")
                 self.counters["requests_aborted"] += 1
+
+    def _admit(self, group: tuple[Job, ...]) -> None:
+        """Add every job of one HTTP request, or none: when one is refused, the ones already
+        added are taken out again and the refused job reports why."""
+        added: list[Job] = []
+        for job in group:
+            try:
+                self.engine.add_request(job.prompt_ids, job.params, request_id=job.request_id,
+                                        arrival_time=job.arrival_time)
+            except Exception as e:  # noqa: BLE001 - an engine bug fails this request, not the loop
+                for a in added:
+                    self.engine.abort(a.request_id)
+                if isinstance(e, ValueError):
+                    self.counters["requests_rejected"] += len(group)
+                    job.push("rejected", str(e))
+                else:
+                    log.exception("add_request failed")
+                    self.counters["requests_failed"] += len(group)
+                    job.push("failed", f"add_request failed: {type(e).__name__}: {e}")
+                return
+            added.append(job)
+        for job in group:
+            self._jobs[job.request_id] = job
+            self.counters["prompt_tokens"] += len(job.prompt_ids)
+            job.push("accepted")
 
     def _step(self) -> None:
         eng = self.engine
