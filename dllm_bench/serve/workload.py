@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from dllm_bench import inputs
 from dllm_bench.checkpoints.presets import param_count
 from dllm_bench.checkpoints.tokenizer import special_token_ids
 from dllm_bench.errors import UserError
@@ -61,6 +62,12 @@ def build_workloads(run: ServeRun) -> None:
         tokenize = _tokenizer(run.model_dir)
     special = special_ids(run.model_info)
     rps_list = [math.inf] if run.arrivals == "trace" else run.rps
+    if run.num_prompts is None and run.duration is not None and run.arrivals != "trace":
+        # --duration draws about rps x duration requests: the same bound as --num-prompts.
+        expected = max((r * run.duration for r in rps_list if math.isfinite(r)), default=0)
+        if expected > inputs.MAX_COUNT:
+            raise UserError(f"--duration {run.duration:g} s at {max(rps_list):g} req/s is about {expected:,.0f} "
+                            f"requests per point, over the limit of {inputs.MAX_COUNT:,}")
     if run.arrivals == "trace":
         run.rps = []  # filled with each trace's offered rate below
     for ds in run.datasets:
