@@ -181,6 +181,18 @@ def test_disconnect_aborts_and_frees_the_kv(server):
     assert m["dllm_kv_pool_used_tokens"] == 0
 
 
+def test_disconnect_aborts_every_prompt_of_a_list(server):
+    before = server.metrics()
+    stream = server.client().completions.create(model=MODEL, prompt=[[9, 10, 11], [12, 13]],
+                                                max_tokens=60 * BLOCK, stream=True)
+    next(iter(stream))
+    stream.close()
+    m = server.wait_metric("dllm_requests_running", lambda v: v == 0)
+    assert m["dllm_requests_aborted"] == before["dllm_requests_aborted"] + 2
+    assert m["dllm_requests_finished"] == before["dllm_requests_finished"]
+    assert m["dllm_kv_pool_used_tokens"] == 0
+
+
 # ---------------------------------------------------------------- bad requests
 BAD = [
     ("/v1/completions", {"prompt": [7] * 4200, "max_tokens": 8}, 400, "max_model_len"),
