@@ -71,6 +71,7 @@ class EngineLoop:
         self._handed_over = 0                      # jobs submitted, not yet drained
         self._stop = threading.Event()
         self._jobs: dict[str, Job] = {}           # engine thread only
+        self._outbox: list[tuple[Job, str, Any]] = []   # engine thread only: events sent by _flush
         self._thread: threading.Thread | None = None
         self.counters = dict(requests_finished=0, requests_aborted=0, requests_rejected=0,
                              requests_failed=0, prompt_tokens=0, generation_tokens=0,
@@ -118,12 +119,13 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._drain()
+            self._flush()
             if self.engine.has_unfinished():
                 self._step()
             else:
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
-            self._publish()
+            self._flush()
         for rid in list(self._jobs):  # shutdown: nobody waits forever
             self._jobs.pop(rid).push("failed", "server shutting down")
 
@@ -161,17 +163,17 @@ class EngineLoop:
                     self.engine.abort(a.request_id)
                 if isinstance(e, ValueError):
                     self.counters["requests_rejected"] += len(group)
-                    job.push("rejected", str(e))
+                    self._tell(job, "rejected", str(e))
                 else:
                     log.exception("add_request failed")
                     self.counters["requests_failed"] += len(group)
-                    job.push("failed", f"add_request failed: {type(e).__name__}: {e}")
+                    self._tell(job, "failed", f"add_request failed: {type(e).__name__}: {e}")
                 return
             added.append(job)
         for job in group:
             self._jobs[job.request_id] = job
             self.counters["prompt_tokens"] += len(job.prompt_ids)
-            job.push("accepted")
+            self._tell(job, "accepted")
 
     def _step(self) -> None:
         eng = self.engine
@@ -194,14 +196,14 @@ class EngineLoop:
                 toks = committed_tokens(req, job.sent)
                 if toks:
                     job.sent += len(toks)
-                    job.push("block", toks)
+                    self._tell(job, "block", toks)
         for out in outs:
             job = self._jobs.pop(out.request_id, None)
             if job is None:
                 continue
             c["requests_finished"] += 1
             c["generation_tokens"] += len(out.token_ids)
-            job.push("finished", out)
+            self._tell(job, "finished", out)
 
     def _fail_all(self, message: str) -> None:
         for rid in list(self._jobs):
@@ -210,7 +212,18 @@ class EngineLoop:
             except Exception:  # noqa: BLE001 - the engine is already in trouble
                 log.exception("abort after a failed step")
             self.counters["requests_failed"] += 1
-            self._jobs.pop(rid).push("failed", message)
+            self._tell(self._jobs.pop(rid), "failed", message)
+
+    def _tell(self, job: Job, kind: str, payload: Any = None) -> None:
+        self._outbox.append((job, kind, payload))
+
+    def _flush(self) -> None:
+        """Publish the counters, then send the events they count: a client that has its answer
+        finds it in /metrics already."""
+        self._publish()
+        outbox, self._outbox = self._outbox, []
+        for job, kind, payload in outbox:
+            job.push(kind, payload)
 
     def _publish(self) -> None:
         eng = self.engine
