@@ -36,6 +36,15 @@ LLADA_8B_CONFIG: dict = {
 }
 
 
+def param_count(d_model: int, n_layers: int, kv_dim: int, mlp_hidden_size: int, vocab_rows: int) -> int:
+    """Parameters of a LLaDA model of this shape: per block two RMSNorm weights, Q and O (d×d),
+    K and V (d×kv_dim), the SwiGLU MLP (3 matrices d×mlp); plus embedding and LM head
+    (vocab_rows×d each, untied) and the final norm."""
+    d = d_model
+    per_block = 2 * d + 2 * d * d + 2 * d * kv_dim + 3 * d * mlp_hidden_size
+    return 2 * vocab_rows * d + n_layers * per_block + d
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str
@@ -59,9 +68,8 @@ class Preset:
 
     @property
     def n_params(self) -> int:
-        d, kv = self.d_model, self.n_kv_heads * self.head_dim
-        per_block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * self.mlp_hidden_size
-        return 2 * self.vocab_size * d + self.n_layers * per_block + d
+        return param_count(self.d_model, self.n_layers, self.n_kv_heads * self.head_dim, self.mlp_hidden_size,
+                           self.vocab_size)
 
     def config_dict(self, special_ids: dict[str, int] | None = None) -> dict:
         """LLaDA config.json for this size; special_ids are the tokenizer's (bos/eos/pad/mask)."""

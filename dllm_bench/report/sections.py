@@ -55,11 +55,12 @@ def serve_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path
         df["is_baseline"] = df["system"] != "engine"
     df["is_baseline"] = df["is_baseline"].astype(bool)
     name_col = "system_name" if "system_name" in df.columns else "system"
+    served = endpoint_labels(df)
     rows, per_ds = [], {}
     for (ds, rps), g in df.groupby(["dataset", "rps"], sort=False):
         bl = g[g["is_baseline"]]
         best = bl.loc[bl["output_throughput"].astype(float).idxmax()] if not bl.empty and bl["output_throughput"].notna().any() else None
-        eng = g[~g["is_baseline"]]
+        eng = g[~g["is_baseline"] & ~g["system"].isin(served)]   # a served system is not the engine
         eng_row = (eng[eng["system"] == "engine"].iloc[0] if (eng["system"] == "engine").any()
                    else (eng.iloc[0] if not eng.empty else None))
         sd = g[g[name_col] == "sparse-dllm"]
@@ -124,6 +125,13 @@ def serve_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path
     return "".join(out)
 
 
+def endpoint_labels(df) -> set:
+    """Labels of the rows measured over HTTP (`serve --endpoint`): never the in-process engine."""
+    if "system_name" in df.columns:
+        return set(df.loc[df["system_name"] == "endpoint", "system"])
+    return set(df.loc[df["system"] == "endpoint", "system"])
+
+
 def _jitter(df) -> dict:
     """Per dataset: (rps, σ gain, span gain) of the engine at 0.5 rps when measured, else the highest."""
     from dllm_bench.plots import jitter_gains
@@ -139,7 +147,8 @@ def _jitter(df) -> dict:
             j = jitter_gains(g, bls, rps)
         except Exception:  # noqa: BLE001 - a section never fails the report
             continue
-        j = j[j["system"] == "engine"] if (j["system"] == "engine").any() else j[~j["system"].isin(bls)]
+        j = j[j["system"] == "engine"] if (j["system"] == "engine").any() else \
+            j[~j["system"].isin(set(bls) | endpoint_labels(df))]
         if len(j):
             out[ds] = (rps, num(j["std_gain"].iloc[0]), num(j["span_gain"].iloc[0]))
     return out

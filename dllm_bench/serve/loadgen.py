@@ -58,6 +58,25 @@ def _stats_delta(before: Mapping, after: Mapping) -> dict:
     return out
 
 
+def step_stats_summary(stats: Mapping) -> dict:
+    """A replay's stats with its per-step lists (long: one entry per step) reduced to the
+    figures a point keeps: mean and max batch size, the engine's refresh/reuse request-steps
+    (from its [refresh, reuse, query tokens] per step); the build profile is dropped (a point
+    keeps it in its info). Shared by serve's worker and the simulator, so both write the same
+    fields."""
+    stats = dict(stats)
+    sizes = stats.pop("batch_sizes", None)
+    if isinstance(sizes, list):
+        stats["mean_batch_size"] = (sum(sizes) / len(sizes)) if sizes else None
+        stats["max_batch_size_seen"] = max(sizes) if sizes else None
+    comp = stats.pop("step_composition", None)
+    if isinstance(comp, list):
+        stats["refresh_request_steps"] = sum(int(c[0]) for c in comp)
+        stats["reuse_request_steps"] = sum(int(c[1]) for c in comp)
+    stats.pop("profile", None)
+    return stats
+
+
 def _record(out: Any, t0: float, arrival: float | None, keep_token_ids: bool) -> dict:
     token_ids, prompt_ids = _get(out, "token_ids"), _get(out, "prompt_ids")
     rec: dict[str, Any] = {

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from dllm_bench import inputs
+from dllm_bench.checkpoints.presets import param_count
 from dllm_bench.checkpoints.tokenizer import special_token_ids
 from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
@@ -26,9 +28,8 @@ def model_info(model_dir: Path, dtype: str) -> dict:
         cfg = LLaDAConfig.from_pretrained(model_dir)
     except (OSError, ValueError) as e:
         raise UserError(f"model {model_dir}: {e}") from None
-    d, kv = cfg.d_model, cfg.kv_heads * cfg.head_dim
-    per_block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * cfg.mlp_hidden_size
-    n_params = 2 * cfg.padded_vocab * d + cfg.n_layers * per_block + d
+    d = cfg.d_model
+    n_params = param_count(d, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.mlp_hidden_size, cfg.padded_vocab)
     size = DTYPES[dtype].itemsize
     return {"vocab_size": cfg.vocab_size, "padded_vocab": cfg.padded_vocab, "d_model": d,
             "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads,
@@ -61,6 +62,12 @@ def build_workloads(run: ServeRun) -> None:
         tokenize = _tokenizer(run.model_dir)
     special = special_ids(run.model_info)
     rps_list = [math.inf] if run.arrivals == "trace" else run.rps
+    if run.num_prompts is None and run.duration is not None and run.arrivals != "trace":
+        # --duration draws about rps x duration requests: the same bound as --num-prompts.
+        expected = max((r * run.duration for r in rps_list if math.isfinite(r)), default=0)
+        if expected > inputs.MAX_COUNT:
+            raise UserError(f"--duration {run.duration:g} s at {max(rps_list):g} req/s is about {expected:,.0f} "
+                            f"requests per point, over the limit of {inputs.MAX_COUNT:,}")
     if run.arrivals == "trace":
         run.rps = []  # filled with each trace's offered rate below
     for ds in run.datasets:

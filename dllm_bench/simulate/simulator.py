@@ -22,7 +22,7 @@ from baselines.static_batch import StaticBatchSystem
 from dllm_bench.checkpoints.presets import PRESETS, get_preset
 from dllm_bench.checkpoints.store import cache_root, resolve_model
 from dllm_bench.errors import UserError
-from dllm_bench.serve.loadgen import run_open_loop
+from dllm_bench.serve.loadgen import run_open_loop, step_stats_summary
 from dllm_bench.simulate.clock import VirtualClock, VirtualTimed
 from dllm_bench.simulate.cost_model import CostModel, Forward, ModelShape
 from dllm_bench.simulate.hardware import Hardware
@@ -147,21 +147,6 @@ def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[
     return _engine(variant, setup, clock, info), info
 
 
-def summarize_stats(stats: dict) -> dict:
-    """Per-step lists reduced to the figures a point keeps (as serve's worker does)."""
-    stats = dict(stats)
-    sizes = stats.pop("batch_sizes", None)
-    if isinstance(sizes, list):
-        stats["mean_batch_size"] = (sum(sizes) / len(sizes)) if sizes else None
-        stats["max_batch_size_seen"] = max(sizes) if sizes else None
-    comp = stats.pop("step_composition", None)
-    if isinstance(comp, list):
-        stats["refresh_request_steps"] = sum(int(c[0]) for c in comp)
-        stats["reuse_request_steps"] = sum(int(c[1]) for c in comp)
-    stats.pop("profile", None)
-    return stats
-
-
 def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
                    max_duration: float | None = None, keep_steps: bool = False) -> dict:
     """{"result": run_open_loop's result in simulated seconds, "info": what was built}."""
@@ -177,6 +162,6 @@ def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
     res = run_open_loop(system, workload, make_params, max_duration=max_duration,
                         clock=clock.now, sleep=clock.sleep, progress_interval=math.inf)
     if not keep_steps:
-        res["stats"] = summarize_stats(res.get("stats") or {})
+        res["stats"] = step_stats_summary(res.get("stats") or {})
     info.update(simulated=True, hardware_profile=setup.hardware.path or setup.hardware.name)
     return {"result": res, "info": info}
