@@ -24,11 +24,12 @@ from workloads.serving import describe
 def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, memory_budget: str | None,
            seed: int, result_dir: Path | None, as_json: bool, threads: int | None, preset: str | None,
            rps: str, max_num_batched_tokens: int | None, max_num_logits: str | None, cache_rows: str,
-           run_id: str | None, num_warmups: int, max_duration: float | None, no_profile_cache: bool) -> int:
+           run_id: str | None, num_warmups: int, max_duration: float | None, no_profile_cache: bool,
+           gen_length: int | None = None, repeats: int = 1) -> int:
     """The ablation ladder and cache rows, measured, tabulated and plotted; returns the exit code."""
     ds_list = ab.parse_dataset_list(datasets)
     rows_mode = ab.parse_cache_rows(cache_rows)
-    check_counts(num_prompts, seed)
+    check_counts(num_prompts, seed, repeats)
     sp = preset_for(preset, model)
     st = ab.ablation_settings(sp.name, sp.num_prompts, max_num_batched_tokens, max_num_logits, num_prompts)
     n = st["num_prompts"]
@@ -36,7 +37,8 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
                             model=model, preset=preset, memory_budget=memory_budget, seed=seed,
                             threads=threads, max_num_batched_tokens=st["max_num_batched_tokens"],
                             max_num_logits=st["max_num_logits"], num_warmups=num_warmups,
-                            max_duration=max_duration, no_profile_cache=no_profile_cache)
+                            max_duration=max_duration, no_profile_cache=no_profile_cache,
+                            gen_length=gen_length, repeats=repeats)
     if len(run.rps) != 1:
         raise UserError("--rps takes one rate for ablate (inf = saturation, the default)")
     rate = run.rps[0]

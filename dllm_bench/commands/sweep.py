@@ -31,6 +31,8 @@ def register(app: typer.Typer) -> None:
         preset: str | None = typer.Option(None, "--preset", help=f"serve preset: {', '.join(PRESETS)} (default {DEFAULT_PRESET})"),
         memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights+activations+KV (default: preset)"),
         seed: int = typer.Option(0, "--seed", help="workload seed (prompt ids)"),
+        repeats: int = typer.Option(1, "--repeats", help="run every point N times with workload seeds seed, seed+1, ...; tables give median [min-max]"),
+        gen_length: int | None = typer.Option(None, "--gen-length", help="--vary input-len: the fixed output length of every request (a block multiple)"),
         threads: int | None = typer.Option(None, "--threads", help="torch threads of every system process (default: preset)"),
         rps: str = typer.Option("inf", "--rps", help="one arrival rate; inf (default) = all requests at t=0 (saturation)"),
         result_dir: Path | None = typer.Option(None, "--result-dir", help="runs root (default results/runs, or $DLLM_BENCH_RESULTS_DIR)"),
@@ -45,6 +47,7 @@ def register(app: typer.Typer) -> None:
         code = sweep(vary=vary, points=points, fixed_len=fixed_len, systems=systems, num_prompts=num_prompts,
                      model=model, preset=preset, memory_budget=memory_budget, seed=seed, threads=threads, rps=rps,
                      result_dir=result_dir, run_id=run_id, as_json=as_json, num_warmups=num_warmups,
-                     max_duration=max_duration, no_profile_cache=no_profile_cache)
+                     max_duration=max_duration, no_profile_cache=no_profile_cache, gen_length=gen_length,
+                     repeats=repeats)
         if code:
             sys.exit(code)

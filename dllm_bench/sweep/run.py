@@ -11,7 +11,7 @@ from dllm_bench import console as cons
 from dllm_bench import results
 from dllm_bench.ablate.ladder import ABLATION_PROMPTS
 from dllm_bench.errors import UserError
-from dllm_bench.serve.options import check_counts, resolve_bench_run
+from dllm_bench.serve.options import check_counts, check_gen_length, resolve_bench_run
 from dllm_bench.serve.points import PlannedPoint, measure_points
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import shape_of
@@ -22,18 +22,26 @@ from workloads.serving import describe
 def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str | None, num_prompts: int | None,
           model: str | None, preset: str | None, memory_budget: str | None, seed: int, threads: int | None,
           rps: str, result_dir: Path | None, run_id: str | None, as_json: bool, num_warmups: int,
-          max_duration: float | None, no_profile_cache: bool) -> int:
+          max_duration: float | None, no_profile_cache: bool, gen_length: int | None = None,
+          repeats: int = 1) -> int:
     """Every (length, system) point measured, tabulated and plotted; returns the exit code."""
     vary = sw.parse_vary(vary)
-    check_counts(num_prompts, seed)
+    check_counts(num_prompts, seed, repeats)
     sp = preset_for(preset, model)
+    if gen_length is not None:  # one output length for every request: the fixed side of an input sweep
+        check_gen_length(gen_length, sp.block_length)
+        if vary == "output-len":
+            raise UserError("--gen-length fixes the output length that --vary output-len sweeps (use --points)")
+        if fixed_len is not None and fixed_len != gen_length:
+            raise UserError(f"--gen-length {gen_length} and --fixed-len {fixed_len} both set the output length")
+        fixed_len = gen_length
     plan = sw.plan_sweep(vary, length_scale=sp.length_scale, block_length=sp.block_length, device=sp.device,
                          points=points, fixed=fixed_len)
     n = num_prompts if num_prompts is not None else ABLATION_PROMPTS.get(sp.name, sp.num_prompts)
     run = resolve_bench_run(systems=systems or sw.DEFAULT_SYSTEMS, dataset="random", rps=rps, num_prompts=n,
                             model=model, preset=preset, memory_budget=memory_budget, seed=seed,
                             threads=threads, num_warmups=num_warmups, max_duration=max_duration,
-                            no_profile_cache=no_profile_cache)
+                            no_profile_cache=no_profile_cache, repeats=repeats)
     if len(run.rps) != 1:
         raise UserError("--rps takes one rate for sweep (inf = saturation, the default)")
     rate = run.rps[0]
