@@ -27,7 +27,7 @@ def test_aggregate_gives_median_and_range_per_point():
     assert not e.overlaps(b) and verdict(e, b) == "higher"   # [10, 14] vs [5, 9]: apart
     r = ratio(e, b)
     assert r.median == pytest.approx(11 / 6) and r.lo == pytest.approx(10 / 9) and r.hi == pytest.approx(14 / 5)
-    assert e.text("{:.1f}") == "11.0 (10.0–14.0)"
+    assert e.text("{:.1f}") == "11.0 [10.0–14.0]"
 
 
 def test_overlap_decides_within_noise():

@@ -44,6 +44,7 @@ def register(app: typer.Typer) -> None:
         cache_rows: str = typer.Option("first", "--cache-rows",
                                        help="cache-policy rows on: all datasets | first dataset | none"),
         run_id: str | None = typer.Option(None, "--run-id", help="run directory name"),
+        resume: bool = typer.Option(False, "--resume", help="continue a run (--run-id, default the latest): skip finished points and repeats"),
         num_warmups: int = typer.Option(1, "--num-warmups", help="unmeasured warm-up requests per system"),
         max_duration: float | None = typer.Option(None, "--max-duration", help="abort a point after this many seconds"),
         no_profile_cache: bool = typer.Option(False, "--no-profile-cache", help="re-measure KV pools and static batches"),
@@ -54,6 +55,7 @@ def register(app: typer.Typer) -> None:
                       result_dir=result_dir, as_json=as_json, threads=threads, preset=preset, rps=rps,
                       max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
                       cache_rows=cache_rows, run_id=run_id, num_warmups=num_warmups, max_duration=max_duration,
-                      no_profile_cache=no_profile_cache, gen_length=gen_length, repeats=repeats)
+                      no_profile_cache=no_profile_cache, gen_length=gen_length, repeats=repeats,
+                      resume=resume)
         if code:
             sys.exit(code)

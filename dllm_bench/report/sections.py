@@ -45,7 +45,7 @@ def serve_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path
     import pandas as pd
 
 
-    df = results.metrics_frame(run_dir)
+    df = results.metrics_frame(run_dir, aggregate=True)
     cfg = results.load_config(run_dir).get("config", {})
     out = ["## Serving throughput and latency (paper §6.2-6.3, Fig. 3-5, Table 4)\n",
            f"\nRun `{run_dir.name}` — {cfg.get('preset_line', '')}\n\n"]
@@ -298,7 +298,8 @@ def sweep_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path
     out = [f"## Sensitivity: {vary} (paper §6.5, Fig. 7{'a' if vary == 'input-len' else 'b'})\n\n",
            f"Run `{run_dir.name}` — {cfg.get('preset_line', '')}; {plan.get('rule', '')}; "
            f"{cfg.get('num_prompts')} prompts per point; {cfg.get('measurement', '')}.\n\n"]
-    out.append(md_table(df, sw.table_formats(df)))
+    shown = sw.sweep_display(df, cfg.get("systems_labels") or [], ref)
+    out.append(md_table(shown, sw.table_formats(shown)))
     out.append("\n`paper_len` = the paper-scale length the point stands for.\n")
     out.append(_figures(run_dir / "plots", "*.png", files_dir, f"sweep-{vary}", rel_base))
     pf, pl, txt = PAPER["sweep"][vary]

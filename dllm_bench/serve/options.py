@@ -19,7 +19,7 @@ from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import build_workloads, model_info
-from dllm_bench.systems.spec import parse_systems
+from dllm_bench.systems.spec import apply_baseline_batch, parse_systems
 from dllm_bench.units import comma_list, format_size, parse_size
 from engine.config import DTYPES
 
@@ -91,10 +91,10 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
                 gen_cap: int | None, block_length: int | None, max_prompt_len: int | None,
                 threads: int | None, dtype: str | None, device: str | None, seed: int,
                 max_duration: float | None, num_warmups: int, no_profile_cache: bool,
-                gen_length: int | None = None, repeats: int = 1) -> ServeRun:
+                gen_length: int | None = None, repeats: int = 1, baseline_batch: str = "max-fit") -> ServeRun:
     """Every option checked (cheap ones first) and the workloads built: any problem is a
     UserError before a run directory exists."""
-    variants = parse_systems(systems)
+    variants = apply_baseline_batch(parse_systems(systems), baseline_batch)
     sp = preset_for(preset, model)
     rps_list = parse_rps_list(rps if rps is not None else sp.rps)
     datasets = parse_datasets(dataset if dataset is not None else sp.dataset)
@@ -187,7 +187,8 @@ def resolve_bench_run(*, systems: str, dataset: str, rps: str = "inf", num_promp
                       model: str | None = None, preset: str | None = None, memory_budget: str | None = None,
                       seed: int = 0, threads: int | None = None, max_num_batched_tokens: int | None = None,
                       max_num_logits: str | None = None, num_warmups: int = 1, max_duration: float | None = None,
-                      no_profile_cache: bool = False, gen_length: int | None = None, repeats: int = 1) -> ServeRun:
+                      no_profile_cache: bool = False, gen_length: int | None = None, repeats: int = 1,
+                      baseline_batch: str = "max-fit") -> ServeRun:
     """resolve_run for `ablate` and `sweep`: serve's checks and workload building with the
     options they do not expose at serve's defaults (rps default inf: saturation throughput)."""
     return resolve_run(
@@ -196,4 +197,5 @@ def resolve_bench_run(*, systems: str, dataset: str, rps: str = "inf", num_promp
         model=model, preset=preset, max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
         max_num_seqs=None, retention=None, length_scale=None, gen_cap=None, block_length=None,
         max_prompt_len=None, threads=threads, dtype=None, device=None, seed=seed, max_duration=max_duration,
-        num_warmups=num_warmups, no_profile_cache=no_profile_cache, gen_length=gen_length, repeats=repeats)
+        num_warmups=num_warmups, no_profile_cache=no_profile_cache, gen_length=gen_length, repeats=repeats,
+        baseline_batch=baseline_batch)
