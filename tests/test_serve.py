@@ -142,8 +142,8 @@ def test_rps_datasets_and_optional_ints():
 
 def test_serve_presets():
     default = PRESETS["cpu-default"]
-    assert default.model == "similar-1536" and default.rps == "0.5" and default.length_scale == 1.0
-    assert "similar-1536" in default.describe() and "steps = gen_length" in default.describe()
+    assert default.model == "similar-1024" and default.rps == "0.5" and default.length_scale == 1.0
+    assert "similar-1024" in default.describe() and "steps = gen_length" in default.describe()
     assert PRESETS["serve-126k"].model == "serve-126k"              # the logit-memory stress preset
     assert preset_for(None, "tiny").name == "tiny"          # --model tiny gets tiny workloads
     assert preset_for(None, None).name == "cpu-default"
