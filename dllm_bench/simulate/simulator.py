@@ -118,9 +118,10 @@ def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len
 
     knobs = baseline_knobs(variant, setup.baseline_defaults)
     model = ShapeModel(setup.model_config, TORCH_DTYPES[setup.dtype])
-    if variant.batch is not None:
-        info.update(max_batch_size=variant.batch, scenario_kind="fixed",
-                    scenario=f"static batch B={variant.batch} (declared)")
+    fixed, kind = variant.static_batch
+    if fixed is not None:
+        info.update(max_batch_size=fixed, scenario_kind=kind,
+                    scenario=f"static batch B={fixed} ({'the upstream batch' if kind == 'upstream' else 'declared'})")
     elif info.get("max_batch_size") is None:
         try:
             b = baseline_max_batch(variant.name, setup.shape, setup.memory_budget, max_len)
