@@ -98,7 +98,7 @@ def test_unreachable_endpoint_is_one_line_exit_2_and_no_run_dir(tmp_path):
 def test_an_endpoint_row_is_never_the_engine_in_the_report(tmp_path):
     from dllm_bench import results
     from dllm_bench.report.claims import Claims
-    from dllm_bench.report.sections import serve_section
+    from dllm_bench.report.serving import serve_section
 
     ep = Endpoint("http://127.0.0.1:8000/v1", "engine-8b")
     assert ep.variant().label == "engine-8b@http://127.0.0.1:8000/v1" and ep.variant().name == "endpoint"
