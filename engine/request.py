@@ -126,8 +126,9 @@ class Request:
         self.nfe += 1
         self.logits_rows += logits_rows
 
-    def advance(self, now: float) -> None:
-        """One denoising step done: move the cursor; record first-block and finish times."""
+    def advance(self, now: float, masked: int | None = None) -> None:
+        """One denoising step done: move the cursor; record first-block and finish times.
+        `masked`: the next block's masked tokens if the caller counted them (for a batch at once)."""
         self.step_in_block += 1
         if self.step_in_block == self.params.steps_per_block:
             self.step_in_block = 0
@@ -138,8 +139,9 @@ class Request:
                 self.finished_time = now
                 self.status = Status.FINISHED
             else:
-                n = int((self.canvas[slice(*self.block_range)] == self.mask_id).sum())
-                self.schedule = transfer_schedule(n, self.params.steps_per_block)
+                if masked is None:
+                    masked = int((self.canvas[slice(*self.block_range)] == self.mask_id).sum())
+                self.schedule = transfer_schedule(masked, self.params.steps_per_block)
 
     def output(self) -> RequestOutput:
         return RequestOutput(
