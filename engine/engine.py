@@ -140,12 +140,11 @@ class LLMEngine:
         """Every request's step is done: move the cursors; the masked tokens of the blocks that
         start next are counted for all of them in one op (their transfer schedules). Returns the
         requests that finished."""
-        nxt = [r for r, _ in batch if r.step_in_block + 1 == r.params.steps_per_block
-               and r.block + 1 < r.params.num_blocks]
+        nxt = [r for r, _ in batch if r.step_in_block + 1 == r.steps_per_block and r.block + 1 < r.num_blocks]
         masked = {}
         if nxt:
-            lens = np.fromiter((r.params.block_length for r in nxt), dtype=np.int64, count=len(nxt))
-            starts = np.fromiter((r.canvas_offset + r.prompt_len + (r.block + 1) * r.params.block_length
+            lens = np.fromiter((r.block_length for r in nxt), dtype=np.int64, count=len(nxt))
+            starts = np.fromiter((r.canvas_offset + r.prompt_len + (r.block + 1) * r.block_length
                                   for r in nxt), dtype=np.int64, count=len(nxt))
             idx, valid = padded(starts, lens, int(lens.max()))
             tokens = self.canvases.tokens[to_device(idx, self.device)].cpu().numpy()

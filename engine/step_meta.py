@@ -9,6 +9,7 @@ ops over these columns: their cost does not grow with the batch in Python calls 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -38,9 +39,10 @@ class StepMeta:
     @classmethod
     def of(cls, batch: list[tuple[Request, Phase]], offsets: np.ndarray, host_slots) -> StepMeta:
         """`host_slots(table)`: a request's slot table as a host array (`KVPool.host_slots`)."""
-        cols = np.array([(r.length, r.params.block_length, r.prompt_len + r.block * r.params.block_length,
-                          r.kv_tokens, r.schedule[r.step_in_block], CODES[p]) for r, p in batch],
-                        dtype=np.int64).reshape(-1, 6).T
+        cols = np.fromiter(chain.from_iterable(
+            (r.length, r.block_length, r.prompt_len + r.block * r.block_length, r.kv_tokens,
+             r.schedule[r.step_in_block], CODES[p]) for r, p in batch), dtype=np.int64, count=6 * len(batch)
+        ).reshape(-1, 6).T
         tables = [_EMPTY if r.slots is None else host_slots(r.slots) for r, _ in batch]
         slot_len = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
         slots = np.concatenate(tables) if tables else _EMPTY
