@@ -44,7 +44,7 @@ import torch  # noqa: E402
 
 from dllm_bench.errors import UserError  # noqa: E402
 from dllm_bench.results import atomic_write_json  # noqa: E402
-from dllm_bench.serve.loadgen import run_open_loop  # noqa: E402
+from dllm_bench.serve.loadgen import run_open_loop, summarize_stats  # noqa: E402
 from dllm_bench.systems.build import WorkloadShape, build_system, warm_up  # noqa: E402
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
 from engine.memory import MemoryMeter  # noqa: E402  (the profiler's meter: the budget is held, not only accounted)
@@ -113,15 +113,7 @@ def run(spec: dict, out_path: Path) -> int:
     # Per-step lists can be long; the counters the metrics need are kept, the rest summarized.
     stats = result.get("stats") or {}
     stats.update(budget_held(system.model, meter.peak_bytes, spec.get("memory_budget")))
-    sizes = stats.pop("batch_sizes", None)
-    if isinstance(sizes, list):
-        stats["mean_batch_size"] = (sum(sizes) / len(sizes)) if sizes else None
-        stats["max_batch_size_seen"] = max(sizes) if sizes else None
-    comp = stats.pop("step_composition", None)
-    if isinstance(comp, list):  # engine: [refresh, reuse, query tokens] per step
-        stats["refresh_request_steps"] = sum(int(c[0]) for c in comp)
-        stats["reuse_request_steps"] = sum(int(c[1]) for c in comp)
-    stats.pop("profile", None)  # already in info
+    result["stats"] = summarize_stats(stats)
     try:  # the whole process (Python, torch, weights...): a sanity number, not the budgeted bytes
         import resource
 

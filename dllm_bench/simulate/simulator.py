@@ -22,7 +22,7 @@ from baselines.static_batch import StaticBatchSystem
 from dllm_bench.checkpoints.presets import PRESETS, get_preset
 from dllm_bench.checkpoints.store import cache_root, resolve_model
 from dllm_bench.errors import UserError
-from dllm_bench.serve.loadgen import run_open_loop
+from dllm_bench.serve.loadgen import run_open_loop, summarize_stats
 from dllm_bench.simulate.clock import VirtualClock, VirtualTimed
 from dllm_bench.simulate.cost_model import CostModel, Forward, ModelShape
 from dllm_bench.simulate.hardware import Hardware
@@ -145,21 +145,6 @@ def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[
     if variant.is_baseline:
         return _baseline(variant, setup, clock, info, max_len), info
     return _engine(variant, setup, clock, info), info
-
-
-def summarize_stats(stats: dict) -> dict:
-    """Per-step lists reduced to the figures a point keeps (as serve's worker does)."""
-    stats = dict(stats)
-    sizes = stats.pop("batch_sizes", None)
-    if isinstance(sizes, list):
-        stats["mean_batch_size"] = (sum(sizes) / len(sizes)) if sizes else None
-        stats["max_batch_size_seen"] = max(sizes) if sizes else None
-    comp = stats.pop("step_composition", None)
-    if isinstance(comp, list):
-        stats["refresh_request_steps"] = sum(int(c[0]) for c in comp)
-        stats["reuse_request_steps"] = sum(int(c[1]) for c in comp)
-    stats.pop("profile", None)
-    return stats
 
 
 def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
