@@ -118,9 +118,9 @@ class StepContext:
         hkv, d = k.shape[1:]
         ks, vs = [], []
         if ch.cache_index is not None:                # K and V of every member in one indexed read
-            kv = pool.view(-1, hkv, d)[ch.cache_index].view(2, ch.G, ch.kmax, hkv, d)
-            ks.append(kv[0])
-            vs.append(kv[1])
+            kc, vc = pool.view(-1, hkv, d)[ch.cache_index].view(2, ch.G, ch.kmax, hkv, d).unbind(0)
+            ks.append(kc)
+            vs.append(vc)
         if ch.fresh_index is not None:
             ks.append(k[ch.fresh_index].view(ch.G, ch.fmax, hkv, d))
             vs.append(v[ch.fresh_index].view(ch.G, ch.fmax, hkv, d))

@@ -108,8 +108,9 @@ def _max_ops(cache: str, n: int) -> int:
 
 @pytest.mark.parametrize("cache", ["dual", "sparse"])
 def test_op_count_does_not_grow_with_requests(cache):
-    """Staggered arrivals put 16 requests in every phase at once; the busiest step may run two
-    attention groups (Refresh and Reuse) where one request runs one, nothing per request."""
-    one, two, sixteen = _max_ops(cache, 1), _max_ops(cache, 2), _max_ops(cache, 16)
-    assert sixteen <= 1.2 * two
-    assert sixteen <= 1.3 * one
+    """Staggered arrivals put 16 requests in every phase at once: the busiest step (two attention
+    groups, Refresh and Reuse, where one request runs one) stays within 1.2x the busiest step of a
+    single request, and going from 8 to 16 requests adds nothing per request."""
+    one, eight, sixteen = _max_ops(cache, 1), _max_ops(cache, 8), _max_ops(cache, 16)
+    assert sixteen <= 1.2 * one
+    assert sixteen <= 1.05 * eight
