@@ -37,10 +37,35 @@ class _Chunk:
     kmax: int
     fresh_index: torch.Tensor | None   # [G*fmax] packed rows of fresh K/V
     fmax: int
-    key_mask: torch.Tensor | None      # [G, kmax + fmax] (flash: which padded keys are real)
-    bias: torch.Tensor | None = None   # the same as an additive SDPA mask (padded path)
+    bias: torch.Tensor | None = None   # padded path: additive SDPA mask of the padding keys
     cu_q: list[int] | None = None      # flash: packed query and key offsets
     cu_k: list[int] | None = None
+    packed: PackedKeys | None = None   # flash: where each key of the packed K/V comes from
+
+
+@dataclass
+class PackedKeys:
+    """The varlen key layout of a group (flash-attn): member i's keys are rows
+    [cu_k[i], cu_k[i+1]) of one packed K (and V), its cached keys first, then its fresh ones.
+    Every key is copied once, from the pool or from the step's K/V, straight to its row."""
+
+    total: int
+    cache_src: torch.Tensor | None     # pool rows (K slots, then the same slots' V rows)
+    cache_dst: torch.Tensor | None
+    fresh_src: torch.Tensor | None     # packed rows of the step's fresh K/V
+    fresh_dst: torch.Tensor | None
+
+
+def packed_keys(slot_base: np.ndarray, slots: np.ndarray, n_slots: int, cached: np.ndarray, starts: np.ndarray,
+                fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Index math of `PackedKeys` (host arrays): member i reads `cached[i]` slots from its table
+    at `slot_base[i]` in `slots`, then `fresh[i]` fresh rows from `starts[i]`; `n_slots`: the
+    pool's slot count (V rows follow K rows). -> (cu_k, cache_src, cache_dst, fresh_src, fresh_dst)."""
+    cu_k = np.zeros(len(cached) + 1, dtype=np.int64)
+    np.cumsum(cached + fresh, out=cu_k[1:])
+    src = slots[ragged(slot_base, cached)]
+    return (cu_k, np.concatenate([src, src + n_slots]), ragged(cu_k[:-1], cached), ragged(starts, fresh),
+            ragged(cu_k[:-1] + cached, fresh))
 
 
 class StepContext:
@@ -95,13 +120,15 @@ class StepContext:
         full = (kc == kmax).all() and (kf == fmax).all()
         key_mask = None if full else (valid[0] if len(valid) == 1 else np.concatenate(valid, 1))
         if self.backend == "flash_attn":
-            cu_q = [0, *np.cumsum(lq).tolist()]
-            cu_k = [0, *np.cumsum(kc + kf).tolist()]
-            return _Chunk(G, Lq, to_device(ragged(starts, lq), dev), cache_index, kmax, fresh_index, fmax,
-                          None if key_mask is None else to_device(key_mask, dev), cu_q=cu_q, cu_k=cu_k)
+            n_slots = self.pool.storage.shape[2] if self.pool is not None else 0
+            cu_k, c_src, c_dst, f_src, f_dst = packed_keys(m.slot_base[chunk], m.slots, n_slots, kc, starts, kf)
+            t = lambda a: to_device(a, dev) if a.size else None  # noqa: E731
+            return _Chunk(G, Lq, to_device(ragged(starts, lq), dev), None, kmax, None, fmax,
+                          cu_q=[0, *np.cumsum(lq).tolist()], cu_k=cu_k.tolist(),
+                          packed=PackedKeys(int(cu_k[-1]), t(c_src), t(c_dst), t(f_src), t(f_dst)))
         q_index, _ = padded(starts, lq, Lq)
         bias = None if key_mask is None else key_bias(to_device(key_mask, dev), self.dtype)
-        return _Chunk(G, Lq, to_device(q_index.reshape(-1), dev), cache_index, kmax, fresh_index, fmax, None, bias)
+        return _Chunk(G, Lq, to_device(q_index.reshape(-1), dev), cache_index, kmax, fresh_index, fmax, bias)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         pool = self.pool.storage[layer] if self.pool is not None and self.pool.storage.numel() else None  # [2, S, Hkv, D]
@@ -116,6 +143,15 @@ class StepContext:
 
     def _attend(self, ch: _Chunk, q, k, v, pool) -> torch.Tensor:
         hkv, d = k.shape[1:]
+        if ch.packed is not None:                     # flash-attn varlen: keys packed in place
+            p = ch.packed
+            K, V = k.new_empty(p.total, hkv, d), v.new_empty(p.total, hkv, d)
+            if p.cache_src is not None:
+                kc, vc = pool.view(-1, hkv, d)[p.cache_src].view(2, -1, hkv, d).unbind(0)
+                K[p.cache_dst], V[p.cache_dst] = kc, vc
+            if p.fresh_src is not None:
+                K[p.fresh_dst], V[p.fresh_dst] = k[p.fresh_src], v[p.fresh_src]
+            return flash_varlen(q[ch.q_index], ch.cu_q, K, V, ch.cu_k)
         ks, vs = [], []
         if ch.cache_index is not None:                # K and V of every member in one indexed read
             kc, vc = pool.view(-1, hkv, d)[ch.cache_index].view(2, ch.G, ch.kmax, hkv, d).unbind(0)
@@ -126,12 +162,6 @@ class StepContext:
             vs.append(v[ch.fresh_index].view(ch.G, ch.fmax, hkv, d))
         K = ks[0] if len(ks) == 1 else torch.cat(ks, 1)
         V = vs[0] if len(vs) == 1 else torch.cat(vs, 1)
-        if ch.cu_q is not None:                      # flash-attn varlen: packed keys
-            if ch.key_mask is not None:
-                K, V = K[ch.key_mask], V[ch.key_mask]
-            else:
-                K, V = K.reshape(-1, hkv, d), V.reshape(-1, hkv, d)
-            return flash_varlen(q[ch.q_index], ch.cu_q, K, V, ch.cu_k)
         qg = q[ch.q_index].view(ch.G, ch.Lq, *q.shape[1:])
         return padded_attention(qg, K, V, ch.bias).reshape(ch.G * ch.Lq, *q.shape[1:])
 
