@@ -50,6 +50,11 @@ class DLLMCache(Policy):
         super().__init__(model)
         if prompt_interval == 0 or gen_interval == 0:
             raise ValueError("prompt_interval and gen_interval must be non-zero")
+        # Upstream (maomaocun/dLLM-cache@5aa31dd, cache_hook_LLaDA.py) runs V-verify only for
+        # 0 < ratio <= 1 and silently turns it off for any other value; here "off" is spelt 0, so
+        # a ratio outside [0, 1] (5 meant as 5 %?) is an error rather than a quiet change of method.
+        if not 0.0 <= float(transfer_ratio) <= 1.0:
+            raise ValueError(f"transfer_ratio must be in [0, 1] (0 = no V-verify), got {transfer_ratio}")
         self.pi, self.gi, self.ratio = int(prompt_interval), int(gen_interval), float(transfer_ratio)
         self.knobs = dict(prompt_interval=self.pi, gen_interval=self.gi, transfer_ratio=self.ratio)
         self.c: list[dict] = []

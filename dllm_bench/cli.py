@@ -10,6 +10,7 @@ import click
 import typer
 import typer.main
 
+from dllm_bench import inputs
 from dllm_bench.errors import EXIT_USAGE, UserError
 
 app = typer.Typer(
@@ -61,11 +62,27 @@ class _Int(click.types.IntParamType):
         return v
 
 
+class _Count(_Int):
+    """A request/sample count (inputs.COUNT_OPTIONS): at most inputs.MAX_COUNT; the commands
+    keep their own lower-bound messages."""
+
+    def __init__(self, flag: str, what: str):
+        self.flag, self.what = flag, what
+
+    def convert(self, value, param, ctx):
+        v = super().convert(value, param, ctx)
+        if v > inputs.MAX_COUNT:
+            inputs.count(v, self.flag, self.what)
+        return v
+
+
 def _harden(cmd: click.Command) -> click.Command:
     """Every plain float/int option of every command gets the checked types above."""
     for p in cmd.params:
         if type(p.type) is click.types.FloatParamType:
             p.type = _Float()
+        elif type(p.type) is click.types.IntParamType and p.name in inputs.COUNT_OPTIONS:
+            p.type = _Count(max(p.opts, key=len), inputs.COUNT_OPTIONS[p.name])
         elif type(p.type) is click.types.IntParamType:
             p.type = _Int()
     for sub in getattr(cmd, "commands", {}).values():

@@ -5,7 +5,7 @@ every system and engine mode, so nobody can silently change what is measured.
 on any difference, printing a readable diff; `update` rewrites the committed tables. The model
 is the `tiny` preset in float64 (token decisions do not depend on summation order there), the
 prompts and workloads are fixed, all requests arrive at once (no wall clock anywhere).
-A second, small slice runs the default serving preset's model (`similar-1536`, float64) under
+A second, small slice runs the default serving preset's model (`similar-1024`, float64) under
 its serve settings (steps = gen_length, block 32, Table 3 baseline knobs), so the counters of
 the configuration the headline numbers come from are pinned too.
 """
@@ -46,7 +46,7 @@ CONFIGS: list[tuple[str, str, dict]] = [
 
 
 # The default preset's slice: its model and serve knobs (dllm_bench.serve.presets "cpu-default").
-SIMILAR_MODEL = "similar-1536"
+SIMILAR_MODEL = "similar-1024"
 SIMILAR_ENGINE = dict(max_num_batched_tokens=1088, max_num_logits=256, kv_pool_tokens=4096)
 SIMILAR_CONFIGS: list[tuple[str, str, dict]] = [
     ("similar-engine", "engine", dict(SIMILAR_ENGINE, cache="sparse", selection="head", retention=0.5)),

@@ -5,7 +5,8 @@ Layout (one layout for single runs and sweeps; a single `serve` is a sweep of on
     <run-id>/config.json          kind, every knob, versions, machine (written at creation)
     <run-id>/points/<point>/summary.json    one (dataset, system, rps) point; written LAST,
     <run-id>/points/<point>/requests.jsonl  so its presence means "point finished" (--resume)
-    <run-id>/summary.json         all finished points (rebuilt after each point)
+    <run-id>/points/<point>__r<i>/...       repeat i > 0 of a point (--repeats; workload seed + i)
+    <run-id>/summary.json         all finished points and `aggregate` (median, min-max over repeats)
     <run-id>/metrics.csv          one row per point (pandas)
     <run-id>/requests.jsonl       every request of every point, tagged with its point
     <run-id>/plots/*.png
@@ -36,6 +37,7 @@ import pandas as pd
 import torch
 
 from dllm_bench.errors import UserError
+from dllm_bench.repeats import aggregate_points
 
 KINDS = ("serve", "accuracy", "ablate", "sweep", "simulate")
 RESULTS_ENV = "DLLM_BENCH_RESULTS_DIR"
@@ -242,6 +244,13 @@ class PointKey(NamedTuple):
     system: str
     rps: float  # math.inf = all requests at t=0 (vLLM's --request-rate inf)
     dataset: str = ""
+    repeat: int = 0  # the i-th run of the point (workload seed = run seed + i; dllm_bench.repeats)
+
+    @classmethod
+    def of(cls, summary: Mapping[str, Any]) -> PointKey:
+        """The key of a stored point summary."""
+        return cls(summary["system"], float(_rps_from_json(summary["rps"])), summary.get("dataset", ""),
+                   int(summary.get("repeat", 0) or 0))
 
 
 def fmt_rps(rps: float) -> str:
@@ -251,6 +260,8 @@ def fmt_rps(rps: float) -> str:
 
 def point_name(key: PointKey) -> str:
     parts = ([key.dataset] if key.dataset else []) + [key.system, f"rps{fmt_rps(key.rps)}"]
+    if key.repeat:  # repeat 0 keeps the unrepeated name: a run resumed with more repeats keeps it
+        parts.append(f"r{key.repeat}")
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", "__".join(parts))
 
 
@@ -264,7 +275,7 @@ def write_point(run_dir: str | os.PathLike, key: PointKey, summary: Mapping[str,
     its existence is the "done" marker that finished_points() and --resume rely on."""
     pdir = point_dir(run_dir, key)
     atomic_write_jsonl(pdir / "requests.jsonl", requests)
-    head = {"system": key.system, "rps": key.rps, "dataset": key.dataset}
+    head = {"system": key.system, "rps": key.rps, "dataset": key.dataset, "repeat": key.repeat}
     atomic_write_json(pdir / "summary.json", {**head, **dict(extra or {}), **dict(summary)})
     write_run_tables(run_dir)
     return pdir
@@ -288,38 +299,43 @@ def load_points(run_dir: str | os.PathLike) -> list[dict]:
 def finished_points(run_dir: str | os.PathLike) -> set[PointKey]:
     """Points already finished in run_dir (to skip with --resume). Interrupted points are not
     "finished": a partial measurement must be re-run, not mixed into a sweep."""
-    return {PointKey(s["system"], s["rps"], s.get("dataset", "")) for s in load_points(run_dir)
-            if not s.get("interrupted")}
+    return {PointKey.of(s) for s in load_points(run_dir) if not s.get("interrupted")}
 
 
 def pending_points(run_dir: str | os.PathLike, keys: Iterable[PointKey]) -> list[PointKey]:
     """`keys` minus the finished ones, order kept."""
     done = finished_points(run_dir) if Path(run_dir).is_dir() else set()
-    return [k for k in keys if PointKey(k.system, float(k.rps), k.dataset) not in done]
+    return [k for k in keys if PointKey(k.system, float(k.rps), k.dataset, k.repeat) not in done]
 
 
-def metrics_frame(run_dir: str | os.PathLike) -> pd.DataFrame:
-    """One row per finished point (scalar columns only), as in metrics.csv."""
-    rows = [{k: v for k, v in s.items() if not isinstance(v, (dict, list))} for s in load_points(run_dir)]
+def metrics_frame(run_dir: str | os.PathLike, aggregate: bool = False) -> pd.DataFrame:
+    """One row per finished point and repeat (scalar columns only), as in metrics.csv; with
+    `aggregate` one row per point: the median over its repeats with `<metric>_min`/`_max`."""
+    points = load_points(run_dir)
+    if aggregate:
+        points = aggregate_points(points)
+    rows = [{k: v for k, v in s.items() if not isinstance(v, (dict, list))} for s in points]
     df = pd.DataFrame(rows)
     if not df.empty:
-        lead = [c for c in ("dataset", "system", "rps") if c in df.columns]
+        lead = [c for c in ("dataset", "system", "rps", "repeat") if c in df.columns]
         df = df[lead + [c for c in df.columns if c not in lead and c != "_point"]]
         df = df.sort_values(lead, kind="stable").reset_index(drop=True)
     return df
 
 
 def write_run_tables(run_dir: str | os.PathLike) -> None:
-    """Rebuild summary.json, metrics.csv and requests.jsonl at the run level from points/."""
+    """Rebuild summary.json (every repeat of every point, and `aggregate`: one row per point,
+    median and min-max over its repeats), metrics.csv and requests.jsonl at the run level."""
     run_dir = Path(run_dir)
     points = load_points(run_dir)
     atomic_write_json(run_dir / "summary.json", {"run_id": run_dir.name, "points": [
-        {k: v for k, v in s.items() if k != "_point"} for s in points]})
+        {k: v for k, v in s.items() if k != "_point"} for s in points], "aggregate": aggregate_points(points)})
     atomic_write_csv(run_dir / "metrics.csv", metrics_frame(run_dir))
 
     def all_requests():
         for s in points:
-            tag = {"system": s["system"], "rps": s["rps"], "dataset": s.get("dataset", "")}
+            tag = {"system": s["system"], "rps": s["rps"], "dataset": s.get("dataset", ""),
+                   "repeat": s.get("repeat", 0)}
             f = run_dir / "points" / s["_point"] / "requests.jsonl"
             for r in read_jsonl(f) if f.exists() else ():
                 yield {**tag, **r}

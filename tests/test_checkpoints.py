@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
@@ -134,7 +134,7 @@ def tiny_tokenizer():
     return tb.build_tokenizer(512, 500)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(max_size=80))
 def test_tokenizer_round_trips_any_text(text):
     tok = tiny_tokenizer()

@@ -297,3 +297,68 @@ def test_real_process_run_id_and_usage_error(tmp_path):
 def test_real_process_bad_checkpoint(tmp_path, checkpoints):
     assert "does not describe" in _real(tmp_path, "generate", "--prompt-ids", "1", "--model",
                                         str(checkpoints["extra_tensor"]))
+
+
+# ---------------------------------------------------------------- #11 leftovers
+@pytest.mark.parametrize("args", [
+    ["report", "--out", "/proc/x.md"],                       # root may "write" /proc: no regular files there
+    ["report", "--out", "/proc/sub/x.md"],
+    ["serve", "--preset", "tiny", "--result-dir", "/proc/runs"],
+    ["models", "make", "tiny", "--out", "/proc/m"],
+])
+def test_out_paths_in_a_pseudo_filesystem(cli, args):
+    msg = cli(*args)
+    assert "/proc" in msg and ("cannot create files" in msg or "not writable" in msg)
+
+
+def test_a_probe_that_cannot_create_a_file_is_one_line(cli, tmp_path, monkeypatch):
+    # Also where the access check passes but the filesystem refuses files (a read-only mount).
+    from dllm_bench import inputs
+
+    def refuse(*a, **k):
+        raise OSError(30, "Read-only file system")
+    monkeypatch.setattr(inputs.tempfile, "mkstemp", refuse)
+    assert "cannot create files" in cli("report", "--out", str(tmp_path / "r.md"))
+    assert "Read-only file system" in cli("serve", "--preset", "tiny", "--result-dir", str(tmp_path / "runs"))
+
+
+def test_report_out_that_is_not_a_regular_file(cli, tmp_path):
+    fifo = tmp_path / "pipe.md"
+    os.mkfifo(fifo)
+    assert "not a regular file" in cli("report", "--out", str(fifo))
+
+
+@pytest.mark.parametrize("args", [
+    ["serve", "--preset", "tiny", "--num-prompts", str(10**12)],
+    ["simulate", "--num-prompts", "100001"],
+    ["ablate", "--preset", "tiny", "--num-prompts", str(10**9)],
+    ["sweep", "--vary", "input-len", "--preset", "tiny", "--num-prompts", str(10**9)],
+    ["accuracy", "--limit", str(10**12)],
+])
+def test_huge_counts_are_refused_before_any_work(cli, args):
+    msg = cli(*args)
+    assert "over the limit of 100,000" in msg and args[-2] in msg
+
+
+def test_a_duration_that_means_a_huge_count(cli):
+    msg = cli("serve", "--preset", "tiny", "--duration", "1e9", "--rps", "1,10")
+    assert "--duration" in msg and "10,000,000,000 requests" in msg
+
+
+@pytest.mark.parametrize("args", [
+    ["generate", "--prompt-ids", "1,2", "--system", "dllm-cache", "--transfer-ratio", "5"],
+    ["generate", "--prompt-ids", "1,2", "--system", "dllm-cache", "--transfer-ratio", "-0.5"],
+    ["serve", "--preset", "tiny", "--systems", "dllm-cache:transfer_ratio=1.01"],
+    ["simulate", "--systems", "dllm-cache:transfer_ratio=5"],
+])
+def test_transfer_ratio_outside_0_1(cli, args):
+    assert "transfer_ratio must be in [0, 1]" in cli(*args)
+
+
+def test_counts_at_the_bound_and_transfer_ratio_at_its_ends_are_accepted():
+    from baselines.dllm_cache import DLLMCache
+    from dllm_bench import inputs
+
+    assert inputs.count(inputs.MAX_COUNT, "--num-prompts") == inputs.MAX_COUNT
+    for r in (0.0, 0.25, 1.0):
+        assert DLLMCache(None, transfer_ratio=r).ratio == r

@@ -142,8 +142,8 @@ def test_rps_datasets_and_optional_ints():
 
 def test_serve_presets():
     default = PRESETS["cpu-default"]
-    assert default.model == "similar-1536" and default.rps == "0.5" and default.length_scale == 1.0
-    assert "similar-1536" in default.describe() and "steps = gen_length" in default.describe()
+    assert default.model == "similar-1024" and default.rps == "0.5" and default.length_scale == 1.0
+    assert "similar-1024" in default.describe() and "steps = gen_length" in default.describe()
     assert PRESETS["serve-126k"].model == "serve-126k"              # the logit-memory stress preset
     assert preset_for(None, "tiny").name == "tiny"          # --model tiny gets tiny workloads
     assert preset_for(None, None).name == "cpu-default"
@@ -285,3 +285,25 @@ def test_resolve_run_builds_one_workload_per_dataset_and_rate(tmp_path):
     assert [r.prompt_len for r in spec] == [r.prompt_len for r in a]  # lengths independent of rate
     assert run.engine_defaults["max_num_logits"] == 64
     assert run.baseline_defaults["sparse-dllm"]["keep_ratio"] == run.preset.retention
+
+
+def test_step_stats_summary_reduces_the_per_step_lists_for_worker_and_simulator():
+    from dllm_bench.serve.loadgen import step_stats_summary
+
+    raw = {"steps": 3, "batch_sizes": [1, 4, 2], "step_composition": [[1, 0, 8], [2, 2, 20], [0, 2, 4]],
+           "profile": {"x": 1}, "forwards": 3}
+    out = step_stats_summary(raw)
+    assert out == {"steps": 3, "forwards": 3, "mean_batch_size": 7 / 3, "max_batch_size_seen": 4,
+                   "refresh_request_steps": 3, "reuse_request_steps": 4}
+    assert "batch_sizes" in raw                          # the caller's dict is left as it was
+    assert step_stats_summary({"batch_sizes": []})["mean_batch_size"] is None
+
+
+def test_model_info_counts_parameters_as_the_preset_does():
+    from dllm_bench.checkpoints.load import model_dir
+    from dllm_bench.checkpoints.presets import get_preset
+    from dllm_bench.serve.workload import model_info
+
+    p = get_preset("tiny")
+    info = model_info(model_dir("tiny"), "float32")
+    assert info["n_params"] == p.n_params and info["weights_bytes"] == 4 * p.n_params

@@ -34,9 +34,15 @@ def test_endpoint_and_in_process_points_write_the_same_files_and_token_counts(se
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     points = {p["system"]: p for p in doc["points"]}
-    assert set(points) == {"engine", "endpoint"}
+    served = f"{MODEL}@{server.url}/v1"              # the endpoint row is named by what it served
+    assert set(points) == {"engine", served}
+    s = points[served]
+    assert (s["system_name"], s["scenario_kind"], s["is_baseline"]) == ("endpoint", "endpoint", False)
+    assert s["memory_budget"] is None and points["engine"]["memory_budget"] is not None
+    assert s["knobs"]["url"] == server.url + "/v1" and s["knobs"]["model"] == MODEL
     run_dir = tmp_path / doc["run_id"]
-    dirs = {d.name.split("__")[1]: d for d in (run_dir / "points").iterdir()}
+    dirs = {("engine" if d.name.split("__")[1] == "engine" else "endpoint"): d
+            for d in (run_dir / "points").iterdir()}
     files = {k: sorted(f.name for f in d.iterdir()) for k, d in dirs.items()}
     assert files["engine"] == files["endpoint"] and set(RUN_FILES) - {"config.json", "metrics.csv"} <= set(files["engine"])
     assert (run_dir / "config.json").is_file() and (run_dir / "metrics.csv").is_file()
@@ -50,7 +56,6 @@ def test_endpoint_and_in_process_points_write_the_same_files_and_token_counts(se
         assert (ep[rid]["prompt_len"], ep[rid]["output_len"]) == (q["prompt_len"], q["output_len"])
         assert ep[rid]["nfe"] == q["nfe"]                 # the dllm extension carries the engine's NFE
         assert ep[rid]["first_token_time"] <= ep[rid]["finished_time"]
-    s = points["endpoint"]
     assert s["completed"] == 5 and s["failed"] == 0 and s["mean_ttft_ms"] > 0
     assert s["total_output_tokens"] == points["engine"]["total_output_tokens"]
     assert s["forwards"] > 0                              # scraped from the server's /metrics
@@ -88,3 +93,27 @@ def test_unreachable_endpoint_is_one_line_exit_2_and_no_run_dir(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr and not any(tmp_path.iterdir())
+
+
+def test_an_endpoint_row_is_never_the_engine_in_the_report(tmp_path):
+    from dllm_bench import results
+    from dllm_bench.report.claims import Claims
+    from dllm_bench.report.sections import serve_section
+
+    ep = Endpoint("http://127.0.0.1:8000/v1", "engine-8b")
+    assert ep.variant().label == "engine-8b@http://127.0.0.1:8000/v1" and ep.variant().name == "endpoint"
+    d = results.create_run("serve", {"preset_line": "fixture"}, run_id="ep", root=tmp_path)
+    for label, name, tp in ((ep.label, "endpoint", 90.0), ("fast-dllm", "fast-dllm", 50.0),
+                            ("sparse-dllm", "sparse-dllm", 30.0)):
+        s = {"output_throughput": tp, "request_throughput": tp / 100, "completed": 4, "mean_e2el_ms": 1e5 / tp,
+             "p99_e2el_ms": 2e5 / tp, "latency_std_ms": 1e4 / tp, "latency_span_ms": 3e4 / tp,
+             "system_name": name, "is_baseline": name != "endpoint", "interrupted": False}
+        results.write_point(d, results.PointKey(label, 1.0, "livebench"), s, [{"request_id": "r0"}])
+    claims = Claims()
+    text = serve_section(d, claims, tmp_path / "files", tmp_path)
+    assert ep.label in text                                  # its row is in the table, under its name
+    ours = {c["claim"]: (c["ours"], c["verdict"]) for c in claims.rows}
+    # Without the in-process engine there is no engine/baseline ratio to compare with the paper.
+    assert "no engine/baseline pair" in ours["Throughput vs the strongest baseline"][0]
+    assert "no engine/baseline pair" in ours["Up to 3.12× vs Sparse-dLLM (Table 4, L40S, 1.0 req/s)"][0]
+    assert ours["Lower latency jitter (Fig. 5)"][1] == "no data"

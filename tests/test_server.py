@@ -26,9 +26,21 @@ def tok():
     return load_tokenizer(model_dir(MODEL))
 
 
-# ---------------------------------------------------------------- completions
-def test_completion_matches_the_in_process_engine(server, tok):
+@pytest.fixture(scope="module")
+def local_engine():
+    """The server's engine (same preset knobs and budget) in this process."""
     from dllm_bench.commands.server import build_state
+
+    knobs = dict.fromkeys(("cache", "selection", "retention", "scheduler", "max_num_logits", "max_num_seqs"))
+    state, _ = build_state(model=MODEL, preset=None, served_model_name=None,
+                           knobs={**knobs, "max_num_batched_tokens": BUDGET_TOKENS}, memory_budget=MEMORY,
+                           dtype=None, device=None, threads=1, block_length=None, max_waiting=8,
+                           sampling=True, use_cache=True)
+    return state.loop.engine
+
+
+# ---------------------------------------------------------------- completions
+def test_completion_matches_the_in_process_engine(server, tok, local_engine):
     from engine.sampling import SamplingParams
 
     r = server.client().completions.create(model=MODEL, prompt="Hello there", max_tokens=10,
@@ -41,13 +53,60 @@ def test_completion_matches_the_in_process_engine(server, tok):
     assert c.text == tok.decode(c.token_ids, skip_special_tokens=True)
     assert c.finish_reason in ("stop", "length")
     # The same engine in this process (same preset knobs and budget) decodes the same tokens.
-    knobs = dict.fromkeys(("cache", "selection", "retention", "scheduler", "max_num_logits", "max_num_seqs"))
-    state, _ = build_state(model=MODEL, preset=None, served_model_name=None,
-                           knobs={**knobs, "max_num_batched_tokens": BUDGET_TOKENS}, memory_budget=MEMORY,
-                           dtype=None, device=None, threads=1, block_length=None, max_waiting=8,
-                           sampling=True, use_cache=True)
-    ref = state.loop.engine.generate([prompt], SamplingParams(gen_length=16, steps=16, block_length=BLOCK))
+    ref = local_engine.generate([prompt], SamplingParams(gen_length=16, steps=16, block_length=BLOCK))
     assert c.token_ids == ref[0].token_ids
+
+
+def test_a_list_of_prompts_is_one_choice_each_batched_like_in_process(server, tok, local_engine):
+    from engine.sampling import SamplingParams
+
+    texts = ["Hello there", "Count:", "Hello there"]
+    before = server.metrics()
+    r = server.client().completions.create(model=MODEL, prompt=texts, max_tokens=10,
+                                           extra_body={"return_token_ids": True})
+    after = server.metrics()
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.prompt_tokens == sum(map(len, prompts))
+    assert r.usage.completion_tokens == 3 * 16 == sum(len(c.token_ids) for c in r.choices)
+    assert [d["gen_length"] for d in r.model_extra["dllm"]] == [16] * 3     # per prompt, in choice order
+    # Admitted together, so batched together: the engine given the same batch in this process
+    # decodes the same tokens for each prompt.
+    ref = local_engine.generate(prompts, SamplingParams(gen_length=16, steps=16, block_length=BLOCK))
+    assert [c.token_ids for c in r.choices] == [o.token_ids for o in ref]
+    assert [c.text for c in r.choices] == [tok.decode(o.token_ids, skip_special_tokens=True) for o in ref]
+    assert after["dllm_batch_size_max"] >= 3
+    assert after["dllm_requests_finished"] - before["dllm_requests_finished"] == 3
+
+
+def test_a_list_of_token_id_prompts_streams_chunks_tagged_with_their_index(server):
+    client = server.client()
+    kw = dict(model=MODEL, prompt=[[5, 6, 7], [8, 9], [10]], max_tokens=3 * BLOCK,
+              extra_body={"return_token_ids": True})
+    whole = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, **kw))
+    body, last = chunks[:-1], chunks[-1]
+    assert all(len(ch.choices) == 1 for ch in body)
+    for i, want in enumerate(whole.choices):
+        mine = [ch.choices[0] for ch in body if ch.choices[0].index == i]
+        assert [len(c.token_ids) for c in mine] == [BLOCK] * 3               # one chunk per block
+        assert [c.finish_reason for c in mine] == [None] * 2 + [want.finish_reason]
+        assert [t for c in mine for t in c.token_ids] == want.token_ids
+    assert last.choices == [] and last.usage.prompt_tokens == 6 == whole.usage.prompt_tokens
+    assert last.usage.completion_tokens == 3 * 3 * BLOCK
+    assert len({ch.id for ch in chunks}) == 1
+
+
+def test_a_refused_prompt_refuses_the_whole_list_and_leaves_nothing_behind(server):
+    before = server.metrics()
+    r = httpx.post(server.url + "/v1/completions", timeout=60,
+                   json={"model": MODEL, "prompt": [[1, 2], [3, 4], [1, 2, 502]], "max_tokens": BLOCK})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("prompt[2]: ")
+    m = server.wait_metric("dllm_requests_rejected", lambda v: v > before["dllm_requests_rejected"])
+    assert m["dllm_requests_rejected"] - before["dllm_requests_rejected"] == 3
+    assert m["dllm_requests_running"] == 0 and m["dllm_requests_waiting"] == 0
+    assert m["dllm_kv_pool_used_tokens"] == 0
+    assert m["dllm_requests_finished"] == before["dllm_requests_finished"]
 
 
 def test_chat_completion(server, tok):
@@ -122,6 +181,18 @@ def test_disconnect_aborts_and_frees_the_kv(server):
     assert m["dllm_kv_pool_used_tokens"] == 0
 
 
+def test_disconnect_aborts_every_prompt_of_a_list(server):
+    before = server.metrics()
+    stream = server.client().completions.create(model=MODEL, prompt=[[9, 10, 11], [12, 13]],
+                                                max_tokens=60 * BLOCK, stream=True)
+    next(iter(stream))
+    stream.close()
+    m = server.wait_metric("dllm_requests_running", lambda v: v == 0)
+    assert m["dllm_requests_aborted"] == before["dllm_requests_aborted"] + 2
+    assert m["dllm_requests_finished"] == before["dllm_requests_finished"]
+    assert m["dllm_kv_pool_used_tokens"] == 0
+
+
 # ---------------------------------------------------------------- bad requests
 BAD = [
     ("/v1/completions", {"prompt": [7] * 4200, "max_tokens": 8}, 400, "max_model_len"),
@@ -138,6 +209,11 @@ BAD = [
     ("/v1/completions", {"prompt": [1, 2, 502]}, 400, "mask"),
     ("/v1/completions", {"prompt": [1, 2, 99999]}, 400, "token ids"),
     ("/v1/completions", {"prompt": []}, 400, "empty"),
+    ("/v1/completions", {"prompt": ["hi", [1, 2]]}, 400, "not mixed"),
+    ("/v1/completions", {"prompt": [[1, "a"]]}, 400, "token-id lists"),
+    ("/v1/completions", {"prompt": [[1, 2], []]}, 400, "prompt[1]: "),
+    ("/v1/completions", {"prompt": [[1, 2], [1, 99999]]}, 400, "token ids"),
+    ("/v1/completions", {"prompt": [[1]] * 300}, 400, "at most 256"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "gpt-4"),
     ("/v1/nowhere", {"prompt": "hi"}, 404, "Not Found"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from dllm_bench.serve.loadgen import _stats_delta, summarize_stats
+from dllm_bench.serve.loadgen import _stats_delta, step_stats_summary
 from engine.counters import STEP_HISTORY, StepCounters
 
 
@@ -26,7 +26,7 @@ def test_history_is_bounded_and_window_summaries_stay_exact():
     assert len(c.maxima) <= 40
     after = c.stats()
     for start, before in snapshots.items():
-        got = summarize_stats(_stats_delta(before, after))
+        got = step_stats_summary(_stats_delta(before, after))
         window = sizes[start:]
         assert got["mean_batch_size"] == sum(window) / len(window)
         assert got["max_batch_size_seen"] == max(window)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workloads import arrivals as A
@@ -74,7 +74,7 @@ def test_duration_bound_and_prefix_consistency():
     assert len(A.poisson_arrivals(5.0, num_prompts=5.0)) == 5  # 5.0 (e.g. from JSON/CLI) is fine
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rps=st.floats(0.01, 100), k=st.floats(0.05, 20), n=st.integers(1, 300),
        seed=st.integers(0, 2**32))
 def test_arrivals_shape_property(rps, k, n, seed):
@@ -241,7 +241,7 @@ def test_gen_length_errors_and_description():
     assert "fixed" in S.describe_gen_mapping(32, 256, fixed_gen_length=256)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(out=st.integers(0, 5000), block=st.integers(1, 128), cap_blocks=st.integers(1, 64),
        extra=st.integers(0, 127))
 def test_gen_length_invariants(out, block, cap_blocks, extra):

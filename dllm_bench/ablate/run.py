@@ -13,10 +13,11 @@ from dllm_bench import results
 from dllm_bench.ablate import ladder as ab
 from dllm_bench.ablate import tables as abt
 from dllm_bench.errors import UserError
+from dllm_bench.repeats import aggregate_points, repeat_seeds
 from dllm_bench.serve.options import check_counts, resolve_bench_run
-from dllm_bench.serve.points import PlannedPoint, measure_points
+from dllm_bench.serve.points import PlannedPoint, measure_points, record_repeats, resume_id
 from dllm_bench.serve.presets import preset_for
-from dllm_bench.serve.workload import shape_of
+from dllm_bench.serve.workload import repeat_workloads, shape_of
 from dllm_bench.systems.spec import parse_system
 from workloads.serving import describe
 
@@ -24,11 +25,12 @@ from workloads.serving import describe
 def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, memory_budget: str | None,
            seed: int, result_dir: Path | None, as_json: bool, threads: int | None, preset: str | None,
            rps: str, max_num_batched_tokens: int | None, max_num_logits: str | None, cache_rows: str,
-           run_id: str | None, num_warmups: int, max_duration: float | None, no_profile_cache: bool) -> int:
+           run_id: str | None, num_warmups: int, max_duration: float | None, no_profile_cache: bool,
+           gen_length: int | None = None, repeats: int = 1, resume: bool = False) -> int:
     """The ablation ladder and cache rows, measured, tabulated and plotted; returns the exit code."""
     ds_list = ab.parse_dataset_list(datasets)
     rows_mode = ab.parse_cache_rows(cache_rows)
-    check_counts(num_prompts, seed)
+    check_counts(num_prompts, seed, repeats)
     sp = preset_for(preset, model)
     st = ab.ablation_settings(sp.name, sp.num_prompts, max_num_batched_tokens, max_num_logits, num_prompts)
     n = st["num_prompts"]
@@ -36,7 +38,8 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
                             model=model, preset=preset, memory_budget=memory_budget, seed=seed,
                             threads=threads, max_num_batched_tokens=st["max_num_batched_tokens"],
                             max_num_logits=st["max_num_logits"], num_warmups=num_warmups,
-                            max_duration=max_duration, no_profile_cache=no_profile_cache)
+                            max_duration=max_duration, no_profile_cache=no_profile_cache,
+                            gen_length=gen_length, repeats=repeats)
     if len(run.rps) != 1:
         raise UserError("--rps takes one rate for ablate (inf = saturation, the default)")
     rate = run.rps[0]
@@ -62,33 +65,45 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
         "effective_configs": {r.key: e for r, e in zip(rungs + crows, eff, strict=True)},
         "throughput_metric": ab.THROUGHPUT, "measurement": run.measurement(rate),
         "workloads": {ds: describe(run.workloads[(ds, rate)]) for ds in ds_list},
+        "repeats": run.repeats, "repeat_seeds": repeat_seeds(seed, run.repeats), "fingerprint": run.fingerprint(),
     }
+    root = results.results_root(result_dir)
+    if resume:
+        run_id = resume_id("ablate", run.fingerprint(), root, run_id)
     run_dir = results.create_run("ablate", config, name=f"ablate-{Path(str(p.model)).name}-{'+'.join(ds_list)}",
-                                 run_id=run_id, root=results.results_root(result_dir))
+                                 run_id=run_id, root=root, resume=resume)
+    if resume:
+        record_repeats(run_dir, seed, run.repeats)
     con.print(f"[bold]dllm-bench ablate[/bold] → {run_dir}", highlight=False)
     con.print(p.describe(), markup=False, highlight=False)
-    con.print(f"{config['measurement']}; {n} prompts per dataset; datasets {', '.join(ds_list)}; seed {seed}",
+    con.print(f"{config['measurement']}; {n} prompts per dataset; datasets {', '.join(ds_list)}; seed {seed}"
+              + (f"; {run.repeats} repeats (seeds {seed}..{seed + run.repeats - 1})" if run.repeats > 1 else ""),
               markup=False, highlight=False)
     for r in rungs + crows:
         con.print(f"  {r.group:>6} {r.title}: {variants[r.key].label}", markup=False, highlight=False)
 
     planned = []
-    for i, ds in enumerate(ds_list):
-        wl = run.workloads[(ds, rate)]
-        shape = shape_of(wl, p.block_length)
-        rows = rungs + (crows if rows_mode == "all" or (rows_mode == "first" and i == 0) else [])
-        planned += [PlannedPoint(ds, rate, variants[r.key], wl, shape,
-                                 {"ablation_rung": r.key, "ablation_title": r.title}) for r in rows]
-    res = measure_points(run, planned, run_dir, con)
+    for rep, rep_seed in enumerate(repeat_seeds(seed, run.repeats)):  # repeat-major: a whole ladder first
+        wls = repeat_workloads(run, rep)
+        for i, ds in enumerate(ds_list):
+            wl = wls[(ds, rate)]
+            shape = shape_of(wl, p.block_length)
+            rows = rungs + (crows if rows_mode == "all" or (rows_mode == "first" and i == 0) else [])
+            planned += [PlannedPoint(ds, rate, variants[r.key], wl, shape,
+                                     {"ablation_rung": r.key, "ablation_title": r.title}, repeat=rep, seed=rep_seed)
+                        for r in rows]
+    res = measure_points(run, planned, run_dir, con, done=results.finished_points(run_dir) if resume else set())
     if res.user_error and "max_num_logits=none" in res.user_error:
         res.user_error += (f" (the monolithic-logit rungs hold [token budget x vocab] logits: lower "
                            f"--max-num-batched-tokens (now {p.max_num_batched_tokens}) or raise --memory-budget)")
-    res.give_up_if_empty(run_dir)
-    points = res.points
+    res.give_up_if_empty(run_dir, fresh=not resume)
+    points = aggregate_points(res.points)
 
     lt = abt.ladder_table(points, config["ladder"], ds_list)
     ct = abt.cache_table(points, config["cache_rows"], config["ladder"][0], ds_list) if crows else None
-    cons.print_df(con, lt, "Ablation ladder (paper Fig. 8): output throughput, x vs Sparse-dLLM", abt.LADDER_FMT)
+    reps = f", median [min–max] of {run.repeats} repeats" if run.repeats > 1 else ""
+    cons.print_df(con, abt.ladder_display(lt), f"Ablation ladder (paper Fig. 8): output throughput of every rung, "
+                  f"x vs Sparse-dLLM{reps}", abt.LADDER_FMT)
     if ct is not None and not ct.empty:
         cons.print_df(con, ct, "Full engine under each cache policy (same scheduler, budgets, arrivals)",
                       abt.CACHE_FMT)
@@ -108,7 +123,9 @@ def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, 
     doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "preset": p.to_dict(), "preset_line": p.describe(),
            "measurement": config["measurement"], "interrupted": res.interrupted, "failures": res.failures,
            "ladder": lt.to_dict(orient="records"), "cache_rows": [] if ct is None else ct.to_dict(orient="records"),
-           "config_checks": checks, "plots": plots, "points": points}
-    results.atomic_write_json(run_dir / "ablation.json", {k: v for k, v in doc.items() if k != "points"})
+           "config_checks": checks, "plots": plots, "repeats": run.repeats, "points": points,
+           "repeat_points": res.points}
+    results.atomic_write_json(run_dir / "ablation.json", {k: v for k, v in doc.items()
+                                                         if k not in ("points", "repeat_points")})
     con.print(f"plots: {', '.join(plots) or 'none'}", markup=False, highlight=False)
-    return res.finish(con, run_dir, doc, as_json)
+    return res.finish(con, run_dir, doc, as_json, resumable=True)

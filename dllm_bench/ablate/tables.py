@@ -12,7 +12,8 @@ import pandas as pd
 
 from dllm_bench import results
 from dllm_bench.ablate.ladder import THROUGHPUT, Rung
-from dllm_bench.console import num
+from dllm_bench.console import num, with_spreads
+from dllm_bench.repeats import Spread, aggregate_points, compare
 from dllm_bench.systems.spec import parse_system
 
 
@@ -21,28 +22,40 @@ def _index(points: Iterable[Mapping]) -> dict[tuple[str, str], Mapping]:
 
 
 def ladder_table(points: Iterable[Mapping], rungs: Sequence[Rung | Mapping], datasets: Sequence[str]):
-    """One row per (dataset, rung): throughput, x vs the baseline rung, delta vs the rung before."""
+    """One row per (dataset, rung): throughput (the median over repeats, with its min–max), x vs
+    the baseline rung (with the interval the repeats allow), delta vs the rung before and whether
+    the step beats noise, and the baseline's static batch B next to the mean batch it realised.
+    `points` are aggregated summaries (dllm_bench.repeats.aggregate_points)."""
     idx = _index(points)
     rows = []
     for ds in datasets:
-        base = prev = None
+        base = prev = prev_x = None
         for i, r in enumerate(rungs):
             r = r if isinstance(r, Mapping) else r.to_dict()
             label = _rung_label(r)
             p = idx.get((ds, label))
             tp = num(p.get(THROUGHPUT)) if p else None
             if i == 0:
-                base = tp
-            x = tp / base if tp is not None and base else None
+                base = p
+            xs, _ = compare(p, base, THROUGHPUT) if p and base and p is not base else (Spread.of([]), "n/a")
+            if p is not None and p is base and tp:  # the reference itself: exactly 1, no interval
+                xs = Spread(1.0, float("nan"), float("nan"), 1)
+            x = xs.median if xs.n else None
+            step = compare(p, prev, THROUGHPUT)[1] if p and prev else None
+            px = num(prev_x) if prev else None
             row = {"dataset": ds, "rung": r["title"], "system": label,
-                   "throughput_tok_s": tp, "x_vs_baseline": x,
-                   "delta_x_vs_prev": (x - prev) if x is not None and prev is not None else None,
-                   "pct_vs_prev": (100 * (x / prev - 1)) if x is not None and prev else None,
+                   "throughput_tok_s": tp, "throughput_min": num(p.get(f"{THROUGHPUT}_min")) if p else None,
+                   "throughput_max": num(p.get(f"{THROUGHPUT}_max")) if p else None,
+                   "x_vs_baseline": x, "x_min": num(xs.lo) if xs.n else None, "x_max": num(xs.hi) if xs.n else None,
+                   "delta_x_vs_prev": (x - px) if x is not None and px is not None else None,
+                   "pct_vs_prev": (100 * (x / px - 1)) if x is not None and px else None,
+                   "step_vs_prev": step, "repeats": p.get("repeats", 1) if p else None,
                    "kv_pool_tokens": p.get("kv_pool_tokens") if p else None,
                    "max_batch_size": p.get("max_batch_size") if p and p.get("is_baseline") else None,
+                   "mean_batch_size": p.get("mean_batch_size") if p else None,
                    "completed": p.get("completed") if p else None}
             rows.append(row)
-            prev = x
+            prev, prev_x = p, x
     return pd.DataFrame(rows)
 
 
@@ -91,7 +104,17 @@ def _rung_label(r: Rung | Mapping) -> str:
 
 
 LADDER_FMT = {"throughput_tok_s": "{:.2f}", "x_vs_baseline": "{:.2f}x", "delta_x_vs_prev": "{:+.2f}x",
-              "pct_vs_prev": "{:+.1f}%", "kv_pool_tokens": "{:.0f}", "max_batch_size": "{:.0f}", "completed": "{:.0f}"}
+              "pct_vs_prev": "{:+.1f}%", "kv_pool_tokens": "{:.0f}", "max_batch_size": "{:.0f}",
+              "mean_batch_size": "{:.1f}", "completed": "{:.0f}"}
+# Printed as `median [min–max]` when repeated: (median column, min column, max column, format).
+LADDER_SPREADS = (("throughput_tok_s", "throughput_min", "throughput_max", "{:.2f}"),
+                  ("x_vs_baseline", "x_min", "x_max", "{:.2f}x"))
+
+
+def ladder_display(lt):
+    """The ladder table as printed: spreads folded into their columns (`median [min–max]`) when
+    the rungs were repeated, the step verdict only then (with one run it says nothing)."""
+    return with_spreads(lt, LADDER_SPREADS, drop_when_single=("step_vs_prev", "repeats"))
 CACHE_FMT = {"throughput_tok_s": "{:.2f}", "x_vs_baseline": "{:.2f}x", "x_vs_full_engine": "{:.2f}x",
              "query_tokens_per_out_tok": "{:.1f}", "refresh_steps_per_out_tok": "{:.3f}",
              "reuse_steps_per_out_tok": "{:.3f}", "kv_pool_tokens": "{:.0f}"}
@@ -145,9 +168,10 @@ def _grouped_bars(df, series_col: str, value_col: str, path: Path, title: str, y
 
 # ---------------------------------------------------------------- a finished run, as tables
 def run_tables(run_dir: Path) -> dict:
-    """Ladder and cache tables of an ablate run dir (what `report` renders)."""
+    """Ladder and cache tables of an ablate run dir (what `report` renders), over the
+    aggregate of each point's repeats."""
     cfg = results.load_config(run_dir)["config"]
-    pts = results.load_points(run_dir)
+    pts = aggregate_points(results.load_points(run_dir))
     datasets = cfg.get("datasets") or list(dict.fromkeys(p.get("dataset", "") for p in pts))
     rungs = cfg.get("ladder") or []
     crows = cfg.get("cache_rows") or []

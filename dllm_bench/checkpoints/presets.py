@@ -36,6 +36,15 @@ LLADA_8B_CONFIG: dict = {
 }
 
 
+def param_count(d_model: int, n_layers: int, kv_dim: int, mlp_hidden_size: int, vocab_rows: int) -> int:
+    """Parameters of a LLaDA model of this shape: per block two RMSNorm weights, Q and O (d×d),
+    K and V (d×kv_dim), the SwiGLU MLP (3 matrices d×mlp); plus embedding and LM head
+    (vocab_rows×d each, untied) and the final norm."""
+    d = d_model
+    per_block = 2 * d + 2 * d * d + 2 * d * kv_dim + 3 * d * mlp_hidden_size
+    return 2 * vocab_rows * d + n_layers * per_block + d
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str
@@ -59,9 +68,8 @@ class Preset:
 
     @property
     def n_params(self) -> int:
-        d, kv = self.d_model, self.n_kv_heads * self.head_dim
-        per_block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * self.mlp_hidden_size
-        return 2 * self.vocab_size * d + self.n_layers * per_block + d
+        return param_count(self.d_model, self.n_layers, self.n_kv_heads * self.head_dim, self.mlp_hidden_size,
+                           self.vocab_size)
 
     def config_dict(self, special_ids: dict[str, int] | None = None) -> dict:
         """LLaDA config.json for this size; special_ids are the tokenizer's (bos/eos/pad/mask)."""
@@ -98,12 +106,19 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     # + LM head alone, fp32 would be ~260 MB.
     _P("serve-126k", 256, 4, 2, 2, 768, LLADA_VOCAB_SIZE, tokenizer_learned=4096, dtype="bfloat16",
        note="logit-memory stress preset (profile, bench-mechanisms); bf16 on disk"),
-    # Scale-similar to LLaDA-8B (docs/SCALING.md): the LM head / body FLOPs and the logit row /
-    # KV token bytes within 4 % of LLaDA-8B's (V ≈ 13·L·d·0.074), and at the paper's prompt
-    # lengths the attention share within 3× of it (2·ctx / 13d needs a wide model: d = 1536,
-    # head 128, f = 3d as LLaDA). One layer and a 1,536-token vocabulary keep it CPU-sized.
-    _P("similar-1536", 1536, 1, 12, 12, 4608, 1536, tokenizer_learned=1500,
+    # Scale-similar to LLaDA-8B (docs/SCALING.md), the default serving model: the LM head / body
+    # FLOPs and the logit row / KV token bytes within 4 % of LLaDA-8B's (V ≈ 13·L·d·0.074); at the
+    # paper's prompt lengths the attention share (2·ctx / 13d) within ~3.4× of it, which needs a
+    # wide model (d = 1024, head 128, f = 3d as LLaDA); and eight layers, because dLLM-Cache
+    # recomputes its first layer in full at every step, so with few layers it caches little:
+    # its mean step costs 0.20 of a full forward here, 0.16 for LLaDA-8B (1.0 with one layer).
+    _P("similar-1024", 1024, 8, 8, 8, 3072, 8192, tokenizer_learned=4096,
        note="scale-similar to LLaDA-8B (docs/SCALING.md); default CPU serving model"),
+    # The first scale-similar model: the same head and logit ratios on one d = 1536 layer. With
+    # one layer dLLM-Cache's always-refreshed first layer is the whole model (it degenerates
+    # into plain LLaDA), so it is kept for comparison only, not as the default.
+    _P("similar-1536", 1536, 1, 12, 12, 4608, 1536, tokenizer_learned=1500,
+       note="one-layer scale model: dLLM-Cache degenerates here (docs/SCALING.md)"),
     # The real thing, for docs and profiler math only (16 GB bf16; can't be made or downloaded).
     _P("llada-8b", 4096, 32, 32, 32, 12288, LLADA_VOCAB_SIZE, tokenizer_learned=4096,
        dtype="bfloat16", makeable=False, note="LLaDA-8B-Instruct shape; not makeable"),

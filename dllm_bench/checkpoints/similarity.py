@@ -14,6 +14,10 @@ ratios (as a wind-tunnel model keeps the Reynolds number):
 * batch capacity: requests whose KV (and, for the static-batch baselines, their full-sequence
   logits) fit the memory left after the weights — the baselines' largest static batch and the
   engine's concurrency.
+* dLLM-Cache's step share: the linear work of its average step over a full forward. Its first
+  layer recomputes everything at every step (maomaocun/dLLM-cache since 1ef9d03), so the share
+  falls with depth: ~0.15 for LLaDA-8B's 32 layers, 1.0 for a one-layer model, where dLLM-Cache
+  degenerates into plain LLaDA and a comparison with it measures nothing of its cache.
 * Reuse-step arithmetic intensity vs the machine's ridge point: whether a Reuse forward is
   weight-bandwidth-bound (batching is free) or compute-bound.
 
@@ -32,6 +36,7 @@ import torch
 
 from dllm_bench.checkpoints.presets import PRESETS as MODELS
 from dllm_bench.checkpoints.presets import Preset
+from dllm_bench.serve.presets import PAPER_BASELINE_KNOBS
 from dllm_bench.serve.presets import PRESETS as SERVE
 from dllm_bench.units import parse_size
 from workloads.datasets import PRESETS as LENGTHS
@@ -128,6 +133,31 @@ def ratios(c: Costs, shape: RequestShape, logit_bytes: int, kv_dtype_bytes: int,
         "attention_share": attn / c.linear_flops_per_token,
         "blocks_per_request": shape.gen_length / shape.block_length,
     }
+
+
+def dllm_cache_step_share(p: Preset, shape: RequestShape, prompt_interval: int = 100,
+                          gen_interval: int = 7, transfer_ratio: float = 0.25) -> float:
+    """dLLM-Cache's mean linear work per step / a full forward's, over one request's
+    steps (= gen_length, the step counter global across blocks as upstream). Layer 0 always
+    recomputes the whole canvas; any other layer at step t: everything at t = 1 or when both
+    intervals hit, the gen part when the gen interval hits, else V for every gen token plus the
+    int(G·ratio) least-similar gen tokens in full (and the prompt when its interval hits)."""
+    P, G = shape.prompt_len, float(shape.gen_length)
+    d, kv = p.d_model, p.n_kv_heads * p.head_dim
+    v_share = d * kv / (2 * d * d + 2 * d * kv + 3 * d * p.mlp_hidden_size)
+    L, picked = P + G, int(G * transfer_ratio)
+    total = 0.0
+    steps = int(shape.gen_length)
+    for t in range(1, steps + 1):
+        hit_p, hit_g = (t - 1) % prompt_interval == 0, (t - 1) % gen_interval == 0
+        if hit_p and hit_g:
+            other = L
+        elif hit_g:
+            other = G
+        else:
+            other = (P if hit_p else 0.0) + picked + G * v_share
+        total += (L + (p.n_layers - 1) * other) / (p.n_layers * L)
+    return total / steps
 
 
 # Live bytes per token at a static-batch baseline's Refresh forward (its peak), as the upstream
@@ -237,7 +267,7 @@ def serve_shape(sp) -> RequestShape:
     return RequestShape(float(np.mean(prompts)) * sp.length_scale, float(np.mean(gens)), sp.block_length)
 
 
-def similarity_row(name: str, c: Costs, shape: RequestShape, dtype_bytes: int, budget: float, free: float,
+def similarity_row(name: str, preset: Preset, c: Costs, shape: RequestShape, dtype_bytes: int, budget: float, free: float,
                    engine: EngineBudget, engine_budget: float, ridge: float | None) -> dict:
     """One row of the similarity table: ratios at `shape`, capacities at REFERENCE_REQUEST."""
     ref = REFERENCE_REQUEST
@@ -247,6 +277,9 @@ def similarity_row(name: str, c: Costs, shape: RequestShape, dtype_bytes: int, b
            "request_kv_over_free": c.kv_bytes_per_token * ref.length / free}
     row.update({f"B {s}": largest_static_batch(c, free, ref.length, s, dtype_bytes) for s in BASELINE_PEAKS})
     row["engine n"] = n
+    knobs = PAPER_BASELINE_KNOBS["dllm-cache"]
+    row["dllm-cache step share"] = dllm_cache_step_share(
+        preset, shape, knobs["prompt_interval"], knobs["gen_interval"])
     row["reuse AI (1 req)"] = reuse_intensity(c, 1, ref, engine.retention, dtype_bytes)
     row["reuse AI (n req)"] = reuse_intensity(c, max(n, 1), ref, engine.retention, dtype_bytes)
     row["ridge"] = ridge
@@ -262,7 +295,7 @@ def similarity_table(cpu: Machine | None = None):
     for m in MACHINES.values():
         c = costs(big, m.dtype_bytes)
         free = m.memory_bytes - m.reserved_bytes - c.weights_bytes
-        rows.append(similarity_row(f"llada-8b @ {m.name}", c, paper, m.dtype_bytes, m.memory_bytes, free,
+        rows.append(similarity_row(f"llada-8b @ {m.name}", big, c, paper, m.dtype_bytes, m.memory_bytes, free,
                                    DLLM_SERVE_GPU, m.memory_bytes * GPU_UTILIZATION, m.ridge))
     for p in MODELS.values():
         sp = next((q for q in SERVE.values() if q.model == p.name), None)
@@ -273,6 +306,6 @@ def similarity_table(cpu: Machine | None = None):
         budget = parse_size(sp.memory_budget)
         engine = EngineBudget(sp.max_num_batched_tokens, sp.max_num_logits or sp.max_num_batched_tokens,
                               sp.retention, guard_fraction=0.05, materialized_scores=sp.device == "cpu")
-        rows.append(similarity_row(f"{p.name} @ {sp.name}", c, serve_shape(sp), b, budget,
+        rows.append(similarity_row(f"{p.name} @ {sp.name}", p, c, serve_shape(sp), b, budget,
                                    budget - c.weights_bytes, engine, budget, cpu.ridge if cpu else None))
     return pd.DataFrame(rows)

@@ -30,6 +30,8 @@ def register(app: typer.Typer) -> None:
         model: str | None = typer.Option(None, "--model", help="model preset or LLaDA checkpoint dir (default: preset)"),
         memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights+activations+KV, e.g. 1GiB (default: preset)"),
         seed: int = typer.Option(0, "--seed", help="workload seed"),
+        repeats: int = typer.Option(1, "--repeats", help="run every rung N times with workload seeds seed, seed+1, ...; tables give median [min-max]"),
+        gen_length: int | None = typer.Option(None, "--gen-length", help="one output length for every request (the paper's 256), a block multiple [preset]"),
         result_dir: Path | None = typer.Option(None, "--result-dir", help="runs root (default results/runs, or $DLLM_BENCH_RESULTS_DIR)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
         threads: int | None = typer.Option(None, "--threads", help="torch threads of every system process (default: preset)"),
@@ -42,6 +44,7 @@ def register(app: typer.Typer) -> None:
         cache_rows: str = typer.Option("first", "--cache-rows",
                                        help="cache-policy rows on: all datasets | first dataset | none"),
         run_id: str | None = typer.Option(None, "--run-id", help="run directory name"),
+        resume: bool = typer.Option(False, "--resume", help="continue a run (--run-id, default the latest): skip finished points and repeats"),
         num_warmups: int = typer.Option(1, "--num-warmups", help="unmeasured warm-up requests per system"),
         max_duration: float | None = typer.Option(None, "--max-duration", help="abort a point after this many seconds"),
         no_profile_cache: bool = typer.Option(False, "--no-profile-cache", help="re-measure KV pools and static batches"),
@@ -52,6 +55,7 @@ def register(app: typer.Typer) -> None:
                       result_dir=result_dir, as_json=as_json, threads=threads, preset=preset, rps=rps,
                       max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
                       cache_rows=cache_rows, run_id=run_id, num_warmups=num_warmups, max_duration=max_duration,
-                      no_profile_cache=no_profile_cache)
+                      no_profile_cache=no_profile_cache, gen_length=gen_length, repeats=repeats,
+                      resume=resume)
         if code:
             sys.exit(code)

@@ -55,7 +55,7 @@ def list_presets() -> None:
 
 SIMILARITY_FLOATS = {"lm_head_over_body": "{:.3f}", "logit_row_over_kv_token": "{:.2f}", "prompt_over_block": "{:.1f}",
                      "attention_share": "{:.3f}", "blocks_per_request": "{:.1f}", "weights_over_budget": "{:.2f}",
-                     "request_kv_over_free": "{:.3f}", "reuse AI (1 req)": "{:.0f}", "reuse AI (n req)": "{:.0f}",
+                     "request_kv_over_free": "{:.3f}", "dllm-cache step share": "{:.2f}", "reuse AI (1 req)": "{:.0f}", "reuse AI (n req)": "{:.0f}",
                      "ridge": "{:.0f}"}
 
 

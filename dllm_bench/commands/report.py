@@ -1,5 +1,6 @@
 """`dllm-bench report`: one Markdown report (tables, figures, the paper's numbers and a computed
-verdict per claim) from the latest serve, accuracy, ablate and sweep runs (dllm_bench.report.document)."""
+mark and verdict per claim) from the latest serve, accuracy, ablate and sweep runs, and the latest
+simulated run per hardware profile in sections of their own (dllm_bench.report.document)."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ def register(app: typer.Typer) -> None:
     def report_cmd(
         out: Path = typer.Option(Path("report.md"), "--out", "-o", help="Markdown file to write (figures go to <stem>_files/ next to it)"),
         result_dir: Path | None = typer.Option(None, "--result-dir", help="runs root (default results/runs, or $DLLM_BENCH_RESULTS_DIR)"),
-        as_json: bool = typer.Option(False, "--json", help="print the runs used, missing kinds and the claim verdicts as JSON"),
+        as_json: bool = typer.Option(False, "--json", help="print the runs used, missing kinds and the claims' marks and verdicts as JSON"),
     ) -> None:
         """Markdown report from the latest serve / accuracy / ablate / sweep runs, next to the paper's figures."""
         if out.suffix.lower() != ".md":
@@ -30,8 +31,9 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--result-dir: no such directory: {root}")
         out.parent.mkdir(parents=True, exist_ok=True)
         doc = report.render(out, root)
-        c = paper_claims.counts(doc["claims"])
+        m, c = paper_claims.mark_counts(doc["claims"]), paper_claims.counts(doc["claims"])
         msg = (f"report: {doc['report']} ({len(doc['claims'])} claims: " +
+               ", ".join(f"{v} {k}" for k, v in m.items()) + "; magnitude: " +
                ", ".join(f"{v} {k}" for k, v in c.items()) + ")" +
                (f"; missing runs: {', '.join(doc['missing'])}" if doc["missing"] else "") +
                (f"; sections that failed: {', '.join(doc['errors'])}" if doc["errors"] else ""))

@@ -28,7 +28,12 @@ def register(app: typer.Typer) -> None:
                                        help="arrival rate(s), req/s: 0.5, or a sweep 0.1,0.25,0.5,1.0; inf = all at t=0 [preset: 0.5]"),
         systems: str | None = typer.Option(None, "--systems",
                                            help="systems and variants: engine,fast-dllm,dllm-cache,sparse-dllm (default), "
-                                                "llada; variants name[:k=v,...] e.g. 'engine:cache=dual,fast-dllm:batch=1'"),
+                                                "llada; variants name[:k=v,...] e.g. 'engine:cache=dual,fast-dllm:batch=1' "
+                                                "(batch=upstream: the batch its upstream code runs)"),
+        baseline_batch: str = typer.Option("max-fit", "--baseline-batch",
+                                           help="baselines without batch=: max-fit (largest static batch in the budget), "
+                                                "upstream (the batch their upstream code runs: Fast-dLLM 1, Sparse-dLLM 1, "
+                                                "dLLM-Cache 2), or both side by side"),
         dataset: str | None = typer.Option(None, "--dataset", "--dataset-name",
                                            help="livebench | osc | burstgpt | random, or a list livebench,osc,burstgpt"),
         dataset_path: Path | None = typer.Option(None, "--dataset-path", help="replay a BurstGPT CSV or a JSONL file"),
@@ -47,12 +52,14 @@ def register(app: typer.Typer) -> None:
         retention: float | None = typer.Option(None, "--retention", help="sparse KV retention (engine and sparse-dllm keep_ratio)"),
         length_scale: float | None = typer.Option(None, "--length-scale", help="multiply dataset token counts (CPU runs: 0.125)"),
         gen_cap: int | None = typer.Option(None, "--gen-cap", help="max gen_length in tokens"),
+        gen_length: int | None = typer.Option(None, "--gen-length", help="one output length for every request (the paper's 256), a block multiple [preset]"),
         block_length: int | None = typer.Option(None, "--block-length", help="diffusion block length"),
         max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="cut prompts to this many tokens"),
         threads: int | None = typer.Option(None, "--threads", help="torch threads of every system process [preset]"),
         dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset]"),
         device: str | None = typer.Option(None, "--device", help="cpu | cuda [preset]"),
         seed: int = typer.Option(0, "--seed", help="workload seed (arrivals, lengths, prompt ids)"),
+        repeats: int = typer.Option(1, "--repeats", help="run every point N times with workload seeds seed, seed+1, ...; tables give median [min-max]"),
         max_duration: float | None = typer.Option(None, "--max-duration", help="abort a point after this many seconds (unfinished requests are counted)"),
         num_warmups: int = typer.Option(1, "--num-warmups", help="unmeasured warm-up requests per system"),
         result_dir: Path | None = typer.Option(None, "--result-dir", help="runs root (default results/runs, or $DLLM_BENCH_RESULTS_DIR)"),
@@ -80,7 +87,7 @@ def register(app: typer.Typer) -> None:
             max_num_seqs=max_num_seqs, retention=retention, length_scale=length_scale, gen_cap=gen_cap,
             block_length=block_length, max_prompt_len=max_prompt_len, threads=threads, dtype=dtype,
             device=device, seed=seed, max_duration=max_duration, num_warmups=num_warmups,
-            no_profile_cache=no_profile_cache)
+            no_profile_cache=no_profile_cache, gen_length=gen_length, repeats=repeats, baseline_batch=baseline_batch)
         if ep is not None:
             run.systems = (run.systems if systems is not None else []) + [ep.variant()]
         code = serve(run, result_dir=result_dir, run_id=run_id, resume=resume, as_json=as_json)

@@ -3,6 +3,7 @@ with a cost model as the forward (docs/SIMULATE.md). `--paper NAME` replays one 
 experiments and prints published vs simulated numbers with the error of each cell."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -11,6 +12,7 @@ from dllm_bench.errors import UserError
 from dllm_bench.serve.options import resolve_run
 from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS, preset_for
 from dllm_bench.simulate import hardware as hwmod
+from dllm_bench.simulate import validate
 from dllm_bench.simulate.implementations import default_impl, parse_impl_overrides
 from dllm_bench.simulate.paper import replay
 from dllm_bench.simulate.run import make_setup, simulate_serve
@@ -62,6 +64,9 @@ def register(app: typer.Typer) -> None:
         result_dir: Path | None = typer.Option(None, "--result-dir"),
         run_id: str | None = typer.Option(None, "--run-id"),
         as_json: bool = typer.Option(False, "--json"),
+        validate_runs: str | None = typer.Option(None, "--validate", help="measured serve runs of the same workload "
+                                                 "(run ids or dirs, comma-separated: the repeats): print and write "
+                                                 "each cell's error with the measured spread"),
     ) -> None:
         """Simulate `serve` on a hardware profile: the real schedulers, a calibrated cost model."""
 
@@ -71,6 +76,12 @@ def register(app: typer.Typer) -> None:
 
             replay(paper, as_json=as_json)
             return
+        measured = None
+        if validate_runs is not None:
+            names = [v.strip() for v in validate_runs.split(",") if v.strip()]
+            if not names:
+                raise UserError("--validate needs at least one measured run")
+            measured = validate.measured_runs(names, result_dir)
         hw = hwmod.load(hardware)
         sp = preset_for(preset, model)
         model_dir, loadable = resolve_sim_model(sp.model)
@@ -85,4 +96,7 @@ def register(app: typer.Typer) -> None:
         names = [v.name for v in run.systems]
         impls = {n: default_impl(n, hw.kind) for n in names} | parse_impl_overrides(impl, names)
         setup = make_setup(run, hw, impls, loadable)
-        simulate_serve(run, setup, result_dir=result_dir, run_id=run_id, as_json=as_json)
+        code = simulate_serve(run, setup, result_dir=result_dir, run_id=run_id, as_json=as_json,
+                              validate_against=measured)
+        if code:
+            sys.exit(code)

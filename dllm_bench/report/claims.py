@@ -1,17 +1,23 @@
-"""The dLLM-Serve paper's quoted numbers and the rule that turns ours into a verdict per claim
-(used by `dllm-bench report`, dllm_bench.report.sections).
+"""The dLLM-Serve paper's quoted numbers and the rules that turn ours into a mark and a verdict
+per claim (used by `dllm-bench report`, dllm_bench.report.sections).
 
 Every number attributed to the paper below is quoted from its text (PAPER: abstract, §6.2-§6.6,
-Table 4). Each claim gets a verdict computed from the data by one stated rule (`verdict`):
-"matches" when our value lies within the paper's value/range widened by ±TOLERANCE, "same
-direction" when it is on the same side of 1.0 (the engine better, or worse, as in the paper) but
-outside that band, "does not match" otherwise; trend claims compare the sign of the trend.
-Missing runs or points make a claim "no data", never a verdict.
+Table 4). Each claim gets, computed from the data:
+* a mark on the direction of the effect (`mark`): "reproduced" when our ratio is on the paper's
+  side of 1.0, "not reproduced" when on the other side, "within noise" when the interval our
+  repeats allow (dllm_bench.repeats: min–max over repeats, the ratio's extremes) straddles 1.0;
+  a figure from a single run says "(one run)";
+* a verdict on the magnitude (`verdict`): "matches" when our value lies within the paper's
+  value/range widened by ±TOLERANCE, "same direction" when it is on the same side of 1.0 but
+  outside that band, "does not match" otherwise; trend claims compare the sign of the trend.
+Missing runs or points make a claim "no data", never a mark or a verdict.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+
+from dllm_bench.repeats import Spread
 
 # Relative band around the paper's value that still "matches": our runs are small models on a
 # CPU, so only a gross disagreement should read as one.
@@ -70,15 +76,51 @@ def trend_verdict(first: float | None, last: float | None, paper_first: float, p
     return "matches (same trend)" if math.copysign(1, os_) == ps else "does not match (opposite trend)"
 
 
+def mark(ours: Spread | None, paper_above_one: bool = True) -> str:
+    """Is the paper's direction of effect (a ratio above 1.0, or below) reproduced? From the
+    median and the interval of our repeats (a ratio's interval straddling 1.0 is "within noise");
+    a single run can only say which side its one figure is on, and says so."""
+    if ours is None or ours.n == 0 or math.isnan(ours.median):
+        return "no data"
+    if ours.n > 1 and not (math.isnan(ours.lo) or math.isnan(ours.hi)) and ours.lo <= 1.0 <= ours.hi:
+        return "within noise"
+    m = "reproduced" if (ours.median > 1.0) == paper_above_one and ours.median != 1.0 else "not reproduced"
+    return m + (" (one run)" if ours.n <= 1 else "")
+
+
+def single(value: float | None, n: int = 1) -> Spread | None:
+    """A figure without an interval (n repeats behind its median, when known)."""
+    return None if value is None else Spread(float(value), float("nan"), float("nan"), n)
+
+
+def spread_text(s: Spread | None, unit: str = "×") -> str:
+    """A ratio as printed in a claim: `1.61×`, or `1.61× [1.40–1.85]` over repeats."""
+    if s is None or s.n == 0 or math.isnan(s.median):
+        return "n/a"
+    if s.n > 1 and not (math.isnan(s.lo) or math.isnan(s.hi)):
+        return f"{s.median:.2f}{unit} [{s.lo:.2f}–{s.hi:.2f}] over {s.n} repeats"
+    return f"{s.median:.2f}{unit}"
+
+
 class Claims:
     """The claims checked so far: each section adds its own; render() lists them all in a summary."""
 
     def __init__(self) -> None:
         self.rows: list[dict] = []
 
-    def add(self, section: str, claim: str, paper: str, ours: str, v: str) -> str:
-        self.rows.append({"section": section, "claim": claim, "paper": paper, "ours": ours, "verdict": v})
-        return f"- **{claim}** — paper: {paper}. Ours: {ours}. **Verdict: {v}.**\n"
+    def add(self, section: str, claim: str, paper: str, ours: str, v: str, m: str = "no data") -> str:
+        """One claim: the paper's figure, ours, the mark (direction, noise) and the verdict (magnitude)."""
+        self.rows.append({"section": section, "claim": claim, "paper": paper, "ours": ours, "mark": m, "verdict": v})
+        return f"- **{claim}** — paper: {paper}. Ours: {ours}. **Mark: {m}.** **Verdict: {v}.**\n"
+
+
+def mark_counts(rows: Iterable[Mapping]) -> dict[str, int]:
+    """Claims per mark: reproduced / not reproduced / within noise / no data (one run folded in)."""
+    out: dict[str, int] = {}
+    for r in rows:
+        k = str(r.get("mark", "no data")).replace(" (one run)", "")
+        out[k] = out.get(k, 0) + 1
+    return out
 
 
 def counts(rows: Iterable[Mapping]) -> dict[str, int]:

@@ -1,5 +1,6 @@
 """`dllm-bench report`: one Markdown report from the latest runs of serve, accuracy, ablate and
-sweep (input-len and output-len), next to the dLLM-Serve paper's numbers.
+sweep (input-len and output-len), next to the dLLM-Serve paper's numbers, and the latest
+simulated run per hardware profile in sections of their own (never mixed with measured rows).
 
 Every number attributed to the paper is quoted from its text (dllm_bench.report.claims, with
 the verdict rule); our numbers come from the run directories, one section per run kind
@@ -18,7 +19,9 @@ from pathlib import Path
 from dllm_bench import results
 from dllm_bench.console import md_table
 from dllm_bench.report.claims import TOLERANCE, Claims
-from dllm_bench.report.sections import ablate_section, accuracy_section, serve_section, sweep_section
+from dllm_bench.report.sections import ablate_section, accuracy_section, sweep_section
+from dllm_bench.report.serving import serve_section
+from dllm_bench.report.simulated import simulated_section
 
 KINDS = ("serve", "accuracy", "ablate", "sweep")
 
@@ -27,12 +30,15 @@ KINDS = ("serve", "accuracy", "ablate", "sweep")
 def find_runs(root: str | Path | None = None) -> dict[str, Path | None]:
     """Latest run of each kind; sweeps: the latest per --vary (keys sweep:input-len, sweep:output-len);
     accuracy: test-split runs only (dev runs are where choices are made), the latest of all under
-    "accuracy" and the latest of each other task under "accuracy:<task>"."""
+    "accuracy" and the latest of each other task under "accuracy:<task>"; simulated runs (kind
+    simulate, `simulated: true`): the latest per hardware profile under "simulate:<hardware>",
+    only when there is one (a simulation is never a missing measurement)."""
 
     base = results.results_root(root)
     out: dict[str, Path | None] = {k: results.latest_run(k, base) for k in ("serve", "ablate")}
     sweeps: dict[str, tuple] = {}
     acc: dict[str, tuple] = {}
+    sims: dict[str, tuple] = {}
     for cfg in base.glob("*/config.json") if base.is_dir() else ():
         try:
             c = json.loads(cfg.read_text(encoding="utf-8"))
@@ -44,6 +50,11 @@ def find_runs(root: str | Path | None = None) -> dict[str, Path | None]:
             t = knobs.get("task", "?")
             if t not in acc or cand > acc[t]:
                 acc[t] = cand
+        if c.get("kind") == "simulate" and knobs.get("simulated", True):
+            hw = (knobs.get("hardware") or {}).get("name", "?")
+            cand = (c.get("created_utc", ""), cfg.parent.name, cfg.parent)
+            if hw not in sims or cand > sims[hw]:
+                sims[hw] = cand
         if c.get("kind") == "sweep":
             vary = (c.get("config") or {}).get("vary", "")
             cand = (c.get("created_utc", ""), cfg.parent.name, cfg.parent)
@@ -56,6 +67,8 @@ def find_runs(root: str | Path | None = None) -> dict[str, Path | None]:
     for t, cand in sorted(acc.items()):
         if cand != latest:
             out[f"accuracy:{t}"] = cand[2]
+    for hw, cand in sorted(sims.items()):
+        out[f"simulate:{hw}"] = cand[2]
     return out
 
 
@@ -83,10 +96,16 @@ def render(out_path: str | Path, root: str | Path | None = None, runs: Mapping[s
             f"Generated {now} from `{results.results_root(root)}`.\n\n",
             "Numbers attributed to the paper are quoted from its text (LLaDA-8B-Instruct, bfloat16, on an "
             "RTX 4090 and an L40S); ours come from the runs below, usually a small LLaDA-shaped model on a CPU, "
-            "so agreement in *direction* matters more than in magnitude. Verdict rule: **matches** = our value "
+            "so agreement in *direction* matters more than in magnitude. Each claim has a **mark** on the "
+            "direction of the effect: **reproduced** = our ratio is on the paper's side of 1.0, **not reproduced** "
+            "= on the other side, **within noise** = the interval our repeats allow (min–max over `--repeats`; "
+            "for accuracy, the Wilson intervals) straddles 1.0; a figure from a single run says **(one run)**. "
+            "And a **verdict** on the magnitude: **matches** = our value "
             f"within the paper's value or range ±{int(TOLERANCE * 100)}%; **same direction** = same side of 1.0 "
             "but outside that band; **does not match** otherwise; trend claims compare the sign of the trend. "
-            "Verdicts are computed from the data each time the report is rendered.\n\n", "## Runs\n\n"]
+            "Marks and verdicts are computed from the data each time the report is rendered. Simulated runs "
+            "(`dllm-bench simulate`) have sections of their own, labelled with their hardware profile.\n\n",
+            "## Runs\n\n"]
     for k, v in runs.items():
         if v is None:
             head.append(f"- {k}: **missing** (no run found; `{HOW.get(k, k)}` makes one)\n")
@@ -98,7 +117,8 @@ def render(out_path: str | Path, root: str | Path | None = None, runs: Mapping[s
                 head.append(f"- {k}: `{v}`\n")
     body = []
     extra = tuple((k, accuracy_section) for k in runs if k.startswith("accuracy:"))
-    for key, fn in SECTIONS[:2] + extra + SECTIONS[2:]:
+    sims = tuple((k, simulated_section) for k in runs if k.startswith("simulate:"))
+    for key, fn in SECTIONS[:2] + extra + SECTIONS[2:] + sims:
         d = runs.get(key)
         if d is None:
             continue
@@ -111,7 +131,7 @@ def render(out_path: str | Path, root: str | Path | None = None, runs: Mapping[s
     if claims.rows:
         import pandas as pd
 
-        summary.append(md_table(pd.DataFrame(claims.rows)[["section", "claim", "paper", "ours", "verdict"]]))
+        summary.append(md_table(pd.DataFrame(claims.rows)[["section", "claim", "paper", "ours", "mark", "verdict"]]))
     else:
         summary.append("_(no claims could be checked: no runs)_\n")
     text = "".join(head) + "".join(summary) + "\n" + "\n".join(body)

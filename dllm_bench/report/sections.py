@@ -1,4 +1,5 @@
-"""The sections of `dllm-bench report`, one per run kind (serve, accuracy, ablate, sweep): each
+"""The sections of `dllm-bench report`, one per run kind (accuracy, ablate, sweep; serve:
+dllm_bench.report.serving, simulate: dllm_bench.report.simulated): each
 renders its run's tables, copies its PNGs next to the report, and checks the paper's claims it
 covers (numbers and verdict rule: dllm_bench.report.claims). The document around them:
 dllm_bench.report.document.
@@ -8,18 +9,22 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 
-from dllm_bench import results
 from dllm_bench.ablate import tables as ab
 from dllm_bench.console import md_table, num
-from dllm_bench.report.claims import PAPER, Claims, trend_verdict, verdict
+from dllm_bench.repeats import Spread, ratio
+from dllm_bench.report.claims import PAPER, Claims, mark, single, spread_text, trend_verdict, verdict
 from dllm_bench.sweep import lengths as sw
 
 
 def _x(v: float | None, d: int = 2) -> str:
     return "n/a" if v is None else f"{v:.{d}f}×"
+
+
+def _repeats(cfg: dict) -> str:
+    n = int(cfg.get("repeats", 1) or 1)
+    return f"; {n} repeats per point (seeds {cfg.get('repeat_seeds')}), median [min–max]" if n > 1 else ""
 
 
 def _copy_png(src: Path, files_dir: Path, prefix: str, rel_base: Path) -> str | None:
@@ -41,110 +46,6 @@ def _figures(run_dir: Path, pattern: str, files_dir: Path, prefix: str, rel_base
 
 
 # ---------------------------------------------------------------- sections
-def serve_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
-    import pandas as pd
-
-
-    df = results.metrics_frame(run_dir)
-    cfg = results.load_config(run_dir).get("config", {})
-    out = ["## Serving throughput and latency (paper §6.2-6.3, Fig. 3-5, Table 4)\n",
-           f"\nRun `{run_dir.name}` — {cfg.get('preset_line', '')}\n\n"]
-    if df.empty:
-        return "".join(out) + "\n_(the run has no finished points)_\n"
-    if "is_baseline" not in df.columns:
-        df["is_baseline"] = df["system"] != "engine"
-    df["is_baseline"] = df["is_baseline"].astype(bool)
-    name_col = "system_name" if "system_name" in df.columns else "system"
-    rows, per_ds = [], {}
-    for (ds, rps), g in df.groupby(["dataset", "rps"], sort=False):
-        bl = g[g["is_baseline"]]
-        best = bl.loc[bl["output_throughput"].astype(float).idxmax()] if not bl.empty and bl["output_throughput"].notna().any() else None
-        eng = g[~g["is_baseline"]]
-        eng_row = (eng[eng["system"] == "engine"].iloc[0] if (eng["system"] == "engine").any()
-                   else (eng.iloc[0] if not eng.empty else None))
-        sd = g[g[name_col] == "sparse-dllm"]
-        sd_row = sd.iloc[0] if not sd.empty else None
-        for _, r in g.iterrows():
-            tp = num(r.get("output_throughput"))
-            rows.append({"dataset": ds, "rps": "inf" if math.isinf(float(rps)) else f"{float(rps):g}",
-                         "system": r["system"], "output tok/s": tp,
-                         "mean E2EL s": (num(r.get("mean_e2el_ms")) or float("nan")) / 1e3,
-                         "p99 E2EL s": (num(r.get("p99_e2el_ms")) or float("nan")) / 1e3,
-                         "x best baseline": tp / num(best["output_throughput"]) if best is not None and tp is not None and num(best["output_throughput"]) else None,
-                         "completed": r.get("completed")})
-        per_ds.setdefault(ds, {})[float(rps)] = (eng_row, best, sd_row)
-    out.append(md_table(pd.DataFrame(rows), {"output tok/s": "{:.2f}", "mean E2EL s": "{:.1f}", "p99 E2EL s": "{:.1f}",
-                                             "x best baseline": "{:.2f}x"}))
-    out.append("\n`x best baseline` = output throughput / the highest baseline output throughput at that point.\n")
-    out.append(_figures(run_dir / "plots", "*.png", files_dir, "serve", rel_base))
-    out.append("\n### Claims (at each dataset's heaviest load: its highest measured rps)\n\n")
-    tp_x, sd_x, lat_x, p99_x = {}, {}, {}, {}
-    for ds, by in per_ds.items():
-        rps = max(by)
-        eng, best, sd = by[rps]
-        if eng is None:
-            continue
-        etp = num(eng.get("output_throughput"))
-        if best is not None and etp is not None and num(best["output_throughput"]):
-            tp_x[ds] = etp / num(best["output_throughput"])
-            if num(best.get("mean_e2el_ms")) and num(eng.get("mean_e2el_ms")):
-                lat_x[ds] = num(best["mean_e2el_ms"]) / num(eng["mean_e2el_ms"])
-            if num(best.get("p99_e2el_ms")) and num(eng.get("p99_e2el_ms")):
-                p99_x[ds] = num(best["p99_e2el_ms"]) / num(eng["p99_e2el_ms"])
-        if sd is not None and etp is not None and num(sd["output_throughput"]):
-            sd_x[ds] = etp / num(sd["output_throughput"])
-
-    def listing(d: Mapping[str, float]) -> str:
-        return ", ".join(f"{k} {_x(v)}" for k, v in d.items()) or "no engine/baseline pair"
-    lo, hi, txt = PAPER["throughput_4090"]
-    lo2, hi2, txt2 = PAPER["throughput_l40s"]
-    best_v = max(tp_x.values()) if tp_x else None
-    out.append(claims.add("serve", "Throughput vs the strongest baseline", f"{txt}; {txt2}",
-                          f"engine / best baseline output throughput: {listing(tp_x)} (max {_x(best_v)})",
-                          verdict(best_v, min(lo, lo2), max(hi, hi2))))
-    t4 = PAPER["table4"]
-    paper_sd = ", ".join(f"{k} {v[2]:.2f}×" for k, v in t4.items())
-    sd_max = max(sd_x.values()) if sd_x else None
-    out.append(claims.add("serve", "Up to 3.12× vs Sparse-dLLM (Table 4, L40S, 1.0 req/s)",
-                          f"Table 4: dLLM-Serve vs Sparse-dLLM {paper_sd}",
-                          f"engine / sparse-dllm: {listing(sd_x)} (max {_x(sd_max)})",
-                          verdict(sd_max, min(v[2] for v in t4.values()), max(v[2] for v in t4.values()))))
-    lat, txt = PAPER["latency"]
-    p99_best = max(p99_x.values()) if p99_x else None
-    out.append(claims.add("serve", "~4× lower tail latency under heavy contention", txt,
-                          f"best baseline / engine p99 E2EL: {listing(p99_x)}; mean E2EL: {listing(lat_x)}",
-                          verdict(p99_best, 3.0, lat)))
-    sg, pg, txt = PAPER["jitter"]
-    jit = _jitter(df)
-    out.append(claims.add("serve", "Lower latency jitter (Fig. 5)", txt,
-                          "σ gain / span gain vs best baseline: " + (", ".join(
-                              f"{ds} @ {r:g} rps {_x(a)} / {_x(b)}" for ds, (r, a, b) in jit.items()) or "n/a"),
-                          verdict(jit.get("livebench", next(iter(jit.values()), (None, None, None)))[1], sg, sg)
-                          if jit else "no data"))
-    return "".join(out)
-
-
-def _jitter(df) -> dict:
-    """Per dataset: (rps, σ gain, span gain) of the engine at 0.5 rps when measured, else the highest."""
-    from dllm_bench.plots import jitter_gains
-
-    out = {}
-    bls = sorted(set(df.loc[df["is_baseline"], "system"]))
-    if not bls:
-        return out
-    for ds, g in df.groupby("dataset", sort=False):
-        rates = sorted({float(r) for r in g["rps"]})
-        rps = 0.5 if 0.5 in rates else rates[-1]
-        try:
-            j = jitter_gains(g, bls, rps)
-        except Exception:  # noqa: BLE001 - a section never fails the report
-            continue
-        j = j[j["system"] == "engine"] if (j["system"] == "engine").any() else j[~j["system"].isin(bls)]
-        if len(j):
-            out[ds] = (rps, num(j["std_gain"].iloc[0]), num(j["span_gain"].iloc[0]))
-    return out
-
-
 def accuracy_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
     """One accuracy run: its table (the mean over models with the spread across seeds when it has
     several) and the Fig. 6 claims under each selection scoring rule it measured."""
@@ -173,10 +74,10 @@ def accuracy_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: P
         out.append(f"\nScoring rule chosen on dev run `{summ['dev_choice']['dev_run']}`: "
                    + ", ".join(f"{sel}: {q}" for sel, q in chosen.items()) + "\n")
 
-    def acc_at(system: str, sel: str, rule: str) -> dict[float, float]:
+    def acc_at(system: str, sel: str, rule: str, field: str = "accuracy") -> dict[float, float]:
         d = {}
         for p in pts:
-            r, a = num(p.get("retention")), num(p.get("accuracy"))
+            r, a = num(p.get("retention")), num(p.get(field))
             if (r is not None and a is not None and r < 1.0 and p.get("role") != "dense"
                     and p.get("system") == system and p.get("selection") == sel
                     and (p.get("score_query") or "mean") == rule):
@@ -198,7 +99,9 @@ def accuracy_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: P
     for head_rule, uni_rule, tag in pairs:
         head = acc_at("engine", "head", head_rule)
         # Uniform = the engine's uniform selection; else the Sparse-dLLM system (uniform by design).
+        uni_sys = "engine" if acc_at("engine", "uniform", uni_rule) else "sparse-dllm"
         uni = acc_at("engine", "uniform", uni_rule) or (acc_at("sparse-dllm", "uniform", "mean") if uni_rule == "mean" else {})
+        uni_rule_used = uni_rule if uni_sys == "engine" else "mean"
         common = sorted(set(head) & set(uni))
         # the paper's points: r = 10 % (and 20 % for the halving claim), else the lowest swept r
         start = common.index(0.1) if 0.1 in common else 0
@@ -208,16 +111,24 @@ def accuracy_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: P
             shown = "uniform at 0" if math.isinf(ratio) else _x(ratio)
             ours = f"at r = {r0:g}: head {100 * head[r0]:.1f}% vs uniform {100 * uni[r0]:.1f}% ({shown}){note}"
             v = verdict(ratio, ph / pu)
+            # The interval the two Wilson intervals allow (the accuracies' own noise, not repeats).
+            hl, hh = acc_at("engine", "head", head_rule, "ci_low").get(r0), acc_at("engine", "head", head_rule, "ci_high").get(r0)
+            ul = acc_at(uni_sys, "uniform", uni_rule_used, "ci_low").get(r0)
+            uh = acc_at(uni_sys, "uniform", uni_rule_used, "ci_high").get(r0)
+            if None in (hl, hh, ul, uh) or math.isinf(ratio):
+                m = mark(single(ratio, 2) if not math.isinf(ratio) else single(2.0, 2))
+            else:
+                m = mark(Spread(ratio, hl / uh if uh else math.inf, hh / ul if ul else math.inf, 2))
         else:
-            ours, v = "no retention with both head and uniform points", "no data"
-        out.append(claims.add("accuracy", f"{task}: head-centric beats uniform at low retention ({tag})", txt, ours, v))
+            ours, v, m = "no retention with both head and uniform points", "no data", "no data"
+        out.append(claims.add("accuracy", f"{task}: head-centric beats uniform at low retention ({tag})", txt, ours, v, m))
         if len(common) >= start + 2:
             r0, r1 = common[start], common[start + 1]
             ok = head[r0] >= (1 - 0.05) * uni[r1]
             out.append(claims.add("accuracy", f"{task}: head-centric at the lowest r ≈ uniform at the next r ({tag})",
                                   PAPER["accuracy_halving"],
                                   f"head at r = {r0:g}: {100 * head[r0]:.1f}%, uniform at r = {r1:g}: {100 * uni[r1]:.1f}%",
-                                  "matches" if ok else "does not match"))
+                                  "matches" if ok else "does not match", "reproduced" if ok else "not reproduced"))
     return "".join(out)
 
 
@@ -228,7 +139,7 @@ def ablate_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Pat
     lt, ct = t["ladder"], t["cache"]
     out = ["## Ablation (paper §6.6, Fig. 8)\n\n",
            f"Run `{run_dir.name}` — {cfg.get('preset_line', '')}; {cfg.get('measurement', '')}; "
-           f"{cfg.get('num_prompts')} prompts per dataset.\n\n"]
+           f"{cfg.get('num_prompts')} prompts per dataset{_repeats(cfg)}.\n\n"]
     paper_rows = []
     for ds, d in PAPER["ablation"].items():
         for k, title in (("engine", "+ inference engine"), ("scheduler", "+ phase-multiplexed scheduler"),
@@ -238,8 +149,11 @@ def ablate_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Pat
         import pandas as pd
 
         m = lt.merge(pd.DataFrame(paper_rows), on=["dataset", "rung"], how="left")
-        out.append(md_table(m[["dataset", "rung", "system", "throughput_tok_s", "x_vs_baseline", "delta_x_vs_prev",
-                               "pct_vs_prev", "paper x"]], {**ab.LADDER_FMT, "paper x": "{:.2f}x"}))
+        shown = ab.ladder_display(m)
+        cols = [c for c in ("dataset", "rung", "system", "throughput_tok_s", "x_vs_baseline", "delta_x_vs_prev",
+                            "pct_vs_prev", "step_vs_prev", "max_batch_size", "mean_batch_size", "paper x")
+                if c in shown.columns]
+        out.append(md_table(shown[cols], {**ab.LADDER_FMT, "paper x": "{:.2f}x"}))
         out.append("\n`paper x` = the cumulative speedup the paper states in §6.6 (`-`: not stated in its text).\n")
     out.append(_figures(run_dir / "plots", "*.png", files_dir, "ablate", rel_base))
     out.append("\n### Claims\n\n")
@@ -249,25 +163,36 @@ def ablate_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Pat
             for ds in t["datasets"]:
                 pv = PAPER["ablation"].get(ds, {}).get(k)
                 row = lt[(lt["dataset"] == ds) & (lt["rung"] == title)]
-                ours = num(row["x_vs_baseline"].iloc[0]) if len(row) else None
                 if pv is None:
                     continue
+                ours = _rung_spread(row.iloc[0]) if len(row) else None
                 out.append(claims.add("ablate", f"{title} on {ds}", f"{pv:.2f}× vs Sparse-dLLM (cumulative)",
-                                      _x(ours), verdict(ours, pv)))
+                                      spread_text(ours), verdict(ours.median if ours else None, pv),
+                                      mark(ours, pv > 1)))
         for ds in t["datasets"]:
             sub = lt[lt["dataset"] == ds]
-            deltas = [(num(r["delta_x_vs_prev"]), r["rung"]) for _, r in sub.iterrows() if num(r["delta_x_vs_prev"]) is not None]
-            if not deltas:
+            steps = [(num(r["delta_x_vs_prev"]), r["rung"], r.get("step_vs_prev"), int(num(r.get("repeats")) or 1))
+                     for _, r in sub.iterrows() if num(r["delta_x_vs_prev"]) is not None]
+            if not steps:
                 continue
-            pos = sum(1 for d, _ in deltas if d > 0)
+            pos = sum(1 for d, *_ in steps if d > 0)
+            n = min(s[3] for s in steps)
+            worse = [nm for d, nm, v, _ in steps if (v == "worse" if n > 1 else d <= 0)]
+            noisy = [nm for d, nm, v, _ in steps if n > 1 and v == "within noise"]
+            m = "not reproduced" if worse else "within noise" if noisy else "reproduced"
             out.append(claims.add("ablate", f"Every component adds throughput on {ds}",
                                   "each rung raises the cumulative speedup (Fig. 8)",
-                                  ", ".join(f"{n} {d:+.2f}×" for d, n in deltas),
-                                  "matches" if pos == len(deltas) else f"does not match ({len(deltas) - pos} of {len(deltas)} rungs do not add)"))
-            big = max(deltas)[1]
+                                  ", ".join(f"{nm} {d:+.2f}×" + (f" ({v})" if n > 1 and v else "")
+                                            for d, nm, v, _ in steps),
+                                  "matches" if pos == len(steps) else
+                                  f"does not match ({len(steps) - pos} of {len(steps)} rungs do not add)",
+                                  m + (" (one run)" if n <= 1 and m != "within noise" else "")))
+            big = max(steps)[1]
             out.append(claims.add("ablate", f"The inference engine is the largest single gain on {ds}",
                                   "§6.6: the engine 'alone delivers the most significant jump'",
-                                  f"largest step: {big}", "matches" if big == "+ inference engine" else "does not match"))
+                                  f"largest step: {big}", "matches" if big == "+ inference engine" else "does not match",
+                                  ("reproduced" if big == "+ inference engine" else "not reproduced")
+                                  + (" (one run)" if n <= 1 else "")))
     if ct is not None and len(ct):
         out.append("\n### Cache policies under the full engine (beyond the paper)\n\n")
         out.append("Same scheduler, token/logit budgets, memory budget and arrivals; only `cache`/`selection` differ. "
@@ -290,6 +215,15 @@ def ablate_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Pat
     return "".join(out)
 
 
+def _rung_spread(row) -> Spread | None:
+    """A ladder row's x vs the baseline rung as a Spread (its repeats' interval when it has one)."""
+    x = num(row.get("x_vs_baseline"))
+    if x is None:
+        return None
+    lo, hi, n = num(row.get("x_min")), num(row.get("x_max")), int(num(row.get("repeats")) or 1)
+    return Spread(x, lo if lo is not None else float("nan"), hi if hi is not None else float("nan"), n)
+
+
 def sweep_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
 
     t = sw.run_tables(run_dir)
@@ -297,8 +231,9 @@ def sweep_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path
     vary = plan["vary"]
     out = [f"## Sensitivity: {vary} (paper §6.5, Fig. 7{'a' if vary == 'input-len' else 'b'})\n\n",
            f"Run `{run_dir.name}` — {cfg.get('preset_line', '')}; {plan.get('rule', '')}; "
-           f"{cfg.get('num_prompts')} prompts per point; {cfg.get('measurement', '')}.\n\n"]
-    out.append(md_table(df, sw.table_formats(df)))
+           f"{cfg.get('num_prompts')} prompts per point; {cfg.get('measurement', '')}{_repeats(cfg)}.\n\n"]
+    shown = sw.sweep_display(df, cfg.get("systems_labels") or [], ref)
+    out.append(md_table(shown, sw.table_formats(shown)))
     out.append("\n`paper_len` = the paper-scale length the point stands for.\n")
     out.append(_figures(run_dir / "plots", "*.png", files_dir, f"sweep-{vary}", rel_base))
     pf, pl, txt = PAPER["sweep"][vary]
@@ -307,12 +242,24 @@ def sweep_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path
     out.append("\n### Claims\n\n")
     if xc is None:
         return "".join(out) + "_(no engine/reference pair)_\n"
-    vals = [v for v in df[xc].map(num).tolist()]
+    sysname = xc[2:]
+    vals = []
+    for _, r in df.iterrows():
+        x, lo, hi = num(r[xc]), num(r.get(f"{sysname} x lo")), num(r.get(f"{sysname} x hi"))
+        n = int(num(r.get("repeats")) or 1)
+        vals.append(None if x is None else Spread(x, lo if lo is not None else float("nan"),
+                                                   hi if hi is not None else float("nan"), n))
     first, last = vals[0], vals[-1]
-    out.append(claims.add("sweep", f"Speedup vs {ref} at the shortest {vary.split('-')[0]} length", txt,
-                          _x(first), verdict(first, pf)))
-    out.append(claims.add("sweep", f"Speedup vs {ref} at the longest {vary.split('-')[0]} length", txt,
-                          _x(last), verdict(last, pl)))
-    out.append(claims.add("sweep", f"Speedup falls as the {vary.split('-')[0]} length grows", f"{pf:.2f}× -> {pl:.2f}×",
-                          " -> ".join(_x(v) for v in vals), trend_verdict(first, last, pf, pl)))
+    what = vary.split("-")[0]
+    out.append(claims.add("sweep", f"Speedup vs {ref} at the shortest {what} length", txt,
+                          spread_text(first), verdict(first.median if first else None, pf), mark(first, pf > 1)))
+    out.append(claims.add("sweep", f"Speedup vs {ref} at the longest {what} length", txt,
+                          spread_text(last), verdict(last.median if last else None, pl), mark(last, pl > 1)))
+    trend = None
+    if first is not None and last is not None:
+        trend = ratio(last, first) if first.n > 1 and last.n > 1 else single(last.median / first.median, min(first.n, last.n))
+    out.append(claims.add("sweep", f"Speedup falls as the {what} length grows", f"{pf:.2f}× -> {pl:.2f}×",
+                          " -> ".join(spread_text(v) for v in vals) + f" (last / first {spread_text(trend)})",
+                          trend_verdict(first.median if first else None, last.median if last else None, pf, pl),
+                          mark(trend, pl > pf)))
     return "".join(out)

@@ -34,6 +34,7 @@ class ServeRun:
     max_duration: float | None
     num_warmups: int
     use_cache: bool
+    repeats: int = 1                 # each point run with workload seeds seed, seed + 1, ...
     workloads: dict = field(default_factory=dict)   # (dataset, rps) -> [ServingRequest]
 
     @property

@@ -48,10 +48,16 @@ class Endpoint:
     dllm_extras: bool = True       # send block_length/steps and ask for token ids (our server)
 
     def variant(self) -> SystemVariant:
-        """The endpoint as a system of a serve run (its label names it in every table)."""
+        """The endpoint as a system of a serve run. Its label, which names it in every table,
+        plot and point directory, is the served model at its URL (`label`), so a served engine
+        is never mistaken for the in-process `engine`; `system_name` stays `endpoint`."""
         knobs = (("url", self.url), ("model", self.model), ("api", self.api), ("stream", self.stream),
                  ("dllm_extras", self.dllm_extras))
-        return SystemVariant(ENDPOINT, knobs, ENDPOINT)
+        return SystemVariant(ENDPOINT, knobs, self.label)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}@{self.url}"
 
     @classmethod
     def from_variant(cls, v: SystemVariant) -> Endpoint:
@@ -328,7 +334,7 @@ def measure_endpoint(run: Any, variant: SystemVariant, workload: list, on_event:
     info = {"system": ENDPOINT, "label": variant.label, "kind": "endpoint", "knobs": variant.knob_dict,
             "scenario": f"HTTP endpoint {ep.url}, model {ep.model}, {ep.api} API, "
                         f"{'streamed' if ep.stream else 'whole responses'}",
-            "scenario_kind": "endpoint", "served_model_root": card.get("root")}
+            "scenario_kind": "endpoint", "served_model_root": card.get("root"), "memory_budget": None}
     try:
         res = run_endpoint(ep, workload, block_length=run.preset.block_length if ep.dllm_extras else None,
                            decode=decode, progress=progress, max_duration=run.max_duration)

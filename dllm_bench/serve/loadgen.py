@@ -66,10 +66,13 @@ def _stats_delta(before: Mapping, after: Mapping) -> dict:
     return out
 
 
-def summarize_stats(stats: Mapping) -> dict:
-    """A run's stats with the per-step lists reduced to the figures a point keeps: mean and
-    largest batch, refresh and reuse request-steps (exact from the counters when the system
-    keeps them, else from the lists)."""
+def step_stats_summary(stats: Mapping) -> dict:
+    """A replay's stats with its per-step lists (long: one entry per step) reduced to the
+    figures a point keeps: mean and max batch size, the engine's refresh/reuse request-steps
+    (from its [refresh, reuse, query tokens] per step); the build profile is dropped (a point
+    keeps it in its info). Shared by serve's worker and the simulator, so both write the same
+    fields. Mean and largest batch and the request-steps are exact from the counters when
+    the system keeps them (the per-step history is bounded: `engine.counters.STEP_HISTORY`)."""
     stats = dict(stats)
     sizes = stats.pop("batch_sizes", None)
     maxima = stats.pop("batch_size_maxima", None)

@@ -19,7 +19,7 @@ from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import build_workloads, model_info
-from dllm_bench.systems.spec import parse_systems
+from dllm_bench.systems.spec import apply_baseline_batch, parse_systems
 from dllm_bench.units import comma_list, format_size, parse_size
 from engine.config import DTYPES
 
@@ -65,12 +65,21 @@ def parse_optional_int(text: str | None, what: str) -> int | None:
     return v
 
 
-def check_counts(num_prompts: int | None, seed: int) -> None:
-    """--num-prompts (when given) >= 1 and --seed >= 0."""
+def check_counts(num_prompts: int | None, seed: int, repeats: int = 1) -> None:
+    """--num-prompts (when given) >= 1, --seed >= 0 and --repeats >= 1."""
     if num_prompts is not None and num_prompts < 1:
         raise UserError(f"--num-prompts must be >= 1, got {num_prompts}")
     if seed < 0:
         raise UserError(f"--seed must be >= 0, got {seed}")
+    if repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {repeats}")
+
+
+def check_gen_length(gen_length: int | None, block_length: int) -> None:
+    """--gen-length (one output length for every request): whole blocks, at least one."""
+    if gen_length is not None and (gen_length < 1 or gen_length % block_length):
+        raise UserError(f"--gen-length must be a positive multiple of the block length ({block_length}), "
+                        f"got {gen_length}")
 
 
 # ---------------------------------------------------------------- option resolution
@@ -81,10 +90,11 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
                 max_num_seqs: int | None, retention: float | None, length_scale: float | None,
                 gen_cap: int | None, block_length: int | None, max_prompt_len: int | None,
                 threads: int | None, dtype: str | None, device: str | None, seed: int,
-                max_duration: float | None, num_warmups: int, no_profile_cache: bool) -> ServeRun:
+                max_duration: float | None, num_warmups: int, no_profile_cache: bool,
+                gen_length: int | None = None, repeats: int = 1, baseline_batch: str = "max-fit") -> ServeRun:
     """Every option checked (cheap ones first) and the workloads built: any problem is a
     UserError before a run directory exists."""
-    variants = parse_systems(systems)
+    variants = apply_baseline_batch(parse_systems(systems), baseline_batch)
     sp = preset_for(preset, model)
     rps_list = parse_rps_list(rps if rps is not None else sp.rps)
     datasets = parse_datasets(dataset if dataset is not None else sp.dataset)
@@ -105,7 +115,7 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
             raise UserError("--arrivals trace replays the timestamps of --dataset-path (a BurstGPT CSV or JSONL)")
         if rps is not None:
             raise UserError("--rps does not apply to --arrivals trace (use --time-scale to speed it up)")
-    check_counts(num_prompts, seed)
+    check_counts(num_prompts, seed, repeats)
     if duration is not None and not (duration > 0 and math.isfinite(duration)):
         raise UserError(f"--duration must be a number of seconds > 0, got {duration}")
     if duration is not None and num_prompts is None and any(math.isinf(r) for r in rps_list) and arrivals != "trace":
@@ -142,7 +152,10 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
         over["device"] = device
     if memory_budget is not None:
         over["memory_budget"] = None if memory_budget.strip().lower() in ("none", "auto") else memory_budget
+    if gen_length is not None:
+        over["gen_length"] = gen_length
     sp = replace(sp, **over)
+    check_gen_length(sp.gen_length, sp.block_length)
     if sp.gen_cap < sp.block_length:
         raise UserError(f"--gen-cap {sp.gen_cap} is smaller than one block ({sp.block_length} tokens)")
     budget = parse_size(sp.memory_budget, "--memory-budget") if sp.memory_budget else None
@@ -165,7 +178,7 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
         rps=rps_list, arrivals=arrivals, burstiness=burstiness, seed=seed, num_prompts=num_prompts,
         duration=duration, dataset_path=str(dataset_path) if dataset_path else None,
         time_scale=time_scale, burstgpt_model=burstgpt_model, memory_budget=budget,
-        max_duration=max_duration, num_warmups=num_warmups, use_cache=not no_profile_cache)
+        max_duration=max_duration, num_warmups=num_warmups, use_cache=not no_profile_cache, repeats=repeats)
     build_workloads(run)
     return run
 
@@ -174,7 +187,8 @@ def resolve_bench_run(*, systems: str, dataset: str, rps: str = "inf", num_promp
                       model: str | None = None, preset: str | None = None, memory_budget: str | None = None,
                       seed: int = 0, threads: int | None = None, max_num_batched_tokens: int | None = None,
                       max_num_logits: str | None = None, num_warmups: int = 1, max_duration: float | None = None,
-                      no_profile_cache: bool = False) -> ServeRun:
+                      no_profile_cache: bool = False, gen_length: int | None = None, repeats: int = 1,
+                      baseline_batch: str = "max-fit") -> ServeRun:
     """resolve_run for `ablate` and `sweep`: serve's checks and workload building with the
     options they do not expose at serve's defaults (rps default inf: saturation throughput)."""
     return resolve_run(
@@ -183,4 +197,5 @@ def resolve_bench_run(*, systems: str, dataset: str, rps: str = "inf", num_promp
         model=model, preset=preset, max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
         max_num_seqs=None, retention=None, length_scale=None, gen_cap=None, block_length=None,
         max_prompt_len=None, threads=threads, dtype=None, device=None, seed=seed, max_duration=max_duration,
-        num_warmups=num_warmups, no_profile_cache=no_profile_cache)
+        num_warmups=num_warmups, no_profile_cache=no_profile_cache, gen_length=gen_length, repeats=repeats,
+        baseline_batch=baseline_batch)

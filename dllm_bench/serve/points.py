@@ -9,6 +9,7 @@ for a system) stops the run; an internal failure is recorded and the run goes on
 """
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from dllm_bench import console as cons
 from dllm_bench import results
 from dllm_bench.errors import UserError
 from dllm_bench.metrics import summarize
+from dllm_bench.repeats import batch_text, repeat_seeds
 from dllm_bench.results import PointKey, fmt_rps
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.endpoint import measure_endpoint
@@ -38,14 +40,17 @@ class PlannedPoint:
     workload: list[ServingRequest]
     shape: WorkloadShape           # what a baseline's static batch is profiled for
     extra: dict = field(default_factory=dict)  # merged into the point's summary.json
+    repeat: int = 0                # the i-th run of this point (dllm_bench.repeats)
+    seed: int | None = None        # the workload seed of this repeat (run seed + repeat)
 
     @property
     def key(self) -> PointKey:
-        return PointKey(self.variant.label, float(self.rps), self.dataset)
+        return PointKey(self.variant.label, float(self.rps), self.dataset, self.repeat)
 
     @property
     def title(self) -> str:
-        return f"{self.variant.label} @ {fmt_rps(self.rps)} rps ({self.dataset})"
+        rep = f", repeat {self.repeat} (seed {self.seed})" if self.repeat else ""
+        return f"{self.variant.label} @ {fmt_rps(self.rps)} rps ({self.dataset}{rep})"
 
 
 @dataclass
@@ -87,9 +92,8 @@ def display_label(summary: Mapping[str, Any]) -> str:
     """A point's system label, with a baseline's batch and scenario, for tables and lines."""
     label = summary["system"]
     if summary.get("is_baseline"):
-        b = summary.get("max_batch_size")
         kind = summary.get("scenario_kind", "")
-        label += f" [B={b} {'max-fit' if kind == 'max-fit' else 'fixed'}]"
+        label += f" [B={batch_text(summary)} {kind if kind in ('max-fit', 'upstream') else 'fixed'}]"
     if summary.get("interrupted"):
         label += " (interrupted)"
     return label
@@ -105,10 +109,11 @@ def point_summary(out: Mapping, pp: PlannedPoint, run: ServeRun) -> tuple[dict, 
         "scenario": info.get("scenario"), "scenario_kind": info.get("scenario_kind", "engine"),
         "max_batch_size": info.get("max_batch_size"), "kv_pool_tokens": info.get("kv_pool_tokens"),
         "fits_budget": info.get("fits_budget"), "peak_bytes": info.get("peak_bytes"),
-        "memory_budget": run.memory_budget, "torch_threads": info.get("torch_threads"),
+        # An endpoint runs under its server's own memory, not this run's budget.
+        "memory_budget": info.get("memory_budget", run.memory_budget), "torch_threads": info.get("torch_threads"),
         "build_seconds": info.get("build_seconds"), "profile_cached": info.get("profile_cached"),
         "preset": run.preset.name, "num_prompts": len(pp.workload), "peak_rss_bytes": info.get("peak_rss_bytes"),
-        "stats": res.get("stats"),
+        "stats": res.get("stats"), "workload_seed": pp.seed if pp.seed is not None else run.seed,
     }
     if info.get("profile"):
         extra["profile"] = info["profile"]
@@ -126,9 +131,42 @@ def point_line(s: Mapping[str, Any]) -> str:
     def f(v, scale=1.0, d=2):
         return "n/a" if v is None else f"{v * scale:.{d}f}"
     flags = " INTERRUPTED" if s.get("interrupted") else " TIMED OUT" if s.get("timed_out") else ""
-    return (f"{display_label(s)} @ {fmt_rps(s['rps'])} rps ({s.get('dataset')}): "
+    rep = f", repeat {s['repeat']}" if s.get("repeat") else ""
+    return (f"{display_label(s)} @ {fmt_rps(s['rps'])} rps ({s.get('dataset')}{rep}): "
             f"{s.get('completed')}/{s.get('num_prompts', '?')} done in {f(s.get('duration_s'), d=1)} s, "
             f"{f(s.get('output_throughput'))} tok/s, mean E2EL {f(s.get('mean_e2el_ms'), 1e-3)} s{flags}")
+
+
+def resume_id(kind: str, fingerprint: Mapping, root: Path, run_id: str | None) -> str:
+    """The run of `kind` to resume (--run-id, default the latest), refused unless it was made
+    with the same fingerprint (ServeRun.fingerprint: its points would not be comparable). The
+    number of repeats is not part of it: resuming with more runs only the missing repeats."""
+    if run_id is None:
+        latest = results.latest_run(kind, root)
+        if latest is None:
+            raise UserError(f"--resume: no {kind} run under {root} (give --run-id)")
+        run_id = latest.name
+    cfg_path = root / run_id / "config.json"
+    if not cfg_path.is_file():
+        raise UserError(f"--resume: no run {run_id!r} under {root}")
+    stored = json.loads(cfg_path.read_text(encoding="utf-8"))
+    if stored.get("kind") != kind:
+        raise UserError(f"--resume: run {run_id} is a {stored.get('kind')} run, not {kind}")
+    old, new = stored.get("config", {}).get("fingerprint", {}), json.loads(json.dumps(fingerprint, default=str))
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if diff:
+        raise UserError(f"--resume: run {run_id} was made with different {', '.join(diff)}; "
+                        "resume with the same options (or start a new run)")
+    return run_id
+
+
+def record_repeats(run_dir: Path, seed: int, repeats: int) -> None:
+    """A resumed run's config.json: the largest number of repeats asked for so far."""
+    cfg = results.load_config(run_dir)
+    c = cfg["config"]
+    c["repeats"] = max(int(c.get("repeats", 1)), repeats)
+    c["repeat_seeds"] = repeat_seeds(seed, c["repeats"])
+    results.atomic_write_json(run_dir / "config.json", cfg)
 
 
 def measure_points(run: ServeRun, planned: Sequence[PlannedPoint], run_dir: Path, console: Console,
@@ -176,8 +214,8 @@ def measure_points(run: ServeRun, planned: Sequence[PlannedPoint], run_dir: Path
                 continue
             s, recs, extra = point_summary(out, pp, run)
             results.write_point(run_dir, pp.key, s, recs, extra)
-            progress.console.print(point_line({**extra, **s, "system": pp.variant.label, "dataset": pp.dataset}),
+            progress.console.print(point_line({**extra, **s, "system": pp.variant.label, "dataset": pp.dataset,
+                                               "repeat": pp.repeat}),
                                    markup=False, highlight=False)
-    points = [s for s in results.load_points(run_dir)
-              if PointKey(s["system"], float(s["rps"]), s.get("dataset", "")) in seen]
+    points = [s for s in results.load_points(run_dir) if PointKey.of(s) in seen]
     return Outcome(points, failures, interrupted, user_error)

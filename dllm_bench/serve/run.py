@@ -7,19 +7,18 @@ Rich progress, summaries and tables go to stderr; `--json` prints one JSON docum
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from dllm_bench import console as cons
 from dllm_bench import results
-from dllm_bench.errors import UserError
 from dllm_bench.metrics import ratio_table
+from dllm_bench.repeats import aggregate_points, compare, repeat_seeds
 from dllm_bench.results import fmt_rps
 from dllm_bench.serve.config import ServeRun
-from dllm_bench.serve.points import PlannedPoint, display_label, measure_points
+from dllm_bench.serve.points import PlannedPoint, display_label, measure_points, record_repeats, resume_id
 from dllm_bench.serve.summary import print_comparison, print_summary
-from dllm_bench.serve.workload import workload_shape
+from dllm_bench.serve.workload import repeat_workloads, workload_shape
 from dllm_bench.units import format_size
 from workloads.serving import describe, describe_gen_mapping
 
@@ -35,29 +34,16 @@ def comparisons(points: list[dict], baseline_labels: set[str]) -> list[dict]:
         rt = ratio_table(sums, bl)
         rows = [] if rt.empty else [{"system": k, **{c: (None if isinstance(v, float) and math.isnan(v) else v)
                                                      for c, v in r.items()}} for k, r in rt.iterrows()]
+        ref = sums.get(rt.attrs.get("best_baseline"))
+        for row in rows:  # the ratio's interval over the repeats, and whether it is beyond noise
+            if ref is None or sums[row["system"]] is ref:
+                continue
+            for m, higher in (("output_throughput", True), ("mean_e2el_ms", False)):
+                r, v = compare(sums[row["system"]], ref, m, higher)
+                row[f"{m}_x_min"], row[f"{m}_x_max"], row[f"{m}_vs_best"] = r.lo, r.hi, v
         out.append({"dataset": ds, "rps": rps, "best_baseline": rt.attrs.get("best_baseline"),
                     "summaries": sums, "baselines": bl, "rows": rows})
     return out
-
-
-def _resume_id(run: ServeRun, root: Path, run_id: str | None) -> str:
-    """The run to resume (--run-id, default the latest), refused unless it was made with the
-    same fingerprint (its points would not be comparable)."""
-    if run_id is None:
-        latest = results.latest_run("serve", root)
-        if latest is None:
-            raise UserError(f"--resume: no serve run under {root} (give --run-id)")
-        run_id = latest.name
-    cfg_path = root / run_id / "config.json"
-    if not cfg_path.is_file():
-        raise UserError(f"--resume: no run {run_id!r} under {root}")
-    stored = json.loads(cfg_path.read_text(encoding="utf-8")).get("config", {})
-    old, new = stored.get("fingerprint", {}), json.loads(json.dumps(run.fingerprint(), default=str))
-    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    if diff:
-        raise UserError(f"--resume: run {run_id} was made with different {', '.join(diff)}; "
-                        "resume with the same options (or start a new run)")
-    return run_id
 
 
 def _run_config(run: ServeRun) -> dict:
@@ -70,9 +56,10 @@ def _run_config(run: ServeRun) -> dict:
         "dataset_path": run.dataset_path, "time_scale": run.time_scale, "burstgpt_model": run.burstgpt_model,
         "memory_budget": run.memory_budget, "max_duration": run.max_duration, "num_warmups": run.num_warmups,
         "engine_defaults": run.engine_defaults, "baseline_defaults": run.baseline_defaults,
-        "gen_mapping": describe_gen_mapping(p.block_length, p.gen_cap),
+        "gen_mapping": describe_gen_mapping(p.block_length, p.gen_cap, p.gen_length),
         "workloads": {f"{ds}@{fmt_rps(r)}": describe(wl) for (ds, r), wl in run.workloads.items()},
-        "fingerprint": run.fingerprint(),
+        "fingerprint": run.fingerprint(), "repeats": run.repeats,
+        "repeat_seeds": repeat_seeds(run.seed, run.repeats),
     }
 
 
@@ -106,7 +93,7 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
     config = _run_config(run)
     root = results.results_root(result_dir)
     if resume:
-        run_id = _resume_id(run, root, run_id)
+        run_id = resume_id("serve", run.fingerprint(), root, run_id)
     name = f"serve-{Path(str(p.model)).name}-{'+'.join(run.datasets)}"
     run_dir = results.create_run("serve", config, name=name, run_id=run_id, root=root, resume=resume)
     if resume:  # record systems/rps added by this invocation next to the original ones
@@ -116,21 +103,26 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
         c["rps"] = sorted(set(c.get("rps", [])) | set(run.rps), key=float)
         c["datasets"] = list(dict.fromkeys(c.get("datasets", []) + run.datasets))
         results.atomic_write_json(run_dir / "config.json", cfg)
+        record_repeats(run_dir, run.seed, run.repeats)
     _print_header(console, run, run_dir, config["gen_mapping"])
 
-    shape = workload_shape(run)
-    planned = [PlannedPoint(ds, rps, v, run.workloads[(ds, rps)], shape)
-               for ds in run.datasets for rps in run.rps if (ds, rps) in run.workloads for v in run.systems]
+    planned = []
+    for i, seed in enumerate(repeat_seeds(run.seed, run.repeats)):  # repeat-major: a whole comparison first
+        wls = repeat_workloads(run, i)
+        shape = workload_shape(run, wls)
+        planned += [PlannedPoint(ds, rps, v, wls[(ds, rps)], shape, repeat=i, seed=seed)
+                    for ds in run.datasets for rps in run.rps if (ds, rps) in wls for v in run.systems]
     done = results.finished_points(run_dir) if resume else set()
     outcome = measure_points(run, planned, run_dir, console, done=done)
     outcome.give_up_if_empty(run_dir, fresh=not resume)
 
-    points = outcome.points
+    points = aggregate_points(outcome.points)
     order = {v.label: i for i, v in enumerate(run.systems)}
     points.sort(key=lambda s: (run.datasets.index(s["dataset"]) if s.get("dataset") in run.datasets else 0,
                                float(s["rps"]), order.get(s["system"], 99)))
     for s in points:
-        print_summary(s, console, title=display_label(s))
+        reps = f" (median of {s['repeats']} repeats)" if s.get("repeats", 1) > 1 else ""
+        print_summary(s, console, title=display_label(s) + reps)
     comps = comparisons(points, baseline_labels)
     for c in comps:
         if len(c["summaries"]) > 1:
@@ -148,7 +140,8 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
         console.print(f"plots: {', '.join(plots)}", markup=False, highlight=False)
     console.print(p.describe(), markup=False, highlight=False)
     doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "preset": p.to_dict(), "preset_line": p.describe(),
-           "interrupted": outcome.interrupted, "failures": outcome.failures, "points": points, "plots": plots,
+           "interrupted": outcome.interrupted, "failures": outcome.failures, "repeats": run.repeats,
+           "points": points, "repeat_points": outcome.points, "plots": plots,
            "comparisons": [{k: v for k, v in c.items() if k != "summaries"} for c in comps]}
     return outcome.finish(console, run_dir, doc, as_json, resumable=True)
 
@@ -157,7 +150,7 @@ def _plot(run_dir: Path, keys: set, baselines: list[str], jitter: float | None) 
     # matplotlib costs ~1 s to import: only runs that plot (two or more finite rates) pay for it.
     from dllm_bench.plots import plot_all
 
-    df = results.metrics_frame(run_dir)
-    df = df[[results.PointKey(sy, float(r), d) in keys
-             for sy, r, d in zip(df["system"], df["rps"], df["dataset"], strict=True)]]
+    df = results.metrics_frame(run_dir, aggregate=True)
+    wanted = {(k.system, k.rps, k.dataset) for k in keys}
+    df = df[[(sy, float(r), d) in wanted for sy, r, d in zip(df["system"], df["rps"], df["dataset"], strict=True)]]
     return [str(x) for x in plot_all(df, run_dir / "plots", baselines, jitter)]

@@ -9,10 +9,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dllm_bench.console import console as stderr_console
 from dllm_bench.metrics import ratio_table
+from dllm_bench.repeats import batch_text, cell, compare
 
 WIDTH = 50
 MIB = 1024 * 1024
@@ -59,6 +61,7 @@ SECTIONS: list[tuple[str | None, list[tuple[str, str, float]]]] = [
     ("Diffusion Decoding", [("Forwards:", "forwards", 1),
                             ("Tokens per forward:", "tokens_per_forward", 1),
                             ("Mean forwards per request (NFE):", "mean_nfe", 1),
+                            ("Mean realised batch size:", "mean_batch_size", 1),
                             ("Logits rows computed:", "logits_rows", 1),
                             ("Max logits rows in a step:", "max_logits_rows_in_step", 1),
                             ("Peak KV (MiB):", "peak_kv_bytes", 1 / MIB),
@@ -101,26 +104,40 @@ def _f(v: Any, scale: float = 1.0, digits: int = 2) -> str:
 
 def comparison_table(summaries: Mapping[str, Mapping], baseline_names: Iterable[str],
                      title: str = "Serving comparison") -> Table:
-    """Rich table, one row per system; `×` columns are vs the best baseline, > 1 = better."""
+    """Rich table, one row per system; `×` columns are vs the best baseline, > 1 = better. A
+    repeated point shows `median [min–max]` and whether its ratio is beyond noise; a baseline
+    shows its static batch B and the mean batch it realised."""
     rt = ratio_table(summaries, baseline_names)
     best = rt.attrs.get("best_baseline")
-    t = Table(title=title, caption=f"× = vs best baseline ({best or 'none'}); >1 is better",
-              header_style="bold")
-    for col in ("System", "req/s", "tok/s", "Mean E2EL (s)", "P99 E2EL (s)", "σ (s)",
-                "max−min (s)", "TTFT (s)", "fwd", "tok/fwd", "tput ×", "lat ×", "σ ×", "span ×"):
+    ref = summaries.get(best) if best else None
+    repeated = any(s.get("repeats", 1) > 1 for s in summaries.values())
+    caption = f"× = vs best baseline ({best or 'none'}); >1 is better"
+    if repeated:
+        caption += "; median [min–max] over repeats; 'within noise' = the throughput intervals overlap"
+    t = Table(title=title, caption=escape(caption), header_style="bold")
+    cols = ["System", "B", "mean batch", "req/s", "tok/s", "Mean E2EL (s)", "P99 E2EL (s)", "σ (s)",
+            "max−min (s)", "TTFT (s)", "fwd", "tok/fwd", "tput ×", "lat ×", "σ ×", "span ×"]
+    for col in cols + (["vs best"] if repeated else []):
         t.add_column(col, justify="left" if col == "System" else "right")
     for name, s in summaries.items():
         r = rt.loc[name] if name in rt.index else {}
         label = name + (" (best baseline)" if name == best else " (baseline)" if
                         name in set(baseline_names) else "")
-        t.add_row(label, _f(s.get("request_throughput"), digits=3), _f(s.get("output_throughput")),
-                  _f(s.get("mean_e2el_ms"), 1e-3), _f(s.get("p99_e2el_ms"), 1e-3),
-                  _f(s.get("latency_std_ms"), 1e-3), _f(s.get("latency_span_ms"), 1e-3),
-                  _f(s.get("mean_ttft_ms"), 1e-3), _f(s.get("forwards"), digits=0),
-                  _f(s.get("tokens_per_forward")),
-                  *(_f(r.get(k)) for k in ("output_throughput_x", "mean_e2el_ms_x",
-                                           "latency_std_ms_x", "latency_span_ms_x")),
-                  style="bold" if name not in set(baseline_names) else None)
+        tput_x, verdict = _f(r.get("output_throughput_x")), None
+        if ref is not None and s is not ref:
+            ratio, verdict = compare(s, ref, "output_throughput")
+            if ratio.n > 1:
+                tput_x = ratio.text()
+        # Spreads on the headline columns only (throughput, mean latency); the rest are medians.
+        cells = [label, batch_text(s) if s.get("is_baseline") else "–", _f(s.get("mean_batch_size"), digits=1),
+                 _f(s.get("request_throughput"), digits=3), cell(s, "output_throughput"),
+                 cell(s, "mean_e2el_ms", scale=1e-3), _f(s.get("p99_e2el_ms"), 1e-3),
+                 _f(s.get("latency_std_ms"), 1e-3), _f(s.get("latency_span_ms"), 1e-3),
+                 _f(s.get("mean_ttft_ms"), 1e-3), _f(s.get("forwards"), digits=0), _f(s.get("tokens_per_forward")),
+                 tput_x, *(_f(r.get(k)) for k in ("mean_e2el_ms_x", "latency_std_ms_x", "latency_span_ms_x"))]
+        if repeated:
+            cells.append(verdict if verdict and verdict != "n/a" else "–")
+        t.add_row(*cells, style="bold" if name not in set(baseline_names) else None)
     return t
 
 

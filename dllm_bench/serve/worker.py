@@ -44,7 +44,7 @@ import torch  # noqa: E402
 
 from dllm_bench.errors import UserError  # noqa: E402
 from dllm_bench.results import atomic_write_json  # noqa: E402
-from dllm_bench.serve.loadgen import run_open_loop, summarize_stats  # noqa: E402
+from dllm_bench.serve.loadgen import run_open_loop, step_stats_summary  # noqa: E402
 from dllm_bench.systems.build import WorkloadShape, build_system, warm_up  # noqa: E402
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
 from engine.memory import MemoryMeter  # noqa: E402  (the profiler's meter: the budget is held, not only accounted)
@@ -110,10 +110,8 @@ def run(spec: dict, out_path: Path) -> int:
     with MemoryMeter(system.model.device) as meter:
         result = run_open_loop(system, spec["workload"], make_params, progress=progress,
                                max_duration=spec.get("max_duration"), progress_interval=0.25)
-    # Per-step lists can be long; the counters the metrics need are kept, the rest summarized.
-    stats = result.get("stats") or {}
-    stats.update(budget_held(system.model, meter.peak_bytes, spec.get("memory_budget")))
-    result["stats"] = summarize_stats(stats)
+    result["stats"] = step_stats_summary({**(result.get("stats") or {}),
+                                          **budget_held(system.model, meter.peak_bytes, spec.get("memory_budget"))})
     try:  # the whole process (Python, torch, weights...): a sanity number, not the budgeted bytes
         import resource
 

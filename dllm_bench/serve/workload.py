@@ -12,8 +12,11 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from dllm_bench import inputs
+from dllm_bench.checkpoints.presets import param_count
 from dllm_bench.checkpoints.tokenizer import special_token_ids
 from dllm_bench.errors import UserError
+from dllm_bench.repeats import repeat_seeds
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.systems.build import WorkloadShape
 from engine.config import DTYPES
@@ -26,9 +29,8 @@ def model_info(model_dir: Path, dtype: str) -> dict:
         cfg = LLaDAConfig.from_pretrained(model_dir)
     except (OSError, ValueError) as e:
         raise UserError(f"model {model_dir}: {e}") from None
-    d, kv = cfg.d_model, cfg.kv_heads * cfg.head_dim
-    per_block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * cfg.mlp_hidden_size
-    n_params = 2 * cfg.padded_vocab * d + cfg.n_layers * per_block + d
+    d = cfg.d_model
+    n_params = param_count(d, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.mlp_hidden_size, cfg.padded_vocab)
     size = DTYPES[dtype].itemsize
     return {"vocab_size": cfg.vocab_size, "padded_vocab": cfg.padded_vocab, "d_model": d,
             "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads,
@@ -53,22 +55,28 @@ def _tokenizer(model_dir: Path):
     return lambda text: tok.encode(text, add_special_tokens=False).ids
 
 
-def build_workloads(run: ServeRun) -> None:
-    """The seeded workload of every (dataset, rps) point; ValueError -> UserError."""
+def make_workloads(run: ServeRun, seed: int) -> dict[tuple[str, float], list[ServingRequest]]:
+    """The workload of every (dataset, rps) point for one workload seed; ValueError -> UserError.
+    A trace's point is keyed by its offered rate (it has no configured one)."""
     p = run.preset
     tokenize = None
     if run.dataset_path and not str(run.dataset_path).lower().endswith(".csv"):
         tokenize = _tokenizer(run.model_dir)
     special = special_ids(run.model_info)
     rps_list = [math.inf] if run.arrivals == "trace" else run.rps
-    if run.arrivals == "trace":
-        run.rps = []  # filled with each trace's offered rate below
+    if run.num_prompts is None and run.duration is not None and run.arrivals != "trace":
+        # --duration draws about rps x duration requests: the same bound as --num-prompts.
+        expected = max((r * run.duration for r in rps_list if math.isfinite(r)), default=0)
+        if expected > inputs.MAX_COUNT:
+            raise UserError(f"--duration {run.duration:g} s at {max(rps_list):g} req/s is about {expected:,.0f} "
+                            f"requests per point, over the limit of {inputs.MAX_COUNT:,}")
+    out: dict[tuple[str, float], list[ServingRequest]] = {}
     for ds in run.datasets:
         for rps in rps_list:
             try:
                 wl = build_workload(
                     ds, num_prompts=run.num_prompts, duration=run.duration, rps=rps,
-                    burstiness=run.burstiness, arrivals=run.arrivals, seed=run.seed,
+                    burstiness=run.burstiness, arrivals=run.arrivals, seed=seed,
                     vocab_size=run.model_info["vocab_size"], special_ids=special,
                     length_scale=p.length_scale, block_length=p.block_length, gen_cap=p.gen_cap,
                     max_prompt_len=p.max_prompt_len, dataset_path=run.dataset_path,
@@ -79,12 +87,25 @@ def build_workloads(run: ServeRun) -> None:
             if not wl:
                 raise UserError(f"the {ds} workload has no requests (raise --duration or --num-prompts)")
             if run.arrivals == "trace":
-                # A trace has no configured rate: its point is keyed by the offered rate.
                 offered = describe(wl).get("offered_rps") or math.inf
                 rps = round(offered, 6) if math.isfinite(offered) else math.inf
-                if rps not in run.rps:
-                    run.rps.append(rps)
-            run.workloads[(ds, rps)] = wl
+            out[(ds, rps)] = wl
+    return out
+
+
+def build_workloads(run: ServeRun) -> None:
+    """run.workloads: the seeded workload of every (dataset, rps) point (repeat 0: the run's seed)."""
+    if run.arrivals == "trace":
+        run.rps = []  # filled with each trace's offered rate
+    run.workloads = make_workloads(run, run.seed)
+    if run.arrivals == "trace":
+        run.rps = list(dict.fromkeys(r for _, r in run.workloads))
+
+
+def repeat_workloads(run: ServeRun, repeat: int) -> dict[tuple[str, float], list[ServingRequest]]:
+    """The workloads of repeat `repeat` (seed = run seed + repeat, dllm_bench.repeats.repeat_seeds):
+    same datasets, rates and lengths rule, other arrivals, lengths and prompt ids."""
+    return run.workloads if repeat == 0 else make_workloads(run, repeat_seeds(run.seed, repeat + 1)[-1])
 
 
 def shape_of(workload: Sequence[ServingRequest], block_length: int) -> WorkloadShape:
@@ -93,6 +114,8 @@ def shape_of(workload: Sequence[ServingRequest], block_length: int) -> WorkloadS
                          max_gen_length=max(r.gen_length for r in workload), block_length=block_length, steps=None)
 
 
-def workload_shape(run: ServeRun) -> WorkloadShape:
-    """The worst request over every workload of the run (serve profiles one static batch for all)."""
-    return shape_of([r for wl in run.workloads.values() for r in wl], run.preset.block_length)
+def workload_shape(run: ServeRun, workloads: dict | None = None) -> WorkloadShape:
+    """The worst request over every workload of the run, or of one repeat's `workloads` (serve
+    profiles one static batch for all)."""
+    wls = run.workloads if workloads is None else workloads
+    return shape_of([r for wl in wls.values() for r in wl], run.preset.block_length)

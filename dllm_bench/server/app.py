@@ -7,7 +7,10 @@ pool; ids outside the vocabulary; sampling on a greedy-only engine) is a 400 wit
 own message rather than an error in the middle of a stream. With `stream: true` each committed
 block is one SSE chunk, the last one carries the finish reason, then a chunk with empty choices
 carries the usage (OpenAI's `include_usage` shape), then `[DONE]`. A client that goes away
-aborts its request, which frees its KV reservation.
+aborts its request, which frees its KV reservation. A completions `prompt` that is a list of
+prompts is one engine request per prompt, all admitted together (or none), batched by the
+scheduler like any other requests; choice i answers prompt i, stream chunks carry their choice's
+index, and the usage sums over the prompts.
 """
 from __future__ import annotations
 
@@ -122,27 +125,40 @@ async def generate(state: ServerState, body: Any, request: Request, chat: bool):
         return error(404, f"The model `{body.model}` does not exist.", "not_found_error", "model")
     if not state.loop.alive:
         return error(503, "the engine loop is not running", "service_unavailable")
+    prompts = [None] if chat else body.prompts()
+    n = len(prompts)
+    if n > state.max_waiting:   # could never be admitted: not a matter of retrying later
+        return error(400, f"{n} prompts in one request: this server takes at most {state.max_waiting} "
+                          "(--max-waiting)", param="prompt")
     waiting = state.loop.num_waiting()
-    if waiting >= state.max_waiting:
+    if waiting + n > state.max_waiting:
         return error(503, f"server busy: {waiting} requests waiting (limit {state.max_waiting}); retry later",
                      "service_unavailable", headers={"Retry-After": str(state.retry_after_s)})
+    where = (lambda i: f"prompt[{i}]: ") if n > 1 else (lambda i: "")
+    ids: list[list[int]] = []
     try:
-        if chat:
-            ids = chat_ids(state.tokenizer, [{"role": m.role, "content": m.text()} for m in body.messages])
-        else:
-            ids = prompt_ids(state.tokenizer, body.prompt)
         params = sampling_params(state, body)
+        for i, p in enumerate(prompts):
+            try:
+                ids.append(chat_ids(state.tokenizer, [{"role": m.role, "content": m.text()} for m in body.messages])
+                           if chat else prompt_ids(state.tokenizer, p))
+            except (PromptError, ValueError) as e:
+                raise ValueError(where(i) + str(e)) from None
     except (PromptError, ValueError) as e:
         return error(400, str(e))
-    job = Job(protocol.new_id("chatcmpl" if chat else "cmpl"), ids, params, asyncio.get_running_loop(),
-              stream=body.stream)
-    state.loop.submit(job)
-    kind, payload = await job.events.get()
-    if kind == "rejected":
-        return error(400, payload)
-    if kind == "failed":
-        return error(500, payload, "internal_server_error")
-    reply = Reply(state, job, chat, body, int(time.time()))
+    rid = protocol.new_id("chatcmpl" if chat else "cmpl")
+    events: asyncio.Queue = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    jobs = [Job(rid if n == 1 else f"{rid}-{i}", p, params, loop, stream=body.stream, events=events, index=i)
+            for i, p in enumerate(ids)]
+    state.loop.submit(*jobs)
+    for _ in jobs:   # the group is admitted whole (all accepted) or refused by one of its jobs
+        i, kind, payload = await events.get()
+        if kind == "rejected":
+            return error(400, where(i) + payload)
+        if kind == "failed":
+            return error(500, payload, "internal_server_error")
+    reply = Reply(state, rid, jobs, events, chat, body, int(time.time()))
     if body.stream:
         return StreamingResponse(reply.stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
@@ -150,80 +166,91 @@ async def generate(state: ServerState, body: Any, request: Request, chat: bool):
 
 
 class Reply:
-    """The response to one accepted job, whole or as SSE chunks."""
+    """The response to one accepted request (its jobs, one per prompt, reporting on one queue of
+    `(index, kind, payload)` events), whole or as SSE chunks tagged with each choice's index."""
 
-    def __init__(self, state: ServerState, job: Job, chat: bool, body: Any, created: int):
-        self.state, self.job, self.chat, self.body, self.created = state, job, chat, body, created
-        self.detok = Detokenizer(state.tokenizer)
+    def __init__(self, state: ServerState, rid: str, jobs: list[Job], events: asyncio.Queue, chat: bool,
+                 body: Any, created: int):
+        self.state, self.rid, self.jobs, self.events = state, rid, jobs, events
+        self.chat, self.body, self.created = chat, body, created
+        self.detoks = [Detokenizer(state.tokenizer) for _ in jobs]
+        self.outs: list[Any] = [None] * len(jobs)     # RequestOutput of each finished job
         self.model = state.model_name
 
     def finish_reason(self, token_ids: list[int]) -> str:
         eos = self.state.eos_token_id
         return "stop" if eos is not None and eos in token_ids else "length"
 
-    def dllm(self, out) -> dict:
-        """Per-request engine counters (an extension field; OpenAI clients ignore it)."""
-        p = self.job.params
-        return {"gen_length": p.gen_length, "steps": p.steps, "block_length": p.block_length,
-                "nfe": out.nfe, "logits_rows": out.logits_rows, "kv_tokens": out.kv_tokens,
-                "kv_bytes": out.kv_bytes}
+    def dllm(self) -> dict | list[dict]:
+        """Per-request engine counters (an extension field; OpenAI clients ignore it): one
+        object for one prompt, a list in choice order for several."""
+        per = [{"gen_length": j.params.gen_length, "steps": j.params.steps, "block_length": j.params.block_length,
+                "nfe": o.nfe, "logits_rows": o.logits_rows, "kv_tokens": o.kv_tokens, "kv_bytes": o.kv_bytes}
+               for j, o in zip(self.jobs, self.outs)]
+        return per[0] if len(per) == 1 else per
+
+    def usage(self) -> dict:
+        return protocol.usage(sum(len(o.prompt_ids) for o in self.outs), sum(len(o.token_ids) for o in self.outs))
 
     def ids(self, toks: list[int]) -> list[int] | None:
         return toks if self.body.return_token_ids else None
 
+    def abort_unfinished(self) -> None:
+        for job, out in zip(self.jobs, self.outs):
+            if out is None:
+                self.state.loop.abort(job.request_id)
+
     async def whole(self, request: Request):
-        waiter = asyncio.ensure_future(self.job.events.get())
         gone = asyncio.ensure_future(_disconnected(request))
         try:
-            await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
+            while any(o is None for o in self.outs):
+                waiter = asyncio.ensure_future(self.events.get())
+                await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not waiter.done():
+                    waiter.cancel()
+                    self.abort_unfinished()
+                    return error(499, "client closed the request")
+                i, kind, out = waiter.result()
+                if kind == "failed":
+                    self.abort_unfinished()
+                    return error(500, out, "internal_server_error")
+                if kind == "finished":
+                    self.outs[i] = out
         finally:
             gone.cancel()
-        if not waiter.done():
-            waiter.cancel()
-            self.state.loop.abort(self.job.request_id)
-            return error(499, "client closed the request")
-        kind, out = waiter.result()
-        if kind == "failed":
-            return error(500, out, "internal_server_error")
-        text = self.detok.add(out.token_ids, final=True)
-        c = protocol.choice(self.chat, text, self.finish_reason(out.token_ids), self.ids(out.token_ids), delta=False)
-        return JSONResponse(protocol.envelope(
-            self.chat, self.job.request_id, self.model, self.created, chunk=False, choices=[c],
-            usage=protocol.usage(len(out.prompt_ids), len(out.token_ids)), dllm=self.dllm(out)))
+        choices = [protocol.choice(self.chat, self.detoks[i].add(o.token_ids, final=True),
+                                   self.finish_reason(o.token_ids), self.ids(o.token_ids), delta=False, index=i)
+                   for i, o in enumerate(self.outs)]
+        return JSONResponse(protocol.envelope(self.chat, self.rid, self.model, self.created, chunk=False,
+                                              choices=choices, usage=self.usage(), dllm=self.dllm()))
 
     def sse(self, choices: list[dict], **extra: Any) -> str:
-        doc = protocol.envelope(self.chat, self.job.request_id, self.model, self.created, chunk=True,
-                                choices=choices, **extra)
+        doc = protocol.envelope(self.chat, self.rid, self.model, self.created, chunk=True, choices=choices, **extra)
         return f"data: {json.dumps(doc)}\n\n"
 
     async def stream(self) -> AsyncIterator[str]:
-        done = False
-        first = True
+        first = [True] * len(self.jobs)
         try:
-            while True:
-                kind, payload = await self.job.events.get()
+            while any(o is None for o in self.outs):
+                i, kind, payload = await self.events.get()
+                detok = self.detoks[i]
                 if kind == "block":
-                    c = protocol.choice(self.chat, self.detok.add(payload), None, self.ids(payload), True, first)
-                    first = False
+                    c = protocol.choice(self.chat, detok.add(payload), None, self.ids(payload), True, first[i], i)
+                    first[i] = False
                     yield self.sse([c])
                 elif kind == "finished":
-                    out = payload
-                    rest = out.token_ids[len(self.detok.ids):]
-                    c = protocol.choice(self.chat, self.detok.add(rest, final=True),
-                                        self.finish_reason(out.token_ids), self.ids(rest), True, first)
+                    out = self.outs[i] = payload
+                    rest = out.token_ids[len(detok.ids):]
+                    c = protocol.choice(self.chat, detok.add(rest, final=True), self.finish_reason(out.token_ids),
+                                        self.ids(rest), True, first[i], i)
                     yield self.sse([c])
-                    yield self.sse([], usage=protocol.usage(len(out.prompt_ids), len(out.token_ids)),
-                                   dllm=self.dllm(out))
-                    yield "data: [DONE]\n\n"
-                    done = True
-                    return
                 else:  # failed: the status line is gone, so the error is the last event
                     yield f"data: {json.dumps(protocol.error_body(payload, 'internal_server_error', code=500))}\n\n"
-                    done = True
                     return
-        finally:
-            if not done:  # the client went away (the generator was cancelled or closed)
-                self.state.loop.abort(self.job.request_id)
+            yield self.sse([], usage=self.usage(), dllm=self.dllm())
+            yield "data: [DONE]\n\n"
+        finally:  # the client went away (the generator was cancelled or closed), or a step failed
+            self.abort_unfinished()
 
 
 async def _disconnected(request: Request) -> None:

@@ -8,7 +8,9 @@ went away, and after each step reports to every job on its own asyncio queue, vi
 `call_soon_threadsafe`: `accepted` / `rejected` (add_request's ValueError), one `block` event
 per committed block of a streamed request (read from the engine's running requests: a block is
 final once the request's block cursor has passed it), then `finished` with the RequestOutput,
-or `failed` if a step raised.
+or `failed` if a step raised. Each event is `(job.index, kind, payload)`, so the jobs of one HTTP
+request (OpenAI's list of prompts) can share one queue; they are submitted together and admitted
+all or none, in the same drain.
 """
 from __future__ import annotations
 
@@ -37,10 +39,11 @@ class Job:
     arrival_time: float = field(default_factory=time.perf_counter)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     sent: int = 0                    # generated tokens already reported in block events
+    index: int = 0                   # its prompt's place in the HTTP request (the choice index)
 
     def push(self, kind: str, payload: Any = None) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, kind, payload))
         except RuntimeError:  # the event loop is gone (server shutting down)
             pass
 
@@ -61,11 +64,14 @@ class EngineLoop:
 
     def __init__(self, engine: Any):
         self.engine = engine
-        self._submits: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._submits: queue.SimpleQueue[tuple[Job, ...]] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._handed_over = 0                      # jobs submitted, not yet drained
         self._stop = threading.Event()
         self._jobs: dict[str, Job] = {}           # engine thread only
+        self._outbox: list[tuple[Job, str, Any]] = []   # engine thread only: events sent by _flush
         self._thread: threading.Thread | None = None
         self.counters = dict(requests_finished=0, requests_aborted=0, requests_rejected=0,
                              requests_failed=0, prompt_tokens=0, generation_tokens=0,
@@ -86,8 +92,11 @@ class EngineLoop:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def submit(self, job: Job) -> None:
-        self._submits.put(job)
+    def submit(self, *jobs: Job) -> None:
+        """Hand over the jobs of one HTTP request: all are admitted in the same drain, or none."""
+        with self._lock:
+            self._handed_over += len(jobs)
+        self._submits.put(jobs)
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -97,7 +106,7 @@ class EngineLoop:
     def num_waiting(self) -> int:
         """Requests not yet admitted to a step: handed over but not added, plus the engine's
         waiting queue (a deque's len is safe to read from another thread)."""
-        return self._submits.qsize() + len(self.engine.scheduler.waiting)
+        return self._handed_over + len(self.engine.scheduler.waiting)
 
     def snapshot(self) -> dict:
         return {**self._snapshot, "requests_waiting": self.num_waiting()}
@@ -110,36 +119,25 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._drain()
+            self._flush()
             if self.engine.has_unfinished():
                 self._step()
             else:
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
-            self._publish()
+            self._flush()
         for rid in list(self._jobs):  # shutdown: nobody waits forever
             self._jobs.pop(rid).push("failed", "server shutting down")
 
     def _drain(self) -> None:
         while True:
             try:
-                job = self._submits.get_nowait()
+                group = self._submits.get_nowait()
             except queue.Empty:
                 break
-            try:
-                self.engine.add_request(job.prompt_ids, job.params, request_id=job.request_id,
-                                        arrival_time=job.arrival_time)
-            except ValueError as e:
-                self.counters["requests_rejected"] += 1
-                job.push("rejected", str(e))
-                continue
-            except Exception as e:  # noqa: BLE001 - an engine bug fails this request, not the loop
-                log.exception("add_request failed")
-                self.counters["requests_failed"] += 1
-                job.push("failed", f"add_request failed: {type(e).__name__}: {e}")
-                continue
-            self._jobs[job.request_id] = job
-            self.counters["prompt_tokens"] += len(job.prompt_ids)
-            job.push("accepted")
+            with self._lock:
+                self._handed_over -= len(group)
+            self._admit(group)
         while True:
             try:
                 rid = self._aborts.get_nowait()
@@ -151,6 +149,31 @@ class EngineLoop:
                 except Exception:  # noqa: BLE001
                     log.exception("abort failed")
                 self.counters["requests_aborted"] += 1
+
+    def _admit(self, group: tuple[Job, ...]) -> None:
+        """Add every job of one HTTP request, or none: when one is refused, the ones already
+        added are taken out again and the refused job reports why."""
+        added: list[Job] = []
+        for job in group:
+            try:
+                self.engine.add_request(job.prompt_ids, job.params, request_id=job.request_id,
+                                        arrival_time=job.arrival_time)
+            except Exception as e:  # noqa: BLE001 - an engine bug fails this request, not the loop
+                for a in added:
+                    self.engine.abort(a.request_id)
+                if isinstance(e, ValueError):
+                    self.counters["requests_rejected"] += len(group)
+                    self._tell(job, "rejected", str(e))
+                else:
+                    log.exception("add_request failed")
+                    self.counters["requests_failed"] += len(group)
+                    self._tell(job, "failed", f"add_request failed: {type(e).__name__}: {e}")
+                return
+            added.append(job)
+        for job in group:
+            self._jobs[job.request_id] = job
+            self.counters["prompt_tokens"] += len(job.prompt_ids)
+            self._tell(job, "accepted")
 
     def _step(self) -> None:
         eng = self.engine
@@ -174,14 +197,14 @@ class EngineLoop:
                 toks = committed_tokens(req, job.sent)
                 if toks:
                     job.sent += len(toks)
-                    job.push("block", toks)
+                    self._tell(job, "block", toks)
         for out in outs:
             job = self._jobs.pop(out.request_id, None)
             if job is None:
                 continue
             c["requests_finished"] += 1
             c["generation_tokens"] += len(out.token_ids)
-            job.push("finished", out)
+            self._tell(job, "finished", out)
 
     def _fail_all(self, message: str) -> None:
         for rid in list(self._jobs):
@@ -190,7 +213,18 @@ class EngineLoop:
             except Exception:  # noqa: BLE001 - the engine is already in trouble
                 log.exception("abort after a failed step")
             self.counters["requests_failed"] += 1
-            self._jobs.pop(rid).push("failed", message)
+            self._tell(self._jobs.pop(rid), "failed", message)
+
+    def _tell(self, job: Job, kind: str, payload: Any = None) -> None:
+        self._outbox.append((job, kind, payload))
+
+    def _flush(self) -> None:
+        """Publish the counters, then send the events they count: a client that has its answer
+        finds it in /metrics already."""
+        self._publish()
+        outbox, self._outbox = self._outbox, []
+        for job, kind, payload in outbox:
+            job.push(kind, payload)
 
     def _publish(self) -> None:
         eng = self.engine

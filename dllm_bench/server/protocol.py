@@ -62,9 +62,30 @@ class _Body(BaseModel):
 
 
 class CompletionRequest(_Body):
-    prompt: str | list[int] = Field(..., description="text, or token ids")
+    # OpenAI's four prompt shapes; a list of prompts is a batch, one choice per prompt.
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        ..., description="text, token ids, or a list of either (one choice each)")
     echo: Literal[False] = False
     logprobs: None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, v: Any) -> Any:
+        def ids(x: Any) -> bool:
+            return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+        if isinstance(v, str) or ids(v):
+            return v
+        if isinstance(v, list) and (all(isinstance(p, str) for p in v) or all(ids(p) for p in v)):
+            return v
+        raise ValueError("prompt must be a string, a list of token ids, a list of strings or a list of "
+                         "token-id lists (not mixed)")
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of the request in choice order (a single prompt is a batch of one)."""
+        p = self.prompt
+        if isinstance(p, str) or not p or isinstance(p[0], int):
+            return [p]
+        return list(p)
 
 
 class ChatMessage(BaseModel):
@@ -113,9 +134,10 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def choice(chat: bool, text: str, finish_reason: str | None, token_ids: list[int] | None,
-           delta: bool, first: bool = False) -> dict:
-    """One choice of a response (delta=False) or of a stream chunk (delta=True)."""
-    c: dict[str, Any] = {"index": 0}
+           delta: bool, first: bool = False, index: int = 0) -> dict:
+    """One choice of a response (delta=False) or of a stream chunk (delta=True); `index` is its
+    prompt's place in the request."""
+    c: dict[str, Any] = {"index": index}
     if not chat:
         c.update(text=text, logprobs=None)
     elif delta:

@@ -16,6 +16,7 @@ from dllm_bench.serve.points import PlannedPoint, point_line, point_summary
 from dllm_bench.serve.run import comparisons
 from dllm_bench.serve.summary import print_comparison
 from dllm_bench.serve.workload import shape_of, workload_shape
+from dllm_bench.simulate import validate
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.simulator import DTYPE_BYTES, SimSetup, simulate_point
@@ -50,7 +51,11 @@ def _real_capacity(run):
     return capacity
 
 
-def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str | None, as_json: bool) -> int:
+def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str | None, as_json: bool,
+                   validate_against: list[Path] | None = None) -> int:
+    """Simulate every point; with `validate_against` (measured serve runs of the same workload)
+    also print and write the per-cell validation (dllm_bench.simulate.validate). Exit code 1
+    when no cell of the measured runs was simulated."""
     from rich.console import Console
 
 
@@ -94,12 +99,24 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
 
         plots = [str(p) for p in plot_all(results.metrics_frame(run_dir), run_dir / "plots", sorted(baseline_labels))]
         console.print(f"plots: {', '.join(plots)}", markup=False, highlight=False)
+    code, validation = 0, None
+    if validate_against:
+        df = validate.compare(run_dir, validate_against)
+        if df.empty:
+            console.print("validation: no (dataset, system, rps) cell of the measured runs was simulated; "
+                          "give the same --dataset, --systems, --rps and --preset as those runs", markup=False,
+                          highlight=False)
+            code = 1
+        else:
+            validation = validate.write(run_dir, df, validate_against)
+            console.print(validate.as_markdown(df), markup=False, highlight=False)
+            console.print(f"validation: {run_dir / 'validation.md'}", markup=False, highlight=False)
     console.print(f"results: {run_dir}", markup=False, highlight=False)
     if as_json:
         import json
         import sys
 
         doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "simulated": True, "hardware": hw.name,
-               "points": points, "plots": plots}
+               "points": points, "plots": plots, "validation": validation}
         sys.stdout.write(json.dumps(results._clean(doc), default=results._default, allow_nan=False) + "\n")
-    return 0
+    return code

@@ -22,7 +22,7 @@ from baselines.static_batch import StaticBatchSystem
 from dllm_bench.checkpoints.presets import PRESETS, get_preset
 from dllm_bench.checkpoints.store import cache_root, resolve_model
 from dllm_bench.errors import UserError
-from dllm_bench.serve.loadgen import run_open_loop, summarize_stats
+from dllm_bench.serve.loadgen import run_open_loop, step_stats_summary
 from dllm_bench.simulate.clock import VirtualClock, VirtualTimed
 from dllm_bench.simulate.cost_model import CostModel, Forward, ModelShape
 from dllm_bench.simulate.hardware import Hardware
@@ -118,9 +118,10 @@ def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len
 
     knobs = baseline_knobs(variant, setup.baseline_defaults)
     model = ShapeModel(setup.model_config, TORCH_DTYPES[setup.dtype])
-    if variant.batch is not None:
-        info.update(max_batch_size=variant.batch, scenario_kind="fixed",
-                    scenario=f"static batch B={variant.batch} (declared)")
+    fixed, kind = variant.static_batch
+    if fixed is not None:
+        info.update(max_batch_size=fixed, scenario_kind=kind,
+                    scenario=f"static batch B={fixed} ({'the upstream batch' if kind == 'upstream' else 'declared'})")
     elif info.get("max_batch_size") is None:
         try:
             b = baseline_max_batch(variant.name, setup.shape, setup.memory_budget, max_len)
@@ -162,6 +163,6 @@ def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
     res = run_open_loop(system, workload, make_params, max_duration=max_duration,
                         clock=clock.now, sleep=clock.sleep, progress_interval=math.inf)
     if not keep_steps:
-        res["stats"] = summarize_stats(res.get("stats") or {})
+        res["stats"] = step_stats_summary(res.get("stats") or {})
     info.update(simulated=True, hardware_profile=setup.hardware.path or setup.hardware.name)
     return {"result": res, "info": info}

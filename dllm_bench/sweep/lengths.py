@@ -27,8 +27,9 @@ from typing import Any
 import pandas as pd
 
 from dllm_bench import results
-from dllm_bench.console import num
+from dllm_bench.console import num, with_spreads
 from dllm_bench.errors import UserError
+from dllm_bench.repeats import aggregate_points, batch_text, compare
 from dllm_bench.serve.workload import special_ids
 from dllm_bench.units import comma_list
 from workloads.serving import build_workload
@@ -166,22 +167,30 @@ def reference_label(systems: Sequence) -> str:
 
 def sweep_table(points: Iterable[Mapping], plan: Mapping | SweepPlan, systems: Sequence[str], reference: str):
     """One row per sweep point: throughput of every system and each non-reference system's
-    throughput / the reference's (the paper's Fig. 7 y axis)."""
+    throughput / the reference's (the paper's Fig. 7 y axis). Over repeated points (aggregated
+    summaries, dllm_bench.repeats.aggregate_points) also each value's min–max (`... lo`/`... hi`
+    columns) and whether the ratio is beyond noise; the reference's B and mean realised batch."""
     plan = plan.to_dict() if isinstance(plan, SweepPlan) else plan
     idx = {(p.get("dataset", ""), p["system"]): p for p in points}
     rows = []
     for (L, G), paper, label in zip(plan["points"], plan["paper_points"], plan["labels"], strict=True):
         row: dict[str, Any] = {"input_len": L, "output_len": G, "paper_len": paper}
         ref = idx.get((label, reference))
-        rtp = num(ref.get(THROUGHPUT)) if ref else None
+        row["repeats"] = max((idx[(label, s)].get("repeats", 1) for s in systems if (label, s) in idx), default=None)
         for s in systems:
             p = idx.get((label, s))
             tp = num(p.get(THROUGHPUT)) if p else None
             row[f"{s} tok/s"] = tp
+            row[f"{s} tok/s lo"] = num(p.get(f"{THROUGHPUT}_min")) if p else None
+            row[f"{s} tok/s hi"] = num(p.get(f"{THROUGHPUT}_max")) if p else None
             if s != reference:
-                row[f"x {s}"] = tp / rtp if tp is not None and rtp else None
+                r, v = compare(p, ref, THROUGHPUT) if p and ref else (None, None)
+                row[f"x {s}"] = r.median if r and r.n else None
+                row[f"{s} x lo"], row[f"{s} x hi"] = (r.lo, r.hi) if r and r.n else (None, None)
+                row[f"{s} vs {reference}"] = v
         if ref and ref.get("max_batch_size"):
-            row[f"{reference} B"] = ref.get("max_batch_size")
+            row[f"{reference} B"] = batch_text(ref)
+            row[f"{reference} mean batch"] = num(ref.get("mean_batch_size"))
         rows.append(row)
     df = pd.DataFrame(rows)
     lead = ["input_len", "output_len", "paper_len"]
@@ -189,9 +198,16 @@ def sweep_table(points: Iterable[Mapping], plan: Mapping | SweepPlan, systems: S
     return df[lead + tps + [c for c in df.columns if c not in lead and c not in tps]]
 
 
+def sweep_display(df, systems: Sequence[str], reference: str):
+    """The sweep table as printed: `median [min–max]` cells when repeated, verdicts only then."""
+    specs = [(f"{s} tok/s", f"{s} tok/s lo", f"{s} tok/s hi", "{:.2f}") for s in systems]
+    specs += [(f"x {s}", f"{s} x lo", f"{s} x hi", "{:.2f}x") for s in systems if s != reference]
+    return with_spreads(df, specs, drop_when_single=["repeats"] + [f"{s} vs {reference}" for s in systems])
+
+
 def table_formats(df) -> dict:
-    return {c: ("{:.2f}x" if c.startswith("x ") else "{:.2f}") for c in df.columns
-            if c.startswith("x ") or c.endswith(" tok/s")}
+    return {c: ("{:.2f}x" if c.startswith("x ") else "{:.1f}" if c.endswith(" mean batch") else "{:.2f}")
+            for c in df.columns if c.startswith("x ") or c.endswith(" tok/s") or c.endswith(" mean batch")}
 
 
 def plot_fig7(df, plan: Mapping | SweepPlan, path: Path, reference: str, title: str = "") -> Path:
@@ -237,7 +253,7 @@ def plot_fig7(df, plan: Mapping | SweepPlan, path: Path, reference: str, title: 
 def run_tables(run_dir: Path) -> dict:
     """The sweep table of a finished sweep run dir (what `report` renders)."""
     cfg = results.load_config(run_dir)["config"]
-    pts = results.load_points(run_dir)
+    pts = aggregate_points(results.load_points(run_dir))
     plan = cfg["plan"]
     df = sweep_table(pts, plan, cfg["systems_labels"], cfg["reference"])
     return {"config": cfg, "points": pts, "table": df, "plan": plan, "reference": cfg["reference"]}

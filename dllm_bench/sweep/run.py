@@ -11,8 +11,9 @@ from dllm_bench import console as cons
 from dllm_bench import results
 from dllm_bench.ablate.ladder import ABLATION_PROMPTS
 from dllm_bench.errors import UserError
-from dllm_bench.serve.options import check_counts, resolve_bench_run
-from dllm_bench.serve.points import PlannedPoint, measure_points
+from dllm_bench.repeats import aggregate_points, repeat_seeds
+from dllm_bench.serve.options import check_counts, check_gen_length, resolve_bench_run
+from dllm_bench.serve.points import PlannedPoint, measure_points, record_repeats, resume_id
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import shape_of
 from dllm_bench.sweep import lengths as sw
@@ -22,18 +23,26 @@ from workloads.serving import describe
 def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str | None, num_prompts: int | None,
           model: str | None, preset: str | None, memory_budget: str | None, seed: int, threads: int | None,
           rps: str, result_dir: Path | None, run_id: str | None, as_json: bool, num_warmups: int,
-          max_duration: float | None, no_profile_cache: bool) -> int:
+          max_duration: float | None, no_profile_cache: bool, gen_length: int | None = None,
+          repeats: int = 1, baseline_batch: str = "max-fit", resume: bool = False) -> int:
     """Every (length, system) point measured, tabulated and plotted; returns the exit code."""
     vary = sw.parse_vary(vary)
-    check_counts(num_prompts, seed)
+    check_counts(num_prompts, seed, repeats)
     sp = preset_for(preset, model)
+    if gen_length is not None:  # one output length for every request: the fixed side of an input sweep
+        check_gen_length(gen_length, sp.block_length)
+        if vary == "output-len":
+            raise UserError("--gen-length fixes the output length that --vary output-len sweeps (use --points)")
+        if fixed_len is not None and fixed_len != gen_length:
+            raise UserError(f"--gen-length {gen_length} and --fixed-len {fixed_len} both set the output length")
+        fixed_len = gen_length
     plan = sw.plan_sweep(vary, length_scale=sp.length_scale, block_length=sp.block_length, device=sp.device,
                          points=points, fixed=fixed_len)
     n = num_prompts if num_prompts is not None else ABLATION_PROMPTS.get(sp.name, sp.num_prompts)
     run = resolve_bench_run(systems=systems or sw.DEFAULT_SYSTEMS, dataset="random", rps=rps, num_prompts=n,
                             model=model, preset=preset, memory_budget=memory_budget, seed=seed,
                             threads=threads, num_warmups=num_warmups, max_duration=max_duration,
-                            no_profile_cache=no_profile_cache)
+                            no_profile_cache=no_profile_cache, repeats=repeats, baseline_batch=baseline_batch)
     if len(run.rps) != 1:
         raise UserError("--rps takes one rate for sweep (inf = saturation, the default)")
     rate = run.rps[0]
@@ -52,9 +61,16 @@ def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str 
         "systems_labels": labels, "reference": reference, "rps": rate, "num_prompts": n,
         "throughput_metric": sw.THROUGHPUT, "measurement": run.measurement(rate),
         "workloads": {lab: describe(wl) for lab, wl in workloads.items()},
+        "repeats": run.repeats, "repeat_seeds": repeat_seeds(seed, run.repeats),
+        "fingerprint": {**run.fingerprint(), "plan": plan.to_dict(), "systems": labels},
     }
+    root = results.results_root(result_dir)
+    if resume:
+        run_id = resume_id("sweep", config["fingerprint"], root, run_id)
     run_dir = results.create_run("sweep", config, name=f"sweep-{vary}-{Path(str(p.model)).name}",
-                                 run_id=run_id, root=results.results_root(result_dir))
+                                 run_id=run_id, root=root, resume=resume)
+    if resume:
+        record_repeats(run_dir, seed, run.repeats)
     con = cons.console()
     con.print(f"[bold]dllm-bench sweep --vary {vary}[/bold] → {run_dir}", highlight=False)
     con.print(p.describe(), markup=False, highlight=False)
@@ -62,25 +78,33 @@ def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str 
               f"systems {', '.join(labels)} (ratios vs {reference})", markup=False, highlight=False)
 
     planned = []
-    for pt, paper in zip(plan.points, plan.paper_points, strict=True):
-        lab = plan.label(pt)
-        wl = workloads[lab]
-        shape = shape_of(wl, p.block_length)  # a baseline's static batch: max fit for THIS point
-        planned += [PlannedPoint(lab, rate, v, wl, shape, {"sweep_vary": vary, "sweep_input_len": pt[0],
-                                                           "sweep_output_len": pt[1], "paper_len": paper})
-                    for v in run.systems]
-    res = measure_points(run, planned, run_dir, con)
-    res.give_up_if_empty(run_dir)
-    df = sw.sweep_table(res.points, plan, labels, reference)
-    cons.print_df(con, df, f"Sensitivity ({vary}): output throughput and x vs {reference} (paper Fig. 7)",
-                  sw.table_formats(df))
+    for rep, rep_seed in enumerate(repeat_seeds(seed, run.repeats)):  # repeat-major: a whole sweep first
+        wls = workloads if rep == 0 else {plan.label(pt): sw.point_workload(run, pt, n, rate, rep_seed)
+                                          for pt in plan.points}
+        for pt, paper in zip(plan.points, plan.paper_points, strict=True):
+            lab = plan.label(pt)
+            wl = wls[lab]
+            shape = shape_of(wl, p.block_length)  # a baseline's static batch: max fit for THIS point
+            planned += [PlannedPoint(lab, rate, v, wl, shape, {"sweep_vary": vary, "sweep_input_len": pt[0],
+                                                               "sweep_output_len": pt[1], "paper_len": paper},
+                                     repeat=rep, seed=rep_seed)
+                        for v in run.systems]
+    res = measure_points(run, planned, run_dir, con, done=results.finished_points(run_dir) if resume else set())
+    res.give_up_if_empty(run_dir, fresh=not resume)
+    points = aggregate_points(res.points)
+    df = sw.sweep_table(points, plan, labels, reference)
+    reps = f", median [min–max] of {run.repeats} repeats" if run.repeats > 1 else ""
+    shown = sw.sweep_display(df, labels, reference)
+    cons.print_df(con, shown, f"Sensitivity ({vary}): output throughput and x vs {reference} (paper Fig. 7){reps}",
+                  sw.table_formats(shown))
     plots = []
     if any(c.startswith("x ") and df[c].notna().any() for c in df.columns):
         plots.append(str(sw.plot_fig7(df, plan, run_dir / "plots" / f"fig7_{vary}.png", reference)))
     doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "vary": vary, "plan": plan.to_dict(),
            "reference": reference, "preset": p.to_dict(), "measurement": config["measurement"],
            "interrupted": res.interrupted, "failures": res.failures, "table": df.to_dict(orient="records"),
-           "plots": plots, "points": res.points}
-    results.atomic_write_json(run_dir / "sweep.json", {k: v for k, v in doc.items() if k != "points"})
+           "plots": plots, "repeats": run.repeats, "points": points, "repeat_points": res.points}
+    results.atomic_write_json(run_dir / "sweep.json", {k: v for k, v in doc.items()
+                                                      if k not in ("points", "repeat_points")})
     con.print(f"plots: {', '.join(plots) or 'none'}", markup=False, highlight=False)
-    return res.finish(con, run_dir, doc, as_json)
+    return res.finish(con, run_dir, doc, as_json, resumable=True)

@@ -207,7 +207,7 @@ def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, def
     payload = {"model": fp, "system": variant.name, "knobs": knobs, "dtype": dtype, "device": device,
                "run_steps": STATIC_PROFILE_STEPS, "prompt_len": shape.max_prompt_len, "gen_length": shape.max_gen_length,
                "block_length": shape.block_length, "steps": steps}
-    fixed = variant.batch
+    fixed, kind = variant.static_batch
     info.update(kind="baseline", knobs=knobs)
     if fixed is None:
         if memory_budget is None:
@@ -231,8 +231,9 @@ def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, def
                     profile_cached=hit, fits_budget=True)
     else:
         batch = int(fixed)
-        info.update(scenario=f"fixed: B={batch} as given (batch={batch}; how upstream ran)",
-                    scenario_kind="fixed", max_batch_size=batch)
+        scenario = (f"upstream: B={batch}, the batch {variant.name}'s upstream code runs" if kind == "upstream"
+                    else f"fixed: B={batch} as given (batch={batch})")
+        info.update(scenario=scenario, scenario_kind=kind, max_batch_size=batch)
         if memory_budget is not None:
             log(f"measuring the peak at batch {batch}")
             prof, hit = cached_profile(

@@ -20,8 +20,10 @@ Systems and their knobs:
 * every name in `baselines.SYSTEMS` (llada, fast-dllm, dllm-cache, sparse-dllm) — static-batch
   baselines; knobs are that system's knobs plus `batch`. Without `batch` the static batch is the
   largest that fits the memory budget, measured (`baselines.profile_max_batch`, as the paper's
-  §6.1 "Hardware Saturation"); `batch=N` fixes it (how the upstream code ran: Fast-dLLM's
-  snapshot handles batch 1 only). Each built system records which scenario it is.
+  §6.1 "Hardware Saturation"); `batch=N` fixes it, and `batch=upstream` is the batch the
+  system's upstream code runs (UPSTREAM_BATCH). Each built system records which scenario it is
+  (max-fit, upstream or fixed); `--baseline-batch` (apply_baseline_batch) picks the scenario
+  of every baseline given without a batch.
 """
 from __future__ import annotations
 
@@ -37,6 +39,18 @@ ENGINE = "engine"
 ENDPOINT = "endpoint"   # an OpenAI-compatible server measured over HTTP (`serve --endpoint`)
 BATCH_KNOB = "batch"
 DEFAULT_SYSTEMS = "engine,fast-dllm,dllm-cache,sparse-dllm"
+UPSTREAM = "upstream"
+# The static batch each baseline's upstream code runs its generation with:
+# * llada: ML-GSAI/LLaDA@b7e6c3565f194352da44b38dd12b6970597309f3 eval_llada.py generate_until
+#   generates one request at a time;
+# * fast-dllm: NVlabs/Fast-dLLM@24cc59e75f20a6384bae8c905965bb090b96388e llada/eval_llada.py
+#   generate_until, one request at a time (the eval scripts set no batch);
+# * sparse-dllm: OpenMOSS/Sparse-dLLM@3fd8986bee4ddd68e70ee8041da3a8c9de44f405
+#   myeval/eval_performance/eval_sparse_dllm_llada_chat.py, batch_size=1;
+# * dllm-cache: maomaocun/dLLM-cache@17235bffc8c5b587a2dc6f7dc76fcd01eab76e3a
+#   scripts/run_LLaDA_*_Instruct.sh, `--batch_size 2` (per GPU).
+UPSTREAM_BATCH = {"llada": 1, "fast-dllm": 1, "sparse-dllm": 1, "dllm-cache": 2}
+BASELINE_BATCH_MODES = ("max-fit", UPSTREAM, "both")
 
 
 # ---------------------------------------------------------------- knob value parsers
@@ -63,6 +77,11 @@ def _float(v: str) -> float:
 
 def _int_or_none(v: str) -> int | None:
     return None if _none(v) else _int(v)
+
+
+def _batch(v: str) -> int | str:
+    """A baseline's `batch`: a number, or `upstream` (the batch its upstream code runs)."""
+    return UPSTREAM if v.strip().lower() == UPSTREAM else _int(v)
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
@@ -131,7 +150,7 @@ def knob_parsers(name: str) -> dict[str, Callable[[str], Any]]:
         return _engine_knobs()
     spec = baseline_registry()[name]
     parsers = {k: _by_default(d) for k, d in spec.knobs.items()}
-    parsers[BATCH_KNOB] = _int
+    parsers[BATCH_KNOB] = _batch
     return parsers
 
 
@@ -157,8 +176,20 @@ class SystemVariant:
         return dict(self.knobs)
 
     @property
-    def batch(self) -> int | None:
+    def batch(self) -> int | str | None:
+        """The `batch` knob as given: None (max-fit), a number, or "upstream"."""
         return self.knob_dict.get(BATCH_KNOB)
+
+    @property
+    def static_batch(self) -> tuple[int | None, str]:
+        """(B, scenario kind): (None, "max-fit") to be measured, (UPSTREAM_BATCH, "upstream") or
+        (N, "fixed")."""
+        b = self.batch
+        if b is None:
+            return None, "max-fit"
+        if b == UPSTREAM:
+            return UPSTREAM_BATCH[self.name], UPSTREAM
+        return int(b), "fixed"
 
     def to_dict(self) -> dict:
         return {"name": self.name, "knobs": self.knob_dict, "label": self.label}
@@ -181,7 +212,9 @@ def _validate(name: str, knobs: dict[str, Any], spec_text: str) -> None:
             raise UserError(f"system {spec_text!r}: {e}") from None
         return
     b = knobs.get(BATCH_KNOB)
-    if b is not None and b < 1:
+    if b == UPSTREAM and name not in UPSTREAM_BATCH:
+        raise UserError(f"system {spec_text!r}: no upstream batch is known for {name}")
+    if isinstance(b, int) and b < 1:
         raise UserError(f"system {spec_text!r}: batch must be >= 1, got {b}")
     policy_knobs = {k: v for k, v in knobs.items() if k != BATCH_KNOB}
     spec = baseline_registry()[name]
@@ -250,6 +283,22 @@ def parse_systems(text: str | None) -> list[SystemVariant]:
             raise UserError(f"--systems lists {v.label!r} twice")
         seen.add(v.label)
         out.append(v)
+    return out
+
+
+def apply_baseline_batch(variants: list[SystemVariant], mode: str) -> list[SystemVariant]:
+    """`--baseline-batch`: every baseline given without a batch runs at the largest static batch
+    that fits the budget (max-fit, as given), at its upstream batch (upstream), or both side by
+    side (each max-fit variant followed by its upstream one). Explicit batches are kept."""
+    if mode not in BASELINE_BATCH_MODES:
+        raise UserError(f"--baseline-batch must be one of {', '.join(BASELINE_BATCH_MODES)}, got {mode!r}")
+    out: list[SystemVariant] = []
+    for v in variants:
+        if not v.is_baseline or v.is_endpoint or v.batch is not None or mode == "max-fit":
+            out.append(v)
+            continue
+        up = parse_system(f"{v.label}{',' if v.knobs else ':'}{BATCH_KNOB}={UPSTREAM}")
+        out += [v, up] if mode == "both" else [up]
     return out
 
 
