@@ -12,6 +12,7 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
+import engine.runner as runner_module
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.models.llada import LLaDAConfig, LLaDAModelLM
 from engine.op_count import OpCounter
@@ -116,24 +117,30 @@ def near_zero_model(n_layers: int = 32) -> LLaDAModelLM:
     return LLaDAModelLM(cfg).eval()
 
 
-def staggered_steps(model: LLaDAModelLM, cache: str, n: int, measure: int = 16, count_ops: bool = False):
-    """n requests in 8 arrival waves (so every step mixes phases), then `measure` steps timed:
-    [(total s, layers s, ops)] per step."""
+def staggered_steps(model: LLaDAModelLM, cache: str, n: int, measure: int = 32, count_ops: bool = False):
+    """n requests in 8 arrival waves (so every step mixes phases), then `measure` steps timed in
+    CPU time of this thread (`time.thread_time`: with one torch thread all the step's work runs
+    here, and time slices lost to other processes on a shared machine are not counted):
+    [(total s, layers s, LM head + decode s, ops)] per step."""
     eng = LLMEngine(EngineConfig(cache=cache, attention_backend="sdpa", device="cpu", sampling=False,
                                  max_num_batched_tokens=1 << 20, max_num_seqs=max(n, 1)), model=model)
     params = SamplingParams(gen_length=64, steps=64, block_length=8)
     g = torch.Generator().manual_seed(n)
     waves = [n // 8 + (1 if i < n % 8 else 0) for i in range(8)]
-    layers = [0.0]
-    hidden = eng.model.hidden_states
+    spent = {"layers": 0.0, "decode": 0.0}
+    clock = time.thread_time
 
-    def hidden_(*a, **k):
-        t = time.perf_counter()
-        out = hidden(*a, **k)
-        layers[0] += time.perf_counter() - t
-        return out
+    def timed(fn, key):
+        def wrapper(*a, **k):
+            t = clock()
+            out = fn(*a, **k)
+            spent[key] += clock() - t
+            return out
+        return wrapper
 
-    eng.model.hidden_states = hidden_
+    eng.model.hidden_states = timed(eng.model.hidden_states, "layers")
+    decode = runner_module.decode_rows
+    runner_module.decode_rows = timed(decode, "decode")
     try:
         for w in waves:
             for _ in range(w):
@@ -141,31 +148,35 @@ def staggered_steps(model: LLaDAModelLM, cache: str, n: int, measure: int = 16, 
             eng.step()
         rows = []
         for _ in range(measure):
-            layers[0] = 0.0
+            spent["layers"] = spent["decode"] = 0.0
             if count_ops:
                 with OpCounter() as c:
                     eng.step()
-                rows.append((0.0, 0.0, c.total))
+                rows.append((0.0, 0.0, 0.0, c.total))
             else:
-                t = time.perf_counter()
+                t = clock()
                 eng.step()
-                rows.append((time.perf_counter() - t, layers[0], 0))
+                rows.append((clock() - t, spent["layers"], spent["decode"], 0))
     finally:
         eng.model.__dict__.pop("hidden_states", None)
+        runner_module.decode_rows = decode
     return rows
 
 
-def host_overhead(cache: str, sizes=(1, 8, 32, 64)) -> dict[int, dict]:
+def host_overhead(cache: str, sizes=(1, 8, 32, 64), measure: int = 32) -> dict[int, dict]:
+    """Median over `measure` steps per size: the step, its layers, and everything else (of which
+    the LM head and the logit decode: math on the candidate rows, not bookkeeping)."""
     model = near_zero_model()
     out = {}
     for n in sizes:
-        rows = staggered_steps(model, cache, n)
-        out[n] = dict(step_ms=1e3 * statistics.median(r[0] for r in rows),
-                      layers_ms=1e3 * statistics.median(r[1] for r in rows),
-                      other_ms=1e3 * statistics.median(r[0] - r[1] for r in rows))
+        rows = staggered_steps(model, cache, n, measure)
+        med = lambda xs: 1e3 * statistics.median(xs)  # noqa: E731
+        out[n] = dict(step_ms=med(r[0] for r in rows), layers_ms=med(r[1] for r in rows),
+                      other_ms=med(r[0] - r[1] for r in rows), decode_ms=med(r[2] for r in rows),
+                      bookkeeping_ms=med(r[0] - r[1] - r[2] for r in rows))
     return out
 
 
 def op_counts(cache: str, sizes=(1, 8, 64)) -> dict[int, int]:
     model = near_zero_model()
-    return {n: max(r[2] for r in staggered_steps(model, cache, n, measure=8, count_ops=True)) for n in sizes}
+    return {n: max(r[3] for r in staggered_steps(model, cache, n, measure=8, count_ops=True)) for n in sizes}

@@ -1,7 +1,7 @@
 """What each KV cache policy stores, selects and reads, per request and phase.
 
-`StepContext` asks the policy of the engine (`POLICIES[config.cache]`) for every scheduled
-request's key spec — how many of its keys come from its cache slots and how many are this
+`StepContext` asks the policy of the engine (`POLICIES[config.cache]`) for the key spec of
+every scheduled request (as columns over the step's `StepMeta`) — how many of its keys come from its cache slots and how many are this
 step's fresh K/V — and for what it stores; it then reads and writes the cache of all requests
 of a layer with one indexed op each. The sparse policy's selection runs in the layer, on that step's
 own queries and keys, for all selecting requests at once (`SparseCache.select`).
@@ -16,29 +16,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine import sparse
 from engine.config import EngineConfig
-from engine.ragged import padded
-from engine.request import Phase, Request
+from engine.ragged import padded, ragged, to_device
+from engine.request import Phase
+from engine.step_meta import StepMeta
 
 
 @dataclass
 class KeySpec:
-    cached: int          # keys read from the request's slots (its first `cached` table entries)
-    fresh: int           # keys that are this step's own fresh K/V rows (its first `fresh` queries)
-    store_from: int      # slot-table index where this step's fresh K/V are stored (-1: none)
+    """Per member of a step (numpy columns over `StepMeta`'s rows)."""
+
+    cached: np.ndarray      # keys read from the request's slots (its first `cached` table entries)
+    fresh: np.ndarray       # keys that are this step's own fresh K/V rows (its first `fresh` queries)
+    store_from: np.ndarray  # slot-table index where this step's fresh K/V are stored (-1: none)
 
 
 class CachePolicy:
     def __init__(self, config: EngineConfig):
         self.config = config
 
-    def spec(self, req: Request, phase: Phase, n_query: int) -> KeySpec:
-        return KeySpec(0, n_query, -1)
+    def spec(self, m: StepMeta) -> KeySpec:
+        return KeySpec(np.zeros_like(m.n_q), m.n_q, np.full_like(m.n_q, -1))
 
-    def plan_select(self, members: list[tuple[Request, int]]):
+    def plan_select(self, m: StepMeta, device):
         return None
 
 
@@ -47,40 +51,36 @@ class NoCache(CachePolicy):
 
 
 class DualCache(CachePolicy):
-    def spec(self, req, phase, n_query):
-        if phase is Phase.REUSE:         # block K/V overwrite their slots, then all L are read
-            return KeySpec(req.length, 0, req.block_range[0])
-        return KeySpec(0, n_query, 0 if phase is Phase.REFRESH_STORE else -1)
+    def spec(self, m):
+        # Reuse: the block's K/V overwrite their slots, then all L cached slots are read.
+        reuse = ~m.refresh
+        return KeySpec(np.where(reuse, m.length, 0), np.where(reuse, 0, m.n_q),
+                       np.where(reuse, m.block_start, np.where(m.has(Phase.REFRESH_STORE), 0, -1)))
 
 
 class SparseCache(CachePolicy):
-    def spec(self, req, phase, n_query):
-        if phase is Phase.REUSE:
-            return KeySpec(req.kv_tokens, n_query, -1)
-        return KeySpec(0, n_query, -1)
+    def spec(self, m):
+        return KeySpec(np.where(m.refresh, 0, m.kv), m.n_q, np.full_like(m.n_q, -1))
 
-    def plan_select(self, members: list[tuple[Request, int]]) -> SelectPlan | None:
-        """Index tensors of one step's Refresh-select, for the requests (with the packed row of
-        their canvas start) that keep anything."""
-        members = [(r, a) for r, a in members if r.slots is not None]
-        if not members:
+    def plan_select(self, m: StepMeta, device) -> SelectPlan | None:
+        """Index tensors of one step's Refresh-select, for the members that keep anything."""
+        g = np.flatnonzero(m.has(Phase.REFRESH_SELECT) & (m.slot_len > 0))
+        if not g.size:
             return None
-        dev = members[0][0].slots.device
-        reqs = [r for r, _ in members]
-        bl = [r.params.block_length for r in reqs]
-        lc = [r.context_len for r in reqs]
-        blmax, lcmax = max(bl), max(lc)
-        q_index, _ = padded([a + r.block_range[0] for r, a in members], bl, blmax, dev)
-        j = torch.arange(lcmax, device=dev)
-        start = torch.tensor([r.block_range[0] for r in reqs], device=dev)[:, None]
-        pos = j + torch.tensor(bl, device=dev)[:, None] * (j >= start)         # skip the block
-        valid = j < torch.tensor(lc, device=dev)[:, None]
-        ctx_index = torch.tensor([a for _, a in members], device=dev)[:, None] + pos * valid
-        keep = [r.kv_tokens for r in reqs]
-        keep_valid = torch.arange(max(keep), device=dev) < torch.tensor(keep, device=dev)[:, None]
-        q_len = None if len(set(bl)) == 1 else torch.tensor(bl, device=dev)
-        return SelectPlan(len(reqs), q_index.view(-1), blmax, q_len, ctx_index.view(-1), lcmax, lc, keep,
-                          keep_valid, torch.cat([r.slots for r in reqs]))
+        bl, start, a = m.block_len[g], m.block_start[g], m.cu_q[g]
+        lc = m.length[g] - bl
+        blmax, lcmax = int(bl.max()), int(lc.max())
+        q_index, _ = padded(a + start, bl, blmax)
+        j = np.arange(lcmax)
+        pos = j + bl[:, None] * (j >= start[:, None])                        # skip the block
+        ctx_index = a[:, None] + pos * (j < lc[:, None])
+        keep = m.kv[g]
+        keep_valid = np.arange(int(keep.max())) < keep[:, None]
+        q_len = None if (bl == blmax).all() else to_device(bl, device)
+        slots = m.slots[ragged(m.slot_base[g], m.slot_len[g])]
+        return SelectPlan(len(g), to_device(q_index.reshape(-1), device), blmax, q_len,
+                          to_device(ctx_index.reshape(-1), device), lcmax, lc.tolist(), keep.tolist(),
+                          to_device(keep_valid, device), to_device(slots, device))
 
     def select(self, plan: SelectPlan, pool: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """One layer's Refresh-select for every planned request: score the context with the

@@ -2,16 +2,27 @@
 forwards, query tokens, logits rows, the phase mix, batch sizes and stalls."""
 from __future__ import annotations
 
+from collections import deque
+
+# Per-step entries kept (the most recent ones). Every aggregate a run reports is exact whatever
+# the number of steps (`batched_requests`, the phase counters, `maxima`); the per-step history
+# only serves short runs (tests, regression tables) and stays bounded in a long-lived server.
+STEP_HISTORY = 4096
+
 
 class StepCounters(dict):
-    """A dict of cumulative counters plus the per-step `batch_sizes` and `step_log`
-    ((refresh, reuse, query tokens) per step)."""
+    """A dict of cumulative counters plus the last `STEP_HISTORY` steps' `batch_sizes` and
+    `step_log` ((refresh, reuse, query tokens) per step), and the batch-size suffix maxima."""
 
     def __init__(self) -> None:
         super().__init__(steps=0, forwards=0, query_tokens=0, logits_rows=0, max_logits_rows_in_step=0,
-                         refresh_steps=0, reuse_steps=0, stalled_steps=0, stalled_requests=0)
-        self.batch_sizes: list[int] = []
-        self.step_log: list[tuple[int, int, int]] = []
+                         refresh_steps=0, reuse_steps=0, stalled_steps=0, stalled_requests=0, batched_requests=0)
+        self.batch_sizes: deque[int] = deque(maxlen=STEP_HISTORY)
+        self.step_log: deque[tuple[int, int, int]] = deque(maxlen=STEP_HISTORY)
+        # (step number, batch size) of every step no later step matched or beat: sizes strictly
+        # decrease along the list, so it holds at most (largest batch) entries, and the largest
+        # batch since any step s is the first entry after s (`max_batch_since`).
+        self.maxima: list[tuple[int, int]] = []
 
     def record(self, batch_size: int, query_tokens: int, logits_rows: int, max_logits_rows: int,
                refresh: int, reuse: int, stalled: int = 0) -> None:
@@ -26,8 +37,18 @@ class StepCounters(dict):
         self["reuse_steps"] += reuse
         self["stalled_steps"] += stalled > 0
         self["stalled_requests"] += stalled
+        self["batched_requests"] += batch_size
         self.batch_sizes.append(batch_size)
         self.step_log.append((refresh, reuse, query_tokens))
+        while self.maxima and self.maxima[-1][1] <= batch_size:
+            self.maxima.pop()
+        self.maxima.append((self["steps"], batch_size))
 
     def stats(self) -> dict:
-        return dict(self, batch_sizes=list(self.batch_sizes), step_composition=[list(s) for s in self.step_log])
+        return dict(self, batch_sizes=list(self.batch_sizes), step_composition=[list(s) for s in self.step_log],
+                    batch_size_maxima=[list(m) for m in self.maxima])
+
+
+def max_batch_since(maxima, steps: int) -> int | None:
+    """The largest batch of the steps after step number `steps`, from `StepCounters.maxima`."""
+    return next((size for step, size in maxima if step > steps), None)

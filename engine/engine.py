@@ -5,6 +5,7 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from engine.attention import resolve_backend
@@ -13,6 +14,7 @@ from engine.config import DTYPES, EngineConfig
 from engine.counters import StepCounters
 from engine.kv_cache import KVPool
 from engine.models.llada import LLaDAModelLM, load_llada
+from engine.ragged import padded, to_device
 from engine.request import Request, RequestOutput, Status
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
@@ -119,23 +121,40 @@ class LLMEngine:
         st = self.runner.run(batch)
         if st.decisions is not None:
             self.commit(batch, st.decisions)
-        now = time.perf_counter()
         done = []
-        for req, _ in batch:
-            req.advance(now)
-            if req.status is Status.FINISHED:
-                self.scheduler.finish(req)
-                done.append(req.output())
+        for req in self.advance(batch, time.perf_counter()):
+            self.scheduler.finish(req)
+            done.append(req.output())
         self.counters.record(len(batch), st.query_tokens, st.logits_rows, st.max_logits_rows, st.refresh, st.reuse,
                              self.scheduler.stalled)
         return done
 
     def commit(self, batch: Batch, d: StepDecisions) -> None:
         """Write every request's decided tokens into the canvas pool with one indexed write."""
-        offsets = torch.tensor([r.canvas_offset for r, _ in batch], dtype=torch.long, device=self.device)
-        self.canvases.tokens[offsets[d.row] + d.positions] = d.tokens
+        offsets = np.fromiter((r.canvas_offset for r, _ in batch), dtype=np.int64, count=len(batch))
+        self.canvases.tokens[to_device(offsets, self.device)[d.row] + d.positions] = d.tokens
         for (req, _), n in zip(batch, d.logits_rows):
             req.charge(n)
+
+    def advance(self, batch: Batch, now: float) -> list[Request]:
+        """Every request's step is done: move the cursors; the masked tokens of the blocks that
+        start next are counted for all of them in one op (their transfer schedules). Returns the
+        requests that finished."""
+        nxt = [r for r, _ in batch if r.step_in_block + 1 == r.steps_per_block and r.block + 1 < r.num_blocks]
+        masked = {}
+        if nxt:
+            lens = np.fromiter((r.block_length for r in nxt), dtype=np.int64, count=len(nxt))
+            starts = np.fromiter((r.canvas_offset + r.prompt_len + (r.block + 1) * r.block_length
+                                  for r in nxt), dtype=np.int64, count=len(nxt))
+            idx, valid = padded(starts, lens, int(lens.max()))
+            tokens = self.canvases.tokens[to_device(idx, self.device)].cpu().numpy()
+            masked = dict(zip(map(id, nxt), ((tokens == self.model_config.mask_token_id) & valid).sum(1).tolist()))
+        done = []
+        for req, _ in batch:
+            req.advance(now, masked.get(id(req)))
+            if req.status is Status.FINISHED:
+                done.append(req)
+        return done
 
     def generate(
         self,

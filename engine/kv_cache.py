@@ -9,6 +9,7 @@ token granularity). An unbounded pool (capacity None) grows its storage on deman
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from engine.models.llada import LLaDAConfig
@@ -90,6 +91,7 @@ class KVPool:
         self.storage = self._alloc(capacity_tokens or 0)
         self.ranges = SlotRanges(self.storage.shape[2])
         self.pieces: dict[int, list[tuple[int, int]]] = {}   # id(slot table) -> its ranges
+        self.host: dict[int, np.ndarray] = {}                 # id(slot table) -> a host copy
 
     def _alloc(self, n: int) -> torch.Tensor:
         c = self.cfg
@@ -122,15 +124,22 @@ class KVPool:
             self.storage[:, :, : old.shape[2]] = old
             self.ranges.grow(self.storage.shape[2])
             pieces = self.ranges.take(n)
-        table = torch.cat([torch.arange(s, e) for s, e in pieces]).to(self.device)
-        self.pieces[id(table)] = pieces
+        host = np.concatenate([np.arange(s, e) for s, e in pieces])
+        table = torch.from_numpy(host.copy()).to(self.device)
+        self.pieces[id(table)], self.host[id(table)] = pieces, host
         return table
+
+    def host_slots(self, table: torch.Tensor) -> np.ndarray:
+        """A slot table as a host array (what the step's index building reads)."""
+        host = self.host.get(id(table))
+        return host if host is not None else table.cpu().numpy()
 
     def release(self, n: int, table: torch.Tensor | None = None) -> None:
         self.used -= n
         assert self.used >= 0
         if table is not None:
             self.ranges.put(self.pieces.pop(id(table)))
+            self.host.pop(id(table), None)
 
     def view(self, table: torch.Tensor) -> torch.Tensor:
         """A request's cache as [layers, 2, H_kv, slots, head_dim] (a copy; for inspection)."""

@@ -1,36 +1,34 @@
-"""Index tensors for ragged batches, built with a fixed number of tensor ops whatever the
-number of sequences: concatenated ranges (`ragged`) and padded rows (`padded`)."""
+"""Index arrays for ragged batches, built on the host with numpy in a fixed number of array ops
+whatever the number of sequences: concatenated ranges (`ragged`) and padded rows (`padded`).
+A step builds all its index metadata here and hands each array to torch once (`to_device`): a
+numpy op costs about a microsecond, a torch op on a small tensor several, and `torch.tensor`
+of a Python list tens."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
-def _t(xs: list[int], device) -> torch.Tensor:
-    return torch.tensor(xs, dtype=torch.long, device=device)
+def excl_cumsum(xs) -> np.ndarray:
+    xs = np.asarray(xs, dtype=np.int64)
+    return np.cumsum(xs) - xs
 
 
-def ragged(starts: list[int], lens: list[int], device) -> torch.Tensor:
-    """Concatenated ranges [starts[i], starts[i] + lens[i]) as one index tensor."""
-    total = sum(lens)
-    if total == 0:
-        return torch.zeros(0, dtype=torch.long, device=device)
-    ln = _t(lens, device)
-    row = torch.repeat_interleave(torch.arange(len(lens), device=device), ln, output_size=total)
-    base = _t([s - c for s, c in zip(starts, excl_cumsum(lens))], device)
-    return base[row] + torch.arange(total, device=device)
+def ragged(starts, lens) -> np.ndarray:
+    """Concatenated ranges [starts[i], starts[i] + lens[i]) as one index array."""
+    starts, lens = np.asarray(starts, dtype=np.int64), np.asarray(lens, dtype=np.int64)
+    return np.repeat(starts - excl_cumsum(lens), lens) + np.arange(int(lens.sum()))
 
 
-def padded(starts: list[int], lens: list[int], width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def padded(starts, lens, width: int) -> tuple[np.ndarray, np.ndarray]:
     """[G, width] indices starts[g] + j, valid where j < lens[g]; a pad repeats the row's first
     index (a real row of the source, so the padding stays finite) -> (index, valid)."""
-    j = torch.arange(width, device=device)
-    valid = j < _t(lens, device)[:, None]
-    return _t(starts, device)[:, None] + j * valid, valid
+    j = np.arange(width)
+    valid = j < np.asarray(lens, dtype=np.int64)[:, None]
+    return np.asarray(starts, dtype=np.int64)[:, None] + j * valid, valid
 
 
-def excl_cumsum(xs: list[int]) -> list[int]:
-    out, acc = [], 0
-    for x in xs:
-        out.append(acc)
-        acc += x
-    return out
+def to_device(a: np.ndarray, device) -> torch.Tensor:
+    """A host array as a tensor: shared memory on the CPU, one copy to an accelerator."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)

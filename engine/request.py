@@ -60,6 +60,11 @@ class Request:
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.prompt_ids)
+        # Plain ints, not properties: the scheduler and the step read them for every request.
+        self.length = self.prompt_len + self.params.gen_length
+        self.block_length = self.params.block_length
+        self.steps_per_block = self.params.steps_per_block
+        self.num_blocks = self.params.num_blocks
         self.canvas = torch.tensor(
             list(self.prompt_ids) + [self.mask_id] * self.params.gen_length, device=self.device
         )
@@ -86,22 +91,18 @@ class Request:
         return None if self.slots is None else self.kv_pool.view(self.slots)
 
     @property
-    def length(self) -> int:
-        return self.canvas.numel()
-
-    @property
     def block_range(self) -> tuple[int, int]:
-        s = self.prompt_len + self.block * self.params.block_length
-        return s, s + self.params.block_length
+        s = self.prompt_len + self.block * self.block_length
+        return s, s + self.block_length
 
     @property
     def context_len(self) -> int:
         """Tokens outside the current block: the candidates for sparse retention."""
-        return self.length - self.params.block_length
+        return self.length - self.block_length
 
     @property
     def is_finished(self) -> bool:
-        return self.block >= self.params.num_blocks
+        return self.block >= self.num_blocks
 
     def phase(self, cache: str, delay_step: int) -> Phase:
         i = self.step_in_block
@@ -114,7 +115,7 @@ class Request:
         return Phase.REFRESH
 
     def query_cost(self, phase: Phase) -> int:
-        return self.length if phase.is_refresh else self.params.block_length
+        return self.length if phase is not Phase.REUSE else self.block_length
 
     def candidates(self) -> torch.Tensor:
         """Absolute positions of the still-masked tokens of the current block (position order)."""
@@ -126,10 +127,11 @@ class Request:
         self.nfe += 1
         self.logits_rows += logits_rows
 
-    def advance(self, now: float) -> None:
-        """One denoising step done: move the cursor; record first-block and finish times."""
+    def advance(self, now: float, masked: int | None = None) -> None:
+        """One denoising step done: move the cursor; record first-block and finish times.
+        `masked`: the next block's masked tokens if the caller counted them (for a batch at once)."""
         self.step_in_block += 1
-        if self.step_in_block == self.params.steps_per_block:
+        if self.step_in_block == self.steps_per_block:
             self.step_in_block = 0
             self.block += 1
             if self.first_token_time is None:
@@ -138,8 +140,9 @@ class Request:
                 self.finished_time = now
                 self.status = Status.FINISHED
             else:
-                n = int((self.canvas[slice(*self.block_range)] == self.mask_id).sum())
-                self.schedule = transfer_schedule(n, self.params.steps_per_block)
+                if masked is None:
+                    masked = int((self.canvas[slice(*self.block_range)] == self.mask_id).sum())
+                self.schedule = transfer_schedule(masked, self.steps_per_block)
 
     def output(self) -> RequestOutput:
         return RequestOutput(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.cache_policy import POLICIES
@@ -18,10 +19,11 @@ from engine.config import EngineConfig
 from engine.kv_cache import KVPool
 from engine.logits import RowSegment, decode_rows
 from engine.models.llada import LLaDAModelLM
-from engine.ragged import padded, ragged
+from engine.ragged import padded, ragged, to_device
 from engine.request import Phase, Request
 from engine.step import StepDecisions, StepStats
 from engine.step_context import StepContext
+from engine.step_meta import StepMeta
 from engine.unmask import random_confidence
 
 
@@ -39,88 +41,80 @@ class ModelRunner:
         """The step's packed inputs and its attention context (everything before the forward)."""
         dev = self.device
         tokens, offsets = _canvases([r for r, _ in batch], dev)
-        q_start = [0 if p.is_refresh else r.block_range[0] for r, p in batch]
-        n_q = [r.length if p.is_refresh else r.params.block_length for r, p in batch]
-        cu_q = [0]
-        for n in n_q:
-            cu_q.append(cu_q[-1] + n)
-        positions = ragged(q_start, n_q, dev)
-        ids = tokens[ragged([o + s for o, s in zip(offsets, q_start)], n_q, dev)]
-        rotation = self.model.rope.at(positions, self.model.dtype)
-        ctx = StepContext(batch, cu_q, self.policy, self.pool, rotation, self.backend, self.key_budget, dev, self.dtype)
-        return PackedStep(tokens, offsets, q_start, n_q, cu_q, ids, positions, ctx)
+        host_slots = self.pool.host_slots if self.pool is not None else _host_slots
+        m = StepMeta.of(batch, offsets, host_slots)
+        pos = ragged(m.q_start, m.n_q)
+        positions = to_device(pos, dev)
+        ids = tokens[to_device(np.repeat(m.offset, m.n_q) + pos, dev)]
+        rotation = self.model.rope.at(positions, self.model.dtype, top=int(m.length.max()) - 1)
+        ctx = StepContext(m, self.policy, self.pool, rotation, self.backend, self.key_budget, dev, self.dtype)
+        return PackedStep(tokens, m, m.cu_q, ids, positions, ctx)
 
     @torch.no_grad()
     def run(self, batch: list[tuple[Request, Phase]]) -> StepStats:
         dev = self.device
         reqs = [r for r, _ in batch]
         p = self.prepare(batch)
-        tokens, offsets, q_start, n_q, cu_q = p.tokens, p.offsets, p.q_start, p.n_q, p.cu_q
+        m, tokens = p.meta, p.tokens
         hidden = self.model.hidden_states(p.ids, p.positions, p.ctx, rope=p.ctx.rotation)
 
         # Candidates: still-masked positions of each request's current block, [B, max block].
-        bl = [r.params.block_length for r in reqs]
-        starts = [r.block_range[0] for r in reqs]
-        idx, valid = padded([o + s for o, s in zip(offsets, starts)], bl, max(bl), dev)
-        cand = valid & (tokens[idx] == self.model_config.mask_token_id)
-        rel = idx - _col(offsets, dev)                                            # canvas positions
-        rows = (rel - _col(q_start, dev) + _col(cu_q[:-1], dev))[cand]           # hidden rows, request order
-        counts = cand.sum(1).tolist()
-        seg_start = [0]
-        for n in counts:
-            seg_start.append(seg_start[-1] + n)
-        segments = [RowSegment(seg_start[i], counts[i], r.params.temperature, r.gens.gumbel)
+        idx, valid = padded(m.offset + m.block_start, m.block_len, int(m.block_len.max()))
+        cand_t = (tokens[to_device(idx, dev)] == self.model_config.mask_token_id) & to_device(valid, dev)
+        cand = cand_t.cpu().numpy()
+        rel = idx - m.offset[:, None]                                             # canvas positions
+        rows = (rel - m.q_start[:, None] + m.cu_q[:-1, None])[cand]              # hidden rows, request order
+        counts = cand.sum(1)
+        seg_start = np.cumsum(counts) - counts
+        segments = [RowSegment(int(seg_start[i]), int(counts[i]), r.params.temperature, r.gens.gumbel)
                     for i, r in enumerate(reqs) if r.params.temperature > 0]
-        res = decode_rows(self.model.lm_head, hidden, rows, segments, self.config.max_num_logits,
+        res = decode_rows(self.model.lm_head, hidden, to_device(rows, dev), segments, self.config.max_num_logits,
                           self.model_config.mask_token_id)
         conf = res.conf
         for i, r in enumerate(reqs):
             if r.params.remasking == "random":
                 conf = conf.clone() if conf is res.conf else conf
-                conf[seg_start[i] : seg_start[i + 1]] = random_confidence(counts[i], r.gens.remask).to(conf)
+                a = int(seg_start[i])
+                conf[a : a + int(counts[i])] = random_confidence(int(counts[i]), r.gens.remask).to(conf)
 
         # Each request commits its k most confident candidates (k from its linear schedule);
         # ties go to the lower position.
         B, W = cand.shape
         score = torch.full((B, W), -torch.inf, dtype=conf.dtype, device=dev)
-        score[cand] = conf
+        score[cand_t] = conf
         order = torch.sort(score, dim=1, descending=True, stable=True).indices
-        k = _col([r.schedule[r.step_in_block] for r in reqs], dev)
-        chosen = torch.zeros_like(cand).scatter_(1, order, torch.arange(W, device=dev)[None] < k) & cand
+        k = to_device(m.k[:, None], dev)
+        chosen = torch.zeros_like(cand_t).scatter_(1, order, torch.arange(W, device=dev)[None] < k) & cand_t
         x0 = torch.zeros((B, W), dtype=torch.long, device=dev)
-        x0[cand] = res.x0
+        x0[cand_t] = res.x0
         row, col = chosen.nonzero(as_tuple=True)
         monolithic = self.config.max_num_logits is None
-        decisions = StepDecisions(row, rel[row, col], x0[row, col], score[row, col],
-                                  n_q if monolithic else counts)
-        n_ref = sum(1 for _, p in batch if p.is_refresh)
-        return StepStats(cu_q[-1], res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref, decisions)
+        decisions = StepDecisions(row, to_device(rel, dev)[row, col], x0[row, col], score[row, col],
+                                  (m.n_q if monolithic else counts).tolist())
+        n_ref = int(m.refresh.sum())
+        return StepStats(int(m.cu_q[-1]), res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
+                         decisions)
 
 
 @dataclass
 class PackedStep:
     tokens: torch.Tensor          # the token tensor holding every canvas
-    offsets: list[int]            # each request's canvas offset in it
-    q_start: list[int]            # canvas position of each request's first query
-    n_q: list[int]                # queries per request
-    cu_q: list[int]               # packed query offsets
+    meta: StepMeta                # every member's scalars (offsets, phases, query ranges, slots)
+    cu_q: np.ndarray              # packed query offsets
     ids: torch.Tensor             # [N] packed input ids
     positions: torch.Tensor       # [N] their canvas positions
     ctx: StepContext
 
 
-def _col(xs: list[int], device) -> torch.Tensor:
-    return torch.tensor(xs, dtype=torch.long, device=device)[:, None]
+def _host_slots(table: torch.Tensor) -> np.ndarray:
+    return table.cpu().numpy()
 
 
-def _canvases(reqs: list[Request], device) -> tuple[torch.Tensor, list[int]]:
+def _canvases(reqs: list[Request], device) -> tuple[torch.Tensor, np.ndarray]:
     """The token tensor holding every canvas, and each canvas's offset in it: the engine's
     canvas pool when all are placed there, else (profiling, direct calls) a concatenation."""
     pool = getattr(reqs[0], "canvas_pool", None)
     if pool is not None and all(getattr(r, "canvas_pool", None) is pool for r in reqs):
-        return pool.tokens, [r.canvas_offset for r in reqs]
-    offs, acc = [], 0
-    for r in reqs:
-        offs.append(acc)
-        acc += r.length
-    return torch.cat([r.canvas for r in reqs]), offs
+        return pool.tokens, np.fromiter((r.canvas_offset for r in reqs), dtype=np.int64, count=len(reqs))
+    lens = np.fromiter((r.length for r in reqs), dtype=np.int64, count=len(reqs))
+    return torch.cat([r.canvas for r in reqs]), np.cumsum(lens) - lens

@@ -10,19 +10,22 @@ split into chunks only when its padded keys would exceed `key_budget` rows, whic
 transient memory (the profiler measures a full chunk). The sparse Refresh-select of all
 selecting requests is one batched scoring per layer (`SparseCache.select`).
 
+Every index tensor is built once per step on the host from the step's `StepMeta` columns
+(numpy, `engine.ragged`), so building the context costs a fixed number of torch calls too.
 The step's RoPE rows are gathered once (`rotation`) and handed to every layer.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.attention import flash_varlen, key_bias, padded_attention
 from engine.cache_policy import CachePolicy, KeySpec
 from engine.kv_cache import KVPool
-from engine.ragged import excl_cumsum, padded, ragged
-from engine.request import Phase, Request
+from engine.ragged import padded, ragged, to_device
+from engine.step_meta import StepMeta
 
 
 @dataclass
@@ -30,82 +33,102 @@ class _Chunk:
     G: int
     Lq: int
     q_index: torch.Tensor              # [G*Lq] packed query rows (padded), or [ΣLq] for flash
-    cache_index: torch.Tensor | None   # [G*kmax] pool slots
+    cache_index: torch.Tensor | None   # [2*G*kmax] pool rows: K slots, then V slots
     kmax: int
     fresh_index: torch.Tensor | None   # [G*fmax] packed rows of fresh K/V
     fmax: int
-    key_mask: torch.Tensor | None      # [G, kmax + fmax]
-    bias: torch.Tensor | None = None   # the same as an additive SDPA mask (padded path)
+    bias: torch.Tensor | None = None   # padded path: additive SDPA mask of the padding keys
     cu_q: list[int] | None = None      # flash: packed query and key offsets
     cu_k: list[int] | None = None
+    packed: PackedKeys | None = None   # flash: where each key of the packed K/V comes from
+
+
+@dataclass
+class PackedKeys:
+    """The varlen key layout of a group (flash-attn): member i's keys are rows
+    [cu_k[i], cu_k[i+1]) of one packed K (and V), its cached keys first, then its fresh ones.
+    Every key is copied once, from the pool or from the step's K/V, straight to its row."""
+
+    total: int
+    cache_src: torch.Tensor | None     # pool rows (K slots, then the same slots' V rows)
+    cache_dst: torch.Tensor | None
+    fresh_src: torch.Tensor | None     # packed rows of the step's fresh K/V
+    fresh_dst: torch.Tensor | None
+
+
+def packed_keys(slot_base: np.ndarray, slots: np.ndarray, n_slots: int, cached: np.ndarray, starts: np.ndarray,
+                fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Index math of `PackedKeys` (host arrays): member i reads `cached[i]` slots from its table
+    at `slot_base[i]` in `slots`, then `fresh[i]` fresh rows from `starts[i]`; `n_slots`: the
+    pool's slot count (V rows follow K rows). -> (cu_k, cache_src, cache_dst, fresh_src, fresh_dst)."""
+    cu_k = np.zeros(len(cached) + 1, dtype=np.int64)
+    np.cumsum(cached + fresh, out=cu_k[1:])
+    src = slots[ragged(slot_base, cached)]
+    return (cu_k, np.concatenate([src, src + n_slots]), ragged(cu_k[:-1], cached), ragged(starts, fresh),
+            ragged(cu_k[:-1] + cached, fresh))
 
 
 class StepContext:
-    def __init__(self, batch: list[tuple[Request, Phase]], cu_q: list[int], policy: CachePolicy, pool: KVPool | None,
-                 rotation, backend: str, key_budget: int, device, dtype: torch.dtype):
-        self.batch, self.cu_q, self.policy, self.pool, self.backend = batch, cu_q, policy, pool, backend
+    def __init__(self, meta: StepMeta, policy: CachePolicy, pool: KVPool | None, rotation, backend: str,
+                 key_budget: int, device, dtype: torch.dtype):
+        self.meta, self.policy, self.pool, self.backend = meta, policy, pool, backend
         self.rotation, self.device, self.dtype = rotation, device, dtype
-        n_q = [cu_q[i + 1] - cu_q[i] for i in range(len(batch))]
-        specs = [policy.spec(req, phase, n) for (req, phase), n in zip(batch, n_q)]
-        self._plan_stores(specs, n_q)
-        self.select_plan = policy.plan_select([(req, cu_q[i]) for i, (req, phase) in enumerate(batch)
-                                               if phase is Phase.REFRESH_SELECT])
+        spec = policy.spec(meta)
+        self._plan_stores(spec)
+        self.select_plan = policy.plan_select(meta, device)
         self.chunks: list[_Chunk] = []
-        out_pos = [0] * len(batch)            # where each request's first output row lands
+        out_pos = np.zeros(len(meta.n_q), dtype=np.int64)     # where each member's first output row lands
         base = 0
+        key_lens = spec.cached + spec.fresh
         for refresh in (True, False):
-            members = [i for i, (_, p) in enumerate(batch) if p.is_refresh == refresh]
-            for chunk in _split(members, [specs[i].cached + specs[i].fresh for i in members], key_budget):
-                ch = self._chunk(chunk, specs, n_q)
-                for g, i in enumerate(chunk):
-                    out_pos[i] = base + (ch.cu_q[g] if ch.cu_q is not None else g * ch.Lq)
-                base += ch.cu_q[-1] if ch.cu_q is not None else ch.G * ch.Lq
+            members = np.flatnonzero(meta.refresh == refresh)
+            for chunk in _split(members, key_lens[members], key_budget):
+                ch = self._chunk(chunk, spec)
+                lq = meta.n_q[chunk]
+                out_pos[chunk] = base + (np.asarray(ch.cu_q[:-1]) if ch.cu_q is not None
+                                         else np.arange(len(chunk)) * ch.Lq)
+                base += int(lq.sum()) if ch.cu_q is not None else ch.G * ch.Lq
                 self.chunks.append(ch)
-        identity = all(out_pos[i] == cu_q[i] for i in range(len(batch))) and base == cu_q[-1]
-        self.out_index = None if identity else ragged(out_pos, n_q, device)
+        identity = (out_pos == meta.cu_q[:-1]).all() and base == meta.cu_q[-1]
+        self.out_index = None if identity else to_device(ragged(out_pos, meta.n_q), device)
 
-    def _plan_stores(self, specs: list[KeySpec], n_q: list[int]) -> None:
-        st = [i for i, s in enumerate(specs) if s.store_from >= 0]
+    def _plan_stores(self, spec: KeySpec) -> None:
+        m = self.meta
+        st = np.flatnonzero(spec.store_from >= 0)
         self.store_slots = self.store_src = None
-        if st:
-            tables = [self.batch[i][0].slots for i in st]
-            all_slots = torch.cat(tables)
-            offs = excl_cumsum([t.numel() for t in tables])
-            self.store_slots = all_slots[ragged([o + specs[i].store_from for o, i in zip(offs, st)], [n_q[i] for i in st], self.device)]
-            self.store_src = ragged([self.cu_q[i] for i in st], [n_q[i] for i in st], self.device)
+        if st.size:
+            idx = ragged(m.slot_base[st] + spec.store_from[st], m.n_q[st])
+            self.store_slots = to_device(m.slots[idx], self.device)
+            self.store_src = to_device(ragged(m.cu_q[st], m.n_q[st]), self.device)
 
-    def _chunk(self, chunk: list[int], specs: list[KeySpec], n_q: list[int]) -> _Chunk:
-        dev = self.device
+    def _chunk(self, chunk: np.ndarray, spec: KeySpec) -> _Chunk:
+        m, dev = self.meta, self.device
         G = len(chunk)
-        lq = [n_q[i] for i in chunk]
-        kc = [specs[i].cached for i in chunk]
-        kf = [specs[i].fresh for i in chunk]
-        Lq, kmax, fmax = max(lq), max(kc), max(kf)
+        lq, kc, kf, starts = m.n_q[chunk], spec.cached[chunk], spec.fresh[chunk], m.cu_q[chunk]
+        Lq, kmax, fmax = int(lq.max()), int(kc.max()), int(kf.max())
         cache_index = fresh_index = None
         valid = []
         if kmax:
-            tables = [self.batch[i][0].slots for i in chunk]
-            all_slots = torch.cat([t if t is not None else t_empty(dev) for t in tables])
-            idx, ok = padded(excl_cumsum([0 if t is None else t.numel() for t in tables]), kc, kmax, dev)
-            slots = all_slots[idx.clamp_(max=all_slots.numel() - 1).view(-1)]
-            cache_index = torch.cat([slots, slots + self.pool.storage.shape[2]])     # K rows, then V rows
+            idx, ok = padded(m.slot_base[chunk], kc, kmax)
+            slots = m.slots[np.minimum(idx, len(m.slots) - 1).reshape(-1)]
+            cache_index = to_device(np.concatenate([slots, slots + self.pool.storage.shape[2]]), dev)
             valid.append(ok)
         if fmax:
-            idx, ok = padded([self.cu_q[i] for i in chunk], kf, fmax, dev)
-            fresh_index = idx.view(-1)
+            idx, ok = padded(starts, kf, fmax)
+            fresh_index = to_device(idx.reshape(-1), dev)
             valid.append(ok)
-        lens_k = [a + b for a, b in zip(kc, kf)]
-        full = all(n == kmax for n in kc) and all(n == fmax for n in kf)
-        key_mask = None if full else (valid[0] if len(valid) == 1 else torch.cat(valid, 1))
-        starts = [self.cu_q[i] for i in chunk]
+        full = (kc == kmax).all() and (kf == fmax).all()
+        key_mask = None if full else (valid[0] if len(valid) == 1 else np.concatenate(valid, 1))
         if self.backend == "flash_attn":
-            cu_q = [0, *torch.tensor(lq).cumsum(0).tolist()]
-            cu_k = [0, *torch.tensor(lens_k).cumsum(0).tolist()]
-            return _Chunk(G, Lq, ragged(starts, lq, dev), cache_index, kmax, fresh_index, fmax, key_mask,
-                          cu_q=cu_q, cu_k=cu_k)
-        q_index, _ = padded(starts, lq, Lq, dev)
-        bias = None if key_mask is None else key_bias(key_mask, self.dtype)
-        return _Chunk(G, Lq, q_index.view(-1), cache_index, kmax, fresh_index, fmax, key_mask, bias)
+            n_slots = self.pool.storage.shape[2] if self.pool is not None else 0
+            cu_k, c_src, c_dst, f_src, f_dst = packed_keys(m.slot_base[chunk], m.slots, n_slots, kc, starts, kf)
+            t = lambda a: to_device(a, dev) if a.size else None  # noqa: E731
+            return _Chunk(G, Lq, to_device(ragged(starts, lq), dev), None, kmax, None, fmax,
+                          cu_q=[0, *np.cumsum(lq).tolist()], cu_k=cu_k.tolist(),
+                          packed=PackedKeys(int(cu_k[-1]), t(c_src), t(c_dst), t(f_src), t(f_dst)))
+        q_index, _ = padded(starts, lq, Lq)
+        bias = None if key_mask is None else key_bias(to_device(key_mask, dev), self.dtype)
+        return _Chunk(G, Lq, to_device(q_index.reshape(-1), dev), cache_index, kmax, fresh_index, fmax, bias)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         pool = self.pool.storage[layer] if self.pool is not None and self.pool.storage.numel() else None  # [2, S, Hkv, D]
@@ -120,41 +143,41 @@ class StepContext:
 
     def _attend(self, ch: _Chunk, q, k, v, pool) -> torch.Tensor:
         hkv, d = k.shape[1:]
+        if ch.packed is not None:                     # flash-attn varlen: keys packed in place
+            p = ch.packed
+            K, V = k.new_empty(p.total, hkv, d), v.new_empty(p.total, hkv, d)
+            if p.cache_src is not None:
+                kc, vc = pool.view(-1, hkv, d)[p.cache_src].view(2, -1, hkv, d).unbind(0)
+                K[p.cache_dst], V[p.cache_dst] = kc, vc
+            if p.fresh_src is not None:
+                K[p.fresh_dst], V[p.fresh_dst] = k[p.fresh_src], v[p.fresh_src]
+            return flash_varlen(q[ch.q_index], ch.cu_q, K, V, ch.cu_k)
         ks, vs = [], []
         if ch.cache_index is not None:                # K and V of every member in one indexed read
-            kv = pool.view(-1, hkv, d)[ch.cache_index].view(2, ch.G, ch.kmax, hkv, d)
-            ks.append(kv[0])
-            vs.append(kv[1])
+            kc, vc = pool.view(-1, hkv, d)[ch.cache_index].view(2, ch.G, ch.kmax, hkv, d).unbind(0)
+            ks.append(kc)
+            vs.append(vc)
         if ch.fresh_index is not None:
             ks.append(k[ch.fresh_index].view(ch.G, ch.fmax, hkv, d))
             vs.append(v[ch.fresh_index].view(ch.G, ch.fmax, hkv, d))
         K = ks[0] if len(ks) == 1 else torch.cat(ks, 1)
         V = vs[0] if len(vs) == 1 else torch.cat(vs, 1)
-        if ch.cu_q is not None:                      # flash-attn varlen: packed keys
-            if ch.key_mask is not None:
-                K, V = K[ch.key_mask], V[ch.key_mask]
-            else:
-                K, V = K.reshape(-1, hkv, d), V.reshape(-1, hkv, d)
-            return flash_varlen(q[ch.q_index], ch.cu_q, K, V, ch.cu_k)
         qg = q[ch.q_index].view(ch.G, ch.Lq, *q.shape[1:])
         return padded_attention(qg, K, V, ch.bias).reshape(ch.G * ch.Lq, *q.shape[1:])
 
 
-def t_empty(device) -> torch.Tensor:
-    return torch.zeros(0, dtype=torch.long, device=device)
-
-
-def _split(members: list[int], key_lens: list[int], budget: int) -> list[list[int]]:
+def _split(members: np.ndarray, key_lens: np.ndarray, budget: int) -> list[np.ndarray]:
     """Consecutive members, each chunk's padded key rows (count x longest) within the budget."""
-    chunks: list[list[int]] = []
-    cur: list[int] = []
-    longest = 0
-    for i, n in zip(members, key_lens):
-        if cur and (len(cur) + 1) * max(longest, n) > budget:
-            chunks.append(cur)
-            cur, longest = [], 0
-        cur.append(i)
+    if not members.size:
+        return []
+    if len(members) * int(key_lens.max()) <= budget:       # the common case: one chunk
+        return [members]
+    chunks: list[np.ndarray] = []
+    first, longest = 0, 0
+    for i, n in enumerate(key_lens.tolist()):
+        if i > first and (i - first + 1) * max(longest, n) > budget:
+            chunks.append(members[first:i])
+            first, longest = i, 0
         longest = max(longest, n)
-    if cur:
-        chunks.append(cur)
+    chunks.append(members[first:])
     return chunks

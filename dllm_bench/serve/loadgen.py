@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from engine.counters import max_batch_since
 from engine.sampling import SamplingParams
 
 # Names a workload item may use for its arrival offset (seconds from the start). The first
@@ -23,7 +24,7 @@ ARRIVAL_FIELDS = ("arrival", "arrival_offset", "offset", "arrival_s", "timestamp
 TIME_FIELDS = ("arrival_time", "admitted_time", "first_token_time", "finished_time")
 # Cumulative stats() counters: a point reports their increase over the run, so a system object
 # reused across points does not leak counts from earlier points. Peaks/sizes are taken as-is.
-COUNTER_STATS = ("steps", "forwards", "query_tokens", "logits_rows")
+COUNTER_STATS = ("steps", "forwards", "query_tokens", "logits_rows", "batched_requests")
 
 ProgressFn = Callable[[int, int, float], None]  # (arrived, finished, live output tok/s)
 
@@ -51,7 +52,14 @@ def _stats_delta(before: Mapping, after: Mapping) -> dict:
         if isinstance(after.get(k), (int, float)) and isinstance(before.get(k), (int, float)):
             out[k] = after[k] - before[k]
     if isinstance(after.get("batch_sizes"), list) and isinstance(before.get("batch_sizes"), list):
-        out["batch_sizes"] = after["batch_sizes"][len(before["batch_sizes"]):]
+        # The per-step history is bounded (engine.counters.STEP_HISTORY): the run's steps are its
+        # last entries, as many as it took (all of them while the history holds them).
+        sizes, new = after["batch_sizes"], len(after["batch_sizes"]) - len(before["batch_sizes"])
+        if isinstance(after.get("steps"), int) and isinstance(before.get("steps"), int):
+            new = after["steps"] - before["steps"]
+        out["batch_sizes"] = sizes[max(len(sizes) - new, 0):] if new > 0 else []
+    if isinstance(after.get("batch_size_maxima"), list) and isinstance(before.get("steps"), int):
+        out["max_batch_size"] = max_batch_since(after["batch_size_maxima"], before["steps"])
     a, b = after.get("step_composition"), before.get("step_composition")
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         out["step_composition"] = {k: v - b.get(k, 0) for k, v in a.items()}
@@ -63,16 +71,26 @@ def step_stats_summary(stats: Mapping) -> dict:
     figures a point keeps: mean and max batch size, the engine's refresh/reuse request-steps
     (from its [refresh, reuse, query tokens] per step); the build profile is dropped (a point
     keeps it in its info). Shared by serve's worker and the simulator, so both write the same
-    fields."""
+    fields. Mean and largest batch and the request-steps are exact from the counters when
+    the system keeps them (the per-step history is bounded: `engine.counters.STEP_HISTORY`)."""
     stats = dict(stats)
     sizes = stats.pop("batch_sizes", None)
+    maxima = stats.pop("batch_size_maxima", None)
+    largest = stats.pop("max_batch_size", None)
     if isinstance(sizes, list):
-        stats["mean_batch_size"] = (sum(sizes) / len(sizes)) if sizes else None
-        stats["max_batch_size_seen"] = max(sizes) if sizes else None
+        steps, total = stats.get("steps"), stats.get("batched_requests")
+        if isinstance(steps, int) and isinstance(total, int):
+            stats["mean_batch_size"] = total / steps if steps else None
+        else:
+            stats["mean_batch_size"] = (sum(sizes) / len(sizes)) if sizes else None
+        if maxima is None:
+            largest = max(sizes) if sizes else None
+        stats["max_batch_size_seen"] = largest
     comp = stats.pop("step_composition", None)
-    if isinstance(comp, list):
-        stats["refresh_request_steps"] = sum(int(c[0]) for c in comp)
-        stats["reuse_request_steps"] = sum(int(c[1]) for c in comp)
+    if isinstance(comp, list):  # engine: [refresh, reuse, query tokens] per step
+        exact = all(isinstance(stats.get(k), int) for k in ("refresh_steps", "reuse_steps"))
+        stats["refresh_request_steps"] = stats["refresh_steps"] if exact else sum(int(c[0]) for c in comp)
+        stats["reuse_request_steps"] = stats["reuse_steps"] if exact else sum(int(c[1]) for c in comp)
     stats.pop("profile", None)
     return stats
 

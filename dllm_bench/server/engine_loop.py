@@ -177,7 +177,7 @@ class EngineLoop:
 
     def _step(self) -> None:
         eng = self.engine
-        steps_before = len(eng.batch_sizes)
+        steps_before = eng.counters["steps"]
         t = time.perf_counter()
         try:
             outs = eng.step()
@@ -187,7 +187,8 @@ class EngineLoop:
             return
         c = self.counters
         c["step_seconds"] += time.perf_counter() - t
-        for b in eng.batch_sizes[steps_before:]:
+        if eng.counters["steps"] > steps_before:         # one engine step: the newest history entry
+            b = eng.batch_sizes[-1]
             c["batched_requests"] += b
             c["max_batch_size"] = max(c["max_batch_size"], b)
         for req in eng.scheduler.running:

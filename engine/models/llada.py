@@ -116,10 +116,11 @@ class RotaryEmbedding:
             self._cache[key] = (emb.cos(), emb.sin())
         return self._cache[key]
 
-    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
-        """The rotation at `positions` for tensors of `dtype` (norm dtype: >= float32)."""
+    def at(self, positions: torch.Tensor, dtype: torch.dtype, top: int | None = None) -> Rotation:
+        """The rotation at `positions` for tensors of `dtype` (norm dtype: >= float32). `top`: a
+        bound on the largest position if the caller knows one (saves reading it back)."""
         dt = torch.promote_types(dtype, torch.float32)
-        cos, sin = self._table(int(positions.max()) + 1, positions.device, dt)
+        cos, sin = self._table((int(positions.max()) if top is None else top) + 1, positions.device, dt)
         return Rotation(cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,58 @@
+"""StepMeta: the scalars of every request in one step as numpy columns (host side).
+
+The runner reads each scheduled request once, in one pass (`StepMeta.of`), and from then on
+the packing, the attention plan, the sparse selection plan and the commit choice are array
+ops over these columns: their cost does not grow with the batch in Python calls or torch ops.
+`slots` holds every member's slot table end to end (member i's at `slot_base[i]`,
+`slot_len[i]` long), so any per-request slot index is one fancy index into it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+
+from engine.request import Phase, Request
+
+CODES = {Phase.REFRESH: 0, Phase.REFRESH_STORE: 1, Phase.REFRESH_SELECT: 2, Phase.REUSE: 3}
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class StepMeta:
+    offset: np.ndarray        # canvas offset in the step's token tensor
+    length: np.ndarray        # canvas length
+    block_len: np.ndarray
+    block_start: np.ndarray   # canvas position of the current block
+    kv: np.ndarray            # KV slots reserved (kv_tokens)
+    k: np.ndarray             # tokens this step commits (its transfer schedule at this step)
+    phase: np.ndarray         # CODES
+    slot_base: np.ndarray     # where each member's slot table starts in `slots`
+    slot_len: np.ndarray
+    slots: np.ndarray         # every member's slot table, concatenated
+    refresh: np.ndarray       # bool: a Refresh* phase (the whole canvas is queried)
+    q_start: np.ndarray       # canvas position of the first query: 0 (Refresh*) or the block start
+    n_q: np.ndarray           # queries: the canvas (Refresh*) or the block (Reuse)
+    cu_q: np.ndarray          # [B + 1] packed query offsets
+
+    @classmethod
+    def of(cls, batch: list[tuple[Request, Phase]], offsets: np.ndarray, host_slots) -> StepMeta:
+        """`host_slots(table)`: a request's slot table as a host array (`KVPool.host_slots`)."""
+        cols = np.fromiter(chain.from_iterable(
+            (r.length, r.block_length, r.prompt_len + r.block * r.block_length, r.kv_tokens,
+             r.schedule[r.step_in_block], CODES[p]) for r, p in batch), dtype=np.int64, count=6 * len(batch)
+        ).reshape(-1, 6).T
+        tables = [_EMPTY if r.slots is None else host_slots(r.slots) for r, _ in batch]
+        slot_len = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+        slots = np.concatenate(tables) if tables else _EMPTY
+        length, block_len, block_start, _, _, phase = cols
+        refresh = phase != CODES[Phase.REUSE]
+        n_q = np.where(refresh, length, block_len)
+        cu_q = np.zeros(len(batch) + 1, dtype=np.int64)
+        np.cumsum(n_q, out=cu_q[1:])
+        return cls(offsets, *cols, np.cumsum(slot_len) - slot_len, slot_len, slots, refresh,
+                   np.where(refresh, 0, block_start), n_q, cu_q)
+
+    def has(self, phase: Phase) -> np.ndarray:
+        return self.phase == CODES[phase]
