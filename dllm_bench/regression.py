@@ -47,7 +47,7 @@ CONFIGS: list[tuple[str, str, dict]] = [
 
 # The default preset's slice: its model and serve knobs (dllm_bench.serve.presets "cpu-default").
 SIMILAR_MODEL = "similar-1024"
-SIMILAR_ENGINE = dict(max_num_batched_tokens=1088, max_num_logits=256, kv_pool_tokens=4096)
+SIMILAR_ENGINE = dict(max_num_batched_tokens=2048, max_num_logits=256, kv_pool_tokens=4096)
 SIMILAR_CONFIGS: list[tuple[str, str, dict]] = [
     ("similar-engine", "engine", dict(SIMILAR_ENGINE, cache="sparse", selection="head", retention=0.5)),
     ("similar-fast-dllm", "fast-dllm", dict(batch=2, fast_dllm_cache="dual", threshold=None)),

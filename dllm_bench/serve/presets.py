@@ -24,11 +24,14 @@ Rules shared by every preset (the paper's Table 3 / §6.1 shape):
   32) for every request, steps = gen_length;
 * 3 prompts: a request costs ~1e13 FLOP summed over the four systems (~2.5 min of this CPU), so
   three keep the run in 10 minutes; the headline runs (`make bench-serve`) take more, repeated;
-* memory budget 1200 MiB: with float32 weights of 480 MiB, the memory left holds the RTX 4090's
-  dLLM-Serve concurrency (~34 paper-length requests; 36 here) and Fast-dLLM's largest static
-  batch (5); Sparse-dLLM and dLLM-Cache fit 5 instead of 10, because an 8-layer model's
+* memory budget 1300 MiB: with float32 weights of 480 MiB, the memory left holds the RTX 4090's
+  dLLM-Serve concurrency (~34 paper-length requests; 33 here) and Fast-dLLM's largest static
+  batch (5); Sparse-dLLM and dLLM-Cache fit 6 instead of 10, because an 8-layer model's
   activations per token still weigh more against its KV than LLaDA-8B's 32 layers' do;
-* token budget 1088: one Refresh of the longest canvas (900 + 128); logit budget 256 rows.
+* token budget 2048: two Refreshes of the longest canvas (900 + 128) per step. The paper's 4000
+  on the 4090 holds ~4 of its canvases, but without FlashAttention (CPU SDPA materialises the
+  scores) 4096 would cost a third of the KV pool; 1088 (one Refresh) serialised the Refreshes of
+  concurrent requests and ran the engine ~2x slower at 3 requests. Logit budget 256 rows.
 
 `similar-1536` — the first scale-similar preset, kept for comparison: the same head and logit
 ratios on one d = 1536 layer, 6 prompts, 400 MiB. With one layer dLLM-Cache recomputes the whole
@@ -110,8 +113,8 @@ NUM_PROMPTS_SIMILAR = 3
 PRESETS: dict[str, ServePreset] = {p.name: p for p in [
     ServePreset(
         "cpu-default", model="similar-1024", dataset="livebench", num_prompts=NUM_PROMPTS_SIMILAR,
-        length_scale=1.0, gen_cap=128, gen_length=128, block_length=32, memory_budget="1200MiB",
-        max_num_batched_tokens=1088, max_num_logits=256, threads=2,
+        length_scale=1.0, gen_cap=128, gen_length=128, block_length=32, memory_budget="1300MiB",
+        max_num_batched_tokens=2048, max_num_logits=256, threads=2,
         note="scale-similar to LLaDA-8B on an RTX 4090 (docs/SCALING.md); <= 10 min for --rps 0.5 on 2 cores"),
     ServePreset(
         "similar-1536", model="similar-1536", dataset="livebench", num_prompts=6,
