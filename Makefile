@@ -55,8 +55,11 @@ bench-server:
 bench-simulate:
 	$(BIN)/python benchmarks/bench_simulate.py
 
+# The serving headline on the scale-similar default (docs/SERVE.md): every rate of Fig 3-4 plus
+# saturation, 3 workload seeds, the engine also with the dual cache. ~2 h on 2 idle cores.
 bench-serve:
-	$(BIN)/dllm-bench serve --rps 0.25,0.5,1.0
+	$(BIN)/dllm-bench serve --rps 0.25,0.5,1.0,inf --repeats 3 \
+		--systems engine,engine:cache=dual,fast-dllm,sparse-dllm,dllm-cache
 
 bench: bench-engine bench-mechanisms
 
