@@ -23,7 +23,8 @@ def profile_max_batch(model: LLaDAModelLM, memory_budget_bytes: int, prompt_len:
     `measure(B) -> peak bytes` defaults to running `system` at batch B under engine.memory's
     MemoryMeter for `run_steps` steps (None: the first block plus one step, which visits every
     phase of every policy with its caches held; pass a large number for a whole generation).
-    The search assumes the peak grows with B: doubling, then bisection."""
+    The search assumes the peak grows with B: it starts at the affine prediction from B = 1 and
+    2, then doubles or bisects."""
     avail = memory_budget_bytes - weights_bytes(model)
     if measure is None:
         measure = lambda B: measure_run(model, B, prompt_len, gen_length, block_length, steps, system, knobs, run_steps)  # noqa: E731
@@ -36,9 +37,19 @@ def profile_max_batch(model: LLaDAModelLM, memory_budget_bytes: int, prompt_len:
 
     if not fits(1):
         raise ValueError(f"batch 1 needs {cache[1]} bytes beyond the weights but the budget leaves {avail}")
+    # A static batch's peak is affine in B (per-request activations, logits and caches), so B = 1
+    # and 2 predict the boundary and the search starts there: each measurement at a large B
+    # costs B requests' forwards, and doubling from 1 measured ~3x the requests. The answer is
+    # the same largest fitting B; the prediction only chooses where the measurements begin.
     lo, hi = 1, 2
-    while hi <= max_batch and fits(hi):
-        lo, hi = hi, hi * 2
+    if max_batch >= 2 and fits(2):
+        lo, hi, slope = 2, 3, cache[2] - cache[1]
+        guess = max_batch if slope <= 0 else min(max_batch, 1 + (avail - cache[1]) // slope)
+        if guess > lo:
+            lo, hi = (guess, guess + 1) if fits(guess) else (lo, guess)
+        if hi == lo + 1:                   # lo fits, hi is unmeasured: double until one does not
+            while hi <= max_batch and fits(hi):
+                lo, hi = hi, hi * 2
     hi = min(hi, max_batch + 1)
     while hi - lo > 1:                     # invariant: lo fits, hi does not (or is past max_batch)
         mid = (lo + hi) // 2

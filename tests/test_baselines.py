@@ -314,6 +314,7 @@ def test_interface_errors_and_abort(model):
 
 def test_profile_max_batch_fits(model):
     kw = dict(prompt_len=6, gen_length=8, block_length=4, steps=8, system="fast-dllm")
+    measure_run(model, 1, run_steps=None, **kw)   # one-time allocations (RoPE tables) out of the way
     peaks = {B: measure_run(model, B, run_steps=None, **{k: v for k, v in kw.items()}) for B in (2, 3)}
     assert peaks[3] > peaks[2]
     budget = weight_bytes(model) + (peaks[2] + peaks[3]) // 2
@@ -322,3 +323,29 @@ def test_profile_max_batch_fits(model):
     # a whole generation at B stays under the budget; at B + 1 it does not
     avail = budget - weight_bytes(model)
     assert measure_run(model, B, run_steps=10**6, **kw) <= avail < measure_run(model, B + 1, run_steps=10**6, **kw)
+
+
+@pytest.mark.parametrize("curve", ["affine", "convex", "concave", "step"])
+def test_profile_max_batch_search_finds_the_largest_fitting_batch(curve, monkeypatch):
+    """The search starts at the affine prediction from B = 1, 2; for any peak that grows with B it
+    returns the same largest fitting B as the definition, and on an affine peak it measures
+    1 + 2 + B* + (B* + 1) requests in all (doubling from 1 measured ~4·B*)."""
+    import random
+
+    import baselines.profile as bp
+
+    monkeypatch.setattr(bp, "weights_bytes", lambda m: 0)
+    rng = random.Random(curve)
+    for _ in range(400):
+        a, b = rng.randint(0, 50), rng.randint(1, 30)
+        budget, mx = rng.randint(a + 5 * b, 3000), rng.choice([1, 2, 3, 7, 64, 4096])
+        peak = {"affine": lambda B: a + b * B, "convex": lambda B: a + b * B + B * B // 3,
+                "concave": lambda B: a + int(b * B ** 0.7), "step": lambda B: a + b * ((B + 3) // 4) * 4}[curve]
+        if peak(1) > budget:
+            continue
+        calls = []
+        got, at = bp.profile_max_batch(None, budget, 1, 32, measure=lambda B: calls.append(B) or peak(B), max_batch=mx)
+        want = max(B for B in range(1, mx + 1) if peak(B) <= budget)
+        assert (got, at) == (want, peak(want))
+        if curve == "affine":
+            assert sum(calls) <= 2 * want + 4          # B = 1, 2, B*, B* + 1

@@ -22,8 +22,9 @@ Rules shared by every preset (the paper's Table 3 / §6.1 shape):
   (its first layer is always recomputed) costs 0.20 of a full forward (LLaDA-8B: 0.16);
 * livebench at the paper's lengths (length_scale 1): prompts U[300,900], gen 128 (4 blocks of
   32) for every request, steps = gen_length;
-* 3 prompts: a request costs ~1e13 FLOP summed over the four systems (~2.5 min of this CPU), so
-  three keep the run in 10 minutes; the headline runs (`make bench-serve`) take more, repeated;
+* 2 prompts: a request costs ~1e13 FLOP summed over the four systems (~2.5 min of this CPU) and
+  each baseline's largest batch is measured first (~1-2 min each), so two keep the run in 10
+  minutes; the headline runs (`make bench-serve`) take more prompts' worth of repeats;
 * memory budget 1300 MiB: with float32 weights of 480 MiB, the memory left holds the RTX 4090's
   dLLM-Serve concurrency (~34 paper-length requests; 33 here) and Fast-dLLM's largest static
   batch (5); Sparse-dLLM and dLLM-Cache fit 6 instead of 10, because an 8-layer model's
@@ -106,9 +107,10 @@ class ServePreset:
                 f"{self.retention:g}, {self.dtype} on {self.device}, {self.threads} threads")
 
 
-# Requests of the scale-similar default: at its paper-length shapes a request costs ~30-60 s of
-# 2-core CPU per system, so this many keep `serve --rps 0.5` (four systems) in 10 min.
-NUM_PROMPTS_SIMILAR = 3
+# Requests of the scale-similar default: at its paper-length shapes a request costs ~25-80 s of
+# 2 idle cores per system (dLLM-Cache the most) and measuring each baseline's largest batch
+# ~1-2 min, so two keep `serve --rps 0.5` (four systems) in 10 min; 3 took ~14 min.
+NUM_PROMPTS_SIMILAR = 2
 
 PRESETS: dict[str, ServePreset] = {p.name: p for p in [
     ServePreset(
