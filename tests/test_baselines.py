@@ -339,13 +339,24 @@ def test_profile_max_batch_search_finds_the_largest_fitting_batch(curve, monkeyp
     for _ in range(400):
         a, b = rng.randint(0, 50), rng.randint(1, 30)
         budget, mx = rng.randint(a + 5 * b, 3000), rng.choice([1, 2, 3, 7, 64, 4096])
-        peak = {"affine": lambda B: a + b * B, "convex": lambda B: a + b * B + B * B // 3,
-                "concave": lambda B: a + int(b * B ** 0.7), "step": lambda B: a + b * ((B + 3) // 4) * 4}[curve]
+        peak = _peak_curve(curve, a, b)
         if peak(1) > budget:
             continue
-        calls = []
-        got, at = bp.profile_max_batch(None, budget, 1, 32, measure=lambda B: calls.append(B) or peak(B), max_batch=mx)
+        calls: list[int] = []
+        got, at = bp.profile_max_batch(None, budget, 1, 32, measure=_recorded(peak, calls), max_batch=mx)
         want = max(B for B in range(1, mx + 1) if peak(B) <= budget)
         assert (got, at) == (want, peak(want))
         if curve == "affine":
             assert sum(calls) <= 2 * want + 4          # B = 1, 2, B*, B* + 1
+
+
+def _peak_curve(curve: str, a: int, b: int):
+    return {"affine": lambda B: a + b * B, "convex": lambda B: a + b * B + B * B // 3,
+            "concave": lambda B: a + int(b * B ** 0.7), "step": lambda B: a + b * ((B + 3) // 4) * 4}[curve]
+
+
+def _recorded(peak, calls: list):
+    def measure(B: int) -> int:
+        calls.append(B)
+        return peak(B)
+    return measure
