@@ -2,12 +2,15 @@
 batch the upstream code runs (`batch=upstream`, `--baseline-batch upstream|both`)."""
 import pytest
 
+from baselines.profile import measure_run
 from dllm_bench import inputs
 from dllm_bench.errors import UserError
 from dllm_bench.serve.options import resolve_run
 from dllm_bench.serve.points import display_label
-from dllm_bench.systems.build import WorkloadShape, build_system
+from dllm_bench.systems.build import STATIC_PROFILE_STEPS, WorkloadShape, build_system
 from dllm_bench.systems.spec import UPSTREAM_BATCH, apply_baseline_batch, parse_system, parse_systems
+from engine.models.llada import load_llada
+from engine.profiler import weights_bytes
 from tests.test_serve import RUN_DEFAULTS
 
 
@@ -44,3 +47,25 @@ def test_upstream_scenario_builds_fast_dllm_at_batch_one_and_says_so():
     assert "upstream" in info["scenario"]
     label = display_label({**info, "system": "fast-dllm:batch=upstream", "is_baseline": True})
     assert label == "fast-dllm:batch=upstream [B=1 upstream]"
+
+
+def test_max_fit_search_stops_at_the_points_request_count(tmp_path):
+    """A static batch never holds more requests than the point has, so the max-fit search stops
+    there, and the label says the batch took them all (the budget may hold more)."""
+    model = load_llada(inputs.checkpoint_dir("tiny"))
+    shape = dict(max_prompt_len=8, max_gen_length=8, block_length=8, steps=None)
+    peaks = [measure_run(model, b, 8, 8, 8, None, "fast-dllm", run_steps=STATIC_PROFILE_STEPS) for b in (1, 3, 4)][1:]
+    budget = weights_bytes(model) + (peaks[0] + peaks[1]) // 2          # B = 3 fits, 4 does not
+    kw = dict(model_dir=inputs.checkpoint_dir("tiny"), memory_budget=budget, cache_dir=tmp_path, model=model)
+    capped = build_system(parse_system("fast-dllm"), shape=WorkloadShape(**shape, max_requests=2), **kw).info
+    assert capped["max_batch_size"] == 2 and capped["batch_capped"] and "every request" in capped["scenario"]
+    label = display_label({**capped, "system": "fast-dllm", "is_baseline": True})
+    assert label == "fast-dllm [B=2 max-fit (all)]"
+    free = build_system(parse_system("fast-dllm"), shape=WorkloadShape(**shape, max_requests=5), **kw).info
+    assert free["max_batch_size"] == 3 and not free["batch_capped"]
+
+
+def test_serve_profiles_for_its_largest_workload():
+    from dllm_bench.serve.workload import workload_shape
+    run = resolve_run(**{**RUN_DEFAULTS, "systems": "fast-dllm", "num_prompts": 3})
+    assert workload_shape(run).max_requests == max(len(wl) for wl in run.workloads.values()) == 3

@@ -93,7 +93,8 @@ def display_label(summary: Mapping[str, Any]) -> str:
     label = summary["system"]
     if summary.get("is_baseline"):
         kind = summary.get("scenario_kind", "")
-        label += f" [B={batch_text(summary)} {kind if kind in ('max-fit', 'upstream') else 'fixed'}]"
+        kind = kind if kind in ("max-fit", "upstream") else "fixed"
+        label += f" [B={batch_text(summary)} {kind}{' (all)' if summary.get('batch_capped') else ''}]"
     if summary.get("interrupted"):
         label += " (interrupted)"
     return label
@@ -107,7 +108,8 @@ def point_summary(out: Mapping, pp: PlannedPoint, run: ServeRun) -> tuple[dict, 
     extra = {
         "system_name": pp.variant.name, "is_baseline": pp.variant.is_baseline, "knobs": info.get("knobs"),
         "scenario": info.get("scenario"), "scenario_kind": info.get("scenario_kind", "engine"),
-        "max_batch_size": info.get("max_batch_size"), "kv_pool_tokens": info.get("kv_pool_tokens"),
+        "max_batch_size": info.get("max_batch_size"), "batch_capped": info.get("batch_capped", False),
+        "kv_pool_tokens": info.get("kv_pool_tokens"),
         "fits_budget": info.get("fits_budget"), "peak_bytes": info.get("peak_bytes"),
         # An endpoint runs under its server's own memory, not this run's budget.
         "memory_budget": info.get("memory_budget", run.memory_budget), "torch_threads": info.get("torch_threads"),

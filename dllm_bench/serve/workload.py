@@ -108,14 +108,17 @@ def repeat_workloads(run: ServeRun, repeat: int) -> dict[tuple[str, float], list
     return run.workloads if repeat == 0 else make_workloads(run, repeat_seeds(run.seed, repeat + 1)[-1])
 
 
-def shape_of(workload: Sequence[ServingRequest], block_length: int) -> WorkloadShape:
-    """The worst request of a workload: what a baseline's static batch is profiled for."""
+def shape_of(workload: Sequence[ServingRequest], block_length: int, max_requests: int | None = None) -> WorkloadShape:
+    """The worst request of a workload and its request count: what a baseline's static batch is
+    profiled for."""
     return WorkloadShape(max_prompt_len=max(r.prompt_len for r in workload),
-                         max_gen_length=max(r.gen_length for r in workload), block_length=block_length, steps=None)
+                         max_gen_length=max(r.gen_length for r in workload), block_length=block_length, steps=None,
+                         max_requests=max_requests or len(workload))
 
 
 def workload_shape(run: ServeRun, workloads: dict | None = None) -> WorkloadShape:
     """The worst request over every workload of the run, or of one repeat's `workloads` (serve
     profiles one static batch for all)."""
     wls = run.workloads if workloads is None else workloads
-    return shape_of([r for wl in wls.values() for r in wl], run.preset.block_length)
+    return shape_of([r for wl in wls.values() for r in wl], run.preset.block_length,
+                    max(len(wl) for wl in wls.values()))

@@ -125,6 +125,9 @@ class WorkloadShape:
     max_gen_length: int
     block_length: int
     steps: int | None = None  # None: steps = gen_length (one token per step)
+    # The most requests one workload of the point holds: a static batch can never be fuller, so
+    # the max-fit search stops there (None: search to the budget's limit).
+    max_requests: int | None = None
 
 
 @dataclass
@@ -215,20 +218,25 @@ def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, def
                             "largest static batch (give --memory-budget, or batch=N)")
         log("measuring the largest static batch that fits the budget")
 
+        cap = shape.max_requests or 4096
+
         def compute() -> dict:
             try:
                 b, peak = profile_max_batch(model, memory_budget, shape.max_prompt_len, shape.max_gen_length,
                                             shape.block_length, steps, variant.name, knobs,
-                                            run_steps=STATIC_PROFILE_STEPS)
+                                            run_steps=STATIC_PROFILE_STEPS, max_batch=cap)
             except ValueError as e:  # not even batch 1 fits
                 raise UserError(f"system {variant.label!r}: {e}") from None
             return {"max_batch_size": b, "peak_bytes": peak}
-        prof, hit = cached_profile("static-batch", {**payload, "budget": memory_budget}, compute,
-                                   cache_dir, use_cache)
+        prof, hit = cached_profile("static-batch", {**payload, "budget": memory_budget, "max_batch": cap},
+                                   compute, cache_dir, use_cache)
         batch = int(prof["max_batch_size"])
-        info.update(scenario=f"max-fit: B={batch}, the largest static batch that fits the budget (measured)",
-                    scenario_kind="max-fit", max_batch_size=batch, peak_bytes=prof["peak_bytes"],
-                    profile_cached=hit, fits_budget=True)
+        capped = shape.max_requests is not None and batch >= shape.max_requests
+        info.update(scenario=(f"max-fit: B={batch}, every request of the point fits one static batch (measured; "
+                              "the budget may hold more, a larger batch could never fill)" if capped else
+                              f"max-fit: B={batch}, the largest static batch that fits the budget (measured)"),
+                    scenario_kind="max-fit", max_batch_size=batch, batch_capped=capped,
+                    peak_bytes=prof["peak_bytes"], profile_cached=hit, fits_budget=True)
     else:
         batch = int(fixed)
         scenario = (f"upstream: B={batch}, the batch {variant.name}'s upstream code runs" if kind == "upstream"
