@@ -69,3 +69,33 @@ def test_serve_profiles_for_its_largest_workload():
     from dllm_bench.serve.workload import workload_shape
     run = resolve_run(**{**RUN_DEFAULTS, "systems": "fast-dllm", "num_prompts": 3})
     assert workload_shape(run).max_requests == max(len(wl) for wl in run.workloads.values()) == 3
+
+
+@pytest.mark.parametrize("spec", ["engine", "fast-dllm:batch=2"])
+def test_budget_probe_meters_the_whole_workload_at_once_then_frees_it(spec):
+    """A CPU replay runs unmetered (the per-operator meter slowed it unequally); the point's
+    peak is measured afterwards on the whole workload submitted at once, over the steps a
+    static-batch profile meters, and the probe leaves nothing running."""
+    import torch
+
+    from dllm_bench.serve.worker import budget_probe
+    from engine.memory import MemoryMeter
+    from engine.sampling import SamplingParams
+
+    def build():
+        return build_system(parse_system(spec), model_dir=inputs.checkpoint_dir("tiny"), memory_budget=None,
+                            shape=WorkloadShape(max_prompt_len=9, max_gen_length=16, block_length=8, steps=None),
+                            use_cache=False, engine_defaults={"max_num_batched_tokens": 64}).system
+    g = torch.Generator().manual_seed(0)
+    work = [{"prompt_ids": torch.randint(0, 200, (n,), generator=g).tolist(), "gen_length": 16} for n in (5, 9)]
+    params = lambda it: SamplingParams(gen_length=it["gen_length"], steps=16, block_length=8)  # noqa: E731
+    system = build()
+    peak = budget_probe(system, work, params)
+    assert peak > 0 and not system.has_unfinished()
+    fresh = build()                                       # the same three steps, metered by hand
+    for it in work:
+        fresh.add_request(it["prompt_ids"], params(it))
+    with MemoryMeter("cpu") as m:
+        for _ in range(STATIC_PROFILE_STEPS):
+            fresh.step()
+    assert peak == m.peak_bytes

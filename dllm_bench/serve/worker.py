@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ import torch  # noqa: E402
 from dllm_bench.errors import UserError  # noqa: E402
 from dllm_bench.results import atomic_write_json  # noqa: E402
 from dllm_bench.serve.loadgen import run_open_loop, step_stats_summary  # noqa: E402
-from dllm_bench.systems.build import WorkloadShape, build_system, warm_up  # noqa: E402
+from dllm_bench.systems.build import STATIC_PROFILE_STEPS, WorkloadShape, build_system, warm_up  # noqa: E402
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
 from engine.memory import MemoryMeter  # noqa: E402  (the profiler's meter: the budget is held, not only accounted)
 from engine.profiler import weights_bytes  # noqa: E402
@@ -107,11 +108,21 @@ def run(spec: dict, out_path: Path) -> int:
              elapsed=time.perf_counter() - t0)
 
     emit("status", message="serving")
-    with MemoryMeter(system.model.device) as meter:
+    device = system.model.device
+    # On CUDA the meter reads the allocator's peak for free. On CPU it hooks every operator
+    # (a Python dispatch mode), which slowed timed runs by 8-16 % and unequally across systems
+    # (more for the baselines' many small ops), so a CPU replay runs unmetered and the peak is
+    # measured afterwards, untimed (budget_probe).
+    with MemoryMeter(device) if device.type == "cuda" else nullcontext() as meter:
         result = run_open_loop(system, spec["workload"], make_params, progress=progress,
                                max_duration=spec.get("max_duration"), progress_interval=0.25)
-    result["stats"] = step_stats_summary({**(result.get("stats") or {}),
-                                          **budget_held(system.model, meter.peak_bytes, spec.get("memory_budget"))})
+    if meter is None:
+        emit("status", message="measuring the memory peak (untimed)")
+        peak, how = budget_probe(system, spec["workload"], make_params), "probe"
+    else:
+        peak, how = meter.peak_bytes, "run"
+    result["stats"] = step_stats_summary({**(result.get("stats") or {}), "peak_measured_in": how,
+                                          **budget_held(system.model, peak, spec.get("memory_budget"))})
     try:  # the whole process (Python, torch, weights...): a sanity number, not the budgeted bytes
         import resource
 
@@ -121,6 +132,30 @@ def run(spec: dict, out_path: Path) -> int:
     atomic_write_json(out_path, {"result": result, "info": info})
     emit("done", interrupted=result["interrupted"], timed_out=result["timed_out"])
     return 0
+
+
+def budget_probe(system, workload: list[dict], make_params, steps: int = STATIC_PROFILE_STEPS) -> int:
+    """The metered peak of the point's whole workload submitted at once (the most concurrency,
+    so the largest activations and caches) over the steps a static-batch profile measures: a
+    full forward, the delayed-selection step and a cache-reusing step with every cache held;
+    later steps repeat these shapes. Requests still running afterwards are aborted."""
+    ids = []
+    for i, it in enumerate(workload):
+        try:
+            ids.append(system.add_request(list(it["prompt_ids"]), make_params(it), request_id=f"probe-{i}"))
+        except ValueError:
+            pass  # rejected in the run as well ("can never run")
+    with MemoryMeter(system.model.device) as meter:
+        for _ in range(steps):
+            if not system.has_unfinished():
+                break
+            system.step()
+    for rid in ids:
+        try:
+            system.abort(rid)
+        except (KeyError, ValueError):
+            pass  # already finished
+    return int(meter.peak_bytes)
 
 
 def budget_held(model, run_peak_bytes: int, budget: int | None) -> dict:
