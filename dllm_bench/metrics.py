@@ -21,7 +21,7 @@ E2EL_PERCENTILES = (50, 90, 99)
 # stats() keys copied through unchanged (cumulative counters or peaks of the system under test).
 STAT_KEYS = ("forwards", "steps", "query_tokens", "logits_rows", "max_logits_rows_in_step",
              "peak_kv_bytes", "kv_pool_bytes", "peak_memory_bytes", "memory_budget_bytes", "within_budget",
-             "peak_measured_in",
+             "peak_measured_in", "http_overhead_median_ms", "http_overhead_max_ms",
              "mean_batch_size")
 
 # Columns of the ratio table: "higher is better" metrics are divided by the best baseline,

@@ -59,6 +59,10 @@ def test_endpoint_and_in_process_points_write_the_same_files_and_token_counts(se
     assert s["completed"] == 5 and s["failed"] == 0 and s["mean_ttft_ms"] > 0
     assert s["total_output_tokens"] == points["engine"]["total_output_tokens"]
     assert s["forwards"] > 0                              # scraped from the server's /metrics
+    # what HTTP added, within the run: client E2EL contains the server's own job-to-finish time
+    assert 0 <= s["http_overhead_median_ms"] <= s["http_overhead_max_ms"]
+    assert s["http_overhead_median_ms"] < s["median_e2el_ms"]
+    assert points["engine"].get("http_overhead_median_ms") is None
 
 
 def test_replay_non_streamed_chat_and_rejections(server):

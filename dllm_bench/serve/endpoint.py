@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -183,7 +184,7 @@ def _record(rid: str, item: Any, out: _Outcome, arrival: float, t0: float) -> di
         "first_token_time": None if out.first is None else out.first - t0,
         "finished_time": out.finished - t0,
         "nfe": d.get("nfe"), "logits_rows": d.get("logits_rows"), "kv_tokens": d.get("kv_tokens"),
-        "kv_bytes": d.get("kv_bytes"),
+        "kv_bytes": d.get("kv_bytes"), "server_e2el_ms": d.get("server_e2el_ms"),
     }
 
 
@@ -290,11 +291,21 @@ async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | N
             for task in list(live.values()):  # closing the connection makes the server abort it
                 task.cancel()
             await asyncio.gather(*live.values(), return_exceptions=True)
-            res["stats"] = stats_delta(before, await scrape(client, ep))
+            res["stats"] = {**stats_delta(before, await scrape(client, ep)), **http_overhead(records)}
             holder["result"] = res
             if progress is not None:
                 progress(state["sent"], len(records), state["out_tokens"] / max(res["duration"], 1e-9))
     return res
+
+
+def http_overhead(records: Iterable[Mapping]) -> dict:
+    """Median and largest time HTTP added to a request (client E2EL minus the server's own
+    job-to-last-block time), from servers that report it (ours); {} from others."""
+    added = sorted((r["finished_time"] - r["arrival_time"]) * 1e3 - r["server_e2el_ms"] for r in records
+                   if r.get("server_e2el_ms") is not None and r.get("finished_time") is not None)
+    if not added:
+        return {}
+    return {"http_overhead_median_ms": statistics.median(added), "http_overhead_max_ms": added[-1]}
 
 
 def run_endpoint(ep: Endpoint, workload: Iterable[Any], **kw: Any) -> dict:

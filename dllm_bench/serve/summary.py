@@ -56,6 +56,9 @@ SECTIONS: list[tuple[str | None, list[tuple[str, str, float]]]] = [
     ("Queueing (arrival to admission)", [("Mean queue time (ms):", "mean_queue_ms", 1),
                                          ("Median queue time (ms):", "median_queue_ms", 1),
                                          ("P99 queue time (ms):", "p99_queue_ms", 1)]),
+    ("HTTP (an endpoint that reports its own time)", [
+        ("Median time HTTP added (ms):", "http_overhead_median_ms", 1),
+        ("Max time HTTP added (ms):", "http_overhead_max_ms", 1)]),
     ("Jitter", [("Latency std σ (ms):", "latency_std_ms", 1),
                 ("Latency span max-min (ms):", "latency_span_ms", 1)]),
     ("Diffusion Decoding", [("Forwards:", "forwards", 1),

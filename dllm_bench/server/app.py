@@ -185,7 +185,10 @@ class Reply:
         """Per-request engine counters (an extension field; OpenAI clients ignore it): one
         object for one prompt, a list in choice order for several."""
         per = [{"gen_length": j.params.gen_length, "steps": j.params.steps, "block_length": j.params.block_length,
-                "nfe": o.nfe, "logits_rows": o.logits_rows, "kv_tokens": o.kv_tokens, "kv_bytes": o.kv_bytes}
+                "nfe": o.nfe, "logits_rows": o.logits_rows, "kv_tokens": o.kv_tokens, "kv_bytes": o.kv_bytes,
+                # From the handler's job to the engine's last block: a client's E2EL minus this is
+                # what HTTP adds (parsing, events, delivery), measured within one run.
+                "server_e2el_ms": None if o.finished_time is None else (o.finished_time - j.arrival_time) * 1e3}
                for j, o in zip(self.jobs, self.outs)]
         return per[0] if len(per) == 1 else per
 
