@@ -110,6 +110,10 @@ def test_summary_block_format():
     assert "{:<40} {:<10.2f}".format("Mean E2EL (ms):", 5000) in lines
     assert "{:<40} {:<10.2f}".format("Tokens per forward:", 4.0) in lines
     assert any(line.startswith("-") and "Diffusion Decoding" in line for line in lines)
+    assert not any("HTTP" in line for line in lines)           # an in-process system has no HTTP rows
+    served = summary_print.format_summary({"system": "x@url", **m, "http_overhead_median_ms": 6.0,
+                                           "http_overhead_max_ms": 8.0}).splitlines()
+    assert "{:<40} {:<10.2f}".format("Median time HTTP added (ms):", 6.0) in served
 
 
 # ---------------------------------------------------------------- results dirs

@@ -73,7 +73,8 @@ SECTIONS: list[tuple[str | None, list[tuple[str, str, float]]]] = [
 
 
 def format_summary(summary: Mapping[str, Any], title: str | None = None) -> str:
-    """The vLLM-style block as plain text; rows whose key is absent are left out."""
+    """The vLLM-style block as plain text; rows whose key is absent are left out, and sections
+    with no value at all."""
     lines = [_ruler(" Serving Benchmark Result ", "=")]
     if title or summary.get("system"):
         lines.append("{:<40} {:<10}".format("System:", title or summary.get("system")))
@@ -81,7 +82,7 @@ def format_summary(summary: Mapping[str, Any], title: str | None = None) -> str:
         lines.append("{:<40} {:<10}".format("Dataset:", summary["dataset"]))
     for section, rows in SECTIONS:
         present = [(lab, k, sc) for lab, k, sc in rows if k in summary]
-        if not present:
+        if all(summary[k] is None for _, k, _ in present):  # e.g. HTTP rows of an in-process system
             continue
         if section:
             lines.append(_ruler(section))
