@@ -213,10 +213,10 @@ def test_serve_ctrl_c_keeps_finished_points(tmp_path):
     """SIGINT during the second system: exit 130, the first point is kept (resume skips it)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     args = [sys.executable, "-m", "dllm_bench.cli", "serve", "--model", "tiny", "--systems", "engine,llada:batch=1",
-            "--num-prompts", "4", "--rps", "1", "--num-warmups", "0", "--result-dir", str(tmp_path),
+            "--num-prompts", "4", "--rps", "0.25", "--num-warmups", "0", "--result-dir", str(tmp_path),
             "--run-id", "cc"]
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    point = tmp_path / "cc" / "points" / "livebench__engine__rps1" / "summary.json"
+    point = tmp_path / "cc" / "points" / "livebench__engine__rps0.25" / "summary.json"
     deadline = time.monotonic() + 120
     while not point.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
