@@ -208,6 +208,14 @@ def test_serve_tiny_end_to_end_writes_every_file_and_resumes(tmp_path):
         serve(run, result_dir=tmp_path, run_id="nope", resume=True, as_json=False)
 
 
+def _as_from_a_terminal() -> None:
+    """In the child before exec: SIGINT delivered and handled by default, as under a shell. A
+    test process can carry an ignored or blocked SIGINT (both survive exec), and then the CLI
+    never sees the Ctrl-C the test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 @pytest.mark.slow
 def test_serve_ctrl_c_keeps_finished_points(tmp_path):
     """SIGINT during the second system: exit 130, the first point is kept (resume skips it)."""
@@ -215,16 +223,19 @@ def test_serve_ctrl_c_keeps_finished_points(tmp_path):
     args = [sys.executable, "-m", "dllm_bench.cli", "serve", "--model", "tiny", "--systems", "engine,llada:batch=1",
             "--num-prompts", "4", "--rps", "0.25", "--num-warmups", "0", "--result-dir", str(tmp_path),
             "--run-id", "cc"]
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_from_a_terminal)
     point = tmp_path / "cc" / "points" / "livebench__engine__rps0.25" / "summary.json"
     deadline = time.monotonic() + 120
     while not point.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     assert point.exists(), proc.stderr.read() if proc.poll() is not None else "engine point never finished"
     time.sleep(2.0)                                          # the llada worker is starting / serving
+    assert proc.poll() is None, "the run finished before the signal: make the second point slower"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == 130, (proc.returncode, signal.getsignal(signal.SIGINT),
+                                    signal.pthread_sigmask(signal.SIG_BLOCK, []), err[-3000:])
     assert "Traceback" not in err
     run_dir = tmp_path / "cc"
     for f in RUN_FILES:
