@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from dllm_bench import results
@@ -49,6 +50,43 @@ def test_each_cell_is_within_the_goal_within_noise_or_missed(tmp_path):
     # One repeat has no spread: the same +25 % is then simply missed.
     one = validate.compare(sim, reps[1:2]).iloc[0]
     assert one["mean_e2el_ms_status"] == validate.MISSED
+
+
+def _seeded(root: Path, run_id: str, per_seed: dict, simulated: bool = False) -> Path:
+    """One engine @ 4 rps cell repeated with workload seeds 0, 1, ...: {seed: (tok/s, mean ms, p99 ms)}."""
+    d = results.create_run("simulate" if simulated else "serve", {"simulated": simulated}, run_id=run_id, root=root)
+    for i, (seed, vals) in enumerate(sorted(per_seed.items())):
+        s = dict(zip(METRICS, vals, strict=True), completed=4, interrupted=False, workload_seed=seed)
+        results.write_point(d, results.PointKey("engine", 4.0, "livebench", i), s, [])
+    return d
+
+
+def test_repeats_with_other_workload_seeds_are_paired_by_seed(tmp_path):
+    # serve's repeats run other workloads (seed + i): seed 1's workload is twice as fast on both sides.
+    meas = _seeded(tmp_path, "meas", {0: (100.0, 1000.0, 1000.0), 1: (200.0, 500.0, 500.0), 2: (400.0, 1.0, 1.0)})
+    sim = _seeded(tmp_path, "sim", {0: (110.0, 1000.0, 1000.0), 1: (190.0, 500.0, 500.0)}, simulated=True)
+    r = validate.compare(sim, [meas]).iloc[0]
+    assert (r["repeats"], r["seeds"]) == (2, 2)         # seed 2 was not simulated: left out of both sides
+    assert (r["output_throughput_meas"], r["output_throughput_sim"]) == (150.0, 150.0)
+    assert r["output_throughput_err"] == 0.0
+    assert math.isclose(r["output_throughput_err_lo"], -0.05) and math.isclose(r["output_throughput_err_hi"], 0.10)
+    assert "+0% [-5%…+10%] ✓" in validate.as_markdown(pd.DataFrame([r]))
+    # One simulated seed against three measured runs of that same workload: the old comparison.
+    reps = [_seeded(tmp_path, f"same{i}", {0: (tp, 1000.0, 1000.0)}) for i, tp in enumerate((90.0, 100.0, 130.0))]
+    one = _seeded(tmp_path, "sim0", {0: (100.0, 1000.0, 1000.0)}, simulated=True)
+    r = validate.compare(one, reps).iloc[0]
+    assert (r["repeats"], r["seeds"], r["output_throughput_min"], r["output_throughput_max"]) == (3, 1, 90.0, 130.0)
+    assert pd.isna(r.get("output_throughput_err_lo", math.nan))
+
+
+def test_simulate_repeats_run_serves_workload_seeds(tmp_path):
+    r = _cli(*SIM, "--result-dir", str(tmp_path), "--run-id", "rep", "--repeats", "2", "--seed", "3")
+    assert r.returncode == 0, r.stderr
+    df = results.metrics_frame(tmp_path / "rep")
+    assert list(df["repeat"]) == [0, 1] and list(df["workload_seed"]) == [3, 4]
+    lens = [[q["prompt_len"] for q in results.read_jsonl(p / "requests.jsonl")]
+            for p in sorted((tmp_path / "rep" / "points").iterdir())]
+    assert lens[0] != lens[1]                            # another workload per repeat, as serve's repeats
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

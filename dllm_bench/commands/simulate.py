@@ -60,6 +60,8 @@ def register(app: typer.Typer) -> None:
         block_length: int | None = typer.Option(None, "--block-length"),
         dtype: str | None = typer.Option(None, "--dtype", help="serving dtype (bytes per element) [preset]"),
         seed: int = typer.Option(0, "--seed"),
+        repeats: int = typer.Option(1, "--repeats", help="simulate every point N times with workload seeds seed, "
+                                    "seed+1, ... (serve's repeats; --validate pairs them by seed)"),
         max_duration: float | None = typer.Option(None, "--max-duration", help="simulated seconds per point"),
         result_dir: Path | None = typer.Option(None, "--result-dir"),
         run_id: str | None = typer.Option(None, "--run-id"),
@@ -92,7 +94,7 @@ def register(app: typer.Typer) -> None:
             max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits, max_num_seqs=max_num_seqs,
             retention=retention, length_scale=length_scale, gen_cap=gen_cap, block_length=block_length,
             max_prompt_len=None, threads=None, dtype=dtype, device="cpu", seed=seed, max_duration=max_duration,
-            num_warmups=0, no_profile_cache=False)
+            num_warmups=0, no_profile_cache=False, repeats=repeats)
         names = [v.name for v in run.systems]
         impls = {n: default_impl(n, hw.kind) for n in names} | parse_impl_overrides(impl, names)
         setup = make_setup(run, hw, impls, loadable)

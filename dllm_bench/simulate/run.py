@@ -11,11 +11,12 @@ from pathlib import Path
 
 from dllm_bench import results
 from dllm_bench.errors import UserError
-from dllm_bench.results import PointKey, fmt_rps
+from dllm_bench.repeats import aggregate_points, repeat_seeds
+from dllm_bench.results import fmt_rps
 from dllm_bench.serve.points import PlannedPoint, point_line, point_summary
 from dllm_bench.serve.run import comparisons
 from dllm_bench.serve.summary import print_comparison
-from dllm_bench.serve.workload import shape_of, workload_shape
+from dllm_bench.serve.workload import repeat_workloads, shape_of, workload_shape
 from dllm_bench.simulate import validate
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.hardware import Hardware
@@ -51,6 +52,22 @@ def _real_capacity(run):
     return capacity
 
 
+def _simulate_one(run, setup: SimSetup, pp: PlannedPoint, run_dir: Path, console) -> dict:
+    """One point simulated and written in serve's layout; its summary."""
+    hw, v = setup.hardware, pp.variant
+    t0 = time.process_time()
+    out = simulate_point(v, setup, pp.workload, run.preset.block_length, max_duration=run.max_duration)
+    s, recs, extra = point_summary(out, pp, run)
+    extra.update(simulated=True, hardware=hw.name, hardware_file=hw.path, impl=setup.impls[v.name],
+                 scenario=out["info"].get("scenario"), scenario_kind=out["info"].get("scenario_kind", "engine"),
+                 max_batch_size=out["info"].get("max_batch_size"), kv_pool_tokens=out["info"].get("kv_pool_tokens"),
+                 simulation_cpu_seconds=time.process_time() - t0)
+    results.write_point(run_dir, pp.key, s, recs, extra)
+    point = {**extra, **s, "system": v.label, "dataset": pp.dataset, "repeat": pp.repeat}
+    console.print(point_line(point), markup=False, highlight=False)
+    return point
+
+
 def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str | None, as_json: bool,
                    validate_against: list[Path] | None = None) -> int:
     """Simulate every point; with `validate_against` (measured serve runs of the same workload)
@@ -65,7 +82,7 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
               "preset": run.preset.to_dict(), "model_dir": str(run.model_dir), "model": run.model_info,
               "systems": [v.to_dict() for v in run.systems], "datasets": run.datasets, "rps": run.rps,
               "arrivals": run.arrivals, "burstiness": run.burstiness, "seed": run.seed,
-              "num_prompts": run.num_prompts, "memory_budget": run.memory_budget,
+              "num_prompts": run.num_prompts, "memory_budget": run.memory_budget, "repeats": run.repeats,
               "engine_defaults": run.engine_defaults, "baseline_defaults": run.baseline_defaults}
     name = f"simulate-{hw.name}-{Path(str(run.preset.model)).name}-{'+'.join(run.datasets)}"
     try:
@@ -75,19 +92,13 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
     console.print(f"[bold]dllm-bench simulate[/bold] on {hw.name} ({hw.description}) → {run_dir}", highlight=False)
     console.print(run.preset.describe(), markup=False, highlight=False)
     points = []
-    for (ds, rps), wl in run.workloads.items():
-        for v in run.systems:
-            t0 = time.process_time()
-            out = simulate_point(v, setup, wl, run.preset.block_length, max_duration=run.max_duration)
-            s, recs, extra = point_summary(out, PlannedPoint(ds, rps, v, wl, shape_of(wl, run.preset.block_length)), run)
-            extra.update(simulated=True, hardware=hw.name, hardware_file=hw.path, impl=setup.impls[v.name],
-                         scenario=out["info"].get("scenario"), scenario_kind=out["info"].get("scenario_kind", "engine"),
-                         max_batch_size=out["info"].get("max_batch_size"),
-                         kv_pool_tokens=out["info"].get("kv_pool_tokens"),
-                         simulation_cpu_seconds=time.process_time() - t0)
-            results.write_point(run_dir, PointKey(v.label, float(rps), ds), s, recs, extra)
-            points.append({**extra, **s, "system": v.label, "dataset": ds})
-            console.print(point_line(points[-1]), markup=False, highlight=False)
+    for i, seed in enumerate(repeat_seeds(run.seed, run.repeats)):  # serve's repeats: workload seed = seed + i
+        for (ds, rps), wl in repeat_workloads(run, i).items():
+            for v in run.systems:
+                points.append(_simulate_one(run, setup, PlannedPoint(
+                    ds, rps, v, wl, shape_of(wl, run.preset.block_length), repeat=i, seed=seed), run_dir, console))
+    if run.repeats > 1:
+        points = aggregate_points(points)
     baseline_labels = {v.label for v in run.systems if v.is_baseline}
     for c in comparisons(points, baseline_labels):
         if len(c["summaries"]) > 1:

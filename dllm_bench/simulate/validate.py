@@ -42,24 +42,38 @@ def measured_runs(values: Sequence[str], result_dir: Path | None) -> list[Path]:
 
 
 def compare(sim_dir: Path, measured_dirs: Sequence[Path]) -> pd.DataFrame:
-    """One row per cell measured and simulated: `repeats`, and per metric `<m>_sim`, `<m>_meas`
-    (median), `<m>_min`, `<m>_max`, `<m>_err` (sim / median - 1), `<m>_status` (goal | within
-    noise | missed: the goal is checked first; "within noise" needs >= 2 repeats)."""
+    """One row per cell measured and simulated: `repeats` (measured rows compared), `seeds`
+    (workload seeds both sides ran), and per metric `<m>_sim` (median over the seeds),
+    `<m>_meas` (median), `<m>_min`, `<m>_max`, `<m>_err` (sim / median - 1), `<m>_status` (goal |
+    within noise | missed: the goal is checked first; "within noise" needs >= 2 repeats), and,
+    with >= 2 seeds, `<m>_err_lo`/`_hi`: the range of the per-seed errors (same workload on both
+    sides: the simulator's error without the workloads' spread). Repeats of serve use other
+    workload seeds, so cells are paired by seed wherever both sides record it."""
 
     sim = results.metrics_frame(sim_dir)
     meas = pd.concat([results.metrics_frame(d) for d in measured_dirs], ignore_index=True)
+    seeded = "workload_seed" in sim.columns and "workload_seed" in meas.columns
     rows = []
     for key, g in meas.groupby(KEYS, sort=True):
         s = sim[(sim["dataset"] == key[0]) & (sim["system"] == key[1]) & (sim["rps"] == key[2])]
         if s.empty:
             continue
-        row = dict(zip(KEYS, key, strict=True), repeats=len(g))
+        seeds: list = []
+        if seeded:
+            seeds = sorted(set(s["workload_seed"].dropna()) & set(g["workload_seed"].dropna()))
+            if seeds:
+                s, g = s[s["workload_seed"].isin(seeds)], g[g["workload_seed"].isin(seeds)]
+        row = dict(zip(KEYS, key, strict=True), repeats=len(g), seeds=len(seeds))
         for m, (_, goal) in METRICS.items():
             sp = Spread.of(g[m]) if m in g else Spread.of([])
-            v = float(s[m].iloc[0]) if m in s and pd.notna(s[m].iloc[0]) else math.nan
+            vals = s[m].dropna() if m in s else pd.Series(dtype=float)
+            v = float(vals.median()) if len(vals) else math.nan
             err = v / sp.median - 1 if sp.n and sp.median and not math.isnan(v) else math.nan
             row.update({f"{m}_sim": v, f"{m}_meas": sp.median, f"{m}_min": sp.lo, f"{m}_max": sp.hi,
                         f"{m}_err": err, f"{m}_status": _status(err, goal, v, sp)})
+            if len(seeds) >= 2 and m in s and m in g:
+                per = (s.groupby("workload_seed")[m].median() / g.groupby("workload_seed")[m].median() - 1).dropna()
+                row.update({f"{m}_err_lo": float(per.min()), f"{m}_err_hi": float(per.max())})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -91,13 +105,16 @@ def as_markdown(df: pd.DataFrame) -> str:
             k = 1e-3 if m.endswith("_ms") else 1.0
             meas = f"{r[m + '_meas'] * k:.3g} ({r[m + '_min'] * k:.3g}–{r[m + '_max'] * k:.3g})"
             err = "–" if math.isnan(r[m + "_err"]) else f"{r[m + '_err']:+.0%}"
+            if pd.notna(r.get(m + "_err_lo", math.nan)):
+                err += f" [{r[m + '_err_lo']:+.0%}…{r[m + '_err_hi']:+.0%}]"
             cells.append(f"{meas} | {r[m + '_sim'] * k:.3g} | {err}{mark[r[m + '_status']]}")
         lines.append(f"| {r['dataset']} | {r['system']} | {results.fmt_rps(float(r['rps']))} | {r['repeats']} | "
                      + " | ".join(cells) + " |")
     tally = "; ".join(f"{name}: {c[GOAL]} within the goal, {c[NOISE]} within measurement noise, {c[MISSED]} missed"
                       for name, c in counts(df).items())
     legend = ("✓ within the goal (throughput and mean E2E 10 %, p99 15 %); ≈ goal missed but the simulated value "
-              "lies inside the measured min–max (within measurement noise); ✗ missed")
+              "lies inside the measured min–max (within measurement noise); ✗ missed; [lo…hi] the per-seed "
+              "errors when both sides ran several workload seeds")
     return "\n".join(lines) + f"\n\n{len(df)} cells. {tally}.\n\n{legend}.\n"
 
 
