@@ -47,7 +47,7 @@ def layer_flops(cfg: LLaDAConfig, n_q: int, n_k: int) -> float:
 def keys_of(req, phase: Phase, cache: str) -> int:
     if phase is not Phase.REUSE:
         return req.length
-    return req.length if cache == "dual" else req.kv_tokens + req.params.block_length
+    return req.length if cache == "dual" else req.kv_tokens     # sparse: retained + the block's slots
 
 
 class PhaseClock:

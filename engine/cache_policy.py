@@ -10,7 +10,8 @@ own queries and keys, for all selecting requests at once (`SparseCache.select`).
 * dual (Fast-dLLM): the block-start Refresh stores every position's K/V; a Reuse step overwrites
   the block's slots with its fresh K/V in place and attends over all L cached slots.
 * sparse (dLLM-Serve): the Refresh at `delay_step` selects and packs the retained context K/V
-  into the request's slots; a Reuse step attends over [retained ; fresh block].
+  into the request's first slots; a Reuse step writes its fresh block K/V into the block slots
+  that follow them and attends over [retained ; block], all read from the pool.
 """
 from __future__ import annotations
 
@@ -60,11 +61,15 @@ class DualCache(CachePolicy):
 
 class SparseCache(CachePolicy):
     def spec(self, m):
-        return KeySpec(np.where(m.refresh, 0, m.kv), m.n_q, np.full_like(m.n_q, -1))
+        # A request's slots: its retained tokens, then one block (kv_need). Reuse stores the
+        # block's K/V into the block slots, then reads all of them, as DualCache does.
+        reuse = ~m.refresh
+        return KeySpec(np.where(reuse, m.kv, 0), np.where(reuse, 0, m.n_q),
+                       np.where(reuse, m.kv - m.block_len, -1))
 
     def plan_select(self, m: StepMeta, device) -> SelectPlan | None:
         """Index tensors of one step's Refresh-select, for the members that keep anything."""
-        g = np.flatnonzero(m.has(Phase.REFRESH_SELECT) & (m.slot_len > 0))
+        g = np.flatnonzero(m.has(Phase.REFRESH_SELECT) & (m.kv > m.block_len))
         if not g.size:
             return None
         bl, start, a = m.block_len[g], m.block_start[g], m.cu_q[g]
@@ -74,18 +79,18 @@ class SparseCache(CachePolicy):
         j = np.arange(lcmax)
         pos = j + bl[:, None] * (j >= start[:, None])                        # skip the block
         ctx_index = a[:, None] + pos * (j < lc[:, None])
-        keep = m.kv[g]
+        keep = m.kv[g] - bl                                                  # the block slots follow
         keep_valid = np.arange(int(keep.max())) < keep[:, None]
         q_len = None if (bl == blmax).all() else to_device(bl, device)
-        slots = m.slots[ragged(m.slot_base[g], m.slot_len[g])]
+        slots = m.slots[ragged(m.slot_base[g], keep)]
         return SelectPlan(len(g), to_device(q_index.reshape(-1), device), blmax, q_len,
                           to_device(ctx_index.reshape(-1), device), lcmax, lc.tolist(), keep.tolist(),
                           to_device(keep_valid, device), to_device(slots, device))
 
     def select(self, plan: SelectPlan, pool: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """One layer's Refresh-select for every planned request: score the context with the
-        block's queries of this step, keep ⌈r·L_ctx⌉ tokens per KV head, pack them into the
-        requests' slots (`pool`: the layer's [2, slots, H_kv, D] storage)."""
+        block's queries of this step, keep ⌊r·L_ctx⌋ tokens per KV head, pack them into the
+        requests' first slots (`pool`: the layer's [2, slots, H_kv, D] storage)."""
         c, G = self.config, plan.G
         hkv, d = k.shape[1:]
         qb = q[plan.q_index].view(G, plan.blmax, *q.shape[1:])

@@ -1,7 +1,10 @@
 """The KV pool: one K/V storage in token slots (sized by the profiler), per-request slot tables.
 
 A request's whole KV need is reserved at admission — dense: its canvas length; sparse: the
-retained ⌊r·L_ctx⌋ tokens per head — so a running request can never run out. Storage is
+retained ⌊r·L_ctx⌋ tokens per head plus one block of slots, into which every Reuse step writes
+its fresh block K/V in place (so a Reuse group reads all of its keys from the pool, as the dual
+cache does, instead of joining a cache copy and the fresh block) — so a running request can
+never run out. Storage is
 [layers, 2 (K, V), slots, H_kv, head_dim]; a request owns the slots in its table `req.slots`
 (a LongTensor, in position order for dual, retained-entry order for sparse), so a step reads
 or writes the cache of every request in a layer with one indexed op (vLLM's block table, at
@@ -33,7 +36,7 @@ def kv_need(cache: str, length: int, block_length: int, retention: float) -> int
     if cache == "dual":
         return length
     if cache == "sparse":
-        return retained_tokens(length - block_length, retention)
+        return retained_tokens(length - block_length, retention) + block_length
     return 0
 
 

@@ -65,11 +65,10 @@ def test_batched_attention_equals_per_sequence_sdpa(cache, hkv):
             a, b = prep.cu_q[i], prep.cu_q[i + 1]
             if phase is Phase.REUSE:
                 K, V = before[0, req.slots], before[1, req.slots]
-                if cache == "dual":
-                    s, e = req.block_range
-                    K[s:e], V[s:e] = k[a:b], v[a:b]
-                else:
-                    K, V = torch.cat([K, k[a:b]]), torch.cat([V, v[a:b]])
+                # the block's fresh K/V land in their slots: dual at the block's canvas
+                # positions, sparse in the block slots after the retained ones
+                s, e = req.block_range if cache == "dual" else (len(req.slots) - (b - a), len(req.slots))
+                K[s:e], V[s:e] = k[a:b], v[a:b]
             else:
                 K, V = k[a:b], v[a:b]
             want = sdpa(q[a:b].transpose(0, 1), K.transpose(0, 1), V.transpose(0, 1)).transpose(0, 1)
@@ -77,6 +76,10 @@ def test_batched_attention_equals_per_sequence_sdpa(cache, hkv):
             torch.testing.assert_close(out[a:b], plain_attention(q[a:b], K, V), rtol=0, atol=1e-12)
             if phase is Phase.REFRESH_STORE:            # dual: the Refresh stored every position
                 torch.testing.assert_close(eng.pool.storage[0, 0, req.slots], k[a:b], rtol=0, atol=0)
+            if phase is Phase.REUSE and cache == "sparse":  # the block's K/V stored in its block slots
+                block_slots = req.slots[len(req.slots) - (b - a):]
+                torch.testing.assert_close(eng.pool.storage[0, 0, block_slots], k[a:b], rtol=0, atol=0)
+                torch.testing.assert_close(eng.pool.storage[0, 1, block_slots], v[a:b], rtol=0, atol=0)
         eng.pool.storage.copy_(saved)                   # the real step runs on the real K/V
         return len(batch) > 1
 

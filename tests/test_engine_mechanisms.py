@@ -62,7 +62,7 @@ def test_sparse_full_retention_same_tokens_head_and_uniform(model):
         eng = make_engine(model, cache="sparse", retention=1.0, selection=sel)
         res = eng.generate(prompts, params)
         out[sel] = [o.token_ids for o in res]
-        assert [o.kv_tokens for o in res] == [len(p) + sp.gen_length - sp.block_length
+        assert [o.kv_tokens for o in res] == [len(p) + sp.gen_length    # the whole context + one block
                                               for p, sp in zip(prompts, params, strict=True)]
     assert out["head"] == out["uniform"]
     # ... while partial retention is an approximation the two selections make differently.
@@ -188,7 +188,9 @@ def test_refresh_select_packs_the_plainly_selected_rows(model, selection):
         if step not in (1, 5):
             continue
         lc = req.length - params.block_length
-        assert req.kv.shape[3] == retained_tokens(lc, r) == int(lc * r)
+        keep = retained_tokens(lc, r)
+        assert req.kv.shape[3] == keep + params.block_length and keep == int(lc * r)
+        kept = req.kv[:, :, :, :keep]                              # the block's slots follow
         ctx = torch.cat([torch.arange(0, s), torch.arange(e, req.length)])
         with torch.no_grad():
             layers = _plain_layer_qkv(model, canvas)
@@ -197,11 +199,11 @@ def test_refresh_select_packs_the_plainly_selected_rows(model, selection):
             if selection == "uniform":
                 sets = [plain_uniform_selection(q[s:e], k_ctx, r, eng.config.pool_window)] * k.shape[1]
             else:
-                sets = plain_head_selection(q[s:e], k_ctx, req.kv.shape[3], eng.config.pool_window)
+                sets = plain_head_selection(q[s:e], k_ctx, keep, eng.config.pool_window)
             for h, chosen in enumerate(sets):
                 pos = ctx[sorted(chosen)]
-                torch.testing.assert_close(req.kv[li, 0, h], k[pos, h], rtol=0, atol=1e-9)
-                torch.testing.assert_close(req.kv[li, 1, h], v[pos, h], rtol=0, atol=1e-9)
+                torch.testing.assert_close(kept[li, 0, h], k[pos, h], rtol=0, atol=1e-9)
+                torch.testing.assert_close(kept[li, 1, h], v[pos, h], rtol=0, atol=1e-9)
 
 
 # ---------------------------------------------------------------- scheduler policy, abort

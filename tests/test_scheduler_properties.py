@@ -73,7 +73,8 @@ def expected_possible(cfg: dict, r: dict) -> bool:
     length = r["prompt"] + r["gen"]
     ctx = length - r["block"]
     need = {"none": 0, "dual": length,
-            "sparse": min(ctx, max(1, math.ceil(cfg["retention"] * ctx)))}[cfg["cache"]]
+            # ⌊r·L_ctx⌋ retained (as Sparse-dLLM rounds), then one block of slots for the fresh block
+            "sparse": min(ctx, math.floor(cfg["retention"] * ctx)) + r["block"]}[cfg["cache"]]
     pool = cfg["kv_pool_tokens"]
     return length <= cfg["max_num_batched_tokens"] and (pool is None or need <= pool)
 

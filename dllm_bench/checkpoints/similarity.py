@@ -209,7 +209,7 @@ class EngineBudget:
     def tokens_per_request(self, length: float, block_length: int) -> int:
         if self.page_tokens:          # dLLM-Serve: ⌈⌈r·L⌉ / page⌉ whole pages for the request's life
             return math.ceil(math.ceil(self.retention * length) / self.page_tokens) * self.page_tokens
-        return max(1, int((length - block_length) * self.retention))
+        return int((length - block_length) * self.retention) + block_length   # + the block's slots
 
     def concurrency(self, c: Costs, budget: float, shape: RequestShape) -> int:
         need = self.tokens_per_request(shape.length, shape.block_length) * c.kv_bytes_per_token

@@ -39,14 +39,15 @@ def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, sha
             if phase is Phase.REFRESH_STORE:
                 kv_write += L
             elif phase is Phase.REFRESH_SELECT:
-                kv_write += req.kv_tokens
+                kv_write += req.kv_tokens - blk          # the retained tokens; the block slots follow
         else:
+            # dual and sparse alike: the block's K/V are written into their slots, then every key
+            # (dual: the canvas; sparse: retained + block) is read from the pool.
             q = blk
-            held = L if config.cache == "dual" else req.kv_tokens
-            k = held if config.cache == "dual" else held + blk
-            kv_read += held
-            cached += held
-            kv_write += blk if config.cache == "dual" else 0
+            k = L if config.cache == "dual" else req.kv_tokens
+            kv_read += k
+            cached += k
+            kv_write += blk
         segs.append(Seg(q, k))
         r = q if config.max_num_logits is None else cand
         charged.append(r)
