@@ -63,11 +63,11 @@ bench-serve:
 
 bench: bench-engine bench-mechanisms
 
-# Trained models (docs/ACCURACY.md): tiny-math (seed 0) is committed; `train-synth-cot` makes
-# synth-cot (seed 0), `train-seeds` the further seeds of both, one model at a time on one
-# thread with the seed-0 recipe: ~22 min per tiny-math and ~10 min per synth-cot model of an
-# idle core (~0.3 s per batch-16 step), ~65 min for SEEDS="1 2". Existing assets are kept; the
-# same seed gives the same weights.
+# Trained models (docs/ACCURACY.md): seeds 0-2 of tiny-math and synth-cot are committed;
+# `train-synth-cot` and `train-seeds` remake missing ones, one model at a time on one thread:
+# ~17-22 min per tiny-math and ~60 min per synth-cot model of an idle core (8,000 batch-32
+# steps at ~0.45 s), ~2.7 h for SEEDS="1 2". Existing assets are kept; the same seed gives the
+# same weights.
 SEEDS ?= 1 2
 comma := ,
 space := $() $()
@@ -79,7 +79,7 @@ train-seeds: $(foreach s,$(SEEDS),dllm_bench/assets/tiny-math-s$(s)/model.safete
 dllm_bench/assets/tiny-math-s%/model.safetensors:
 	$(BIN)/dllm-bench train --out $(@D) --seed $* --threads 1 --force
 
-COT_RECIPE := --task synth-cot --batch-size 16 --lr 2e-3 --steps 1600 --eval-every 200 --threads 1 --force
+COT_RECIPE := --task synth-cot --batch-size 32 --lr 1e-3 --steps 8000 --eval-every 1000 --threads 1 --force
 train-synth-cot: dllm_bench/assets/synth-cot/model.safetensors
 
 dllm_bench/assets/synth-cot/model.safetensors:

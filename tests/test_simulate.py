@@ -107,7 +107,7 @@ STAT_KEYS = ("steps", "forwards", "query_tokens", "logits_rows", "max_logits_row
 
 
 @pytest.mark.parametrize("spec", ["engine", "engine:cache=dual", "engine:max-num-logits=none", "llada", "fast-dllm",
-                                  "dllm-cache", "sparse-dllm"])
+                                  "fast-dllm:fast_dllm_cache=prefix", "dllm-cache", "sparse-dllm"])
 def test_simulated_schedule_is_the_real_one(spec):
     torch.manual_seed(0)
     model = tiny_model(torch.float32)

@@ -76,7 +76,7 @@ def baseline_forward(name: str, knobs: dict, batch: Batch, shape: ModelShape) ->
     if name == "llada":
         return Forward(uniform(L, L), rows=B * L, n_seq=B, softmax_rows=B * L), StepResult(B * L, L, True)
     if name == "fast-dllm":
-        dual = knobs.get("cache", "dual") == "dual"
+        dual = knobs.get("fast_dllm_cache", "dual") == "dual"
         if i == 0:
             keep = L if dual else s
             return (Forward(uniform(L, L), rows=B * L, kv_write=B * keep, n_seq=B, softmax_rows=B * L),
