@@ -121,7 +121,8 @@ def test_split_shares():
 # float32, greedy, gen_length = steps = block = the training window) on the first FLOOR_N test
 # questions (seed 0, K = the model's eval context). The floor leaves a margin for float
 # summation order on other machines; the sparse check guards the engine's sparse path on the
-# same model at a retention where the measured accuracy is close to dense.
+# same model at a retention where the measured accuracy is close to dense. Measured on the
+# committed seed-0 model: dense 45/48, uniform r = 0.5 40/48.
 FLOOR_N = 48
 FLOOR = 0.8
 SPARSE_FLOOR = 0.7
