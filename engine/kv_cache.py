@@ -3,9 +3,8 @@
 A request's whole KV need is reserved at admission — dense: its canvas length; sparse: the
 retained ⌊r·L_ctx⌋ tokens per head plus one block of slots, into which every Reuse step writes
 its fresh block K/V in place (so a Reuse group reads all of its keys from the pool, as the dual
-cache does, instead of joining a cache copy and the fresh block) — so a running request can
-never run out. Storage is
-[layers, 2 (K, V), slots, H_kv, head_dim]; a request owns the slots in its table `req.slots`
+cache does) — so a running request can never run out. Storage is [layers, 2 (K, V), slots,
+H_kv, head_dim]; a request owns the slots in its table `req.slots`
 (a LongTensor, in position order for dual, retained-entry order for sparse), so a step reads
 or writes the cache of every request in a layer with one indexed op (vLLM's block table, at
 token granularity). An unbounded pool (capacity None) grows its storage on demand.

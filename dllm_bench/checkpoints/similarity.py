@@ -39,6 +39,7 @@ from dllm_bench.checkpoints.presets import Preset
 from dllm_bench.serve.presets import PAPER_BASELINE_KNOBS
 from dllm_bench.serve.presets import PRESETS as SERVE
 from dllm_bench.units import parse_size
+from engine.kv_cache import kv_need
 from workloads.datasets import PRESETS as LENGTHS
 from workloads.serving import gen_length_for
 
@@ -209,7 +210,7 @@ class EngineBudget:
     def tokens_per_request(self, length: float, block_length: int) -> int:
         if self.page_tokens:          # dLLM-Serve: ⌈⌈r·L⌉ / page⌉ whole pages for the request's life
             return math.ceil(math.ceil(self.retention * length) / self.page_tokens) * self.page_tokens
-        return int((length - block_length) * self.retention) + block_length   # + the block's slots
+        return kv_need("sparse", length, block_length, self.retention)   # the engine's own reservation
 
     def concurrency(self, c: Costs, budget: float, shape: RequestShape) -> int:
         need = self.tokens_per_request(shape.length, shape.block_length) * c.kv_bytes_per_token
