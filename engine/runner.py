@@ -33,9 +33,10 @@ class ModelRunner:
         self.model, self.config, self.backend, self.pool = model, config, backend, pool
         self.model_config, self.dtype, self.device = model.config, model.dtype, model.device
         self.policy = POLICIES[config.cache](config)
-        # Padded key rows of one attention call: one canvas at most, the bound the profiler's
-        # largest single Reuse measures.
-        self.key_budget = max_model_len or model.config.max_sequence_length
+        # Padded key rows of one attention call: a full canvas, or the token budget's worth when
+        # that is more (a full Refresh step already gathers that many fresh keys). The profiler
+        # measures chunks of exactly this bound, so a step never gathers more than it measured.
+        self.key_budget = max(max_model_len or model.config.max_sequence_length, config.max_num_batched_tokens)
 
     def prepare(self, batch: list[tuple[Request, Phase]]) -> PackedStep:
         """The step's packed inputs and its attention context (everything before the forward)."""

@@ -38,6 +38,8 @@ class _Chunk:
     fresh_index: torch.Tensor | None   # [G*fmax] packed rows of fresh K/V
     fmax: int
     bias: torch.Tensor | None = None   # padded path: additive SDPA mask of the padding keys
+    dst: torch.Tensor | None = None    # the step's output row of each real query row ([G, Lq] if none is padding)
+    q_valid: torch.Tensor | None = None  # padded path, ragged Lq: [G, Lq] True = a real query row
     cu_q: list[int] | None = None      # flash: packed query and key offsets
     cu_k: list[int] | None = None
     packed: PackedKeys | None = None   # flash: where each key of the packed K/V comes from
@@ -77,20 +79,11 @@ class StepContext:
         self._plan_stores(spec)
         self.select_plan = policy.plan_select(meta, device)
         self.chunks: list[_Chunk] = []
-        out_pos = np.zeros(len(meta.n_q), dtype=np.int64)     # where each member's first output row lands
-        base = 0
         key_lens = spec.cached + spec.fresh
         for refresh in (True, False):
             members = np.flatnonzero(meta.refresh == refresh)
             for chunk in _split(members, key_lens[members], key_budget):
-                ch = self._chunk(chunk, spec)
-                lq = meta.n_q[chunk]
-                out_pos[chunk] = base + (np.asarray(ch.cu_q[:-1]) if ch.cu_q is not None
-                                         else np.arange(len(chunk)) * ch.Lq)
-                base += int(lq.sum()) if ch.cu_q is not None else ch.G * ch.Lq
-                self.chunks.append(ch)
-        identity = (out_pos == meta.cu_q[:-1]).all() and base == meta.cu_q[-1]
-        self.out_index = None if identity else to_device(ragged(out_pos, meta.n_q), device)
+                self.chunks.append(self._chunk(chunk, spec))
 
     def _plan_stores(self, spec: KeySpec) -> None:
         m = self.meta
@@ -119,16 +112,19 @@ class StepContext:
             valid.append(ok)
         full = (kc == kmax).all() and (kf == fmax).all()
         key_mask = None if full else (valid[0] if len(valid) == 1 else np.concatenate(valid, 1))
+        dst = to_device(ragged(starts, lq), dev)
         if self.backend == "flash_attn":
             n_slots = self.pool.storage.shape[2] if self.pool is not None else 0
             cu_k, c_src, c_dst, f_src, f_dst = packed_keys(m.slot_base[chunk], m.slots, n_slots, kc, starts, kf)
             t = lambda a: to_device(a, dev) if a.size else None  # noqa: E731
-            return _Chunk(G, Lq, to_device(ragged(starts, lq), dev), None, kmax, None, fmax,
+            return _Chunk(G, Lq, dst, None, kmax, None, fmax, dst=dst,
                           cu_q=[0, *np.cumsum(lq).tolist()], cu_k=cu_k.tolist(),
                           packed=PackedKeys(int(cu_k[-1]), t(c_src), t(c_dst), t(f_src), t(f_dst)))
-        q_index, _ = padded(starts, lq, Lq)
+        q_index, q_ok = padded(starts, lq, Lq)
         bias = None if key_mask is None else key_bias(to_device(key_mask, dev), self.dtype)
-        return _Chunk(G, Lq, to_device(q_index.reshape(-1), dev), cache_index, kmax, fresh_index, fmax, bias)
+        q_valid = None if (lq == Lq).all() else to_device(q_ok, dev)
+        return _Chunk(G, Lq, to_device(q_index.reshape(-1), dev), cache_index, kmax, fresh_index, fmax, bias,
+                      dst=dst if q_valid is not None else dst.view(G, Lq), q_valid=q_valid)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         pool = self.pool.storage[layer] if self.pool is not None and self.pool.storage.numel() else None  # [2, S, Hkv, D]
@@ -137,9 +133,17 @@ class StepContext:
             pool[1, self.store_slots] = v[self.store_src]
         if self.select_plan is not None:
             self.policy.select(self.select_plan, pool, q, k, v)
-        outs = [self._attend(ch, q, k, v, pool) for ch in self.chunks]
-        o = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return o if self.out_index is None else o[self.out_index]
+        if len(self.chunks) == 1:                     # every member, in packed order
+            ch = self.chunks[0]
+            o = self._attend(ch, q, k, v, pool)
+            return o[ch.q_valid] if ch.q_valid is not None else o.reshape(q.shape)
+        # Each chunk writes its real rows straight to their packed positions: no concatenation
+        # of the groups' outputs and no reorder afterwards.
+        out = q.new_empty(q.shape)
+        for ch in self.chunks:
+            o = self._attend(ch, q, k, v, pool)
+            out[ch.dst] = o if ch.q_valid is None else o[ch.q_valid]
+        return out
 
     def _attend(self, ch: _Chunk, q, k, v, pool) -> torch.Tensor:
         hkv, d = k.shape[1:]
@@ -163,7 +167,7 @@ class StepContext:
         K = ks[0] if len(ks) == 1 else torch.cat(ks, 1)
         V = vs[0] if len(vs) == 1 else torch.cat(vs, 1)
         qg = q[ch.q_index].view(ch.G, ch.Lq, *q.shape[1:])
-        return padded_attention(qg, K, V, ch.bias).reshape(ch.G * ch.Lq, *q.shape[1:])
+        return padded_attention(qg, K, V, ch.bias)          # [G, Lq, Hq, D]
 
 
 def _split(members: np.ndarray, key_lens: np.ndarray, budget: int) -> list[np.ndarray]:

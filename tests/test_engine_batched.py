@@ -38,22 +38,29 @@ def _staggered(eng, prompts, params, check) -> int:
     return checked
 
 
-@pytest.mark.parametrize("cache,hkv", [("sparse", 2), ("sparse", 1), ("dual", 2), ("dual", 4), ("none", 2)])
-def test_batched_attention_equals_per_sequence_sdpa(cache, hkv):
+@pytest.mark.parametrize("cache,hkv,key_budget", [("sparse", 2, None), ("sparse", 1, None), ("dual", 2, None),
+                                                  ("dual", 4, None), ("none", 2, None), ("sparse", 2, 40),
+                                                  ("dual", 2, 40), ("none", 2, 40)])
+def test_batched_attention_equals_per_sequence_sdpa(cache, hkv, key_budget):
+    """key_budget=40 splits the phase groups into several chunks, whose outputs land in their
+    rows of the step directly (ragged Refresh chunks drop their padding rows on the way)."""
     model = tiny_model(F64, n_kv_heads=hkv, seed=hkv)
     eng = make_engine(model, cache=cache, retention=0.5)
+    if key_budget is not None:
+        eng.runner.key_budget = key_budget
     prompts = random_prompts(5, [3, 11, 6, 1, 17], seed=4)
     params = [SamplingParams(gen_length=g, steps=s, block_length=b)
               for g, s, b in [(8, 4, 4), (12, 6, 6), (8, 8, 2), (16, 8, 8), (6, 6, 3)]]
     g = torch.Generator().manual_seed(0)
     hq, d = model.config.n_heads, model.config.head_dim
-    mixed = 0
+    mixed = chunked = 0
 
     def check(batch) -> int:
-        nonlocal mixed
+        nonlocal mixed, chunked
         phases = {p.is_refresh for _, p in batch}
         mixed += len(phases) == 2
         prep = eng.runner.prepare(batch)
+        chunked += len(prep.ctx.chunks) > len(phases)
         n = prep.cu_q[-1]
         q = torch.randn(n, hq, d, dtype=F64, generator=g)
         k = torch.randn(n, hkv, d, dtype=F64, generator=g)
@@ -85,6 +92,7 @@ def test_batched_attention_equals_per_sequence_sdpa(cache, hkv):
 
     assert _staggered(eng, prompts, params, check) > 0
     assert cache == "none" or mixed > 0                  # Refresh and Reuse groups in one step
+    assert (chunked > 0) == (key_budget is not None)     # a group split into chunks, or never
 
 
 def _max_ops(cache: str, n: int) -> int:
