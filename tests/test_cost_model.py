@@ -110,7 +110,10 @@ def test_gemm_roofline_regimes():
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"name": "x", "kind": "gpu", "peak_flops": -1,
                                                                  "bandwidth": 1e9, "memory_bytes": 1e9}),
-                                     json.dumps({"name": "x", "kind": "tpu"})])
+                                     json.dumps({"name": "x", "kind": "tpu"}),
+                                     json.dumps({"name": "x", "kind": "cpu", "peak_flops": 1e9, "bandwidth": 1e9,
+                                                 "memory_bytes": 1e9,
+                                                 "efficiency": {"u_c_by_m": [[64, 0.5], [16, 0.3]]}})])
 def test_malformed_hardware_file_is_one_line_exit_2(tmp_path, content):
     bad = tmp_path / "hw.json"
     bad.write_text(content)
@@ -120,3 +123,38 @@ def test_malformed_hardware_file_is_one_line_exit_2(tmp_path, content):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "hw.json" in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_u_c_table_interpolates_in_log_m():
+    e = Efficiency(u_c=0.9, u_c_by_m=((16, 0.2), (256, 0.6)))
+    assert e.u_c_at(1) == 0.2 and e.u_c_at(16) == 0.2 and e.u_c_at(4096) == 0.6
+    assert e.u_c_at(64) == pytest.approx(0.4)                  # halfway in log M
+    assert Efficiency(u_c=0.9).u_c_at(64) == 0.9               # no table: the scalar
+    assert e.scaled(0.5).u_c_by_m == ((16, 0.1), (256, 0.3))
+
+
+def test_per_m_fit_recovers_a_rising_gemm_efficiency():
+    """GEMMs whose compute efficiency rises with M (as on a CPU): one scalar u_c cannot fit them,
+    the per-M table recovers each row count's efficiency and the timings."""
+    ms = (1, 4, 16, 64, 256, 1024)
+    truth = Efficiency(u_c=1.0, u_m=0.7, c_op=5e-6, u_c_by_m=tuple(zip(ms, (0.05, 0.1, 0.2, 0.35, 0.6, 0.8))))
+    peak, bw, w = 50e9, 10e9, 4
+    grid = [cal.OpSample("gemm", mm, k, n, 0.0) for k, n in ((64, 192), (64, 64), (64, 256), (128, 64)) for mm in ms]
+    grid += [cal.OpSample("attn", q, k, 64, 0.0) for q in (8, 32, 128) for k in (32, 128, 512)]
+    samples = [cal.OpSample(s.kind, s.a, s.b, s.c, cal.predict(s, truth, peak, bw, w)) for s in grid]
+    eff, fit = cal.fit_efficiency(samples, peak, bw, w)
+    scalar = Efficiency(**{k: getattr(eff, k) for k in ("u_c", "u_m", "u_attn", "c_op", "c_attn")})
+    scalar_err = max(abs(cal.predict(s, scalar, peak, bw, w) / s.t - 1) for s in samples if s.kind == "gemm")
+    assert scalar_err > 0.2                                    # what one scalar leaves
+    assert fit["median_rel_err"] < 0.02
+    for m in (256, 1024):                                      # compute-bound rows come back
+        assert eff.u_c_at(m) == pytest.approx(truth.u_c_at(m), rel=0.05), m
+
+
+def test_hardware_file_round_trips_the_per_m_table(tmp_path):
+    from dllm_bench.simulate import hardware
+
+    eff = Efficiency(u_c=0.6, u_m=0.9, c_attn=3e-5, u_c_by_m=((1, 0.02), (64, 0.3), (1024, 0.7)))
+    hw = hardware.Hardware(name="t", kind="cpu", peak_flops=1e11, bandwidth=2e10, memory_bytes=1e9, efficiency=eff)
+    hardware.save(hw, tmp_path / "t.json")
+    assert hardware.load(str(tmp_path / "t.json")).efficiency == eff

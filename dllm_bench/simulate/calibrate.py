@@ -3,7 +3,10 @@
 1. Peaks: the FLOP rate of a large GEMM and the bandwidth of a large copy, in the model dtype.
 2. Operators: GEMMs over a grid of M for every (K, N) of the model (the four per-layer GEMMs
    and the LM head) and attention over a (q, k) grid; fit (u_c, u_m, u_attn, c_op) of
-   `cost_model.gemm_time` / `attention_time` by least squares on log time (relative error).
+   `cost_model.gemm_time` / `attention_time` by least squares on log time (relative error),
+   then u_c per M (the GEMM time the bandwidth term leaves, per grid row count). Each GEMM call
+   reads a weight copy that is not in the cache (copies cycled past the last-level cache), as a
+   forward that streams every layer's weights once does.
 3. Host time: each system's real code runs whole requests at a few batch sizes; the step time the
    fitted operators do not explain is the host's, fitted as c_step + c_seq·n_seq (non-negative
    least squares, i.e. the mean step) per system. With one model the layer count is fixed, so
@@ -17,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -47,28 +50,65 @@ def predict(s: OpSample, eff: Efficiency, peak: float, bw: float, wbytes: int) -
     return attention_time(s.a * s.b * 4.0 * s.c, (2 * s.a + 2 * s.b) * s.c * wbytes, peak, bw, eff)
 
 
-def fit_efficiency(samples: list[OpSample], peak: float, bw: float, wbytes: int) -> tuple[Efficiency, dict]:
-    """(u_c, u_m, u_attn, c_op, c_attn) minimising the log-time error over the samples."""
+def fit_efficiency(samples: list[OpSample], peak: float, bw: float, wbytes: int, rounds: int = 3
+                   ) -> tuple[Efficiency, dict]:
+    """(u_c, u_m, u_attn, c_op, c_attn) minimising the log-time error over the samples, and the
+    per-M u_c table (`fit_u_c_by_m`): the two are fitted in turn, each given the other."""
     from scipy.optimize import least_squares
 
     meas = np.log([s.t for s in samples])
+    table: tuple[tuple[int, float], ...] = ()
+    u_c = None          # the scalar u_c is fitted in the first round only: after it the GEMMs
+                        # follow the table and u_c scales attention alone (with u_attn)
 
     def eff_of(x) -> Efficiency:
+        x = list(x) if u_c is None else [math.log(u_c), *x]
         return Efficiency(u_c=math.exp(x[0]), u_m=math.exp(x[1]), u_attn=math.exp(x[2]), c_op=math.exp(x[3]),
-                          c_attn=math.exp(x[4]))
+                          c_attn=math.exp(x[4]), u_c_by_m=table)
 
     def resid(x):
         e = eff_of(x)
         return np.log([predict(s, e, peak, bw, wbytes) for s in samples]) - meas
 
-    best = None
-    for c0 in (1e-6, 1e-5, 1e-4):       # the max() makes the surface piecewise: a few starts
-        r = least_squares(resid, x0=[math.log(0.5), math.log(0.5), math.log(0.5), math.log(c0), math.log(c0)],
-                          bounds=([-12, -12, -12, -30, -30], [0.5, 0.5, 1.5, 0, 0]))
-        if best is None or r.cost < best.cost:
-            best = r
-    err = np.exp(np.abs(best.fun)) - 1
-    return eff_of(best.x), {"ops": len(samples), "median_rel_err": float(np.median(err)), "max_rel_err": float(err.max())}
+    for _ in range(rounds):
+        best = None
+        lo, hi, x0 = [-12, -12, -12, -30, -30], [0.5, 0.5, 1.5, 0, 0], [math.log(0.5)] * 3
+        k = 0 if u_c is None else 1
+        for c0 in (1e-6, 1e-5, 1e-4):       # the max() makes the surface piecewise: a few starts
+            r = least_squares(resid, x0=(x0 + [math.log(c0)] * 2)[k:], bounds=(lo[k:], hi[k:]))
+            if best is None or r.cost < best.cost:
+                best = r
+        eff = eff_of(best.x)
+        u_c = eff.u_c
+        table = fit_u_c_by_m(samples, eff, peak, bw, wbytes)
+    eff = replace(eff, u_c_by_m=table)
+    err = np.exp(np.abs(np.log([predict(s, eff, peak, bw, wbytes) for s in samples]) - meas)) - 1
+    return eff, {"ops": len(samples), "median_rel_err": float(np.median(err)), "max_rel_err": float(err.max())}
+
+
+def fit_u_c_by_m(samples: list[OpSample], eff: Efficiency, peak: float, bw: float, wbytes: int
+                 ) -> tuple[tuple[int, float], ...]:
+    """u_c per GEMM row count. At each M of the grid, every sample whose time the bandwidth term
+    does not explain proposes the compute rate that would (t − c_op); the proposal (or the
+    scalar u_c) with the least total log error over all of that M's samples is kept. An M whose
+    samples are all bandwidth-bound keeps no row (the interpolation bridges it)."""
+    by_m: dict[int, list[OpSample]] = {}
+    for s in samples:
+        if s.kind == "gemm":
+            by_m.setdefault(s.a, []).append(s)
+    table = []
+    for m, group in sorted(by_m.items()):
+        proposals = [2.0 * s.a * s.b * s.c / (peak * (s.t - eff.c_op)) for s in group
+                     if s.t - eff.c_op > (s.b * s.c + s.a * s.b + s.a * s.c) * wbytes / (bw * eff.u_m)]
+        if not proposals:
+            continue
+
+        def loss(u: float) -> float:
+            e = replace(eff, u_c=u, u_c_by_m=())
+            return sum(abs(math.log(predict(s, e, peak, bw, wbytes) / s.t)) for s in group)
+
+        table.append((m, min([eff.u_c, *proposals], key=loss)))
+    return tuple(table)
 
 
 def fit_host(steps: list[tuple[Forward, float]], device: CostModel) -> tuple[HostCost, dict]:
@@ -120,7 +160,16 @@ def measure_peaks(dtype, repeats: int) -> tuple[float, float]:
     return flops, bw
 
 
-def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25) -> list[OpSample]:
+GEMM_M = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25,
+                cold_bytes: int = 256 << 20) -> list[OpSample]:
+    """GEMM and attention timings. GEMMs cycle through enough weight copies to exceed
+    `cold_bytes` (a last-level cache or a GPU's L2 several times over), so a small-M GEMM pays
+    for reading its weights from memory as it does inside a forward."""
+    import itertools
+
     import torch
     import torch.nn.functional as F
 
@@ -128,11 +177,14 @@ def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25
     pairs = [(k, n) for _, k, n in shape.gemms()] + [(shape.d, shape.vocab)]
     for k, n in pairs:
         w = torch.randn(k, n, dtype=dtype)
-        for m in (1, 4, 16, 64, 256, 1024):
+        copies = max(1, min(64, -(-cold_bytes // (k * n * w.element_size()))))
+        ws = itertools.cycle([w] + [w.clone() for _ in range(copies - 1)])
+        for m in GEMM_M:
             if m * max(k, n) > max_elems:
                 break
             x = torch.randn(m, k, dtype=dtype)
-            out.append(OpSample("gemm", m, k, n, median_time(lambda x=x, w=w: x @ w, repeats)))
+            out.append(OpSample("gemm", m, k, n, median_time(lambda x=x: x @ next(ws), repeats)))
+        del ws
     h, hd = shape.heads, shape.head_dim
     for q in (8, 32, 128):
         for kk in (32, 128, 512):

@@ -5,7 +5,9 @@ Work is described without token values: a forward is one or more `LayerPass`es (
 layers that all see the same query segments; dLLM-Cache's partial layers need several) plus the
 forward-wide LM-head rows, KV traffic and implementation extras. Each term is a roofline:
 
-* per GEMM (QKV, O, gate+up, down) on the step's real M:  max(F / (P·u_c), B / (BW·u_m)) + c_op
+* per GEMM (QKV, O, gate+up, down) on the step's real M:  max(F / (P·u_c(M)), B / (BW·u_m)) + c_op,
+  u_c(M) interpolated (log M) in the calibrated per-M table when there is one: small-M GEMMs
+  reach a far smaller share of the peak than large ones, which one scalar cannot follow
 * attention (no S×S tensor in memory):  max(Σq·k·4·d / (P·u_c·u_attn), Σ(2q+2k)·d·w / (BW·u_m))
 * LM head over R rows: a GEMM (d → V) plus the implementation's softmax bytes per vocab entry
 * KV traffic:  (c_copy·read + write) tokens · kv bytes per token / (BW·u_m)
@@ -18,7 +20,8 @@ phase is the pessimistic, eager-execution choice; docs/SIMULATE.md discusses it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 
@@ -142,6 +145,26 @@ class Efficiency:
     u_attn: float = 1.0           # attention's compute rate relative to a GEMM's
     c_op: float = 0.0             # seconds per GEMM call (launch / dispatch)
     c_attn: float = 0.0           # seconds per attention call
+    u_c_by_m: tuple[tuple[int, float], ...] = ()   # (M, u_c) measured per GEMM row count, M ascending
+
+    def u_c_at(self, m: int) -> float:
+        """u_c for a GEMM of m rows: the per-M table interpolated in log M (held flat beyond
+        its ends), or the scalar u_c without a table."""
+        t = self.u_c_by_m
+        if not t:
+            return self.u_c
+        if m <= t[0][0]:
+            return t[0][1]
+        for (m0, u0), (m1, u1) in zip(t, t[1:]):
+            if m <= m1:
+                w = math.log(m / m0) / math.log(m1 / m0)
+                return u0 + w * (u1 - u0)
+        return t[-1][1]
+
+    def scaled(self, u: float) -> Efficiency:
+        """Every compute and bandwidth efficiency multiplied by u (one fitted scalar)."""
+        return replace(self, u_c=self.u_c * u, u_m=self.u_m * u,
+                       u_c_by_m=tuple((m, v * u) for m, v in self.u_c_by_m))
 
 
 @dataclass(frozen=True)
@@ -171,7 +194,7 @@ def gemm_time(m: int, k: int, n: int, wbytes: int, peak: float, bw: float, eff: 
         return 0.0
     f = 2.0 * m * k * n
     b = (k * n + m * k + m * n) * wbytes
-    return max(f / (peak * eff.u_c), b / (bw * eff.u_m)) + eff.c_op
+    return max(f / (peak * eff.u_c_at(m)), b / (bw * eff.u_m)) + eff.c_op
 
 
 def attention_time(flops: float, nbytes: float, peak: float, bw: float, eff: Efficiency) -> float:

@@ -77,6 +77,17 @@ def _num(d: dict, key: str, where: str, positive: bool = True, default: float | 
     return float(v)
 
 
+def _table(rows, where: str) -> tuple[tuple[int, float], ...]:
+    """[[M, u_c], ...] with M positive integers, strictly ascending, and u_c positive."""
+    ok = isinstance(rows, list) and all(
+        isinstance(r, list) and len(r) == 2 and isinstance(r[0], int) and not isinstance(r[0], bool) and r[0] > 0
+        and isinstance(r[1], (int, float)) and not isinstance(r[1], bool) and math.isfinite(r[1]) and r[1] > 0
+        for r in rows)
+    if not ok or any(a[0] >= b[0] for a, b in zip(rows, rows[1:])):
+        raise UserError(f"{where} must be a list of [M, u_c] pairs, M ascending integers and u_c > 0")
+    return tuple((int(m), float(u)) for m, u in rows)
+
+
 def from_dict(d: dict, where: str) -> Hardware:
     if not isinstance(d, dict):
         raise UserError(f"{where}: expected a JSON object")
@@ -90,7 +101,9 @@ def from_dict(d: dict, where: str) -> Hardware:
         raise UserError(f"{where}: 'efficiency' must be an object")
     eff = Efficiency(u_c=_num(e, "u_c", where, default=1.0), u_m=_num(e, "u_m", where, default=1.0),
                      u_attn=_num(e, "u_attn", where, default=1.0),
-                     c_op=_num(e, "c_op", where, positive=False, default=0.0))
+                     c_op=_num(e, "c_op", where, positive=False, default=0.0),
+                     c_attn=_num(e, "c_attn", where, positive=False, default=0.0),
+                     u_c_by_m=_table(e.get("u_c_by_m", []), f"{where}: 'u_c_by_m'"))
     host = {}
     if not isinstance(d.get("host", {}), dict):
         raise UserError(f"{where}: 'host' must be an object")

@@ -60,8 +60,7 @@ MAX_PROMPT = None     # the paper gives no prompt cap (BurstGPT's length model r
 
 
 def scaled(hw: Hardware, u: float) -> Hardware:
-    e = hw.efficiency
-    return replace(hw, efficiency=replace(e, u_c=e.u_c * u, u_m=e.u_m * u))
+    return replace(hw, efficiency=hw.efficiency.scaled(u))
 
 
 def _setup(hw: Hardware, engine: dict | None = None):
