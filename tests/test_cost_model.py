@@ -158,3 +158,20 @@ def test_hardware_file_round_trips_the_per_m_table(tmp_path):
     hw = hardware.Hardware(name="t", kind="cpu", peak_flops=1e11, bandwidth=2e10, memory_bytes=1e9, efficiency=eff)
     hardware.save(hw, tmp_path / "t.json")
     assert hardware.load(str(tmp_path / "t.json")).efficiency == eff
+
+
+def test_calibrate_writes_a_profile_with_the_per_m_table(tmp_path):
+    from dllm_bench.simulate import hardware
+
+    out = tmp_path / "hw.json"
+    r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "calibrate", "--preset", "tiny", "--systems", "engine",
+                        "--sizes", "1,2", "--repeats", "1", "--out", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    hw = hardware.load(str(out))
+    assert len(hw.efficiency.u_c_by_m) >= 2 and hw.host_cost("dllm-bench", "engine").c_step >= 0
+    assert hw.fit["sizes"] == [1, 2] and "median_err_by_rows" in hw.fit["host"]["engine"]
+    bad = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "calibrate", "--preset", "tiny", "--sizes", "1,x",
+                          "--out", str(tmp_path / "no.json")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error:") and len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "no.json").exists()

@@ -73,8 +73,10 @@ def calibrate(*, preset: str | None, model: str | None, systems: str, name: str,
                 steps += host_profile.engine_steps(mdl, cfg, shape, prompts, params)
         hc, fit = cal.fit_host(steps, device_only)
         host[f"dllm-bench/{v.name}"], host_fit[v.name] = hc, fit
+        split = ", ".join(f"{k} {e:+.0%}" for k, e in fit["median_err_by_rows"].items())
         console.print(f"host {v.label}: {hc.c_step * 1e3:.2f} ms/step + {hc.c_seq * 1e3:.3f} ms/sequence "
-                      f"({fit['steps']} steps, median error {fit['median_rel_err']:.1%})")
+                      f"({fit['steps']} steps, median error {fit['median_rel_err']:.1%}; signed, by query "
+                      f"rows: {split})")
     hw = hardware.Hardware(
         name=name, kind="cpu", peak_flops=peak, bandwidth=bw, memory_bytes=_memory_bytes(),
         efficiency=eff, host=host, description=f"{platform.processor() or platform.machine()} "
@@ -96,6 +98,16 @@ def _memory_bytes() -> float:
         return 8.0 * 2**30
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise UserError(f"--sizes must be a comma list of positive integers, got {text!r}")
+    return sizes
+
+
 def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate_cmd(
@@ -106,10 +118,12 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Option("cpu", "--name", help="profile name (`simulate --hardware NAME`)"),
         out: Path | None = typer.Option(None, "--out", help="file to write [~/.cache/dllm-bench/hardware/NAME.json]"),
         repeats: int = typer.Option(5, "--repeats", help="timings per operator (median)"),
+        sizes: str = typer.Option("1,4,2,8,1,4", "--sizes", help="concurrent requests per host-time run, in "
+                                  "order (use the batches the systems serve at, e.g. 1,2 for cpu-default)"),
     ) -> None:
         """Profile this machine (GEMMs, attention, host time per system) and write a hardware profile."""
         from rich.console import Console
 
         path = calibrate(preset=preset, model=model, systems=systems, name=name, out=out, repeats=repeats,
-                         sizes=(1, 4, 2, 8, 1, 4), console=Console(stderr=True))
+                         sizes=_sizes(sizes), console=Console(stderr=True))
         typer.echo(str(path))

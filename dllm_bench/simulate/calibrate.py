@@ -111,6 +111,9 @@ def fit_u_c_by_m(samples: list[OpSample], eff: Efficiency, peak: float, bw: floa
     return tuple(table)
 
 
+ROWS_SPLIT = 64
+
+
 def fit_host(steps: list[tuple[Forward, float]], device: CostModel) -> tuple[HostCost, dict]:
     """c_step + c_seq·n_seq (both >= 0) fitted by least squares to the step time the device model
     leaves. A squared loss on wall time fits the *mean* step: on a shared machine that includes
@@ -122,9 +125,15 @@ def fit_host(steps: list[tuple[Forward, float]], device: CostModel) -> tuple[Hos
     meas = np.array([t for _, t in steps])
     (c_step, c_seq), _ = nnls(A, meas - dev)
     host = HostCost(c_step=float(c_step), c_seq=float(c_seq))
-    rel = np.abs(dev + A @ np.array([c_step, c_seq]) - meas) / meas
+    signed = (dev + A @ np.array([c_step, c_seq]) - meas) / meas
+    rel = np.abs(signed)
+    # Signed error by the forward's query rows: a cost model that is right overall but wrong per
+    # GEMM size shows up as opposite signs for small (block, window) and large (canvas) forwards.
+    rows = np.array([fw.query_tokens for fw, _ in steps])
+    by_rows = {f"<= {ROWS_SPLIT}": signed[rows <= ROWS_SPLIT], f"> {ROWS_SPLIT}": signed[rows > ROWS_SPLIT]}
     return host, {"steps": len(steps), "median_rel_err": float(np.median(rel)), "max_rel_err": float(rel.max()),
-                  "mean_step_s": float(meas.mean())}
+                  "mean_step_s": float(meas.mean()),
+                  "median_err_by_rows": {k: float(np.median(v)) for k, v in by_rows.items() if v.size}}
 
 
 # ---------------------------------------------------------------- measuring (this machine)
