@@ -103,7 +103,7 @@ def fit_u_c_by_m(samples: list[OpSample], eff: Efficiency, peak: float, bw: floa
         if not proposals:
             continue
 
-        def loss(u: float) -> float:
+        def loss(u: float, group=group) -> float:
             e = replace(eff, u_c=u, u_c_by_m=())
             return sum(abs(math.log(predict(s, e, peak, bw, wbytes) / s.t)) for s in group)
 
@@ -192,8 +192,7 @@ def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25
             if m * max(k, n) > max_elems:
                 break
             x = torch.randn(m, k, dtype=dtype)
-            out.append(OpSample("gemm", m, k, n, median_time(lambda x=x: x @ next(ws), repeats)))
-        del ws
+            out.append(OpSample("gemm", m, k, n, median_time(lambda x=x, ws=ws: x @ next(ws), repeats)))
     h, hd = shape.heads, shape.head_dim
     for q in (8, 32, 128):
         for kk in (32, 128, 512):
