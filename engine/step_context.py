@@ -38,7 +38,8 @@ class _Chunk:
     fresh_index: torch.Tensor | None   # [G*fmax] packed rows of fresh K/V
     fmax: int
     bias: torch.Tensor | None = None   # padded path: additive SDPA mask of the padding keys
-    dst: torch.Tensor | None = None    # the step's output row of each real query row ([G, Lq] if none is padding)
+    members: np.ndarray | None = None  # the step's members in this chunk, in order
+    dst: torch.Tensor | None = None    # several chunks: the output row of each real query row ([G, Lq] if none is padding)
     q_valid: torch.Tensor | None = None  # padded path, ragged Lq: [G, Lq] True = a real query row
     cu_q: list[int] | None = None      # flash: packed query and key offsets
     cu_k: list[int] | None = None
@@ -84,6 +85,10 @@ class StepContext:
             members = np.flatnonzero(meta.refresh == refresh)
             for chunk in _split(members, key_lens[members], key_budget):
                 self.chunks.append(self._chunk(chunk, spec))
+        if len(self.chunks) > 1:                      # only then do rows need placing (`__call__`)
+            for ch in self.chunks:
+                dst = to_device(ragged(meta.cu_q[ch.members], meta.n_q[ch.members]), device)
+                ch.dst = dst if ch.q_valid is not None or ch.packed is not None else dst.view(ch.G, ch.Lq)
 
     def _plan_stores(self, spec: KeySpec) -> None:
         m = self.meta
@@ -112,19 +117,18 @@ class StepContext:
             valid.append(ok)
         full = (kc == kmax).all() and (kf == fmax).all()
         key_mask = None if full else (valid[0] if len(valid) == 1 else np.concatenate(valid, 1))
-        dst = to_device(ragged(starts, lq), dev)
         if self.backend == "flash_attn":
             n_slots = self.pool.storage.shape[2] if self.pool is not None else 0
             cu_k, c_src, c_dst, f_src, f_dst = packed_keys(m.slot_base[chunk], m.slots, n_slots, kc, starts, kf)
             t = lambda a: to_device(a, dev) if a.size else None  # noqa: E731
-            return _Chunk(G, Lq, dst, None, kmax, None, fmax, dst=dst,
+            return _Chunk(G, Lq, to_device(ragged(starts, lq), dev), None, kmax, None, fmax, members=chunk,
                           cu_q=[0, *np.cumsum(lq).tolist()], cu_k=cu_k.tolist(),
                           packed=PackedKeys(int(cu_k[-1]), t(c_src), t(c_dst), t(f_src), t(f_dst)))
         q_index, q_ok = padded(starts, lq, Lq)
         bias = None if key_mask is None else key_bias(to_device(key_mask, dev), self.dtype)
         q_valid = None if (lq == Lq).all() else to_device(q_ok, dev)
         return _Chunk(G, Lq, to_device(q_index.reshape(-1), dev), cache_index, kmax, fresh_index, fmax, bias,
-                      dst=dst if q_valid is not None else dst.view(G, Lq), q_valid=q_valid)
+                      members=chunk, q_valid=q_valid)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         pool = self.pool.storage[layer] if self.pool is not None and self.pool.storage.numel() else None  # [2, S, Hkv, D]
