@@ -87,4 +87,6 @@ def _joined(x0s: list, confs: list, hidden: torch.Tensor, rows: int, at_once: in
     if not x0s:
         empty = hidden.new_zeros(0, dtype=torch.long)
         return DecodeResult(empty, hidden.new_zeros(0, dtype=torch.float64), rows, at_once)
+    if len(x0s) == 1:                                # one chunk (the usual step): nothing to join
+        return DecodeResult(x0s[0], confs[0], rows, at_once)
     return DecodeResult(torch.cat(x0s), torch.cat(confs), rows, at_once)

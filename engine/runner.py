@@ -61,8 +61,7 @@ class ModelRunner:
 
         # Candidates: still-masked positions of each request's current block, [B, max block].
         idx, valid = padded(m.offset + m.block_start, m.block_len, int(m.block_len.max()))
-        cand_t = (tokens[to_device(idx, dev)] == self.model_config.mask_token_id) & to_device(valid, dev)
-        cand = cand_t.cpu().numpy()
+        cand = (tokens[to_device(idx, dev)] == self.model_config.mask_token_id).cpu().numpy() & valid
         rel = idx - m.offset[:, None]                                             # canvas positions
         rows = (rel - m.q_start[:, None] + m.cu_q[:-1, None])[cand]              # hidden rows, request order
         counts = cand.sum(1)
@@ -77,24 +76,30 @@ class ModelRunner:
                 conf = conf.clone() if conf is res.conf else conf
                 a = int(seg_start[i])
                 conf[a : a + int(counts[i])] = random_confidence(int(counts[i]), r.gens.remask).to(conf)
-
-        # Each request commits its k most confident candidates (k from its linear schedule);
-        # ties go to the lower position.
-        B, W = cand.shape
-        score = torch.full((B, W), -torch.inf, dtype=conf.dtype, device=dev)
-        score[cand_t] = conf
-        order = torch.sort(score, dim=1, descending=True, stable=True).indices
-        k = to_device(m.k[:, None], dev)
-        chosen = torch.zeros_like(cand_t).scatter_(1, order, torch.arange(W, device=dev)[None] < k) & cand_t
-        x0 = torch.zeros((B, W), dtype=torch.long, device=dev)
-        x0[cand_t] = res.x0
-        row, col = chosen.nonzero(as_tuple=True)
         monolithic = self.config.max_num_logits is None
-        decisions = StepDecisions(row, to_device(rel, dev)[row, col], x0[row, col], score[row, col],
-                                  (m.n_q if monolithic else counts).tolist())
+        decisions = _choose(conf, res.x0, cand, rel, m.k, dev, (m.n_q if monolithic else counts).tolist())
         n_ref = int(m.refresh.sum())
         return StepStats(int(m.cu_q[-1]), res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
                          decisions)
+
+
+def _choose(conf: torch.Tensor, x0: torch.Tensor, cand: np.ndarray, rel: np.ndarray, k: np.ndarray, dev,
+            logits_rows: list[int]) -> StepDecisions:
+    """Each request commits its k most confident candidates (k from its linear schedule); ties
+    go to the lower position. `conf`/`x0` [R]: the candidates in request order, then position
+    order; cand [B, W] host mask of them; rel [B, W] their canvas positions. One sort on the
+    device; which ranks are taken, and which candidate each (row, rank) is, are host arrays."""
+    B, W = cand.shape
+    score = torch.full((B, W), -torch.inf, dtype=conf.dtype, device=dev)
+    score[to_device(cand, dev)] = conf
+    order = torch.sort(score, dim=1, descending=True, stable=True).indices    # candidates first in each row
+    row, rank = np.nonzero(np.arange(W) < np.minimum(k, cand.sum(1))[:, None])
+    cid = np.zeros((B, W), dtype=np.int64)
+    cid[cand] = np.arange(int(cand.sum()))                                   # [B, W] -> candidate index
+    row_t = to_device(row, dev)
+    col = order[row_t, to_device(rank, dev)]
+    pick = to_device(cid, dev)[row_t, col]
+    return StepDecisions(row_t, to_device(rel, dev)[row_t, col], x0[pick], conf[pick], logits_rows)
 
 
 @dataclass
