@@ -100,6 +100,21 @@ def test_host_fit_round_trip():
     assert host.c_seq == pytest.approx(truth.c_seq, rel=1e-6)
 
 
+def test_host_fit_after_a_speed_change_is_rescaled_to_the_operators_speed():
+    """Steps timed while the machine ran 1.3x slower than during the operator timings (the gauge
+    read 1.3x its reference): unscaled, the fit blames the host for the device's slowdown;
+    rescaled by the gauge, it recovers the host terms of the reference state."""
+    dev = CostModel(LLADA_8B, 50e12, 1e12, Efficiency(), get_impl("engine"), HostCost())
+    truth = HostCost(c_step=3e-3, c_seq=0.8e-3)
+    fws = [Forward((LayerPass(32, (Seg(40, 40),) * n),), rows=8 * n, n_seq=n) for n in (1, 2, 4, 8)]
+    slow = [(fw, 1.3 * (dev.step(fw).t_device + truth.time(fw.n_seq, 32))) for fw in fws]
+    blamed, _ = cal.fit_host(slow, dev)
+    assert blamed.c_seq > 1.2 * truth.c_seq
+    host, _ = cal.fit_host(cal.at_reference_speed(slow, reference=1.0, now=1.3), dev)
+    assert host.c_step == pytest.approx(truth.c_step, rel=1e-6)
+    assert host.c_seq == pytest.approx(truth.c_seq, rel=1e-6)
+
+
 def test_gemm_roofline_regimes():
     e = Efficiency(u_c=0.5, u_m=0.5, c_op=1e-6)
     t_small = gemm_time(1, 4096, 4096, 2, 100e12, 1e12, e)
@@ -171,6 +186,9 @@ def test_calibrate_writes_a_profile_with_the_per_m_table(tmp_path):
     hw = hardware.load(str(out))
     assert len(hw.efficiency.u_c_by_m) >= 2 and hw.host_cost("dllm-bench", "engine").c_step >= 0
     assert hw.fit["sizes"] == [1, 2] and "median_err_by_rows" in hw.fit["host"]["engine"]
+    # the speed gauge: read around the operators and around each timed batch size
+    assert len(hw.fit["host"]["engine"]["speed_vs_operators"]) == 2
+    assert len(hw.fit["speed_gauge_s"]["readings"]) == 2 + 2 * 2 and hw.fit["speed_gauge_s"]["operators"] > 0
     bad = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "calibrate", "--preset", "tiny", "--sizes", "1,x",
                           "--out", str(tmp_path / "no.json")], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error:") and len(bad.stderr.strip().splitlines()) == 1

@@ -42,10 +42,13 @@ def calibrate(*, preset: str | None, model: str | None, systems: str, name: str,
     shape = ModelShape.from_config(mdl.config, DTYPE_BYTES[p.dtype])
     console.print(f"calibrating {platform.node() or 'this machine'}: model {p.model} ({p.dtype}, {p.threads} threads)")
 
+    gauge = cal.SpeedGauge(shape, dtype, repeats)
+    reference = gauge.read()
     peak, bw = cal.measure_peaks(dtype, repeats)
     console.print(f"peaks: {peak / 1e9:.1f} GFLOP/s GEMM, {bw / 1e9:.1f} GB/s copy")
     ops = cal.measure_ops(shape, dtype, repeats)
     peak, bw = cal.peaks_from(ops, peak, bw, shape.wbytes)
+    reference = (reference + gauge.read()) / 2           # the machine's speed while the operators were timed
     eff, op_fit = cal.fit_efficiency(ops, peak, bw, shape.wbytes)
     console.print(f"operators: u_c {eff.u_c:.3f}, u_m {eff.u_m:.3f}, u_attn {eff.u_attn:.3f}, c_op "
                   f"{eff.c_op * 1e6:.1f} us over {op_fit['ops']} ops (median error {op_fit['median_rel_err']:.1%})")
@@ -63,27 +66,40 @@ def calibrate(*, preset: str | None, model: str | None, systems: str, name: str,
     device_only = CostModel(shape, peak, bw, eff, get_impl("dllm-bench"), HostCost())
     host, host_fit = {}, {}
     for v in variants:
-        steps = []
+        steps, speeds = [], []
         for n in sizes:
             prompts = [r.prompt_ids for r in wl[:n]]
+            before = gauge.read()
             if v.is_baseline:
-                steps += host_profile.baseline_steps(mdl, v.name, baseline_knobs(v, base_defaults), shape, prompts, params)
+                timed = host_profile.baseline_steps(mdl, v.name, baseline_knobs(v, base_defaults), shape, prompts,
+                                                    params)
             else:
                 cfg = EngineConfig(dtype=p.dtype, device="cpu", sampling=False, **engine_knobs(v, engine_defaults))
-                steps += host_profile.engine_steps(mdl, cfg, shape, prompts, params)
+                timed = host_profile.engine_steps(mdl, cfg, shape, prompts, params)
+            now = (before + gauge.read()) / 2
+            speeds.append(reference / now)
+            steps += cal.at_reference_speed(timed, reference, now)
         hc, fit = cal.fit_host(steps, device_only)
+        fit["speed_vs_operators"] = speeds
         host[f"dllm-bench/{v.name}"], host_fit[v.name] = hc, fit
         split = ", ".join(f"{k} {e:+.0%}" for k, e in fit["median_err_by_rows"].items())
         console.print(f"host {v.label}: {hc.c_step * 1e3:.2f} ms/step + {hc.c_seq * 1e3:.3f} ms/sequence "
                       f"({fit['steps']} steps, median error {fit['median_rel_err']:.1%}; signed, by query "
-                      f"rows: {split})")
+                      f"rows: {split}; machine speed vs the operator timings "
+                      f"{', '.join(f'{x:.2f}x' for x in speeds)}, step times rescaled)")
+    drift = max(reference / g for g in gauge.readings) / min(reference / g for g in gauge.readings)
+    if drift > 1.1:
+        console.print(f"[yellow]warning: this machine's speed changed by {drift:.2f}x during calibration "
+                      "(a reference GEMM); step times were rescaled to the operator timings' speed, but a "
+                      "quieter machine gives a more trustworthy profile[/yellow]")
     hw = hardware.Hardware(
         name=name, kind="cpu", peak_flops=peak, bandwidth=bw, memory_bytes=_memory_bytes(),
         efficiency=eff, host=host, description=f"{platform.processor() or platform.machine()} "
         f"({platform.node()}), {p.threads} torch threads, {p.dtype}",
         sources=["measured by dllm-bench calibrate on this machine"],
         fit={"model": p.model, "preset": p.name, "dtype": p.dtype, "threads": p.threads, "operators": op_fit,
-             "host": host_fit, "sizes": list(sizes), "repeats": repeats})
+             "host": host_fit, "sizes": list(sizes), "repeats": repeats,
+             "speed_gauge_s": {"operators": reference, "readings": gauge.readings}})
     path = out or hardware.cache_dir() / f"{name}.json"
     hardware.save(hw, path)
     return path

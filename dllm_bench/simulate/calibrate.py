@@ -136,6 +136,15 @@ def fit_host(steps: list[tuple[Forward, float]], device: CostModel) -> tuple[Hos
                   "median_err_by_rows": {k: float(np.median(v)) for k, v in by_rows.items() if v.size}}
 
 
+def at_reference_speed(steps: list[tuple[Forward, float]], reference: float, now: float) -> list[tuple[Forward, float]]:
+    """Step times taken while the speed gauge read `now` seconds, rescaled to the machine state
+    in which the operators were timed (gauge `reference`). A virtual machine can change speed by
+    1.5x within minutes; without this the host terms would absorb the difference between the
+    two moments, and a negative difference cannot be absorbed at all (host terms are >= 0)."""
+    f = reference / now
+    return [(fw, t * f) for fw, t in steps]
+
+
 # ---------------------------------------------------------------- measuring (this machine)
 def median_time(fn: Callable[[], object], repeats: int) -> float:
     fn()
@@ -169,6 +178,24 @@ def measure_peaks(dtype, repeats: int) -> tuple[float, float]:
     return flops, bw
 
 
+class SpeedGauge:
+    """One fixed GEMM (256 rows through the model's MLP up-projection), timed on demand: a reading
+    of how fast the machine runs at that moment, taken before and after each timed phase."""
+
+    def __init__(self, shape: ModelShape, dtype, repeats: int = 7):
+        import torch
+
+        self.x = torch.randn(256, shape.d, dtype=dtype)
+        self.w = torch.randn(shape.d, 2 * shape.ffn, dtype=dtype)
+        self.repeats = max(3, repeats)
+        self.readings: list[float] = []
+
+    def read(self) -> float:
+        t = median_time(lambda: self.x @ self.w, self.repeats)
+        self.readings.append(t)
+        return t
+
+
 GEMM_M = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -194,8 +221,10 @@ def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25
             x = torch.randn(m, k, dtype=dtype)
             out.append(OpSample("gemm", m, k, n, median_time(lambda x=x, ws=ws: x @ next(ws), repeats)))
     h, hd = shape.heads, shape.head_dim
-    for q in (8, 32, 128):
-        for kk in (32, 128, 512):
+    # Block and window queries (8-128) and whole canvases (1024: the baselines' full forwards and
+    # dLLM-Cache's partial layers attend ~1000 queries over ~1000 keys on the CPU presets).
+    for q in (8, 32, 128, 1024):
+        for kk in (32, 128, 512, 1024):
             qt, kt = torch.randn(h, q, hd, dtype=dtype), torch.randn(h, kk, hd, dtype=dtype)
             t = median_time(lambda qt=qt, kt=kt: F.scaled_dot_product_attention(qt, kt, kt), repeats)
             out.append(OpSample("attn", q, kk, h * hd, t))
