@@ -10,7 +10,7 @@ and sparse (dLLM-Serve). Ratios are generated tokens/s over the reference's.
 Then (benchmarks/engine_efficiency.py): MFU of the sparse engine at saturation on --mfu-preset
 in float32 and bfloat16 (FLOPs from the step shapes: GEMMs, attention, LM-head rows; peak: an
 n x n matmul in the same dtype and thread count, measured here), per phase; host time per step
-with a near-zero model (LLaDA-8B's 32 layers, d = 8) at 1, 8, 32, 64 requests split into the
+with a near-zero model (LLaDA-8B's 32 layers, d = 8, vocabulary 64) at 1, 8, 32, 64 requests split into the
 layers, the LM head + logit decode and the rest (CPU time of the stepping thread, median of 32
 steps); the operator count per step at 1, 8, 64 requests.
 """
@@ -156,7 +156,7 @@ def mfu(a, console) -> None:
 
 
 def host(console) -> None:
-    table = Table(title="host time per step, near-zero model (32 layers, d=8), 8 staggered arrival waves: "
+    table = Table(title="host time per step, near-zero model (32 layers, d=8, vocab 64), 8 staggered arrival waves: "
                         "median CPU ms of 32 steps")
     for col in ("cache", "requests", "step", "layers", "everything else", "of which LM head + decode",
                 "of which bookkeeping"):
