@@ -77,25 +77,25 @@ class ModelRunner:
                 a = int(seg_start[i])
                 conf[a : a + int(counts[i])] = random_confidence(int(counts[i]), r.gens.remask).to(conf)
         monolithic = self.config.max_num_logits is None
-        decisions = _choose(conf, res.x0, cand, rel, m.k, dev, (m.n_q if monolithic else counts).tolist())
+        decisions = _choose(conf, res.x0, cand, counts, rel, m.k, dev, (m.n_q if monolithic else counts).tolist())
         n_ref = int(m.refresh.sum())
         return StepStats(int(m.cu_q[-1]), res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
                          decisions)
 
 
-def _choose(conf: torch.Tensor, x0: torch.Tensor, cand: np.ndarray, rel: np.ndarray, k: np.ndarray, dev,
-            logits_rows: list[int]) -> StepDecisions:
+def _choose(conf: torch.Tensor, x0: torch.Tensor, cand: np.ndarray, counts: np.ndarray, rel: np.ndarray,
+            k: np.ndarray, dev, logits_rows: list[int]) -> StepDecisions:
     """Each request commits its k most confident candidates (k from its linear schedule); ties
     go to the lower position. `conf`/`x0` [R]: the candidates in request order, then position
-    order; cand [B, W] host mask of them; rel [B, W] their canvas positions. One sort on the
+    order; cand [B, W] host mask of them, counts [B] its row sums; rel [B, W] their canvas positions. One sort on the
     device; which ranks are taken, and which candidate each (row, rank) is, are host arrays."""
     B, W = cand.shape
     score = torch.full((B, W), -torch.inf, dtype=conf.dtype, device=dev)
     score[to_device(cand, dev)] = conf
     order = torch.sort(score, dim=1, descending=True, stable=True).indices    # candidates first in each row
-    row, rank = np.nonzero(np.arange(W) < np.minimum(k, cand.sum(1))[:, None])
+    row, rank = np.nonzero(np.arange(W) < np.minimum(k, counts)[:, None])
     cid = np.zeros((B, W), dtype=np.int64)
-    cid[cand] = np.arange(int(cand.sum()))                                   # [B, W] -> candidate index
+    cid[cand] = np.arange(conf.numel())                                   # [B, W] -> candidate index
     row_t = to_device(row, dev)
     col = order[row_t, to_device(rank, dev)]
     pick = to_device(cid, dev)[row_t, col]

@@ -87,7 +87,7 @@ def calibrate(*, preset: str | None, model: str | None, systems: str, name: str,
                       f"({fit['steps']} steps, median error {fit['median_rel_err']:.1%}; signed, by query "
                       f"rows: {split}; machine speed vs the operator timings "
                       f"{', '.join(f'{x:.2f}x' for x in speeds)}, step times rescaled)")
-    drift = max(reference / g for g in gauge.readings) / min(reference / g for g in gauge.readings)
+    drift = max(gauge.readings) / min(gauge.readings)
     if drift > 1.1:
         console.print(f"[yellow]warning: this machine's speed changed by {drift:.2f}x during calibration "
                       "(a reference GEMM); step times were rescaled to the operator timings' speed, but a "
