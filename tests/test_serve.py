@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from dllm_bench.errors import UserError
@@ -187,6 +188,10 @@ def test_serve_tiny_end_to_end_writes_every_file_and_resumes(tmp_path):
         assert p["within_budget"] is True and 0 < p["peak_memory_bytes"] <= p["memory_budget_bytes"]
         assert p["peak_measured_in"] == "probe"
         assert p["mean_batch_size"] >= 1
+        # The speed gauge read before and after the replay (CPU): its mean is a metrics column.
+        gauge = p["speed_gauge_readings_s"]
+        assert len(gauge) == 2 and min(gauge) > 0 and math.isclose(p["speed_gauge_s"], sum(gauge) / 2)
+    assert "speed_gauge_s" in pd.read_csv(run_dir / "metrics.csv").columns
     (comp,) = doc["comparisons"]
     assert comp["best_baseline"].startswith("llada [B=")
     rows = {row["system"]: row for row in comp["rows"]}

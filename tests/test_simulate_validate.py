@@ -79,6 +79,68 @@ def test_repeats_with_other_workload_seeds_are_paired_by_seed(tmp_path):
     assert pd.isna(r.get("output_throughput_err_lo", math.nan))
 
 
+def _gauged(root: Path, run_id: str, reps: list, preset: str = "tiny") -> Path:
+    """One engine @ 4 rps cell, workload seeds 0, 1, ...: [(tok/s, mean ms, speed-gauge seconds)]."""
+    d = results.create_run("serve", {}, run_id=run_id, root=root)
+    for i, (tp, mean, gauge) in enumerate(reps):
+        s = {"output_throughput": tp, "mean_e2el_ms": mean, "p99_e2el_ms": mean, "completed": 4,
+             "interrupted": False, "speed_gauge_s": gauge, "preset": preset, "workload_seed": i}
+        results.write_point(d, results.PointKey("engine", 4.0, "livebench", i), s, [])
+    return d
+
+
+def test_measured_speeds_and_the_comparison_at_the_measured_speed(tmp_path):
+    meas = _gauged(tmp_path, "meas", [(125.0, 800.0, 0.8), (120.0, 850.0, 0.9)])
+    frame = validate.measured_frame([meas])
+    sp = validate.measured_speeds(frame, 1.0, "tiny")
+    assert list(sp["workload_seed"]) == [0, 1] and list(sp["speed"]) == [0.8, 0.9]
+    assert validate.measured_speeds(frame, 1.0, "cpu-default").empty       # another preset's gauge
+    assert validate.measured_speeds(frame, None, "tiny").empty             # a profile without a gauge
+    plain = _run(tmp_path, "plain", {("engine", 4.0): (1.0, 1.0, 1.0)})
+    assert validate.measured_speeds(validate.measured_frame([plain]), 1.0, None).empty
+    assert validate.speed_reference({"preset": "tiny", "speed_gauge_s": {"operators": 0.5}}) == (0.5, "tiny")
+    assert validate.speed_reference({}) == (None, None)
+    # The plain simulation misses (the machine ran faster than calibrated); the simulation at each
+    # point's measured speed matches it.
+    sim = _seeded(tmp_path, "sim", {0: (100.0, 1000.0, 1000.0), 1: (100.0, 1000.0, 1000.0)}, simulated=True)
+    at = pd.DataFrame([{"dataset": "livebench", "system": "engine", "rps": 4.0, "workload_seed": 0, "speed": 0.8,
+                        "output_throughput": 125.0, "mean_e2el_ms": 800.0, "p99_e2el_ms": 800.0},
+                       {"dataset": "livebench", "system": "engine", "rps": 4.0, "workload_seed": 1, "speed": 0.9,
+                        "output_throughput": 120.0, "mean_e2el_ms": 850.0, "p99_e2el_ms": 850.0}])
+    r = validate.compare(sim, [meas], at).iloc[0]
+    assert r["output_throughput_status"] == validate.MISSED and r["mean_e2el_ms_status"] == validate.MISSED
+    assert math.isclose(r["speed"], 0.85)
+    for m in METRICS:
+        assert abs(r[m + "_err_at_speed"]) < 1e-12 and r[m + "_status_at_speed"] == validate.GOAL
+    text = validate.as_markdown(pd.DataFrame([r]))
+    assert "| livebench | engine | 4 | 1.18× | +0% ✓ | +0% ✓ | +0% ✓ |" in text
+    assert validate.counts(pd.DataFrame([r]), "_at_speed")["tok/s"][validate.GOAL] == 1
+    assert "measured speed" not in validate.as_markdown(validate.compare(sim, [meas]))
+
+
+def test_simulate_validate_simulates_each_gauged_point_again_at_its_speed(tmp_path):
+    r = _cli(*SIM, "--result-dir", str(tmp_path), "--run-id", "plain", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)["points"][0]
+    hw = json.loads((REPO / "dllm_bench/simulate/hardware/h100.json").read_text())
+    hw["fit"] = {**hw.get("fit", {}), "preset": "tiny", "speed_gauge_s": {"operators": 1e-3}}
+    (tmp_path / "h.json").write_text(json.dumps(hw))
+    # Measured on a machine twice as slow as the profile (gauge 2 ms vs 1 ms): each request took
+    # twice as long (on the H100 profile a tiny request never waits for another).
+    d = results.create_run("serve", {}, run_id="slow", root=tmp_path)
+    results.write_point(d, results.PointKey("engine", 4.0, p["dataset"]),
+                        {"output_throughput": p["output_throughput"], "mean_e2el_ms": 2 * p["mean_e2el_ms"],
+                         "p99_e2el_ms": 2 * p["p99_e2el_ms"], "completed": 4, "interrupted": False,
+                         "speed_gauge_s": 2e-3, "preset": "tiny", "workload_seed": 0}, [])
+    args = [a if a != "h100" else str(tmp_path / "h.json") for a in SIM]
+    r = _cli(*args, "--result-dir", str(tmp_path), "--run-id", "sim", "--json", "--validate", "slow")
+    assert r.returncode == 0, r.stderr
+    cell = json.loads(r.stdout)["validation"]["cells"][0]
+    assert cell["speed"] == 2.0 and math.isclose(cell["mean_e2el_ms_err"], -0.5, abs_tol=1e-6)
+    assert abs(cell["mean_e2el_ms_err_at_speed"]) < 1e-6 and abs(cell["p99_e2el_ms_err_at_speed"]) < 1e-6
+    assert "simulated again at their machine speed" in r.stderr and "0.50× |" in r.stderr
+
+
 def test_simulate_repeats_run_serves_workload_seeds(tmp_path):
     r = _cli(*SIM, "--result-dir", str(tmp_path), "--run-id", "rep", "--repeats", "2", "--seed", "3")
     assert r.returncode == 0, r.stderr

@@ -11,6 +11,7 @@ import typer
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import preset_for
+from dllm_bench.serve.speed_gauge import SpeedGauge
 from dllm_bench.serve.workload import model_info, special_ids
 from dllm_bench.simulate import calibrate as cal
 from dllm_bench.simulate import hardware, host_profile
@@ -42,7 +43,7 @@ def calibrate(*, preset: str | None, model: str | None, systems: str, name: str,
     shape = ModelShape.from_config(mdl.config, DTYPE_BYTES[p.dtype])
     console.print(f"calibrating {platform.node() or 'this machine'}: model {p.model} ({p.dtype}, {p.threads} threads)")
 
-    gauge = cal.SpeedGauge(shape, dtype, repeats)
+    gauge = SpeedGauge(shape.d, shape.ffn, dtype, repeats)
     reference = gauge.read()
     peak, bw = cal.measure_peaks(dtype, repeats)
     console.print(f"peaks: {peak / 1e9:.1f} GFLOP/s GEMM, {bw / 1e9:.1f} GB/s copy")

@@ -46,6 +46,7 @@ import torch  # noqa: E402
 from dllm_bench.errors import UserError  # noqa: E402
 from dllm_bench.results import atomic_write_json  # noqa: E402
 from dllm_bench.serve.loadgen import run_open_loop, step_stats_summary  # noqa: E402
+from dllm_bench.serve.speed_gauge import SpeedGauge  # noqa: E402
 from dllm_bench.systems.build import STATIC_PROFILE_STEPS, WorkloadShape, build_system, warm_up  # noqa: E402
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
 from engine.memory import MemoryMeter  # noqa: E402  (the profiler's meter: the budget is held, not only accounted)
@@ -107,8 +108,9 @@ def run(spec: dict, out_path: Path) -> int:
         emit("progress", arrived=arrived, finished=finished, total=total, tps=tps,
              elapsed=time.perf_counter() - t0)
 
-    emit("status", message="serving")
     device = system.model.device
+    gauge = _speed_gauge(system.model) if device.type == "cpu" else None
+    emit("status", message="serving")
     # On CUDA the meter reads the allocator's peak for free. On CPU it hooks every operator
     # (a Python dispatch mode), which slowed timed runs by 8-16 % and unequally across systems
     # (more for the baselines' many small ops), so a CPU replay runs unmetered and the peak is
@@ -116,6 +118,9 @@ def run(spec: dict, out_path: Path) -> int:
     with MemoryMeter(device) if device.type == "cuda" else nullcontext() as meter:
         result = run_open_loop(system, spec["workload"], make_params, progress=progress,
                                max_duration=spec.get("max_duration"), progress_interval=0.25)
+    if gauge is not None:
+        gauge.read()
+        info["speed_gauge_s"] = gauge.readings
     if meter is None:
         emit("status", message="measuring the memory peak (untimed)")
         peak, how = budget_probe(system, spec["workload"], make_params), "probe"
@@ -132,6 +137,15 @@ def run(spec: dict, out_path: Path) -> int:
     atomic_write_json(out_path, {"result": result, "info": info})
     emit("done", interrupted=result["interrupted"], timed_out=result["timed_out"])
     return 0
+
+
+def _speed_gauge(model) -> SpeedGauge:
+    """Read once before the replay (and once after it): the machine's speed while this point was
+    measured, in the units `calibrate` records (same GEMM shape, dtype and thread count)."""
+    cfg = model.config
+    gauge = SpeedGauge(cfg.d_model, cfg.mlp_hidden_size, model.dtype, repeats=5)
+    gauge.read()
+    return gauge
 
 
 def budget_probe(system, workload: list[dict], make_params, steps: int = STATIC_PROFILE_STEPS) -> int:

@@ -18,12 +18,11 @@ the parameters come back (the round trip).
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dllm_bench.serve.speed_gauge import median_time
 from dllm_bench.simulate.cost_model import (
     CostModel,
     Efficiency,
@@ -146,16 +145,6 @@ def at_reference_speed(steps: list[tuple[Forward, float]], reference: float, now
 
 
 # ---------------------------------------------------------------- measuring (this machine)
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
-
-
 def peaks_from(ops: list[OpSample], peak: float, bw: float, wbytes: int) -> tuple[float, float]:
     """A peak is the best rate seen: a small GEMM in cache can beat the large-GEMM / large-copy
     figures on a CPU, and an efficiency above 1 would mean the peak was wrong."""
@@ -176,24 +165,6 @@ def measure_peaks(dtype, repeats: int) -> tuple[float, float]:
     y = torch.empty_like(x)
     bw = 2 * x.numel() * x.element_size() / median_time(lambda: y.copy_(x), repeats)
     return flops, bw
-
-
-class SpeedGauge:
-    """One fixed GEMM (256 rows through the model's MLP up-projection), timed on demand: a reading
-    of how fast the machine runs at that moment, taken before and after each timed phase."""
-
-    def __init__(self, shape: ModelShape, dtype, repeats: int = 7):
-        import torch
-
-        self.x = torch.randn(256, shape.d, dtype=dtype)
-        self.w = torch.randn(shape.d, 2 * shape.ffn, dtype=dtype)
-        self.repeats = max(3, repeats)
-        self.readings: list[float] = []
-
-    def read(self) -> float:
-        t = median_time(lambda: self.x @ self.w, self.repeats)
-        self.readings.append(t)
-        return t
 
 
 GEMM_M = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
+
+import pandas as pd
 
 from dllm_bench import results
 from dllm_bench.errors import UserError
+from dllm_bench.metrics import summarize
 from dllm_bench.repeats import aggregate_points, repeat_seeds
 from dllm_bench.results import fmt_rps
 from dllm_bench.serve.points import PlannedPoint, point_line, point_summary
@@ -68,6 +72,32 @@ def _simulate_one(run, setup: SimSetup, pp: PlannedPoint, run_dir: Path, console
     return point
 
 
+def _at_measured_speed(run, setup: SimSetup, measured_dirs: list[Path], console) -> pd.DataFrame:
+    """Every measured point that read the speed gauge, simulated again (same workload seed) with
+    each cost scaled by the machine's speed during that point relative to the calibration: the
+    simulator's error once the machine's drift between calibration and measurement is taken out.
+    Kept in memory; nothing is written besides the validation tables."""
+    speeds = validate.measured_speeds(validate.measured_frame(measured_dirs), *validate.speed_reference(setup.hardware.fit))
+    variants = {v.label: v for v in run.systems}
+    rows = []
+    for r in speeds.itertuples(index=False):
+        i = int(r.workload_seed) - run.seed
+        v = variants.get(r.system)
+        if v is None or not 0 <= i < run.repeats:
+            continue
+        wl = repeat_workloads(run, i).get((r.dataset, float(r.rps)))
+        if wl is None:
+            continue
+        out = simulate_point(v, replace(setup, speed=float(r.speed)), wl, run.preset.block_length,
+                             max_duration=run.max_duration)
+        rows.append({"dataset": r.dataset, "system": r.system, "rps": float(r.rps),
+                     "workload_seed": int(r.workload_seed), "speed": float(r.speed), **summarize(out["result"])})
+    if rows:
+        console.print(f"validation: {len(rows)} measured points simulated again at their machine speed "
+                      f"(speed gauge)", markup=False, highlight=False)
+    return pd.DataFrame(rows)
+
+
 def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str | None, as_json: bool,
                    validate_against: list[Path] | None = None) -> int:
     """Simulate every point; with `validate_against` (measured serve runs of the same workload)
@@ -112,7 +142,8 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
         console.print(f"plots: {', '.join(plots)}", markup=False, highlight=False)
     code, validation = 0, None
     if validate_against:
-        df = validate.compare(run_dir, validate_against)
+        at_speed = _at_measured_speed(run, setup, validate_against, console)
+        df = validate.compare(run_dir, validate_against, at_speed)
         if df.empty:
             console.print("validation: no (dataset, system, rps) cell of the measured runs was simulated; "
                           "give the same --dataset, --systems, --rps and --preset as those runs", markup=False,

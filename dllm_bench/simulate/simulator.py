@@ -79,6 +79,7 @@ class SimSetup:
     baseline_defaults: dict = field(default_factory=dict)
     real_capacity: Any = None              # callable(variant) -> info dict from serve's builders, or None
     cost_fn: Callable[[Forward], float] | None = None   # replaces the cost model (tests: unit costs)
+    speed: float = 1.0                     # every step's cost x this: a machine slower than its profile
 
     def cost_model(self, system: str) -> CostModel:
         hw, impl = self.hardware, self.impls[system]
@@ -86,10 +87,12 @@ class SimSetup:
                          hw.host_cost(impl, system))
 
     def step_cost(self, system: str) -> Callable[[Forward], float]:
+        k = self.speed
         if self.cost_fn is not None:
-            return self.cost_fn
+            fn = self.cost_fn
+            return fn if k == 1.0 else (lambda fw: fn(fw) * k)
         step = self.cost_model(system).step
-        return lambda fw: step(fw).t
+        return lambda fw: step(fw).t * k
 
 
 def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):

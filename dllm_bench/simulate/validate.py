@@ -41,17 +41,45 @@ def measured_runs(values: Sequence[str], result_dir: Path | None) -> list[Path]:
     return out
 
 
-def compare(sim_dir: Path, measured_dirs: Sequence[Path]) -> pd.DataFrame:
+def speed_reference(fit: dict) -> tuple[float | None, str | None]:
+    """(the calibration's speed-gauge reading while its operators were timed, its preset) from a
+    hardware profile's `fit`; (None, None) for a profile without a gauge (GPU files, older ones)."""
+    ref = (fit.get("speed_gauge_s") or {}).get("operators")
+    return (float(ref), fit.get("preset")) if ref else (None, None)
+
+
+def compare(sim_dir: Path, measured_dirs: Sequence[Path], at_speed: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per cell measured and simulated: `repeats` (measured rows compared), `seeds`
     (workload seeds both sides ran), and per metric `<m>_sim` (median over the seeds),
     `<m>_meas` (median), `<m>_min`, `<m>_max`, `<m>_err` (sim / median - 1), `<m>_status` (goal |
     within noise | missed: the goal is checked first; "within noise" needs >= 2 repeats), and,
     with >= 2 seeds, `<m>_err_lo`/`_hi`: the range of the per-seed errors (same workload on both
     sides: the simulator's error without the workloads' spread). Repeats of serve use other
-    workload seeds, so cells are paired by seed wherever both sides record it."""
+    workload seeds, so cells are paired by seed wherever both sides record it.
 
-    sim = results.metrics_frame(sim_dir)
-    meas = pd.concat([results.metrics_frame(d) for d in measured_dirs], ignore_index=True)
+    `at_speed` (dllm_bench.simulate.run: each measured point simulated again with every cost
+    scaled by the machine's speed during that point, read off the speed gauge) adds `speed` (the
+    cell's median measured gauge / the calibration's: > 1 means the machine ran slower than when
+    it was calibrated) and per metric `<m>_err_at_speed` / `<m>_status_at_speed`."""
+    meas = measured_frame(measured_dirs)
+    df = compare_frames(results.metrics_frame(sim_dir), meas)
+    if at_speed is None or at_speed.empty or df.empty:
+        return df
+    fast = compare_frames(at_speed, meas)
+    if fast.empty:
+        return df
+    cols = {f"{m}_{k}": f"{m}_{k}_at_speed" for m in METRICS for k in ("err", "status")}
+    fast = fast[[*KEYS, *cols]].rename(columns=cols)
+    speed = at_speed.groupby(KEYS, as_index=False)["speed"].median()
+    return df.merge(fast.merge(speed, on=KEYS, how="left"), on=KEYS, how="left")
+
+
+def measured_frame(measured_dirs: Sequence[Path]) -> pd.DataFrame:
+    return pd.concat([results.metrics_frame(d) for d in measured_dirs], ignore_index=True)
+
+
+def compare_frames(sim: pd.DataFrame, meas: pd.DataFrame) -> pd.DataFrame:
+    """`compare` on metrics frames (one row per point and repeat on each side)."""
     seeded = "workload_seed" in sim.columns and "workload_seed" in meas.columns
     rows = []
     for key, g in meas.groupby(KEYS, sort=True):
@@ -78,6 +106,20 @@ def compare(sim_dir: Path, measured_dirs: Sequence[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def measured_speeds(meas: pd.DataFrame, reference: float | None, preset: str | None) -> pd.DataFrame:
+    """The measured points that read the calibration's speed gauge: their cell, workload seed and
+    `speed` = their gauge / the calibration's. Points of another preset timed another GEMM (model,
+    dtype or threads) and are left out."""
+    if not reference or not {"speed_gauge_s", "workload_seed"} <= set(meas.columns):
+        return pd.DataFrame(columns=[*KEYS, "workload_seed", "speed"])
+    m = meas[meas["speed_gauge_s"].notna() & meas["workload_seed"].notna()]
+    if preset and "preset" in m:
+        m = m[m["preset"] == preset]
+    out = m[[*KEYS, "workload_seed"]].copy()
+    out["speed"] = m["speed_gauge_s"] / reference
+    return out.reset_index(drop=True)
+
+
 def _status(err: float, goal: float, v: float, sp: Spread) -> str | None:
     if math.isnan(err):
         return None
@@ -86,10 +128,17 @@ def _status(err: float, goal: float, v: float, sp: Spread) -> str | None:
     return NOISE if sp.n >= 2 and sp.lo <= v <= sp.hi else MISSED
 
 
-def counts(df: pd.DataFrame) -> dict[str, dict[str, int]]:
-    """Per metric: cells within the goal, within measurement noise (goal missed), missed."""
-    return {name: {st: int((df[f"{m}_status"] == st).sum()) if not df.empty else 0 for st in (GOAL, NOISE, MISSED)}
+def counts(df: pd.DataFrame, suffix: str = "") -> dict[str, dict[str, int]]:
+    """Per metric: cells within the goal, within measurement noise (goal missed), missed;
+    `suffix="_at_speed"` counts the comparison at the calibration's machine speed."""
+    col = f"{{}}_status{suffix}"
+    return {name: {st: int((df[col.format(m)] == st).sum()) if col.format(m) in df else 0 for st in (GOAL, NOISE, MISSED)}
             for m, (name, _) in METRICS.items()}
+
+
+def _tally(c: dict[str, dict[str, int]]) -> str:
+    return "; ".join(f"{name}: {x[GOAL]} within the goal, {x[NOISE]} within measurement noise, {x[MISSED]} missed"
+                     for name, x in c.items())
 
 
 def as_markdown(df: pd.DataFrame) -> str:
@@ -110,12 +159,31 @@ def as_markdown(df: pd.DataFrame) -> str:
             cells.append(f"{meas} | {r[m + '_sim'] * k:.3g} | {err}{mark[r[m + '_status']]}")
         lines.append(f"| {r['dataset']} | {r['system']} | {results.fmt_rps(float(r['rps']))} | {r['repeats']} | "
                      + " | ".join(cells) + " |")
-    tally = "; ".join(f"{name}: {c[GOAL]} within the goal, {c[NOISE]} within measurement noise, {c[MISSED]} missed"
-                      for name, c in counts(df).items())
     legend = ("✓ within the goal (throughput and mean E2E 10 %, p99 15 %); ≈ goal missed but the simulated value "
               "lies inside the measured min–max (within measurement noise); ✗ missed; [lo…hi] the per-seed "
               "errors when both sides ran several workload seeds")
-    return "\n".join(lines) + f"\n\n{len(df)} cells. {tally}.\n\n{legend}.\n"
+    text = "\n".join(lines) + f"\n\n{len(df)} cells. {_tally(counts(df))}.\n\n{legend}.\n"
+    return text + _at_speed_markdown(df, mark)
+
+
+def _at_speed_markdown(df: pd.DataFrame, mark: dict) -> str:
+    """The same cells simulated at each measured point's machine speed (only when the measured
+    points read the speed gauge)."""
+    if "speed" not in df or df["speed"].isna().all():
+        return ""
+    lines = ["| dataset | system | rps | machine speed vs calibration | " + " | ".join(n for n, _ in METRICS.values()) + " |",
+             "|---|---|---|---|" + "---|" * len(METRICS)]
+    for _, r in df[df["speed"].notna()].iterrows():
+        errs = [f"{r[m + '_err_at_speed']:+.0%}{mark[r[m + '_status_at_speed']]}"
+                if pd.notna(r.get(m + "_err_at_speed", math.nan)) else "–" for m in METRICS]
+        lines.append(f"| {r['dataset']} | {r['system']} | {results.fmt_rps(float(r['rps']))} | "
+                     f"{1 / r['speed']:.2f}× | " + " | ".join(errs) + " |")
+    return ("\n### At the machine's measured speed\n\nEach measured point read the calibration's speed gauge "
+            "(one GEMM) before and after its replay; the speed column is the calibration's reading over the "
+            "points' (> 1×: the machine ran faster than when it was calibrated). Errors of the same workloads "
+            "simulated again with every cost scaled by each point's reading (first order: the gauge times one "
+            "GEMM, the host work is scaled with it):\n\n" + "\n".join(lines)
+            + f"\n\n{int(df['speed'].notna().sum())} cells. {_tally(counts(df, '_at_speed'))}.\n")
 
 
 def write(sim_dir: Path, df: pd.DataFrame, measured_dirs: Sequence[Path]) -> dict:
@@ -126,4 +194,5 @@ def write(sim_dir: Path, df: pd.DataFrame, measured_dirs: Sequence[Path]) -> dic
     results.atomic_write_bytes(sim_dir / "validation.md",
                                f"# Simulated `{sim_dir.name}` vs measured {runs}\n\n{text}".encode())
     return {"measured_runs": [str(d) for d in measured_dirs], "counts": counts(df),
+            "counts_at_measured_speed": counts(df, "_at_speed") if "speed" in df else None,
             "cells": results._clean(df.to_dict(orient="records"))}

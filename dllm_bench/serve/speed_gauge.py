@@ -1,0 +1,44 @@
+"""A reading of how fast this machine runs right now: one fixed GEMM (256 rows through the
+model's MLP up-projection), the median of a few timings.
+
+A virtual machine changes speed by up to 1.5x within minutes. `calibrate` reads the gauge around
+its operator timings and each timed batch; a CPU serving point reads it before and after its
+replay, so a simulated-vs-measured comparison can tell the machine's drift from the simulator's
+error (dllm_bench.simulate.validate).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+GAUGE_ROWS = 256
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall time of `fn` over `repeats` calls after one untimed call (CPU work only: no
+    device synchronisation)."""
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+class SpeedGauge:
+    def __init__(self, d_model: int, mlp_hidden: int, dtype, repeats: int = 7, seed: int = 0):
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(GAUGE_ROWS, d_model, generator=g).to(dtype)
+        self.w = torch.randn(d_model, 2 * mlp_hidden, generator=g).to(dtype)
+        self.repeats = max(3, repeats)
+        self.readings: list[float] = []
+
+    def read(self) -> float:
+        t = median_time(lambda: self.x @ self.w, self.repeats)
+        self.readings.append(t)
+        return t
