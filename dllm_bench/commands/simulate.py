@@ -68,7 +68,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
         validate_runs: str | None = typer.Option(None, "--validate", help="measured serve runs of the same workload "
                                                  "(run ids or dirs, comma-separated: the repeats): print and write "
-                                                 "each cell's error with the measured spread"),
+                                                 "each cell's error with the measured spread, and again at each "
+                                                 "point's measured machine speed when it read the speed gauge"),
     ) -> None:
         """Simulate `serve` on a hardware profile: the real schedulers, a calibrated cost model."""
 

@@ -90,8 +90,8 @@ def _at_measured_speed(run, setup: SimSetup, measured_dirs: list[Path], console)
             continue
         out = simulate_point(v, replace(setup, speed=float(r.speed)), wl, run.preset.block_length,
                              max_duration=run.max_duration)
-        rows.append({"dataset": r.dataset, "system": r.system, "rps": float(r.rps),
-                     "workload_seed": int(r.workload_seed), "speed": float(r.speed), **summarize(out["result"])})
+        rows.append({**summarize(out["result"]), "dataset": r.dataset, "system": r.system, "rps": float(r.rps),
+                     "workload_seed": int(r.workload_seed), "speed": float(r.speed)})
     if rows:
         console.print(f"validation: {len(rows)} measured points simulated again at their machine speed "
                       f"(speed gauge)", markup=False, highlight=False)
