@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from dllm_bench.errors import UserError
 from dllm_bench.serve.options import parse_datasets, parse_optional_int, parse_rps_list, resolve_run
 from dllm_bench.serve.presets import PRESETS, preset_for
 from dllm_bench.serve.run import serve
+from dllm_bench.serve.speed_gauge import SpeedGauge, drift
 from dllm_bench.systems.build import cached_profile
 from dllm_bench.systems.spec import (
     ENGINE_KNOBS,
@@ -165,6 +167,13 @@ TINY = ("--model", "tiny", "--systems", "engine,llada", "--num-prompts", "3", "-
 
 
 @pytest.mark.slow
+def test_speed_gauge_drift_is_the_slowest_reading_over_the_fastest():
+    assert drift([0.02, 0.025, 0.021]) == 0.025 / 0.02
+    assert drift([0.02]) is None and drift([]) is None
+    g = SpeedGauge(16, 32, torch.float32, repeats=3)
+    assert g.read() > 0 and len(g.readings) == 1
+
+
 def test_serve_tiny_end_to_end_writes_every_file_and_resumes(tmp_path):
     r = _cli(*TINY, "--rps", "inf", "--result-dir", str(tmp_path), "--run-id", "e2e", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -192,6 +201,7 @@ def test_serve_tiny_end_to_end_writes_every_file_and_resumes(tmp_path):
         gauge = p["speed_gauge_readings_s"]
         assert len(gauge) == 2 and min(gauge) > 0 and math.isclose(p["speed_gauge_s"], sum(gauge) / 2)
     assert "speed_gauge_s" in pd.read_csv(run_dir / "metrics.csv").columns
+    assert doc["speed_gauge_drift"] >= 1.0                    # the four readings' slowest / fastest
     (comp,) = doc["comparisons"]
     assert comp["best_baseline"].startswith("llada [B=")
     rows = {row["system"]: row for row in comp["rows"]}

@@ -11,7 +11,7 @@ import typer
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import preset_for
-from dllm_bench.serve.speed_gauge import SpeedGauge
+from dllm_bench.serve.speed_gauge import DRIFT_WARN, SpeedGauge, drift
 from dllm_bench.serve.workload import model_info, special_ids
 from dllm_bench.simulate import calibrate as cal
 from dllm_bench.simulate import hardware, host_profile
@@ -88,9 +88,9 @@ def calibrate(*, preset: str | None, model: str | None, systems: str, name: str,
                       f"({fit['steps']} steps, median error {fit['median_rel_err']:.1%}; signed, by query "
                       f"rows: {split}; machine speed vs the operator timings "
                       f"{', '.join(f'{x:.2f}x' for x in speeds)}, step times rescaled)")
-    drift = max(gauge.readings) / min(gauge.readings)
-    if drift > 1.1:
-        console.print(f"[yellow]warning: this machine's speed changed by {drift:.2f}x during calibration "
+    spread = drift(gauge.readings)
+    if spread and spread > DRIFT_WARN:
+        console.print(f"[yellow]warning: this machine's speed changed by {spread:.2f}x during calibration "
                       "(a reference GEMM); step times were rescaled to the operator timings' speed, but a "
                       "quieter machine gives a more trustworthy profile[/yellow]")
     hw = hardware.Hardware(

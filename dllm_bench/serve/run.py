@@ -17,6 +17,7 @@ from dllm_bench.repeats import aggregate_points, compare, repeat_seeds
 from dllm_bench.results import fmt_rps
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.points import PlannedPoint, display_label, measure_points, record_repeats, resume_id
+from dllm_bench.serve.speed_gauge import DRIFT_WARN, drift
 from dllm_bench.serve.summary import print_comparison, print_summary
 from dllm_bench.serve.workload import repeat_workloads, workload_shape
 from dllm_bench.units import format_size
@@ -139,9 +140,16 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
         plots = _plot(run_dir, {pp.key for pp in planned}, sorted(baseline_labels), 0.5 if 0.5 in finite else None)
         console.print(f"plots: {', '.join(plots)}", markup=False, highlight=False)
     console.print(p.describe(), markup=False, highlight=False)
+    readings = [x for s in outcome.points for x in s.get("speed_gauge_readings_s") or []]
+    spread = drift(readings)
+    if spread and spread > DRIFT_WARN:
+        console.print(f"[yellow]warning: this machine's speed changed by {spread:.2f}x over the run (a reference "
+                      f"GEMM read {min(readings) * 1e3:.3g}-{max(readings) * 1e3:.3g} ms around the points): "
+                      "differences of that size between points may be the machine's (docs/SIMULATE.md)[/yellow]",
+                      highlight=False)
     doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "preset": p.to_dict(), "preset_line": p.describe(),
            "interrupted": outcome.interrupted, "failures": outcome.failures, "repeats": run.repeats,
-           "points": points, "repeat_points": outcome.points, "plots": plots,
+           "points": points, "repeat_points": outcome.points, "plots": plots, "speed_gauge_drift": spread,
            "comparisons": [{k: v for k, v in c.items() if k != "summaries"} for c in comps]}
     return outcome.finish(console, run_dir, doc, as_json, resumable=True)
 

@@ -9,7 +9,7 @@ error (dllm_bench.simulate.validate).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -42,3 +42,12 @@ class SpeedGauge:
         t = median_time(lambda: self.x @ self.w, self.repeats)
         self.readings.append(t)
         return t
+
+
+DRIFT_WARN = 1.1
+
+
+def drift(readings: Iterable[float]) -> float | None:
+    """The slowest reading over the fastest (1.0: the machine held its speed); None with < 2."""
+    r = [float(x) for x in readings if x]
+    return max(r) / min(r) if len(r) >= 2 else None
