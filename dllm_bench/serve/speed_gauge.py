@@ -29,6 +29,8 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
 
 
 class SpeedGauge:
+    """The gauge for one model shape and dtype; `readings` keeps every reading taken."""
+
     def __init__(self, d_model: int, mlp_hidden: int, dtype, repeats: int = 7, seed: int = 0):
         import torch
 

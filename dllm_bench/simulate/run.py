@@ -79,13 +79,16 @@ def _at_measured_speed(run, setup: SimSetup, measured_dirs: list[Path], console)
     Kept in memory; nothing is written besides the validation tables."""
     speeds = validate.measured_speeds(validate.measured_frame(measured_dirs), *validate.speed_reference(setup.hardware.fit))
     variants = {v.label: v for v in run.systems}
+    workloads: dict[int, dict] = {}            # repeat -> its workloads, built once
     rows = []
     for r in speeds.itertuples(index=False):
         i = int(r.workload_seed) - run.seed
         v = variants.get(r.system)
         if v is None or not 0 <= i < run.repeats:
             continue
-        wl = repeat_workloads(run, i).get((r.dataset, float(r.rps)))
+        if i not in workloads:
+            workloads[i] = repeat_workloads(run, i)
+        wl = workloads[i].get((r.dataset, float(r.rps)))
         if wl is None:
             continue
         out = simulate_point(v, replace(setup, speed=float(r.speed)), wl, run.preset.block_length,

@@ -87,12 +87,12 @@ class SimSetup:
                          hw.host_cost(impl, system))
 
     def step_cost(self, system: str) -> Callable[[Forward], float]:
+        fn = self.cost_fn
+        if fn is None:
+            step = self.cost_model(system).step
+            fn = lambda fw: step(fw).t  # noqa: E731
         k = self.speed
-        if self.cost_fn is not None:
-            fn = self.cost_fn
-            return fn if k == 1.0 else (lambda fw: fn(fw) * k)
-        step = self.cost_model(system).step
-        return lambda fw: step(fw).t * k
+        return fn if k == 1.0 else (lambda fw: fn(fw) * k)
 
 
 def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
