@@ -13,7 +13,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from dllm_bench.checkpoints.load import has_tokenizer, model_dir
+from dllm_bench.checkpoints.load import has_tokenizer, load_config, model_dir
+from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
 from dllm_bench.results import results_root
 
@@ -123,10 +124,32 @@ def input_file(value: str | os.PathLike | None, flag: str) -> Path | None:
     return p
 
 
-def checkpoint_dir(value: str, *, tokenizer: bool = False, why: str = "") -> Path:
+def checkpoint_dir(value: str, *, tokenizer: bool = False, why: str = "", weights: bool = True) -> Path:
     """A preset name or LLaDA checkpoint directory whose config and weights agree
-    (`dllm_bench.checkpoints.load.model_dir`), with tokenizer files when `tokenizer`."""
+    (`dllm_bench.checkpoints.load.model_dir`), with tokenizer files when `tokenizer`; with
+    `weights=False` a config alone (a model simulated by its shape) is enough."""
+    if not weights:
+        path = resolve_model(value)
+        load_config(path)
+        return path
     path = model_dir(value)
     if tokenizer and not has_tokenizer(path):
         raise UserError(f"{path} has no tokenizer files" + (f": {why}" if why else ""))
     return path
+
+
+def device(value: str, flag: str = "--device") -> str:
+    """`cpu` or `cuda[:N]` with that GPU present: checked before a model is loaded on it."""
+    import re
+
+    import torch
+
+    m = re.fullmatch(r"cuda(?::(\d+))?", value)
+    if value != "cpu" and m is None:
+        raise UserError(f"{flag} must be cpu or cuda[:N], got {value!r}")
+    if m is not None:
+        if not torch.cuda.is_available():
+            raise UserError(f"{flag} {value}: CUDA is not available here (use {flag} cpu)")
+        if m.group(1) is not None and int(m.group(1)) >= torch.cuda.device_count():
+            raise UserError(f"{flag} {value}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return value

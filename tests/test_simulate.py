@@ -161,3 +161,22 @@ def test_simulate_cli_writes_serve_layout(tmp_path):
         assert s["simulated"] is True and s["hardware"] == "h100" and s["completed"] == 4
         assert len((p / "requests.jsonl").read_text().splitlines()) == 4
     assert (run / "metrics.csv").is_file()
+
+
+def test_simulate_llada_8b_by_its_shape_alone(tmp_path):
+    """`--model llada-8b` has a config and no weights: simulate needs the shape only (serve's
+    input checks, which want weights, must not refuse it), on the model's real dimensions."""
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "simulate", "--model", "llada-8b", "--hardware", "l40s",
+                        "--systems", "engine", "--rps", "1", "--num-prompts", "6", "--result-dir", str(tmp_path),
+                        "--run-id", "shape", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["simulated"] and len(doc["points"]) == 1
+    m = json.loads((tmp_path / "shape" / "config.json").read_text())["config"]["model"]
+    assert (m["d_model"], m["n_layers"], m["mlp_hidden_size"], m["vocab_size"]) == (4096, 32, 12288, 126464)
+    s = json.loads(next((tmp_path / "shape" / "points").iterdir()).joinpath("summary.json").read_text())
+    assert s["completed"] == 6 and s["output_throughput"] > 0

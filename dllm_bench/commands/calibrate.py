@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench import inputs
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import preset_for
@@ -25,31 +26,37 @@ from engine.sampling import SamplingParams
 from workloads.serving import build_workload
 
 ALL_SYSTEMS = "engine,llada,fast-dllm,dllm-cache,sparse-dllm"
+# The code timed here is this repository's (engine/ and baselines/ on the device), so a profile
+# written here simulates that code unless `simulate --impl` asks for another implementation.
+MEASURED_IMPL = "dllm-bench"
 
 
-def calibrate(*, preset: str | None, model: str | None, systems: str, name: str, out: Path | None,
-              repeats: int, sizes: tuple[int, ...], console) -> Path:
+def calibrate(*, preset: str | None, model: str | None, device: str | None, systems: str, name: str,
+              out: Path | None, repeats: int, sizes: tuple[int, ...], console) -> Path:
     import torch
-
 
     p = preset_for(preset, model)
     variants = parse_systems(systems)
     if repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {repeats}")
+    dev = torch.device(inputs.device(device or p.device))
     model_dir = resolve_model(p.model)
     torch.set_num_threads(p.threads)
     dtype = TORCH_DTYPES[p.dtype]
-    mdl = load_llada(model_dir, dtype, torch.device("cpu"))
+    mdl = load_llada(model_dir, dtype, dev)
     shape = ModelShape.from_config(mdl.config, DTYPE_BYTES[p.dtype])
-    console.print(f"calibrating {platform.node() or 'this machine'}: model {p.model} ({p.dtype}, {p.threads} threads)")
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.node() or "this machine")
+    console.print(f"calibrating {where}: model {p.model} ({p.dtype} on {dev}, {p.threads} threads)")
 
-    gauge = SpeedGauge(shape.d, shape.ffn, dtype, repeats)
+    gauge = SpeedGauge(shape.d, shape.ffn, dtype, repeats, device=dev)
     reference = gauge.read()
-    peak, bw = cal.measure_peaks(dtype, repeats)
+    peak, bw = cal.measure_peaks(dtype, repeats, dev)
     console.print(f"peaks: {peak / 1e9:.1f} GFLOP/s GEMM, {bw / 1e9:.1f} GB/s copy")
-    ops = cal.measure_ops(shape, dtype, repeats)
+    ops = cal.measure_ops(shape, dtype, repeats, device=dev)
     peak, bw = cal.peaks_from(ops, peak, bw, shape.wbytes)
     reference = (reference + gauge.read()) / 2           # the machine's speed while the operators were timed
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()                        # the weight copies' memory, back for the engine's KV pool
     eff, op_fit = cal.fit_efficiency(ops, peak, bw, shape.wbytes)
     console.print(f"operators: u_c {eff.u_c:.3f}, u_m {eff.u_m:.3f}, u_attn {eff.u_attn:.3f}, c_op "
                   f"{eff.c_op * 1e6:.1f} us over {op_fit['ops']} ops (median error {op_fit['median_rel_err']:.1%})")
@@ -75,7 +82,7 @@ def calibrate(*, preset: str | None, model: str | None, systems: str, name: str,
                 timed = host_profile.baseline_steps(mdl, v.name, baseline_knobs(v, base_defaults), shape, prompts,
                                                     params)
             else:
-                cfg = EngineConfig(dtype=p.dtype, device="cpu", sampling=False, **engine_knobs(v, engine_defaults))
+                cfg = EngineConfig(dtype=p.dtype, device=str(dev), sampling=False, **engine_knobs(v, engine_defaults))
                 timed = host_profile.engine_steps(mdl, cfg, shape, prompts, params)
             now = (before + gauge.read()) / 2
             speeds.append(reference / now)
@@ -94,11 +101,13 @@ def calibrate(*, preset: str | None, model: str | None, systems: str, name: str,
                       "(a reference GEMM); step times were rescaled to the operator timings' speed, but a "
                       "quieter machine gives a more trustworthy profile[/yellow]")
     hw = hardware.Hardware(
-        name=name, kind="cpu", peak_flops=peak, bandwidth=bw, memory_bytes=_memory_bytes(),
-        efficiency=eff, host=host, description=f"{platform.processor() or platform.machine()} "
+        name=name, kind="gpu" if dev.type == "cuda" else "cpu", peak_flops=peak, bandwidth=bw,
+        memory_bytes=_memory_bytes(dev), efficiency=eff, host=host, impl=MEASURED_IMPL,
+        description=f"{where if dev.type == 'cuda' else platform.processor() or platform.machine()} "
         f"({platform.node()}), {p.threads} torch threads, {p.dtype}",
         sources=["measured by dllm-bench calibrate on this machine"],
-        fit={"model": p.model, "preset": p.name, "dtype": p.dtype, "threads": p.threads, "operators": op_fit,
+        fit={"model": p.model, "preset": p.name, "dtype": p.dtype, "device": str(dev), "threads": p.threads,
+             "operators": op_fit,
              "host": host_fit, "sizes": list(sizes), "repeats": repeats,
              "speed_gauge_s": {"operators": reference, "readings": gauge.readings}})
     path = out or hardware.cache_dir() / f"{name}.json"
@@ -106,9 +115,14 @@ def calibrate(*, preset: str | None, model: str | None, systems: str, name: str,
     return path
 
 
-def _memory_bytes() -> float:
+def _memory_bytes(dev) -> float:
+    """The memory a serving budget is taken from: the GPU's own, or this host's RAM."""
     import os
 
+    import torch
+
+    if dev.type == "cuda":
+        return float(torch.cuda.get_device_properties(dev).total_memory)
     try:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
@@ -131,6 +145,7 @@ def register(app: typer.Typer) -> None:
         preset: str | None = typer.Option(None, "--preset", help="serve preset whose model, dtype, threads and "
                                           "workload shape are profiled [cpu-default]"),
         model: str | None = typer.Option(None, "--model", help="model preset or checkpoint dir [preset]"),
+        device: str | None = typer.Option(None, "--device", help="cpu | cuda[:N]: the device profiled [preset]"),
         systems: str = typer.Option(ALL_SYSTEMS, "--systems", help="systems whose host time is fitted"),
         name: str = typer.Option("cpu", "--name", help="profile name (`simulate --hardware NAME`)"),
         out: Path | None = typer.Option(None, "--out", help="file to write [~/.cache/dllm-bench/hardware/NAME.json]"),
@@ -138,9 +153,10 @@ def register(app: typer.Typer) -> None:
         sizes: str = typer.Option("1,4,2,8,1,4", "--sizes", help="concurrent requests per host-time run, in "
                                   "order (use the batches the systems serve at, e.g. 1,2 for cpu-default)"),
     ) -> None:
-        """Profile this machine (GEMMs, attention, host time per system) and write a hardware profile."""
+        """Profile this machine's CPU or GPU (GEMMs, attention, host time per system) and write a hardware
+        profile."""
         from rich.console import Console
 
-        path = calibrate(preset=preset, model=model, systems=systems, name=name, out=out, repeats=repeats,
-                         sizes=_sizes(sizes), console=Console(stderr=True))
+        path = calibrate(preset=preset, model=model, device=device, systems=systems, name=name, out=out,
+                         repeats=repeats, sizes=_sizes(sizes), console=Console(stderr=True))
         typer.echo(str(path))

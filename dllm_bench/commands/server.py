@@ -13,6 +13,7 @@ import sys
 
 import typer
 
+from dllm_bench import inputs
 from dllm_bench.checkpoints.load import load_config, load_tokenizer
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
@@ -63,9 +64,7 @@ def build_state(*, model: str | None, preset: str | None, served_model_name: str
     dtype = dtype or sp.dtype
     if dtype not in ("float32", "float64", "bfloat16", "float16"):
         raise UserError(f"--dtype must be float32, float64, bfloat16 or float16, got {dtype!r}")
-    device = device or sp.device
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {device}: CUDA is not available here (use --device cpu)")
+    device = inputs.device(device or sp.device)
     torch.set_num_threads(threads or sp.threads)
     model_dir = resolve_model(sp.model)
     cfg = load_config(model_dir)

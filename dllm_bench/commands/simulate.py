@@ -95,9 +95,9 @@ def register(app: typer.Typer) -> None:
             max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits, max_num_seqs=max_num_seqs,
             retention=retention, length_scale=length_scale, gen_cap=gen_cap, block_length=block_length,
             max_prompt_len=None, threads=None, dtype=dtype, device="cpu", seed=seed, max_duration=max_duration,
-            num_warmups=0, no_profile_cache=False, repeats=repeats)
+            num_warmups=0, no_profile_cache=False, repeats=repeats, weights=loadable)
         names = [v.name for v in run.systems]
-        impls = {n: default_impl(n, hw.kind) for n in names} | parse_impl_overrides(impl, names)
+        impls = {n: default_impl(n, hw.kind, hw.impl) for n in names} | parse_impl_overrides(impl, names)
         setup = make_setup(run, hw, impls, loadable)
         code = simulate_serve(run, setup, result_dir=result_dir, run_id=run_id, as_json=as_json,
                               validate_against=measured)

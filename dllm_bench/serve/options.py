@@ -12,8 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from dllm_bench import inputs
 from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
@@ -91,9 +89,11 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
                 gen_cap: int | None, block_length: int | None, max_prompt_len: int | None,
                 threads: int | None, dtype: str | None, device: str | None, seed: int,
                 max_duration: float | None, num_warmups: int, no_profile_cache: bool,
-                gen_length: int | None = None, repeats: int = 1, baseline_batch: str = "max-fit") -> ServeRun:
+                gen_length: int | None = None, repeats: int = 1, baseline_batch: str = "max-fit",
+                weights: bool = True) -> ServeRun:
     """Every option checked (cheap ones first) and the workloads built: any problem is a
-    UserError before a run directory exists."""
+    UserError before a run directory exists. `weights=False`: the model is simulated by its
+    shape, so its config is all it needs."""
     variants = apply_baseline_batch(parse_systems(systems), baseline_batch)
     sp = preset_for(preset, model)
     rps_list = parse_rps_list(rps if rps is not None else sp.rps)
@@ -159,14 +159,10 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
     if sp.gen_cap < sp.block_length:
         raise UserError(f"--gen-cap {sp.gen_cap} is smaller than one block ({sp.block_length} tokens)")
     budget = parse_size(sp.memory_budget, "--memory-budget") if sp.memory_budget else None
-    if sp.device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {sp.device}: CUDA is not available here (use --device cpu)")
-    elif sp.device != "cpu":
-        raise UserError(f"--device must be cpu or cuda[:N], got {sp.device!r}")
+    inputs.device(sp.device)
     if budget is None and not sp.device.startswith("cuda"):
         raise UserError("a --memory-budget is needed on CPU (e.g. --memory-budget 1GiB)")
-    model_dir = inputs.checkpoint_dir(sp.model)
+    model_dir = inputs.checkpoint_dir(sp.model, weights=weights)
     info = model_info(model_dir, sp.dtype)
     if budget is not None and budget <= info["weights_bytes"]:
         raise UserError(f"--memory-budget {format_size(budget)} does not even hold the weights "

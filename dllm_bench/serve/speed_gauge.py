@@ -16,32 +16,47 @@ import numpy as np
 GAUGE_ROWS = 256
 
 
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of `fn` over `repeats` calls after one untimed call (CPU work only: no
-    device synchronisation)."""
+def device_sync(device) -> Callable[[], None] | None:
+    """What makes a timing honest on `device`: a CUDA kernel launch returns before the kernel
+    has run, so a CUDA timing waits for the device; a CPU op has finished when it returns."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    return lambda: torch.cuda.synchronize(dev)
+
+
+def median_time(fn: Callable[[], object], repeats: int, sync: Callable[[], None] | None = None) -> float:
+    """Median wall time of `fn` over `repeats` calls after one untimed call; `sync` (from
+    `device_sync`) is waited for before each start and stop."""
+    wait = sync or (lambda: None)
     fn()
     ts = []
     for _ in range(repeats):
+        wait()
         t0 = time.perf_counter()
         fn()
+        wait()
         ts.append(time.perf_counter() - t0)
     return float(np.median(ts))
 
 
 class SpeedGauge:
-    """The gauge for one model shape and dtype; `readings` keeps every reading taken."""
+    """The gauge for one model shape, dtype and device; `readings` keeps every reading taken."""
 
-    def __init__(self, d_model: int, mlp_hidden: int, dtype, repeats: int = 7, seed: int = 0):
+    def __init__(self, d_model: int, mlp_hidden: int, dtype, repeats: int = 7, seed: int = 0, device="cpu"):
         import torch
 
         g = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(GAUGE_ROWS, d_model, generator=g).to(dtype)
-        self.w = torch.randn(d_model, 2 * mlp_hidden, generator=g).to(dtype)
+        self.x = torch.randn(GAUGE_ROWS, d_model, generator=g).to(device=device, dtype=dtype)
+        self.w = torch.randn(d_model, 2 * mlp_hidden, generator=g).to(device=device, dtype=dtype)
+        self.sync = device_sync(device)
         self.repeats = max(3, repeats)
         self.readings: list[float] = []
 
     def read(self) -> float:
-        t = median_time(lambda: self.x @ self.w, self.repeats)
+        t = median_time(lambda: self.x @ self.w, self.repeats, self.sync)
         self.readings.append(t)
         return t
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dllm_bench.serve.speed_gauge import median_time
+from dllm_bench.serve.speed_gauge import device_sync, median_time
 from dllm_bench.simulate.cost_model import (
     CostModel,
     Efficiency,
@@ -155,23 +155,35 @@ def peaks_from(ops: list[OpSample], peak: float, bw: float, wbytes: int) -> tupl
     return peak, bw
 
 
-def measure_peaks(dtype, repeats: int) -> tuple[float, float]:
+# The peak GEMM and copy: large enough to reach a device's rate and to exceed its cache (a GPU's
+# L2 reaches 96 MiB); a CPU gets there at a quarter of the size, in a fraction of the time.
+PEAK_SIZES = {"cpu": (1024, 16 << 20), "cuda": (8192, 256 << 20)}
+
+
+def measure_peaks(dtype, repeats: int, device="cpu") -> tuple[float, float]:
     import torch
 
-    n = 1024
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    flops = 2 * n**3 / median_time(lambda: a @ b, repeats)
-    x = torch.randn(16 << 20, dtype=torch.float32).to(dtype)
+    dev = torch.device(device)
+    sync = device_sync(dev)
+    n, copy_elems = PEAK_SIZES.get(dev.type, PEAK_SIZES["cpu"])
+    a, b = torch.randn(n, n, dtype=dtype, device=dev), torch.randn(n, n, dtype=dtype, device=dev)
+    flops = 2 * n**3 / median_time(lambda: a @ b, repeats, sync)
+    x = torch.randn(copy_elems, dtype=torch.float32, device=dev).to(dtype)
     y = torch.empty_like(x)
-    bw = 2 * x.numel() * x.element_size() / median_time(lambda: y.copy_(x), repeats)
+    bw = 2 * x.numel() * x.element_size() / median_time(lambda: y.copy_(x), repeats, sync)
     return flops, bw
 
 
 GEMM_M = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+# Attention (q, k): block and window queries (8-128) and whole canvases (1024: the baselines'
+# full forwards and dLLM-Cache's partial layers attend ~1000 queries over ~1000 keys on the CPU
+# presets). On a GPU the canvases are LLaDA-8B's (prompts of 100-4,096 tokens plus 256).
+ATTN_Q = {"cpu": (8, 32, 128, 1024), "cuda": (8, 32, 128, 1024, 4096)}
+ATTN_K = {"cpu": (32, 128, 512, 1024), "cuda": (32, 128, 512, 1024, 4096)}
 
 
 def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25,
-                cold_bytes: int = 256 << 20) -> list[OpSample]:
+                cold_bytes: int = 256 << 20, device="cpu") -> list[OpSample]:
     """GEMM and attention timings. GEMMs cycle through enough weight copies to exceed
     `cold_bytes` (a last-level cache or a GPU's L2 several times over), so a small-M GEMM pays
     for reading its weights from memory as it does inside a forward."""
@@ -180,23 +192,25 @@ def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25
     import torch
     import torch.nn.functional as F
 
+    dev = torch.device(device)
+    sync = device_sync(dev)
     out: list[OpSample] = []
     pairs = [(k, n) for _, k, n in shape.gemms()] + [(shape.d, shape.vocab)]
     for k, n in pairs:
-        w = torch.randn(k, n, dtype=dtype)
+        w = torch.randn(k, n, dtype=dtype, device=dev)
         copies = max(1, min(64, -(-cold_bytes // (k * n * w.element_size()))))
         ws = itertools.cycle([w] + [w.clone() for _ in range(copies - 1)])
         for m in GEMM_M:
             if m * max(k, n) > max_elems:
                 break
-            x = torch.randn(m, k, dtype=dtype)
-            out.append(OpSample("gemm", m, k, n, median_time(lambda x=x, ws=ws: x @ next(ws), repeats)))
+            x = torch.randn(m, k, dtype=dtype, device=dev)
+            out.append(OpSample("gemm", m, k, n, median_time(lambda x=x, ws=ws: x @ next(ws), repeats, sync)))
+        del w, ws
     h, hd = shape.heads, shape.head_dim
-    # Block and window queries (8-128) and whole canvases (1024: the baselines' full forwards and
-    # dLLM-Cache's partial layers attend ~1000 queries over ~1000 keys on the CPU presets).
-    for q in (8, 32, 128, 1024):
-        for kk in (32, 128, 512, 1024):
-            qt, kt = torch.randn(h, q, hd, dtype=dtype), torch.randn(h, kk, hd, dtype=dtype)
-            t = median_time(lambda qt=qt, kt=kt: F.scaled_dot_product_attention(qt, kt, kt), repeats)
+    kind = "cuda" if dev.type == "cuda" else "cpu"
+    for q in ATTN_Q[kind]:
+        for kk in ATTN_K[kind]:
+            qt, kt = torch.randn(h, q, hd, dtype=dtype, device=dev), torch.randn(h, kk, hd, dtype=dtype, device=dev)
+            t = median_time(lambda qt=qt, kt=kt: F.scaled_dot_product_attention(qt, kt, kt), repeats, sync)
             out.append(OpSample("attn", q, kk, h * hd, t))
     return out

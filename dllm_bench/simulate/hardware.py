@@ -17,6 +17,7 @@ from pathlib import Path
 from dllm_bench.errors import UserError
 from dllm_bench.results import atomic_write_json
 from dllm_bench.simulate.cost_model import Efficiency, HostCost
+from dllm_bench.simulate.implementations import IMPLEMENTATIONS
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "hardware"
 KINDS = ("cpu", "gpu")
@@ -35,6 +36,7 @@ class Hardware:
     datasheet: dict = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     fit: dict = field(default_factory=dict)                   # what calibrate measured and its errors
+    impl: str = ""                    # the implementation whose code was timed: every system's default
     path: str = ""
 
     def host_cost(self, impl: str, system: str) -> HostCost:
@@ -88,6 +90,13 @@ def _table(rows, where: str) -> tuple[tuple[int, float], ...]:
     return tuple((int(m), float(u)) for m, u in rows)
 
 
+def _impl(d: dict, where: str) -> str:
+    impl = d.get("impl", "")
+    if impl and impl not in IMPLEMENTATIONS:
+        raise UserError(f"{where}: 'impl' must be one of {', '.join(IMPLEMENTATIONS)}, got {impl!r}")
+    return impl
+
+
 def from_dict(d: dict, where: str) -> Hardware:
     if not isinstance(d, dict):
         raise UserError(f"{where}: expected a JSON object")
@@ -115,7 +124,7 @@ def from_dict(d: dict, where: str) -> Hardware:
     return Hardware(name=name, kind=kind, peak_flops=_num(d, "peak_flops", where), bandwidth=_num(d, "bandwidth", where),
                     memory_bytes=_num(d, "memory_bytes", where), efficiency=eff, host=host,
                     description=str(d.get("description", "")), datasheet=dict(d.get("datasheet") or {}),
-                    sources=list(d.get("sources") or []), fit=dict(d.get("fit") or {}))
+                    sources=list(d.get("sources") or []), fit=dict(d.get("fit") or {}), impl=_impl(d, where))
 
 
 def load(spec: str) -> Hardware:

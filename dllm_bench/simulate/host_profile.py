@@ -12,6 +12,7 @@ import time
 
 from baselines import make_policy
 from baselines.static_batch import Batch, Policy, StaticBatchSystem, StepResult
+from dllm_bench.serve.speed_gauge import device_sync
 from dllm_bench.simulate.clock import VirtualClock
 from dllm_bench.simulate.cost_model import Forward, ModelShape
 from dllm_bench.simulate.runners import CostRunner
@@ -47,14 +48,17 @@ class RecordingPolicy(Policy):
         return self.real.cache_tensors()
 
 
-def _timed_steps(system, forwards: list, prompts, params) -> list[tuple[Forward, float]]:
+def _timed_steps(system, forwards: list, prompts, params, device) -> list[tuple[Forward, float]]:
+    wait = device_sync(device) or (lambda: None)
     for p in prompts:
         system.add_request(p, params)
     out = []
     while system.has_unfinished():
         n = len(forwards)
+        wait()
         t0 = time.perf_counter()
         system.step()
+        wait()
         dt = time.perf_counter() - t0
         if len(forwards) > n:
             out.append((forwards[-1], dt))
@@ -67,13 +71,13 @@ def engine_steps(model, config, shape: ModelShape, prompts, params) -> list[tupl
     eng = LLMEngine(config, model=model)
     eng.runner = CostRunner(model.config, config, shape, lambda fw: fws.append(fw) or 0.0, VirtualClock(),
                             model.dtype, inner=eng.runner)
-    _timed_steps(eng, fws, prompts[:1], params)              # warm-up
-    return _timed_steps(eng, fws, prompts, params)
+    _timed_steps(eng, fws, prompts[:1], params, model.device)      # warm-up
+    return _timed_steps(eng, fws, prompts, params, model.device)
 
 
 def baseline_steps(model, name: str, knobs: dict, shape: ModelShape, prompts, params) -> list[tuple[Forward, float]]:
 
     pol = RecordingPolicy(make_policy(name, model, **knobs), shape)
     system = StaticBatchSystem(model, pol, max_batch_size=len(prompts))
-    _timed_steps(system, pol.forwards, prompts[:1], params)
-    return _timed_steps(system, pol.forwards, prompts, params)
+    _timed_steps(system, pol.forwards, prompts[:1], params, model.device)
+    return _timed_steps(system, pol.forwards, prompts, params, model.device)

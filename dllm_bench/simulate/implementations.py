@@ -15,9 +15,10 @@ our engine".
   cached before RoPE, so every forward re-applies fp32 RoPE to every cached key in every layer
   (56·d bytes per key per layer), and llada/generate.py's softmax of logits.to(float64) over
   all rows (26 B per entry).
-* `dllm-bench` — this repository's code as it runs on a CPU (engine and baselines share
-  engine/models/llada.py): eager, unfused, float32. Host time dominates there and is fitted by
-  `dllm-bench calibrate` per system.
+* `dllm-bench` — this repository's code (engine and baselines share engine/models/llada.py):
+  eager and unfused (float32 on the CPU presets). It is what `serve` measures, so a profile
+  written by `dllm-bench calibrate` (CPU or GPU) defaults to it; its host time, which dominates
+  on a CPU, is fitted there per system.
 """
 from __future__ import annotations
 
@@ -35,13 +36,17 @@ IMPLEMENTATIONS: dict[str, ImplProfile] = {p.name: p for p in [
                 kv_copy=2, source="this repository (engine/, baselines/), eager float32 on CPU"),
 ]}
 
-# Which implementation each system runs by default on a GPU profile (upstream code) and on a
-# CPU profile (this repository's code, which is what `serve` measures there).
+# Which implementation each system runs by default on a built-in GPU profile (upstream code) and
+# on a CPU profile (this repository's code, which is what `serve` measures there).
 GPU_DEFAULT = {"engine": "engine", "llada": "hf-eager", "dllm-cache": "hf-eager", "sparse-dllm": "hf-eager",
                "fast-dllm": "hf-fast-dllm"}
 
 
-def default_impl(system: str, hardware_kind: str) -> str:
+def default_impl(system: str, hardware_kind: str, measured: str = "") -> str:
+    """`measured`: the implementation a calibrated profile timed (a GPU calibrated by `dllm-bench
+    calibrate` predicts this repository's code there, as `serve` would measure it)."""
+    if measured:
+        return measured
     return "dllm-bench" if hardware_kind == "cpu" else GPU_DEFAULT.get(system, "hf-eager")
 
 
