@@ -108,3 +108,28 @@ def test_a_profile_naming_an_unknown_implementation_is_refused(tmp_path):
                                "memory_bytes": 1e10, "impl": "vllm"}))
     with pytest.raises(UserError, match="'impl' must be one of"):
         hardware.load(str(bad))
+
+
+def test_default_sizes_follow_the_presets_concurrency_and_device():
+    from dllm_bench.commands.calibrate import default_sizes
+    from dllm_bench.serve.presets import PRESETS
+
+    assert default_sizes(PRESETS["cpu-default"], "cpu") == (1, 2)           # 2 requests per point
+    assert default_sizes(PRESETS["tiny"], "cpu") == (1, 4, 2, 8)
+    assert default_sizes(PRESETS["paper"], "cuda") == (1, 4, 16, 64, 2, 8, 32)
+    assert default_sizes(PRESETS["paper"], "cpu") == (1, 4, 2, 8)
+
+
+def test_simulating_a_system_the_profile_has_no_host_time_for_warns(tmp_path):
+    from dllm_bench.simulate.cost_model import Efficiency, HostCost
+
+    hw = hardware.Hardware(name="part", kind="cpu", peak_flops=1e11, bandwidth=2e10, memory_bytes=1e10,
+                           efficiency=Efficiency(), host={"dllm-bench/engine": HostCost(c_step=1e-3)},
+                           impl="dllm-bench")
+    hardware.save(hw, tmp_path / "part.json")
+    r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "simulate", "--preset", "tiny", "--hardware",
+                        str(tmp_path / "part.json"), "--systems", "engine,llada", "--rps", "8", "--num-prompts", "3",
+                        "--result-dir", str(tmp_path / "runs")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    err = " ".join(r.stderr.split())
+    assert "no host time fitted for llada" in err and "no host time fitted for engine" not in err

@@ -17,22 +17,30 @@ from dllm_bench.serve.workload import model_info, special_ids
 from dllm_bench.simulate import calibrate as cal
 from dllm_bench.simulate import hardware, host_profile
 from dllm_bench.simulate.cost_model import CostModel, HostCost, ModelShape
-from dllm_bench.simulate.implementations import get_impl
+from dllm_bench.simulate.implementations import MEASURED_HOST, get_impl
 from dllm_bench.simulate.simulator import DTYPE_BYTES, TORCH_DTYPES
-from dllm_bench.systems.spec import baseline_knobs, engine_knobs, parse_systems
+from dllm_bench.systems.spec import DEFAULT_SYSTEMS, baseline_knobs, engine_knobs, parse_systems
 from engine.config import EngineConfig
 from engine.models.llada import load_llada
 from engine.sampling import SamplingParams
 from workloads.serving import build_workload
 
-ALL_SYSTEMS = "engine,llada,fast-dllm,dllm-cache,sparse-dllm"
-# The code timed here is this repository's (engine/ and baselines/ on the device), so a profile
-# written here simulates that code unless `simulate --impl` asks for another implementation.
-MEASURED_IMPL = "dllm-bench"
+# Concurrent requests timed per host-time run: up to what a point of the preset can run at once
+# (every request at t = 0), and at most this many (a CPU batch of 8 cpu-default requests takes
+# minutes per system; a GPU serves tens at once).
+MAX_SIZE = {"cpu": 8, "cuda": 64}
+
+
+def default_sizes(p, device_type: str) -> tuple[int, ...]:
+    """Powers of two up to the preset's largest concurrency, large and small interleaved
+    (1, 4, 2, 8) so that a machine drifting during the calibration does not line up with size."""
+    top = min(p.num_prompts, p.max_num_seqs, MAX_SIZE.get(device_type, 8))
+    ladder = [2**i for i in range(top.bit_length()) if 2**i <= top]
+    return tuple(ladder[0::2] + ladder[1::2])
 
 
 def calibrate(*, preset: str | None, model: str | None, device: str | None, systems: str, name: str,
-              out: Path | None, repeats: int, sizes: tuple[int, ...], console) -> Path:
+              out: Path | None, repeats: int, sizes: tuple[int, ...] | None, console) -> Path:
     import torch
 
     p = preset_for(preset, model)
@@ -40,13 +48,15 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     if repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {repeats}")
     dev = torch.device(inputs.device(device or p.device))
+    sizes = sizes or default_sizes(p, dev.type)
     model_dir = resolve_model(p.model)
     torch.set_num_threads(p.threads)
     dtype = TORCH_DTYPES[p.dtype]
     mdl = load_llada(model_dir, dtype, dev)
     shape = ModelShape.from_config(mdl.config, DTYPE_BYTES[p.dtype])
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.node() or "this machine")
-    console.print(f"calibrating {where}: model {p.model} ({p.dtype} on {dev}, {p.threads} threads)")
+    console.print(f"calibrating {where}: model {p.model} ({p.dtype} on {dev}, {p.threads} threads); host time "
+                  f"of {', '.join(v.label for v in variants)} at {', '.join(map(str, sizes))} concurrent requests")
 
     gauge = SpeedGauge(shape.d, shape.ffn, dtype, repeats, device=dev)
     reference = gauge.read()
@@ -71,7 +81,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
                        "max_num_seqs": p.max_num_seqs, "retention": p.retention}
     base_defaults = {k: dict(v) for k, v in p.baseline_knobs.items()}
     base_defaults.setdefault("sparse-dllm", {})["keep_ratio"] = p.retention
-    device_only = CostModel(shape, peak, bw, eff, get_impl("dllm-bench"), HostCost())
+    device_only = CostModel(shape, peak, bw, eff, get_impl(MEASURED_HOST), HostCost())
     host, host_fit = {}, {}
     for v in variants:
         steps, speeds = [], []
@@ -89,7 +99,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
             steps += cal.at_reference_speed(timed, reference, now)
         hc, fit = cal.fit_host(steps, device_only)
         fit["speed_vs_operators"] = speeds
-        host[f"dllm-bench/{v.name}"], host_fit[v.name] = hc, fit
+        host[f"{MEASURED_HOST}/{v.name}"], host_fit[v.name] = hc, fit
         split = ", ".join(f"{k} {e:+.0%}" for k, e in fit["median_err_by_rows"].items())
         console.print(f"host {v.label}: {hc.c_step * 1e3:.2f} ms/step + {hc.c_seq * 1e3:.3f} ms/sequence "
                       f"({fit['steps']} steps, median error {fit['median_rel_err']:.1%}; signed, by query "
@@ -102,7 +112,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
                       "quieter machine gives a more trustworthy profile[/yellow]")
     hw = hardware.Hardware(
         name=name, kind="gpu" if dev.type == "cuda" else "cpu", peak_flops=peak, bandwidth=bw,
-        memory_bytes=_memory_bytes(dev), efficiency=eff, host=host, impl=MEASURED_IMPL,
+        memory_bytes=_memory_bytes(dev), efficiency=eff, host=host, impl=MEASURED_HOST,
         description=f"{where if dev.type == 'cuda' else platform.processor() or platform.machine()} "
         f"({platform.node()}), {p.threads} torch threads, {p.dtype}",
         sources=["measured by dllm-bench calibrate on this machine"],
@@ -146,17 +156,20 @@ def register(app: typer.Typer) -> None:
                                           "workload shape are profiled [cpu-default]"),
         model: str | None = typer.Option(None, "--model", help="model preset or checkpoint dir [preset]"),
         device: str | None = typer.Option(None, "--device", help="cpu | cuda[:N]: the device profiled [preset]"),
-        systems: str = typer.Option(ALL_SYSTEMS, "--systems", help="systems whose host time is fitted"),
+        systems: str = typer.Option(DEFAULT_SYSTEMS, "--systems", help="systems whose host time is fitted "
+                                    "(those `serve` and `simulate` run by default)"),
         name: str = typer.Option("cpu", "--name", help="profile name (`simulate --hardware NAME`)"),
         out: Path | None = typer.Option(None, "--out", help="file to write [~/.cache/dllm-bench/hardware/NAME.json]"),
         repeats: int = typer.Option(5, "--repeats", help="timings per operator (median)"),
-        sizes: str = typer.Option("1,4,2,8,1,4", "--sizes", help="concurrent requests per host-time run, in "
-                                  "order (use the batches the systems serve at, e.g. 1,2 for cpu-default)"),
+        sizes: str | None = typer.Option(None, "--sizes", help="concurrent requests per host-time run, in order "
+                                         "[powers of 2 up to the preset's concurrency, at most 8 on a CPU and "
+                                         "64 on a GPU: 1,2 for cpu-default]"),
     ) -> None:
         """Profile this machine's CPU or GPU (GEMMs, attention, host time per system) and write a hardware
         profile."""
         from rich.console import Console
 
         path = calibrate(preset=preset, model=model, device=device, systems=systems, name=name, out=out,
-                         repeats=repeats, sizes=_sizes(sizes), console=Console(stderr=True))
+                         repeats=repeats, sizes=_sizes(sizes) if sizes is not None else None,
+                         console=Console(stderr=True))
         typer.echo(str(path))

@@ -42,6 +42,9 @@ class Hardware:
     def host_cost(self, impl: str, system: str) -> HostCost:
         return self.host.get(f"{impl}/{system}") or self.host.get(impl) or HostCost()
 
+    def host_fitted(self, impl: str, system: str) -> bool:
+        return f"{impl}/{system}" in self.host or impl in self.host
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("path")

@@ -36,6 +36,10 @@ IMPLEMENTATIONS: dict[str, ImplProfile] = {p.name: p for p in [
                 kv_copy=2, source="this repository (engine/, baselines/), eager float32 on CPU"),
 ]}
 
+# The implementation whose host time `dllm-bench calibrate` measures (per system): a system
+# simulated on it without a fitted host term is charged too little.
+MEASURED_HOST = "dllm-bench"
+
 # Which implementation each system runs by default on a built-in GPU profile (upstream code) and
 # on a CPU profile (this repository's code, which is what `serve` measures there).
 GPU_DEFAULT = {"engine": "engine", "llada": "hf-eager", "dllm-cache": "hf-eager", "sparse-dllm": "hf-eager",
@@ -47,7 +51,7 @@ def default_impl(system: str, hardware_kind: str, measured: str = "") -> str:
     calibrate` predicts this repository's code there, as `serve` would measure it)."""
     if measured:
         return measured
-    return "dllm-bench" if hardware_kind == "cpu" else GPU_DEFAULT.get(system, "hf-eager")
+    return MEASURED_HOST if hardware_kind == "cpu" else GPU_DEFAULT.get(system, "hf-eager")
 
 
 def get_impl(name: str) -> ImplProfile:

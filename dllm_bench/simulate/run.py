@@ -24,6 +24,7 @@ from dllm_bench.serve.workload import repeat_workloads, shape_of, workload_shape
 from dllm_bench.simulate import validate
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.hardware import Hardware
+from dllm_bench.simulate.implementations import MEASURED_HOST
 from dllm_bench.simulate.simulator import DTYPE_BYTES, SimSetup, simulate_point
 from dllm_bench.systems.build import build_system
 from engine.engine import DTYPES
@@ -124,6 +125,10 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
         raise UserError(str(e)) from None
     console.print(f"[bold]dllm-bench simulate[/bold] on {hw.name} ({hw.description}) → {run_dir}", highlight=False)
     console.print(run.preset.describe(), markup=False, highlight=False)
+    for v in run.systems:
+        if setup.impls[v.name] == MEASURED_HOST and not hw.host_fitted(MEASURED_HOST, v.name):
+            console.print(f"[yellow]warning: {hw.name} has no host time fitted for {v.name} (dllm-bench calibrate "
+                          f"--systems {v.name}): its steps are charged the operators' time alone[/yellow]")
     points = []
     for i, seed in enumerate(repeat_seeds(run.seed, run.repeats)):  # serve's repeats: workload seed = seed + i
         for (ds, rps), wl in repeat_workloads(run, i).items():
