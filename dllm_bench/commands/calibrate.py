@@ -10,6 +10,7 @@ import typer
 
 from dllm_bench import inputs
 from dllm_bench.checkpoints.store import resolve_model
+from dllm_bench.console import progress
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.speed_gauge import DRIFT_WARN, SpeedGauge, drift
@@ -62,7 +63,9 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     reference = gauge.read()
     peak, bw = cal.measure_peaks(dtype, repeats, dev)
     console.print(f"peaks: {peak / 1e9:.1f} GFLOP/s GEMM, {bw / 1e9:.1f} GB/s copy")
-    ops = cal.measure_ops(shape, dtype, repeats, device=dev)
+    with progress(con=console) as prog:
+        task = prog.add_task("operators", total=len(cal.op_plan(shape, dev.type)))
+        ops = cal.measure_ops(shape, dtype, repeats, device=dev, tick=lambda: prog.advance(task))
     peak, bw = cal.peaks_from(ops, peak, bw, shape.wbytes)
     reference = (reference + gauge.read()) / 2           # the machine's speed while the operators were timed
     if dev.type == "cuda":
@@ -77,34 +80,28 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
                         gen_cap=p.gen_cap, max_prompt_len=p.max_prompt_len)
     g = max(r.gen_length for r in wl)
     params = SamplingParams(gen_length=g, steps=g, block_length=p.block_length)
-    engine_defaults = {"max_num_batched_tokens": p.max_num_batched_tokens, "max_num_logits": p.max_num_logits,
-                       "max_num_seqs": p.max_num_seqs, "retention": p.retention}
-    base_defaults = {k: dict(v) for k, v in p.baseline_knobs.items()}
-    base_defaults.setdefault("sparse-dllm", {})["keep_ratio"] = p.retention
     device_only = CostModel(shape, peak, bw, eff, get_impl(MEASURED_HOST), HostCost())
     host, host_fit = {}, {}
-    for v in variants:
-        steps, speeds = [], []
-        for n in sizes:
-            prompts = [r.prompt_ids for r in wl[:n]]
-            before = gauge.read()
-            if v.is_baseline:
-                timed = host_profile.baseline_steps(mdl, v.name, baseline_knobs(v, base_defaults), shape, prompts,
-                                                    params)
-            else:
-                cfg = EngineConfig(dtype=p.dtype, device=str(dev), sampling=False, **engine_knobs(v, engine_defaults))
-                timed = host_profile.engine_steps(mdl, cfg, shape, prompts, params)
-            now = (before + gauge.read()) / 2
-            speeds.append(reference / now)
-            steps += cal.at_reference_speed(timed, reference, now)
-        hc, fit = cal.fit_host(steps, device_only)
-        fit["speed_vs_operators"] = speeds
-        host[f"{MEASURED_HOST}/{v.name}"], host_fit[v.name] = hc, fit
-        split = ", ".join(f"{k} {e:+.0%}" for k, e in fit["median_err_by_rows"].items())
-        console.print(f"host {v.label}: {hc.c_step * 1e3:.2f} ms/step + {hc.c_seq * 1e3:.3f} ms/sequence "
-                      f"({fit['steps']} steps, median error {fit['median_rel_err']:.1%}; signed, by query "
-                      f"rows: {split}; machine speed vs the operator timings "
-                      f"{', '.join(f'{x:.2f}x' for x in speeds)}, step times rescaled)")
+    with progress(con=console, status=True) as prog:
+        task = prog.add_task("host time", total=len(variants) * len(sizes), status="")
+        for v in variants:
+            steps, speeds = [], []
+            for n in sizes:
+                prog.update(task, status=f"{v.label}, {n} concurrent")
+                before = gauge.read()
+                timed = _timed(v, n, mdl, shape, [r.prompt_ids for r in wl[:n]], params, p, dev)
+                now = (before + gauge.read()) / 2
+                speeds.append(reference / now)
+                steps += cal.at_reference_speed(timed, reference, now)
+                prog.advance(task)
+            hc, fit = cal.fit_host(steps, device_only)
+            fit["speed_vs_operators"] = speeds
+            host[f"{MEASURED_HOST}/{v.name}"], host_fit[v.name] = hc, fit
+            split = ", ".join(f"{k} {e:+.0%}" for k, e in fit["median_err_by_rows"].items())
+            console.print(f"host {v.label}: {hc.c_step * 1e3:.2f} ms/step + {hc.c_seq * 1e3:.3f} ms/sequence "
+                          f"({fit['steps']} steps, median error {fit['median_rel_err']:.1%}; signed, by query "
+                          f"rows: {split}; machine speed vs the operator timings "
+                          f"{', '.join(f'{x:.2f}x' for x in speeds)}, step times rescaled)")
     spread = drift(gauge.readings)
     if spread and spread > DRIFT_WARN:
         console.print(f"[yellow]warning: this machine's speed changed by {spread:.2f}x during calibration "
@@ -123,6 +120,16 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     path = out or hardware.cache_dir() / f"{name}.json"
     hardware.save(hw, path)
     return path
+
+
+def _timed(v, n: int, mdl, shape: ModelShape, prompts, params, p, dev) -> list:
+    """One system's steps over `n` concurrent requests, on the preset's knobs (as serve runs it)."""
+    if v.is_baseline:
+        knobs = {k: dict(x) for k, x in p.baseline_knobs.items()}
+        knobs.setdefault("sparse-dllm", {})["keep_ratio"] = p.retention
+        return host_profile.baseline_steps(mdl, v.name, baseline_knobs(v, knobs), shape, prompts, params)
+    cfg = EngineConfig(dtype=p.dtype, device=str(dev), sampling=False, **engine_knobs(v, p.engine_defaults()))
+    return host_profile.engine_steps(mdl, cfg, shape, prompts, params)
 
 
 def _memory_bytes(dev) -> float:

@@ -18,6 +18,7 @@ the parameters come back (the round trip).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -182,11 +183,20 @@ ATTN_Q = {"cpu": (8, 32, 128, 1024), "cuda": (8, 32, 128, 1024, 4096)}
 ATTN_K = {"cpu": (32, 128, 512, 1024), "cuda": (32, 128, 512, 1024, 4096)}
 
 
+def op_plan(shape: ModelShape, device_type: str, max_elems: int = 1 << 25) -> list[tuple[str, int, int, int]]:
+    """The operators `measure_ops` times, in order: (gemm, M, K, N) for each of the model's
+    (K, N) and the LM head up to `max_elems` of activation, then (attn, q, k, heads·head_dim)."""
+    kind = "cuda" if device_type == "cuda" else "cpu"
+    pairs = [(k, n) for _, k, n in shape.gemms()] + [(shape.d, shape.vocab)]
+    gemms = [("gemm", m, k, n) for k, n in pairs for m in GEMM_M if m * max(k, n) <= max_elems]
+    return gemms + [("attn", q, kk, shape.heads * shape.head_dim) for q in ATTN_Q[kind] for kk in ATTN_K[kind]]
+
+
 def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25,
-                cold_bytes: int = 256 << 20, device="cpu") -> list[OpSample]:
-    """GEMM and attention timings. GEMMs cycle through enough weight copies to exceed
-    `cold_bytes` (a last-level cache or a GPU's L2 several times over), so a small-M GEMM pays
-    for reading its weights from memory as it does inside a forward."""
+                cold_bytes: int = 256 << 20, device="cpu", tick: Callable[[], None] | None = None) -> list[OpSample]:
+    """GEMM and attention timings (`op_plan`; `tick` after each). GEMMs cycle through enough
+    weight copies to exceed `cold_bytes` (a last-level cache or a GPU's L2 several times over),
+    so a small-M GEMM pays for reading its weights from memory as it does inside a forward."""
     import itertools
 
     import torch
@@ -194,23 +204,24 @@ def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25
 
     dev = torch.device(device)
     sync = device_sync(dev)
+    tick = tick or (lambda: None)
     out: list[OpSample] = []
-    pairs = [(k, n) for _, k, n in shape.gemms()] + [(shape.d, shape.vocab)]
-    for k, n in pairs:
-        w = torch.randn(k, n, dtype=dtype, device=dev)
-        copies = max(1, min(64, -(-cold_bytes // (k * n * w.element_size()))))
-        ws = itertools.cycle([w] + [w.clone() for _ in range(copies - 1)])
-        for m in GEMM_M:
-            if m * max(k, n) > max_elems:
-                break
-            x = torch.randn(m, k, dtype=dtype, device=dev)
-            out.append(OpSample("gemm", m, k, n, median_time(lambda x=x, ws=ws: x @ next(ws), repeats, sync)))
-        del w, ws
+    weights: dict[tuple[int, int], Iterator] = {}
     h, hd = shape.heads, shape.head_dim
-    kind = "cuda" if dev.type == "cuda" else "cpu"
-    for q in ATTN_Q[kind]:
-        for kk in ATTN_K[kind]:
-            qt, kt = torch.randn(h, q, hd, dtype=dtype, device=dev), torch.randn(h, kk, hd, dtype=dtype, device=dev)
+    for kind, a, b, c in op_plan(shape, dev.type, max_elems):
+        if kind == "gemm":
+            if (b, c) not in weights:
+                weights.clear()                                  # one (K, N)'s copies in memory at a time
+                w = torch.randn(b, c, dtype=dtype, device=dev)
+                copies = max(1, min(64, -(-cold_bytes // (b * c * w.element_size()))))
+                weights[b, c] = itertools.cycle([w] + [w.clone() for _ in range(copies - 1)])
+                del w
+            x, ws = torch.randn(a, b, dtype=dtype, device=dev), weights[b, c]
+            t = median_time(lambda x=x, ws=ws: x @ next(ws), repeats, sync)
+        else:
+            weights.clear()
+            qt, kt = torch.randn(h, a, hd, dtype=dtype, device=dev), torch.randn(h, b, hd, dtype=dtype, device=dev)
             t = median_time(lambda qt=qt, kt=kt: F.scaled_dot_product_attention(qt, kt, kt), repeats, sync)
-            out.append(OpSample("attn", q, kk, h * hd, t))
+        out.append(OpSample(kind, a, b, c, t))
+        tick()
     return out
