@@ -14,7 +14,7 @@ from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS, preset_for
 from dllm_bench.simulate import hardware as hwmod
 from dllm_bench.simulate import validate
 from dllm_bench.simulate.implementations import default_impl, parse_impl_overrides
-from dllm_bench.simulate.paper import replay
+from dllm_bench.simulate.paper import parse_declared, replay
 from dllm_bench.simulate.run import make_setup, simulate_serve
 from dllm_bench.simulate.simulator import resolve_sim_model
 
@@ -41,6 +41,12 @@ def register(app: typer.Typer) -> None:
                                         "(engine | hf-eager | hf-fast-dllm | dllm-bench)"),
         paper: str | None = typer.Option(None, "--paper", help=f"replay the paper ({' | '.join(PAPER_CHOICES)}) on "
                                          "its GPU (L40S; fig3: RTX 4090); other options do not apply"),
+        paper_prompt_len: str | None = typer.Option(None, "--paper-prompt-len", help="with --paper: a fixed prompt "
+                                                    "length per dataset the paper does not give, e.g. osc=384,"
+                                                    "burstgpt=256 [our dataset length models]"),
+        paper_batch: str | None = typer.Option(None, "--paper-batch", help="with --paper: a declared static batch "
+                                               "per baseline, e.g. fast-dllm=3 (a third scenario beside batch 1 and "
+                                               "max-fit)"),
         rps: str | None = typer.Option(None, "--rps", "--request-rate", help="arrival rate(s), req/s [preset]"),
         systems: str | None = typer.Option(None, "--systems", help="systems and variants, as in serve"),
         dataset: str | None = typer.Option(None, "--dataset", help="livebench | osc | burstgpt | random (list allowed)"),
@@ -77,8 +83,10 @@ def register(app: typer.Typer) -> None:
             if paper not in PAPER_CHOICES:
                 raise UserError(f"--paper must be one of {', '.join(PAPER_CHOICES)}, got {paper!r}")
 
-            replay(paper, as_json=as_json)
+            replay(paper, as_json=as_json, declared=parse_declared(paper_prompt_len, paper_batch))
             return
+        if paper_prompt_len is not None or paper_batch is not None:
+            raise UserError("--paper-prompt-len and --paper-batch apply to --paper replays only")
         measured = None
         if validate_runs is not None:
             names = [v.strip() for v in validate_runs.split(",") if v.strip()]

@@ -8,13 +8,15 @@ rates, is fitted on ONE published point (dLLM-Serve's L40S Burst throughput) and
 every other cell, the RTX 4090 included (no scalar is fitted there: its points are held out).
 Inputs the paper does not give are declared, not fitted: prompt lengths (our dataset length
 models), the baselines' static batch (two scenarios: batch 1, what the pinned upstream code
-runs, and the largest that fits the memory model), the engine's memory utilisation (0.9).
+runs, and the largest that fits the memory model), the engine's memory utilisation (0.9). A user
+can declare other prompt lengths and batches (`Declared`: --paper-prompt-len, --paper-batch);
+the one fitted scalar is then fitted again on the same published point.
 """
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
@@ -75,8 +77,48 @@ def _setup(hw: Hardware, engine: dict | None = None):
                     engine_defaults=eng, baseline_defaults=base)
 
 
-def workload(ds: str, n: int, prompt_len: int | None = None, gen: int = GEN, seed: int = 0, rps: float = RPS):
+@dataclass(frozen=True)
+class Declared:
+    """Inputs the paper does not give, declared by the user instead of our defaults: a fixed
+    prompt length per dataset (default: our dataset length models) and a static batch per
+    baseline (a third Table 4 scenario beside batch 1 and max-fit; Figures 7 and 8 divide by
+    Sparse-dLLM at this batch instead of 1)."""
+    prompt_len: dict[str, int] = field(default_factory=dict)
+    batch: dict[str, int] = field(default_factory=dict)
 
+    def describe(self) -> str:
+        parts = [f"{NAMES.get(k, k)} prompts {v} tokens" for k, v in self.prompt_len.items()]
+        parts += [f"{NAMES[k]} batch {v}" for k, v in self.batch.items()]
+        return "; ".join(parts) or "none (our length models; baselines at batch 1 and max-fit)"
+
+
+DEFAULT = Declared()
+
+
+def parse_declared(prompt_len: str | None, batch: str | None) -> Declared:
+    """`osc=384,burstgpt=256` and `fast-dllm=3`: every key and value checked (UserError)."""
+    return Declared(_pairs(prompt_len, "--paper-prompt-len", tuple(TRACE)),
+                    _pairs(batch, "--paper-batch", BASELINES))
+
+
+def _pairs(text: str | None, flag: str, keys: tuple[str, ...]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for tok in (t.strip() for t in (text or "").split(",")):
+        if not tok:
+            continue
+        k, sep, v = tok.partition("=")
+        if not sep or k not in keys:
+            raise UserError(f"{flag}: expected NAME=N with NAME one of {', '.join(keys)}, got {tok!r}")
+        if not v.isdigit() or int(v) < 1:
+            raise UserError(f"{flag}: {k} needs a positive integer, got {v!r}")
+        out[k] = int(v)
+    return out
+
+
+def workload(ds: str, n: int, prompt_len: int | None = None, gen: int = GEN, seed: int = 0, rps: float = RPS,
+             declared: Declared = DEFAULT):
+
+    prompt_len = prompt_len or declared.prompt_len.get(ds)
     cfg = LLaDAConfig()
     kw = dict(random_input_len=prompt_len, random_output_len=gen) if prompt_len else {}
     return build_workload("random" if prompt_len else ds, num_prompts=n, rps=rps, seed=seed,
@@ -106,11 +148,11 @@ def run(hw: Hardware, spec: str, wl, engine: dict | None = None) -> dict:
     return s
 
 
-def fit_u(hw: Hardware) -> float:
+def fit_u(hw: Hardware, declared: Declared = DEFAULT) -> float:
     """u such that dLLM-Serve's simulated L40S Burst throughput is the published 106.95 tok/s
     (secant steps on log u; throughput grows monotonically with u)."""
     target = TABLE4[("burstgpt", "engine")][1]
-    wl = workload("burstgpt", TRACE["burstgpt"])
+    wl = workload("burstgpt", TRACE["burstgpt"], declared=declared)
     lo_u, lo = 0.5, run(scaled(hw, 0.5), "engine", wl)["output_throughput"]
     hi_u, hi = 1.0, run(scaled(hw, 1.0), "engine", wl)["output_throughput"]
     for _ in range(6):
@@ -128,16 +170,25 @@ def _err(sim: float, pub: float) -> float:
     return (sim - pub) / pub
 
 
-def table4(hw: Hardware) -> pd.DataFrame:
+def _scenarios(sysname: str, declared: Declared) -> list[tuple[str, str]]:
+    if sysname == "engine":
+        return [("engine", "engine")]
+    out = [("batch 1", f"{sysname}:batch=1"), ("max-fit", sysname)]
+    if sysname in declared.batch:
+        out.append(("declared", f"{sysname}:batch={declared.batch[sysname]}"))
+    return out
+
+
+def table4(hw: Hardware, declared: Declared = DEFAULT) -> pd.DataFrame:
     rows = []
     for ds in ("livebench", "burstgpt", "osc"):
-        wl = workload(ds, TRACE[ds])
+        wl = workload(ds, TRACE[ds], declared=declared)
         for sysname in (*BASELINES, "engine"):
             lat, tput = TABLE4[(ds, sysname)]
-            specs = [("batch 1", f"{sysname}:batch=1"), ("max-fit", sysname)] if sysname != "engine" else [("", "engine")]
+            specs = _scenarios(sysname, declared)
             for scen, spec in specs:
                 s = run(hw, spec, wl)
-                rows.append(dict(dataset=ds, system=NAMES[sysname], scenario=scen or "engine", batch=s["batch"],
+                rows.append(dict(dataset=ds, system=NAMES[sysname], scenario=scen, batch=s["batch"],
                                  tput_paper=tput, tput_sim=s["output_throughput"],
                                  tput_err=_err(s["output_throughput"], tput), lat_paper=lat,
                                  lat_sim=s["mean_e2el_ms"] / 1e3, lat_err_s=s["mean_e2el_ms"] / 1e3 - lat,
@@ -145,40 +196,44 @@ def table4(hw: Hardware) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def fig3(hw: Hardware) -> pd.DataFrame:
-    wl = workload("burstgpt", TRACE["burstgpt"])
+def fig3(hw: Hardware, declared: Declared = DEFAULT) -> pd.DataFrame:
+    wl = workload("burstgpt", TRACE["burstgpt"], declared=declared)
     rows = []
     for sysname, pub in FIG3.items():
-        for scen, spec in ([("batch 1", "fast-dllm:batch=1"), ("max-fit", "fast-dllm")] if sysname != "engine"
-                           else [("engine", "engine")]):
+        for scen, spec in _scenarios(sysname, declared):
             s = run(hw, spec, wl)
             rows.append(dict(system=NAMES[sysname], scenario=scen, batch=s["batch"], tput_paper=pub,
                              tput_sim=s["output_throughput"], tput_err=_err(s["output_throughput"], pub)))
     return pd.DataFrame(rows)
 
 
-def _ratio(hw: Hardware, wl, engine: dict | None = None) -> float:
-    return run(hw, "engine", wl, engine)["output_throughput"] / run(hw, "sparse-dllm:batch=1", wl)["output_throughput"]
+def _sparse(declared: Declared) -> str:
+    """The Figures' baseline: Sparse-dLLM at batch 1 (its pinned code), or the declared batch."""
+    return f"sparse-dllm:batch={declared.batch.get('sparse-dllm', 1)}"
 
 
-def fig7(hw: Hardware, n: int = 400) -> pd.DataFrame:
+def _ratio(hw: Hardware, wl, declared: Declared, engine: dict | None = None) -> float:
+    return run(hw, "engine", wl, engine)["output_throughput"] / run(hw, _sparse(declared), wl)["output_throughput"]
+
+
+def fig7(hw: Hardware, declared: Declared = DEFAULT, n: int = 400) -> pd.DataFrame:
     rows = []
     for p in (100, 200, 400, 600):
-        r = _ratio(hw, workload("random", n, prompt_len=p))
+        r = _ratio(hw, workload("random", n, prompt_len=p), declared)
         pub = FIG7_INPUT.get(p)
         rows.append(dict(sweep="input", length=p, ratio_paper=pub, ratio_sim=r, err=_err(r, pub) if pub else None))
     for g in (128, 256, 512):
-        r = _ratio(hw, workload("random", n, prompt_len=200, gen=g))
+        r = _ratio(hw, workload("random", n, prompt_len=200, gen=g), declared)
         pub = FIG7_OUTPUT.get(g)
         rows.append(dict(sweep="output", length=g, ratio_paper=pub, ratio_sim=r, err=_err(r, pub) if pub else None))
     return pd.DataFrame(rows)
 
 
-def fig8(hw: Hardware) -> pd.DataFrame:
+def fig8(hw: Hardware, declared: Declared = DEFAULT) -> pd.DataFrame:
     rows = []
     for ds in ("livebench", "osc", "burstgpt"):
-        wl = workload(ds, TRACE[ds])
-        base = run(hw, "sparse-dllm:batch=1", wl)["output_throughput"]
+        wl = workload(ds, TRACE[ds], declared=declared)
+        base = run(hw, _sparse(declared), wl)["output_throughput"]
         for rung, knobs in FIG8_RUNGS.items():
             r = run(hw, "engine", wl, knobs)["output_throughput"] / base
             pub = FIG8[rung].get(ds)
@@ -189,22 +244,24 @@ def fig8(hw: Hardware) -> pd.DataFrame:
 GPU_OF = {"table4": "l40s", "fig3": "rtx4090", "fig7": "l40s", "fig8": "l40s"}
 
 
-def replay(name: str, as_json: bool) -> None:
+def replay(name: str, as_json: bool, declared: Declared = DEFAULT) -> None:
 
     con = console()
     LOG["fn"] = lambda msg: con.print(msg, markup=False, highlight=False)
     l40s = load("l40s")
+    con.print(f"declared inputs: {declared.describe()}", highlight=False)
     con.print("fitting the one scalar (u) on dLLM-Serve, L40S, Burst, 106.95 tok/s ...", highlight=False)
-    u = fit_u(l40s)
+    u = fit_u(l40s, declared)
     hw = scaled(load(GPU_OF[name]), u)
     con.print(f"u = {u:.3f} (compute and bandwidth efficiency of every system); GPU {hw.name}", highlight=False)
-    df = {"table4": table4, "fig3": fig3, "fig7": fig7, "fig8": fig8}[name](hw)
+    df = {"table4": table4, "fig3": fig3, "fig7": fig7, "fig8": fig8}[name](hw, declared)
     floats = {c: "{:+.0%}" for c in df.columns if c.endswith("_err") or c == "err"}
     floats |= {c: "{:.1f}" for c in df.columns if c.startswith(("tput_", "lat_")) and c not in floats}
     floats |= {c: "{:.2f}" for c in df.columns if c.startswith("ratio_")}
     floats["lat_err_s"] = "{:+.0f}"
     if as_json:
-        sys.stdout.write(df.assign(u=u).to_json(orient="records") + "\n")
+        sys.stdout.write(df.assign(u=u, declared=declared.describe()).to_json(orient="records") + "\n")
     else:
-        sys.stdout.write(f"# paper {name}: simulated on {hw.name}, u = {u:.3f} fitted on L40S/Burst/dLLM-Serve\n\n")
+        sys.stdout.write(f"# paper {name}: simulated on {hw.name}, u = {u:.3f} fitted on L40S/Burst/dLLM-Serve; "
+                         f"declared inputs: {declared.describe()}\n\n")
         sys.stdout.write(md_table(df, floats))
