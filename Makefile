@@ -6,7 +6,7 @@ TORCH_VERSION := 2.13.0
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench-server \
-	bench-simulate bench clean train-seeds train-synth-cot accuracy-fig6
+	bench-simulate bench-validate bench clean train-seeds train-synth-cot accuracy-fig6
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -60,6 +60,17 @@ bench-simulate:
 bench-serve:
 	$(BIN)/dllm-bench serve --rps 0.25,0.5,1.0,inf --repeats 3 \
 		--systems engine,engine:cache=dual,fast-dllm,sparse-dllm,dllm-cache
+
+# `calibrate && simulate` against measured `serve` on this machine, the fourth pair of
+# docs/SIMULATE.md: ~31 min on 2 idle cores. VALIDATE_ID names the profile and the two runs.
+ifndef VALIDATE_ID
+VALIDATE_ID := validate-$(shell date -u +%Y%m%dT%H%M%SZ)
+endif
+bench-validate:
+	$(BIN)/dllm-bench calibrate --name $(VALIDATE_ID)
+	$(BIN)/dllm-bench serve --rps 0.5 --repeats 3 --run-id $(VALIDATE_ID)
+	$(BIN)/dllm-bench simulate --hardware $(VALIDATE_ID) --rps 0.5 --repeats 3 \
+		--run-id $(VALIDATE_ID)-sim --validate $(VALIDATE_ID)
 
 bench: bench-engine bench-mechanisms
 
