@@ -62,7 +62,7 @@ bench-serve:
 		--systems engine,engine:cache=dual,fast-dllm,sparse-dllm,dllm-cache
 
 # `calibrate && simulate` against measured `serve` on this machine, the fourth pair of
-# docs/SIMULATE.md: ~31 min on 2 idle cores. VALIDATE_ID names the profile and the two runs.
+# docs/SIMULATE.md: ~22 min on 2 idle cores. VALIDATE_ID names the profile and the two runs.
 ifndef VALIDATE_ID
 VALIDATE_ID := validate-$(shell date -u +%Y%m%dT%H%M%SZ)
 endif
