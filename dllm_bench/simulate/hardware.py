@@ -39,11 +39,14 @@ class Hardware:
     impl: str = ""                    # the implementation whose code was timed: every system's default
     path: str = ""
 
+    def _host_entry(self, impl: str, system: str) -> HostCost | None:
+        return self.host.get(f"{impl}/{system}") or self.host.get(impl)
+
     def host_cost(self, impl: str, system: str) -> HostCost:
-        return self.host.get(f"{impl}/{system}") or self.host.get(impl) or HostCost()
+        return self._host_entry(impl, system) or HostCost()
 
     def host_fitted(self, impl: str, system: str) -> bool:
-        return f"{impl}/{system}" in self.host or impl in self.host
+        return self._host_entry(impl, system) is not None
 
     def to_dict(self) -> dict:
         d = asdict(self)

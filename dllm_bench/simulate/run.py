@@ -73,12 +73,12 @@ def _simulate_one(run, setup: SimSetup, pp: PlannedPoint, run_dir: Path, console
     return point
 
 
-def _at_measured_speed(run, setup: SimSetup, measured_dirs: list[Path], console) -> pd.DataFrame:
+def _at_measured_speed(run, setup: SimSetup, meas: pd.DataFrame, console) -> pd.DataFrame:
     """Every measured point that read the speed gauge, simulated again (same workload seed) with
     each cost scaled by the machine's speed during that point relative to the calibration: the
     simulator's error once the machine's drift between calibration and measurement is taken out.
     Kept in memory; nothing is written besides the validation tables."""
-    speeds = validate.measured_speeds(validate.measured_frame(measured_dirs), *validate.speed_reference(setup.hardware.fit))
+    speeds = validate.measured_speeds(meas, *validate.speed_reference(setup.hardware.fit))
     variants = {v.label: v for v in run.systems}
     workloads: dict[int, dict] = {}            # repeat -> its workloads, built once
     rows = []
@@ -150,8 +150,8 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
         console.print(f"plots: {', '.join(plots)}", markup=False, highlight=False)
     code, validation = 0, None
     if validate_against:
-        at_speed = _at_measured_speed(run, setup, validate_against, console)
-        df = validate.compare(run_dir, validate_against, at_speed)
+        meas = validate.measured_frame(validate_against)
+        df = validate.compare(run_dir, validate_against, _at_measured_speed(run, setup, meas, console), meas)
         if df.empty:
             console.print("validation: no (dataset, system, rps) cell of the measured runs was simulated; "
                           "give the same --dataset, --systems, --rps and --preset as those runs", markup=False,

@@ -48,7 +48,8 @@ def speed_reference(fit: dict) -> tuple[float | None, str | None]:
     return (float(ref), fit.get("preset")) if ref else (None, None)
 
 
-def compare(sim_dir: Path, measured_dirs: Sequence[Path], at_speed: pd.DataFrame | None = None) -> pd.DataFrame:
+def compare(sim_dir: Path, measured_dirs: Sequence[Path], at_speed: pd.DataFrame | None = None,
+            meas: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per cell measured and simulated: `repeats` (measured rows compared), `seeds`
     (workload seeds both sides ran), and per metric `<m>_sim` (median over the seeds),
     `<m>_meas` (median), `<m>_min`, `<m>_max`, `<m>_err` (sim / median - 1), `<m>_status` (goal |
@@ -60,8 +61,9 @@ def compare(sim_dir: Path, measured_dirs: Sequence[Path], at_speed: pd.DataFrame
     `at_speed` (dllm_bench.simulate.run: each measured point simulated again with every cost
     scaled by the machine's speed during that point, read off the speed gauge) adds `speed` (the
     cell's median measured gauge / the calibration's: > 1 means the machine ran slower than when
-    it was calibrated) and per metric `<m>_err_at_speed` / `<m>_status_at_speed`."""
-    meas = measured_frame(measured_dirs)
+    it was calibrated) and per metric `<m>_err_at_speed` / `<m>_status_at_speed`. `meas`: the
+    measured runs' `measured_frame` when the caller has read it already."""
+    meas = measured_frame(measured_dirs) if meas is None else meas
     df = compare_frames(results.metrics_frame(sim_dir), meas)
     if at_speed is None or at_speed.empty or df.empty:
         return df
