@@ -15,8 +15,8 @@ import time
 import torch
 
 from dllm_bench.metrics import summarize
-from dllm_bench.simulate import paper
 from dllm_bench.simulate.hardware import load
+from dllm_bench.simulate.paper import setting as paper
 from dllm_bench.simulate.simulator import simulate_point
 from dllm_bench.systems.spec import parse_system
 
@@ -32,7 +32,7 @@ def main() -> None:
     torch.set_num_threads(1)
     hw = load(a.hardware)
     wl = paper.workload("burstgpt", a.requests, rps=a.rps)
-    setup = paper._setup(hw)
+    setup = paper.setup(hw)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     print(f"simulating {a.requests} requests at {a.rps:g} req/s on {hw.name}: LLaDA-8B, gen 256, block 32")
     for name in SYSTEMS:

@@ -14,11 +14,12 @@ from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS, preset_for
 from dllm_bench.simulate import hardware as hwmod
 from dllm_bench.simulate import validate
 from dllm_bench.simulate.implementations import default_impl, parse_impl_overrides
-from dllm_bench.simulate.paper import parse_declared, replay
+from dllm_bench.simulate.paper.replay import REPLAYS, replay
+from dllm_bench.simulate.paper.setting import parse_declared
 from dllm_bench.simulate.run import make_setup, simulate_serve
 from dllm_bench.simulate.simulator import resolve_sim_model
 
-PAPER_CHOICES = ("table4", "fig3", "fig7", "fig8")
+PAPER_CHOICES = REPLAYS
 
 
 def _budget(memory_budget: str | None, preset_budget: str | None, hw) -> str | None:
@@ -40,7 +41,8 @@ def register(app: typer.Typer) -> None:
         impl: str | None = typer.Option(None, "--impl", help="implementation per system, e.g. fast-dllm=engine "
                                         "(engine | hf-eager | hf-fast-dllm | dllm-bench)"),
         paper: str | None = typer.Option(None, "--paper", help=f"replay the paper ({' | '.join(PAPER_CHOICES)}) on "
-                                         "its GPU (L40S; fig3: RTX 4090); other options do not apply"),
+                                         "its GPU (L40S; fig3: RTX 4090; holdout: u fitted on each "
+                                         "dLLM-Serve point in turn); other options do not apply"),
         paper_prompt_len: str | None = typer.Option(None, "--paper-prompt-len", help="with --paper: a fixed prompt "
                                                     "length per dataset the paper does not give, e.g. osc=384,"
                                                     "burstgpt=256 [our dataset length models]"),

@@ -142,6 +142,14 @@ def point_line(s: Mapping[str, Any]) -> str:
             f"{f(s.get('output_throughput'))} tok/s, mean E2EL {f(s.get('mean_e2el_ms'), 1e-3)} s{flags}")
 
 
+def scenario_lines(points) -> list[str]:
+    """Which scenario each baseline row is (its static batch), flagged when that batch exceeds the
+    memory budget (measured on this machine; from the byte counts on a simulated GPU)."""
+    scenarios = {s["system"]: s for s in points if s.get("is_baseline")}
+    return [f"{label}: {s.get('scenario')}" + ("" if s.get("fits_budget") in (True, None) else
+                                              " (exceeds the memory budget!)") for label, s in scenarios.items()]
+
+
 def resume_id(kind: str, fingerprint: Mapping, root: Path, run_id: str | None) -> str:
     """The run of `kind` to resume (--run-id, default the latest), refused unless it was made
     with the same fingerprint (ServeRun.fingerprint: its points would not be comparable). The

@@ -16,7 +16,14 @@ from dllm_bench.metrics import ratio_table
 from dllm_bench.repeats import aggregate_points, compare, repeat_seeds
 from dllm_bench.results import fmt_rps
 from dllm_bench.serve.config import ServeRun
-from dllm_bench.serve.points import PlannedPoint, display_label, measure_points, record_repeats, resume_id
+from dllm_bench.serve.points import (
+    PlannedPoint,
+    display_label,
+    measure_points,
+    record_repeats,
+    resume_id,
+    scenario_lines,
+)
 from dllm_bench.serve.speed_gauge import DRIFT_WARN, drift
 from dllm_bench.serve.summary import print_comparison, print_summary
 from dllm_bench.serve.workload import repeat_workloads, workload_shape
@@ -129,10 +136,8 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
         if len(c["summaries"]) > 1:
             print_comparison(c["summaries"], c["baselines"], console,
                              title=f"{c['dataset']} @ {fmt_rps(c['rps'])} rps — vs best baseline")
-    scenarios = {s["system"]: s for s in points if s.get("is_baseline")}
-    for label, s in scenarios.items():  # which scenario each baseline row is
-        note = "" if s.get("fits_budget") in (True, None) else " (exceeds the memory budget!)"
-        console.print(f"{label}: {s.get('scenario')}{note}", markup=False, highlight=False)
+    for line in scenario_lines(points):
+        console.print(line, markup=False, highlight=False)
 
     plots: list[str] = []
     finite = sorted({float(s["rps"]) for s in points if math.isfinite(float(s["rps"]))})

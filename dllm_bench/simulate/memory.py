@@ -38,9 +38,19 @@ def baseline_bytes_per_token(system: str, shape: ModelShape) -> float:
     return cache + logits
 
 
+def _baseline_free(shape: ModelShape, budget: float) -> float:
+    return budget - weights_bytes(shape) - CONTEXT_BYTES
+
+
 def baseline_max_batch(system: str, shape: ModelShape, budget: float, length: int) -> int:
-    free = budget - weights_bytes(shape) - CONTEXT_BYTES
-    per = length * baseline_bytes_per_token(system, shape)
+    free, per = _baseline_free(shape, budget), length * baseline_bytes_per_token(system, shape)
     if free < per:
         raise ValueError(f"{system}: one request of {length} tokens does not fit the memory budget")
     return int(free // per)
+
+
+def baseline_batch_fits(system: str, shape: ModelShape, budget: float, batch: int, length: int) -> tuple[float, bool]:
+    """(bytes above the weights, fits?) for a given static batch padded to `length`: what serve
+    measures as a fixed batch's peak on this machine, from the byte counts on a GPU."""
+    need = batch * length * baseline_bytes_per_token(system, shape)
+    return need, need <= _baseline_free(shape, budget)

@@ -17,7 +17,7 @@ from dllm_bench.errors import UserError
 from dllm_bench.metrics import summarize
 from dllm_bench.repeats import aggregate_points, repeat_seeds
 from dllm_bench.results import fmt_rps
-from dllm_bench.serve.points import PlannedPoint, point_line, point_summary
+from dllm_bench.serve.points import PlannedPoint, point_line, point_summary, scenario_lines
 from dllm_bench.serve.run import comparisons
 from dllm_bench.serve.summary import print_comparison
 from dllm_bench.serve.workload import repeat_workloads, shape_of, workload_shape
@@ -142,6 +142,8 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
         if len(c["summaries"]) > 1:
             print_comparison(c["summaries"], c["baselines"], console,
                              title=f"simulated on {hw.name}: {c['dataset']} @ {fmt_rps(c['rps'])} rps — vs best baseline")
+    for line in scenario_lines(points):
+        console.print(line, markup=False, highlight=False)
     plots: list[str] = []
     if len({float(s["rps"]) for s in points if math.isfinite(float(s["rps"]))}) >= 2:
         from dllm_bench.plots import plot_all

@@ -27,7 +27,7 @@ from dllm_bench.simulate.clock import VirtualClock, VirtualTimed
 from dllm_bench.simulate.cost_model import CostModel, Forward, ModelShape
 from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.implementations import get_impl
-from dllm_bench.simulate.memory import baseline_max_batch, engine_kv_tokens
+from dllm_bench.simulate.memory import baseline_batch_fits, baseline_max_batch, engine_kv_tokens
 from dllm_bench.simulate.runners import CostPolicy, CostRunner, ShapeModel, cost_engine
 from dllm_bench.systems.spec import baseline_knobs, engine_knobs
 from engine.config import EngineConfig
@@ -125,12 +125,15 @@ def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len
     if fixed is not None:
         info.update(max_batch_size=fixed, scenario_kind=kind,
                     scenario=f"static batch B={fixed} ({'the upstream batch' if kind == 'upstream' else 'declared'})")
+        if setup.real_capacity is None:      # a GPU profile: the byte counts stand in for serve's measured peak
+            need, fits = baseline_batch_fits(variant.name, setup.shape, setup.memory_budget, fixed, max_len)
+            info.update(peak_bytes=need, fits_budget=fits)
     elif info.get("max_batch_size") is None:
         try:
             b = baseline_max_batch(variant.name, setup.shape, setup.memory_budget, max_len)
         except ValueError as e:
             raise UserError(f"system {variant.label!r}: {e}") from None
-        info.update(max_batch_size=b, scenario_kind="max-fit",
+        info.update(max_batch_size=b, scenario_kind="max-fit", fits_budget=True,
                     scenario=f"static batch B={b}: the largest that fits the memory model")
     try:
         policy = CostPolicy(make_policy(variant.name, model, **knobs), setup.shape, setup.step_cost(variant.name), clock)
