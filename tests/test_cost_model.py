@@ -194,3 +194,36 @@ def test_calibrate_writes_a_profile_with_the_per_m_table(tmp_path):
                           "--out", str(tmp_path / "no.json")], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error:") and len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "no.json").exists()
+
+
+def _batch(size=1, length=512, prompt=256, step=5, block=0, forwards=8):
+    """The fields of a static batch that decide a baseline's forward (baselines.static_batch.Batch)."""
+    from types import SimpleNamespace
+    s = prompt + 32 * block
+    return SimpleNamespace(size=size, length=length, prompt_len=prompt, step_in_block=step, block=block,
+                           block_range=(s, s + 32), forwards=forwards, pads=[0] * size)
+
+
+def test_pre_rope_caches_re_rope_the_cached_keys_of_every_attending_layer():
+    """Fast-dLLM (dual cache) and dLLM-Cache keep K before RoPE and rotate the whole key tensor in
+    every attention call: each key that comes from the cache costs 56·d bytes per layer (the fresh
+    keys' RoPE is in the per-token elementwise bytes). Sparse-dLLM caches K after RoPE: nothing."""
+    from dllm_bench.simulate.work import baseline_forward
+    knobs_cache = dict(prompt_interval=100, gen_interval=7, transfer_ratio=0.25)
+    fast, _ = baseline_forward("fast-dllm", {"fast_dllm_cache": "dual"}, _batch(size=2), LLADA_8B)
+    assert fast.cached_key_layers == 2 * (512 - 32) * 32
+    cache, _ = baseline_forward("dllm-cache", knobs_cache, _batch(), LLADA_8B)     # an adaptive step: q = 64
+    assert cache.cached_key_layers == (512 - 64) * 31                               # layer 0 always refreshes
+    full, _ = baseline_forward("dllm-cache", knobs_cache, _batch(forwards=0), LLADA_8B)   # t = 1: all fresh
+    assert full.cached_key_layers == 0
+    sparse, _ = baseline_forward("sparse-dllm", {"keep_ratio": 0.5}, _batch(), LLADA_8B)
+    assert sparse.cached_key_layers == 0
+    bw = 1e12
+    for fw, impl in ((fast, "hf-fast-dllm"), (cache, "hf-dllm-cache")):
+        with_rope = CostModel(LLADA_8B, 1e15, bw, Efficiency(), get_impl(impl), HostCost()).step(fw)
+        without = CostModel(LLADA_8B, 1e15, bw, Efficiency(), get_impl("hf-eager"), HostCost()).step(fw)
+        extra = fw.cached_key_layers * 56 * LLADA_8B.d
+        assert with_rope.bytes - without.bytes == pytest.approx(extra + fw.softmax_rows * LLADA_8B.vocab
+                                                                 * (get_impl(impl).softmax_bytes_per_entry - 6))
+        assert with_rope.parts["elem"] - without.parts["elem"] == pytest.approx(
+            (with_rope.bytes - without.bytes) / bw)

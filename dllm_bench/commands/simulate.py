@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         hardware: str = typer.Option("cpu", "--hardware", help="profile name (cpu, rtx4090, l40s, a100-80g, h100, h200) "
                                      "or a file written by `dllm-bench calibrate`"),
         impl: str | None = typer.Option(None, "--impl", help="implementation per system, e.g. fast-dllm=engine "
-                                        "(engine | hf-eager | hf-fast-dllm | dllm-bench)"),
+                                        "(engine | hf-eager | hf-fast-dllm | hf-dllm-cache | dllm-bench)"),
         paper: str | None = typer.Option(None, "--paper", help=f"replay the paper ({' | '.join(PAPER_CHOICES)}) on "
                                          "its GPU (L40S; fig3: RTX 4090; holdout: u fitted on each "
                                          "dLLM-Serve point in turn); other options do not apply"),

@@ -109,7 +109,7 @@ class Forward:
     rows: int = 0                 # LM-head rows
     kv_read: int = 0              # cached tokens read (all layers)
     kv_write: int = 0             # tokens written to the cache
-    cached_keys: int = 0          # cached keys attended (re-RoPE'd per layer by a pre-RoPE cache)
+    cached_key_layers: int = 0    # (cached key, layer) pairs attended: a pre-RoPE cache re-RoPEs each
     n_seq: int = 1                # sequences in the forward (host loops run over them)
     softmax_rows: int = 0         # rows whose full-vocabulary softmax the decoder computes
     lm_chunk: int = 0             # rows per LM-head call (the logit budget); 0 = one call
@@ -241,7 +241,7 @@ class CostModel:
             flops += 2.0 * fw.rows * m.d * m.vocab
             nbytes += (m.d * m.vocab + fw.rows * (m.d + m.vocab)) * m.wbytes
         sb = fw.softmax_rows * m.vocab * impl.softmax_bytes_per_entry
-        rb = fw.cached_keys * impl.rope_bytes_per_key_d * m.d * m.layers
+        rb = fw.cached_key_layers * impl.rope_bytes_per_key_d * m.d
         kvb = (impl.kv_copy * fw.kv_read + fw.kv_write) * m.kv_bytes_per_token
         parts["elem"] += (sb + rb) / bw
         parts["kv"] = kvb / bw

@@ -15,6 +15,10 @@ our engine".
   cached before RoPE, so every forward re-applies fp32 RoPE to every cached key in every layer
   (56·d bytes per key per layer), and llada/generate.py's softmax of logits.to(float64) over
   all rows (26 B per entry).
+* `hf-dllm-cache` — hf-eager plus maomaocun/dLLM-cache @ 17235bf
+  dllm_cache/hooks/cache_hook_LLaDA.py: its cache holds K before RoPE and its RoPe_forward
+  rotates the whole key tensor in fp32 in every attention call, so the cached keys are re-RoPE'd
+  in every layer that attends (56·d bytes per key per layer, as Fast-dLLM's).
 * `dllm-bench` — this repository's code (engine and baselines share engine/models/llada.py):
   eager and unfused (float32 on the CPU presets). It is what `serve` measures, so a profile
   written by `dllm-bench calibrate` (CPU or GPU) defaults to it; its host time, which dominates
@@ -32,6 +36,8 @@ IMPLEMENTATIONS: dict[str, ImplProfile] = {p.name: p for p in [
                 source="ML-GSAI/LLaDA@b7e6c35 modeling; dLLM-cache@17235bf; Sparse-dLLM@3fd8986"),
     ImplProfile("hf-fast-dllm", elem_d=144, elem_f=10, softmax_bytes_per_entry=26, rope_bytes_per_key_d=56,
                 kv_copy=1, source="NVlabs/Fast-dLLM@24cc59e llada/model/modeling_llada.py, llada/generate.py"),
+    ImplProfile("hf-dllm-cache", elem_d=144, elem_f=10, softmax_bytes_per_entry=6, rope_bytes_per_key_d=56,
+                kv_copy=1, source="maomaocun/dLLM-cache@17235bf dllm_cache/hooks/cache_hook_LLaDA.py (RoPe_forward)"),
     ImplProfile("dllm-bench", elem_d=144, elem_f=10, softmax_bytes_per_entry=12, rope_bytes_per_key_d=0,
                 kv_copy=2, source="this repository (engine/, baselines/), eager float32 on CPU"),
 ]}
@@ -42,7 +48,7 @@ MEASURED_HOST = "dllm-bench"
 
 # Which implementation each system runs by default on a built-in GPU profile (upstream code) and
 # on a CPU profile (this repository's code, which is what `serve` measures there).
-GPU_DEFAULT = {"engine": "engine", "llada": "hf-eager", "dllm-cache": "hf-eager", "sparse-dllm": "hf-eager",
+GPU_DEFAULT = {"engine": "engine", "llada": "hf-eager", "dllm-cache": "hf-dllm-cache", "sparse-dllm": "hf-eager",
                "fast-dllm": "hf-fast-dllm"}
 
 

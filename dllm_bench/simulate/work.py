@@ -53,7 +53,7 @@ def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, sha
         charged.append(r)
         rows += r
     fw = Forward((LayerPass(shape.layers, tuple(segs)),), rows=rows, kv_read=kv_read, kv_write=kv_write,
-                 cached_keys=cached, n_seq=len(batch), softmax_rows=rows, lm_chunk=config.max_num_logits or 0)
+                 cached_key_layers=cached * shape.layers, n_seq=len(batch), softmax_rows=rows, lm_chunk=config.max_num_logits or 0)
     return fw, charged
 
 
@@ -85,8 +85,10 @@ def baseline_forward(name: str, knobs: dict, batch: Batch, shape: ModelShape) ->
         q = q1 - q0
         held = L if dual else s
         k = L if dual else s + q
+        # Every key is RoPE'd in every layer; the block's own (dual: written in place) are fresh.
+        cached = held - blk if dual else held
         fw = Forward(uniform(q, k), rows=B * q, kv_read=B * held, kv_write=B * blk if dual else 0,
-                     cached_keys=B * held, n_seq=B, softmax_rows=B * q)
+                     cached_key_layers=B * cached * every, n_seq=B, softmax_rows=B * q)
         return fw, StepResult(B * q, q, False)
     if name == "sparse-dllm":
         if i <= 1:
@@ -123,6 +125,8 @@ def _dllm_cache(knobs: dict, batch: Batch, shape: ModelShape) -> tuple[Forward, 
     passes = [LayerPass(1, (Seg(L, L),) * B)]
     if shape.layers > 1:
         passes.append(LayerPass(shape.layers - 1, (Seg(q, L),) * B, v_only=v_only))
-    # Cached K, V and the two deltas of every token are read back in every layer.
-    fw = Forward(tuple(passes), rows=B * L, kv_read=2 * B * L, n_seq=B, softmax_rows=B * G)
+    # Cached K, V and the two deltas of every token are read back in every layer; in layers 1..
+    # the L - q keys not recomputed come from the (pre-RoPE) cache.
+    fw = Forward(tuple(passes), rows=B * L, kv_read=2 * B * L, n_seq=B, softmax_rows=B * G,
+                 cached_key_layers=B * (L - q) * (shape.layers - 1))
     return fw, StepResult(B * L, L, rp and rg)
