@@ -117,3 +117,19 @@ def test_a_static_batch_beyond_the_memory_model_is_flagged_not_silently_simulate
             [("dLLM-Serve", "engine", 94, None), ("Fast-dLLM", "batch 1", 58, "no"),
              ("Sparse-dLLM", "batch 1", 33, "yes"), ("dLLM-Cache", "batch 1", 32, "yes")]]
     assert "does not fit" in checks.ordering(pd.DataFrame(rows)).simulated.iloc[0]
+
+
+def test_fig3_adds_the_texts_latency_at_half_a_request_per_second(short):
+    df = tables.fig3(setting.scaled(load("rtx4090"), 0.7)).set_index("scenario")
+    eng = df.loc["engine"]
+    assert eng.lat05_paper == "1370" and eng.lat05_err_s == pytest.approx(eng.lat05_sim - 1370.0)
+    fast = df.loc["batch 1"]
+    assert fast.lat05_paper == "> 4000"
+    assert fast.lat05_err_s == ("bound met" if fast.lat05_sim > 4000 else "bound missed")
+    # the latency column is a run of the same trace arriving at 0.5 req/s
+    wl_half = setting.workload("burstgpt", published.TRACE["burstgpt"], rps=0.5)
+    got = setting.run(setting.scaled(load("rtx4090"), 0.7), "engine", wl_half)["mean_e2el_ms"] / 1e3
+    assert eng.lat05_sim == pytest.approx(got)
+    assert tables._latency_check(">", 4000.0, 4500.0) == "bound met"
+    assert tables._latency_check(">", 4000.0, 3500.0) == "bound missed"
+    assert tables._latency_check("=", 1370.0, float("nan")) is None

@@ -13,6 +13,10 @@ TABLE4 = {
 }
 # §6.2 text on Figure 3 (RTX 4090, Burst): peak throughput tok/s.
 FIG3 = {"engine": 76.6, "fast-dllm": 42.4}
+# §6.2 text on Figure 4 (RTX 4090, Burst, 0.5 req/s): mean latency s, dLLM-Serve's exact, the
+# baselines' a lower bound ("averaging over 4000s").
+FIG4_RPS = 0.5
+FIG4_LATENCY = {"engine": ("=", 1370.0), "fast-dllm": (">", 4000.0)}
 # Figure 7 text (dLLM-Serve / Sparse-dLLM throughput): endpoints of the sweeps.
 FIG7_INPUT = {100: 3.12, 600: 2.45}
 FIG7_OUTPUT = {128: 3.21, 512: 2.47}

@@ -19,9 +19,10 @@ REPLAYS = (*TABLES, "holdout")
 
 def _floats(df: pd.DataFrame) -> dict[str, str]:
     floats = {c: "{:+.0%}" for c in df.columns if c.endswith("_err") or c == "err"}
-    floats |= {c: "{:.1f}" for c in df.columns if c.startswith(("tput_", "lat_")) and c not in floats}
+    floats |= {c: "{:.1f}" for c in df.columns if c.startswith(("tput_", "lat_", "lat05_")) and c not in floats}
     floats |= {c: "{:.2f}" for c in df.columns if c.startswith("ratio_")}
-    floats |= {point_label(p): "{:+.0%}" for p in ENGINE_POINTS} | {"u": "{:.3f}", "lat_err_s": "{:+.0f}", "batch": "{:.0f}"}
+    floats |= {point_label(p): "{:+.0%}" for p in ENGINE_POINTS}
+    floats |= {"u": "{:.3f}", "lat_err_s": "{:+.0f}", "lat05_err_s": "{:+.0f}", "batch": "{:.0f}"}
     return floats
 
 
