@@ -52,7 +52,8 @@ def test_figures_divide_by_the_declared_sparse_dllm_batch():
 
 @pytest.mark.parametrize("args", [("--paper", "table4", "--paper-prompt-len", "osc=0"),
                                   ("--paper", "table4", "--paper-batch", "engine=2"),
-                                  ("--paper-batch", "fast-dllm=2")])
+                                  ("--paper-batch", "fast-dllm=2"),
+                                  ("--paper", "holdout", "--paper-batch", "fast-dllm=2")])
 def test_bad_declared_inputs_are_one_line_exit_2(args):
     r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "simulate", *args], capture_output=True, text=True,
                        timeout=120)

@@ -84,7 +84,8 @@ def register(app: typer.Typer) -> None:
         if paper is not None:
             if paper not in PAPER_CHOICES:
                 raise UserError(f"--paper must be one of {', '.join(PAPER_CHOICES)}, got {paper!r}")
-
+            if paper == "holdout" and paper_batch is not None:
+                raise UserError("--paper-batch does not apply to --paper holdout (it refits dLLM-Serve alone)")
             replay(paper, as_json=as_json, declared=parse_declared(paper_prompt_len, paper_batch))
             return
         if paper_prompt_len is not None or paper_batch is not None:
