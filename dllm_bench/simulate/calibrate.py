@@ -114,41 +114,26 @@ def fit_u_c_by_m(samples: list[OpSample], eff: Efficiency, peak: float, bw: floa
 ROWS_SPLIT = 64
 
 
-DEV_SCALE = (0.5, 2.0)   # outside this, the operator timings do not describe the system's forwards
+def fit_host(steps: list[tuple[Forward, float]], device: CostModel) -> tuple[HostCost, dict]:
+    """c_step + c_seq·n_seq (both >= 0) fitted by least squares to the step time the device model
+    leaves. A squared loss on wall time fits the *mean* step: on a shared machine that includes
+    the time the process waits for a core, which serving on that machine pays too."""
+    from scipy.optimize import nnls
 
-
-def _fit_stats(pred: np.ndarray, meas: np.ndarray, rows: np.ndarray) -> dict:
-    signed = (pred - meas) / meas
+    A = np.array([[1.0, fw.n_seq] for fw, _ in steps])
+    dev = np.array([device.step(fw).t_device for fw, _ in steps])
+    meas = np.array([t for _, t in steps])
+    (c_step, c_seq), _ = nnls(A, meas - dev)
+    host = HostCost(c_step=float(c_step), c_seq=float(c_seq))
+    signed = (dev + A @ np.array([c_step, c_seq]) - meas) / meas
     rel = np.abs(signed)
     # Signed error by the forward's query rows: a cost model that is right overall but wrong per
     # GEMM size shows up as opposite signs for small (block, window) and large (canvas) forwards.
-    by_rows = {f"<= {ROWS_SPLIT}": signed[rows <= ROWS_SPLIT], f"> {ROWS_SPLIT}": signed[rows > ROWS_SPLIT]}
-    return {"median_rel_err": float(np.median(rel)), "max_rel_err": float(rel.max()),
-            "median_err_by_rows": {k: float(np.median(v)) for k, v in by_rows.items() if v.size}}
-
-
-def fit_host(steps: list[tuple[Forward, float]], device: CostModel) -> tuple[HostCost, dict]:
-    """step time = dev_scale · (the operator model's device time) + c_step + c_seq·n_seq, fitted by
-    bounded least squares on the system's own timed steps (c >= 0, dev_scale in DEV_SCALE). With
-    dev_scale held at 1 the host terms could only add time: a system whose forwards run faster
-    than its operators timed alone would be simulated too slow, however its host terms came out.
-    A squared loss on wall time fits the *mean* step: on a shared machine that includes the time
-    the process waits for a core, which serving on that machine pays too. The fit with dev_scale
-    held at 1 is kept in the statistics (`unscaled`) for comparison."""
-    from scipy.optimize import lsq_linear, nnls
-
-    n_seq = np.array([float(fw.n_seq) for fw, _ in steps])
-    dev = np.array([device.step(fw).t_device for fw, _ in steps])
-    meas = np.array([t for _, t in steps])
     rows = np.array([fw.query_tokens for fw, _ in steps])
-    A = np.column_stack([dev, np.ones_like(dev), n_seq])
-    a, c_step, c_seq = lsq_linear(A, meas, bounds=([DEV_SCALE[0], 0.0, 0.0], [DEV_SCALE[1], np.inf, np.inf])).x
-    host = HostCost(c_step=float(c_step), c_seq=float(c_seq), dev_scale=float(a))
-    (u_step, u_seq), _ = nnls(A[:, 1:], meas - dev)
-    unscaled = {"c_step": float(u_step), "c_seq": float(u_seq),
-                **_fit_stats(dev + A[:, 1:] @ np.array([u_step, u_seq]), meas, rows)}
-    return host, {"steps": len(steps), **_fit_stats(A @ np.array([a, c_step, c_seq]), meas, rows),
-                  "mean_step_s": float(meas.mean()), "unscaled": unscaled}
+    by_rows = {f"<= {ROWS_SPLIT}": signed[rows <= ROWS_SPLIT], f"> {ROWS_SPLIT}": signed[rows > ROWS_SPLIT]}
+    return host, {"steps": len(steps), "median_rel_err": float(np.median(rel)), "max_rel_err": float(rel.max()),
+                  "mean_step_s": float(meas.mean()),
+                  "median_err_by_rows": {k: float(np.median(v)) for k, v in by_rows.items() if v.size}}
 
 
 def at_reference_speed(steps: list[tuple[Forward, float]], reference: float, now: float) -> list[tuple[Forward, float]]:

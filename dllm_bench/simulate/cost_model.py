@@ -169,14 +169,11 @@ class Efficiency:
 
 @dataclass(frozen=True)
 class HostCost:
-    """Per-system step terms of one implementation on one machine (fitted on the system's own
-    timed steps): host time per step, and the factor by which its forwards run relative to the
-    sum of its operators timed alone (cache state, fusion and thread use differ inside a model)."""
+    """Host time per step for one implementation (fitted per machine)."""
 
     c_step: float = 0.0
     c_seq: float = 0.0
     c_sl: float = 0.0             # per sequence per layer
-    dev_scale: float = 1.0        # the operator model's device time for this system's steps x this
 
     def time(self, n_seq: int, layers: int) -> float:
         return self.c_step + self.c_seq * n_seq + self.c_sl * n_seq * layers
@@ -249,8 +246,6 @@ class CostModel:
         parts["elem"] += (sb + rb) / bw
         parts["kv"] = kvb / bw
         nbytes += sb + rb + kvb
-        if self.host.dev_scale != 1.0:
-            parts = {k: v * self.host.dev_scale for k, v in parts.items()}
         t_dev = sum(parts.values())
         t_host = self.host.time(fw.n_seq, m.layers)
         parts["host"] = t_host
