@@ -85,17 +85,21 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     with progress(con=console, status=True) as prog:
         task = prog.add_task("host time", total=len(variants) * len(sizes), status="")
         for v in variants:
-            steps, speeds = [], []
+            steps, speeds, tries = [], [], []
             for n in sizes:
                 prog.update(task, status=f"{v.label}, {n} concurrent")
-                before = gauge.read()
-                timed = _timed(v, n, mdl, shape, [r.prompt_ids for r in wl[:n]], params, p, dev)
-                now = (before + gauge.read()) / 2
+                timed, now, attempts = cal.bracketed(
+                    lambda v=v, n=n: _timed(v, n, mdl, shape, [r.prompt_ids for r in wl[:n]], params, p, dev),
+                    gauge.read)
+                if attempts > 1:
+                    console.print(f"{v.label}, {n} concurrent: timed {attempts} times, the machine's speed moved by "
+                                  f"more than {cal.BRACKET_TOL:.2f}x during the batch", markup=False, highlight=False)
                 speeds.append(reference / now)
+                tries.append(attempts)
                 steps += cal.at_reference_speed(timed, reference, now)
                 prog.advance(task)
             hc, fit = cal.fit_host(steps, device_only)
-            fit["speed_vs_operators"] = speeds
+            fit["speed_vs_operators"], fit["attempts"] = speeds, tries
             host[f"{MEASURED_HOST}/{v.name}"], host_fit[v.name] = hc, fit
             split = ", ".join(f"{k} {e:+.0%}" for k, e in fit["median_err_by_rows"].items())
             console.print(f"host {v.label}: {hc.c_step * 1e3:.2f} ms/step + {hc.c_seq * 1e3:.3f} ms/sequence "

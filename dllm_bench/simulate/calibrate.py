@@ -136,6 +136,30 @@ def fit_host(steps: list[tuple[Forward, float]], device: CostModel) -> tuple[Hos
                   "median_err_by_rows": {k: float(np.median(v)) for k, v in by_rows.items() if v.size}}
 
 
+BRACKET_TOL, RETIMES = 1.15, 2
+
+
+def bracketed(run: Callable[[], object], read: Callable[[], float], tol: float = BRACKET_TOL,
+              retimes: int = RETIMES) -> tuple[object, float, int]:
+    """run() between two gauge readings, re-run (up to `retimes` times) while the two readings
+    differ by more than `tol`: the machine changed speed during the batch, so neither reading,
+    nor their mean, says how fast it ran, and rescaling by them would put the error into the
+    fit. Returns the attempt whose readings agreed best, its mean reading, and how many attempts
+    were made."""
+    best, attempts = None, 0
+    while attempts <= retimes:
+        attempts += 1
+        before = read()
+        out = run()
+        after = read()
+        spread = max(before, after) / min(before, after)
+        if best is None or spread < best[0]:
+            best = (spread, out, (before + after) / 2)
+        if spread <= tol:
+            break
+    return best[1], best[2], attempts
+
+
 def at_reference_speed(steps: list[tuple[Forward, float]], reference: float, now: float) -> list[tuple[Forward, float]]:
     """Step times taken while the speed gauge read `now` seconds, rescaled to the machine state
     in which the operators were timed (gauge `reference`). A virtual machine can change speed by
