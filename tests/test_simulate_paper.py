@@ -134,3 +134,14 @@ def test_fig3_adds_the_texts_latency_at_half_a_request_per_second(short):
     assert tables._latency_check(">", 4000.0, 4500.0) == "bound met"
     assert tables._latency_check(">", 4000.0, 3500.0) == "bound missed"
     assert tables._latency_check("=", 1370.0, float("nan")) is None
+
+
+def test_replay_json_carries_the_cells_and_table4s_ordering(short, capsys):
+    import json
+
+    from dllm_bench.simulate.paper.replay import replay
+    replay("table4", as_json=True)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["replay"] == "table4" and 0 < doc["u"] < 4 and len(doc["cells"]) == 3 * (3 * 2 + 1)
+    assert {r["dataset"] for r in doc["ordering"]} == {"livebench", "burstgpt", "osc"}
+    assert all(r["fits"] in ("yes", "no", None) for r in doc["cells"])
