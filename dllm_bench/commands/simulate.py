@@ -19,8 +19,6 @@ from dllm_bench.simulate.paper.setting import parse_declared
 from dllm_bench.simulate.run import make_setup, simulate_serve
 from dllm_bench.simulate.simulator import resolve_sim_model
 
-PAPER_CHOICES = REPLAYS
-
 
 def _budget(memory_budget: str | None, preset_budget: str | None, hw) -> str | None:
     """The budget to simulate: the flag, else on a GPU profile its memory × 0.9 (the engine's
@@ -40,7 +38,7 @@ def register(app: typer.Typer) -> None:
                                      "or a file written by `dllm-bench calibrate`"),
         impl: str | None = typer.Option(None, "--impl", help="implementation per system, e.g. fast-dllm=engine "
                                         "(engine | hf-eager | hf-fast-dllm | hf-dllm-cache | dllm-bench)"),
-        paper: str | None = typer.Option(None, "--paper", help=f"replay the paper ({' | '.join(PAPER_CHOICES)}) on "
+        paper: str | None = typer.Option(None, "--paper", help=f"replay the paper ({' | '.join(REPLAYS)}) on "
                                          "its GPU (L40S; fig3: RTX 4090; holdout: u fitted on each "
                                          "dLLM-Serve point in turn); other options do not apply"),
         paper_prompt_len: str | None = typer.Option(None, "--paper-prompt-len", help="with --paper: a fixed prompt "
@@ -82,8 +80,8 @@ def register(app: typer.Typer) -> None:
         """Simulate `serve` on a hardware profile: the real schedulers, a calibrated cost model."""
 
         if paper is not None:
-            if paper not in PAPER_CHOICES:
-                raise UserError(f"--paper must be one of {', '.join(PAPER_CHOICES)}, got {paper!r}")
+            if paper not in REPLAYS:
+                raise UserError(f"--paper must be one of {', '.join(REPLAYS)}, got {paper!r}")
             if paper == "holdout" and paper_batch is not None:
                 raise UserError("--paper-batch does not apply to --paper holdout (it refits dLLM-Serve alone)")
             replay(paper, as_json=as_json, declared=parse_declared(paper_prompt_len, paper_batch))

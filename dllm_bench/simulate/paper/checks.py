@@ -21,7 +21,7 @@ def holdout(declared: Declared = DEFAULT) -> pd.DataFrame:
     wls = {ds: workload(ds, TRACE[ds], declared=declared) for ds in TRACE}
     rows = []
     for fit in ENGINE_POINTS:
-        u = fit_u(declared, fit)
+        u = fit_u(declared, fit, wls[fit[1]])
         row: dict = {"fitted on": point_label(fit), "u": u}
         for (gpu, ds), pub in ENGINE_POINTS.items():
             row[point_label((gpu, ds))] = "fit" if (gpu, ds) == fit else rel_err(

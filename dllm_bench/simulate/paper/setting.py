@@ -125,12 +125,13 @@ def fits(s: dict) -> str | None:
     return None if s.get("fits") is None else "yes" if s["fits"] else "no"
 
 
-def fit_u(declared: Declared = DEFAULT, point: tuple[str, str] = FIT_POINT) -> float:
+def fit_u(declared: Declared = DEFAULT, point: tuple[str, str] = FIT_POINT, wl=None) -> float:
     """u such that dLLM-Serve's simulated throughput at `point` (GPU, dataset) is the published
-    one (secant steps on log u; throughput grows monotonically with u)."""
+    one (secant steps on log u; throughput grows monotonically with u). `wl`: the point's
+    workload when the caller has built it already."""
     gpu, ds = point
     hw, target = load(gpu), ENGINE_POINTS[point]
-    wl = workload(ds, TRACE[ds], declared=declared)
+    wl = wl if wl is not None else workload(ds, TRACE[ds], declared=declared)
     lo_u, lo = 0.5, run(scaled(hw, 0.5), "engine", wl)["output_throughput"]
     hi_u, hi = 1.0, run(scaled(hw, 1.0), "engine", wl)["output_throughput"]
     for _ in range(6):
