@@ -2,6 +2,7 @@
 one request, P = 256, L = 512, block 32), the calibration fit round trip on synthetic timings,
 and a malformed hardware file."""
 from __future__ import annotations
+from dataclasses import replace
 
 import json
 import subprocess
@@ -243,9 +244,23 @@ def test_pre_rope_caches_re_rope_the_cached_keys_of_every_attending_layer():
     bw = 1e12
     for fw, impl in ((fast, "hf-fast-dllm"), (cache, "hf-dllm-cache")):
         with_rope = CostModel(LLADA_8B, 1e15, bw, Efficiency(), get_impl(impl), HostCost()).step(fw)
-        without = CostModel(LLADA_8B, 1e15, bw, Efficiency(), get_impl("hf-eager"), HostCost()).step(fw)
+        post_rope = replace(get_impl(impl), rope_bytes_per_key_d=0)
+        without = CostModel(LLADA_8B, 1e15, bw, Efficiency(), post_rope, HostCost()).step(fw)
         extra = fw.cached_key_layers * 56 * LLADA_8B.d
-        assert with_rope.bytes - without.bytes == pytest.approx(extra + fw.softmax_rows * LLADA_8B.vocab
-                                                                 * (get_impl(impl).softmax_bytes_per_entry - 6))
-        assert with_rope.parts["elem"] - without.parts["elem"] == pytest.approx(
-            (with_rope.bytes - without.bytes) / bw)
+        assert with_rope.bytes - without.bytes == pytest.approx(extra)
+        assert with_rope.parts["elem"] - without.parts["elem"] == pytest.approx(extra / bw)
+
+
+def test_cat_caches_move_each_cached_token_three_times():
+    """Sparse-dLLM and dLLM-Cache torch.cat the cached K/V with the block's in every layer and then
+    attend (read, write, read); Fast-dLLM writes its block into the cache in place (one read)."""
+    assert get_impl("hf-eager").kv_copy == get_impl("hf-dllm-cache").kv_copy == 3
+    assert get_impl("hf-fast-dllm").kv_copy == 1
+    from dllm_bench.simulate.work import baseline_forward
+    sparse, _ = baseline_forward("sparse-dllm", {"keep_ratio": 0.5}, _batch(), LLADA_8B)
+    assert sparse.kv_read > 0
+    bw = 1e12
+    three = CostModel(LLADA_8B, 1e15, bw, Efficiency(), get_impl("hf-eager"), HostCost()).step(sparse)
+    one = CostModel(LLADA_8B, 1e15, bw, Efficiency(), replace(get_impl("hf-eager"), kv_copy=1),
+                    HostCost()).step(sparse)
+    assert three.parts["kv"] - one.parts["kv"] == pytest.approx(2 * sparse.kv_read * LLADA_8B.kv_bytes_per_token / bw)

@@ -10,15 +10,19 @@ our engine".
 * `hf-eager` — the upstream HF LLaDA modeling code the baselines run (ML-GSAI/LLaDA @ b7e6c35,
   maomaocun/dLLM-cache @ 17235bf, OpenMOSS/Sparse-dLLM @ 3fd8986): fp32 RMSNorm twice
   (≈ 36 B/elem), fp32 RoPE on q and k (≈ 52-56 B/elem), SiLU, mul, residual adds: 144·d + 10·f;
-  softmax in the logits dtype over every logit row (read, write, argmax read: 6 B per entry).
+  softmax in the logits dtype over every logit row (read, write, argmax read: 6 B per entry);
+  Sparse-dLLM's cached layers torch.cat the kept K/V with the block's, then attend (3 moves per
+  cached token: OpenMOSS/Sparse-dLLM @ 3fd8986 modeling_llada.py).
 * `hf-fast-dllm` — hf-eager plus NVlabs/Fast-dLLM @ 24cc59e llada/model/modeling_llada.py: keys
   cached before RoPE, so every forward re-applies fp32 RoPE to every cached key in every layer
   (56·d bytes per key per layer), and llada/generate.py's softmax of logits.to(float64) over
-  all rows (26 B per entry).
+  all rows (26 B per entry); its block is written into the cache in place, so a cached token is
+  read once.
 * `hf-dllm-cache` — hf-eager plus maomaocun/dLLM-cache @ 17235bf
   dllm_cache/hooks/cache_hook_LLaDA.py: its cache holds K before RoPE and its RoPe_forward
   rotates the whole key tensor in fp32 in every attention call, so the cached keys are re-RoPE'd
-  in every layer that attends (56·d bytes per key per layer, as Fast-dLLM's).
+  in every layer that attends (56·d bytes per key per layer, as Fast-dLLM's), and torch.cat's
+  the cached K/V with the block's before attending (3 moves per cached token).
 * `dllm-bench` — this repository's code (engine and baselines share engine/models/llada.py):
   eager and unfused (float32 on the CPU presets). It is what `serve` measures, so a profile
   written by `dllm-bench calibrate` (CPU or GPU) defaults to it; its host time, which dominates
@@ -32,12 +36,12 @@ from dllm_bench.simulate.cost_model import ImplProfile
 IMPLEMENTATIONS: dict[str, ImplProfile] = {p.name: p for p in [
     ImplProfile("engine", elem_d=56, elem_f=6, softmax_bytes_per_entry=6, rope_bytes_per_key_d=0, kv_copy=3,
                 source="nano-vllm-style engine (dLLM-Serve); docs/SIMULATE.md"),
-    ImplProfile("hf-eager", elem_d=144, elem_f=10, softmax_bytes_per_entry=6, rope_bytes_per_key_d=0, kv_copy=1,
+    ImplProfile("hf-eager", elem_d=144, elem_f=10, softmax_bytes_per_entry=6, rope_bytes_per_key_d=0, kv_copy=3,
                 source="ML-GSAI/LLaDA@b7e6c35 modeling; dLLM-cache@17235bf; Sparse-dLLM@3fd8986"),
     ImplProfile("hf-fast-dllm", elem_d=144, elem_f=10, softmax_bytes_per_entry=26, rope_bytes_per_key_d=56,
                 kv_copy=1, source="NVlabs/Fast-dLLM@24cc59e llada/model/modeling_llada.py, llada/generate.py"),
     ImplProfile("hf-dllm-cache", elem_d=144, elem_f=10, softmax_bytes_per_entry=6, rope_bytes_per_key_d=56,
-                kv_copy=1, source="maomaocun/dLLM-cache@17235bf dllm_cache/hooks/cache_hook_LLaDA.py (RoPe_forward)"),
+                kv_copy=3, source="maomaocun/dLLM-cache@17235bf dllm_cache/hooks/cache_hook_LLaDA.py (RoPe_forward)"),
     ImplProfile("dllm-bench", elem_d=144, elem_f=10, softmax_bytes_per_entry=12, rope_bytes_per_key_d=0,
                 kv_copy=2, source="this repository (engine/, baselines/), eager float32 on CPU"),
 ]}
