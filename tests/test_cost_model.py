@@ -2,11 +2,11 @@
 one request, P = 256, L = 512, block 32), the calibration fit round trip on synthetic timings,
 and a malformed hardware file."""
 from __future__ import annotations
-from dataclasses import replace
 
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
