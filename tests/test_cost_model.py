@@ -249,6 +249,11 @@ def test_pre_rope_caches_re_rope_the_cached_keys_of_every_attending_layer():
         extra = fw.cached_key_layers * 56 * LLADA_8B.d
         assert with_rope.bytes - without.bytes == pytest.approx(extra)
         assert with_rope.parts["elem"] - without.parts["elem"] == pytest.approx(extra / bw)
+    # Fast-dLLM's float64 softmax over every logit row: 26 B per entry against the logits dtype's 6
+    f64 = CostModel(LLADA_8B, 1e15, bw, Efficiency(), get_impl("hf-fast-dllm"), HostCost()).step(fast)
+    f16 = CostModel(LLADA_8B, 1e15, bw, Efficiency(), replace(get_impl("hf-fast-dllm"), softmax_bytes_per_entry=6),
+                    HostCost()).step(fast)
+    assert f64.bytes - f16.bytes == pytest.approx(fast.softmax_rows * LLADA_8B.vocab * 20)
 
 
 def test_cat_caches_move_each_cached_token_three_times():

@@ -21,8 +21,8 @@ our engine".
 * `hf-dllm-cache` — hf-eager plus maomaocun/dLLM-cache @ 17235bf
   dllm_cache/hooks/cache_hook_LLaDA.py: its cache holds K before RoPE and its RoPe_forward
   rotates the whole key tensor in fp32 in every attention call, so the cached keys are re-RoPE'd
-  in every layer that attends (56·d bytes per key per layer, as Fast-dLLM's), and torch.cat's
-  the cached K/V with the block's before attending (3 moves per cached token).
+  in every layer that attends (56·d bytes per key per layer, as Fast-dLLM's), and concatenates
+  (torch.cat) the cached K/V with the block's before attending (3 moves per cached token).
 * `dllm-bench` — this repository's code (engine and baselines share engine/models/llada.py):
   eager and unfused (float32 on the CPU presets). It is what `serve` measures, so a profile
   written by `dllm-bench calibrate` (CPU or GPU) defaults to it; its host time, which dominates
