@@ -98,17 +98,8 @@ def test_measured_speeds_and_the_comparison_at_the_measured_speed(tmp_path):
     assert validate.measured_speeds(frame, None, "tiny").empty             # a profile without a gauge
     plain = _run(tmp_path, "plain", {("engine", 4.0): (1.0, 1.0, 1.0)})
     assert validate.measured_speeds(validate.measured_frame([plain]), 1.0, None).empty
-    assert validate.speed_reference({"preset": "tiny", "speed_gauge_s": {"operators": 0.5}}) == (0.5, "tiny",
-                                                                                               "speed_gauge_s")
-    assert validate.speed_reference({}) == (None, None, None)
-    # The forward gauge when the profile recorded it and the points read it; else the GEMM.
-    both = {"preset": "tiny", "speed_gauge_s": {"operators": 0.5}, "forward_gauge_s": {"operators": 2.0}}
-    assert validate.speed_reference(both) == (2.0, "tiny", "forward_gauge_s")
-    assert validate.speed_reference(both, frame) == (0.5, "tiny", "speed_gauge_s")          # points: GEMM only
-    fwd = frame.assign(forward_gauge_s=[3.0, 4.0])
-    assert validate.speed_reference(both, fwd) == (2.0, "tiny", "forward_gauge_s")
-    assert list(validate.measured_speeds(fwd, 2.0, "tiny", "forward_gauge_s")["speed"]) == [1.5, 2.0]
-    assert validate.measured_speeds(frame, 2.0, "tiny", None).empty
+    assert validate.speed_reference({"preset": "tiny", "speed_gauge_s": {"operators": 0.5}}) == (0.5, "tiny")
+    assert validate.speed_reference({}) == (None, None)
     # The plain simulation misses (the machine ran faster than calibrated); the simulation at each
     # point's measured speed matches it.
     sim = _seeded(tmp_path, "sim", {0: (100.0, 1000.0, 1000.0), 1: (100.0, 1000.0, 1000.0)}, simulated=True)
@@ -122,9 +113,7 @@ def test_measured_speeds_and_the_comparison_at_the_measured_speed(tmp_path):
     for m in METRICS:
         assert abs(r[m + "_err_at_speed"]) < 1e-12 and r[m + "_status_at_speed"] == validate.GOAL
     text = validate.as_markdown(pd.DataFrame([r]))
-    assert "| livebench | engine | 4 | 1.18× | +0% ✓ | +0% ✓ | +0% ✓ |" in text and "gauge (one GEMM)" in text
-    r2 = validate.compare(sim, [meas], at.assign(gauge="forward_gauge_s")).iloc[0]
-    assert "gauge (one forward of the model)" in validate.as_markdown(pd.DataFrame([r2]))
+    assert "| livebench | engine | 4 | 1.18× | +0% ✓ | +0% ✓ | +0% ✓ |" in text
     assert validate.counts(pd.DataFrame([r]), "_at_speed")["tok/s"][validate.GOAL] == 1
     assert "measured speed" not in validate.as_markdown(validate.compare(sim, [meas]))
 
@@ -134,25 +123,22 @@ def test_simulate_validate_simulates_each_gauged_point_again_at_its_speed(tmp_pa
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout)["points"][0]
     hw = json.loads((REPO / "dllm_bench/simulate/hardware/h100.json").read_text())
-    hw["fit"] = {**hw.get("fit", {}), "preset": "tiny", "speed_gauge_s": {"operators": 1e-3},
-                 "forward_gauge_s": {"operators": 5e-3}}
+    hw["fit"] = {**hw.get("fit", {}), "preset": "tiny", "speed_gauge_s": {"operators": 1e-3}}
     (tmp_path / "h.json").write_text(json.dumps(hw))
-    # Measured on a machine twice as slow as the profile by the forward gauge (10 ms vs 5 ms; the
-    # GEMM gauge read it 1.5x slower): each request took twice as long (on the H100 profile a tiny
-    # request never waits for another). The forward gauge is the one used.
+    # Measured on a machine twice as slow as the profile (gauge 2 ms vs 1 ms): each request took
+    # twice as long (on the H100 profile a tiny request never waits for another).
     d = results.create_run("serve", {}, run_id="slow", root=tmp_path)
     results.write_point(d, results.PointKey("engine", 4.0, p["dataset"]),
                         {"output_throughput": p["output_throughput"], "mean_e2el_ms": 2 * p["mean_e2el_ms"],
                          "p99_e2el_ms": 2 * p["p99_e2el_ms"], "completed": 4, "interrupted": False,
-                         "speed_gauge_s": 1.5e-3, "forward_gauge_s": 1e-2, "preset": "tiny",
-                         "workload_seed": 0}, [])
+                         "speed_gauge_s": 2e-3, "preset": "tiny", "workload_seed": 0}, [])
     args = [a if a != "h100" else str(tmp_path / "h.json") for a in SIM]
     r = _cli(*args, "--result-dir", str(tmp_path), "--run-id", "sim", "--json", "--validate", "slow")
     assert r.returncode == 0, r.stderr
     cell = json.loads(r.stdout)["validation"]["cells"][0]
     assert cell["speed"] == 2.0 and math.isclose(cell["mean_e2el_ms_err"], -0.5, abs_tol=1e-6)
     assert abs(cell["mean_e2el_ms_err_at_speed"]) < 1e-6 and abs(cell["p99_e2el_ms_err_at_speed"]) < 1e-6
-    assert "simulated again at their machine speed (one forward of the model" in r.stderr and "0.50× |" in r.stderr
+    assert "simulated again at their machine speed" in r.stderr and "0.50× |" in r.stderr
 
 
 def test_simulate_repeats_run_serves_workload_seeds(tmp_path):

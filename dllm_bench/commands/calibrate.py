@@ -13,7 +13,7 @@ from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.console import progress
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import preset_for
-from dllm_bench.serve.speed_gauge import DRIFT_WARN, ForwardGauge, SpeedGauge, drift
+from dllm_bench.serve.speed_gauge import DRIFT_WARN, SpeedGauge, drift
 from dllm_bench.serve.workload import model_info, special_ids
 from dllm_bench.simulate import calibrate as cal
 from dllm_bench.simulate import hardware, host_profile
@@ -59,8 +59,8 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     console.print(f"calibrating {where}: model {p.model} ({p.dtype} on {dev}, {p.threads} threads); host time "
                   f"of {', '.join(v.label for v in variants)} at {', '.join(map(str, sizes))} concurrent requests")
 
-    gauge, fgauge = SpeedGauge(shape.d, shape.ffn, dtype, repeats, device=dev), ForwardGauge(mdl, repeats)
-    reference, freference = gauge.read(), fgauge.read()
+    gauge = SpeedGauge(shape.d, shape.ffn, dtype, repeats, device=dev)
+    reference = gauge.read()
     peak, bw = cal.measure_peaks(dtype, repeats, dev)
     console.print(f"peaks: {peak / 1e9:.1f} GFLOP/s GEMM, {bw / 1e9:.1f} GB/s copy")
     with progress(con=console) as prog:
@@ -68,7 +68,6 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
         ops = cal.measure_ops(shape, dtype, repeats, device=dev, tick=lambda: prog.advance(task))
     peak, bw = cal.peaks_from(ops, peak, bw, shape.wbytes)
     reference = (reference + gauge.read()) / 2           # the machine's speed while the operators were timed
-    freference = (freference + fgauge.read()) / 2
     if dev.type == "cuda":
         torch.cuda.empty_cache()                        # the weight copies' memory, back for the engine's KV pool
     eff, op_fit = cal.fit_efficiency(ops, peak, bw, shape.wbytes)
@@ -121,8 +120,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
         fit={"model": p.model, "preset": p.name, "dtype": p.dtype, "device": str(dev), "threads": p.threads,
              "operators": op_fit,
              "host": host_fit, "sizes": list(sizes), "repeats": repeats,
-             "speed_gauge_s": {"operators": reference, "readings": gauge.readings},
-             "forward_gauge_s": {"operators": freference, "readings": fgauge.readings}})
+             "speed_gauge_s": {"operators": reference, "readings": gauge.readings}})
     path = out or hardware.cache_dir() / f"{name}.json"
     hardware.save(hw, path)
     return path

@@ -117,10 +117,9 @@ def point_summary(out: Mapping, pp: PlannedPoint, run: ServeRun) -> tuple[dict, 
         "preset": run.preset.name, "num_prompts": len(pp.workload), "peak_rss_bytes": info.get("peak_rss_bytes"),
         "stats": res.get("stats"), "workload_seed": pp.seed if pp.seed is not None else run.seed,
     }
-    for key, readings in (("speed_gauge_s", "speed_gauge_readings_s"), ("forward_gauge_s", "forward_gauge_readings_s")):
-        gauge = info.get(key)
-        if gauge:  # the machine's speed around the replay (CPU): its mean is a metrics.csv column
-            extra.update({key: sum(gauge) / len(gauge), readings: list(gauge)})
+    gauge = info.get("speed_gauge_s")
+    if gauge:  # the machine's speed around the replay (CPU): its mean is a metrics.csv column
+        extra.update(speed_gauge_s=sum(gauge) / len(gauge), speed_gauge_readings_s=list(gauge))
     if info.get("profile"):
         extra["profile"] = info["profile"]
     if info.get("engine_config"):  # the built engine's effective EngineConfig (after profiling)

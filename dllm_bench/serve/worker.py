@@ -46,7 +46,7 @@ import torch  # noqa: E402
 from dllm_bench.errors import UserError  # noqa: E402
 from dllm_bench.results import atomic_write_json  # noqa: E402
 from dllm_bench.serve.loadgen import run_open_loop, step_stats_summary  # noqa: E402
-from dllm_bench.serve.speed_gauge import ForwardGauge, SpeedGauge  # noqa: E402
+from dllm_bench.serve.speed_gauge import SpeedGauge  # noqa: E402
 from dllm_bench.systems.build import STATIC_PROFILE_STEPS, WorkloadShape, build_system, warm_up  # noqa: E402
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
 from engine.memory import MemoryMeter  # noqa: E402  (the profiler's meter: the budget is held, not only accounted)
@@ -109,7 +109,7 @@ def run(spec: dict, out_path: Path) -> int:
              elapsed=time.perf_counter() - t0)
 
     device = system.model.device
-    gauges = _speed_gauges(system.model) if device.type == "cpu" else {}
+    gauge = _speed_gauge(system.model) if device.type == "cpu" else None
     emit("status", message="serving")
     # On CUDA the meter reads the allocator's peak for free. On CPU it hooks every operator
     # (a Python dispatch mode), which slowed timed runs by 8-16 % and unequally across systems
@@ -118,9 +118,9 @@ def run(spec: dict, out_path: Path) -> int:
     with MemoryMeter(device) if device.type == "cuda" else nullcontext() as meter:
         result = run_open_loop(system, spec["workload"], make_params, progress=progress,
                                max_duration=spec.get("max_duration"), progress_interval=0.25)
-    for key, gauge in gauges.items():
+    if gauge is not None:
         gauge.read()
-        info[key] = gauge.readings
+        info["speed_gauge_s"] = gauge.readings
     if meter is None:
         emit("status", message="measuring the memory peak (untimed)")
         peak, how = budget_probe(system, spec["workload"], make_params), "probe"
@@ -139,15 +139,13 @@ def run(spec: dict, out_path: Path) -> int:
     return 0
 
 
-def _speed_gauges(model) -> dict:
+def _speed_gauge(model) -> SpeedGauge:
     """Read once before the replay (and once after it): the machine's speed while this point was
-    measured, in the units `calibrate` records (same GEMM shape, model, dtype and thread count)."""
+    measured, in the units `calibrate` records (same GEMM shape, dtype and thread count)."""
     cfg = model.config
-    gauges = {"speed_gauge_s": SpeedGauge(cfg.d_model, cfg.mlp_hidden_size, model.dtype, repeats=5),
-              "forward_gauge_s": ForwardGauge(model)}
-    for g in gauges.values():
-        g.read()
-    return gauges
+    gauge = SpeedGauge(cfg.d_model, cfg.mlp_hidden_size, model.dtype, repeats=5)
+    gauge.read()
+    return gauge
 
 
 def budget_probe(system, workload: list[dict], make_params, steps: int = STATIC_PROFILE_STEPS) -> int:

@@ -78,8 +78,7 @@ def _at_measured_speed(run, setup: SimSetup, meas: pd.DataFrame, console) -> pd.
     each cost scaled by the machine's speed during that point relative to the calibration: the
     simulator's error once the machine's drift between calibration and measurement is taken out.
     Kept in memory; nothing is written besides the validation tables."""
-    reference, preset, gauge = validate.speed_reference(setup.hardware.fit, meas)
-    speeds = validate.measured_speeds(meas, reference, preset, gauge)
+    speeds = validate.measured_speeds(meas, *validate.speed_reference(setup.hardware.fit))
     variants = {v.label: v for v in run.systems}
     workloads: dict[int, dict] = {}            # repeat -> its workloads, built once
     rows = []
@@ -96,10 +95,10 @@ def _at_measured_speed(run, setup: SimSetup, meas: pd.DataFrame, console) -> pd.
         out = simulate_point(v, replace(setup, speed=float(r.speed)), wl, run.preset.block_length,
                              max_duration=run.max_duration)
         rows.append({**summarize(out["result"]), "dataset": r.dataset, "system": r.system, "rps": float(r.rps),
-                     "workload_seed": int(r.workload_seed), "speed": float(r.speed), "gauge": gauge})
+                     "workload_seed": int(r.workload_seed), "speed": float(r.speed)})
     if rows:
         console.print(f"validation: {len(rows)} measured points simulated again at their machine speed "
-                      f"({validate.GAUGES[gauge]} as the speed gauge)", markup=False, highlight=False)
+                      f"(speed gauge)", markup=False, highlight=False)
     return pd.DataFrame(rows)
 
 

@@ -41,20 +41,11 @@ def measured_runs(values: Sequence[str], result_dir: Path | None) -> list[Path]:
     return out
 
 
-# The gauges a profile and a measured point can both carry (dllm_bench.serve.speed_gauge), the one
-# that follows a step's time more closely first (docs/SIMULATE.md, "Which gauge"): column -> what it times.
-GAUGES = {"forward_gauge_s": "one forward of the model", "speed_gauge_s": "one GEMM"}
-
-
-def speed_reference(fit: dict, meas: pd.DataFrame | None = None) -> tuple[float | None, str | None, str | None]:
-    """(the calibration's reading while its operators were timed, its preset, the gauge's column)
-    for the first of GAUGES that the profile recorded and, given `meas`, some measured point read;
-    (None, None, None) when there is none (GPU files, older profiles or runs)."""
-    for col in GAUGES:
-        ref = (fit.get(col) or {}).get("operators")
-        if ref and (meas is None or (col in meas and meas[col].notna().any())):
-            return float(ref), fit.get("preset"), col
-    return None, None, None
+def speed_reference(fit: dict) -> tuple[float | None, str | None]:
+    """(the calibration's speed-gauge reading while its operators were timed, its preset) from a
+    hardware profile's `fit`; (None, None) for a profile without a gauge (GPU files, older ones)."""
+    ref = (fit.get("speed_gauge_s") or {}).get("operators")
+    return (float(ref), fit.get("preset")) if ref else (None, None)
 
 
 def compare(sim_dir: Path, measured_dirs: Sequence[Path], at_speed: pd.DataFrame | None = None,
@@ -68,10 +59,9 @@ def compare(sim_dir: Path, measured_dirs: Sequence[Path], at_speed: pd.DataFrame
     workload seeds, so cells are paired by seed wherever both sides record it.
 
     `at_speed` (dllm_bench.simulate.run: each measured point simulated again with every cost
-    scaled by the machine's speed during that point, read off a speed gauge) adds `speed` (the
+    scaled by the machine's speed during that point, read off the speed gauge) adds `speed` (the
     cell's median measured gauge / the calibration's: > 1 means the machine ran slower than when
-    it was calibrated), `gauge` (which one, a key of GAUGES) and per metric `<m>_err_at_speed` /
-    `<m>_status_at_speed`. `meas`: the
+    it was calibrated) and per metric `<m>_err_at_speed` / `<m>_status_at_speed`. `meas`: the
     measured runs' `measured_frame` when the caller has read it already."""
     meas = measured_frame(measured_dirs) if meas is None else meas
     df = compare_frames(results.metrics_frame(sim_dir), meas)
@@ -83,8 +73,6 @@ def compare(sim_dir: Path, measured_dirs: Sequence[Path], at_speed: pd.DataFrame
     cols = {f"{m}_{k}": f"{m}_{k}_at_speed" for m in METRICS for k in ("err", "status")}
     fast = fast[[*KEYS, *cols]].rename(columns=cols)
     speed = at_speed.groupby(KEYS, as_index=False)["speed"].median()
-    if "gauge" in at_speed:
-        speed = speed.merge(at_speed.groupby(KEYS, as_index=False)["gauge"].first(), on=KEYS)
     return df.merge(fast.merge(speed, on=KEYS, how="left"), on=KEYS, how="left")
 
 
@@ -120,18 +108,17 @@ def compare_frames(sim: pd.DataFrame, meas: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def measured_speeds(meas: pd.DataFrame, reference: float | None, preset: str | None,
-                    gauge: str | None = "speed_gauge_s") -> pd.DataFrame:
-    """The measured points that read the calibration's `gauge`: their cell, workload seed and
-    `speed` = their reading / the calibration's. Points of another preset timed other work (model,
+def measured_speeds(meas: pd.DataFrame, reference: float | None, preset: str | None) -> pd.DataFrame:
+    """The measured points that read the calibration's speed gauge: their cell, workload seed and
+    `speed` = their gauge / the calibration's. Points of another preset timed another GEMM (model,
     dtype or threads) and are left out."""
-    if not reference or gauge is None or not {gauge, "workload_seed"} <= set(meas.columns):
+    if not reference or not {"speed_gauge_s", "workload_seed"} <= set(meas.columns):
         return pd.DataFrame(columns=[*KEYS, "workload_seed", "speed"])
-    m = meas[meas[gauge].notna() & meas["workload_seed"].notna()]
+    m = meas[meas["speed_gauge_s"].notna() & meas["workload_seed"].notna()]
     if preset and "preset" in m:
         m = m[m["preset"] == preset]
     out = m[[*KEYS, "workload_seed"]].copy()
-    out["speed"] = m[gauge] / reference
+    out["speed"] = m["speed_gauge_s"] / reference
     return out.reset_index(drop=True)
 
 
@@ -193,13 +180,11 @@ def _at_speed_markdown(df: pd.DataFrame, mark: dict) -> str:
                 if pd.notna(r.get(m + "_err_at_speed", math.nan)) else "–" for m in METRICS]
         lines.append(f"| {r['dataset']} | {r['system']} | {results.fmt_rps(float(r['rps']))} | "
                      f"{1 / r['speed']:.2f}× | " + " | ".join(errs) + " |")
-    used = df["gauge"].dropna() if "gauge" in df else pd.Series(dtype=object)
-    what = GAUGES[used.iloc[0] if len(used) else "speed_gauge_s"]
     return ("\n### At the machine's measured speed\n\nEach measured point read the calibration's speed gauge "
-            f"({what}) before and after its replay; the speed column is the calibration's reading over the "
+            "(one GEMM) before and after its replay; the speed column is the calibration's reading over the "
             "points' (> 1×: the machine ran faster than when it was calibrated). Errors of the same workloads "
-            "simulated again with every cost scaled by each point's reading (first order: the whole step is "
-            f"scaled by how much longer {what} took):\n\n" + "\n".join(lines)
+            "simulated again with every cost scaled by each point's reading (first order: the gauge times one "
+            "GEMM, the host work is scaled with it):\n\n" + "\n".join(lines)
             + f"\n\n{int(df['speed'].notna().sum())} cells. {_tally(counts(df, '_at_speed'))}.\n")
 
 
