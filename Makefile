@@ -6,7 +6,7 @@ TORCH_VERSION := 2.13.0
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench-server \
-	bench-simulate bench-validate bench clean train-seeds train-synth-cot accuracy-fig6
+	bench-simulate bench-validate bench-gauges bench clean train-seeds train-synth-cot accuracy-fig6
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -66,6 +66,10 @@ bench-serve:
 ifndef VALIDATE_ID
 VALIDATE_ID := validate-$(shell date -u +%Y%m%dT%H%M%SZ)
 endif
+# Which speed gauge follows a step's time on this machine (docs/SIMULATE.md, "Which gauge"); ~7 min.
+bench-gauges:
+	$(BIN)/python benchmarks/bench_gauges.py --seconds 420
+
 bench-validate:
 	$(BIN)/dllm-bench calibrate --name $(VALIDATE_ID)
 	$(BIN)/dllm-bench serve --rps 0.5 --repeats 3 --run-id $(VALIDATE_ID)

@@ -89,7 +89,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
             for n in sizes:
                 prog.update(task, status=f"{v.label}, {n} concurrent")
                 timed, now, attempts = cal.bracketed(
-                    lambda v=v, n=n: _timed(v, n, mdl, shape, [r.prompt_ids for r in wl[:n]], params, p, dev),
+                    lambda v=v, n=n: timed_steps(v, n, mdl, shape, [r.prompt_ids for r in wl[:n]], params, p, dev),
                     gauge.read)
                 if attempts > 1:
                     console.print(f"{v.label}, {n} concurrent: timed {attempts} times, the machine's speed moved by "
@@ -126,7 +126,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     return path
 
 
-def _timed(v, n: int, mdl, shape: ModelShape, prompts, params, p, dev) -> list:
+def timed_steps(v, n: int, mdl, shape: ModelShape, prompts, params, p, dev) -> list:
     """One system's steps over `n` concurrent requests, on the preset's knobs (as serve runs it)."""
     if v.is_baseline:
         knobs = {k: dict(x) for k, x in p.baseline_knobs.items()}
