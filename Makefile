@@ -62,19 +62,19 @@ bench-serve:
 		--systems engine,engine:cache=dual,fast-dllm,sparse-dllm,dllm-cache
 
 # `calibrate && simulate` against measured `serve` on this machine, the fourth pair of
-# docs/SIMULATE.md: ~22 min on 2 idle cores. VALIDATE_ID names the profile and the two runs.
+# docs/SIMULATE.md: ~22-31 min on 2 idle cores. VALIDATE_ID names the profile and the two runs.
 ifndef VALIDATE_ID
 VALIDATE_ID := validate-$(shell date -u +%Y%m%dT%H%M%SZ)
 endif
-# Which speed gauge follows a step's time on this machine (docs/SIMULATE.md, "Which gauge"); ~7 min.
-bench-gauges:
-	$(BIN)/python benchmarks/bench_gauges.py --seconds 420
-
 bench-validate:
 	$(BIN)/dllm-bench calibrate --name $(VALIDATE_ID)
 	$(BIN)/dllm-bench serve --rps 0.5 --repeats 3 --run-id $(VALIDATE_ID)
 	$(BIN)/dllm-bench simulate --hardware $(VALIDATE_ID) --rps 0.5 --repeats 3 \
 		--run-id $(VALIDATE_ID)-sim --validate $(VALIDATE_ID)
+
+# How closely the speed gauge follows a served request on this machine (docs/SIMULATE.md, "Which gauge"); ~7 min.
+bench-gauges:
+	$(BIN)/python benchmarks/bench_gauges.py --seconds 420
 
 bench: bench-engine bench-mechanisms
 
