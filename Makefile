@@ -6,7 +6,7 @@ TORCH_VERSION := 2.13.0
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench-server \
-	bench-simulate bench-validate bench-gauges bench clean train-seeds train-synth-cot accuracy-fig6
+	bench-simulate bench-validate bench-validate-interleaved bench-gauges bench clean train-seeds train-synth-cot accuracy-fig6
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -71,6 +71,11 @@ bench-validate:
 	$(BIN)/dllm-bench serve --rps 0.5 --repeats 3 --run-id $(VALIDATE_ID)
 	$(BIN)/dllm-bench simulate --hardware $(VALIDATE_ID) --rps 0.5 --repeats 3 \
 		--run-id $(VALIDATE_ID)-sim --validate $(VALIDATE_ID)
+
+# The same comparison with a calibration right before every (rate, seed) round of the tiny preset,
+# and as control the same rounds on the first round's profile (docs/SIMULATE.md); ~5 min.
+bench-validate-interleaved:
+	$(BIN)/python benchmarks/bench_validate_interleaved.py
 
 # How closely the speed gauge follows a served request on this machine (docs/SIMULATE.md, "Which gauge"); ~7 min.
 bench-gauges:

@@ -1,0 +1,113 @@
+"""`make bench-validate-interleaved`: the simulator's error on this CPU with the machine's state
+held as nearly constant as the machine allows.
+
+The user's flow (`calibrate`, then `serve`, then `simulate --validate`) measures the simulator
+plus whatever the machine did between the calibration and the measurement; on this virtual
+machine that is a change of state worth ~1.45x on a tiny request within minutes (docs/SIMULATE.md,
+tiny section). Here each round is one workload seed at one rate: `calibrate` right before
+`serve` of that point for every system, then `simulate` of the same point on that round's own
+profile. The rounds' simulated and measured points are then compared as `--validate` compares
+them (dllm_bench.simulate.validate, paired by workload seed), and, as the control, the same
+measured rounds against one profile, the first round's: the user's flow on the same data.
+
+Everything goes under one directory (`--result-dir`/`--id`): the profiles, the rounds' runs, and
+validation.md / validation.csv for both comparisons.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from dllm_bench import inputs, results
+from dllm_bench.simulate import hardware, validate
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--rps", default="4,32,12", help="rates, in the order the rounds take them")
+    ap.add_argument("--systems", default="engine,llada,fast-dllm,dllm-cache,sparse-dllm")
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--seeds", type=int, default=3, help="workload seeds 0..N-1 per rate")
+    ap.add_argument("--calibrate-args", default="--repeats 7 --sizes 1,4,2,8,1,4",
+                    help="extra `calibrate` options (cpu-default: '' for its defaults)")
+    ap.add_argument("--id", default=f"interleaved-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    ap.add_argument("--result-dir", default=None)
+    a = ap.parse_args()
+    out = inputs.result_dir(a.result_dir) / a.id
+    if out.exists():
+        sys.exit(f"{out} exists: give another --id")
+    rounds_dir = out / "rounds"
+    logs = out / "logs"
+    for d in (rounds_dir, logs):
+        d.mkdir(parents=True, exist_ok=True)
+    common = ["--preset", a.preset, "--systems", a.systems, "--num-prompts", str(a.num_prompts)]
+    sim_dirs, meas_dirs, profiles, first_profile = [], [], [], None
+    t0 = time.perf_counter()
+    rates = a.rps.split(",")
+    for seed in range(a.seeds):
+        for rps in rates:
+            name = f"r{rps}-s{seed}"
+            profile = out / f"{name}.json"
+            point = ["--rps", rps, "--seed", str(seed), "--result-dir", str(rounds_dir)]
+            _run(["calibrate", "--preset", a.preset, "--systems", a.systems, "--name", name, "--out", str(profile),
+                  *a.calibrate_args.split()], logs / f"{name}-calibrate.log")
+            _run(["serve", *common, *point, "--run-id", name], logs / f"{name}-serve.log")
+            _run(["simulate", *common, *point, "--hardware", str(profile), "--run-id", f"{name}-sim",
+                  "--validate", name], logs / f"{name}-simulate.log")
+            sim_dirs.append(rounds_dir / f"{name}-sim")
+            meas_dirs.append(rounds_dir / name)
+            first_profile = first_profile or profile
+            profiles.append(profile)
+            print(f"[{time.perf_counter() - t0:5.0f} s] round {name} done", file=sys.stderr, flush=True)
+
+    meas = validate.measured_frame(meas_dirs)
+    interleaved = validate.compare_frames(pd.concat([results.metrics_frame(d) for d in sim_dirs], ignore_index=True), meas)
+    control_dir = rounds_dir / "control-sim"
+    _run(["simulate", *common, "--rps", ",".join(rates), "--seed", "0", "--repeats", str(a.seeds),
+          "--hardware", str(first_profile), "--result-dir", str(rounds_dir), "--run-id", control_dir.name],
+         logs / "control-simulate.log")
+    control = validate.compare_frames(results.metrics_frame(control_dir), meas)
+    text = (f"# Interleaved validation `{a.id}` ({a.preset})\n\n" + _rounds_markdown(profiles) +
+            "## Each round simulated on the profile calibrated right before it\n\n" + validate.as_markdown(interleaved)
+            + f"\n## Control: every round simulated on one profile (`{first_profile.name}`)\n\n"
+            + validate.as_markdown(control))
+    results.atomic_write_csv(out / "validation.csv",
+                             pd.concat([interleaved.assign(profile="per round"), control.assign(profile="first")]))
+    results.atomic_write_bytes(out / "validation.md", text.encode())
+    print(text)
+    print(f"{out} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def _rounds_markdown(profiles: list[Path]) -> str:
+    """Per round, what its calibration saw: the speed gauge while the operators were timed and each
+    system's fitted host time per step (the machine's state moves both)."""
+    hws = [hardware.load(str(p)) for p in profiles]
+    names = [k.split("/", 1)[1] for k in hws[0].host]
+    lines = ["| round | GEMM gauge ms | " + " | ".join(f"{n} host ms/step" for n in names) + " |",
+             "|---|---|" + "---|" * len(names)]
+    for p, hw in zip(profiles, hws, strict=True):
+        g = hw.fit["speed_gauge_s"]["operators"] * 1e3
+        steps = [f"{hw.host[f'{hw.impl}/{n}'].c_step * 1e3:.2f}" for n in names]
+        lines.append(f"| {p.stem} | {g:.4f} | " + " | ".join(steps) + " |")
+    return "## Rounds: what each calibration saw\n\n" + "\n".join(lines) + "\n\n"
+
+
+def _run(args: list[str], log: Path) -> None:
+    """One dllm-bench command as a user types it; its console output to `log` (the rounds' progress
+    bars would bury the summary)."""
+    cmd = [str(Path(sys.executable).with_name("dllm-bench")), *args]
+    with log.open("w") as f:
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if done.returncode:
+        sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}; its output: {log}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
