@@ -23,13 +23,12 @@ from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.commands.calibrate import timed_steps
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.speed_gauge import SpeedGauge, median_time
-from dllm_bench.serve.workload import model_info, special_ids
+from dllm_bench.serve.workload import preset_requests
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.simulator import DTYPE_BYTES, TORCH_DTYPES
 from dllm_bench.systems.spec import parse_system
 from engine.models.llada import load_llada
 from engine.sampling import SamplingParams
-from workloads.serving import build_workload
 
 FORWARD_TOKENS = 64
 
@@ -49,10 +48,7 @@ def main() -> None:
     model_dir = resolve_model(p.model)
     mdl = load_llada(model_dir, dtype, dev)
     shape = ModelShape.from_config(mdl.config, DTYPE_BYTES[p.dtype])
-    info = model_info(model_dir, p.dtype)
-    req = build_workload(p.dataset, num_prompts=1, seed=0, vocab_size=info["vocab_size"],
-                         special_ids=special_ids(info), length_scale=p.length_scale, block_length=p.block_length,
-                         gen_cap=p.gen_cap, max_prompt_len=p.max_prompt_len)[0]
+    req = preset_requests(p, model_dir, 1)[0]
     gen = a.gen or req.gen_length
     params = SamplingParams(gen_length=gen, steps=gen, block_length=p.block_length)
     v = parse_system(a.system)

@@ -14,7 +14,7 @@ from dllm_bench.console import progress
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.speed_gauge import DRIFT_WARN, SpeedGauge, drift
-from dllm_bench.serve.workload import model_info, special_ids
+from dllm_bench.serve.workload import preset_requests
 from dllm_bench.simulate import calibrate as cal
 from dllm_bench.simulate import hardware, host_profile
 from dllm_bench.simulate.cost_model import CostModel, HostCost, ModelShape
@@ -24,7 +24,6 @@ from dllm_bench.systems.spec import DEFAULT_SYSTEMS, baseline_knobs, engine_knob
 from engine.config import EngineConfig
 from engine.models.llada import load_llada
 from engine.sampling import SamplingParams
-from workloads.serving import build_workload
 
 # Concurrent requests timed per host-time run: up to what a point of the preset can run at once
 # (every request at t = 0), and at most this many (a CPU batch of 8 cpu-default requests takes
@@ -74,10 +73,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     console.print(f"operators: u_c {eff.u_c:.3f}, u_m {eff.u_m:.3f}, u_attn {eff.u_attn:.3f}, c_op "
                   f"{eff.c_op * 1e6:.1f} us over {op_fit['ops']} ops (median error {op_fit['median_rel_err']:.1%})")
 
-    info = model_info(model_dir, p.dtype)
-    wl = build_workload(p.dataset, num_prompts=max(sizes), seed=0, vocab_size=info["vocab_size"],
-                        special_ids=special_ids(info), length_scale=p.length_scale, block_length=p.block_length,
-                        gen_cap=p.gen_cap, max_prompt_len=p.max_prompt_len)
+    wl = preset_requests(p, model_dir, max(sizes))
     g = max(r.gen_length for r in wl)
     params = SamplingParams(gen_length=g, steps=g, block_length=p.block_length)
     device_only = CostModel(shape, peak, bw, eff, get_impl(MEASURED_HOST), HostCost())

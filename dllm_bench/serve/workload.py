@@ -47,6 +47,15 @@ def special_ids(info: dict) -> list[int]:
     return sorted(ids)
 
 
+def preset_requests(p, model_dir: Path, num_prompts: int, seed: int = 0) -> list[ServingRequest]:
+    """`num_prompts` requests of a serve preset's dataset at its lengths, as `serve` draws them (the
+    arrival times go unused): what `calibrate` and the benchmarks time outside an open loop."""
+    info = model_info(model_dir, p.dtype)
+    return build_workload(p.dataset, num_prompts=num_prompts, seed=seed, vocab_size=info["vocab_size"],
+                          special_ids=special_ids(info), length_scale=p.length_scale, block_length=p.block_length,
+                          gen_cap=p.gen_cap, max_prompt_len=p.max_prompt_len, fixed_gen_length=p.gen_length)
+
+
 def _tokenizer(model_dir: Path):
     path = model_dir / "tokenizer.json"
     if not path.is_file():
