@@ -1,5 +1,7 @@
-"""`make bench-validate-interleaved`: the simulator's error on this CPU with the machine's state
-held as nearly constant as the machine allows.
+"""`make bench-validate-interleaved`: validation with a calibration right before every round.
+
+The aim: the simulator's error on this CPU with the machine's state held as nearly constant as
+the machine allows.
 
 The user's flow (`calibrate`, then `serve`, then `simulate --validate`) measures the simulator
 plus whatever the machine did between the calibration and the measurement; on this virtual
@@ -26,6 +28,10 @@ import pandas as pd
 from dllm_bench import inputs, results
 from dllm_bench.simulate import hardware, validate
 
+# The tiny section's calibration (docs/SIMULATE.md): more repeats and sizes than the default,
+# since a tiny batch takes milliseconds.
+TINY_CALIBRATE = "--repeats 7 --sizes 1,4,2,8,1,4"
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -34,14 +40,18 @@ def main() -> int:
     ap.add_argument("--systems", default="engine,llada,fast-dllm,dllm-cache,sparse-dllm")
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--seeds", type=int, default=3, help="workload seeds 0..N-1 per rate")
-    ap.add_argument("--calibrate-args", default="--repeats 7 --sizes 1,4,2,8,1,4",
-                    help="extra `calibrate` options (cpu-default: '' for its defaults)")
+    ap.add_argument("--calibrate-args", default=None,
+                    help="extra `calibrate` options [tiny: the tiny section's '--repeats 7 --sizes 1,4,2,8,1,4'; "
+                    "other presets: none]")
     ap.add_argument("--id", default=f"interleaved-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     ap.add_argument("--result-dir", default=None)
     a = ap.parse_args()
+    if a.calibrate_args is None:
+        a.calibrate_args = TINY_CALIBRATE if a.preset == "tiny" else ""
     out = inputs.result_dir(a.result_dir) / a.id
     if out.exists():
-        sys.exit(f"{out} exists: give another --id")
+        print(f"{out} exists: give another --id", file=sys.stderr)
+        return 2
     rounds_dir = out / "rounds"
     logs = out / "logs"
     for d in (rounds_dir, logs):
