@@ -83,7 +83,8 @@ def main() -> int:
           "--hardware", str(first_profile), "--result-dir", str(rounds_dir), "--run-id", control_dir.name],
          logs / "control-simulate.log")
     control = validate.compare_frames(results.metrics_frame(control_dir), meas)
-    text = (f"# Interleaved validation `{a.id}` ({a.preset})\n\n" + _rounds_markdown(profiles) +
+    text = (f"# Interleaved validation `{a.id}` ({a.preset})\n\n" + _rounds_markdown(profiles)
+            + _round_errors_markdown(sim_dirs) +
             "## Each round simulated on the profile calibrated right before it\n\n" + validate.as_markdown(interleaved)
             + f"\n## Control: every round simulated on one profile (`{first_profile.name}`)\n\n"
             + validate.as_markdown(control))
@@ -107,6 +108,24 @@ def _rounds_markdown(profiles: list[Path]) -> str:
         steps = [f"{hw.host[f'{hw.impl}/{n}'].c_step * 1e3:.2f}" for n in names]
         lines.append(f"| {p.stem} | {g:.4f} | " + " | ".join(steps) + " |")
     return "## Rounds: what each calibration saw\n\n" + "\n".join(lines) + "\n\n"
+
+
+def _round_errors_markdown(sim_dirs: list[Path]) -> str:
+    """Per round and system, the mean E2E error on the round's own profile and the point's machine
+    speed by the gauge: errors that differ between the systems of one round are state changes
+    within the round."""
+    frames = [pd.read_csv(d / "validation.csv").assign(round=d.name.removesuffix("-sim")) for d in sim_dirs]
+    df = pd.concat(frames, ignore_index=True)
+    names = list(dict.fromkeys(df["system"]))
+    lines = ["| round | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for rnd, g in df.groupby("round", sort=False):
+        by = g.set_index("system")
+        cells = [f"{by.at[n, 'mean_e2el_ms_err']:+.0%}" + (f" ({1 / by.at[n, 'speed']:.2f}×)"
+                                                          if "speed" in by and pd.notna(by.at[n, "speed"]) else "")
+                 if n in by.index else "–" for n in names]
+        lines.append(f"| {rnd} | " + " | ".join(cells) + " |")
+    return ("## Rounds: each system's mean E2E error on the round's own profile (machine speed vs the "
+            "calibration by the gauge)\n\n" + "\n".join(lines) + "\n\n")
 
 
 def _run(args: list[str], log: Path) -> None:
