@@ -57,7 +57,7 @@ def main() -> int:
     for d in (rounds_dir, logs):
         d.mkdir(parents=True, exist_ok=True)
     common = ["--preset", a.preset, "--systems", a.systems, "--num-prompts", str(a.num_prompts)]
-    sim_dirs, meas_dirs, profiles, first_profile = [], [], [], None
+    names = []
     t0 = time.perf_counter()
     rates = a.rps.split(",")
     for seed in range(a.seeds):
@@ -70,23 +70,22 @@ def main() -> int:
             _run(["serve", *common, *point, "--run-id", name], logs / f"{name}-serve.log")
             _run(["simulate", *common, *point, "--hardware", str(profile), "--run-id", f"{name}-sim",
                   "--validate", name], logs / f"{name}-simulate.log")
-            sim_dirs.append(rounds_dir / f"{name}-sim")
-            meas_dirs.append(rounds_dir / name)
-            first_profile = first_profile or profile
-            profiles.append(profile)
+            names.append(name)
             print(f"[{time.perf_counter() - t0:5.0f} s] round {name} done", file=sys.stderr, flush=True)
 
-    meas = validate.measured_frame(meas_dirs)
+    sim_dirs = [rounds_dir / f"{n}-sim" for n in names]
+    profiles = [out / f"{n}.json" for n in names]
+    meas = validate.measured_frame([rounds_dir / n for n in names])
     interleaved = validate.compare_frames(pd.concat([results.metrics_frame(d) for d in sim_dirs], ignore_index=True), meas)
     control_dir = rounds_dir / "control-sim"
     _run(["simulate", *common, "--rps", ",".join(rates), "--seed", "0", "--repeats", str(a.seeds),
-          "--hardware", str(first_profile), "--result-dir", str(rounds_dir), "--run-id", control_dir.name],
+          "--hardware", str(profiles[0]), "--result-dir", str(rounds_dir), "--run-id", control_dir.name],
          logs / "control-simulate.log")
     control = validate.compare_frames(results.metrics_frame(control_dir), meas)
     text = (f"# Interleaved validation `{a.id}` ({a.preset})\n\n" + _rounds_markdown(profiles)
             + _round_errors_markdown(sim_dirs) +
             "## Each round simulated on the profile calibrated right before it\n\n" + validate.as_markdown(interleaved)
-            + f"\n## Control: every round simulated on one profile (`{first_profile.name}`)\n\n"
+            + f"\n## Control: every round simulated on one profile (`{profiles[0].name}`)\n\n"
             + validate.as_markdown(control))
     results.atomic_write_csv(out / "validation.csv",
                              pd.concat([interleaved.assign(profile="per round"), control.assign(profile="first")]))
