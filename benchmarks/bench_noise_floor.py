@@ -22,7 +22,6 @@ finished runs and starts nothing. With `--id` it also writes floor.md, floor.csv
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 from pathlib import Path
 
@@ -31,8 +30,6 @@ import pandas as pd
 
 from dllm_bench import inputs, results
 from dllm_bench.simulate import validate
-
-GOAL, NOISE, MISSED = validate.GOAL, validate.NOISE, validate.MISSED
 
 
 def main() -> int:
@@ -93,8 +90,10 @@ def _scored(passes: list[tuple[str, pd.DataFrame, pd.DataFrame]]) -> list[pd.Dat
     """Every comparison as validate's cell rows, tagged with the predictor and the pass predicted."""
     out = [validate.compare_frames(sim, meas).assign(predictor="simulator", target=name)
            for name, meas, sim in passes]
-    for (ni, mi, _), (nj, mj, _) in itertools.permutations(passes, 2):
-        out.append(validate.compare_frames(mi, mj).assign(predictor="measured → measured", target=nj, source=ni))
+    names = [n for n, *_ in passes]
+    floor = validate.reproducibility([m for _, m, _ in passes])
+    out.append(floor.assign(predictor="measured → measured", source=floor["source"].map(names.__getitem__),
+                            target=floor["target"].map(names.__getitem__)))
     for name, meas, _ in passes:
         others = pd.concat([m for n, m, _ in passes if n != name], ignore_index=True)
         out.append(validate.compare_frames(others, meas).assign(predictor="leave-one-out", target=name))
@@ -106,12 +105,7 @@ def _markdown(cells: pd.DataFrame, passes: list) -> str:
     head = "| predictor | cells | " + " | ".join(f"{n} within goal / noise / missed" for n, _ in validate.METRICS.values()) + " |"
     lines = [head, "|---|---:|" + "---|" * len(validate.METRICS)]
     for pred, g in cells.groupby("predictor", sort=False):
-        row = []
-        for m in validate.METRICS:
-            st = g[f"{m}_status"].value_counts()
-            n = int(st.sum())
-            row.append(" / ".join(f"{100 * st.get(k, 0) / n:.0f} %" for k in (GOAL, NOISE, MISSED)))
-        lines.append(f"| {pred} | {len(g)} | " + " | ".join(row) + " |")
+        lines.append(f"| {pred} | {len(g)} | " + " | ".join(validate.shares(g)) + " |")
     text = (f"# Noise floor of the validation: {len(passes)} passes ({', '.join(f'`{n}`' for n in names)})\n\n"
             "Share of cells within the goal (throughput and mean E2E 10 %, p99 15 %) / missed but inside the "
             "measured min–max / missed, for the simulator and for measurements predicting each other.\n\n"

@@ -79,6 +79,28 @@ def test_repeats_with_other_workload_seeds_are_paired_by_seed(tmp_path):
     assert pd.isna(r.get("output_throughput_err_lo", math.nan))
 
 
+def test_reproducibility_scores_measured_runs_of_the_same_workloads_against_each_other(tmp_path):
+    runs = [validate.measured_frame([_seeded(tmp_path, f"m{i}", {0: (tp, 1000.0 * k, 1000.0), 1: (tp, 1000.0, 1000.0)})])
+            for i, (tp, k) in enumerate([(100.0, 1.0), (104.0, 1.0), (130.0, 1.5)])]
+    floor = validate.reproducibility(runs)
+    assert len(floor) == 6 and set(zip(floor["source"], floor["target"], strict=True)) == {
+        (0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)}
+    assert set(floor["seeds"]) == {2}
+    by = floor.set_index(["source", "target"])
+    assert math.isclose(by.at[(0, 1), "output_throughput_err"], 100 / 104 - 1)
+    # Runs 0 and 1 agree on everything; run 2 is 30 % faster and, on seed 0, 1.5x slower per request.
+    assert validate.counts(floor)["tok/s"] == {validate.GOAL: 2, validate.NOISE: 0, validate.MISSED: 4}
+    assert validate.counts(floor)["p99 E2E s"][validate.GOAL] == 6
+    assert validate.shares(floor)[0] == "33 % / 0 % / 67 %"
+    # Other workload seeds are other workloads: not compared; one run has no floor.
+    other = validate.measured_frame([_seeded(tmp_path, "other", {5: (100.0, 1000.0, 1000.0)})])
+    assert validate.reproducibility([runs[0], other]).empty and validate.reproducibility(runs[:1]).empty
+    sim = validate.compare_frames(runs[0], runs[1])
+    assert "against each other" not in validate.as_markdown(sim)
+    text = validate.as_markdown(sim, floor)
+    assert "3 measured runs" in text and "| measured → measured | 6 | 33 % / 0 % / 67 % |" in text
+
+
 def _gauged(root: Path, run_id: str, reps: list, preset: str = "tiny") -> Path:
     """One engine @ 4 rps cell, workload seeds 0, 1, ...: [(tok/s, mean ms, speed-gauge seconds)]."""
     d = results.create_run("serve", {}, run_id=run_id, root=root)
@@ -165,11 +187,11 @@ def test_simulate_validate_writes_and_prints_the_table(tmp_path):
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout)["points"][0]
     ds, tp, mean, p99 = p["dataset"], p["output_throughput"], p["mean_e2el_ms"], p["p99_e2el_ms"]
-    for i, k in enumerate((0.9, 1.0, 1.3)):   # measured repeats around the simulated values
+    for i, k in enumerate((0.95, 1.0, 1.3)):   # measured runs of the same workload around the simulated values
         d = results.create_run("serve", {}, run_id=f"rep{i}", root=tmp_path)
         results.write_point(d, results.PointKey("engine", 4.0, ds),
                             {"output_throughput": tp * k, "mean_e2el_ms": mean / k, "p99_e2el_ms": p99 * 3,
-                             "completed": 4, "interrupted": False}, [])
+                             "completed": 4, "interrupted": False, "workload_seed": p["workload_seed"]}, [])
     r = _cli(*SIM, "--result-dir", str(tmp_path), "--run-id", "sim", "--json", "--validate",
              f"rep0,rep1,{tmp_path / 'rep2'}")
     assert r.returncode == 0, r.stderr
@@ -181,6 +203,10 @@ def test_simulate_validate_writes_and_prints_the_table(tmp_path):
     assert "within measurement noise" in r.stderr and "| engine | 4 | 3 |" in r.stderr
     assert (tmp_path / "sim" / "validation.csv").is_file()
     assert "+0% ✓" in (tmp_path / "sim" / "validation.md").read_text()
+    # The three runs ran one workload: scored against each other, only 0.95 and 1.0 agree within 10 %.
+    assert v["counts_measured_vs_measured"]["tok/s"] == {"goal": 2, "within noise": 0, "missed": 4}
+    assert "| measured → measured | 6 | 33 % / 0 % / 67 % |" in r.stderr
+    assert "The measured runs against each other" in (tmp_path / "sim" / "validation.md").read_text()
 
 
 @pytest.mark.parametrize("make, arg, msg", [

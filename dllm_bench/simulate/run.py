@@ -160,8 +160,9 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
                           highlight=False)
             code = 1
         else:
-            validation = validate.write(run_dir, df, validate_against)
-            console.print(validate.as_markdown(df), markup=False, highlight=False)
+            floor = validate.reproducibility([results.metrics_frame(d) for d in validate_against])
+            validation = validate.write(run_dir, df, validate_against, floor)
+            console.print(validate.as_markdown(df, floor), markup=False, highlight=False)
             console.print(f"validation: {run_dir / 'validation.md'}", markup=False, highlight=False)
     console.print(f"results: {run_dir}", markup=False, highlight=False)
     if as_json:

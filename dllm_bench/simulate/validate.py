@@ -108,6 +108,22 @@ def compare_frames(sim: pd.DataFrame, meas: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def reproducibility(runs: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The measurement's own floor: every measured run's median taken as the "prediction" of every
+    other run's, over the cells and workload seeds both ran (`compare_frames` rows with `source` and
+    `target`, the runs' positions). A goal that one measurement of the same workloads misses against
+    another is not a goal the simulator can be held to on that machine. Runs without workload seeds
+    in common are not compared: other seeds are other workloads."""
+    rows = []
+    for i, a in enumerate(runs):
+        for j, b in enumerate(runs):
+            if i != j:
+                df = compare_frames(a, b)
+                if not df.empty:
+                    rows.append(df[df["seeds"] > 0].assign(source=i, target=j))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
 def measured_speeds(meas: pd.DataFrame, reference: float | None, preset: str | None) -> pd.DataFrame:
     """The measured points that read the calibration's speed gauge: their cell, workload seed and
     `speed` = their gauge / the calibration's. Points of another preset timed another GEMM (model,
@@ -138,15 +154,26 @@ def counts(df: pd.DataFrame, suffix: str = "") -> dict[str, dict[str, int]]:
             for m, (name, _) in METRICS.items()}
 
 
+def shares(df: pd.DataFrame) -> list[str]:
+    """Per metric, "goal / noise / missed" as shares of the cells: to set comparisons of different
+    sizes side by side."""
+    out = []
+    for c in counts(df).values():
+        n = sum(c.values()) or 1
+        out.append(" / ".join(f"{100 * c[k] / n:.0f} %" for k in (GOAL, NOISE, MISSED)))
+    return out
+
+
 def _tally(c: dict[str, dict[str, int]]) -> str:
     return "; ".join(f"{name}: {x[GOAL]} within the goal, {x[NOISE]} within measurement noise, {x[MISSED]} missed"
                      for name, x in c.items())
 
 
-def as_markdown(df: pd.DataFrame) -> str:
+def as_markdown(df: pd.DataFrame, floor: pd.DataFrame | None = None) -> str:
     """The table docs/SIMULATE.md shows: per metric the measured median (min–max over the
     repeats), the simulated value and its error, marked ✓ (goal met), ≈ (inside the measured
-    min–max: within measurement noise) or ✗ (missed)."""
+    min–max: within measurement noise) or ✗ (missed); with a `reproducibility` frame, the
+    simulator's shares beside the measured runs' against each other."""
     mark = {GOAL: " ✓", NOISE: " ≈", MISSED: " ✗", None: ""}
     head = "| dataset | system | rps | n | " + " | ".join(f"{n} meas (min–max) | sim | err" for n, _ in METRICS.values())
     lines = [head + " |", "|---|---|---|---|" + "---|---|---|" * len(METRICS)]
@@ -165,7 +192,20 @@ def as_markdown(df: pd.DataFrame) -> str:
               "lies inside the measured min–max (within measurement noise); ✗ missed; [lo…hi] the per-seed "
               "errors when both sides ran several workload seeds")
     text = "\n".join(lines) + f"\n\n{len(df)} cells. {_tally(counts(df))}.\n\n{legend}.\n"
-    return text + _at_speed_markdown(df, mark)
+    return text + _at_speed_markdown(df, mark) + _floor_markdown(df, floor)
+
+
+def _floor_markdown(df: pd.DataFrame, floor: pd.DataFrame | None) -> str:
+    if floor is None or floor.empty:
+        return ""
+    names = " | ".join(n for n, _ in METRICS.values())
+    runs = len(set(floor["source"]) | set(floor["target"]))
+    return (f"\n### The measured runs against each other\n\n{runs} measured runs ran the same workload seeds. "
+            "Each run's median taken as the prediction of another's, over the same cells, is scored by the same "
+            "rule: the floor the machine's own reproducibility sets (within the goal / within noise / missed):\n\n"
+            f"| predictor | cells | {names} |\n|---|---:|" + "---|" * len(METRICS) + "\n"
+            f"| simulator | {len(df)} | " + " | ".join(shares(df)) + " |\n"
+            f"| measured → measured | {len(floor)} | " + " | ".join(shares(floor)) + " |\n")
 
 
 def _at_speed_markdown(df: pd.DataFrame, mark: dict) -> str:
@@ -188,13 +228,14 @@ def _at_speed_markdown(df: pd.DataFrame, mark: dict) -> str:
             + f"\n\n{int(df['speed'].notna().sum())} cells. {_tally(counts(df, '_at_speed'))}.\n")
 
 
-def write(sim_dir: Path, df: pd.DataFrame, measured_dirs: Sequence[Path]) -> dict:
+def write(sim_dir: Path, df: pd.DataFrame, measured_dirs: Sequence[Path], floor: pd.DataFrame | None = None) -> dict:
     """validation.csv and validation.md in the simulated run's directory; the JSON part."""
     results.atomic_write_csv(sim_dir / "validation.csv", df)
-    text = as_markdown(df)
+    text = as_markdown(df, floor)
     runs = ", ".join(f"`{d.name}`" for d in measured_dirs)
     results.atomic_write_bytes(sim_dir / "validation.md",
                                f"# Simulated `{sim_dir.name}` vs measured {runs}\n\n{text}".encode())
     return {"measured_runs": [str(d) for d in measured_dirs], "counts": counts(df),
             "counts_at_measured_speed": counts(df, "_at_speed") if "speed" in df else None,
+            "counts_measured_vs_measured": counts(floor) if floor is not None and not floor.empty else None,
             "cells": results._clean(df.to_dict(orient="records"))}
