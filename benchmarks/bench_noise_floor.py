@@ -45,6 +45,9 @@ def main() -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if len({n for n, *_ in passes}) < len(passes):
+        print("error: a measured side is given twice", file=sys.stderr)
+        return 2
     if len(passes) < 2:
         print("error: give at least two passes (the floor compares measurements with each other)", file=sys.stderr)
         return 2
@@ -55,7 +58,11 @@ def main() -> int:
             print(f"{out} exists: give another --id", file=sys.stderr)
             return 2
 
-    cells = pd.concat(_scored(passes), ignore_index=True)
+    try:
+        cells = pd.concat(_scored(passes), ignore_index=True)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     text = _markdown(cells, passes)
     print(text)
     if out is not None:
@@ -92,6 +99,8 @@ def _scored(passes: list[tuple[str, pd.DataFrame, pd.DataFrame]]) -> list[pd.Dat
            for name, meas, sim in passes]
     names = [n for n, *_ in passes]
     floor = validate.reproducibility([m for _, m, _ in passes])
+    if floor.empty:
+        raise ValueError("the passes' measured runs share no cell (dataset, system, rate) at the same workload seed")
     out.append(floor.assign(predictor="measured → measured", source=floor["source"].map(names.__getitem__),
                             target=floor["target"].map(names.__getitem__)))
     for name, meas, _ in passes:
