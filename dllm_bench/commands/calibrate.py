@@ -122,6 +122,22 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     return path
 
 
+def merge_profiles(specs: str, name: str, out: Path | None, console) -> Path:
+    """`--merge`: the median profile of several calibrations (dllm_bench.simulate.merge)."""
+    from dllm_bench.simulate.merge import merge
+
+    names = [x.strip() for x in specs.split(",") if x.strip()]
+    hw = merge([hardware.load(n, "--merge") for n in names], name)
+    path = out or hardware.cache_dir() / f"{name}.json"
+    if any(hardware.resolve_path(n, "--merge").resolve() == path.resolve() for n in names):
+        raise UserError(f"--merge: {path} is one of the profiles merged; give another --name or --out")
+    hardware.save(hw, path)
+    for k, h in hw.host.items():
+        console.print(f"host {k.split('/', 1)[-1]}: {h.c_step * 1e3:.2f} ms/step + {h.c_seq * 1e3:.3f} ms/sequence "
+                      f"(median of {len(names)} calibrations at {', '.join(map(str, hw.fit['sizes']))} sequences)")
+    return path
+
+
 def timed_steps(v, n: int, mdl, shape: ModelShape, prompts, params, p, dev) -> list:
     """One system's steps over `n` concurrent requests, on the preset's knobs (as serve runs it)."""
     if v.is_baseline:
@@ -171,11 +187,19 @@ def register(app: typer.Typer) -> None:
         sizes: str | None = typer.Option(None, "--sizes", help="concurrent requests per host-time run, in order "
                                          "[powers of 2 up to the preset's concurrency, at most 8 on a CPU and "
                                          "64 on a GPU: 1,2 for cpu-default]"),
+        merge: str | None = typer.Option(None, "--merge", help="profile names or files, comma-separated: profile "
+                                         "nothing, write their median as NAME (a machine whose speed wanders)"),
     ) -> None:
         """Profile this machine's CPU or GPU (GEMMs, attention, host time per system) and write a hardware
         profile."""
         from rich.console import Console
 
+        if merge is not None:
+            if any(x is not None for x in (preset, model, device, sizes)):
+                raise UserError("--merge combines calibrated profiles: it takes no --preset, --model, --device "
+                                "or --sizes")
+            typer.echo(str(merge_profiles(merge, name, out, Console(stderr=True))))
+            return
         path = calibrate(preset=preset, model=model, device=device, systems=systems, name=name, out=out,
                          repeats=repeats, sizes=_sizes(sizes) if sizes is not None else None,
                          console=Console(stderr=True))

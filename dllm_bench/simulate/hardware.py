@@ -63,11 +63,11 @@ def builtin_names() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.json"))
 
 
-def resolve_path(spec: str) -> Path:
+def resolve_path(spec: str, flag: str = "--hardware") -> Path:
     p = Path(spec)
     if p.suffix == ".json" or p.exists():
         if not p.is_file():
-            raise UserError(f"--hardware: no such file: {spec}")
+            raise UserError(f"{flag}: no such file: {spec}")
         return p
     calibrated = cache_dir() / f"{spec}.json"
     if calibrated.is_file():
@@ -75,7 +75,7 @@ def resolve_path(spec: str) -> Path:
     builtin = BUILTIN_DIR / f"{spec}.json"
     if builtin.is_file():
         return builtin
-    raise UserError(f"--hardware: {spec!r} is neither a file nor a profile ({', '.join(builtin_names())})")
+    raise UserError(f"{flag}: {spec!r} is neither a file nor a profile ({', '.join(builtin_names())})")
 
 
 def _num(d: dict, key: str, where: str, positive: bool = True, default: float | None = None) -> float:
@@ -133,8 +133,8 @@ def from_dict(d: dict, where: str) -> Hardware:
                     sources=list(d.get("sources") or []), fit=dict(d.get("fit") or {}), impl=_impl(d, where))
 
 
-def load(spec: str) -> Hardware:
-    path = resolve_path(spec)
+def load(spec: str, flag: str = "--hardware") -> Hardware:
+    path = resolve_path(spec, flag)
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
