@@ -6,7 +6,7 @@ TORCH_VERSION := 2.13.0
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench-server \
-	bench-simulate bench-validate bench-validate-interleaved bench-gauges bench clean train-seeds train-synth-cot accuracy-fig6
+	bench-simulate bench-validate bench-validate-merged bench-validate-interleaved bench-gauges bench clean train-seeds train-synth-cot accuracy-fig6
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -71,6 +71,16 @@ bench-validate:
 	$(BIN)/dllm-bench serve --rps 0.5 --repeats 3 --run-id $(VALIDATE_ID)
 	$(BIN)/dllm-bench simulate --hardware $(VALIDATE_ID) --rps 0.5 --repeats 3 \
 		--run-id $(VALIDATE_ID)-sim --validate $(VALIDATE_ID)
+
+# The same flow on the median of three calibrations (`calibrate --merge`, docs/SIMULATE.md), each
+# single calibration validated beside it; ~40-50 min on 2 idle cores.
+bench-validate-merged:
+	for c in a b c; do $(BIN)/dllm-bench calibrate --name $(VALIDATE_ID)-$$c || exit 1; done
+	$(BIN)/dllm-bench calibrate --merge $(VALIDATE_ID)-a,$(VALIDATE_ID)-b,$(VALIDATE_ID)-c --name $(VALIDATE_ID)
+	$(BIN)/dllm-bench serve --rps 0.5 --repeats 3 --run-id $(VALIDATE_ID)
+	for h in $(VALIDATE_ID) $(VALIDATE_ID)-a $(VALIDATE_ID)-b $(VALIDATE_ID)-c; do \
+		$(BIN)/dllm-bench simulate --hardware $$h --rps 0.5 --repeats 3 --run-id $$h-sim \
+			--validate $(VALIDATE_ID) || exit 1; done
 
 # The same comparison with a calibration right before every (rate, seed) round of the tiny preset,
 # and as control the same rounds on the first round's profile (docs/SIMULATE.md); ~5 min.
