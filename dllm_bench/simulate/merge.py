@@ -49,7 +49,7 @@ def merge(profiles: Sequence[Hardware], name: str) -> Hardware:
     gauges = [g for hw in profiles if (g := (hw.fit.get("speed_gauge_s") or {}).get("operators"))]
     names = [hw.name for hw in profiles]
     fit = {k: first.fit[k] for k in SAME if k in first.fit}
-    fit.update(sizes=sizes, merged_from=names, operators={"profiles": len(profiles)})
+    fit.update(sizes=sizes, merged_from=names)
     if len(gauges) == len(profiles):
         fit["speed_gauge_s"] = {"operators": med(gauges)}
     return Hardware(
