@@ -14,12 +14,11 @@ merged.md / merged.csv there and to stdout. Simulations only: seconds per pass o
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
+from cli_steps import run
 
 from dllm_bench import inputs, results
 from dllm_bench.simulate import validate
@@ -50,11 +49,11 @@ def main() -> int:
     for i, (meas, profile) in enumerate(passes):
         merged = out / f"merged-without-{meas}.json"
         others = ",".join(p for j, (_, p) in enumerate(passes) if j != i)
-        _run(["calibrate", "--merge", others, "--name", merged.stem, "--out", str(merged)], logs / f"{merged.stem}.log")
+        run(["calibrate", "--merge", others, "--name", merged.stem, "--out", str(merged)], logs / f"{merged.stem}.log")
         for label, hw in (("own", profile), ("merged, held out", str(merged))):
             run_id = f"{meas}-{'own' if label == 'own' else 'merged'}"
-            _run(["simulate", "--hardware", hw, *a.simulate_args.split(), "--result-dir", str(runs),
-                  "--run-id", run_id, "--validate", str(root / meas)], logs / f"{run_id}.log")
+            run(["simulate", "--hardware", hw, *a.simulate_args.split(), "--result-dir", str(runs),
+                 "--run-id", run_id, "--validate", str(root / meas)], logs / f"{run_id}.log")
             frames.append(pd.read_csv(runs / run_id / "validation.csv").assign(profile=label, target=meas))
         print(f"pass {meas} done", file=sys.stderr, flush=True)
     cells = pd.concat(frames, ignore_index=True)
@@ -85,14 +84,6 @@ def _markdown(cells: pd.DataFrame, names: list[str]) -> str:
             f"({', '.join(f'`{n}`' for n in names)})\n\nShare of cells within the goal / within noise / missed:\n\n"
             + "\n".join(lines) + "\n\nPer system, the error's mean ± standard deviation over the passes:\n\n"
             + "\n".join(per) + "\n")
-
-
-def _run(args: list[str], log: Path) -> None:
-    cmd = [str(Path(sys.executable).with_name("dllm-bench")), *args]
-    with log.open("w") as f:
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if done.returncode:
-        sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}; its output: {log}")
 
 
 if __name__ == "__main__":

@@ -18,12 +18,12 @@ validation.md / validation.csv for both comparisons.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
+from cli_steps import run
 
 from dllm_bench import inputs, results
 from dllm_bench.simulate import hardware, validate
@@ -65,11 +65,11 @@ def main() -> int:
             name = f"r{rps}-s{seed}"
             profile = out / f"{name}.json"
             point = ["--rps", rps, "--seed", str(seed), "--result-dir", str(rounds_dir)]
-            _run(["calibrate", "--preset", a.preset, "--systems", a.systems, "--name", name, "--out", str(profile),
-                  *a.calibrate_args.split()], logs / f"{name}-calibrate.log")
-            _run(["serve", *common, *point, "--run-id", name], logs / f"{name}-serve.log")
-            _run(["simulate", *common, *point, "--hardware", str(profile), "--run-id", f"{name}-sim",
-                  "--validate", name], logs / f"{name}-simulate.log")
+            run(["calibrate", "--preset", a.preset, "--systems", a.systems, "--name", name, "--out", str(profile),
+                 *a.calibrate_args.split()], logs / f"{name}-calibrate.log")
+            run(["serve", *common, *point, "--run-id", name], logs / f"{name}-serve.log")
+            run(["simulate", *common, *point, "--hardware", str(profile), "--run-id", f"{name}-sim",
+                 "--validate", name], logs / f"{name}-simulate.log")
             names.append(name)
             print(f"[{time.perf_counter() - t0:5.0f} s] round {name} done", file=sys.stderr, flush=True)
 
@@ -78,9 +78,9 @@ def main() -> int:
     meas = validate.measured_frame([rounds_dir / n for n in names])
     interleaved = validate.compare_frames(pd.concat([results.metrics_frame(d) for d in sim_dirs], ignore_index=True), meas)
     control_dir = rounds_dir / "control-sim"
-    _run(["simulate", *common, "--rps", ",".join(rates), "--seed", "0", "--repeats", str(a.seeds),
-          "--hardware", str(profiles[0]), "--result-dir", str(rounds_dir), "--run-id", control_dir.name],
-         logs / "control-simulate.log")
+    run(["simulate", *common, "--rps", ",".join(rates), "--seed", "0", "--repeats", str(a.seeds),
+         "--hardware", str(profiles[0]), "--result-dir", str(rounds_dir), "--run-id", control_dir.name],
+        logs / "control-simulate.log")
     control = validate.compare_frames(results.metrics_frame(control_dir), meas)
     text = (f"# Interleaved validation `{a.id}` ({a.preset})\n\n" + _rounds_markdown(profiles)
             + _round_errors_markdown(sim_dirs) +
@@ -125,16 +125,6 @@ def _round_errors_markdown(sim_dirs: list[Path]) -> str:
         lines.append(f"| {rnd} | " + " | ".join(cells) + " |")
     return ("## Rounds: each system's mean E2E error on the round's own profile (machine speed vs the "
             "calibration by the gauge)\n\n" + "\n".join(lines) + "\n\n")
-
-
-def _run(args: list[str], log: Path) -> None:
-    """One dllm-bench command as a user types it; its console output to `log` (the rounds' progress
-    bars would bury the summary)."""
-    cmd = [str(Path(sys.executable).with_name("dllm-bench")), *args]
-    with log.open("w") as f:
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if done.returncode:
-        sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}; its output: {log}")
 
 
 if __name__ == "__main__":
