@@ -85,7 +85,8 @@ def test_calibrate_merge_writes_the_profile_and_refuses_bad_input_in_one_line(tm
     bad = [(["--merge", str(tmp_path / "p0.json")], "at least two"),
            (["--merge", f"{tmp_path / 'p0.json'},{tmp_path / 'nope.json'}"], "--merge: no such file"),
            (["--merge", files, "--preset", "tiny"], "takes no --preset"),
-           (["--merge", files, "--out", str(tmp_path / "p1.json")], "is one of the profiles merged")]
+           (["--merge", files, "--out", str(tmp_path / "p1.json")], "is one of the profiles merged"),
+           (["--merge", files, "--out", str(tmp_path)], "is a directory")]
     for args, msg in bad:
         before = sorted(p.name for p in tmp_path.iterdir())
         r = _cli("calibrate", *args, "--name", "x")

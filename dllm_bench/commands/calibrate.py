@@ -194,6 +194,8 @@ def register(app: typer.Typer) -> None:
         profile."""
         from rich.console import Console
 
+        if out is not None:
+            inputs.out_file(out, "--out")       # before minutes of profiling, not after
         if merge is not None:
             if any(x is not None for x in (preset, model, device, sizes)):
                 raise UserError("--merge combines calibrated profiles: it takes no --preset, --model, --device "
