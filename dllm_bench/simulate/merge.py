@@ -37,7 +37,6 @@ def merge(profiles: Sequence[Hardware], name: str) -> Hardware:
             raise UserError(f"--merge: {hw.name!r} is not a calibration of this machine (no fit); "
                             "merge the profiles `dllm-bench calibrate` wrote")
         _check_same(first, hw)
-    med = lambda values: float(statistics.median(values))  # noqa: E731
     effs = [hw.efficiency for hw in profiles]
     by_m = [dict(e.u_c_by_m) for e in effs]
     eff = replace(first.efficiency, u_c=med(e.u_c for e in effs), u_m=med(e.u_m for e in effs),
@@ -59,15 +58,19 @@ def merge(profiles: Sequence[Hardware], name: str) -> Hardware:
         sources=[f"median of {len(profiles)} dllm-bench calibrations of this machine: {', '.join(names)}"])
 
 
+def med(values) -> float:
+    return float(statistics.median(values))
+
+
 def _host_median(costs: Sequence[HostCost], sizes: Sequence[int]) -> HostCost:
     """c_step + c_seq·n (both >= 0) through the median host time at each size; c_sl (not fitted by
     calibrate) by its own median."""
     from scipy.optimize import nnls
 
     A = np.array([[1.0, n] for n in sizes])
-    y = np.array([statistics.median(c.c_step + c.c_seq * n for c in costs) for n in sizes])
+    y = np.array([med(c.c_step + c.c_seq * n for c in costs) for n in sizes])
     (c_step, c_seq), _ = nnls(A, y)
-    return HostCost(c_step=float(c_step), c_seq=float(c_seq), c_sl=float(statistics.median(c.c_sl for c in costs)))
+    return HostCost(c_step=float(c_step), c_seq=float(c_seq), c_sl=med(c.c_sl for c in costs))
 
 
 def _check_same(a: Hardware, b: Hardware) -> None:

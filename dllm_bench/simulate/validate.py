@@ -7,6 +7,7 @@ about the machine than about the simulator.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -114,13 +115,9 @@ def reproducibility(runs: Sequence[pd.DataFrame]) -> pd.DataFrame:
     `target`, the runs' positions). A goal that one measurement of the same workloads misses against
     another is not a goal the simulator can be held to on that machine. Runs without workload seeds
     in common are not compared: other seeds are other workloads."""
-    rows = []
-    for i, a in enumerate(runs):
-        for j, b in enumerate(runs):
-            if i != j:
-                df = compare_frames(a, b)
-                if not df.empty:
-                    rows.append(df[df["seeds"] > 0].assign(source=i, target=j))
+    rows = [compare_frames(runs[i], runs[j]).assign(source=i, target=j)
+            for i, j in itertools.permutations(range(len(runs)), 2)]
+    rows = [df[df["seeds"] > 0] for df in rows if not df.empty]
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
 
