@@ -45,10 +45,26 @@ def test_merge_takes_medians_where_the_calibrations_measured():
     # Sparse-dLLM: (5, 6), (7, 8), (6, 10) ms -> medians 6 and 8 ms.
     sp = m.host["dllm-bench/sparse-dllm"]
     assert math.isclose(sp.c_step + sp.c_seq, 0.006) and math.isclose(sp.c_step + 2 * sp.c_seq, 0.008)
-    assert m.fit["merged_from"] == ["a", "b", "c"] and m.fit["speed_gauge_s"] == {"operators": 2.0}
+    assert m.fit["merged_from"] == ["a", "b", "c"] and m.fit["speed_gauge_s"] == {"profile": 2.0}
     assert m.fit["preset"] == "tiny" and m.fit["sizes"] == [1, 2]
     # The order of the calibrations does not matter.
     assert merge([c, a, b], "m").host == m.host
+
+
+def test_merge_of_row_terms_keeps_the_median_host_time_at_each_size():
+    # Host time at (1, 2) sequences, each size's steps averaging 100 and 200 query rows:
+    # a: 10 + 5/seq + 0.05/row -> 20, 30 ms; b: 0 + 20/seq + 0 -> 20, 40 ms; c: 2 + 1/seq + 0.1/row
+    # -> 13, 24 ms. Medians 20 and 30 ms; the merged row term is the median, 0.05 ms/row.
+    rows = {"engine": {"mean_rows_by_seqs": {"1": 100.0, "2": 200.0}}}
+    ms = 1e-3
+    a = _profile("a", 0.8, ((1, 0.1),), {"engine": (10 * ms, 5 * ms, 0.0, 0.05 * ms)}, 1.0)
+    b = _profile("b", 0.8, ((1, 0.1),), {"engine": (0.0, 20 * ms, 0.0, 0.0)}, 1.0)
+    c = _profile("c", 0.8, ((1, 0.1),), {"engine": (2 * ms, 1 * ms, 0.0, 0.1 * ms)}, 1.0)
+    for hw in (a, b, c):
+        hw.fit["host"] = rows
+    eng = merge([a, b, c], "m").host["dllm-bench/engine"]
+    assert math.isclose(eng.c_row, 0.05 * ms)
+    assert math.isclose(eng.time(1, 0, 100), 20 * ms) and math.isclose(eng.time(2, 0, 200), 30 * ms)
 
 
 @pytest.mark.parametrize("other, msg", [
@@ -81,7 +97,7 @@ def test_calibrate_merge_writes_the_profile_and_refuses_bad_input_in_one_line(tm
     assert r.stdout.strip() == str(out)
     hw = hardware.load(str(out))
     assert hw.efficiency.u_c == 0.7 and hw.fit["merged_from"] == ["p0", "p1", "p2"]
-    assert "host engine: 1.00 ms/step + 2.000 ms/sequence (median of 3 calibrations" in " ".join(r.stderr.split())
+    assert "host engine: 1.00 ms/step + 2.000 ms/sequence + 0.0 us/query row (median of 3 calibrations" in " ".join(r.stderr.split())
     bad = [(["--merge", str(tmp_path / "p0.json")], "at least two"),
            (["--merge", f"{tmp_path / 'p0.json'},{tmp_path / 'nope.json'}"], "--merge: no such file"),
            (["--merge", files, "--preset", "tiny"], "takes no --preset"),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from dllm_bench.simulate import calibrate as cal
@@ -91,14 +92,25 @@ def test_efficiency_fit_round_trip():
     assert fit["max_rel_err"] < 1e-3
 
 
+def _host_forwards() -> list[Forward]:
+    """A canvas (40 query rows per sequence) and a block (8 rows) forward at each batch size, as a
+    real run mixes them: rows vary apart from the sequence count."""
+    return [Forward((LayerPass(32, (Seg(q, 40),) * n),), rows=8 * n, n_seq=n) for n in (1, 2, 4, 8) for q in (40, 8)]
+
+
 def test_host_fit_round_trip():
     dev = CostModel(LLADA_8B, 50e12, 1e12, Efficiency(), get_impl("engine"), HostCost())
-    truth = HostCost(c_step=3e-3, c_seq=0.8e-3)
-    fws = [Forward((LayerPass(32, (Seg(40, 40),) * n),), rows=8 * n, n_seq=n) for n in (1, 2, 4, 8)]
-    steps = [(fw, dev.step(fw).t_device + truth.time(fw.n_seq, 32)) for fw in fws]
+    truth = HostCost(c_step=3e-3, c_seq=0.8e-3, c_row=20e-6)
+    steps = [(fw, dev.step(fw).t_device + truth.time(fw.n_seq, 32, fw.query_tokens)) for fw in _host_forwards()]
     host, fit = cal.fit_host(steps, dev)
-    assert host.c_step == pytest.approx(truth.c_step, rel=1e-6)
-    assert host.c_seq == pytest.approx(truth.c_seq, rel=1e-6)
+    for name in ("c_step", "c_seq", "c_row"):
+        assert getattr(host, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    assert fit["max_rel_err"] < 1e-9
+    assert fit["mean_rows_by_seqs"] == {"1": 24.0, "2": 48.0, "4": 96.0, "8": 192.0}
+    # The two-term fit cannot follow the rows: it charges the block steps for the canvases.
+    two, fit2 = cal.fit_host(steps, dev, per_row=False)
+    assert two.c_row == 0.0 and fit2["median_err_by_rows"]["<= 64"] > 0.01
+    assert fit2["median_err_by_rows"]["> 64"] < -0.01
 
 
 def test_host_fit_after_a_speed_change_is_rescaled_to_the_operators_speed():
@@ -106,14 +118,15 @@ def test_host_fit_after_a_speed_change_is_rescaled_to_the_operators_speed():
     read 1.3x its reference): unscaled, the fit blames the host for the device's slowdown;
     rescaled by the gauge, it recovers the host terms of the reference state."""
     dev = CostModel(LLADA_8B, 50e12, 1e12, Efficiency(), get_impl("engine"), HostCost())
-    truth = HostCost(c_step=3e-3, c_seq=0.8e-3)
-    fws = [Forward((LayerPass(32, (Seg(40, 40),) * n),), rows=8 * n, n_seq=n) for n in (1, 2, 4, 8)]
-    slow = [(fw, 1.3 * (dev.step(fw).t_device + truth.time(fw.n_seq, 32))) for fw in fws]
+    truth = HostCost(c_step=3e-3, c_seq=0.8e-3, c_row=20e-6)
+    fws = _host_forwards()
+    slow = [(fw, 1.3 * (dev.step(fw).t_device + truth.time(fw.n_seq, 32, fw.query_tokens))) for fw in fws]
     blamed, _ = cal.fit_host(slow, dev)
-    assert blamed.c_seq > 1.2 * truth.c_seq
+    canvas = fws[0]
+    assert blamed.time(1, 32, canvas.query_tokens) > 1.2 * truth.time(1, 32, canvas.query_tokens)
     host, _ = cal.fit_host(cal.at_reference_speed(slow, reference=1.0, now=1.3), dev)
-    assert host.c_step == pytest.approx(truth.c_step, rel=1e-6)
-    assert host.c_seq == pytest.approx(truth.c_seq, rel=1e-6)
+    for name in ("c_step", "c_seq", "c_row"):
+        assert getattr(host, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
 
 
 def _gauge(readings):
@@ -188,6 +201,17 @@ def test_per_m_fit_recovers_a_rising_gemm_efficiency():
         assert eff.u_c_at(m) == pytest.approx(truth.u_c_at(m), rel=0.05), m
 
 
+def test_operators_moved_to_another_machine_state_cost_f_times_more():
+    eff = Efficiency(u_c=0.5, u_m=0.7, u_attn=0.6, c_op=4e-6, c_attn=9e-6, u_c_by_m=((1, 0.05), (256, 0.6)))
+    fws = [Forward((LayerPass(32, (Seg(q, 300),)),), rows=q, n_seq=1) for q in (1, 32, 700)]
+    base = CostModel(LLADA_8B, 50e12, 1e12, eff, get_impl("engine"), HostCost())
+    peak, bw, moved = cal.at_state(50e12, 1e12, eff, 1.25)
+    slow = CostModel(LLADA_8B, peak, bw, moved, get_impl("engine"), HostCost())
+    for fw in fws:
+        assert slow.step(fw).t_device == pytest.approx(1.25 * base.step(fw).t_device, rel=1e-9)
+    assert cal.typical_state([3.0, 1.0, 2.0, 10.0, 2.5]) == 2.5
+
+
 def test_hardware_file_round_trips_the_per_m_table(tmp_path):
     from dllm_bench.simulate import hardware
 
@@ -212,7 +236,9 @@ def test_calibrate_writes_a_profile_with_the_per_m_table(tmp_path):
     # the speed gauge: read around the operators and around each timed batch size
     assert len(hw.fit["host"]["engine"]["speed_vs_operators"]) == 2
     tries = sum(sum(f["attempts"]) for f in hw.fit["host"].values())      # a batch re-timed reads the gauge again
-    assert len(hw.fit["speed_gauge_s"]["readings"]) == 2 + 2 * tries and hw.fit["speed_gauge_s"]["operators"] > 0
+    g = hw.fit["speed_gauge_s"]
+    assert len(g["readings"]) == 2 + 2 * tries and g["operators"] > 0
+    assert g["profile"] == pytest.approx(float(np.median(g["readings"])))      # the state the profile describes
     bad = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "calibrate", "--preset", "tiny", "--sizes", "1,x",
                           "--out", str(tmp_path / "no.json")], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error:") and len(bad.stderr.strip().splitlines()) == 1

@@ -76,12 +76,11 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     wl = preset_requests(p, model_dir, max(sizes))
     g = max(r.gen_length for r in wl)
     params = SamplingParams(gen_length=g, steps=g, block_length=p.block_length)
-    device_only = CostModel(shape, peak, bw, eff, get_impl(MEASURED_HOST), HostCost())
-    host, host_fit = {}, {}
+    batches = {}
     with progress(con=console, status=True) as prog:
         task = prog.add_task("host time", total=len(variants) * len(sizes), status="")
         for v in variants:
-            steps, speeds, tries = [], [], []
+            batches[v] = []
             for n in sizes:
                 prog.update(task, status=f"{v.label}, {n} concurrent")
                 timed, now, attempts = cal.bracketed(
@@ -90,18 +89,27 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
                 if attempts > 1:
                     console.print(f"{v.label}, {n} concurrent: timed {attempts} times, the machine's speed moved by "
                                   f"more than {cal.BRACKET_TOL:.2f}x during the batch", markup=False, highlight=False)
-                speeds.append(reference / now)
-                tries.append(attempts)
-                steps += cal.at_reference_speed(timed, reference, now)
+                batches[v].append((timed, now, attempts))
                 prog.advance(task)
-            hc, fit = cal.fit_host(steps, device_only)
-            fit["speed_vs_operators"], fit["attempts"] = speeds, tries
-            host[f"{MEASURED_HOST}/{v.name}"], host_fit[v.name] = hc, fit
-            split = ", ".join(f"{k} {e:+.0%}" for k, e in fit["median_err_by_rows"].items())
-            console.print(f"host {v.label}: {hc.c_step * 1e3:.2f} ms/step + {hc.c_seq * 1e3:.3f} ms/sequence "
-                          f"({fit['steps']} steps, median error {fit['median_rel_err']:.1%}; signed, by query "
-                          f"rows: {split}; machine speed vs the operator timings "
-                          f"{', '.join(f'{x:.2f}x' for x in speeds)}, step times rescaled)")
+    # The profile describes the machine in its typical state over the whole calibration (the median
+    # gauge reading), not in the minutes of the operator grid: operators and steps are rescaled to it.
+    state = cal.typical_state(gauge.readings)
+    peak, bw, eff = cal.at_state(peak, bw, eff, state / reference)
+    console.print(f"profile at the calibration's median speed: operator times x{state / reference:.3f} (gauge "
+                  f"{reference * 1e3:.4g} ms over the operators, median {state * 1e3:.4g} ms of "
+                  f"{len(gauge.readings)} readings)")
+    device_only = CostModel(shape, peak, bw, eff, get_impl(MEASURED_HOST), HostCost())
+    host, host_fit = {}, {}
+    for v, timed_batches in batches.items():
+        steps = [s for timed, now, _ in timed_batches for s in cal.at_reference_speed(timed, state, now)]
+        hc, fit = cal.fit_host(steps, device_only)
+        fit["speed_vs_operators"] = [reference / now for _, now, _ in timed_batches]
+        fit["attempts"] = [a for _, _, a in timed_batches]
+        host[f"{MEASURED_HOST}/{v.name}"], host_fit[v.name] = hc, fit
+        split = ", ".join(f"{k} {e:+.0%}" for k, e in fit["median_err_by_rows"].items())
+        console.print(f"host {v.label}: {host_terms(hc)} ({fit['steps']} steps, median error "
+                      f"{fit['median_rel_err']:.1%}; signed, by query rows: {split}; machine speed vs the operator "
+                      f"timings {', '.join(f'{x:.2f}x' for x in fit['speed_vs_operators'])}, step times rescaled)")
     spread = drift(gauge.readings)
     if spread and spread > DRIFT_WARN:
         console.print(f"[yellow]warning: this machine's speed changed by {spread:.2f}x during calibration "
@@ -116,7 +124,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
         fit={"model": p.model, "preset": p.name, "dtype": p.dtype, "device": str(dev), "threads": p.threads,
              "operators": op_fit,
              "host": host_fit, "sizes": list(sizes), "repeats": repeats,
-             "speed_gauge_s": {"operators": reference, "readings": gauge.readings}})
+             "speed_gauge_s": {"operators": reference, "profile": state, "readings": gauge.readings}})
     path = out or hardware.cache_dir() / f"{name}.json"
     hardware.save(hw, path)
     return path
@@ -133,9 +141,13 @@ def merge_profiles(specs: str, name: str, out: Path | None, console) -> Path:
         raise UserError(f"--merge: {path} is one of the profiles merged; give another --name or --out")
     hardware.save(hw, path)
     for k, h in hw.host.items():
-        console.print(f"host {k.split('/', 1)[-1]}: {h.c_step * 1e3:.2f} ms/step + {h.c_seq * 1e3:.3f} ms/sequence "
-                      f"(median of {len(names)} calibrations at {', '.join(map(str, hw.fit['sizes']))} sequences)")
+        console.print(f"host {k.split('/', 1)[-1]}: {host_terms(h)} (median of {len(names)} calibrations at "
+                      f"{', '.join(map(str, hw.fit['sizes']))} sequences)")
     return path
+
+
+def host_terms(h: HostCost) -> str:
+    return f"{h.c_step * 1e3:.2f} ms/step + {h.c_seq * 1e3:.3f} ms/sequence + {h.c_row * 1e6:.1f} us/query row"
 
 
 def timed_steps(v, n: int, mdl, shape: ModelShape, prompts, params, p, dev) -> list:

@@ -8,9 +8,9 @@
    reads a weight copy that is not in the cache (copies cycled past the last-level cache), as a
    forward that streams every layer's weights once does.
 3. Host time: each system's real code runs whole requests at a few batch sizes; the step time the
-   fitted operators do not explain is the host's, fitted as c_step + c_seq·n_seq (non-negative
-   least squares, i.e. the mean step) per system. With one model the layer count is fixed, so
-   c_sl stays 0.
+   fitted operators do not explain is the host's, fitted as c_step + c_seq·n_seq + c_row·rows
+   (non-negative least squares, i.e. the mean step) per system. With one model the layer count
+   is fixed, so c_sl stays 0.
 
 The fit functions take samples, not a machine: tests feed them synthetic timings and check that
 the parameters come back (the round trip).
@@ -114,26 +114,34 @@ def fit_u_c_by_m(samples: list[OpSample], eff: Efficiency, peak: float, bw: floa
 ROWS_SPLIT = 64
 
 
-def fit_host(steps: list[tuple[Forward, float]], device: CostModel) -> tuple[HostCost, dict]:
-    """c_step + c_seq·n_seq (both >= 0) fitted by least squares to the step time the device model
-    leaves. A squared loss on wall time fits the *mean* step: on a shared machine that includes
-    the time the process waits for a core, which serving on that machine pays too."""
+def fit_host(steps: list[tuple[Forward, float]], device: CostModel, per_row: bool = True) -> tuple[HostCost, dict]:
+    """c_step + c_seq·n_seq + c_row·query rows (all >= 0) fitted by least squares to the step time
+    the device model leaves. A squared loss on wall time fits the *mean* step: on a shared machine
+    that includes the time the process waits for a core, which serving on that machine pays too.
+    The row term carries what grows with a forward's tokens but not with its operators' FLOPs and
+    bytes (per-token host work; small operators that run slower than their isolated timings);
+    without it that time lands on c_seq and a lone request's block steps are charged for the
+    canvases of a batch (`per_row=False`: the two-term fit, kept for comparison)."""
     from scipy.optimize import nnls
 
-    A = np.array([[1.0, fw.n_seq] for fw, _ in steps])
+    cols = [[1.0, fw.n_seq] + ([fw.query_tokens] if per_row else []) for fw, _ in steps]
+    A = np.array(cols, dtype=float)
     dev = np.array([device.step(fw).t_device for fw, _ in steps])
     meas = np.array([t for _, t in steps])
-    (c_step, c_seq), _ = nnls(A, meas - dev)
-    host = HostCost(c_step=float(c_step), c_seq=float(c_seq))
-    signed = (dev + A @ np.array([c_step, c_seq]) - meas) / meas
+    x, _ = nnls(A, meas - dev)
+    host = HostCost(c_step=float(x[0]), c_seq=float(x[1]), c_row=float(x[2]) if per_row else 0.0)
+    signed = (dev + A @ x - meas) / meas
     rel = np.abs(signed)
     # Signed error by the forward's query rows: a cost model that is right overall but wrong per
     # GEMM size shows up as opposite signs for small (block, window) and large (canvas) forwards.
     rows = np.array([fw.query_tokens for fw, _ in steps])
     by_rows = {f"<= {ROWS_SPLIT}": signed[rows <= ROWS_SPLIT], f"> {ROWS_SPLIT}": signed[rows > ROWS_SPLIT]}
+    n_seq = A[:, 1].astype(int)
     return host, {"steps": len(steps), "median_rel_err": float(np.median(rel)), "max_rel_err": float(rel.max()),
                   "mean_step_s": float(meas.mean()),
-                  "median_err_by_rows": {k: float(np.median(v)) for k, v in by_rows.items() if v.size}}
+                  "median_err_by_rows": {k: float(np.median(v)) for k, v in by_rows.items() if v.size},
+                  "median_err_by_seqs": {str(n): float(np.median(signed[n_seq == n])) for n in sorted(set(n_seq))},
+                  "mean_rows_by_seqs": {str(n): float(rows[n_seq == n].mean()) for n in sorted(set(n_seq))}}
 
 
 BRACKET_TOL, RETIMES = 1.15, 2
@@ -167,6 +175,20 @@ def at_reference_speed(steps: list[tuple[Forward, float]], reference: float, now
     two moments, and a negative difference cannot be absorbed at all (host terms are >= 0)."""
     f = reference / now
     return [(fw, t * f) for fw, t in steps]
+
+
+def typical_state(readings: list[float]) -> float:
+    """The machine's typical speed over a calibration: the median of every gauge reading (around
+    the operator grid and around each timed batch). On a virtual machine the minutes of the
+    operator grid are one state among several: on 2026-11-25 the serve points that followed read
+    the gauge nearer to this median than to the grid's reading in 8 of 11 calibrations."""
+    return float(np.median(readings))
+
+
+def at_state(peak: float, bw: float, eff: Efficiency, f: float) -> tuple[float, float, Efficiency]:
+    """Peaks and fixed costs of operators timed in one machine state, moved to a state `f` times
+    slower (every operator time x f): the rates divided by f, the per-call overheads multiplied."""
+    return peak / f, bw / f, replace(eff, c_op=eff.c_op * f, c_attn=eff.c_attn * f)
 
 
 # ---------------------------------------------------------------- measuring (this machine)

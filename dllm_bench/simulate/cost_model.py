@@ -174,9 +174,10 @@ class HostCost:
     c_step: float = 0.0
     c_seq: float = 0.0
     c_sl: float = 0.0             # per sequence per layer
+    c_row: float = 0.0            # per query row (token) of the forward
 
-    def time(self, n_seq: int, layers: int) -> float:
-        return self.c_step + self.c_seq * n_seq + self.c_sl * n_seq * layers
+    def time(self, n_seq: int, layers: int, rows: int = 0) -> float:
+        return self.c_step + self.c_seq * n_seq + self.c_sl * n_seq * layers + self.c_row * rows
 
 
 @dataclass
@@ -247,6 +248,6 @@ class CostModel:
         parts["kv"] = kvb / bw
         nbytes += sb + rb + kvb
         t_dev = sum(parts.values())
-        t_host = self.host.time(fw.n_seq, m.layers)
+        t_host = self.host.time(fw.n_seq, m.layers, fw.query_tokens)
         parts["host"] = t_host
         return StepCost(t_dev + t_host, t_dev, t_host, flops, nbytes, parts)

@@ -10,7 +10,9 @@ The median is taken where the calibrations measured: for each efficiency (every 
 timed the same operators) and, for the host terms, on the host time at each batch size the
 calibrations timed, with c_step + c_seq·n refitted through those medians. Taking the median of
 c_step and of c_seq separately would pair one calibration's low intercept with another's low
-slope and underestimate every batch.
+slope and underestimate every batch. The per-row term is merged by its own median and the
+host time at each size is evaluated at that size's mean query rows (as the calibrations recorded
+them), so the refitted terms carry the rest.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import numpy as np
 from dllm_bench.errors import UserError
 from dllm_bench.simulate.cost_model import HostCost
 from dllm_bench.simulate.hardware import Hardware
+from dllm_bench.simulate.validate import speed_reference
 
 # What must agree for two calibrations to describe one machine serving one model.
 SAME = ("model", "preset", "dtype", "device", "threads")
@@ -44,13 +47,14 @@ def merge(profiles: Sequence[Hardware], name: str) -> Hardware:
                   c_attn=med(e.c_attn for e in effs),
                   u_c_by_m=tuple((m, med(t[m] for t in by_m)) for m, _ in first.efficiency.u_c_by_m))
     sizes = sorted({int(n) for hw in profiles for n in hw.fit.get("sizes", [])}) or [1, 2]
-    host = {k: _host_median([hw.host[k] for hw in profiles], sizes) for k in first.host}
-    gauges = [g for hw in profiles if (g := (hw.fit.get("speed_gauge_s") or {}).get("operators"))]
+    host = {k: _host_median([hw.host[k] for hw in profiles], sizes, _rows(profiles, k.split("/", 1)[-1], sizes))
+            for k in first.host}
+    gauges = [g for hw in profiles if (g := speed_reference(hw.fit)[0])]
     names = [hw.name for hw in profiles]
     fit = {k: first.fit[k] for k in SAME if k in first.fit}
     fit.update(sizes=sizes, merged_from=names)
     if len(gauges) == len(profiles):
-        fit["speed_gauge_s"] = {"operators": med(gauges)}
+        fit["speed_gauge_s"] = {"profile": med(gauges)}
     return Hardware(
         name=name, kind=first.kind, peak_flops=med(hw.peak_flops for hw in profiles),
         bandwidth=med(hw.bandwidth for hw in profiles), memory_bytes=first.memory_bytes, efficiency=eff,
@@ -62,15 +66,27 @@ def med(values) -> float:
     return float(statistics.median(values))
 
 
-def _host_median(costs: Sequence[HostCost], sizes: Sequence[int]) -> HostCost:
-    """c_step + c_seq·n (both >= 0) through the median host time at each size; c_sl (not fitted by
-    calibrate) by its own median."""
+def _rows(profiles: Sequence[Hardware], system: str, sizes: Sequence[int]) -> dict[int, float]:
+    """A system's mean query rows per step at each calibrated size: the median over the
+    calibrations that recorded it (0 where none did: their row terms are 0 too)."""
+    out = {}
+    for n in sizes:
+        seen = [r for hw in profiles
+                if (r := ((hw.fit.get("host") or {}).get(system) or {}).get("mean_rows_by_seqs", {}).get(str(n)))]
+        out[n] = med(seen) if seen else 0.0
+    return out
+
+
+def _host_median(costs: Sequence[HostCost], sizes: Sequence[int], rows: dict[int, float]) -> HostCost:
+    """c_step + c_seq·n (both >= 0) through the median host time at each size (its steps' mean
+    rows); c_row, and c_sl (not fitted by calibrate), by their own medians."""
     from scipy.optimize import nnls
 
+    c_row = med(c.c_row for c in costs)
     A = np.array([[1.0, n] for n in sizes])
-    y = np.array([med(c.c_step + c.c_seq * n for c in costs) for n in sizes])
+    y = np.array([med(c.c_step + c.c_seq * n + c.c_row * rows[n] for c in costs) - c_row * rows[n] for n in sizes])
     (c_step, c_seq), _ = nnls(A, y)
-    return HostCost(c_step=float(c_step), c_seq=float(c_seq), c_sl=med(c.c_sl for c in costs))
+    return HostCost(c_step=float(c_step), c_seq=float(c_seq), c_sl=med(c.c_sl for c in costs), c_row=c_row)
 
 
 def _check_same(a: Hardware, b: Hardware) -> None:

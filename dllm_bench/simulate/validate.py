@@ -43,9 +43,12 @@ def measured_runs(values: Sequence[str], result_dir: Path | None) -> list[Path]:
 
 
 def speed_reference(fit: dict) -> tuple[float | None, str | None]:
-    """(the calibration's speed-gauge reading while its operators were timed, its preset) from a
-    hardware profile's `fit`; (None, None) for a profile without a gauge (GPU files, older ones)."""
-    ref = (fit.get("speed_gauge_s") or {}).get("operators")
+    """(the speed-gauge reading of the machine state the profile describes, its preset) from a
+    hardware profile's `fit`: the calibration's median reading (`profile`), or, in profiles written
+    before it was kept, the reading while the operators were timed; (None, None) for a profile
+    without a gauge (GPU files)."""
+    g = fit.get("speed_gauge_s") or {}
+    ref = g.get("profile") or g.get("operators")
     return (float(ref), fit.get("preset")) if ref else (None, None)
 
 
