@@ -51,19 +51,20 @@ def test_merge_takes_medians_where_the_calibrations_measured():
     assert merge([c, a, b], "m").host == m.host
 
 
-def test_merge_of_row_terms_keeps_the_median_host_time_at_each_size():
+def test_merge_of_row_and_wake_terms_keeps_the_median_host_time_at_each_size():
     # Host time at (1, 2) sequences, each size's steps averaging 100 and 200 query rows:
     # a: 10 + 5/seq + 0.05/row -> 20, 30 ms; b: 0 + 20/seq + 0 -> 20, 40 ms; c: 2 + 1/seq + 0.1/row
     # -> 13, 24 ms. Medians 20 and 30 ms; the merged row term is the median, 0.05 ms/row.
     rows = {"engine": {"mean_rows_by_seqs": {"1": 100.0, "2": 200.0}}}
     ms = 1e-3
-    a = _profile("a", 0.8, ((1, 0.1),), {"engine": (10 * ms, 5 * ms, 0.0, 0.05 * ms)}, 1.0)
-    b = _profile("b", 0.8, ((1, 0.1),), {"engine": (0.0, 20 * ms, 0.0, 0.0)}, 1.0)
-    c = _profile("c", 0.8, ((1, 0.1),), {"engine": (2 * ms, 1 * ms, 0.0, 0.1 * ms)}, 1.0)
+    a = _profile("a", 0.8, ((1, 0.1),), {"engine": (10 * ms, 5 * ms, 0.0, 0.05 * ms, 1 * ms, 0.05)}, 1.0)
+    b = _profile("b", 0.8, ((1, 0.1),), {"engine": (0.0, 20 * ms, 0.0, 0.0, 3 * ms, 0.2)}, 1.0)
+    c = _profile("c", 0.8, ((1, 0.1),), {"engine": (2 * ms, 1 * ms, 0.0, 0.1 * ms, 2 * ms, 0.1)}, 1.0)
     for hw in (a, b, c):
         hw.fit["host"] = rows
     eng = merge([a, b, c], "m").host["dllm-bench/engine"]
     assert math.isclose(eng.c_row, 0.05 * ms)
+    assert math.isclose(eng.wake_s, 2 * ms) and math.isclose(eng.wake_tau_s, 0.1)      # their own medians
     assert math.isclose(eng.time(1, 0, 100), 20 * ms) and math.isclose(eng.time(2, 0, 200), 30 * ms)
 
 

@@ -212,13 +212,64 @@ def test_operators_moved_to_another_machine_state_cost_f_times_more():
     assert cal.typical_state([3.0, 1.0, 2.0, 10.0, 2.5]) == 2.5
 
 
+def test_wake_fit_round_trip_and_its_cost():
+    truth = HostCost(wake_s=2e-3, wake_tau_s=0.06)
+    gaps = (0.0, 0.03, 0.1, 0.3)
+    # Each round drifts (the machine's state): the pairing with the round's back-to-back request cancels it.
+    times = {g: [0.015 * (1 + 0.05 * r) + truth.wake(g) for r in range(16)] for g in gaps}
+    w, tau, fit = cal.fit_wake(times)
+    assert w == pytest.approx(truth.wake_s, rel=0.02) and tau == pytest.approx(truth.wake_tau_s, rel=0.1)
+    assert fit["extra_s"] == pytest.approx([truth.wake(g) for g in gaps[1:]])
+    assert truth.wake(0.0) == 0.0 and truth.wake(10.0) == pytest.approx(2e-3)
+    assert HostCost().wake(1.0) == 0.0
+    # No slowdown after idling (or a faster machine after it) fits no wake cost.
+    assert cal.fit_wake({g: [0.01 - 1e-4 * g] * 4 for g in gaps})[0] == 0.0
+
+
+def test_a_step_after_an_idle_gap_pays_the_wake_cost():
+    from dllm_bench.simulate.clock import VirtualClock, VirtualTimed
+
+    class OneStep:                       # every request takes one step of 10 ms
+        def __init__(self, clock):
+            self.clock, self.pending = clock, []
+
+        def add_request(self, rid):
+            self.pending.append(rid)
+            return rid
+
+        def has_unfinished(self):
+            return bool(self.pending)
+
+        def step(self):
+            self.clock.advance(0.010)
+            rid = self.pending.pop(0)
+            return [type("Out", (), {"request_id": rid})()]
+
+    clock = VirtualClock()
+    host = HostCost(wake_s=2e-3, wake_tau_s=0.05)
+    timed = VirtualTimed(OneStep(clock), clock, lambda: [], host.wake)
+    timed.add_request("a")
+    a = timed.step()[0]                  # right after the warm-up: no gap
+    timed.add_request("b")
+    b = timed.step()[0]                  # back to back
+    clock.sleep(0.5)
+    timed.add_request("c")
+    c = timed.step()[0]                  # after 0.5 s idle
+    for o in (a, b):
+        assert o.finished_time - o.admitted_time == pytest.approx(0.010)
+    assert c.finished_time - c.admitted_time == pytest.approx(0.010 + host.wake(0.5))
+
+
 def test_hardware_file_round_trips_the_per_m_table(tmp_path):
     from dllm_bench.simulate import hardware
 
     eff = Efficiency(u_c=0.6, u_m=0.9, c_attn=3e-5, u_c_by_m=((1, 0.02), (64, 0.3), (1024, 0.7)))
-    hw = hardware.Hardware(name="t", kind="cpu", peak_flops=1e11, bandwidth=2e10, memory_bytes=1e9, efficiency=eff)
+    host = {"dllm-bench/engine": HostCost(c_step=1e-3, c_seq=2e-3, c_row=3e-6, wake_s=2e-3, wake_tau_s=0.07)}
+    hw = hardware.Hardware(name="t", kind="cpu", peak_flops=1e11, bandwidth=2e10, memory_bytes=1e9, efficiency=eff,
+                           host=host)
     hardware.save(hw, tmp_path / "t.json")
-    assert hardware.load(str(tmp_path / "t.json")).efficiency == eff
+    back = hardware.load(str(tmp_path / "t.json"))
+    assert back.efficiency == eff and back.host == host
 
 
 def test_calibrate_writes_a_profile_with_the_per_m_table(tmp_path):
@@ -236,6 +287,9 @@ def test_calibrate_writes_a_profile_with_the_per_m_table(tmp_path):
     # the speed gauge: read around the operators and around each timed batch size
     assert len(hw.fit["host"]["engine"]["speed_vs_operators"]) == 2
     tries = sum(sum(f["attempts"]) for f in hw.fit["host"].values())      # a batch re-timed reads the gauge again
+    wake = hw.fit["host"]["engine"]["wake"]                         # a tiny request is timed after idle gaps
+    assert wake["gaps_s"] == [0.03, 0.1, 0.3] and wake["request_s"] > 0
+    assert hw.host_cost("dllm-bench", "engine").wake_s >= 0
     g = hw.fit["speed_gauge_s"]
     assert len(g["readings"]) == 2 + 2 * tries and g["operators"] > 0
     assert g["profile"] == pytest.approx(float(np.median(g["readings"])))      # the state the profile describes

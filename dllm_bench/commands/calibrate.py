@@ -4,6 +4,7 @@ hardware profile and write it as the file `dllm-bench simulate --hardware` reads
 from __future__ import annotations
 
 import platform
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -29,6 +30,9 @@ from engine.sampling import SamplingParams
 # (every request at t = 0), and at most this many (a CPU batch of 8 cpu-default requests takes
 # minutes per system; a GPU serves tens at once).
 MAX_SIZE = {"cpu": 8, "cuda": 64}
+# A request is timed alone after idle gaps (HostCost.wake) when it takes at most this long: the
+# wake cost is milliseconds, nothing to a request of seconds, and the measurement costs rounds of them.
+WAKE_GAPS, WAKE_ROUNDS, WAKE_MAX_REQUEST_S = (0.0, 0.03, 0.1, 0.3), 16, 0.5
 
 
 def default_sizes(p, device_type: str) -> tuple[int, ...]:
@@ -76,7 +80,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     wl = preset_requests(p, model_dir, max(sizes))
     g = max(r.gen_length for r in wl)
     params = SamplingParams(gen_length=g, steps=g, block_length=p.block_length)
-    batches = {}
+    batches, wakes = {}, {}
     with progress(con=console, status=True) as prog:
         task = prog.add_task("host time", total=len(variants) * len(sizes), status="")
         for v in variants:
@@ -91,6 +95,11 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
                                   f"more than {cal.BRACKET_TOL:.2f}x during the batch", markup=False, highlight=False)
                 batches[v].append((timed, now, attempts))
                 prog.advance(task)
+            lone = sum(t for _, t in batches[v][sizes.index(min(sizes))][0])
+            if lone <= WAKE_MAX_REQUEST_S:
+                prog.update(task, status=f"{v.label}, one request after idle gaps")
+                wakes[v] = host_profile.after_gaps(plain_system(v, mdl, p, dev), [r.prompt_ids for r in wl], params,
+                                                   WAKE_GAPS, WAKE_ROUNDS, dev)
     # The profile describes the machine in its typical state over the whole calibration (the median
     # gauge reading), not in the minutes of the operator grid: operators and steps are rescaled to it.
     state = cal.typical_state(gauge.readings)
@@ -103,6 +112,9 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     for v, timed_batches in batches.items():
         steps = [s for timed, now, _ in timed_batches for s in cal.at_reference_speed(timed, state, now)]
         hc, fit = cal.fit_host(steps, device_only)
+        if v in wakes:
+            w, tau, fit["wake"] = cal.fit_wake(wakes[v])
+            hc = replace(hc, wake_s=w, wake_tau_s=tau)
         fit["speed_vs_operators"] = [reference / now for _, now, _ in timed_batches]
         fit["attempts"] = [a for _, _, a in timed_batches]
         host[f"{MEASURED_HOST}/{v.name}"], host_fit[v.name] = hc, fit
@@ -110,6 +122,9 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
         console.print(f"host {v.label}: {host_terms(hc)} ({fit['steps']} steps, median error "
                       f"{fit['median_rel_err']:.1%}; signed, by query rows: {split}; machine speed vs the operator "
                       f"timings {', '.join(f'{x:.2f}x' for x in fit['speed_vs_operators'])}, step times rescaled)")
+        if v in wakes:
+            console.print(f"  after an idle gap {v.label} takes {hc.wake_s * 1e3:.2f} ms more (tau "
+                          f"{hc.wake_tau_s * 1e3:.0f} ms; one request back to back: {fit['wake']['request_s'] * 1e3:.1f} ms)")
     spread = drift(gauge.readings)
     if spread and spread > DRIFT_WARN:
         console.print(f"[yellow]warning: this machine's speed changed by {spread:.2f}x during calibration "
@@ -150,14 +165,26 @@ def host_terms(h: HostCost) -> str:
     return f"{h.c_step * 1e3:.2f} ms/step + {h.c_seq * 1e3:.3f} ms/sequence + {h.c_row * 1e6:.1f} us/query row"
 
 
-def timed_steps(v, n: int, mdl, shape: ModelShape, prompts, params, p, dev) -> list:
-    """One system's steps over `n` concurrent requests, on the preset's knobs (as serve runs it)."""
+def _knobs(v, p, dev):
+    """A system's knobs on the preset (as serve runs it): the baseline's, or the engine's config."""
     if v.is_baseline:
         knobs = {k: dict(x) for k, x in p.baseline_knobs.items()}
         knobs.setdefault("sparse-dllm", {})["keep_ratio"] = p.retention
-        return host_profile.baseline_steps(mdl, v.name, baseline_knobs(v, knobs), shape, prompts, params)
-    cfg = EngineConfig(dtype=p.dtype, device=str(dev), sampling=False, **engine_knobs(v, p.engine_defaults()))
-    return host_profile.engine_steps(mdl, cfg, shape, prompts, params)
+        return baseline_knobs(v, knobs)
+    return EngineConfig(dtype=p.dtype, device=str(dev), sampling=False, **engine_knobs(v, p.engine_defaults()))
+
+
+def timed_steps(v, n: int, mdl, shape: ModelShape, prompts, params, p, dev) -> list:
+    """One system's steps over `n` concurrent requests."""
+    if v.is_baseline:
+        return host_profile.baseline_steps(mdl, v.name, _knobs(v, p, dev), shape, prompts, params)
+    return host_profile.engine_steps(mdl, _knobs(v, p, dev), shape, prompts, params)
+
+
+def plain_system(v, mdl, p, dev):
+    if v.is_baseline:
+        return host_profile.plain_baseline(mdl, v.name, _knobs(v, p, dev))
+    return host_profile.plain_engine(mdl, _knobs(v, p, dev))
 
 
 def _memory_bytes(dev) -> float:

@@ -144,6 +144,28 @@ def fit_host(steps: list[tuple[Forward, float]], device: CostModel, per_row: boo
                   "mean_rows_by_seqs": {str(n): float(rows[n_seq == n].mean()) for n in sorted(set(n_seq))}}
 
 
+WAKE_TAUS = np.geomspace(0.02, 1.0, 40)     # below the smallest gap timed (30 ms) tau is not resolved
+
+
+def fit_wake(times: dict[float, list[float]]) -> tuple[float, float, dict]:
+    """(wake_s, wake_tau_s) of `HostCost.wake` from requests timed after idle gaps
+    (`host_profile.after_gaps`; gap 0 = back to back, the i-th time of every gap from round i):
+    the median over the rounds of each gap's extra time over the same round's back-to-back
+    request (paired, so a drift over the rounds cancels), fitted as wake_s·(1 − exp(−gap/tau))
+    by least squares, wake_s >= 0, tau on a log grid."""
+    zero = np.array(times[0.0])
+    gaps = np.array(sorted(g for g in times if g > 0))
+    extra = np.array([float(np.median(np.array(times[g]) - zero)) for g in gaps])
+    best = (math.inf, 0.0, float(WAKE_TAUS[len(WAKE_TAUS) // 2]))
+    for tau in WAKE_TAUS:
+        x = -np.expm1(-gaps / tau)
+        w = max(0.0, float(x @ extra / (x @ x)))
+        err = float(((w * x - extra) ** 2).sum())
+        if err < best[0]:
+            best = (err, w, float(tau))
+    return best[1], best[2], {"request_s": float(np.median(zero)), "gaps_s": gaps.tolist(), "extra_s": extra.tolist()}
+
+
 BRACKET_TOL, RETIMES = 1.15, 2
 
 

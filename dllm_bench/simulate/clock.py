@@ -5,7 +5,8 @@ passes `VirtualClock.now` and `VirtualClock.sleep`, so arrivals, idling and dead
 serve's own loop, in simulated seconds. A step advances the clock by its cost (the cost
 runner/policy charges it). The systems stamp requests with `time.perf_counter()`;
 `VirtualTimed` restamps each output with the virtual times at which the request was admitted,
-finished its first block and finished.
+finished its first block and finished, and charges the step that ends an idle gap the profile's
+wake cost.
 """
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ class VirtualTimed:
     """A serving system (engine or static batch) whose step() the cost model times. `members`
     returns the requests the step just ran (the cost runner/policy records them)."""
 
-    def __init__(self, system: Any, clock: VirtualClock, members: Callable[[], list]):
-        self.system, self.clock, self.members = system, clock, members
+    def __init__(self, system: Any, clock: VirtualClock, members: Callable[[], list],
+                 wake: Callable[[float], float] | None = None):
+        self.system, self.clock, self.members, self.wake = system, clock, members, wake
         self.times: dict[str, list] = {}       # request id -> [admitted, first_token, finished]
+        self.last_end = 0.0                    # a point starts right after serve's warm-up
 
     def add_request(self, *args, **kwargs) -> str:
         return self.system.add_request(*args, **kwargs)
@@ -49,8 +52,10 @@ class VirtualTimed:
 
     def step(self) -> list:
         start = self.clock.now()
+        if self.wake is not None:
+            self.clock.advance(self.wake(start - self.last_end))
         outs = self.system.step()
-        end = self.clock.now()
+        end = self.last_end = self.clock.now()
         for req in self.members():
             t = self.times.setdefault(req.request_id, [start, None, None])
             if t[1] is None and req.first_token_time is not None:

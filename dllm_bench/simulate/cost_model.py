@@ -175,9 +175,18 @@ class HostCost:
     c_seq: float = 0.0
     c_sl: float = 0.0             # per sequence per layer
     c_row: float = 0.0            # per query row (token) of the forward
+    wake_s: float = 0.0           # extra time of a system's work after a long idle gap ...
+    wake_tau_s: float = 0.1       # ... approached as 1 - exp(-gap / tau)
 
     def time(self, n_seq: int, layers: int, rows: int = 0) -> float:
         return self.c_step + self.c_seq * n_seq + self.c_sl * n_seq * layers + self.c_row * rows
+
+    def wake(self, gap: float) -> float:
+        """What a step costs more after the system idled `gap` seconds: caches and predictors
+        refilled after the idle time (measured by `calibrate`; 0 on GPU profiles)."""
+        if gap <= 0 or self.wake_s <= 0:
+            return 0.0
+        return self.wake_s * -math.expm1(-gap / self.wake_tau_s)
 
 
 @dataclass

@@ -126,7 +126,8 @@ def from_dict(d: dict, where: str) -> Hardware:
         if not isinstance(h, dict):
             raise UserError(f"{where}: host[{k!r}] must be an object")
         host[k] = HostCost(*(_num(h, c, f"{where} host[{k!r}]", positive=False, default=0.0)
-                             for c in ("c_step", "c_seq", "c_sl", "c_row")))
+                             for c in ("c_step", "c_seq", "c_sl", "c_row", "wake_s")),
+                           wake_tau_s=_num(h, "wake_tau_s", f"{where} host[{k!r}]", default=0.1))
     return Hardware(name=name, kind=kind, peak_flops=_num(d, "peak_flops", where), bandwidth=_num(d, "bandwidth", where),
                     memory_bytes=_num(d, "memory_bytes", where), efficiency=eff, host=host,
                     description=str(d.get("description", "")), datasheet=dict(d.get("datasheet") or {}),

@@ -8,7 +8,9 @@ warm-up request, as serve's worker warms up before it measures.
 """
 from __future__ import annotations
 
+import random
 import time
+from collections.abc import Callable, Sequence
 
 from baselines import make_policy
 from baselines.static_batch import Batch, Policy, StaticBatchSystem, StepResult
@@ -81,3 +83,39 @@ def baseline_steps(model, name: str, knobs: dict, shape: ModelShape, prompts, pa
     system = StaticBatchSystem(model, pol, max_batch_size=len(prompts))
     _timed_steps(system, pol.forwards, prompts[:1], params, model.device)
     return _timed_steps(system, pol.forwards, prompts, params, model.device)
+
+
+def plain_engine(model, config):
+    return LLMEngine(config, model=model)
+
+
+def plain_baseline(model, name: str, knobs: dict):
+    return StaticBatchSystem(model, make_policy(name, model, **knobs), max_batch_size=1)
+
+
+def after_gaps(system, prompts, params, gaps: Sequence[float], rounds: int, device,
+               sleep: Callable[[float], None] = time.sleep, seed: int = 0) -> dict[float, list[float]]:
+    """Seconds of one request alone, run after each idle gap (the gaps in a shuffled order every
+    round, each round on one prompt), after three warm-up requests: what a request pays for the
+    idle time before it, as a served point at a low rate sees it."""
+    wait = device_sync(device) or (lambda: None)
+
+    def one(prompt) -> float:
+        wait()
+        t0 = time.perf_counter()
+        system.add_request(prompt, params)
+        while system.has_unfinished():
+            system.step()
+        wait()
+        return time.perf_counter() - t0
+
+    for i in range(3):
+        one(prompts[i % len(prompts)])
+    out: dict[float, list[float]] = {g: [] for g in gaps}
+    order, rnd = list(gaps), random.Random(seed)
+    for r in range(rounds):
+        rnd.shuffle(order)
+        for g in order:
+            sleep(g)
+            out[g].append(one(prompts[r % len(prompts)]))
+    return out

@@ -94,6 +94,14 @@ class SimSetup:
         k = self.speed
         return fn if k == 1.0 else (lambda fw: fn(fw) * k)
 
+    def wake_cost(self, system: str) -> Callable[[float], float] | None:
+        """The profile's cost of waking after an idle gap (None: unit-cost tests, or no wake fitted)."""
+        host = self.hardware.host_cost(self.impls[system], system)
+        if self.cost_fn is not None or host.wake_s <= 0:
+            return None
+        k = self.speed
+        return lambda gap: host.wake(gap) * k
+
 
 def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
 
@@ -114,7 +122,7 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
                         TORCH_DTYPES[setup.dtype])
     engine = cost_engine(cfg, runner)
     info.update(kind="engine", knobs=knobs, engine_config=cfg.to_dict())
-    return VirtualTimed(engine, clock, lambda: runner.last)
+    return VirtualTimed(engine, clock, lambda: runner.last, setup.wake_cost(variant.name))
 
 
 def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len: int):
@@ -141,7 +149,7 @@ def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len
         raise UserError(f"system {variant.label!r}: {e}") from None
     system = StaticBatchSystem(model, policy, int(info["max_batch_size"]))
     info.update(kind="baseline", knobs=knobs)
-    return VirtualTimed(system, clock, lambda: policy.last)
+    return VirtualTimed(system, clock, lambda: policy.last, setup.wake_cost(variant.name))
 
 
 def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[VirtualTimed, dict]:
