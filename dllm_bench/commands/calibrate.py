@@ -80,6 +80,39 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     wl = preset_requests(p, model_dir, max(sizes))
     g = max(r.gen_length for r in wl)
     params = SamplingParams(gen_length=g, steps=g, block_length=p.block_length)
+    batches, wakes = _time_host(variants, sizes, mdl, shape, wl, params, p, dev, gauge, console)
+    # The profile describes the machine in its typical state over the whole calibration (the median
+    # gauge reading), not in the minutes of the operator grid: operators and steps are rescaled to it.
+    state = cal.typical_state(gauge.readings)
+    peak, bw, eff = cal.at_state(peak, bw, eff, state / reference)
+    console.print(f"profile at the calibration's median speed: operator times x{state / reference:.3f} (gauge "
+                  f"{reference * 1e3:.4g} ms over the operators, median {state * 1e3:.4g} ms of "
+                  f"{len(gauge.readings)} readings)")
+    device_only = CostModel(shape, peak, bw, eff, get_impl(MEASURED_HOST), HostCost())
+    host, host_fit = _fit_host(batches, wakes, device_only, reference, state, console)
+    spread = drift(gauge.readings)
+    if spread and spread > DRIFT_WARN:
+        console.print(f"[yellow]warning: this machine's speed changed by {spread:.2f}x during calibration "
+                      "(a reference GEMM); operator and step times were rescaled to its median speed, but a "
+                      "quieter machine gives a more trustworthy profile[/yellow]")
+    hw = hardware.Hardware(
+        name=name, kind="gpu" if dev.type == "cuda" else "cpu", peak_flops=peak, bandwidth=bw,
+        memory_bytes=_memory_bytes(dev), efficiency=eff, host=host, impl=MEASURED_HOST,
+        description=f"{where if dev.type == 'cuda' else platform.processor() or platform.machine()} "
+        f"({platform.node()}), {p.threads} torch threads, {p.dtype}",
+        sources=["measured by dllm-bench calibrate on this machine"],
+        fit={"model": p.model, "preset": p.name, "dtype": p.dtype, "device": str(dev), "threads": p.threads,
+             "operators": op_fit,
+             "host": host_fit, "sizes": list(sizes), "repeats": repeats,
+             "speed_gauge_s": {"operators": reference, "profile": state, "readings": gauge.readings}})
+    path = out or hardware.cache_dir() / f"{name}.json"
+    hardware.save(hw, path)
+    return path
+
+
+def _time_host(variants, sizes, mdl, shape, wl, params, p, dev, gauge, console) -> tuple[dict, dict]:
+    """Each system's timed steps at each size, between gauge readings ((steps, reading, attempts)
+    per size), and, where a request is short, one request after idle gaps."""
     batches, wakes = {}, {}
     with progress(con=console, status=True) as prog:
         task = prog.add_task("host time", total=len(variants) * len(sizes), status="")
@@ -100,14 +133,12 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
                 prog.update(task, status=f"{v.label}, one request after idle gaps")
                 wakes[v] = host_profile.after_gaps(plain_system(v, mdl, p, dev), [r.prompt_ids for r in wl], params,
                                                    WAKE_GAPS, WAKE_ROUNDS, dev)
-    # The profile describes the machine in its typical state over the whole calibration (the median
-    # gauge reading), not in the minutes of the operator grid: operators and steps are rescaled to it.
-    state = cal.typical_state(gauge.readings)
-    peak, bw, eff = cal.at_state(peak, bw, eff, state / reference)
-    console.print(f"profile at the calibration's median speed: operator times x{state / reference:.3f} (gauge "
-                  f"{reference * 1e3:.4g} ms over the operators, median {state * 1e3:.4g} ms of "
-                  f"{len(gauge.readings)} readings)")
-    device_only = CostModel(shape, peak, bw, eff, get_impl(MEASURED_HOST), HostCost())
+    return batches, wakes
+
+
+def _fit_host(batches: dict, wakes: dict, device_only: CostModel, reference: float, state: float,
+              console) -> tuple[dict, dict]:
+    """Each system's host cost (and wake cost) from its timed steps rescaled to the profile's state."""
     host, host_fit = {}, {}
     for v, timed_batches in batches.items():
         steps = [s for timed, now, _ in timed_batches for s in cal.at_reference_speed(timed, state, now)]
@@ -125,24 +156,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
         if v in wakes:
             console.print(f"  after an idle gap {v.label} takes {hc.wake_s * 1e3:.2f} ms more (tau "
                           f"{hc.wake_tau_s * 1e3:.0f} ms; one request back to back: {fit['wake']['request_s'] * 1e3:.1f} ms)")
-    spread = drift(gauge.readings)
-    if spread and spread > DRIFT_WARN:
-        console.print(f"[yellow]warning: this machine's speed changed by {spread:.2f}x during calibration "
-                      "(a reference GEMM); step times were rescaled to the operator timings' speed, but a "
-                      "quieter machine gives a more trustworthy profile[/yellow]")
-    hw = hardware.Hardware(
-        name=name, kind="gpu" if dev.type == "cuda" else "cpu", peak_flops=peak, bandwidth=bw,
-        memory_bytes=_memory_bytes(dev), efficiency=eff, host=host, impl=MEASURED_HOST,
-        description=f"{where if dev.type == 'cuda' else platform.processor() or platform.machine()} "
-        f"({platform.node()}), {p.threads} torch threads, {p.dtype}",
-        sources=["measured by dllm-bench calibrate on this machine"],
-        fit={"model": p.model, "preset": p.name, "dtype": p.dtype, "device": str(dev), "threads": p.threads,
-             "operators": op_fit,
-             "host": host_fit, "sizes": list(sizes), "repeats": repeats,
-             "speed_gauge_s": {"operators": reference, "profile": state, "readings": gauge.readings}})
-    path = out or hardware.cache_dir() / f"{name}.json"
-    hardware.save(hw, path)
-    return path
+    return host, host_fit
 
 
 def merge_profiles(specs: str, name: str, out: Path | None, console) -> Path:
