@@ -70,7 +70,7 @@ def _timed_steps(system, forwards: list, prompts, params, device) -> list[tuple[
 def engine_steps(model, config, shape: ModelShape, prompts, params) -> list[tuple[Forward, float]]:
 
     fws: list[Forward] = []
-    eng = LLMEngine(config, model=model)
+    eng = plain_engine(model, config)
     eng.runner = CostRunner(model.config, config, shape, lambda fw: fws.append(fw) or 0.0, VirtualClock(),
                             model.dtype, inner=eng.runner)
     _timed_steps(eng, fws, prompts[:1], params, model.device)      # warm-up

@@ -91,16 +91,18 @@ class SimSetup:
         if fn is None:
             step = self.cost_model(system).step
             fn = lambda fw: step(fw).t  # noqa: E731
-        k = self.speed
-        return fn if k == 1.0 else (lambda fw: fn(fw) * k)
+        return self._at_speed(fn)
 
     def wake_cost(self, system: str) -> Callable[[float], float] | None:
         """The profile's cost of waking after an idle gap (None: unit-cost tests, or no wake fitted)."""
         host = self.hardware.host_cost(self.impls[system], system)
         if self.cost_fn is not None or host.wake_s <= 0:
             return None
+        return self._at_speed(host.wake)
+
+    def _at_speed(self, fn: Callable[[Any], float]) -> Callable[[Any], float]:
         k = self.speed
-        return lambda gap: host.wake(gap) * k
+        return fn if k == 1.0 else (lambda x: fn(x) * k)
 
 
 def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
