@@ -97,16 +97,17 @@ def main() -> int:
 
 def _rounds_markdown(profiles: list[Path]) -> str:
     """Per round, what its calibration saw: the speed gauge of the state the profile describes and
-    each system's fitted host time per step and wake cost (the machine's state moves them)."""
+    how late an idle sleep of 0.1 s returned, and each system's fitted host time per step and wake
+    cost (the machine's state moves them)."""
     hws = [hardware.load(str(p)) for p in profiles]
     names = [k.split("/", 1)[1] for k in hws[0].host]
-    lines = ["| round | GEMM gauge ms | " + " | ".join(f"{n} c_step / wake ms" for n in names) + " |",
-             "|---|---|" + "---|" * len(names)]
+    lines = ["| round | GEMM gauge ms | sleep of 0.1 s late ms | " + " | ".join(f"{n} c_step / wake ms" for n in names)
+             + " |", "|---|---|---|" + "---|" * len(names)]
     for p, hw in zip(profiles, hws, strict=True):
         g = validate.speed_reference(hw.fit)[0] * 1e3
         costs = [hw.host[f"{hw.impl}/{n}"] for n in names]
         steps = [f"{c.c_step * 1e3:.2f} / {c.wake_s * 1e3:.2f}" for c in costs]
-        lines.append(f"| {p.stem} | {g:.4f} | " + " | ".join(steps) + " |")
+        lines.append(f"| {p.stem} | {g:.4f} | {hw.overshoot(0.1) * 1e3:.2f} | " + " | ".join(steps) + " |")
     return "## Rounds: what each calibration saw\n\n" + "\n".join(lines) + "\n\n"
 
 

@@ -57,14 +57,20 @@ def test_merge_of_row_and_wake_terms_keeps_the_median_host_time_at_each_size():
     # -> 13, 24 ms. Medians 20 and 30 ms; the merged row term is the median, 0.05 ms/row.
     rows = {"engine": {"mean_rows_by_seqs": {"1": 100.0, "2": 200.0}}}
     ms = 1e-3
-    a = _profile("a", 0.8, ((1, 0.1),), {"engine": (10 * ms, 5 * ms, 0.0, 0.05 * ms, 1 * ms, 0.05)}, 1.0)
-    b = _profile("b", 0.8, ((1, 0.1),), {"engine": (0.0, 20 * ms, 0.0, 0.0, 3 * ms, 0.2)}, 1.0)
-    c = _profile("c", 0.8, ((1, 0.1),), {"engine": (2 * ms, 1 * ms, 0.0, 0.1 * ms, 2 * ms, 0.1)}, 1.0)
+    a = _profile("a", 0.8, ((1, 0.1),), {"engine": (10 * ms, 5 * ms, 0.0, 0.05 * ms, 1 * ms, 0.05, 0.07 * ms)}, 1.0)
+    b = _profile("b", 0.8, ((1, 0.1),), {"engine": (0.0, 20 * ms, 0.0, 0.0, 3 * ms, 0.2, 0.09 * ms)}, 1.0)
+    c = _profile("c", 0.8, ((1, 0.1),), {"engine": (2 * ms, 1 * ms, 0.0, 0.1 * ms, 2 * ms, 0.1, 0.08 * ms)}, 1.0)
     for hw in (a, b, c):
         hw.fit["host"] = rows
-    eng = merge([a, b, c], "m").host["dllm-bench/engine"]
+    # The sleep lateness: its median at the durations all measured (c measured none).
+    a.sleep_overshoot, b.sleep_overshoot = ((0.01, 1e-4), (0.1, 3e-4)), ((0.001, 5e-5), (0.01, 2e-4), (0.1, 2e-4))
+    m = merge([a, b, c], "m")
+    eng = m.host["dllm-bench/engine"]
     assert math.isclose(eng.c_row, 0.05 * ms)
     assert math.isclose(eng.wake_s, 2 * ms) and math.isclose(eng.wake_tau_s, 0.1)      # their own medians
+    assert math.isclose(eng.c_add, 0.08 * ms)
+    assert [dt for dt, _ in m.sleep_overshoot] == [0.01, 0.1]
+    assert [late for _, late in m.sleep_overshoot] == pytest.approx([1.5e-4, 2.5e-4])
     assert math.isclose(eng.time(1, 0, 100), 20 * ms) and math.isclose(eng.time(2, 0, 200), 30 * ms)
 
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dllm_bench.errors import UserError
 from dllm_bench.simulate import calibrate as cal
 from dllm_bench.simulate.cost_model import (
     CostModel,
@@ -175,6 +176,15 @@ def test_malformed_hardware_file_is_one_line_exit_2(tmp_path, content):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("table", [[[0.1, 1e-4], [0.01, 2e-4]], [[0.0, 1e-4]], [[0.1, -1e-4]], [[0.1]], "late"])
+def test_a_malformed_sleep_table_is_one_clear_error(table):
+    from dllm_bench.simulate import hardware
+
+    d = {"name": "x", "kind": "cpu", "peak_flops": 1e9, "bandwidth": 1e9, "memory_bytes": 1e9, "sleep_overshoot": table}
+    with pytest.raises(UserError, match="'sleep_overshoot' must be a list of"):
+        hardware.from_dict(d, "hw.json")
+
+
 def test_u_c_table_interpolates_in_log_m():
     e = Efficiency(u_c=0.9, u_c_by_m=((16, 0.2), (256, 0.6)))
     assert e.u_c_at(1) == 0.2 and e.u_c_at(16) == 0.2 and e.u_c_at(4096) == 0.6
@@ -260,16 +270,60 @@ def test_a_step_after_an_idle_gap_pays_the_wake_cost():
     assert c.finished_time - c.admitted_time == pytest.approx(0.010 + host.wake(0.5))
 
 
+def test_an_arrival_after_an_idle_sleep_is_handed_over_late_and_pays_its_add_cost():
+    from dllm_bench.serve.loadgen import run_open_loop
+    from dllm_bench.simulate import hardware
+    from dllm_bench.simulate.clock import VirtualClock, VirtualTimed
+
+    hw = hardware.Hardware(name="t", kind="cpu", peak_flops=1.0, bandwidth=1.0, memory_bytes=1.0,
+                           sleep_overshoot=((0.001, 1e-4), (0.1, 3e-4)))
+    # Interpolated in log(seconds asked); the nearest measurement outside them; none for no sleep.
+    assert hw.overshoot(0.01) == pytest.approx(2e-4) and hw.overshoot(1e-4) == 1e-4
+    assert hw.overshoot(5.0) == 3e-4 and hw.overshoot(0.0) == 0.0
+    assert hardware.Hardware(name="u", kind="cpu", peak_flops=1.0, bandwidth=1.0, memory_bytes=1.0).overshoot(1.0) == 0
+
+    class OneStep:                       # every request takes one step of 10 ms, stamped by the wrapper
+        def __init__(self, clock):
+            self.clock, self.pending = clock, []
+
+        def add_request(self, prompt, params, request_id, arrival_time):
+            self.pending.append(request_id)
+            return request_id
+
+        def has_unfinished(self):
+            return bool(self.pending)
+
+        def stats(self):
+            return {}
+
+        def step(self):
+            self.clock.advance(0.010)
+            return [type("Out", (), {"request_id": self.pending.pop(0), "token_ids": [1], "prompt_ids": [1]})()]
+
+    clock = VirtualClock(hw.overshoot)
+    timed = VirtualTimed(OneStep(clock), clock, lambda: [], add_cost=5e-5)
+    items = [{"prompt_ids": [1], "arrival": t} for t in (0.0, 0.1, 0.105)]
+    recs = run_open_loop(timed, items, lambda it: None, clock=clock.now, sleep=clock.sleep)["records"]
+    lag = [r["admitted_time"] - r["arrival_time"] for r in recs]
+    # The first is handed over at once; the second after the sleep from the first's end (its add
+    # and step) to 0.1 s, which returns late; the third arrives during the second's step and
+    # waits for it (no sleep).
+    assert lag[0] == pytest.approx(5e-5)
+    assert lag[1] == pytest.approx(hw.overshoot(0.1 - 5e-5 - 0.010) + 5e-5) and lag[1] > 3e-4
+    assert lag[2] == pytest.approx(recs[1]["finished_time"] + 5e-5 - 0.105)
+
+
 def test_hardware_file_round_trips_the_per_m_table(tmp_path):
     from dllm_bench.simulate import hardware
 
     eff = Efficiency(u_c=0.6, u_m=0.9, c_attn=3e-5, u_c_by_m=((1, 0.02), (64, 0.3), (1024, 0.7)))
-    host = {"dllm-bench/engine": HostCost(c_step=1e-3, c_seq=2e-3, c_row=3e-6, wake_s=2e-3, wake_tau_s=0.07)}
+    host = {"dllm-bench/engine": HostCost(c_step=1e-3, c_seq=2e-3, c_row=3e-6, wake_s=2e-3, wake_tau_s=0.07,
+                                          c_add=8e-5)}
     hw = hardware.Hardware(name="t", kind="cpu", peak_flops=1e11, bandwidth=2e10, memory_bytes=1e9, efficiency=eff,
-                           host=host)
+                           host=host, sleep_overshoot=((0.001, 9e-5), (0.3, 2.5e-4)))
     hardware.save(hw, tmp_path / "t.json")
     back = hardware.load(str(tmp_path / "t.json"))
-    assert back.efficiency == eff and back.host == host
+    assert back.efficiency == eff and back.host == host and back.sleep_overshoot == hw.sleep_overshoot
 
 
 def test_calibrate_writes_a_profile_with_the_per_m_table(tmp_path):
@@ -288,8 +342,10 @@ def test_calibrate_writes_a_profile_with_the_per_m_table(tmp_path):
     assert len(hw.fit["host"]["engine"]["speed_vs_operators"]) == 2
     tries = sum(sum(f["attempts"]) for f in hw.fit["host"].values())      # a batch re-timed reads the gauge again
     wake = hw.fit["host"]["engine"]["wake"]                         # a tiny request is timed after idle gaps
-    assert wake["gaps_s"] == [0.03, 0.1, 0.3] and wake["request_s"] > 0
-    assert hw.host_cost("dllm-bench", "engine").wake_s >= 0
+    assert wake["gaps_s"] == [0.001, 0.01, 0.03, 0.1, 0.3] and wake["request_s"] > 0
+    host = hw.host_cost("dllm-bench", "engine")
+    assert host.wake_s >= 0 and 0 < host.c_add < wake["request_s"]
+    assert [dt for dt, _ in hw.sleep_overshoot] == wake["gaps_s"] and all(late >= 0 for _, late in hw.sleep_overshoot)
     g = hw.fit["speed_gauge_s"]
     assert len(g["readings"]) == 2 + 2 * tries and g["operators"] > 0
     assert g["profile"] == pytest.approx(float(np.median(g["readings"])))      # the state the profile describes

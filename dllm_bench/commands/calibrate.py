@@ -4,6 +4,7 @@ hardware profile and write it as the file `dllm-bench simulate --hardware` reads
 from __future__ import annotations
 
 import platform
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,7 +33,9 @@ from engine.sampling import SamplingParams
 MAX_SIZE = {"cpu": 8, "cuda": 64}
 # A request is timed alone after idle gaps (HostCost.wake) when it takes at most this long: the
 # wake cost is milliseconds, nothing to a request of seconds, and the measurement costs rounds of them.
-WAKE_GAPS, WAKE_ROUNDS, WAKE_MAX_REQUEST_S = (0.0, 0.03, 0.1, 0.3), 16, 0.5
+# The same timings give the cost of handing a request over (add_request, outside the steps) and
+# how late the idle sleeps return: both fractions of a millisecond, ignored where requests take longer.
+WAKE_GAPS, WAKE_ROUNDS, WAKE_MAX_REQUEST_S = (0.0, 0.001, 0.01, 0.03, 0.1, 0.3), 16, 0.5
 
 
 def default_sizes(p, device_type: str) -> tuple[int, ...]:
@@ -90,6 +93,10 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
                   f"{len(gauge.readings)} readings)")
     device_only = CostModel(shape, peak, bw, eff, get_impl(MEASURED_HOST), HostCost())
     host, host_fit = _fit_host(batches, wakes, device_only, reference, state, console)
+    overshoot = cal.fit_overshoot([w.overshoot for w in wakes.values()])
+    if overshoot:
+        console.print("an idle sleep returns late by " + ", ".join(f"{late * 1e6:.0f} us at {dt * 1e3:g} ms"
+                                                                   for dt, late in overshoot))
     spread = drift(gauge.readings)
     if spread and spread > DRIFT_WARN:
         console.print(f"[yellow]warning: this machine's speed changed by {spread:.2f}x during calibration "
@@ -97,7 +104,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
                       "quieter machine gives a more trustworthy profile[/yellow]")
     hw = hardware.Hardware(
         name=name, kind="gpu" if dev.type == "cuda" else "cpu", peak_flops=peak, bandwidth=bw,
-        memory_bytes=_memory_bytes(dev), efficiency=eff, host=host, impl=MEASURED_HOST,
+        memory_bytes=_memory_bytes(dev), efficiency=eff, host=host, impl=MEASURED_HOST, sleep_overshoot=overshoot,
         description=f"{where if dev.type == 'cuda' else platform.processor() or platform.machine()} "
         f"({platform.node()}), {p.threads} torch threads, {p.dtype}",
         sources=["measured by dllm-bench calibrate on this machine"],
@@ -144,8 +151,8 @@ def _fit_host(batches: dict, wakes: dict, device_only: CostModel, reference: flo
         steps = [s for timed, now, _ in timed_batches for s in cal.at_reference_speed(timed, state, now)]
         hc, fit = cal.fit_host(steps, device_only)
         if v in wakes:
-            w, tau, fit["wake"] = cal.fit_wake(wakes[v])
-            hc = replace(hc, wake_s=w, wake_tau_s=tau)
+            w, tau, fit["wake"] = cal.fit_wake(wakes[v].request)
+            hc = replace(hc, wake_s=w, wake_tau_s=tau, c_add=statistics.median(wakes[v].add[0.0]))
         fit["speed_vs_operators"] = [reference / now for _, now, _ in timed_batches]
         fit["attempts"] = [a for _, _, a in timed_batches]
         host[f"{MEASURED_HOST}/{v.name}"], host_fit[v.name] = hc, fit
@@ -155,7 +162,8 @@ def _fit_host(batches: dict, wakes: dict, device_only: CostModel, reference: flo
                       f"timings {', '.join(f'{x:.2f}x' for x in fit['speed_vs_operators'])}, step times rescaled)")
         if v in wakes:
             console.print(f"  after an idle gap {v.label} takes {hc.wake_s * 1e3:.2f} ms more (tau "
-                          f"{hc.wake_tau_s * 1e3:.0f} ms; one request back to back: {fit['wake']['request_s'] * 1e3:.1f} ms)")
+                          f"{hc.wake_tau_s * 1e3:.0f} ms; one request back to back: {fit['wake']['request_s'] * 1e3:.1f} ms, "
+                          f"handing it over {hc.c_add * 1e6:.0f} us)")
     return host, host_fit
 
 

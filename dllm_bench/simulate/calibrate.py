@@ -18,7 +18,7 @@ the parameters come back (the round trip).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -164,6 +164,13 @@ def fit_wake(times: dict[float, list[float]]) -> tuple[float, float, dict]:
         if err < best[0]:
             best = (err, w, float(tau))
     return best[1], best[2], {"request_s": float(np.median(zero)), "gaps_s": gaps.tolist(), "extra_s": extra.tolist()}
+
+
+def fit_overshoot(samples: Sequence[dict[float, list[float]]]) -> tuple[tuple[float, float], ...]:
+    """`Hardware.sleep_overshoot`: per duration asked, the median lateness of the idle sleeps over
+    every system's gap timings (a property of the machine, not of a system)."""
+    gaps = sorted({g for s in samples for g in s if g > 0})
+    return tuple((float(g), max(0.0, float(np.median([x for s in samples for x in s.get(g, [])])))) for g in gaps)
 
 
 BRACKET_TOL, RETIMES = 1.15, 2

@@ -6,7 +6,9 @@ serve's own loop, in simulated seconds. A step advances the clock by its cost (t
 runner/policy charges it). The systems stamp requests with `time.perf_counter()`;
 `VirtualTimed` restamps each output with the virtual times at which the request was admitted,
 finished its first block and finished, and charges the step that ends an idle gap the profile's
-wake cost.
+wake cost and each request handed over its add cost. An idle sleep returns as late as the
+profile's machine returns from one (`Hardware.overshoot`): serve's loop hands a request over
+only when it wakes.
 """
 from __future__ import annotations
 
@@ -15,14 +17,15 @@ from typing import Any
 
 
 class VirtualClock:
-    def __init__(self) -> None:
-        self.t = 0.0
+    def __init__(self, overshoot: Callable[[float], float] | None = None) -> None:
+        self.t, self.overshoot = 0.0, overshoot
 
     def now(self) -> float:
         return self.t
 
     def sleep(self, dt: float) -> None:
-        self.t += max(0.0, dt)
+        dt = max(0.0, dt)
+        self.t += dt + (self.overshoot(dt) if self.overshoot is not None and dt > 0 else 0.0)
 
     def advance(self, dt: float) -> None:
         self.t += dt
@@ -33,12 +36,13 @@ class VirtualTimed:
     returns the requests the step just ran (the cost runner/policy records them)."""
 
     def __init__(self, system: Any, clock: VirtualClock, members: Callable[[], list],
-                 wake: Callable[[float], float] | None = None):
-        self.system, self.clock, self.members, self.wake = system, clock, members, wake
+                 wake: Callable[[float], float] | None = None, add_cost: float = 0.0):
+        self.system, self.clock, self.members, self.wake, self.add_cost = system, clock, members, wake, add_cost
         self.times: dict[str, list] = {}       # request id -> [admitted, first_token, finished]
         self.last_end = 0.0                    # a point starts right after serve's warm-up
 
     def add_request(self, *args, **kwargs) -> str:
+        self.clock.advance(self.add_cost)
         return self.system.add_request(*args, **kwargs)
 
     def has_unfinished(self) -> bool:

@@ -177,6 +177,7 @@ class HostCost:
     c_row: float = 0.0            # per query row (token) of the forward
     wake_s: float = 0.0           # extra time of a system's work after a long idle gap ...
     wake_tau_s: float = 0.1       # ... approached as 1 - exp(-gap / tau)
+    c_add: float = 0.0            # per request handed to the system (add_request), outside its steps
 
     def time(self, n_seq: int, layers: int, rows: int = 0) -> float:
         return self.c_step + self.c_seq * n_seq + self.c_sl * n_seq * layers + self.c_row * rows

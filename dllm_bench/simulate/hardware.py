@@ -14,6 +14,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from dllm_bench.errors import UserError
 from dllm_bench.results import atomic_write_json
 from dllm_bench.simulate.cost_model import Efficiency, HostCost
@@ -37,6 +39,9 @@ class Hardware:
     sources: list[str] = field(default_factory=list)
     fit: dict = field(default_factory=dict)                   # what calibrate measured and its errors
     impl: str = ""                    # the implementation whose code was timed: every system's default
+    # [[seconds asked, median seconds late], ...]: how late a sleep returns (serve's idle wait for the
+    # next arrival); measured by calibrate where requests are short, empty (0) otherwise
+    sleep_overshoot: tuple[tuple[float, float], ...] = ()
     path: str = ""
 
     def _host_entry(self, impl: str, system: str) -> HostCost | None:
@@ -47,6 +52,14 @@ class Hardware:
 
     def host_fitted(self, impl: str, system: str) -> bool:
         return self._host_entry(impl, system) is not None
+
+    def overshoot(self, dt: float) -> float:
+        """Seconds a sleep of `dt` returns late: the measured medians interpolated in log dt, the
+        nearest one outside them (a timer's wake-up latency does not vanish for short sleeps)."""
+        t = self.sleep_overshoot
+        if dt <= 0 or not t:
+            return 0.0
+        return float(np.interp(math.log(dt), [math.log(a) for a, _ in t], [y for _, y in t]))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -96,6 +109,19 @@ def _table(rows, where: str) -> tuple[tuple[int, float], ...]:
     return tuple((int(m), float(u)) for m, u in rows)
 
 
+def _overshoots(rows, where: str) -> tuple[tuple[float, float], ...]:
+    """[[dt, late], ...] with dt > 0 strictly ascending and late >= 0."""
+    def num(x, pos):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and (x > 0 if pos else x >= 0)
+
+    ok = isinstance(rows, list) and all(isinstance(r, list) and len(r) == 2 and num(r[0], True) and num(r[1], False)
+                                        for r in rows)
+    if not ok or any(a[0] >= b[0] for a, b in zip(rows, rows[1:])):
+        raise UserError(f"{where} must be a list of [seconds asked, seconds late] pairs, seconds asked ascending "
+                        "and > 0, seconds late >= 0")
+    return tuple((float(a), float(y)) for a, y in rows)
+
+
 def _impl(d: dict, where: str) -> str:
     impl = d.get("impl", "")
     if impl and impl not in IMPLEMENTATIONS:
@@ -127,11 +153,13 @@ def from_dict(d: dict, where: str) -> Hardware:
             raise UserError(f"{where}: host[{k!r}] must be an object")
         host[k] = HostCost(*(_num(h, c, f"{where} host[{k!r}]", positive=False, default=0.0)
                              for c in ("c_step", "c_seq", "c_sl", "c_row", "wake_s")),
-                           wake_tau_s=_num(h, "wake_tau_s", f"{where} host[{k!r}]", default=0.1))
+                           wake_tau_s=_num(h, "wake_tau_s", f"{where} host[{k!r}]", default=0.1),
+                           c_add=_num(h, "c_add", f"{where} host[{k!r}]", positive=False, default=0.0))
     return Hardware(name=name, kind=kind, peak_flops=_num(d, "peak_flops", where), bandwidth=_num(d, "bandwidth", where),
                     memory_bytes=_num(d, "memory_bytes", where), efficiency=eff, host=host,
                     description=str(d.get("description", "")), datasheet=dict(d.get("datasheet") or {}),
-                    sources=list(d.get("sources") or []), fit=dict(d.get("fit") or {}), impl=_impl(d, where))
+                    sources=list(d.get("sources") or []), fit=dict(d.get("fit") or {}), impl=_impl(d, where),
+                    sleep_overshoot=_overshoots(d.get("sleep_overshoot", []), f"{where}: 'sleep_overshoot'"))
 
 
 def load(spec: str, flag: str = "--hardware") -> Hardware:

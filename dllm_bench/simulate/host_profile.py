@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from baselines import make_policy
 from baselines.static_batch import Batch, Policy, StaticBatchSystem, StepResult
@@ -93,29 +94,44 @@ def plain_baseline(model, name: str, knobs: dict):
     return StaticBatchSystem(model, make_policy(name, model, **knobs), max_batch_size=1)
 
 
+@dataclass
+class GapTimes:
+    """`after_gaps`' timings, each list indexed by round: the whole request (add_request to its
+    last step), its add_request alone, and how late each idle sleep returned."""
+
+    request: dict[float, list[float]]
+    add: dict[float, list[float]]
+    overshoot: dict[float, list[float]]
+
+
 def after_gaps(system, prompts, params, gaps: Sequence[float], rounds: int, device,
-               sleep: Callable[[float], None] = time.sleep, seed: int = 0) -> dict[float, list[float]]:
-    """Seconds of one request alone, run after each idle gap (the gaps in a shuffled order every
-    round, each round on one prompt), after three warm-up requests: what a request pays for the
-    idle time before it, as a served point at a low rate sees it."""
+               sleep: Callable[[float], None] = time.sleep, seed: int = 0) -> GapTimes:
+    """One request alone, run after each idle gap (the gaps in a shuffled order every round, each
+    round on one prompt), after three warm-up requests: what a request pays for the idle time
+    before it, as a served point at a low rate sees it."""
     wait = device_sync(device) or (lambda: None)
 
-    def one(prompt) -> float:
+    def one(prompt) -> tuple[float, float]:
         wait()
         t0 = time.perf_counter()
         system.add_request(prompt, params)
+        added = time.perf_counter() - t0
         while system.has_unfinished():
             system.step()
         wait()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, added
 
     for i in range(3):
         one(prompts[i % len(prompts)])
-    out: dict[float, list[float]] = {g: [] for g in gaps}
+    out = GapTimes(*({g: [] for g in gaps} for _ in range(3)))
     order, rnd = list(gaps), random.Random(seed)
     for r in range(rounds):
         rnd.shuffle(order)
         for g in order:
+            t0 = time.perf_counter()
             sleep(g)
-            out[g].append(one(prompts[r % len(prompts)]))
+            out.overshoot[g].append(time.perf_counter() - t0 - g)
+            total, added = one(prompts[r % len(prompts)])
+            out.request[g].append(total)
+            out.add[g].append(added)
     return out

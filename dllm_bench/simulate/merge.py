@@ -59,6 +59,7 @@ def merge(profiles: Sequence[Hardware], name: str) -> Hardware:
         name=name, kind=first.kind, peak_flops=med(hw.peak_flops for hw in profiles),
         bandwidth=med(hw.bandwidth for hw in profiles), memory_bytes=first.memory_bytes, efficiency=eff,
         host=host, description=first.description, impl=first.impl, fit=fit,
+        sleep_overshoot=_overshoot_median(profiles),
         sources=[f"median of {len(profiles)} dllm-bench calibrations of this machine: {', '.join(names)}"])
 
 
@@ -79,7 +80,7 @@ def _rows(profiles: Sequence[Hardware], system: str, sizes: Sequence[int]) -> di
 
 def _host_median(costs: Sequence[HostCost], sizes: Sequence[int], rows: dict[int, float]) -> HostCost:
     """c_step + c_seq·n (both >= 0) through the median host time at each size (its steps' mean
-    rows); c_row, the wake terms and c_sl (not fitted by calibrate) by their own medians."""
+    rows); c_row, the wake terms, c_add and c_sl (not fitted by calibrate) by their own medians."""
     from scipy.optimize import nnls
 
     c_row = med(c.c_row for c in costs)
@@ -87,7 +88,17 @@ def _host_median(costs: Sequence[HostCost], sizes: Sequence[int], rows: dict[int
     y = np.array([med(c.c_step + c.c_seq * n + c.c_row * rows[n] for c in costs) - c_row * rows[n] for n in sizes])
     (c_step, c_seq), _ = nnls(A, y)
     return HostCost(c_step=float(c_step), c_seq=float(c_seq), c_sl=med(c.c_sl for c in costs), c_row=c_row,
-                    wake_s=med(c.wake_s for c in costs), wake_tau_s=med(c.wake_tau_s for c in costs))
+                    wake_s=med(c.wake_s for c in costs), wake_tau_s=med(c.wake_tau_s for c in costs),
+                    c_add=med(c.c_add for c in costs))
+
+
+def _overshoot_median(profiles: Sequence[Hardware]) -> tuple[tuple[float, float], ...]:
+    """The median lateness at each duration the calibrations that measured it share."""
+    tables = [dict(hw.sleep_overshoot) for hw in profiles if hw.sleep_overshoot]
+    if not tables:
+        return ()
+    common = sorted(set.intersection(*(set(t) for t in tables)))
+    return tuple((dt, med(t[dt] for t in tables)) for dt in common)
 
 
 def _check_same(a: Hardware, b: Hardware) -> None:

@@ -100,6 +100,17 @@ class SimSetup:
             return None
         return self._at_speed(host.wake)
 
+    def add_cost(self, system: str) -> float:
+        """Seconds the loop spends handing one request to the system (0 for unit-cost tests)."""
+        if self.cost_fn is not None:
+            return 0.0
+        return self.hardware.host_cost(self.impls[system], system).c_add * self.speed
+
+    def clock(self) -> VirtualClock:
+        """A point's clock: idle sleeps return as late as on the profile's machine (not in unit-cost tests)."""
+        return VirtualClock(None if self.cost_fn is not None or not self.hardware.sleep_overshoot
+                            else self.hardware.overshoot)
+
     def _at_speed(self, fn: Callable[[Any], float]) -> Callable[[Any], float]:
         k = self.speed
         return fn if k == 1.0 else (lambda x: fn(x) * k)
@@ -124,7 +135,7 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
                         TORCH_DTYPES[setup.dtype])
     engine = cost_engine(cfg, runner)
     info.update(kind="engine", knobs=knobs, engine_config=cfg.to_dict())
-    return VirtualTimed(engine, clock, lambda: runner.last, setup.wake_cost(variant.name))
+    return VirtualTimed(engine, clock, lambda: runner.last, setup.wake_cost(variant.name), setup.add_cost(variant.name))
 
 
 def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len: int):
@@ -151,7 +162,8 @@ def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len
         raise UserError(f"system {variant.label!r}: {e}") from None
     system = StaticBatchSystem(model, policy, int(info["max_batch_size"]))
     info.update(kind="baseline", knobs=knobs)
-    return VirtualTimed(system, clock, lambda: policy.last, setup.wake_cost(variant.name))
+    return VirtualTimed(system, clock, lambda: policy.last, setup.wake_cost(variant.name),
+                        setup.add_cost(variant.name))
 
 
 def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[VirtualTimed, dict]:
@@ -168,7 +180,7 @@ def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
                    max_duration: float | None = None, keep_steps: bool = False) -> dict:
     """{"result": run_open_loop's result in simulated seconds, "info": what was built}."""
 
-    clock = VirtualClock()
+    clock = setup.clock()
     max_len = max(len(w.prompt_ids) + w.gen_length for w in workload)
     system, info = build(variant, setup, clock, max_len)
 
