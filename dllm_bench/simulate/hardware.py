@@ -98,27 +98,31 @@ def _num(d: dict, key: str, where: str, positive: bool = True, default: float | 
     return float(v)
 
 
+def _real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _pairs(rows, where: str, key_ok, value_ok, says: str) -> list:
+    """A JSON table of [key, value] pairs, keys strictly ascending: the pairs, or one UserError
+    line saying what the table must be."""
+    ok = isinstance(rows, list) and all(isinstance(r, list) and len(r) == 2 and key_ok(r[0]) and value_ok(r[1])
+                                        for r in rows)
+    if not ok or any(a[0] >= b[0] for a, b in zip(rows, rows[1:])):
+        raise UserError(f"{where} must be a list of {says}")
+    return rows
+
+
 def _table(rows, where: str) -> tuple[tuple[int, float], ...]:
     """[[M, u_c], ...] with M positive integers, strictly ascending, and u_c positive."""
-    ok = isinstance(rows, list) and all(
-        isinstance(r, list) and len(r) == 2 and isinstance(r[0], int) and not isinstance(r[0], bool) and r[0] > 0
-        and isinstance(r[1], (int, float)) and not isinstance(r[1], bool) and math.isfinite(r[1]) and r[1] > 0
-        for r in rows)
-    if not ok or any(a[0] >= b[0] for a, b in zip(rows, rows[1:])):
-        raise UserError(f"{where} must be a list of [M, u_c] pairs, M ascending integers and u_c > 0")
+    rows = _pairs(rows, where, lambda m: isinstance(m, int) and not isinstance(m, bool) and m > 0,
+                  lambda u: _real(u) and u > 0, "[M, u_c] pairs, M ascending integers and u_c > 0")
     return tuple((int(m), float(u)) for m, u in rows)
 
 
 def _overshoots(rows, where: str) -> tuple[tuple[float, float], ...]:
     """[[dt, late], ...] with dt > 0 strictly ascending and late >= 0."""
-    def num(x, pos):
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and (x > 0 if pos else x >= 0)
-
-    ok = isinstance(rows, list) and all(isinstance(r, list) and len(r) == 2 and num(r[0], True) and num(r[1], False)
-                                        for r in rows)
-    if not ok or any(a[0] >= b[0] for a, b in zip(rows, rows[1:])):
-        raise UserError(f"{where} must be a list of [seconds asked, seconds late] pairs, seconds asked ascending "
-                        "and > 0, seconds late >= 0")
+    rows = _pairs(rows, where, lambda dt: _real(dt) and dt > 0, lambda late: _real(late) and late >= 0,
+                  "[seconds asked, seconds late] pairs, seconds asked ascending and > 0, seconds late >= 0")
     return tuple((float(a), float(y)) for a, y in rows)
 
 
