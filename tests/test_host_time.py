@@ -56,6 +56,24 @@ def test_host_fit_round_trip():
     assert fit2["median_err_by_rows"]["> 64"] < -0.01
 
 
+def test_weighted_host_fit_does_not_trade_a_lone_requests_steps_for_a_large_batch():
+    """Host time the three terms cannot follow (1 ms more per doubling of the batch, as a host
+    time that flattens with the batch): the unweighted fit is decided by the long steps of the
+    batch of 8 and overcharges a lone request by a fifth; weighted by relative error, by a third
+    of that, and the batch of 8 carries the misfit instead."""
+    import math
+
+    dev = CostModel(LLADA_8B, 5e14, 2e13, Efficiency(), get_impl("engine"), HostCost())
+    truth = HostCost(c_step=0.5e-3, c_seq=0.2e-3, c_row=2e-6)
+    steps = [(fw, dev.step(fw).t_device + truth.time(fw.n_seq, 32, fw.query_tokens) + 1e-3 * math.log2(fw.n_seq))
+             for fw in _host_forwards()]
+    _, plain = cal.fit_host(steps, dev, relative=False)
+    _, weighted = cal.fit_host(steps, dev)
+    assert plain["total_err_by_seqs"]["1"] > 0.15
+    assert 0 < weighted["total_err_by_seqs"]["1"] < plain["total_err_by_seqs"]["1"] / 2
+    assert weighted["total_err_by_seqs"]["8"] > plain["total_err_by_seqs"]["8"]
+
+
 def test_host_fit_after_a_speed_change_is_rescaled_to_the_operators_speed():
     """Steps timed while the machine ran 1.3x slower than during the operator timings (the gauge
     read 1.3x its reference): unscaled, the fit blames the host for the device's slowdown;

@@ -114,14 +114,25 @@ def fit_u_c_by_m(samples: list[OpSample], eff: Efficiency, peak: float, bw: floa
 ROWS_SPLIT = 64
 
 
-def fit_host(steps: list[tuple[Forward, float]], device: CostModel, per_row: bool = True) -> tuple[HostCost, dict]:
+REWEIGHTS = 5
+
+
+def fit_host(steps: list[tuple[Forward, float]], device: CostModel, per_row: bool = True,
+             relative: bool = True) -> tuple[HostCost, dict]:
     """c_step + c_seq·n_seq + c_row·query rows (all >= 0) fitted by least squares to the step time
-    the device model leaves. A squared loss on wall time fits the *mean* step: on a shared machine
+    the device model leaves. A squared loss on time (not log time) fits the *mean* step: on a shared machine
     that includes the time the process waits for a core, which serving on that machine pays too.
     The row term carries what grows with a forward's tokens but not with its operators' FLOPs and
     bytes (per-token host work; small operators that run slower than their isolated timings);
     without it that time lands on c_seq and a lone request's block steps are charged for the
-    canvases of a batch (`per_row=False`: the two-term fit, kept for comparison)."""
+    canvases of a batch (`per_row=False`: the two-term fit, kept for comparison).
+
+    `relative`: each step's residual is divided by the step's fitted time (iteratively
+    reweighted; the weights come from the fit, not from the noisy measurement, so a fast outlier
+    does not pull the fit down). A step's noise is a share of its length, and three terms cannot
+    follow every batch size exactly: unweighted, the few long steps of the largest batch decide
+    where the misfit goes, and it went to the many short steps of a lone request, the batch that
+    a static-batch baseline serves at low load (docs/SIMULATE.md, "Weighting the host fit")."""
     from scipy.optimize import nnls
 
     cols = [[1.0, fw.n_seq] + ([fw.query_tokens] if per_row else []) for fw, _ in steps]
@@ -129,6 +140,9 @@ def fit_host(steps: list[tuple[Forward, float]], device: CostModel, per_row: boo
     dev = np.array([device.step(fw).t_device for fw, _ in steps])
     meas = np.array([t for _, t in steps])
     x, _ = nnls(A, meas - dev)
+    for _ in range(REWEIGHTS if relative else 0):
+        fitted = dev + A @ x
+        x, _ = nnls(A / fitted[:, None], (meas - dev) / fitted)
     host = HostCost(c_step=float(x[0]), c_seq=float(x[1]), c_row=float(x[2]) if per_row else 0.0)
     signed = (dev + A @ x - meas) / meas
     rel = np.abs(signed)
@@ -141,10 +155,13 @@ def fit_host(steps: list[tuple[Forward, float]], device: CostModel, per_row: boo
                   "mean_step_s": float(meas.mean()),
                   "median_err_by_rows": {k: float(np.median(v)) for k, v in by_rows.items() if v.size},
                   "median_err_by_seqs": {str(n): float(np.median(signed[n_seq == n])) for n in sorted(set(n_seq))},
+                  # what a request of n sequences is charged in all, over what its steps took
+                  "total_err_by_seqs": {str(n): float((dev + A @ x)[n_seq == n].sum() / meas[n_seq == n].sum() - 1)
+                                        for n in sorted(set(n_seq))},
                   "mean_rows_by_seqs": {str(n): float(rows[n_seq == n].mean()) for n in sorted(set(n_seq))}}
 
 
-WAKE_TAUS = np.geomspace(0.02, 1.0, 40)     # below the smallest gap timed (30 ms) tau is not resolved
+WAKE_TAUS = np.geomspace(0.02, 1.0, 40)     # 20 ms up: 2 of 180 tiny fits (2026-11-25) reached the floor
 
 
 def fit_wake(times: dict[float, list[float]]) -> tuple[float, float, dict]:

@@ -80,13 +80,15 @@ def _rows(profiles: Sequence[Hardware], system: str, sizes: Sequence[int]) -> di
 
 def _host_median(costs: Sequence[HostCost], sizes: Sequence[int], rows: dict[int, float]) -> HostCost:
     """c_step + c_seq·n (both >= 0) through the median host time at each size (its steps' mean
-    rows); c_row, the wake terms, c_add and c_sl (not fitted by calibrate) by their own medians."""
+    rows), by relative error; c_row, the wake terms, c_add and c_sl (not fitted by calibrate) by their own medians."""
     from scipy.optimize import nnls
 
     c_row = med(c.c_row for c in costs)
     A = np.array([[1.0, n] for n in sizes])
-    y = np.array([med(c.c_step + c.c_seq * n + c.c_row * rows[n] for c in costs) - c_row * rows[n] for n in sizes])
-    (c_step, c_seq), _ = nnls(A, y)
+    total = np.array([med(c.c_step + c.c_seq * n + c.c_row * rows[n] for c in costs) for n in sizes])
+    y = total - c_row * np.array([rows[n] for n in sizes])
+    w = 1.0 / np.maximum(total, 1e-9)       # relative errors, as calibrate's host fit: the largest batch
+    (c_step, c_seq), _ = nnls(A * w[:, None], y * w)        # does not decide the lone request's time
     return HostCost(c_step=float(c_step), c_seq=float(c_seq), c_sl=med(c.c_sl for c in costs), c_row=c_row,
                     wake_s=med(c.wake_s for c in costs), wake_tau_s=med(c.wake_tau_s for c in costs),
                     c_add=med(c.c_add for c in costs))
