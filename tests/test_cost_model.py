@@ -189,6 +189,7 @@ def test_calibrate_writes_a_profile_with_the_per_m_table(tmp_path):
     hw = hardware.load(str(out))
     assert len(hw.efficiency.u_c_by_m) >= 2 and hw.host_cost("dllm-bench", "engine").c_step >= 0
     assert hw.fit["sizes"] == [1, 2] and "median_err_by_rows" in hw.fit["host"]["engine"]
+    assert set(hw.fit["host"]["engine"]["total_err_by_seqs"]) == {"1", "2"}
     assert hw.kind == "cpu" and hw.fit["device"] == "cpu" and hw.impl == "dllm-bench"
     # the speed gauge: read around the operators and around each timed batch size
     assert len(hw.fit["host"]["engine"]["speed_vs_operators"]) == 2

@@ -157,8 +157,10 @@ def _fit_host(batches: dict, wakes: dict, device_only: CostModel, reference: flo
         fit["attempts"] = [a for _, _, a in timed_batches]
         host[f"{MEASURED_HOST}/{v.name}"], host_fit[v.name] = hc, fit
         split = ", ".join(f"{k} {e:+.0%}" for k, e in fit["median_err_by_rows"].items())
+        by_size = ", ".join(f"{n} {e:+.1%}" for n, e in fit["total_err_by_seqs"].items())
         console.print(f"host {v.label}: {host_terms(hc)} ({fit['steps']} steps, median error "
-                      f"{fit['median_rel_err']:.1%}; signed, by query rows: {split}; machine speed vs the operator "
+                      f"{fit['median_rel_err']:.1%}; signed, by query rows: {split}; charged over taken, by "
+                      f"sequences: {by_size}; machine speed vs the operator "
                       f"timings {', '.join(f'{x:.2f}x' for x in fit['speed_vs_operators'])}, step times rescaled)")
         if v in wakes:
             console.print(f"  after an idle gap {v.label} takes {hc.wake_s * 1e3:.2f} ms more (tau "
