@@ -111,10 +111,7 @@ def fit_u_c_by_m(samples: list[OpSample], eff: Efficiency, peak: float, bw: floa
     return tuple(table)
 
 
-ROWS_SPLIT = 64
-
-
-REWEIGHTS = 5
+ROWS_SPLIT, REWEIGHTS = 64, 5
 
 
 def fit_host(steps: list[tuple[Forward, float]], device: CostModel, per_row: bool = True,
@@ -144,21 +141,22 @@ def fit_host(steps: list[tuple[Forward, float]], device: CostModel, per_row: boo
         fitted = dev + A @ x
         x, _ = nnls(A / fitted[:, None], (meas - dev) / fitted)
     host = HostCost(c_step=float(x[0]), c_seq=float(x[1]), c_row=float(x[2]) if per_row else 0.0)
-    signed = (dev + A @ x - meas) / meas
+    pred = dev + A @ x
+    signed = (pred - meas) / meas
     rel = np.abs(signed)
     # Signed error by the forward's query rows: a cost model that is right overall but wrong per
     # GEMM size shows up as opposite signs for small (block, window) and large (canvas) forwards.
     rows = np.array([fw.query_tokens for fw, _ in steps])
     by_rows = {f"<= {ROWS_SPLIT}": signed[rows <= ROWS_SPLIT], f"> {ROWS_SPLIT}": signed[rows > ROWS_SPLIT]}
     n_seq = A[:, 1].astype(int)
+    sizes = sorted(set(n_seq))
     return host, {"steps": len(steps), "median_rel_err": float(np.median(rel)), "max_rel_err": float(rel.max()),
                   "mean_step_s": float(meas.mean()),
                   "median_err_by_rows": {k: float(np.median(v)) for k, v in by_rows.items() if v.size},
-                  "median_err_by_seqs": {str(n): float(np.median(signed[n_seq == n])) for n in sorted(set(n_seq))},
+                  "median_err_by_seqs": {str(n): float(np.median(signed[n_seq == n])) for n in sizes},
                   # what a request of n sequences is charged in all, over what its steps took
-                  "total_err_by_seqs": {str(n): float((dev + A @ x)[n_seq == n].sum() / meas[n_seq == n].sum() - 1)
-                                        for n in sorted(set(n_seq))},
-                  "mean_rows_by_seqs": {str(n): float(rows[n_seq == n].mean()) for n in sorted(set(n_seq))}}
+                  "total_err_by_seqs": {str(n): float(pred[n_seq == n].sum() / meas[n_seq == n].sum() - 1) for n in sizes},
+                  "mean_rows_by_seqs": {str(n): float(rows[n_seq == n].mean()) for n in sizes}}
 
 
 WAKE_TAUS = np.geomspace(0.02, 1.0, 40)     # 20 ms up: 2 of 180 tiny fits (2026-11-25) reached the floor
