@@ -12,6 +12,11 @@ profile. The rounds' simulated and measured points are then compared as `--valid
 them (dllm_bench.simulate.validate, paired by workload seed), and, as the control, the same
 measured rounds against one profile, the first round's: the user's flow on the same data.
 
+With `--twin` every round serves its point a second time right after the first (`<round>-twin`),
+and that second measurement is scored as a prediction of the first with the same rule: the
+machine's short-term floor, a predictor as close in time to the measured round as the round's own
+calibration, which knows the workload and the code exactly.
+
 Everything goes under one directory (`--result-dir`/`--id`): the profiles, the rounds' runs, and
 validation.md / validation.csv for both comparisons.
 """
@@ -43,6 +48,8 @@ def main() -> int:
     ap.add_argument("--calibrate-args", default=None,
                     help="extra `calibrate` options [tiny: the tiny section's '--repeats 7 --sizes 1,4,2,8,1,4'; "
                     "other presets: none]")
+    ap.add_argument("--twin", action="store_true",
+                    help="serve every round twice and score the second measurement against the first")
     ap.add_argument("--id", default=f"interleaved-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     ap.add_argument("--result-dir", default=None)
     a = ap.parse_args()
@@ -68,6 +75,8 @@ def main() -> int:
             run(["calibrate", "--preset", a.preset, "--systems", a.systems, "--name", name, "--out", str(profile),
                  *a.calibrate_args.split()], logs / f"{name}-calibrate.log")
             run(["serve", *common, *point, "--run-id", name], logs / f"{name}-serve.log")
+            if a.twin:
+                run(["serve", *common, *point, "--run-id", f"{name}-twin"], logs / f"{name}-twin-serve.log")
             run(["simulate", *common, *point, "--hardware", str(profile), "--run-id", f"{name}-sim",
                  "--validate", name], logs / f"{name}-simulate.log")
             names.append(name)
@@ -82,13 +91,19 @@ def main() -> int:
          "--hardware", str(profiles[0]), "--result-dir", str(rounds_dir), "--run-id", control_dir.name],
         logs / "control-simulate.log")
     control = validate.compare_frames(results.metrics_frame(control_dir), meas)
+    frames = [interleaved.assign(profile="per round"), control.assign(profile="first")]
+    twin_text = ""
+    if a.twin:
+        twin = validate.compare_frames(validate.measured_frame([rounds_dir / f"{n}-twin" for n in names]), meas)
+        frames.append(twin.assign(profile="twin"))
+        twin_text = ("\n## The same rounds measured again right after them, as a prediction of the first "
+                     "measurement\n\n" + validate.as_markdown(twin))
     text = (f"# Interleaved validation `{a.id}` ({a.preset})\n\n" + _rounds_markdown(profiles)
             + _round_errors_markdown(sim_dirs) +
             "## Each round simulated on the profile calibrated right before it\n\n" + validate.as_markdown(interleaved)
             + f"\n## Control: every round simulated on one profile (`{profiles[0].name}`)\n\n"
-            + validate.as_markdown(control))
-    results.atomic_write_csv(out / "validation.csv",
-                             pd.concat([interleaved.assign(profile="per round"), control.assign(profile="first")]))
+            + validate.as_markdown(control) + twin_text)
+    results.atomic_write_csv(out / "validation.csv", pd.concat(frames))
     results.atomic_write_bytes(out / "validation.md", text.encode())
     print(text)
     print(f"{out} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
