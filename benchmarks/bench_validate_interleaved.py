@@ -97,7 +97,7 @@ def main() -> int:
         twin = validate.compare_frames(validate.measured_frame([rounds_dir / f"{n}-twin" for n in names]), meas)
         frames.append(twin.assign(profile="twin"))
         twin_text = ("\n## The same rounds measured again right after them, as a prediction of the first "
-                     "measurement\n\n" + validate.as_markdown(twin))
+                     "measurement\n\n" + validate.as_markdown(twin) + "\n" + _per_round_markdown(rounds_dir, names))
     text = (f"# Interleaved validation `{a.id}` ({a.preset})\n\n" + _rounds_markdown(profiles)
             + _round_errors_markdown(sim_dirs) +
             "## Each round simulated on the profile calibrated right before it\n\n" + validate.as_markdown(interleaved)
@@ -142,6 +142,28 @@ def _round_errors_markdown(sim_dirs: list[Path]) -> str:
         lines.append(f"| {rnd} | " + " | ".join(cells) + " |")
     return ("## Rounds: each system's mean E2E error on the round's own profile (machine speed vs the "
             "calibration by the gauge)\n\n" + "\n".join(lines) + "\n\n")
+
+
+def _per_round_markdown(rounds_dir: Path, names: list[str]) -> str:
+    """Round by round (one workload seed, so no median over seeds smooths it), the simulation on the
+    round's own profile and the round's second measurement, each against the first measurement."""
+    rows = []
+    for n in names:
+        first = results.metrics_frame(rounds_dir / n).set_index("system")
+        for kind, suffix in (("simulator", "-sim"), ("measured again", "-twin")):
+            other = results.metrics_frame(rounds_dir / f"{n}{suffix}").set_index("system")
+            for m in ("mean_e2el_ms", "p99_e2el_ms"):
+                err = other[m] / first[m] - 1
+                rows += [{"predictor": kind, "metric": m, "err": e} for e in err.dropna()]
+    df = pd.DataFrame(rows)
+    lines = ["| metric | predictor | rounds × systems | median abs. error | 90th pct. abs. error | within the goal | "
+             "mean error ± sd |", "|---|---|---:|---:|---:|---:|---|"]
+    for (m, kind), g in df.groupby(["metric", "predictor"], sort=False):
+        name, goal = validate.METRICS[m]
+        a = g["err"].abs()
+        lines.append(f"| {name} | {kind} | {len(g)} | {a.median():.1%} | {a.quantile(0.9):.1%} | "
+                     f"{(a <= goal).mean():.0%} | {g['err'].mean():+.1%} ± {g['err'].std():.1%} |")
+    return "### Round by round\n\n" + "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
