@@ -17,6 +17,10 @@ and that second measurement is scored as a prediction of the first with the same
 machine's short-term floor, a predictor as close in time to the measured round as the round's own
 calibration, which knows the workload and the code exactly.
 
+`--pause S` leaves the machine idle for S seconds between a round's calibration and its serve:
+on some machines the first points served right after the calibration's minute of full load run
+slower than the same points a few seconds later (docs/SIMULATE.md, "A third machine").
+
 Everything goes under one directory (`--result-dir`/`--id`): the profiles, the rounds' runs, and
 validation.md / validation.csv for both comparisons.
 """
@@ -50,9 +54,13 @@ def main() -> int:
                     "other presets: none]")
     ap.add_argument("--twin", action="store_true",
                     help="serve every round twice and score the second measurement against the first")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds of idle time between each round's calibration and its serve [0]")
     ap.add_argument("--id", default=f"interleaved-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     ap.add_argument("--result-dir", default=None)
     a = ap.parse_args()
+    if a.pause < 0:
+        ap.error(f"--pause must be >= 0, got {a.pause}")
     if a.calibrate_args is None:
         a.calibrate_args = TINY_CALIBRATE if a.preset == "tiny" else ""
     out = inputs.result_dir(a.result_dir) / a.id
@@ -74,6 +82,7 @@ def main() -> int:
             point = ["--rps", rps, "--seed", str(seed), "--result-dir", str(rounds_dir)]
             run(["calibrate", "--preset", a.preset, "--systems", a.systems, "--name", name, "--out", str(profile),
                  *a.calibrate_args.split()], logs / f"{name}-calibrate.log")
+            time.sleep(a.pause)
             run(["serve", *common, *point, "--run-id", name], logs / f"{name}-serve.log")
             if a.twin:
                 run(["serve", *common, *point, "--run-id", f"{name}-twin"], logs / f"{name}-twin-serve.log")
@@ -97,7 +106,7 @@ def main() -> int:
         twin = validate.compare_frames(validate.measured_frame([rounds_dir / f"{n}-twin" for n in names]), meas)
         frames.append(twin.assign(profile="twin"))
         twin_text = ("\n## The same rounds measured again right after them, as a prediction of the first "
-                     "measurement\n\n" + validate.as_markdown(twin) + "\n" + _per_round_markdown(rounds_dir, names))
+                     "measurement\n\n" + validate.as_markdown(twin) + "\n" + _per_round_markdown(rounds_dir, names, a.systems.split(",")))
     text = (f"# Interleaved validation `{a.id}` ({a.preset})\n\n" + _rounds_markdown(profiles)
             + _round_errors_markdown(sim_dirs) +
             "## Each round simulated on the profile calibrated right before it\n\n" + validate.as_markdown(interleaved)
@@ -144,7 +153,7 @@ def _round_errors_markdown(sim_dirs: list[Path]) -> str:
             "calibration by the gauge)\n\n" + "\n".join(lines) + "\n\n")
 
 
-def _per_round_markdown(rounds_dir: Path, names: list[str]) -> str:
+def _per_round_markdown(rounds_dir: Path, names: list[str], serve_order: list[str]) -> str:
     """Round by round (one workload seed, so no median over seeds smooths it), the simulation on the
     round's own profile and the round's second measurement, each against the first measurement."""
     rows = []
@@ -154,7 +163,7 @@ def _per_round_markdown(rounds_dir: Path, names: list[str]) -> str:
             other = results.metrics_frame(rounds_dir / f"{n}{suffix}").set_index("system")
             for m in ("mean_e2el_ms", "p99_e2el_ms"):
                 err = other[m] / first[m] - 1
-                rows += [{"predictor": kind, "metric": m, "err": e} for e in err.dropna()]
+                rows += [{"predictor": kind, "metric": m, "system": k, "err": e} for k, e in err.dropna().items()]
     df = pd.DataFrame(rows)
     lines = ["| metric | predictor | rounds × systems | median abs. error | 90th pct. abs. error | within the goal | "
              "mean error ± sd |", "|---|---|---:|---:|---:|---:|---|"]
@@ -163,7 +172,16 @@ def _per_round_markdown(rounds_dir: Path, names: list[str]) -> str:
         a = g["err"].abs()
         lines.append(f"| {name} | {kind} | {len(g)} | {a.median():.1%} | {a.quantile(0.9):.1%} | "
                      f"{(a <= goal).mean():.0%} | {g['err'].mean():+.1%} ± {g['err'].std():.1%} |")
-    return "### Round by round\n\n" + "\n".join(lines) + "\n"
+    # In serve's order: a machine still slow from the calibration's full load shows as errors that
+    # shrink from the first system served to the last.
+    mean = df[df["metric"] == "mean_e2el_ms"]
+    order = [k for k in serve_order if k in set(mean["system"])]
+    by = ["| system (serve's order) | simulator: median error | measured again: median error |", "|---|---:|---:|"]
+    for k in order:
+        med = mean[mean["system"] == k].groupby("predictor", sort=False)["err"].median()
+        by.append(f"| {k} | {med.get('simulator', float('nan')):+.1%} | {med.get('measured again', float('nan')):+.1%} |")
+    return ("### Round by round\n\n" + "\n".join(lines) + "\n\nMean E2E per system, over the rounds:\n\n"
+            + "\n".join(by) + "\n")
 
 
 if __name__ == "__main__":
