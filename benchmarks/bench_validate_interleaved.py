@@ -54,8 +54,8 @@ def main() -> int:
                     "other presets: none]")
     ap.add_argument("--twin", action="store_true",
                     help="serve every round twice and score the second measurement against the first")
-    ap.add_argument("--pause", type=float, default=0.0,
-                    help="seconds of idle time between each round's calibration and its serve [0]")
+    ap.add_argument("--pause", type=float, default=30.0,
+                    help="seconds of idle time between each round's calibration and its serve [30]")
     ap.add_argument("--id", default=f"interleaved-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     ap.add_argument("--result-dir", default=None)
     a = ap.parse_args()
