@@ -82,8 +82,8 @@ bench-validate-merged:
 		$(BIN)/dllm-bench simulate --hardware $$h --rps 0.5 --repeats 3 --run-id $$h-sim \
 			--validate $(VALIDATE_ID) || exit 1; done
 
-# The same comparison with a calibration right before every (rate, seed) round of the tiny preset,
-# and as control the same rounds on the first round's profile (docs/SIMULATE.md); ~5 min.
+# The same comparison with a calibration 30 s before every (rate, seed) round of the tiny preset,
+# and as control the same rounds on the first round's profile (docs/SIMULATE.md); ~15 min.
 bench-validate-interleaved:
 	$(BIN)/python benchmarks/bench_validate_interleaved.py
 

@@ -1,4 +1,4 @@
-"""`make bench-validate-interleaved`: validation with a calibration right before every round.
+"""`make bench-validate-interleaved`: validation with a calibration shortly before every round.
 
 The aim: the simulator's error on this CPU with the machine's state held as nearly constant as
 the machine allows.
@@ -17,9 +17,9 @@ and that second measurement is scored as a prediction of the first with the same
 machine's short-term floor, a predictor as close in time to the measured round as the round's own
 calibration, which knows the workload and the code exactly.
 
-`--pause S` leaves the machine idle for S seconds between a round's calibration and its serve:
-on some machines the first points served right after the calibration's minute of full load run
-slower than the same points a few seconds later (docs/SIMULATE.md, "A third machine").
+`--pause S` (default 30) leaves the machine idle for S seconds between a round's calibration and
+its serve: on some machines the points served in the 10-15 s after the calibration's full load run
+slower than the same points later (docs/SIMULATE.md, "A third machine").
 
 Everything goes under one directory (`--result-dir`/`--id`): the profiles, the rounds' runs, and
 validation.md / validation.csv for both comparisons.
