@@ -109,7 +109,7 @@ def main() -> int:
                      "measurement\n\n" + validate.as_markdown(twin) + "\n" + _per_round_markdown(rounds_dir, names, a.systems.split(",")))
     text = (f"# Interleaved validation `{a.id}` ({a.preset})\n\n" + _rounds_markdown(profiles)
             + _round_errors_markdown(sim_dirs) +
-            "## Each round simulated on the profile calibrated right before it\n\n" + validate.as_markdown(interleaved)
+            "## Each round simulated on the profile calibrated shortly before it\n\n" + validate.as_markdown(interleaved)
             + f"\n## Control: every round simulated on one profile (`{profiles[0].name}`)\n\n"
             + validate.as_markdown(control) + twin_text)
     results.atomic_write_csv(out / "validation.csv", pd.concat(frames))
