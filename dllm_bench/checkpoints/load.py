@@ -73,7 +73,10 @@ def load_tokenizer(path: Path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return AutoTokenizer.from_pretrained(str(path))
+            # trust_remote_code=False: a real LLaDA config.json has an auto_map naming the checkpoint's
+            # own Python files, and transformers then asks on the terminal whether to run them (and
+            # runs them on "y") although the tokenizer needs none of that code.
+            return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
         except Exception as e:  # noqa: BLE001 - the Rust `tokenizers` parser raises bare Exception
             raise UserError(f"cannot load the tokenizer in {path}: {e}") from None
 

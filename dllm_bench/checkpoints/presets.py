@@ -19,7 +19,8 @@ FORMAT_VERSION = 1
 STAMP_FILE = "dllm_bench_preset.json"
 
 # LLaDA-8B-Instruct's config.json (Hugging Face Hub, GSAI-ML/LLaDA-8B-Instruct), all fields minus auto_map (no remote
-# code here) and minus the special-token ids (they come from the tokenizer that is written).
+# code here) and minus the special-token ids (they come from the tokenizer that is written). The real file is in
+# tests/data/llada-8b-instruct/, and tests/test_real_layout.py holds this dict to it.
 LLADA_8B_CONFIG: dict = {
     "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0,
     "architectures": ["LLaDAModelLM"], "attention_dropout": 0.0, "attention_layer_norm": False,
@@ -34,6 +35,9 @@ LLADA_8B_CONFIG: dict = {
     "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
     "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 126464, "weight_tying": False,
 }
+# The real config's auto_map (remote code it names; the hf-sharded layout writes it, nothing here imports it).
+LLADA_AUTO_MAP = {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+                  "AutoModel": "modeling_llada.LLaDAModelLM"}
 
 
 def param_count(d_model: int, n_layers: int, kv_dim: int, mlp_hidden_size: int, vocab_rows: int) -> int:
