@@ -276,9 +276,13 @@ def load_llada(path: str | Path, dtype: torch.dtype = torch.float32, device: str
         if not (path / f).is_file():
             raise FileNotFoundError(f"shard {f} listed in the index is missing from {path}")
         try:
-            state.update(load_file(str(path / f), device=str(device)))
+            shard = load_file(str(path / f), device=str(device))
         except (SafetensorError, OSError) as e:
             raise ValueError(f"corrupt safetensors file {path / f}: {e}") from None
+        # Cast shard by shard: an 8B bf16 checkpoint loaded as float32 then peaks at the float32
+        # model plus one bf16 shard, not plus the whole bf16 checkpoint.
+        state.update({k: v.to(dtype) for k, v in shard.items()})
+        del shard
     expected = {k: v.shape for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(state))
     if missing:
@@ -286,5 +290,5 @@ def load_llada(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     for k, shape in expected.items():
         if tuple(state[k].shape) != tuple(shape):
             raise ValueError(f"weight {k} has shape {tuple(state[k].shape)}, config implies {tuple(shape)}")
-    model.load_state_dict({k: state[k].to(dtype) for k in expected}, assign=True)
+    model.load_state_dict({k: state[k] for k in expected}, assign=True)
     return model.to(device).eval()
