@@ -12,11 +12,13 @@ from pathlib import Path
 import torch
 
 from dllm_bench.checkpoints.layout import check_layout, load_config
+from dllm_bench.checkpoints.presets import get_preset
 from dllm_bench.checkpoints.store import resolve_model
+from dllm_bench.checkpoints.tokenizer import BOS, EOS, MASK, special_token_ids
 from dllm_bench.errors import UserError
 from engine.config import DTYPES
 from engine.engine import resolve_device
-from engine.models.llada import LLaDAModelLM, load_llada
+from engine.models.llada import LLaDAConfig, LLaDAModelLM, load_llada
 
 
 def model_dir(name_or_dir: str) -> Path:
@@ -28,6 +30,20 @@ def model_dir(name_or_dir: str) -> Path:
     if not report.ok:
         raise UserError(f"bad checkpoint {path}: {report.problems[0]}")
     return path
+
+
+def load_shape(name_or_dir: str) -> LLaDAConfig:
+    """The config of a checkpoint directory or of any preset, for byte counts: no weights are
+    read, no preset is made, and shape-only presets (`llada-8b`) are included."""
+    raw = str(name_or_dir)
+    if Path(raw).expanduser().is_dir() or os.sep in raw or "/" in raw or raw.startswith((".", "~")):
+        return load_config(resolve_model(raw))
+    preset = get_preset(raw)
+    if preset.asset:
+        return load_config(resolve_model(raw))
+    ids = special_token_ids(preset.vocab_size)
+    return LLaDAConfig.from_dict(preset.config_dict({"bos_token_id": ids[BOS], "eos_token_id": ids[EOS],
+                                                      "pad_token_id": ids[EOS], "mask_token_id": ids[MASK]}))
 
 
 def load_model(name_or_dir: str, dtype: str = "float32", device: str = "auto") -> LLaDAModelLM:

@@ -1,5 +1,8 @@
 """`dllm-bench profile`: what the offline profiler measures and what it leaves for the KV pool,
-with the logit budget and without it (monolithic logits), side by side (the paper's Fig 2)."""
+with the logit budget and without it (monolithic logits), side by side (the paper's Fig 2).
+
+`--device-memory 80GiB` plans a GPU we do not have instead: the same two columns from the
+model's shapes alone (dllm_bench.simulate.memory's byte counts; no weights, no GPU)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,12 +12,16 @@ import torch
 import typer
 from rich.table import Table
 
-from dllm_bench.checkpoints.load import load_model
+from dllm_bench.checkpoints.load import load_model, load_shape
+from dllm_bench.checkpoints.presets import param_count
 from dllm_bench.console import console
 from dllm_bench.errors import UserError
+from dllm_bench.simulate.cost_model import ModelShape
+from dllm_bench.simulate.memory import engine_plans
 from dllm_bench.units import parse_size
 from engine import EngineConfig
 from engine.attention import resolve_backend
+from engine.config import DTYPES
 from engine.profiler import profile_kv_pool
 
 MiB = 2**20
@@ -25,17 +32,55 @@ def run_profiles(model, base: EngineConfig, max_model_len: int, logit_budget: in
     for label, rows in (("logit budget", logit_budget), ("monolithic", None)):
         cfg = dataclasses.replace(base, max_num_logits=rows)
         try:
-            out[label] = profile_kv_pool(model, cfg, resolve_backend(cfg.attention_backend, model.device), max_model_len)
+            out[label] = profile_kv_pool(model, cfg, resolve_backend(cfg.attention_backend, model.device, model.dtype), max_model_len)
         except ValueError as e:
             out[label] = str(e)   # the budget does not even hold the worst step: say so
     return out
 
 
+def device_memory_bytes(spec: str) -> int:
+    """`--device-memory`: a size, or a hardware profile's memory (simulate/hardware/*.json)."""
+    from dllm_bench.simulate import hardware
+
+    if spec.strip().lower() in hardware.builtin_names():
+        return int(hardware.load(spec.strip().lower()).memory_bytes)
+    try:
+        return parse_size(spec, "--device-memory")
+    except UserError:
+        raise UserError(f"--device-memory takes a size (24GiB, 80GB) or a hardware profile "
+                        f"({', '.join(hardware.builtin_names())}), got {spec!r}") from None
+
+
+def _print_plan(model: str, device_bytes: int, base: EngineConfig, doc: dict, prompt_len: int, gen_length: int) -> None:
+    plans = doc["plans"]
+    t = Table(title=f"memory plan · {model} ({doc['n_params'] / 1e9:.2f}B params, {base.dtype}) · device "
+                    f"{device_bytes / 2**30:.0f} GiB × {base.gpu_memory_utilization:g} = budget "
+                    f"{base.memory_budget / MiB:,.0f} MiB · {base.max_num_batched_tokens} query tokens/step")
+    t.add_column("")
+    for k in plans:
+        t.add_column(k, justify="right")
+    rows = [("weights (MiB)", "weights_bytes", MiB), ("context + allocator slack (MiB)", "context_bytes", MiB),
+            (f"activations at {base.max_num_batched_tokens} tokens (MiB)", "activation_bytes", MiB),
+            ("logit rows", "logit_rows", 1), ("logit rows × vocab × 8 B (MiB)", "logit_bytes", MiB),
+            ("KV pool (MiB)", "kv_pool_bytes", MiB), ("KV pool (token slots)", "kv_tokens", 1),
+            ("KV bytes per token", "kv_bytes_per_token", 1),
+            (f"requests that fit ({prompt_len}+{gen_length})", "requests_that_fit", 1),
+            (f"concurrency (max_num_seqs {base.max_num_seqs})", "concurrency", 1)]
+    for label, key, div in rows:
+        t.add_row(label, *[f"{p[key] / div:,.0f}" for p in plans.values()])
+    out = console(stderr=False)
+    out.print(t)
+    short = [k for k, p in plans.items() if p["kv_pool_bytes"] <= 0]
+    for k in short:
+        out.print(f"{k}: no KV pool, {-plans[k]['kv_pool_bytes'] / MiB:,.0f} MiB short")
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def profile(
-        model: str = typer.Option("mini-126k", "--model", "-m", help="Preset name or checkpoint directory."),
-        memory_budget: str = typer.Option("4GiB", help="Total budget for weights + activations + KV, e.g. 4GiB."),
+        model: str = typer.Option("mini-126k", "--model", "-m", help="Preset name (llada-8b too with --device-memory) or checkpoint directory."),
+        memory_budget: str | None = typer.Option(None, help="Total budget for weights + activations + KV (default 4GiB)."),
+        device_memory: str | None = typer.Option(None, help="Plan a GPU of this memory (24GiB, 80GiB, or a hardware profile: l40s, a100-80g, ...) from the model's shapes alone: no weights, no GPU; budget = this × gpu_memory_utilization."),
         max_num_batched_tokens: int = typer.Option(4096, help="Query tokens per step (token budget)."),
         max_num_logits: int = typer.Option(1024, help="Logit rows per chunk for the budgeted profile."),
         max_num_seqs: int = typer.Option(256, help="Concurrent requests cap."),
@@ -46,7 +91,7 @@ def register(app: typer.Typer) -> None:
         gen_length: int = typer.Option(256, help="Request shape for the 'requests that fit' column."),
         block_length: int = typer.Option(32),
         sampling: bool = typer.Option(False, "--sampling/--greedy", help="Profile for temperature > 0 (float64 Gumbel noise)."),
-        dtype: str = typer.Option("float32"),
+        dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16 | float64 (default: float32; bfloat16 with --device-memory)."),
         threads: int | None = typer.Option(None, help="torch threads"),
         json_out: bool = typer.Option(False, "--json"),
     ) -> None:
@@ -55,7 +100,14 @@ def register(app: typer.Typer) -> None:
             if threads <= 0:
                 raise UserError("--threads must be positive")
             torch.set_num_threads(threads)
-        budget = parse_size(memory_budget)
+        if device_memory is not None and memory_budget is not None:
+            raise UserError("give --memory-budget (measured here) or --device-memory (planned from shapes), not both")
+        device_bytes = device_memory_bytes(device_memory) if device_memory is not None else None
+        dtype = dtype or ("bfloat16" if device_bytes is not None else "float32")
+        if dtype not in DTYPES:
+            raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        budget = (int(device_bytes * EngineConfig.gpu_memory_utilization) if device_bytes is not None
+                  else parse_size(memory_budget or "4GiB", "--memory-budget"))
         for name, v in (("--prompt-len", prompt_len), ("--gen-length", gen_length), ("--block-length", block_length),
                         ("--max-model-len", max_model_len)):
             if v <= 0:
@@ -66,6 +118,18 @@ def register(app: typer.Typer) -> None:
                                 cache=cache, retention=retention, sampling=sampling, dtype=dtype)
         except ValueError as e:
             raise UserError(str(e)) from None
+        if device_bytes is not None:
+            cfg = load_shape(model)
+            shape = ModelShape.from_config(cfg, torch.empty(0, dtype=DTYPES[dtype]).element_size())
+            doc = {"n_params": param_count(cfg.d_model, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.mlp_hidden_size,
+                                           cfg.padded_vocab),
+                   "plans": engine_plans(shape, base, prompt_len + gen_length, block_length)}
+            if json_out:
+                typer.echo(json.dumps(dict(model=model, device_memory_bytes=device_bytes, dtype=dtype,
+                                           shape=dict(prompt_len=prompt_len, gen_length=gen_length), **doc)))
+            else:
+                _print_plan(model, device_bytes, base, doc, prompt_len, gen_length)
+            return
         mdl = load_model(model, dtype)
         results = run_profiles(mdl, base, min(max_model_len, mdl.config.max_sequence_length), max_num_logits)
         doc = {k: (v.to_dict() | {"requests_that_fit": v.requests_that_fit(prompt_len, gen_length, block_length)})

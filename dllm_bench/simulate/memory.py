@@ -10,7 +10,10 @@ the real profilers instead (dllm_bench.systems.build), so simulated and measured
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from dllm_bench.simulate.cost_model import ModelShape
+from engine.kv_cache import kv_need
 
 CONTEXT_BYTES = 1 << 30
 
@@ -19,15 +22,50 @@ def weights_bytes(shape: ModelShape) -> int:
     return shape.n_params * shape.wbytes
 
 
-def engine_kv_tokens(shape: ModelShape, budget: float, max_num_batched_tokens: int,
-                     max_num_logits: int | None) -> int:
+@dataclass(frozen=True)
+class EnginePlan:
+    """The engine's memory budget term by term (`profile --device-memory` prints it)."""
+
+    budget_bytes: float
+    weights_bytes: int
+    context_bytes: int
+    activation_bytes: int      # at the token budget
+    logit_rows: int            # the logit budget (monolithic: every query token)
+    logit_bytes: int
+    kv_bytes_per_token: int
+    kv_pool_bytes: float       # what is left; negative: no KV pool
+    kv_tokens: int
+
+
+def engine_plan(shape: ModelShape, budget: float, max_num_batched_tokens: int, max_num_logits: int | None) -> EnginePlan:
     act = max_num_batched_tokens * (3 * shape.ffn + 4 * shape.d) * shape.wbytes
     rows = max_num_logits if max_num_logits is not None else max_num_batched_tokens
-    free = budget - weights_bytes(shape) - CONTEXT_BYTES - act - rows * shape.vocab * 8
-    if free <= 0:
+    logits = rows * shape.vocab * 8
+    free = budget - weights_bytes(shape) - CONTEXT_BYTES - act - logits
+    return EnginePlan(budget, weights_bytes(shape), CONTEXT_BYTES, act, rows, logits, shape.kv_bytes_per_token, free,
+                      max(0, int(free // shape.kv_bytes_per_token)))
+
+
+def engine_plans(shape: ModelShape, config, length: int, block_length: int) -> dict[str, dict]:
+    """The plan with config's logit budget and monolithic (every query row), each with the
+    requests of `length` tokens its KV pool holds and the concurrency that allows
+    (config: an engine.EngineConfig with its memory_budget set)."""
+    need = kv_need(config.cache, length, block_length, config.retention)
+    out = {}
+    for label, rows in (("logit budget", config.max_num_logits), ("monolithic", None)):
+        plan = engine_plan(shape, config.memory_budget, config.max_num_batched_tokens, rows)
+        fit = (plan.kv_tokens // need if need else config.max_num_seqs) if plan.kv_pool_bytes > 0 else 0
+        out[label] = asdict(plan) | {"requests_that_fit": fit, "concurrency": min(fit, config.max_num_seqs)}
+    return out
+
+
+def engine_kv_tokens(shape: ModelShape, budget: float, max_num_batched_tokens: int,
+                     max_num_logits: int | None) -> int:
+    plan = engine_plan(shape, budget, max_num_batched_tokens, max_num_logits)
+    if plan.kv_pool_bytes <= 0:
         raise ValueError(f"the memory budget {budget / 2**30:.1f} GiB leaves no KV pool after the weights, "
                          "activations and logit budget")
-    return int(free // shape.kv_bytes_per_token)
+    return plan.kv_tokens
 
 
 def baseline_bytes_per_token(system: str, shape: ModelShape) -> float:
