@@ -222,8 +222,10 @@ class StaticBatchSystem:
             return []
         self.batch = None
         done = []
+        host = b.x.cpu().numpy()                    # one readback per finished batch
         for i, r in enumerate(b.reqs):
             r.canvas = b.x[i, b.pads[i]:].clone()
+            r.host_canvas = host[i, b.pads[i]:].copy()
             if r.status is Status.ABORTED:
                 continue
             r.status, r.finished_time = Status.FINISHED, now

@@ -22,8 +22,9 @@ import torch
 
 from engine import sparse
 from engine.config import EngineConfig
-from engine.ragged import padded, ragged, to_device
+from engine.ragged import padded, ragged
 from engine.request import Phase
+from engine.staging import Staging
 from engine.step_meta import StepMeta
 
 
@@ -43,8 +44,12 @@ class CachePolicy:
     def spec(self, m: StepMeta) -> KeySpec:
         return KeySpec(np.zeros_like(m.n_q), m.n_q, np.full_like(m.n_q, -1))
 
-    def plan_select(self, m: StepMeta, device):
+    def plan_select(self, m: StepMeta, staging: Staging):
         return None
+
+    def reuse_keys(self, req) -> int:
+        """Keys a request's Reuse step attends to (all read from its cache slots)."""
+        return req.length
 
 
 class NoCache(CachePolicy):
@@ -60,6 +65,9 @@ class DualCache(CachePolicy):
 
 
 class SparseCache(CachePolicy):
+    def reuse_keys(self, req) -> int:
+        return req.kv_tokens
+
     def spec(self, m):
         # A request's slots: its retained tokens, then one block (kv_need). Reuse stores the
         # block's K/V into the block slots, then reads all of them, as DualCache does.
@@ -67,7 +75,7 @@ class SparseCache(CachePolicy):
         return KeySpec(np.where(reuse, m.kv, 0), np.where(reuse, 0, m.n_q),
                        np.where(reuse, m.kv - m.block_len, -1))
 
-    def plan_select(self, m: StepMeta, device) -> SelectPlan | None:
+    def plan_select(self, m: StepMeta, staging: Staging) -> SelectPlan | None:
         """Index tensors of one step's Refresh-select, for the members that keep anything."""
         g = np.flatnonzero(m.has(Phase.REFRESH_SELECT) & (m.kv > m.block_len))
         if not g.size:
@@ -80,12 +88,17 @@ class SparseCache(CachePolicy):
         pos = j + bl[:, None] * (j >= start[:, None])                        # skip the block
         ctx_index = a[:, None] + pos * (j < lc[:, None])
         keep = m.kv[g] - bl                                                  # the block slots follow
-        keep_valid = np.arange(int(keep.max())) < keep[:, None]
-        q_len = None if (bl == blmax).all() else to_device(bl, device)
-        slots = m.slots[ragged(m.slot_base[g], keep)]
-        return SelectPlan(len(g), to_device(q_index.reshape(-1), device), blmax, q_len,
-                          to_device(ctx_index.reshape(-1), device), lcmax, lc.tolist(), keep.tolist(),
-                          to_device(keep_valid, device), to_device(slots, device))
+        kmax = int(keep.max())
+        keep_rows = np.nonzero(np.arange(kmax) < keep[:, None])              # (member, rank) kept
+        shapes: dict[tuple[int, int], list[int]] = {}
+        for i, key in enumerate(zip(lc.tolist(), keep.tolist())):
+            shapes.setdefault(key, []).append(i)
+        groups = [(c, n, None if len(shapes) == 1 else staging.put(np.asarray(mem))) for (c, n), mem in shapes.items()]
+        return SelectPlan(len(g), staging.put(q_index.reshape(-1)), blmax,
+                          None if (bl == blmax).all() else staging.put(bl),
+                          staging.put(ctx_index.reshape(-1)), lcmax,
+                          None if (lc == lcmax).all() else staging.put(lc), groups, kmax,
+                          tuple(map(staging.put, keep_rows)), staging.put(m.slots[ragged(m.slot_base[g], keep)]))
 
     def select(self, plan: SelectPlan, pool: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """One layer's Refresh-select for every planned request: score the context with the
@@ -96,10 +109,10 @@ class SparseCache(CachePolicy):
         qb = q[plan.q_index].view(G, plan.blmax, *q.shape[1:])
         kc = k[plan.ctx_index].view(G, plan.lcmax, hkv, d).transpose(1, 2)        # [G, Hkv, Lc, D]
         vc = v[plan.ctx_index].view(G, plan.lcmax, hkv, d).transpose(1, 2)
-        idx = sparse.select_many(qb, kc, plan.ctx_len, plan.keep, c.selection, c.pool_window, c.score_query,
-                                 plan.q_len)                                         # [G, Hkv, kmax]
-        pool[0, plan.slots] = sparse.pack(kc, idx).transpose(1, 2)[plan.keep_valid]
-        pool[1, plan.slots] = sparse.pack(vc, idx).transpose(1, 2)[plan.keep_valid]
+        idx = sparse.select_many(qb, kc, plan.groups, plan.kmax, c.selection, c.pool_window, c.score_query,
+                                 plan.q_len, plan.ctx_len)                           # [G, Hkv, kmax]
+        pool[0, plan.slots] = sparse.pack(kc, idx).transpose(1, 2)[plan.keep_rows]
+        pool[1, plan.slots] = sparse.pack(vc, idx).transpose(1, 2)[plan.keep_rows]
 
 
 @dataclass
@@ -110,9 +123,10 @@ class SelectPlan:
     q_len: torch.Tensor | None   # block lengths when they differ
     ctx_index: torch.Tensor      # [G*lcmax] packed rows of each member's context (padded)
     lcmax: int
-    ctx_len: list[int]
-    keep: list[int]              # retained tokens (= slots) per member
-    keep_valid: torch.Tensor     # [G, max keep]
+    ctx_len: torch.Tensor | None  # context lengths when they differ
+    groups: list                 # (context length, tokens kept, members or None = all): one top-k each
+    kmax: int
+    keep_rows: tuple             # (member, rank) of every kept token of the [G, kmax] packing
     slots: torch.Tensor          # the members' slot tables, concatenated
 
 

@@ -21,6 +21,9 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "auto"                   # auto = cuda when available
     attention_backend: str = "auto"        # auto = flash-attn varlen on CUDA when importable, else SDPA
+    # Reuse-only steps padded to batch buckets and captured as CUDA graphs (engine.graphs):
+    # None = on for CUDA; True on a CPU runs the same padding with plain calls (tests).
+    cuda_graphs: bool | None = None
     # --- phase-multiplexed scheduler ---
     scheduler: str = "phase"               # phase: Reuse steps cost their block; request: every step costs the canvas
     max_num_batched_tokens: int = 8192     # query tokens per step
@@ -67,6 +70,9 @@ class EngineConfig:
         check(self.kv_pool_tokens is None or self.kv_pool_tokens >= 0, "kv_pool_tokens must be >= 0")
         check(0 <= self.guard_fraction < 1, "guard_fraction must be in [0, 1)")
         check(self.max_model_len is None or self.max_model_len > 0, "max_model_len must be positive")
+
+    def graphs_enabled(self, device) -> bool:
+        return self.cuda_graphs if self.cuda_graphs is not None else torch.device(device).type == "cuda"
 
     def to_dict(self) -> dict:
         return asdict(self)

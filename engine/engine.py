@@ -44,7 +44,7 @@ class LLMEngine:
         self.device, self.dtype = source.device, source.dtype
         self.model_config = runner.model_config if runner is not None else model.config
         self.max_model_len = config.max_model_len or self.model_config.max_sequence_length
-        self.backend = resolve_backend(config.attention_backend, self.device)
+        self.backend = resolve_backend(config.attention_backend, self.device, self.dtype)
         self.profile = None
         capacity = config.kv_pool_tokens
         if capacity is None and (config.memory_budget is not None or self.device.type == "cuda"):
@@ -130,9 +130,16 @@ class LLMEngine:
         return done
 
     def commit(self, batch: Batch, d: StepDecisions) -> None:
-        """Write every request's decided tokens into the canvas pool with one indexed write."""
+        """Write every request's decided tokens into the canvas pool with one indexed write, then
+        read the decisions back: the step's one device-to-host copy, which keeps the host canvases
+        (candidates, block ends, outputs) equal to the device's."""
         offsets = np.fromiter((r.canvas_offset for r, _ in batch), dtype=np.int64, count=len(batch))
-        self.canvases.tokens[to_device(offsets, self.device)[d.row] + d.positions] = d.tokens
+        if d.canvas_index is not None:
+            self.canvases.tokens[d.canvas_index] = d.tokens
+        else:
+            self.canvases.tokens[to_device(offsets, self.device)[d.row] + d.positions] = d.tokens
+        row, pos, tok = torch.stack([d.row.long(), d.positions.long(), d.tokens.long()]).cpu().numpy()
+        self.canvases.host[offsets[row] + pos] = tok
         for (req, _), n in zip(batch, d.logits_rows):
             req.charge(n)
 
@@ -147,7 +154,7 @@ class LLMEngine:
             starts = np.fromiter((r.canvas_offset + r.prompt_len + (r.block + 1) * r.block_length
                                   for r in nxt), dtype=np.int64, count=len(nxt))
             idx, valid = padded(starts, lens, int(lens.max()))
-            tokens = self.canvases.tokens[to_device(idx, self.device)].cpu().numpy()
+            tokens = self.canvases.host[idx]
             masked = dict(zip(map(id, nxt), ((tokens == self.model_config.mask_token_id) & valid).sum(1).tolist()))
         done = []
         for req, _ in batch:

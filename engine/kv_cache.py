@@ -90,8 +90,11 @@ class KVPool:
         self.bytes_per_token = bytes_per_token(cfg, dtype)
         self.used = 0
         self.peak_used = 0
-        self.storage = self._alloc(capacity_tokens or 0)
+        # One slot beyond the capacity is nobody's: padded members of a bucketed step
+        # (`engine.graphs`) store into it and read it, so they never touch a request's cache.
+        self.storage = self._alloc((capacity_tokens or 0) + 1)
         self.ranges = SlotRanges(self.storage.shape[2])
+        self.scratch = self.ranges.take(1)[0][0]
         self.pieces: dict[int, list[tuple[int, int]]] = {}   # id(slot table) -> its ranges
         self.host: dict[int, np.ndarray] = {}                 # id(slot table) -> a host copy
 

@@ -59,6 +59,9 @@ def default_budget(model: LLaDAModelLM, config: EngineConfig) -> int:
     if config.memory_budget is not None:
         return config.memory_budget
     if model.device.type == "cuda":
+        # Blocks an earlier engine of this process freed stay in the caching allocator and are
+        # not "free" to the driver: without this a second engine got a smaller pool.
+        torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(model.device)
         return int((free + weights_bytes(model)) * config.gpu_memory_utilization)
     raise ValueError("a memory budget is needed to profile on CPU (e.g. --memory-budget 4GiB)")

@@ -5,6 +5,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from engine.sampling import SamplingParams
@@ -65,14 +66,17 @@ class Request:
         self.block_length = self.params.block_length
         self.steps_per_block = self.params.steps_per_block
         self.num_blocks = self.params.num_blocks
-        self.canvas = torch.tensor(
-            list(self.prompt_ids) + [self.mask_id] * self.params.gen_length, device=self.device
-        )
+        # The canvas lives twice: `canvas` on the device (what the model reads) and `host_canvas`
+        # on the host (what the scheduler, the candidate search and the outputs read), kept equal
+        # by the step's one readback of its commit decisions, so nothing else reads the device.
+        self.host_canvas = np.full(self.length, self.mask_id, dtype=np.int64)
+        self.host_canvas[: self.prompt_len] = self.prompt_ids
+        self.canvas = torch.from_numpy(self.host_canvas.copy()).to(self.device)
         self.status = Status.WAITING
         self.block = 0
         self.step_in_block = 0
         self.schedule = transfer_schedule(self.params.block_length, self.params.steps_per_block)
-        self.gens = RequestGenerators(self.params.seed)
+        self.gens = RequestGenerators(self.params.seed, self.device)
         self.admitted_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
@@ -118,9 +122,10 @@ class Request:
         return self.length if phase is not Phase.REUSE else self.block_length
 
     def candidates(self) -> torch.Tensor:
-        """Absolute positions of the still-masked tokens of the current block (position order)."""
+        """Absolute positions of the still-masked tokens of the current block (position order),
+        read from the host canvas (a CPU tensor)."""
         s, e = self.block_range
-        return torch.nonzero(self.canvas[s:e] == self.mask_id).squeeze(-1) + s
+        return torch.from_numpy(np.flatnonzero(self.host_canvas[s:e] == self.mask_id) + s)
 
     def charge(self, logits_rows: int) -> None:
         """One forward evaluation that computed `logits_rows` logits rows for this request."""
@@ -141,14 +146,14 @@ class Request:
                 self.status = Status.FINISHED
             else:
                 if masked is None:
-                    masked = int((self.canvas[slice(*self.block_range)] == self.mask_id).sum())
+                    masked = int((self.host_canvas[slice(*self.block_range)] == self.mask_id).sum())
                 self.schedule = transfer_schedule(masked, self.steps_per_block)
 
     def output(self) -> RequestOutput:
         return RequestOutput(
             request_id=self.request_id,
             prompt_ids=list(self.prompt_ids),
-            token_ids=self.canvas[self.prompt_len:].tolist(),
+            token_ids=self.host_canvas[self.prompt_len:].tolist(),
             nfe=self.nfe,
             arrival_time=self.arrival_time,
             admitted_time=self.admitted_time,

@@ -3,9 +3,13 @@
 returns what every request decided (`engine.step.StepDecisions`); it mutates no request.
 
 Per request and phase, the query set is the whole canvas (Refresh*) or the current block
-(Reuse). Packing, candidate finding and the choice of tokens to commit are batched tensor
-ops over the whole step; only per-request random streams (Gumbel noise at T > 0, random
-remasking) are drawn request by request, as the randomness contract requires.
+(Reuse). Everything the step needs to know on the host — input ids, positions, the attention
+plan, which rows are candidates (from the host canvases) and how the commit choice indexes
+them — is built before the forward from host arrays and staged in one copy
+(`engine.staging`), so the forward and the decode never read the device; the engine reads the
+decisions back once. Only per-request random streams (Gumbel noise at T > 0, random remasking)
+are drawn request by request, as the randomness contract requires. Reuse-only steps may run
+padded to a batch bucket, captured as CUDA graphs on a GPU (`engine.graphs`).
 """
 from __future__ import annotations
 
@@ -16,11 +20,13 @@ import torch
 
 from engine.cache_policy import POLICIES
 from engine.config import EngineConfig
+from engine.graphs import PadSpec, StepGraphs
 from engine.kv_cache import KVPool
 from engine.logits import RowSegment, decode_rows
 from engine.models.llada import LLaDAModelLM
-from engine.ragged import padded, ragged, to_device
+from engine.ragged import padded, ragged
 from engine.request import Phase, Request
+from engine.staging import Staging
 from engine.step import StepDecisions, StepStats
 from engine.step_context import StepContext
 from engine.step_meta import StepMeta
@@ -33,94 +39,139 @@ class ModelRunner:
         self.model, self.config, self.backend, self.pool = model, config, backend, pool
         self.model_config, self.dtype, self.device = model.config, model.dtype, model.device
         self.policy = POLICIES[config.cache](config)
+        self.max_model_len = max_model_len or model.config.max_sequence_length
         # Padded key rows of one attention call: a full canvas, or the token budget's worth when
         # that is more (a full Refresh step already gathers that many fresh keys). The profiler
         # measures chunks of exactly this bound, so a step never gathers more than it measured.
-        self.key_budget = max(max_model_len or model.config.max_sequence_length, config.max_num_batched_tokens)
+        self.key_budget = max(self.max_model_len, config.max_num_batched_tokens)
+        self.staging = Staging(self.device)
+        self.graphs = StepGraphs(self) if config.graphs_enabled(self.device) and pool is not None else None
 
-    def prepare(self, batch: list[tuple[Request, Phase]]) -> PackedStep:
-        """The step's packed inputs and its attention context (everything before the forward)."""
-        dev = self.device
-        tokens, offsets = _canvases([r for r, _ in batch], dev)
+    def prepare(self, batch: list[tuple[Request, Phase]], staging: Staging | None = None,
+                pad: PadSpec | None = None) -> PackedStep:
+        """The step's inputs, attention context and commit plan, staged (everything before the
+        forward). `pad`: run the members padded with dummy members and keys (`engine.graphs`)."""
+        staging = (staging or self.staging).begin()
+        reqs = [r for r, _ in batch]
+        host_tokens, offsets, in_pool = _canvases(reqs)
         host_slots = self.pool.host_slots if self.pool is not None else _host_slots
-        m = StepMeta.of(batch, offsets, host_slots)
+        real = StepMeta.of(batch, offsets, host_slots)
+        m = real if pad is None else pad.apply(real)
         pos = ragged(m.q_start, m.n_q)
-        positions = to_device(pos, dev)
-        ids = tokens[to_device(np.repeat(m.offset, m.n_q) + pos, dev)]
-        rotation = self.model.rope.at(positions, self.model.dtype, top=int(m.length.max()) - 1)
-        ctx = StepContext(m, self.policy, self.pool, rotation, self.backend, self.key_budget, dev, self.dtype)
-        return PackedStep(tokens, m, m.cu_q, ids, positions, ctx)
+        ids = host_tokens[np.minimum(np.repeat(m.offset, m.n_q) + pos, len(host_tokens) - 1)]
+        p = PackedStep(real, m, staging.put(ids), staging.put(pos), int(m.length.max()) - 1,
+                       StepContext(m, self.policy, self.pool, self.backend, self.key_budget, staging, self.dtype,
+                                   None if pad is None else pad.keys))
+        p.plan = _plan_commit(real, host_tokens, self.model_config.mask_token_id, staging, in_pool)
+        staging.flush()
+        return p
+
+    def forward(self, p: PackedStep) -> torch.Tensor:
+        """The model forward of a prepared step: what CUDA graphs capture and torch.compile
+        traces. Reads only staged tensors, the weights and the KV pool."""
+        p.ctx.finalize()
+        rotation = self.model.rope.at(p.positions, self.dtype, top=p.top)
+        return self.model.hidden_states(p.ids, p.positions, p.ctx, rope=rotation)
 
     @torch.no_grad()
     def run(self, batch: list[tuple[Request, Phase]]) -> StepStats:
-        dev = self.device
         reqs = [r for r, _ in batch]
-        p = self.prepare(batch)
-        m, tokens = p.meta, p.tokens
-        hidden = self.model.hidden_states(p.ids, p.positions, p.ctx, rope=p.ctx.rotation)
-
-        # Candidates: still-masked positions of each request's current block, [B, max block].
-        idx, valid = padded(m.offset + m.block_start, m.block_len, int(m.block_len.max()))
-        cand = (tokens[to_device(idx, dev)] == self.model_config.mask_token_id).cpu().numpy() & valid
-        rel = idx - m.offset[:, None]                                             # canvas positions
-        rows = (rel - m.q_start[:, None] + m.cu_q[:-1, None])[cand]              # hidden rows, request order
-        counts = cand.sum(1)
-        seg_start = np.cumsum(counts) - counts
-        segments = [RowSegment(int(seg_start[i]), int(counts[i]), r.params.temperature, r.gens.gumbel)
+        if self.graphs is not None and self.graphs.takes(batch):
+            p, hidden = self.graphs.run(batch)
+        else:
+            p = self.prepare(batch)
+            hidden = self.forward(p)
+        m, c = p.meta, p.plan
+        segments = [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel)
                     for i, r in enumerate(reqs) if r.params.temperature > 0]
-        res = decode_rows(self.model.lm_head, hidden, to_device(rows, dev), segments, self.config.max_num_logits,
+        res = decode_rows(self.model.lm_head, hidden, c.rows, segments, self.config.max_num_logits,
                           self.model_config.mask_token_id)
         conf = res.conf
         for i, r in enumerate(reqs):
             if r.params.remasking == "random":
                 conf = conf.clone() if conf is res.conf else conf
-                a = int(seg_start[i])
-                conf[a : a + int(counts[i])] = random_confidence(int(counts[i]), r.gens.remask).to(conf)
+                a, n = int(c.seg_start[i]), int(c.counts[i])
+                conf[a : a + n] = random_confidence(n, r.gens.remask).to(conf)
         monolithic = self.config.max_num_logits is None
-        decisions = _choose(conf, res.x0, cand, counts, rel, m.k, dev, (m.n_q if monolithic else counts).tolist())
+        decisions = _choose(conf, res.x0, c, (m.n_q if monolithic else c.counts).tolist())
         n_ref = int(m.refresh.sum())
         return StepStats(int(m.cu_q[-1]), res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
                          decisions)
 
 
-def _choose(conf: torch.Tensor, x0: torch.Tensor, cand: np.ndarray, counts: np.ndarray, rel: np.ndarray,
-            k: np.ndarray, dev, logits_rows: list[int]) -> StepDecisions:
+@dataclass
+class CommitPlan:
+    """Which hidden rows are candidates and how the commit choice indexes them, from the host
+    canvases: candidates are the still-masked positions of each request's current block."""
+
+    rows: torch.Tensor            # [R] hidden rows of the candidates, request then position order
+    counts: np.ndarray            # [B] candidates per request
+    seg_start: np.ndarray         # [B] each request's first candidate in `rows`
+    width: int                    # W: the longest block
+    flat: torch.Tensor            # [R] each candidate's cell of the [B, W] score table
+    row: torch.Tensor             # [T] the request of each token to commit (k per request)
+    rank: torch.Tensor            # [T] its rank among that request's candidates
+    cid: torch.Tensor             # [B, W] table cell -> candidate index
+    rel: torch.Tensor             # [B, W] table cell -> canvas position
+    canvas_index: torch.Tensor | None  # [B] where each canvas starts in the canvas pool's tokens
+
+
+def _plan_commit(m: StepMeta, host_tokens: np.ndarray, mask_id: int, staging: Staging, in_pool: bool) -> CommitPlan:
+    W = int(m.block_len.max())
+    idx, valid = padded(m.offset + m.block_start, m.block_len, W)
+    cand = (host_tokens[idx] == mask_id) & valid
+    rel = idx - m.offset[:, None]                                             # canvas positions
+    rows = (rel - m.q_start[:, None] + m.cu_q[:-1, None])[cand]              # hidden rows, request order
+    counts = cand.sum(1)
+    row, rank = np.nonzero(np.arange(W) < np.minimum(m.k, counts)[:, None])
+    cid = np.zeros(cand.shape, dtype=np.int64)
+    cid[cand] = np.arange(int(counts.sum()))
+    return CommitPlan(staging.put(rows), counts, np.cumsum(counts) - counts, W, staging.put(np.flatnonzero(cand)),
+                      staging.put(row), staging.put(rank), staging.put(cid), staging.put(rel),
+                      staging.put(m.offset) if in_pool else None)
+
+
+def _choose(conf: torch.Tensor, x0: torch.Tensor, c: CommitPlan, logits_rows: list[int]) -> StepDecisions:
     """Each request commits its k most confident candidates (k from its linear schedule); ties
     go to the lower position. `conf`/`x0` [R]: the candidates in request order, then position
-    order; cand [B, W] host mask of them, counts [B] its row sums; rel [B, W] their canvas positions. One sort on the
-    device; which ranks are taken, and which candidate each (row, rank) is, are host arrays."""
-    B, W = cand.shape
-    score = torch.full((B, W), -torch.inf, dtype=conf.dtype, device=dev)
-    score[to_device(cand, dev)] = conf
-    order = torch.sort(score, dim=1, descending=True, stable=True).indices    # candidates first in each row
-    row, rank = np.nonzero(np.arange(W) < np.minimum(k, counts)[:, None])
-    cid = np.zeros((B, W), dtype=np.int64)
-    cid[cand] = np.arange(conf.numel())                                   # [B, W] -> candidate index
-    row_t = to_device(row, dev)
-    col = order[row_t, to_device(rank, dev)]
-    pick = to_device(cid, dev)[row_t, col]
-    return StepDecisions(row_t, to_device(rel, dev)[row_t, col], x0[pick], conf[pick], logits_rows)
+    order. One sort on the device; which ranks are taken, and which candidate each (row, rank)
+    is, were planned on the host."""
+    B = len(c.counts)
+    score = torch.full((B * c.width,), -torch.inf, dtype=conf.dtype, device=conf.device)
+    score[c.flat] = conf
+    order = torch.sort(score.view(B, c.width), dim=1, descending=True, stable=True).indices
+    col = order[c.row, c.rank]
+    pick = c.cid[c.row, col]
+    positions = c.rel[c.row, col]
+    return StepDecisions(c.row, positions, x0[pick], conf[pick], logits_rows,
+                         canvas_index=None if c.canvas_index is None else c.canvas_index[c.row] + positions)
 
 
 @dataclass
 class PackedStep:
-    tokens: torch.Tensor          # the token tensor holding every canvas
-    meta: StepMeta                # every member's scalars (offsets, phases, query ranges, slots)
-    cu_q: np.ndarray              # packed query offsets
+    meta: StepMeta                # the real members' scalars (offsets, phases, query ranges, slots)
+    padded_meta: StepMeta         # what the forward runs: `meta`, or it plus dummy members
     ids: torch.Tensor             # [N] packed input ids
     positions: torch.Tensor       # [N] their canvas positions
+    top: int                      # a bound on the largest position (RoPE table rows)
     ctx: StepContext
+    plan: CommitPlan | None = None
+
+    @property
+    def cu_q(self) -> np.ndarray:
+        return self.meta.cu_q
 
 
 def _host_slots(table: torch.Tensor) -> np.ndarray:
     return table.cpu().numpy()
 
 
-def _canvases(reqs: list[Request], device) -> tuple[torch.Tensor, np.ndarray]:
-    """The token tensor holding every canvas, and each canvas's offset in it: the engine's
-    canvas pool when all are placed there, else (profiling, direct calls) a concatenation."""
+def _canvases(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The host token array holding every canvas, each canvas's offset in it, and whether that
+    is the engine's canvas pool (all placed there) rather than a concatenation (profiling,
+    direct calls)."""
     pool = getattr(reqs[0], "canvas_pool", None)
     if pool is not None and all(getattr(r, "canvas_pool", None) is pool for r in reqs):
-        return pool.tokens, np.fromiter((r.canvas_offset for r in reqs), dtype=np.int64, count=len(reqs))
+        return pool.host, np.fromiter((r.canvas_offset for r in reqs), dtype=np.int64, count=len(reqs)), True
     lens = np.fromiter((r.length for r in reqs), dtype=np.int64, count=len(reqs))
-    return torch.cat([r.canvas for r in reqs]), np.cumsum(lens) - lens
+    return np.concatenate([r.host_canvas for r in reqs]), np.cumsum(lens) - lens, False

@@ -53,36 +53,34 @@ def max_pool(scores: torch.Tensor, window: int) -> torch.Tensor:
     return F.max_pool1d(flat, window, stride=1, padding=window // 2).view(scores.shape)
 
 
-def select_many(q_block, k_ctx, ctx_len: list[int], n_keep: list[int], selection: str, window: int,
-                query: str = "mean", q_len: torch.Tensor | None = None) -> torch.Tensor:
+def select_many(q_block, k_ctx, groups: list, kmax: int, selection: str, window: int, query: str = "mean",
+                q_len: torch.Tensor | None = None, ctx_len: torch.Tensor | None = None) -> torch.Tensor:
     """Batched `select` over G members padded to one shape (k_ctx [G, Hkv, Lc_max, D], member g's
-    real context is its first ctx_len[g] tokens) -> indices [G, Hkv, max n_keep]; member g's are
-    the first n_keep[g] of its row (the rest is 0). The top-k runs once per distinct
-    (ctx_len, n_keep) on exactly the members' own scores, so padding cannot change which of
-    tied tokens is kept."""
+    real context is its first ctx_len[g] tokens; None: all Lc_max) -> indices [G, Hkv, kmax];
+    member g's are the first n of its row (the rest is 0). `groups`: (c, n, members) per
+    distinct (context length, tokens kept), members an index tensor (None: every member). The
+    top-k runs once per group on exactly its members' own scores, so padding cannot change
+    which of tied tokens is kept; all shapes are host ints, nothing is read back."""
     s = score_context(q_block, k_ctx, selection, query, q_len)
     G, hkv, lc = s.shape[0], k_ctx.shape[1], s.shape[-1]
-    if any(n < lc for n in ctx_len):
-        pad = torch.arange(lc, device=s.device)[None] >= torch.tensor(ctx_len, device=s.device)[:, None]
+    if ctx_len is not None:
+        pad = torch.arange(lc, device=s.device)[None] >= ctx_len[:, None]
         s = s.masked_fill(pad[:, None], -torch.inf)
     s = max_pool(s, window)
-    shapes: dict[tuple[int, int], list[int]] = {}
-    for g, key in enumerate(zip(ctx_len, n_keep)):
-        shapes.setdefault(key, []).append(g)
-    if len(shapes) == 1:
-        (c, n), = shapes
+    if len(groups) == 1 and groups[0][2] is None:
+        c, n, _ = groups[0]
         return torch.topk(s[..., :c], n, dim=-1).indices.sort(-1).values.expand(G, hkv, n)
-    out = torch.zeros(G, hkv, max(n_keep), dtype=torch.long, device=s.device)
-    for (c, n), members in shapes.items():
-        m = torch.tensor(members, device=s.device)
-        out[m, :, :n] = torch.topk(s[m, :, :c], n, dim=-1).indices.sort(-1).values.expand(len(members), hkv, n)
+    out = torch.zeros(G, hkv, kmax, dtype=torch.long, device=s.device)
+    for c, n, m in groups:
+        out[m, :, :n] = torch.topk(s[m, :, :c], n, dim=-1).indices.sort(-1).values.expand(m.numel(), hkv, n)
     return out
 
 
 def select(q_block, k_ctx, n_keep: int, selection: str, window: int, query: str = "mean") -> torch.Tensor:
     """One sequence: q_block [Lb, Hq, D], k_ctx [Hkv, Lc, D] -> indices into the context axis,
     [Hkv, n_keep], sorted by position within each head."""
-    return select_many(q_block[None], k_ctx[None], [k_ctx.shape[1]], [n_keep], selection, window, query)[0]
+    return select_many(q_block[None], k_ctx[None], [(k_ctx.shape[1], n_keep, None)], n_keep, selection, window,
+                       query)[0]
 
 
 def pack(t_ctx: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ class StepDecisions:
     tokens: torch.Tensor
     confidence: torch.Tensor
     logits_rows: list[int]
+    canvas_index: torch.Tensor | None = None   # positions in the engine's canvas pool, when known
 
 
 @dataclass

@@ -1,18 +1,21 @@
 """StepContext: the attention callable of one packed engine step (nano-vllm's context object,
-without the global). Built once per step, called once per layer.
+without the global). Built once per step on the host, called once per layer.
 
 Per layer it does a fixed number of tensor ops whatever the batch size: one indexed write
-stores the fresh K/V of every request that stores (dual cache), then each phase group —
-Refresh sequences (keys = their own canvas) and Reuse sequences (keys = cache slots + fresh
-block) — is one padded attention call (`padded_attention`; flash-attn varlen on CUDA) whose
-keys are gathered from the pool by the requests' slot tables in one indexed read. A group is
-split into chunks only when its padded keys would exceed `key_budget` rows, which bounds the
-transient memory (the profiler measures a full chunk). The sparse Refresh-select of all
-selecting requests is one batched scoring per layer (`SparseCache.select`).
+stores the fresh K/V of every request that stores (dual and sparse caches), then each phase
+group — Refresh sequences (keys = their own canvas) and Reuse sequences (keys = cache slots) —
+is one attention call whose keys are gathered with one indexed read straight into the layout
+the kernel takes. With flash-attn that is one varlen call per group over packed keys. The
+padded CPU path (`padded_attention`, one SDPA call per group) splits a group into chunks only
+when its padded keys would exceed `key_budget` rows, which bounds the transient memory (the
+profiler measures a full chunk); flash-attn needs no padding and is never split. The sparse
+Refresh-select of all selecting requests is one batched scoring per layer.
 
-Every index tensor is built once per step on the host from the step's `StepMeta` columns
-(numpy, `engine.ragged`), so building the context costs a fixed number of torch calls too.
-The step's RoPE rows are gathered once (`rotation`) and handed to every layer.
+Nothing in the forward reads the device back: every index tensor, cu_seqlens included, is
+built on the host from the step's `StepMeta` columns (numpy, `engine.ragged`) and staged with
+the step's one host-to-device copy (`engine.staging`); rows are chosen with integer indices,
+never boolean masks; what derives from staged data on the device (the padding bias, int32
+cu_seqlens) is computed by `finalize`, the first thing of the forward.
 """
 from __future__ import annotations
 
@@ -24,154 +27,156 @@ import torch
 from engine.attention import flash_varlen, key_bias, padded_attention
 from engine.cache_policy import CachePolicy, KeySpec
 from engine.kv_cache import KVPool
-from engine.ragged import padded, ragged, to_device
+from engine.ragged import padded, ragged
+from engine.staging import Staging
 from engine.step_meta import StepMeta
 
 
 @dataclass
 class _Chunk:
     G: int
-    Lq: int
-    q_index: torch.Tensor              # [G*Lq] packed query rows (padded), or [ΣLq] for flash
-    cache_index: torch.Tensor | None   # [2*G*kmax] pool rows: K slots, then V slots
-    kmax: int
-    fresh_index: torch.Tensor | None   # [G*fmax] packed rows of fresh K/V
-    fmax: int
-    bias: torch.Tensor | None = None   # padded path: additive SDPA mask of the padding keys
-    members: np.ndarray | None = None  # the step's members in this chunk, in order
-    dst: torch.Tensor | None = None    # several chunks: the output row of each real query row ([G, Lq] if none is padding)
-    q_valid: torch.Tensor | None = None  # padded path, ragged Lq: [G, Lq] True = a real query row
-    cu_q: list[int] | None = None      # flash: packed query and key offsets
-    cu_k: list[int] | None = None
-    packed: PackedKeys | None = None   # flash: where each key of the packed K/V comes from
-
-
-@dataclass
-class PackedKeys:
-    """The varlen key layout of a group (flash-attn): member i's keys are rows
-    [cu_k[i], cu_k[i+1]) of one packed K (and V), its cached keys first, then its fresh ones.
-    Every key is copied once, from the pool or from the step's K/V, straight to its row."""
-
-    total: int
-    cache_src: torch.Tensor | None     # pool rows (K slots, then the same slots' V rows)
-    cache_dst: torch.Tensor | None
-    fresh_src: torch.Tensor | None     # packed rows of the step's fresh K/V
-    fresh_dst: torch.Tensor | None
-
-
-def packed_keys(slot_base: np.ndarray, slots: np.ndarray, n_slots: int, cached: np.ndarray, starts: np.ndarray,
-                fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Index math of `PackedKeys` (host arrays): member i reads `cached[i]` slots from its table
-    at `slot_base[i]` in `slots`, then `fresh[i]` fresh rows from `starts[i]`; `n_slots`: the
-    pool's slot count (V rows follow K rows). -> (cu_k, cache_src, cache_dst, fresh_src, fresh_dst)."""
-    cu_k = np.zeros(len(cached) + 1, dtype=np.int64)
-    np.cumsum(cached + fresh, out=cu_k[1:])
-    src = slots[ragged(slot_base, cached)]
-    return (cu_k, np.concatenate([src, src + n_slots]), ragged(cu_k[:-1], cached), ragged(starts, fresh),
-            ragged(cu_k[:-1] + cached, fresh))
+    Lq: int                            # padded: query rows per member; flash: the longest
+    members: np.ndarray                # the step's members in this chunk, in order
+    q_index: torch.Tensor | None       # packed query rows ([G*Lq] padded, [ΣLq] flash); None: q as it is
+    kv_index: torch.Tensor | None      # keys from the pool: its rows, K slots then the same slots' V rows
+    fresh_index: torch.Tensor | None   # keys from the step's own K/V: their packed rows
+    kmax: int                          # padded: keys per member; flash: the longest
+    keys_are_queries: bool = False     # the keys are the step's K/V at the query rows (a Refresh)
+    key_mask: torch.Tensor | None = None   # padded: [G, kmax] 1 = a real key (None: all are)
+    q_rows: tuple | None = None            # padded, ragged Lq: (member, row) of each real output row
+    dst: torch.Tensor | None = None        # several chunks: the output row of each real query row
+    cu_q: torch.Tensor | None = None       # flash: packed query / key offsets (staged int64)
+    cu_k: torch.Tensor | None = None
+    bias: torch.Tensor | None = None       # set by finalize: the additive SDPA mask of padding keys
+    cu_q32: torch.Tensor | None = None     # set by finalize: cu_seqlens as flash-attn takes them
+    cu_k32: torch.Tensor | None = None
 
 
 class StepContext:
-    def __init__(self, meta: StepMeta, policy: CachePolicy, pool: KVPool | None, rotation, backend: str,
-                 key_budget: int, device, dtype: torch.dtype):
-        self.meta, self.policy, self.pool, self.backend = meta, policy, pool, backend
-        self.rotation, self.device, self.dtype = rotation, device, dtype
+    """`static_keys`: pad every member's keys to this many (padded path) or the group's packed
+    keys to members x this many (flash), always with a key mask, so a step's tensor shapes
+    depend only on its batch bucket (`engine.graphs`)."""
+
+    def __init__(self, meta: StepMeta, policy: CachePolicy, pool: KVPool | None, backend: str, key_budget: int,
+                 staging: Staging, dtype: torch.dtype, static_keys: int | None = None):
+        self.meta, self.policy, self.pool, self.backend, self.dtype = meta, policy, pool, backend, dtype
+        self.static_keys = static_keys
+        self.n_slots = pool.storage.shape[2] if pool is not None else 0
         spec = policy.spec(meta)
-        self._plan_stores(spec)
-        self.select_plan = policy.plan_select(meta, device)
+        self._plan_stores(spec, staging)
+        self.select_plan = policy.plan_select(meta, staging)
         self.chunks: list[_Chunk] = []
         key_lens = spec.cached + spec.fresh
         for refresh in (True, False):
             members = np.flatnonzero(meta.refresh == refresh)
-            for chunk in _split(members, key_lens[members], key_budget):
-                self.chunks.append(self._chunk(chunk, spec))
+            parts = [members] if backend == "flash_attn" or static_keys else _split(members, key_lens[members],
+                                                                                     key_budget)
+            for chunk in parts:
+                if chunk.size:
+                    self.chunks.append(self._chunk(chunk, spec, staging))
         if len(self.chunks) > 1:                      # only then do rows need placing (`__call__`)
             for ch in self.chunks:
-                dst = to_device(ragged(meta.cu_q[ch.members], meta.n_q[ch.members]), device)
-                ch.dst = dst if ch.q_valid is not None or ch.packed is not None else dst.view(ch.G, ch.Lq)
+                dst = ragged(meta.cu_q[ch.members], meta.n_q[ch.members])
+                square = backend != "flash_attn" and ch.q_rows is None    # [G, Lq] output, no reshape
+                ch.dst = staging.put(dst.reshape(ch.G, ch.Lq) if square else dst)
 
-    def _plan_stores(self, spec: KeySpec) -> None:
+    def _plan_stores(self, spec: KeySpec, staging: Staging) -> None:
         m = self.meta
         st = np.flatnonzero(spec.store_from >= 0)
         self.store_slots = self.store_src = None
         if st.size:
-            idx = ragged(m.slot_base[st] + spec.store_from[st], m.n_q[st])
-            self.store_slots = to_device(m.slots[idx], self.device)
-            self.store_src = to_device(ragged(m.cu_q[st], m.n_q[st]), self.device)
+            self.store_slots = staging.put(m.slots[ragged(m.slot_base[st] + spec.store_from[st], m.n_q[st])])
+            src = ragged(m.cu_q[st], m.n_q[st])
+            self.store_src = None if _identity(src, int(m.cu_q[-1])) else staging.put(src)
 
-    def _chunk(self, chunk: np.ndarray, spec: KeySpec) -> _Chunk:
-        m, dev = self.meta, self.device
-        G = len(chunk)
+    def _chunk(self, chunk: np.ndarray, spec: KeySpec, staging: Staging) -> _Chunk:
+        m = self.meta
+        G, n_total = len(chunk), int(m.cu_q[-1])
         lq, kc, kf, starts = m.n_q[chunk], spec.cached[chunk], spec.fresh[chunk], m.cu_q[chunk]
-        Lq, kmax, fmax = int(lq.max()), int(kc.max()), int(kf.max())
-        cache_index = fresh_index = None
-        valid = []
-        if kmax:
-            idx, ok = padded(m.slot_base[chunk], kc, kmax)
-            slots = m.slots[np.minimum(idx, len(m.slots) - 1).reshape(-1)]
-            cache_index = to_device(np.concatenate([slots, slots + self.pool.storage.shape[2]]), dev)
-            valid.append(ok)
-        if fmax:
-            idx, ok = padded(starts, kf, fmax)
-            fresh_index = to_device(idx.reshape(-1), dev)
-            valid.append(ok)
-        full = (kc == kmax).all() and (kf == fmax).all()
-        key_mask = None if full else (valid[0] if len(valid) == 1 else np.concatenate(valid, 1))
+        if kc.any() and kf.any():
+            raise AssertionError("a cache policy must take one group's keys from one source (pool or fresh)")
+        from_pool = bool(kc.any())
+        keys = kc if from_pool else kf
+        base = m.slot_base[chunk] if from_pool else starts
+        Lq = int(lq.max())
         if self.backend == "flash_attn":
-            n_slots = self.pool.storage.shape[2] if self.pool is not None else 0
-            cu_k, c_src, c_dst, f_src, f_dst = packed_keys(m.slot_base[chunk], m.slots, n_slots, kc, starts, kf)
-            t = lambda a: to_device(a, dev) if a.size else None  # noqa: E731
-            return _Chunk(G, Lq, to_device(ragged(starts, lq), dev), None, kmax, None, fmax, members=chunk,
-                          cu_q=[0, *np.cumsum(lq).tolist()], cu_k=cu_k.tolist(),
-                          packed=PackedKeys(int(cu_k[-1]), t(c_src), t(c_dst), t(f_src), t(f_dst)))
-        q_index, q_ok = padded(starts, lq, Lq)
-        bias = None if key_mask is None else key_bias(to_device(key_mask, dev), self.dtype)
-        q_valid = None if (lq == Lq).all() else to_device(q_ok, dev)
-        return _Chunk(G, Lq, to_device(q_index.reshape(-1), dev), cache_index, kmax, fresh_index, fmax, bias,
-                      members=chunk, q_valid=q_valid)
+            q_idx = ragged(starts, lq)
+            idx = ragged(base, keys)
+            kmax = int(keys.max())
+            if self.static_keys:                      # pad with the last real key (never read: cu_k)
+                kmax = self.static_keys
+                idx = np.concatenate([idx, np.full(G * kmax - idx.size, idx[-1] if idx.size else 0)])
+            ch = _Chunk(G, Lq, chunk, None if _identity(q_idx, n_total) else staging.put(q_idx), None, None, kmax,
+                        cu_q=staging.put(_offsets(lq)), cu_k=staging.put(_offsets(keys)))
+        else:
+            kmax = self.static_keys or int(keys.max())
+            idx, ok = padded(base, keys, kmax)
+            q_idx, q_ok = padded(starts, lq, Lq)
+            ragged_q = not (lq == Lq).all()
+            flat_q = q_idx.reshape(-1)
+            ch = _Chunk(G, Lq, chunk, None if (not ragged_q and _identity(flat_q, n_total)) else staging.put(flat_q),
+                        None, None, kmax,
+                        key_mask=staging.put(ok) if self.static_keys or not (keys == kmax).all() else None,
+                        q_rows=tuple(map(staging.put, np.nonzero(q_ok))) if ragged_q else None)
+        if from_pool:
+            slots = m.slots[np.minimum(idx, len(m.slots) - 1).reshape(-1)]
+            ch.kv_index = staging.put(np.concatenate([slots, slots + self.n_slots]))
+        elif np.array_equal(idx, q_idx):              # no second gather of the same rows
+            ch.keys_are_queries = True
+        else:
+            ch.fresh_index = staging.put(idx.reshape(-1))
+        return ch
+
+    def finalize(self) -> None:
+        """The tensors derived on the device from staged ones: the first thing of the forward."""
+        for ch in self.chunks:
+            if ch.key_mask is not None:
+                ch.bias = key_bias(ch.key_mask.bool(), self.dtype)
+            if ch.cu_q is not None:
+                ch.cu_q32, ch.cu_k32 = ch.cu_q.to(torch.int32), ch.cu_k.to(torch.int32)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         pool = self.pool.storage[layer] if self.pool is not None and self.pool.storage.numel() else None  # [2, S, Hkv, D]
         if self.store_slots is not None:
-            pool[0, self.store_slots] = k[self.store_src]
-            pool[1, self.store_slots] = v[self.store_src]
+            pool[0, self.store_slots] = k if self.store_src is None else k[self.store_src]
+            pool[1, self.store_slots] = v if self.store_src is None else v[self.store_src]
         if self.select_plan is not None:
             self.policy.select(self.select_plan, pool, q, k, v)
         if len(self.chunks) == 1:                     # every member, in packed order
-            ch = self.chunks[0]
-            o = self._attend(ch, q, k, v, pool)
-            return o[ch.q_valid] if ch.q_valid is not None else o.reshape(q.shape)
+            return self._attend(self.chunks[0], q, k, v, pool).reshape(q.shape)
         # Each chunk writes its real rows straight to their packed positions: no concatenation
         # of the groups' outputs and no reorder afterwards.
         out = q.new_empty(q.shape)
         for ch in self.chunks:
-            o = self._attend(ch, q, k, v, pool)
-            out[ch.dst] = o if ch.q_valid is None else o[ch.q_valid]
+            out[ch.dst] = self._attend(ch, q, k, v, pool)
         return out
 
     def _attend(self, ch: _Chunk, q, k, v, pool) -> torch.Tensor:
+        """The chunk's query rows in packed order, attended: [ΣLq, Hq, D] ([G, Lq, Hq, D] when
+        the padded path has no padded query rows)."""
         hkv, d = k.shape[1:]
-        if ch.packed is not None:                     # flash-attn varlen: keys packed in place
-            p = ch.packed
-            K, V = k.new_empty(p.total, hkv, d), v.new_empty(p.total, hkv, d)
-            if p.cache_src is not None:
-                kc, vc = pool.view(-1, hkv, d)[p.cache_src].view(2, -1, hkv, d).unbind(0)
-                K[p.cache_dst], V[p.cache_dst] = kc, vc
-            if p.fresh_src is not None:
-                K[p.fresh_dst], V[p.fresh_dst] = k[p.fresh_src], v[p.fresh_src]
-            return flash_varlen(q[ch.q_index], ch.cu_q, K, V, ch.cu_k)
-        ks, vs = [], []
-        if ch.cache_index is not None:                # K and V of every member in one indexed read
-            kc, vc = pool.view(-1, hkv, d)[ch.cache_index].view(2, ch.G, ch.kmax, hkv, d).unbind(0)
-            ks.append(kc)
-            vs.append(vc)
-        if ch.fresh_index is not None:
-            ks.append(k[ch.fresh_index].view(ch.G, ch.fmax, hkv, d))
-            vs.append(v[ch.fresh_index].view(ch.G, ch.fmax, hkv, d))
-        K = ks[0] if len(ks) == 1 else torch.cat(ks, 1)
-        V = vs[0] if len(vs) == 1 else torch.cat(vs, 1)
-        qg = q[ch.q_index].view(ch.G, ch.Lq, *q.shape[1:])
-        return padded_attention(qg, K, V, ch.bias)          # [G, Lq, Hq, D]
+        qq = q if ch.q_index is None else q[ch.q_index]
+        if ch.kv_index is not None:                   # K and V of every member in one indexed read
+            K, V = pool.view(-1, hkv, d)[ch.kv_index].view(2, -1, hkv, d).unbind(0)
+        elif ch.keys_are_queries:
+            K, V = (k, v) if ch.q_index is None else (k[ch.q_index], v[ch.q_index])
+        else:
+            K, V = k[ch.fresh_index], v[ch.fresh_index]
+        if self.backend == "flash_attn":
+            return flash_varlen(qq, ch.cu_q32, K, V, ch.cu_k32, ch.Lq, ch.kmax)
+        o = padded_attention(qq.view(ch.G, ch.Lq, *q.shape[1:]), K.view(ch.G, ch.kmax, hkv, d),
+                             V.view(ch.G, ch.kmax, hkv, d), ch.bias)
+        return o if ch.q_rows is None else o[ch.q_rows]
+
+
+def _identity(idx: np.ndarray, n: int) -> bool:
+    return idx.size == n and bool((idx == np.arange(n)).all())
+
+
+def _offsets(lens: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=out[1:])
+    return out
 
 
 def _split(members: np.ndarray, key_lens: np.ndarray, budget: int) -> list[np.ndarray]:

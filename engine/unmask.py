@@ -8,7 +8,11 @@ block, in position order — and, for random remasking, one uniform per candidat
 draws noise for the whole [L, V] canvas, but only candidate rows can ever be committed, so
 this changes no distribution while keeping the work proportional to what can be committed.
 Consecutive draws from a CPU generator equal one large draw, so splitting a request's rows
-across logit chunks does not change its tokens.
+across logit chunks does not change its tokens. On CUDA the generators live on the device (the
+noise is drawn where the logits are, no host copy of [rows x V] per request and step); a
+device generator's draws depend on how they are split, so there a request's sampled tokens are
+reproducible for a fixed chunking, not across chunkings. Greedy decoding (T = 0) and the CPU
+float64 path are unaffected.
 """
 from __future__ import annotations
 
@@ -25,10 +29,10 @@ class RequestGenerators:
     """The two per-request random streams."""
 
     def __init__(self, seed: int, device: torch.device | str = "cpu"):
-        # Noise is drawn on the CPU even for CUDA models: CPU generators give stream-splitting
-        # invariance (see module docstring), which CUDA's Philox offsets do not.
-        self.gumbel = torch.Generator(device="cpu").manual_seed(int(seed))
-        self.remask = torch.Generator(device="cpu").manual_seed(int(seed) ^ 0x5DEECE66D)
+        dev = torch.device(device)
+        dev = dev if dev.type == "cuda" else torch.device("cpu")
+        self.gumbel = torch.Generator(device=dev).manual_seed(int(seed))
+        self.remask = torch.Generator(device=dev).manual_seed(int(seed) ^ 0x5DEECE66D)
 
 
 def proposal_argmax(scores: torch.Tensor, mask_id: int) -> torch.Tensor:
@@ -55,7 +59,7 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, gen: torch.Generator
     if temperature == 0:
         return proposal_argmax(logits, mask_id)
     # In place where possible: at LLaDA's vocabulary these are the largest transients of a step.
-    u = torch.rand(logits.shape, dtype=torch.float64, generator=gen).to(logits.device)
+    u = torch.rand(logits.shape, dtype=torch.float64, generator=gen, device=_gen_device(gen)).to(logits.device)
     u.log_().neg_()
     if temperature != 1:
         u.pow_(temperature)
@@ -75,7 +79,11 @@ def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype: torch.dtype | N
 
 
 def random_confidence(n: int, gen: torch.Generator) -> torch.Tensor:
-    return torch.rand(n, dtype=torch.float64, generator=gen)
+    return torch.rand(n, dtype=torch.float64, generator=gen, device=_gen_device(gen))
+
+
+def _gen_device(gen: torch.Generator | None) -> torch.device:
+    return torch.device("cpu") if gen is None else gen.device
 
 
 def select_transfer(conf: torch.Tensor, k: int) -> torch.Tensor:

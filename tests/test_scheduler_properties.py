@@ -36,6 +36,7 @@ def fake_run(self, batch) -> StepStats:
     for req, phase in batch:
         cand = req.candidates()
         req.canvas[cand[: req.schedule[req.step_in_block]]] = 7
+        req.host_canvas[cand[: req.schedule[req.step_in_block]].numpy()] = 7   # a runner keeps both
         req.nfe += 1
         q += req.length if phase.is_refresh else req.params.block_length
         rows += cand.numel()

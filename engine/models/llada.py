@@ -116,6 +116,10 @@ class RotaryEmbedding:
             self._cache[key] = (emb.cos(), emb.sin())
         return self._cache[key]
 
+    def reserve(self, n: int, device: torch.device, dtype: torch.dtype) -> None:
+        """Grow the table to n positions now (a CUDA graph must not see it reallocated)."""
+        self._table(n, device, torch.promote_types(dtype, torch.float32))
+
     def at(self, positions: torch.Tensor, dtype: torch.dtype, top: int | None = None) -> Rotation:
         """The rotation at `positions` for tensors of `dtype` (norm dtype: >= float32). `top`: a
         bound on the largest position if the caller knows one (saves reading it back)."""
