@@ -2,6 +2,7 @@
 "max-fit" scenario for request-level systems (`profile_max_batch`, `measure_run`)."""
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 import torch
@@ -24,18 +25,31 @@ def profile_max_batch(model: LLaDAModelLM, memory_budget_bytes: int, prompt_len:
     MemoryMeter for `run_steps` steps (None: the first block plus one step, which visits every
     phase of every policy with its caches held; pass a large number for a whole generation).
     The search assumes the peak grows with B: it starts at the affine prediction from B = 1 and
-    2, then doubles or bisects."""
+    2, then doubles or bisects. A B the device runs out of memory at (CUDA OOM: the budget is
+    more than the device can give, or fragmentation) does not fit either."""
     avail = memory_budget_bytes - weights_bytes(model)
     if measure is None:
         measure = lambda B: measure_run(model, B, prompt_len, gen_length, block_length, steps, system, knobs, run_steps)  # noqa: E731
     cache: dict[int, int] = {}
+    oom: set[int] = set()
 
     def fits(B: int) -> bool:
+        if B in oom:
+            return False
         if B not in cache:
-            cache[B] = measure(B)
+            try:
+                cache[B] = measure(B)
+            except torch.OutOfMemoryError:
+                oom.add(B)
+            if B in oom:  # outside the handler: the failed run's tensors are unreferenced by now
+                gc.collect()
+                torch.cuda.empty_cache()
+                return False
         return cache[B] <= avail
 
     if not fits(1):
+        if 1 in oom:
+            raise ValueError(f"batch 1 ran out of device memory (the budget leaves {avail} bytes beyond the weights)")
         raise ValueError(f"batch 1 needs {cache[1]} bytes beyond the weights but the budget leaves {avail}")
     # A static batch's peak is affine in B (per-request activations, logits and caches), so B = 1
     # and 2 predict the boundary and the search starts there: each measurement at a large B

@@ -20,6 +20,7 @@ import torch
 from dllm_bench import console
 from dllm_bench.accuracy.points import SCORE_QUERIES, SELECTIONS, SYSTEMS, Point, model_training_info
 from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, model_dir
+from dllm_bench.device_defaults import resolve_device_options
 from dllm_bench.systems.build import make_system
 from engine import EngineConfig, SamplingParams
 from engine.models.llada import LLaDAModelLM
@@ -27,14 +28,16 @@ from engine.models.llada import LLaDAModelLM
 
 def point_system(point: Point, model: LLaDAModelLM, *, max_num_seqs: int = 64, max_num_batched_tokens: int = 8192,
                  max_num_logits: int | None = 1024, batch: int = 32, pool_window: int = 3,
-                 delay_step: int = 1) -> Any:
-    """A fresh serving system for `point` over an already-loaded model (systems.build.make_system)."""
+                 delay_step: int = 1, memory_budget: int | None = None) -> Any:
+    """A fresh serving system for `point` over an already-loaded model (systems.build.make_system).
+    `memory_budget`: the run's one budget (measured once), so every point's engine gets the same
+    KV pool rather than whatever the previous point's engine left free."""
     if point.system == "engine":
         cfg = EngineConfig(cache=point.cache or "none", selection=point.selection or "head",
                            retention=point.retention, score_query=point.score_query, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
                            pool_window=pool_window, delay_step=delay_step, sampling=False,
-                           device=str(model.device), attention_backend="auto")
+                           device=str(model.device), attention_backend="auto", memory_budget=memory_budget)
         return make_system("engine", model, engine_config=cfg, label=point.name)
     knobs = {"keep_ratio": point.retention} if point.system == "sparse-dllm" else {}
     return make_system(point.system, model, batch=batch, knobs=knobs, label=point.name)
@@ -104,8 +107,9 @@ def _arg(model_args: dict, key: str, cast, default=None):
 def engine_backend(model_args: dict) -> PointBackend:
     """The lm-eval backend `engine`: `model=<preset|dir>` plus optional `retention`, `selection`
     (head|uniform), `score_query` (mean|max), `cache` (none|dual|sparse; default sparse when retention < 1 is given, else
-    none), `system` (engine or a baseline), `dtype`, `device`, `threads`, `gen_length`,
-    `block_length`, `steps`, `seed`, `chat`, `max_num_seqs`, `batch` (baselines)."""
+    none), `system` (engine or a baseline), `dtype` (default bfloat16 on CUDA, float32 on CPU),
+    `device`, `memory_budget` (default auto: free GPU memory x 0.9, none on CPU), `threads`,
+    `gen_length`, `block_length`, `steps`, `seed`, `chat`, `max_num_seqs`, `batch` (baselines)."""
 
 
     spec = str(model_args.get("model", ""))
@@ -139,8 +143,10 @@ def engine_backend(model_args: dict) -> PointBackend:
     # A model trained by `dllm-bench train` decodes its fixed answer window by default (the task's
     # max_gen_toks may be longer than anything it saw in training); gen_length= overrides.
     window = model_training_info(path).get("config", {}).get("window")
-    model = load_model(spec, _arg(model_args, "dtype", str, "float32"), _arg(model_args, "device", str, "auto"))
-    kw = {}
+    opts = resolve_device_options(_arg(model_args, "device", str, "auto"), _arg(model_args, "dtype", str),
+                                  _arg(model_args, "memory_budget", str, "auto"))
+    model = load_model(spec, opts.dtype, str(opts.device))
+    kw: dict[str, Any] = {"memory_budget": opts.budget.bytes}
     if _arg(model_args, "max_num_seqs", int):
         kw["max_num_seqs"] = _arg(model_args, "max_num_seqs", int)
     if _arg(model_args, "batch", int):

@@ -17,7 +17,8 @@ from dllm_bench.accuracy import points as acc
 from dllm_bench.accuracy import report, seeds
 from dllm_bench.accuracy.backend import PointBackend
 from dllm_bench.accuracy.protocol import load_dev_choice
-from dllm_bench.checkpoints.load import load_model, load_tokenizer, parse_device
+from dllm_bench.checkpoints.load import load_model, load_tokenizer
+from dllm_bench.device_defaults import DeviceOptions, resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.results import create_run, results_root
 from engine import SamplingParams
@@ -43,6 +44,14 @@ def _names(spec: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(vals))
 
 
+def device_options(device: str, dtype: str | None, memory_budget: str, max_num_seqs: int,
+                   batch: int) -> tuple[DeviceOptions, dict]:
+    """Device, dtype and the run's one memory budget (measured once, here, before a model is
+    loaded), and the keywords every point's system is built with (accuracy.backend.point_system)."""
+    opts = resolve_device_options(device, dtype, memory_budget)
+    return opts, {"max_num_seqs": max_num_seqs, "batch": batch, "memory_budget": opts.budget.bytes}
+
+
 def _fmt_pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
@@ -66,8 +75,11 @@ def register(app: typer.Typer) -> None:
         synth_facts: int | None = typer.Option(None, help="synth / synth-cot context_facts (default: the model's training probe, else 16)."),
         data: str | None = typer.Option(None, help="Local data instead of the built-in: a JSONL(.gz) file or a Hugging Face datasets directory (save_to_disk); GSM8K-shaped (question, answer with '#### N') for gsm8k/synth, HumanEval-shaped for humaneval."),
         num_fewshot: int | None = typer.Option(None, help="gsm8k: CoT exemplars in the prompt, 0..8 (default 8)."),
-        dtype: str = typer.Option("float32", help="float64 | float32 | bfloat16"),
+        dtype: str | None = typer.Option(None, help="float64 | float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)"),
         device: str = typer.Option("auto", help="auto | cpu | cuda"),
+        memory_budget: str = typer.Option("auto", "--memory-budget", help="Engine points: bytes for weights+activations+KV "
+                                          "(e.g. 20GiB), auto = free GPU memory x 0.9 measured once at the start "
+                                          "(on CPU: no budget), or none."),
         threads: int | None = typer.Option(None, help="torch threads (CPU)."),
         max_num_seqs: int = typer.Option(64, help="Engine: concurrent requests."),
         batch: int = typer.Option(32, help="Baselines: static batch size."),
@@ -82,7 +94,10 @@ def register(app: typer.Typer) -> None:
         from dllm_bench.accuracy.evaluate import eval_lm_eval_point, eval_synth_point
 
         run_id = inputs.run_id(run_id)
-        parse_device(device)                  # before any run dir exists
+        if max_num_seqs <= 0 or batch <= 0:
+            raise UserError("--max-num-seqs and --batch must be positive")
+        opts, system_kw = device_options(device, dtype, memory_budget, max_num_seqs, batch)  # before any run dir
+        dtype = opts.dtype
         retentions = _floats(retention, "--retention")
         if any(not 0 < r <= 1 for r in retentions):
             raise UserError(f"--retention values must be in (0, 1], got {retention!r}")
@@ -92,8 +107,6 @@ def register(app: typer.Typer) -> None:
         score_queries = _names(score_query, "--score-query", acc.SCORE_QUERIES)
         if limit <= 0:
             raise UserError("--limit must be positive")
-        if max_num_seqs <= 0 or batch <= 0:
-            raise UserError("--max-num-seqs and --batch must be positive")
         if threads is not None:
             if threads <= 0:
                 raise UserError("--threads must be positive")
@@ -157,7 +170,8 @@ def register(app: typer.Typer) -> None:
                      training_seeds=[i.get("config", {}).get("seed") for i in infos], systems=systems,
                      selections=selections, retentions=retentions, score_queries=score_queries, limit=limit,
                      gen_length=gen_length, block_length=block_length, steps=steps, seed=seed, dtype=dtype,
-                     device=device, threads=torch.get_num_threads(), max_num_seqs=max_num_seqs, batch=batch,
+                     device=str(opts.device), memory_budget=opts.budget.bytes,
+                     memory_budget_source=opts.budget.to_dict(), threads=torch.get_num_threads(), max_num_seqs=max_num_seqs, batch=batch,
                      chat=chat, temperature=0.0, remasking="low_confidence", points=[p.name for p in points])
         if data is not None:
             knobs.update(data=str(data), data_rows=len(rows), split=split)
@@ -177,12 +191,12 @@ def register(app: typer.Typer) -> None:
         if chosen:
             extra["dev_choice"] = chosen
         for m, tok in zip(models, toks, strict=True):
-            mdl = load_model(m, dtype, device)
+            mdl = load_model(m, dtype, str(opts.device))
             label = m if len(models) > 1 else ""
             dense_acc = None
             for i, p in enumerate(points):
                 backend = PointBackend(mdl, tok, p, gen_length=gen_length, block_length=block_length, steps=steps,
-                                           seed=seed, chat=chat, system_kw=dict(max_num_seqs=max_num_seqs, batch=batch),
+                                           seed=seed, chat=chat, system_kw=system_kw,
                                            show_progress=not json_out,
                                            label=f"{label + ' ' if label else ''}[{i + 1}/{len(points)}] {p.name}")
                 try:

@@ -10,7 +10,8 @@ import typer
 
 from baselines import SYSTEMS
 from dllm_bench import console, inputs
-from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, parse_device, parse_ids
+from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, parse_ids
+from dllm_bench.device_defaults import resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.systems.build import make_system
 from engine import EngineConfig, SamplingParams
@@ -57,7 +58,7 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(0.0, help="Gumbel-max temperature (0 = greedy)."),
         remasking: str = typer.Option("low_confidence", help="low_confidence | random"),
         seed: int = typer.Option(0, help="Per-request seed (noise, random remasking)."),
-        dtype: str = typer.Option("float32", help="float64 | float32 | bfloat16"),
+        dtype: str | None = typer.Option(None, help="float64 | float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)"),
         device: str = typer.Option("auto", help="auto | cpu | cuda"),
         system: str = typer.Option("engine", help="engine | llada | fast-dllm | dllm-cache | sparse-dllm"),
         cache: str = typer.Option("none", help="Engine cache policy: none (exact LLaDA) | dual | sparse."),
@@ -90,6 +91,8 @@ def register(app: typer.Typer) -> None:
         if batch <= 0:
             raise UserError("--batch must be positive")
         params = build_params(gen_length, gen_length if steps is None else steps, block_length, temperature, remasking, seed)
+        opts = resolve_device_options(device, dtype)
+        dtype, device = opts.dtype, str(opts.device)
         try:
             engine_cfg = EngineConfig(cache=cache, retention=retention, selection=selection, dtype=dtype,
                                       max_num_logits=None if no_logit_budget else max_num_logits,
@@ -106,7 +109,6 @@ def register(app: typer.Typer) -> None:
             knobs = {}
         else:
             knobs = baseline_knobs(system, **given)
-        parse_device(device)
         path = inputs.checkpoint_dir(model, tokenizer=bool(prompt), why="give prompts with --prompt-ids")
         tok = load_tokenizer(path)
         prompts = [parse_ids(s) for s in (prompt_ids or [])]

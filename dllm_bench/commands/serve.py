@@ -16,7 +16,7 @@ import typer
 from dllm_bench import inputs
 from dllm_bench.serve.endpoint import resolve_endpoint
 from dllm_bench.serve.options import resolve_run
-from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
+from dllm_bench.serve.presets import DEFAULT_PRESET, GPU_PRESET, PRESETS
 from dllm_bench.serve.run import serve
 
 
@@ -43,9 +43,11 @@ def register(app: typer.Typer) -> None:
         arrivals: str | None = typer.Option(None, "--arrivals", help="poisson | gamma | trace (default: poisson, gamma if --burstiness != 1)"),
         time_scale: float = typer.Option(1.0, "--time-scale", help="trace replay speed-up (60 = a minute per second)"),
         burstgpt_model: str | None = typer.Option(None, "--burstgpt-model", help="BurstGPT CSV rows of one model: ChatGPT | GPT-4"),
-        memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights+activations+KV, e.g. 1GiB, 512MiB, 2.5GB [preset]"),
+        memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights+activations+KV of every system, e.g. 1GiB, 512MiB, 2.5GB; auto = free GPU "
+                                                 "memory x 0.9 measured once at the start (CUDA only: a CPU run needs a size) [preset, else auto]"),
         model: str | None = typer.Option(None, "--model", help="model preset (dllm-bench models list) or LLaDA checkpoint dir [preset]"),
-        preset: str | None = typer.Option(None, "--preset", help=f"serve preset: {', '.join(PRESETS)} (default {DEFAULT_PRESET}, or the one for --model)"),
+        preset: str | None = typer.Option(None, "--preset", help=f"serve preset: {', '.join(PRESETS)} (default {DEFAULT_PRESET}, or the one for --model; "
+                                                  f"a checkpoint dir on CUDA: {GPU_PRESET})"),
         max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", help="engine token budget per step"),
         max_num_logits: str | None = typer.Option(None, "--max-num-logits", help="engine logit budget (rows per step), or none"),
         max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="engine max concurrent requests"),
@@ -56,7 +58,8 @@ def register(app: typer.Typer) -> None:
         block_length: int | None = typer.Option(None, "--block-length", help="diffusion block length"),
         max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="cut prompts to this many tokens"),
         threads: int | None = typer.Option(None, "--threads", help="torch threads of every system process [preset]"),
-        dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset]"),
+        dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset; on another device than the preset's: "
+                                                "bfloat16 on CUDA, float32 on CPU]"),
         device: str | None = typer.Option(None, "--device", help="cpu | cuda [preset]"),
         seed: int = typer.Option(0, "--seed", help="workload seed (arrivals, lengths, prompt ids)"),
         repeats: int = typer.Option(1, "--repeats", help="run every point N times with workload seeds seed, seed+1, ...; tables give median [min-max]"),

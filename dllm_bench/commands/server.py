@@ -3,24 +3,29 @@ the way vLLM serves a model (docs/SERVER.md).
 
 Engine knobs default to the serve preset of the model (`serve --model tiny` and
 `server --model tiny` build the same engine), so a served engine and an in-process one compare
-like for like. Everything is checked, and the engine built and warmed up, before the port is
+like for like; a checkpoint directory on a CUDA machine takes the GPU preset's (bfloat16,
+budget auto). Everything is checked, and the engine built and warmed up, before the port is
 opened.
 """
 from __future__ import annotations
 
 import socket
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import typer
 
 from dllm_bench import inputs
 from dllm_bench.checkpoints.load import load_config, load_tokenizer
-from dllm_bench.checkpoints.store import resolve_model
+from dllm_bench.device_defaults import MemoryBudget, resolve_budget
 from dllm_bench.errors import UserError
-from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS, preset_for
+from dllm_bench.serve.presets import DEFAULT_PRESET, GPU_PRESET, PRESETS, ServePreset, preset_for
+from dllm_bench.serve.workload import model_info
 from dllm_bench.systems.build import build_system, warm_up
-from dllm_bench.systems.spec import parse_system
-from dllm_bench.units import parse_size
+from dllm_bench.systems.spec import SystemVariant, parse_system
+from dllm_bench.units import format_size
+from engine.config import DTYPES
 
 DEFAULT_MAX_WAITING = 256
 
@@ -41,6 +46,46 @@ def _check_port(host: str, port: int) -> None:
             raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+@dataclass
+class ServerOptions:
+    """The server's options resolved: what build_state builds."""
+
+    preset: ServePreset
+    variant: SystemVariant
+    model_dir: Path
+    device: str
+    dtype: str
+    budget: MemoryBudget
+    threads: int
+    block_length: int
+
+
+def resolve_server_options(*, model: str | None, preset: str | None, knobs: dict, memory_budget: str | None,
+                           dtype: str | None, device: str | None, threads: int | None = None,
+                           block_length: int | None = None, max_waiting: int = DEFAULT_MAX_WAITING) -> ServerOptions:
+    """Every option checked, before a weight is loaded: a budget that cannot hold the weights is
+    refused here, not after loading them (LLaDA-8B in float32: 32 GB) and profiling for minutes."""
+    sp = preset_for(preset, model, device=device or "auto")
+    for name, v in (("--threads", threads), ("--block-length", block_length), ("--max-waiting", max_waiting)):
+        if v is not None and v < 1:
+            raise UserError(f"{name} must be >= 1, got {v}")
+    given = {k: v for k, v in knobs.items() if v is not None}
+    # Through the --systems grammar: the same value parsers, checks and canonical label.
+    variant = parse_system("engine" + (":" + ",".join(f"{k}={v}" for k, v in given.items()) if given else ""))
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    device = inputs.device(device or sp.device)
+    dtype = dtype or sp.dtype_on(device)
+    model_dir = inputs.checkpoint_dir(sp.model)
+    budget = resolve_budget(sp.memory_budget if memory_budget is None else memory_budget, device)
+    weights = model_info(model_dir, dtype)["weights_bytes"]
+    if budget.bytes is not None and budget.bytes <= weights:
+        raise UserError(f"--memory-budget {format_size(budget.bytes)} does not even hold the weights "
+                        f"({format_size(weights)} in {dtype})")
+    return ServerOptions(sp, variant, model_dir, device, dtype, budget, threads or sp.threads,
+                         block_length or sp.block_length)
+
+
 def build_state(*, model: str | None, preset: str | None, served_model_name: str | None,
                 knobs: dict, memory_budget: str | None, dtype: str | None, device: str | None,
                 threads: int | None, block_length: int | None, max_waiting: int, sampling: bool,
@@ -52,28 +97,19 @@ def build_state(*, model: str | None, preset: str | None, served_model_name: str
     from dllm_bench.server.app import ServerState
     from dllm_bench.server.engine_loop import EngineLoop
 
-    sp = preset_for(preset, model)
-    for name, v in (("--threads", threads), ("--block-length", block_length), ("--max-waiting", max_waiting)):
-        if v is not None and v < 1:
-            raise UserError(f"{name} must be >= 1, got {v}")
-    given = {k: v for k, v in knobs.items() if v is not None}
-    # Through the --systems grammar: the same value parsers, checks and canonical label.
-    variant = parse_system("engine" + (":" + ",".join(f"{k}={v}" for k, v in given.items()) if given else ""))
-    budget_text = sp.memory_budget if memory_budget is None else memory_budget
-    budget = None if budget_text is None or budget_text.strip().lower() == "none" else parse_size(budget_text, "--memory-budget")
-    dtype = dtype or sp.dtype
-    if dtype not in ("float32", "float64", "bfloat16", "float16"):
-        raise UserError(f"--dtype must be float32, float64, bfloat16 or float16, got {dtype!r}")
-    device = inputs.device(device or sp.device)
-    torch.set_num_threads(threads or sp.threads)
-    model_dir = resolve_model(sp.model)
+    opts = resolve_server_options(model=model, preset=preset, knobs=knobs, memory_budget=memory_budget,
+                                  dtype=dtype, device=device, threads=threads, block_length=block_length,
+                                  max_waiting=max_waiting)
+    sp, model_dir = opts.preset, opts.model_dir
+    torch.set_num_threads(opts.threads)
     cfg = load_config(model_dir)
     tokenizer = load_tokenizer(model_dir)
-    built = build_system(variant, model_dir=model_dir, dtype=dtype, device=device, memory_budget=budget,
-                         engine_defaults=sp.engine_defaults(), max_model_len=sp.max_model_len,
-                         use_cache=use_cache, sampling=sampling, log=log)
+    log(f"{opts.dtype} on {opts.device}, memory budget {opts.budget.detail}")
+    built = build_system(opts.variant, model_dir=model_dir, dtype=opts.dtype, device=opts.device,
+                         memory_budget=opts.budget.bytes, engine_defaults=sp.engine_defaults(),
+                         max_model_len=sp.max_model_len, use_cache=use_cache, sampling=sampling, log=log)
     engine = built.system
-    block = block_length or sp.block_length
+    block = opts.block_length
     log("warming up")
     warm_up(engine, [t for t in range(1, 9) if t != cfg.mask_token_id], block)
     state = ServerState(loop=EngineLoop(engine), tokenizer=tokenizer, model_name=served_model_name or sp.model,
@@ -87,7 +123,7 @@ def register(app: typer.Typer) -> None:
     @app.command("server")
     def server_cmd(
         model: str | None = typer.Option(None, "--model", help="model preset or LLaDA checkpoint dir [preset]"),
-        preset: str | None = typer.Option(None, "--preset", help=f"serve preset for the engine defaults: {', '.join(PRESETS)} (default {DEFAULT_PRESET}, or the one for --model)"),
+        preset: str | None = typer.Option(None, "--preset", help=f"serve preset for the engine defaults: {', '.join(PRESETS)} (default {DEFAULT_PRESET}, or the one for --model; a checkpoint dir on CUDA: {GPU_PRESET})"),
         served_model_name: str | None = typer.Option(None, "--served-model-name", help="the model name clients send (default: --model)"),
         host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
         port: int = typer.Option(8000, "--port", help="TCP port"),
@@ -98,8 +134,9 @@ def register(app: typer.Typer) -> None:
         max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", help="token budget per step [preset]"),
         max_num_logits: str | None = typer.Option(None, "--max-num-logits", help="logit budget (rows per step), or none [preset]"),
         max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="max concurrent requests [preset]"),
-        memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights+activations+KV (1GiB, ...), or none [preset]"),
-        dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset]"),
+        memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights+activations+KV (1GiB, ...); auto = free GPU memory x 0.9 "
+                                                 "at start (on CPU: no budget); none = no budget [preset, else auto]"),
+        dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset; on another device: bfloat16 on CUDA, float32 on CPU]"),
         device: str | None = typer.Option(None, "--device", help="cpu | cuda [preset]"),
         threads: int | None = typer.Option(None, "--threads", help="torch threads [preset]"),
         block_length: int | None = typer.Option(None, "--block-length", help="block length of requests that give none [preset]"),

@@ -35,6 +35,9 @@ class ServeRun:
     num_warmups: int
     use_cache: bool
     repeats: int = 1                 # each point run with workload seeds seed, seed + 1, ...
+    # How memory_budget came about (device_defaults.MemoryBudget.to_dict(): spec, detail); an
+    # `auto` budget was measured once when the options were resolved.
+    memory_budget_source: dict | None = None
     workloads: dict = field(default_factory=dict)   # (dataset, rps) -> [ServingRequest]
 
     @property
@@ -53,6 +56,7 @@ class ServeRun:
         p = self.preset
         return {"preset": p.to_dict(), "preset_line": p.describe(), "model_dir": str(self.model_dir),
                 "model": self.model_info, "seed": self.seed, "memory_budget": self.memory_budget,
+                "memory_budget_source": self.memory_budget_source,
                 "num_warmups": self.num_warmups, "max_duration": self.max_duration,
                 "engine_defaults": self.engine_defaults, "baseline_defaults": self.baseline_defaults}
 
@@ -68,5 +72,14 @@ class ServeRun:
         return {"model": str(self.model_dir), "preset": p.to_dict() | {"rps": None}, "seed": self.seed,
                 "arrivals": self.arrivals, "burstiness": self.burstiness, "num_prompts": self.num_prompts,
                 "duration": self.duration, "dataset_path": self.dataset_path, "time_scale": self.time_scale,
-                "burstgpt_model": self.burstgpt_model, "memory_budget": self.memory_budget,
+                "burstgpt_model": self.burstgpt_model, "memory_budget": self._budget_key(),
                 "max_duration": self.max_duration}
+
+    @property
+    def budget_is_auto(self) -> bool:
+        return (self.memory_budget_source or {}).get("spec") == "auto"
+
+    def _budget_key(self) -> int | str | None:
+        # An auto budget is re-measured by a resumed invocation, then replaced by the run's
+        # recorded one (dllm_bench.serve.points.keep_run_budget): what must match is "auto".
+        return "auto" if self.budget_is_auto else self.memory_budget

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from dllm_bench import inputs
+from dllm_bench.device_defaults import resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import build_workloads, model_info
 from dllm_bench.systems.spec import apply_baseline_batch, parse_systems
-from dllm_bench.units import comma_list, format_size, parse_size
+from dllm_bench.units import comma_list, format_size
 from engine.config import DTYPES
 
 DATASET_CHOICES = ("livebench", "osc", "burstgpt", "random")
@@ -93,9 +94,14 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
                 weights: bool = True) -> ServeRun:
     """Every option checked (cheap ones first) and the workloads built: any problem is a
     UserError before a run directory exists. `weights=False`: the model is simulated by its
-    shape, so its config is all it needs."""
+    shape, so its config is all it needs.
+
+    Device defaults (dllm_bench.device_defaults): a checkpoint dir without --preset on a CUDA
+    device starts from the GPU preset; dtype is the preset's on its device, else the device's;
+    the budget (`auto` or none given and none in the preset) is free memory x 0.9 on CUDA,
+    measured here, once, for every system of the run."""
     variants = apply_baseline_batch(parse_systems(systems), baseline_batch)
-    sp = preset_for(preset, model)
+    sp = preset_for(preset, model, device=device or "auto")
     rps_list = parse_rps_list(rps if rps is not None else sp.rps)
     datasets = parse_datasets(dataset if dataset is not None else sp.dataset)
     arrivals = arrivals or ("gamma" if burstiness != 1.0 else "poisson")
@@ -144,24 +150,22 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
         if not (length_scale > 0 and math.isfinite(length_scale)):
             raise UserError(f"--length-scale must be > 0, got {length_scale}")
         over["length_scale"] = length_scale
-    if dtype is not None:
-        if dtype not in DTYPES:
-            raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        over["dtype"] = dtype
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if device is not None:
         over["device"] = device
+    over["dtype"] = dtype or sp.dtype_on(device)
     if memory_budget is not None:
-        over["memory_budget"] = None if memory_budget.strip().lower() in ("none", "auto") else memory_budget
+        over["memory_budget"] = None if memory_budget.strip().lower() == "auto" else memory_budget
     if gen_length is not None:
         over["gen_length"] = gen_length
     sp = replace(sp, **over)
     check_gen_length(sp.gen_length, sp.block_length)
     if sp.gen_cap < sp.block_length:
         raise UserError(f"--gen-cap {sp.gen_cap} is smaller than one block ({sp.block_length} tokens)")
-    budget = parse_size(sp.memory_budget, "--memory-budget") if sp.memory_budget else None
     inputs.device(sp.device)
-    if budget is None and not sp.device.startswith("cuda"):
-        raise UserError("a --memory-budget is needed on CPU (e.g. --memory-budget 1GiB)")
+    mb = resolve_budget(sp.memory_budget, sp.device, required=True)
+    budget = mb.bytes
     model_dir = inputs.checkpoint_dir(sp.model, weights=weights)
     info = model_info(model_dir, sp.dtype)
     if budget is not None and budget <= info["weights_bytes"]:
@@ -174,7 +178,7 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
         rps=rps_list, arrivals=arrivals, burstiness=burstiness, seed=seed, num_prompts=num_prompts,
         duration=duration, dataset_path=str(dataset_path) if dataset_path else None,
         time_scale=time_scale, burstgpt_model=burstgpt_model, memory_budget=budget,
-        max_duration=max_duration, num_warmups=num_warmups, use_cache=not no_profile_cache, repeats=repeats)
+        memory_budget_source=mb.to_dict(), max_duration=max_duration, num_warmups=num_warmups, use_cache=not no_profile_cache, repeats=repeats)
     build_workloads(run)
     return run
 
@@ -186,7 +190,10 @@ def resolve_bench_run(*, systems: str, dataset: str, rps: str = "inf", num_promp
                       no_profile_cache: bool = False, gen_length: int | None = None, repeats: int = 1,
                       baseline_batch: str = "max-fit") -> ServeRun:
     """resolve_run for `ablate` and `sweep`: serve's checks and workload building with the
-    options they do not expose at serve's defaults (rps default inf: saturation throughput)."""
+    options they do not expose at serve's defaults (rps default inf: saturation throughput).
+    The preset is pinned to the one `ablate` and `sweep` plan with (preset_for without a
+    device), so their ladders and length grids are the run's."""
+    preset = preset or preset_for(None, model).name
     return resolve_run(
         rps=rps, systems=systems, dataset=dataset, dataset_path=None, num_prompts=num_prompts, duration=None,
         burstiness=1.0, arrivals=None, time_scale=1.0, burstgpt_model=None, memory_budget=memory_budget,

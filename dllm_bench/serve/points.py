@@ -173,6 +173,16 @@ def resume_id(kind: str, fingerprint: Mapping, root: Path, run_id: str | None) -
     return run_id
 
 
+def keep_run_budget(run: ServeRun, run_dir: Path) -> None:
+    """An `auto` budget is the one measured when the run started, as its config.json records
+    it: a resumed run sizes its remaining points for the same bytes as the finished ones."""
+    if not run.budget_is_auto:
+        return
+    stored = results.load_config(run_dir).get("config", {}).get("memory_budget")
+    if isinstance(stored, int) and stored > 0:
+        run.memory_budget = stored
+
+
 def record_repeats(run_dir: Path, seed: int, repeats: int) -> None:
     """A resumed run's config.json: the largest number of repeats asked for so far."""
     cfg = results.load_config(run_dir)
@@ -186,6 +196,7 @@ def measure_points(run: ServeRun, planned: Sequence[PlannedPoint], run_dir: Path
                    done: Collection[PointKey] = ()) -> Outcome:
     """Run every planned point (deduplicated by key; those in `done` are skipped: finished by
     the run being resumed) in a fresh worker, one after another, each written at once."""
+    keep_run_budget(run, run_dir)
     seen: set[PointKey] = set()
     todo: list[PlannedPoint] = []
     for pp in planned:

@@ -48,6 +48,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from dllm_bench.device_defaults import default_dtype, is_cuda, resolve_device
 from dllm_bench.errors import UserError
 
 # Table 3 of the paper: the baselines' knobs for every serving run (the registry defaults are
@@ -91,6 +92,13 @@ class ServePreset:
         d = asdict(self)
         d["steps_rule"] = self.steps_rule
         return d
+
+    def dtype_on(self, device: str | None) -> str:
+        """The preset's dtype on its own device; moved to another one (`--device`), that device's
+        default (dllm_bench.device_defaults): a CPU preset on CUDA runs in bfloat16."""
+        if device is None or resolve_device(device).type == resolve_device(self.device).type:
+            return self.dtype
+        return default_dtype(device)
 
     def engine_defaults(self) -> dict:
         """The engine knobs this preset sets (a variant's or a flag's own values win)."""
@@ -141,6 +149,9 @@ PRESETS: dict[str, ServePreset] = {p.name: p for p in [
 ]}
 
 DEFAULT_PRESET = "cpu-default"
+# What a checkpoint directory starts from on a CUDA device: LLaDA-8B's own serving setting
+# (bfloat16, budget auto, the paper's token/logit budgets), not the CPU scale model's.
+GPU_PRESET = "paper"
 
 
 def get_preset(name: str) -> ServePreset:
@@ -150,12 +161,15 @@ def get_preset(name: str) -> ServePreset:
         raise UserError(f"unknown serve preset {name!r}; presets: {', '.join(PRESETS)}") from None
 
 
-def preset_for(preset: str | None, model: str | None) -> ServePreset:
+def preset_for(preset: str | None, model: str | None, device: str | None = None) -> ServePreset:
     """The serve preset to start from: the one named, else the one whose model is `model`
-    (so `--model tiny` gets tiny-sized workloads), else the default — with `model` swapped in."""
+    (so `--model tiny` gets tiny-sized workloads), else — on a CUDA `device` (`auto`: CUDA when
+    present; None: never) — GPU_PRESET, else the default; with `model` swapped in."""
     if preset is not None:
         p = get_preset(preset)
     else:
-        p = next((q for q in PRESETS.values() if model is not None and q.model == model),
-                 PRESETS[DEFAULT_PRESET])
+        p = next((q for q in PRESETS.values() if model is not None and q.model == model), None)
+        if p is None:
+            gpu = model is not None and device is not None and is_cuda(device)
+            p = PRESETS[GPU_PRESET if gpu else DEFAULT_PRESET]
     return replace(p, model=model) if model is not None and model != p.model else p

@@ -19,6 +19,7 @@ from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.points import (
     PlannedPoint,
     display_label,
+    keep_run_budget,
     measure_points,
     record_repeats,
     resume_id,
@@ -62,7 +63,8 @@ def _run_config(run: ServeRun) -> dict:
         "datasets": run.datasets, "rps": run.rps, "arrivals": run.arrivals, "burstiness": run.burstiness,
         "seed": run.seed, "num_prompts": run.num_prompts, "duration": run.duration,
         "dataset_path": run.dataset_path, "time_scale": run.time_scale, "burstgpt_model": run.burstgpt_model,
-        "memory_budget": run.memory_budget, "max_duration": run.max_duration, "num_warmups": run.num_warmups,
+        "memory_budget": run.memory_budget, "memory_budget_source": run.memory_budget_source,
+        "max_duration": run.max_duration, "num_warmups": run.num_warmups,
         "engine_defaults": run.engine_defaults, "baseline_defaults": run.baseline_defaults,
         "gen_mapping": describe_gen_mapping(p.block_length, p.gen_cap, p.gen_length),
         "workloads": {f"{ds}@{fmt_rps(r)}": describe(wl) for (ds, r), wl in run.workloads.items()},
@@ -79,7 +81,8 @@ def _print_header(console, run: ServeRun, run_dir: Path, gen_mapping: str) -> No
     console.print(f"[bold]dllm-bench serve[/bold] → {run_dir}", highlight=False)
     say(p.describe())
     say(f"model {run.model_dir}: vocab {info['vocab_size']}, d_model {info['d_model']}, {info['n_layers']} "
-        f"layers, head dim {info['head_dim']}; memory budget {format_size(run.memory_budget)}; {gen_mapping}")
+        f"layers, head dim {info['head_dim']}; memory budget {format_size(run.memory_budget)}"
+        + (f" ({run.memory_budget_source['detail']})" if run.budget_is_auto else "") + f"; {gen_mapping}")
     say(f"systems: {', '.join(v.label for v in run.systems)}; rps: {', '.join(fmt_rps(r) for r in run.rps)}; "
         f"datasets: {', '.join(run.datasets)}; arrivals {run.arrivals}"
         + (f" (burstiness {run.burstiness:g})" if run.arrivals == "gamma" else "") + f"; seed {run.seed}")
@@ -112,6 +115,7 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
         c["datasets"] = list(dict.fromkeys(c.get("datasets", []) + run.datasets))
         results.atomic_write_json(run_dir / "config.json", cfg)
         record_repeats(run_dir, run.seed, run.repeats)
+        keep_run_budget(run, run_dir)
     _print_header(console, run, run_dir, config["gen_mapping"])
 
     planned = []

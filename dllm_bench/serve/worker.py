@@ -127,7 +127,7 @@ def run(spec: dict, out_path: Path) -> int:
     else:
         peak, how = meter.peak_bytes, "run"
     result["stats"] = step_stats_summary({**(result.get("stats") or {}), "peak_measured_in": how,
-                                          **budget_held(system.model, peak, spec.get("memory_budget"))})
+                                          **budget_held(system, peak, spec.get("memory_budget"))})
     try:  # the whole process (Python, torch, weights...): a sanity number, not the budgeted bytes
         import resource
 
@@ -172,10 +172,13 @@ def budget_probe(system, workload: list[dict], make_params, steps: int = STATIC_
     return int(meter.peak_bytes)
 
 
-def budget_held(model, run_peak_bytes: int, budget: int | None) -> dict:
-    """Weights + the meter's peak over the whole replay (activations, KV, logits, caches) against
-    the memory budget every system was sized for."""
-    peak = weights_bytes(model) + int(run_peak_bytes)
+def budget_held(system, run_peak_bytes: int, budget: int | None) -> dict:
+    """Weights + what the system holds from its construction on (the engine's KV pool: allocated
+    before any meter starts, so the meter never sees it, while a baseline's caches are allocated
+    in the run and metered) + the meter's peak over the whole replay (activations, KV, logits,
+    caches) against the memory budget every system was sized for."""
+    resident = int((system.stats() or {}).get("kv_pool_bytes") or 0)
+    peak = weights_bytes(system.model) + resident + int(run_peak_bytes)
     return {"peak_memory_bytes": peak, "memory_budget_bytes": budget,
             "within_budget": None if budget is None else bool(peak <= budget)}
 

@@ -24,6 +24,7 @@ import engine
 from baselines import make_system as make_baseline
 from baselines.profile import measure_run, profile_max_batch
 from dllm_bench.checkpoints.store import cache_root
+from dllm_bench.device_defaults import gpu_identity
 from dllm_bench.errors import UserError
 from dllm_bench.results import atomic_write_json
 from dllm_bench.systems.spec import SystemVariant, baseline_knobs, engine_knobs
@@ -31,7 +32,7 @@ from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
 from engine.engine import LLMEngine, resolve_device
 from engine.models.llada import load_llada
-from engine.profiler import MemoryProfile, profile_kv_pool
+from engine.profiler import MemoryProfile, default_budget, profile_kv_pool
 from engine.profiler import weights_bytes as weight_bytes
 from engine.sampling import SamplingParams
 
@@ -77,12 +78,18 @@ def _cache_key(payload: Mapping) -> str:
 
 
 def cached_profile(kind: str, payload: Mapping, compute: Callable[[], dict],
-                   cache_dir: str | os.PathLike | None = None, use_cache: bool = True) -> tuple[dict, bool]:
+                   cache_dir: str | os.PathLike | None = None, use_cache: bool = True,
+                   device: str | None = None) -> tuple[dict, bool]:
     """compute() unless a profile for exactly `payload` (model fingerprint, knobs, torch
     version, engine/baselines source hash, shapes...) is on disk. Returns (profile dict, came_from_cache). Writes atomically;
-    an unreadable cache entry is recomputed, never trusted."""
+    an unreadable cache entry is recomputed, never trusted. On a CUDA `device` the GPU's name and
+    total memory are part of the key: an activation peak measured on one GPU (its kernels, its
+    flash-attn workspace) is not another's, and a cache dir may be shared across machines."""
     full = {"format": PROFILE_FORMAT, "kind": kind, "torch": torch.__version__, "code": code_fingerprint(),
             **payload}
+    gpu = gpu_identity(device) if device is not None else None
+    if gpu is not None:
+        full["gpu"] = gpu
     path = Path(cache_dir or profile_cache_dir()) / f"{kind}-{_cache_key(full)}.json"
     if use_cache:
         try:
@@ -179,8 +186,13 @@ def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, d
         raise UserError(f"system {variant.label!r}: {e}") from None
     info.update(kind="engine", knobs=knobs,
                 scenario="continuous batching (phase-multiplexed), KV pool profiled for the budget")
-    if memory_budget is not None or model.device.type == "cuda":
-        backend = resolve_backend(cfg.attention_backend, model.device)
+    if memory_budget is None and model.device.type == "cuda":
+        # The engine's own default (free memory now), made explicit: a cached profile keyed by
+        # "no budget" would hand one GPU state's pool to another.
+        cfg.memory_budget = default_budget(model, cfg)
+        info["memory_budget"] = cfg.memory_budget
+    if cfg.memory_budget is not None:
+        backend = resolve_backend(cfg.attention_backend, model.device, model.dtype)
         mml = cfg.max_model_len or model.config.max_sequence_length
         payload = {"model": fp, "engine": {k: v for k, v in cfg.to_dict().items()
                                            if k not in ("model", "kv_pool_tokens")},
@@ -192,7 +204,7 @@ def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, d
                 return profile_kv_pool(model, cfg, backend, mml).to_dict()
             except ValueError as e:  # budget too small for weights + activations
                 raise UserError(f"system {variant.label!r}: {e}") from None
-        prof, hit = cached_profile("engine", payload, compute, cache_dir, use_cache)
+        prof, hit = cached_profile("engine", payload, compute, cache_dir, use_cache, device=device)
         profile = MemoryProfile(**prof)
         cfg.kv_pool_tokens = profile.kv_pool_tokens
         info.update(profile=prof, profile_cached=hit, kv_pool_tokens=profile.kv_pool_tokens)
@@ -229,7 +241,7 @@ def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, def
                 raise UserError(f"system {variant.label!r}: {e}") from None
             return {"max_batch_size": b, "peak_bytes": peak}
         prof, hit = cached_profile("static-batch", {**payload, "budget": memory_budget, "max_batch": cap},
-                                   compute, cache_dir, use_cache)
+                                   compute, cache_dir, use_cache, device=device)
         batch = int(prof["max_batch_size"])
         capped = shape.max_requests is not None and batch >= shape.max_requests
         info.update(scenario=(f"max-fit: B={batch}, every request of the point fits one static batch (measured; "
@@ -249,7 +261,7 @@ def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, def
                 lambda: {"peak_bytes": measure_run(model, batch, shape.max_prompt_len, shape.max_gen_length,
                                                    shape.block_length, steps, variant.name, knobs,
                                                    run_steps=STATIC_PROFILE_STEPS)},
-                cache_dir, use_cache)
+                cache_dir, use_cache, device=device)
             avail = memory_budget - weight_bytes(model)
             info.update(peak_bytes=prof["peak_bytes"], profile_cached=hit,
                         fits_budget=prof["peak_bytes"] <= avail)

@@ -1,0 +1,128 @@
+"""The device defaults of every command, in one place: on CUDA bfloat16 and a memory budget of
+the free device memory x 0.9, on CPU float32 and no budget.
+
+A CUDA budget is measured once, when a run's options are resolved, and that number is handed to
+every system of the run (the engine's KV pool is profiled for it, each baseline's largest static
+batch measured against it) and recorded in its config.json. Letting each system take "90 % of
+what is free" when it starts would size them against different memory: whatever the process
+before it left cached, a second engine in the same process, the next worker's CUDA context.
+
+`--memory-budget` everywhere takes a size (`22GiB`), `auto` (the device default above; on a CPU
+there is no device memory to measure, so no budget, or a UserError where a command needs one)
+or `none` (no budget: unbounded on a CPU, the engine's own per-process default on CUDA).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from dllm_bench.errors import UserError
+from dllm_bench.units import format_size, parse_size
+from engine.config import DTYPES
+
+# The fraction of free device memory a CUDA run budgets: the engine's gpu_memory_utilization
+# default, so `auto` and an engine built without a budget agree. The rest covers the CUDA
+# context of the worker process and allocator fragmentation.
+GPU_MEMORY_UTILIZATION = 0.9
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """`auto` (or None) -> cuda when present, else cpu; anything else as given."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise UserError(f"--device must be auto, cpu or cuda[:N], got {device!r}") from None
+
+
+def is_cuda(device: str | torch.device | None) -> bool:
+    return resolve_device(device).type == "cuda"
+
+
+def default_dtype(device: str | torch.device | None) -> str:
+    """bfloat16 on CUDA (LLaDA's own dtype; float32 doubles the weights: 32 GB for LLaDA-8B),
+    float32 on CPU (no fast bfloat16 matmul there, and the exactness tests compare in it)."""
+    return "bfloat16" if is_cuda(device) else "float32"
+
+
+def gpu_identity(device: str | torch.device | None) -> dict | None:
+    """Name and total memory of a CUDA device (None on CPU): what a measured profile depends on
+    besides the code, the model and the knobs."""
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return None
+    return {"name": torch.cuda.get_device_name(dev),
+            "total_memory": int(torch.cuda.get_device_properties(dev).total_memory)}
+
+
+def free_device_memory(device: str | torch.device) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device, after this process's cached blocks are returned:
+    memory an earlier engine freed is still held by the caching allocator and not "free"."""
+    dev = resolve_device(device)
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(dev)
+    return int(free), int(total)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    bytes: int | None      # None = no budget
+    spec: str              # what was asked for: a size, "auto" or "none"
+    detail: str            # how the number came about, for config.json and the run's header
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def resolve_budget(value: str | None, device: str | torch.device | None, *, required: bool = False,
+                   flag: str = "--memory-budget") -> MemoryBudget:
+    """A budget option (None = `auto`) -> bytes on `device`, measured now on CUDA. `required`:
+    the command cannot run without one (serve measures baselines' largest batches in it), so on
+    a CPU `auto` and `none` are a UserError instead of no budget."""
+    text = "auto" if value is None else str(value).strip()
+    low = text.lower()
+    dev = resolve_device(device)
+    if low == "none":
+        if required:
+            raise UserError(f"{flag} none: this command sizes every system for one budget; give a size "
+                            f"(e.g. {flag} 1GiB)" + (" or auto" if dev.type == "cuda" else ""))
+        return MemoryBudget(None, "none", "no budget (unbounded)")
+    if low != "auto":
+        n = parse_size(text, flag)
+        return MemoryBudget(n, text, f"{format_size(n)} as given")
+    if dev.type != "cuda":
+        if required:
+            raise UserError(f"a {flag} is needed on CPU (e.g. {flag} 1GiB): `auto` measures free "
+                            "GPU memory, and a CPU has none to measure")
+        return MemoryBudget(None, "auto", "no budget (auto on CPU: unbounded)")
+    free, total = free_device_memory(dev)
+    n = int(free * GPU_MEMORY_UTILIZATION)
+    if n < 1:
+        raise UserError(f"{flag} auto: {dev} has no free memory")
+    name = torch.cuda.get_device_name(dev)
+    return MemoryBudget(n, "auto", f"auto: {GPU_MEMORY_UTILIZATION:g} x {format_size(free)} free of "
+                                   f"{format_size(total)} on {name} ({dev}), measured at the start of the run")
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    device: torch.device
+    dtype: str
+    budget: MemoryBudget
+
+
+def resolve_device_options(device: str | None, dtype: str | None, memory_budget: str | None = "none", *,
+                           required: bool = False) -> DeviceOptions:
+    """--device (auto when None), --dtype (the device's default when None) and --memory-budget of
+    a command that runs in this process (generate, accuracy, the lm-eval model, server)."""
+    dev = resolve_device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise UserError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: CUDA is not available here (use --device cpu)")
+    dtype = dtype or default_dtype(dev)
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DeviceOptions(dev, dtype, resolve_budget(memory_budget, dev, required=required))
