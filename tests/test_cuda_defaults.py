@@ -5,11 +5,11 @@ stop at the functions that turn options into run configs (or fake the model's de
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import tomllib
 import torch
 
 from dllm_bench import device_defaults as dd
