@@ -15,6 +15,7 @@ import torch
 from dllm_bench import device_defaults as dd
 from dllm_bench import inputs
 from dllm_bench.errors import UserError
+from tests.test_inputs import cli  # noqa: F401  (the fixture)
 from tests.test_serve import RUN_DEFAULTS
 
 GIB = 2**30
@@ -290,3 +291,18 @@ def test_the_torch_floor_has_sdpa_enable_gqa():
     text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     floor = re.search(r'"torch>=(\d+)\.(\d+)', text)
     assert floor and (int(floor[1]), int(floor[2])) >= (2, 5)   # engine.attention.sdpa passes enable_gqa
+
+
+# ---------------------------------------------------------------- the CLI on a CPU
+@pytest.mark.parametrize("args, msg", [
+    (["serve", "--preset", "tiny", "--memory-budget", "auto"], "needed on CPU"),
+    (["ablate", "--preset", "tiny", "--memory-budget", "auto"], "needed on CPU"),
+    (["sweep", "--vary", "input-len", "--preset", "tiny", "--memory-budget", "auto"], "needed on CPU"),
+    (["profile", "--model", "tiny", "--memory-budget", "auto"], "needed on CPU"),
+    (["serve", "--preset", "tiny", "--memory-budget", "none"], "--memory-budget none"),
+    (["server", "--model", "tiny", "--memory-budget", "1KiB"], "does not even hold the weights"),
+    (["accuracy", "--limit", "2", "--memory-budget", "lots"], "expected a size"),
+    (["generate", "--prompt-ids", "1", "--dtype", "float8"], "--dtype must be one of"),
+])
+def test_budget_and_dtype_options_on_cpu_are_one_line_errors(cli, args, msg):  # noqa: F811
+    assert msg in cli(*args)

@@ -15,6 +15,7 @@ from rich.table import Table
 from dllm_bench.checkpoints.load import load_model, load_shape
 from dllm_bench.checkpoints.presets import param_count
 from dllm_bench.console import console
+from dllm_bench.device_defaults import default_dtype, is_cuda, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.memory import engine_plans
@@ -79,7 +80,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def profile(
         model: str = typer.Option("mini-126k", "--model", "-m", help="Preset name (llada-8b too with --device-memory) or checkpoint directory."),
-        memory_budget: str | None = typer.Option(None, help="Total budget for weights + activations + KV (default 4GiB)."),
+        memory_budget: str | None = typer.Option(None, help="Total budget for weights + activations + KV, or auto = free GPU memory x 0.9 (default: auto on CUDA, 4GiB on CPU)."),
         device_memory: str | None = typer.Option(None, help="Plan a GPU of this memory (24GiB, 80GiB, or a hardware profile: l40s, a100-80g, ...) from the model's shapes alone: no weights, no GPU; budget = this × gpu_memory_utilization."),
         max_num_batched_tokens: int = typer.Option(4096, help="Query tokens per step (token budget)."),
         max_num_logits: int = typer.Option(1024, help="Logit rows per chunk for the budgeted profile."),
@@ -91,7 +92,7 @@ def register(app: typer.Typer) -> None:
         gen_length: int = typer.Option(256, help="Request shape for the 'requests that fit' column."),
         block_length: int = typer.Option(32),
         sampling: bool = typer.Option(False, "--sampling/--greedy", help="Profile for temperature > 0 (float64 Gumbel noise)."),
-        dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16 | float64 (default: float32; bfloat16 with --device-memory)."),
+        dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16 | float64 (default: bfloat16 on CUDA or with --device-memory, else float32)."),
         threads: int | None = typer.Option(None, help="torch threads"),
         json_out: bool = typer.Option(False, "--json"),
     ) -> None:
@@ -103,11 +104,12 @@ def register(app: typer.Typer) -> None:
         if device_memory is not None and memory_budget is not None:
             raise UserError("give --memory-budget (measured here) or --device-memory (planned from shapes), not both")
         device_bytes = device_memory_bytes(device_memory) if device_memory is not None else None
-        dtype = dtype or ("bfloat16" if device_bytes is not None else "float32")
+        dtype = dtype or ("bfloat16" if device_bytes is not None else default_dtype("auto"))
         if dtype not in DTYPES:
             raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         budget = (int(device_bytes * EngineConfig.gpu_memory_utilization) if device_bytes is not None
-                  else parse_size(memory_budget or "4GiB", "--memory-budget"))
+                  else resolve_budget(memory_budget or ("auto" if is_cuda("auto") else "4GiB"), "auto",
+                                      required=True).bytes)
         for name, v in (("--prompt-len", prompt_len), ("--gen-length", gen_length), ("--block-length", block_length),
                         ("--max-model-len", max_model_len)):
             if v <= 0:
