@@ -133,3 +133,163 @@ def test_simulating_a_system_the_profile_has_no_host_time_for_warns(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     err = " ".join(r.stderr.split())
     assert "no host time fitted for llada" in err and "no host time fitted for engine" not in err
+
+
+# ---------------------------------------------------------------- a calibration on a GPU (issue 38)
+from dllm_bench.simulate import bounds  # noqa: E402
+
+GiB = 2**30
+LLADA_8B = ModelShape(d=4096, layers=32, heads=32, kv_heads=32, head_dim=128, ffn=12288, vocab=126464, wbytes=2)
+PAPER_SIZES = (1, 4, 16, 64, 2, 8, 32)
+PAPER_LEN = 900 + 256                    # livebench's longest paper prompt plus gen_length 256
+
+
+def test_every_size_is_bounded_by_the_budget_at_llada_8b_numbers():
+    h100 = bounds.device_budget(79 * GiB)                   # free before the weights load
+    rtx4090 = bounds.device_budget(23.5 * GiB)
+    assert 6 * GiB > bounds.spare_bytes(LLADA_8B, rtx4090) > 4 * GiB        # what ~16 GB of weights leave
+    # Fast-dLLM's batch of 64 needs its bf16 logits and two float64 copies of them per canvas row:
+    # ~165 GB at batch 64, so the calibration stops at 16 on an H100 and at 1 on a 4090.
+    per_request = PAPER_LEN * (LLADA_8B.kv_bytes_per_token + LLADA_8B.vocab * 18)
+    assert 64 * per_request > 150e9
+    cap = bounds.host_cap("fast-dllm", LLADA_8B, h100, PAPER_LEN, 4000, 2048)
+    assert 16 <= cap < 32 and bounds.bounded_sizes(PAPER_SIZES, cap) == (1, 4, 16, 2, 8)
+    assert bounds.bounded_sizes(PAPER_SIZES, bounds.host_cap("fast-dllm", LLADA_8B, rtx4090, PAPER_LEN, 4000, 2048)) == (1,)
+    for system in ("dllm-cache", "sparse-dllm"):
+        assert bounds.host_cap(system, LLADA_8B, h100, PAPER_LEN, 4000, 2048) < 64
+    assert bounds.host_cap("llada", LLADA_8B, h100, PAPER_LEN, 4000, 2048) >= 64     # it caches nothing
+    # the engine's KV pool (512 KiB a token) holds every paper size on an H100
+    assert bounds.host_cap("engine", LLADA_8B, h100, PAPER_LEN, 4000, 2048) >= 64
+    assert bounds.host_cap("engine", LLADA_8B, bounds.device_budget(10 * GiB), PAPER_LEN, 4000, 2048) == 0
+    # operators: everything fits an H100; on a small spare the LM head's GEMMs (1 GB of weight) go
+    full = cal.op_plan(LLADA_8B, "cuda")
+    assert cal.op_plan(LLADA_8B, "cuda", spare=bounds.spare_bytes(LLADA_8B, h100)) == full
+    small = cal.op_plan(LLADA_8B, "cuda", spare=0.5 * GiB)
+    assert small and all(bounds.op_fits(op, LLADA_8B, 0.5 * GiB, cal.COLD_BYTES) for op in small)
+    assert not any(op[0] == "gemm" and op[3] == LLADA_8B.vocab for op in small)
+    assert ("attn", 4096, 4096, 4096) in full and ("attn", 4096, 4096, 4096) not in small
+    assert bounds.attention_bytes(4096, 4096, 32, 32, 128, 2) == pytest.approx(3.36e9, rel=0.01)   # mostly the [32, 4096, 4096] scores
+    n, copy = bounds.peak_sizes(*cal.PEAK_SIZES["cuda"], 2, 0.5 * GiB)
+    assert 3 * n * n * 2 <= 0.5 * GiB and copy * 8 <= 0.5 * GiB
+    assert bounds.peak_sizes(*cal.PEAK_SIZES["cuda"], 2, 60 * GiB) == cal.PEAK_SIZES["cuda"]
+
+
+def _fake_gpu(monkeypatch, free: float, name: str = "NVIDIA H100 80GB HBM3"):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(free), int(80 * GiB)))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+
+
+def _llada_8b_dir(tmp_path, monkeypatch):
+    from dllm_bench.simulate.simulator import shape_only_dir
+
+    monkeypatch.setenv("DLLM_BENCH_CACHE", str(tmp_path / "cache"))
+    return str(shape_only_dir("llada-8b"))
+
+
+def test_calibrate_on_cuda_plans_bf16_and_sizes_that_fit(tmp_path, monkeypatch):
+    from dllm_bench.commands import calibrate as cmd
+
+    _fake_gpu(monkeypatch, 79 * GiB)
+    pl = cmd.plan(preset="paper", model=_llada_8b_dir(tmp_path, monkeypatch), device="cuda", dtype=None,
+                  systems="engine,fast-dllm", sizes=None)
+    assert pl.preset.dtype == "bfloat16" and pl.device.type == "cuda" and pl.shape == LLADA_8B
+    assert pl.budget == bounds.device_budget(79 * GiB)
+    by_name = {v.name: s for v, s in pl.sizes.items()}
+    assert by_name["engine"] == PAPER_SIZES and by_name["fast-dllm"] == (1, 4, 16, 2, 8)
+    assert pl.spare == bounds.spare_bytes(LLADA_8B, pl.budget)
+    # a CPU preset on a GPU is profiled in bf16 too, unless --dtype says otherwise
+    assert cmd.plan(preset="tiny", model=None, device="cuda", dtype=None, systems="engine", sizes=(1,)
+                    ).preset.dtype == "bfloat16"
+    assert cmd.plan(preset="tiny", model=None, device="cuda", dtype="float32", systems="engine", sizes=(1,)
+                    ).preset.dtype == "float32"
+    with pytest.raises(UserError, match="--dtype must be one of"):
+        cmd.plan(preset="tiny", model=None, device="cuda", dtype="int8", systems="engine", sizes=(1,))
+    # a GPU whose memory holds no Fast-dLLM request: one line naming it, before anything loads
+    _fake_gpu(monkeypatch, 19 * GiB, "NVIDIA GeForce RTX 4090")
+    with pytest.raises(UserError, match="fast-dllm cannot run one request"):
+        cmd.plan(preset="paper", model=_llada_8b_dir(tmp_path, monkeypatch), device="cuda", dtype=None,
+                 systems="llada,fast-dllm", sizes=None)
+
+
+def test_calibrate_on_cuda_loads_the_model_in_bf16_after_stating_the_plan(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from dllm_bench.commands import calibrate as cmd
+
+    class Loaded(Exception):
+        pass
+
+    def load(path, dtype, device):
+        raise Loaded(dtype, device)
+
+    _fake_gpu(monkeypatch, 79 * GiB)
+    monkeypatch.setattr(cmd, "load_llada", load)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    out = io.StringIO()
+    with pytest.raises(Loaded) as e:
+        cmd.calibrate(preset="paper", model=_llada_8b_dir(tmp_path, monkeypatch), device="cuda",
+                      systems="engine,fast-dllm", name="h", out=tmp_path / "h.json", repeats=1, sizes=None,
+                      console=Console(file=out, width=400))
+    assert e.value.args == (torch.bfloat16, torch.device("cuda"))
+    text = out.getvalue()
+    assert "NVIDIA H100" in text and "bfloat16 on cuda" in text and "fast-dllm at 1, 4, 16, 2, 8" in text
+
+
+def test_attention_is_timed_through_the_engines_own_call(monkeypatch):
+    from engine import attention
+
+    calls = []
+    real = attention.padded_attention
+
+    def padded(q, k, v, bias):
+        calls.append((q.shape, k.shape, v.shape, bias))
+        return real(q, k, v, bias)
+
+    monkeypatch.setattr(attention, "padded_attention", padded)
+    ops = cal.measure_ops(SMALL, torch.float32, 1, device="meta")
+    attn = [s for s in ops if s.kind == "attn"]
+    assert attn and len(calls) == 2 * len(attn)                 # untimed + timed, each through the engine
+    for (qs, ks, vs, bias), s in zip(calls[::2], attn):
+        assert qs == (1, s.a, SMALL.heads, SMALL.head_dim) and ks == vs == (1, s.b, SMALL.kv_heads, SMALL.head_dim)
+        assert bias is None                                     # one group, every key real
+    # where the engine would use flash-attn varlen, that is what is timed: packed 3-D rows
+    packed = []
+    monkeypatch.setattr(attention, "resolve_backend", lambda name, dev, dtype=None: "flash_attn")
+    monkeypatch.setattr(attention, "flash_varlen", lambda q, cq, k, v, ck: packed.append((q.shape, cq, k.shape, ck)))
+    fn = cal.engine_attention(8, 32, SMALL, torch.float32, "meta")
+    fn()
+    assert packed == [((8, SMALL.heads, SMALL.head_dim), [0, 8], (32, SMALL.kv_heads, SMALL.head_dim), [0, 32])]
+
+
+def test_each_timed_size_frees_its_system_before_the_next(monkeypatch):
+    import gc
+    import weakref
+
+    from dllm_bench.simulate import host_profile
+    from engine.config import EngineConfig
+    from engine.sampling import SamplingParams
+    from tests.helpers import random_prompts, tiny_model
+
+    built = []
+    real = host_profile.plain_engine
+    monkeypatch.setattr(host_profile, "plain_engine", lambda m, c: built.append(weakref.ref(e := real(m, c))) or e)
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    model = tiny_model(torch.float32)
+    shape = ModelShape.from_config(model.config, 4)
+    cfg = EngineConfig(device="cpu", attention_backend="sdpa", sampling=False, kv_pool_tokens=512)
+    params = SamplingParams(gen_length=8, steps=8, block_length=4)
+    gc.disable()                  # only the calibration's own collection may free the engine
+    try:
+        for n in (2, 1):
+            host_profile.engine_steps(model, cfg, shape, random_prompts(n, 6), params)
+            assert built[-1]() is None
+    finally:
+        gc.enable()
+    assert not emptied                                           # a CPU has no allocator cache to return
+    host_profile.release(torch.device("cuda:0"))
+    assert emptied == [1]

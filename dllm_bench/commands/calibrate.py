@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import platform
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import typer
 
 from dllm_bench import inputs
+from dllm_bench.checkpoints.load import load_config
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.console import progress
+from dllm_bench.device_defaults import default_dtype, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.speed_gauge import DRIFT_WARN, SpeedGauge, drift
 from dllm_bench.serve.workload import preset_requests
+from dllm_bench.simulate import bounds, hardware, host_profile
 from dllm_bench.simulate import calibrate as cal
-from dllm_bench.simulate import hardware, host_profile
 from dllm_bench.simulate.cost_model import CostModel, HostCost, ModelShape
 from dllm_bench.simulate.implementations import MEASURED_HOST, get_impl
 from dllm_bench.simulate.simulator import DTYPE_BYTES, TORCH_DTYPES
@@ -46,32 +48,104 @@ def default_sizes(p, device_type: str) -> tuple[int, ...]:
     return tuple(ladder[0::2] + ladder[1::2])
 
 
-def calibrate(*, preset: str | None, model: str | None, device: str | None, systems: str, name: str,
-              out: Path | None, repeats: int, sizes: tuple[int, ...] | None, console) -> Path:
+@dataclass
+class Plan:
+    """What a calibration will time, resolved before any model is loaded (tests fake a GPU and
+    read it): the device, the dtype, the memory budget and every size bounded by it."""
+
+    preset: object                     # the serve preset with the resolved dtype and device
+    device: object                     # torch.device
+    model_dir: Path
+    shape: ModelShape
+    budget: int                        # bytes, weights included
+    spare: float | None                # bytes one timed operator may take; None = unbounded (CPU)
+    sizes: dict                        # variant -> its bounded host-time sizes
+    workload: list
+    params: SamplingParams
+
+
+def calibration_dtype(device_type: str, preset_dtype: str, dtype: str | None) -> str:
+    """--dtype, else the device's default on CUDA (bfloat16: a CPU preset's float32 would profile
+    a GPU at half its rate and twice the bytes), else the preset's."""
+    if dtype is not None:
+        if dtype not in TORCH_DTYPES:
+            raise UserError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
+        return dtype
+    return default_dtype(device_type) if device_type == "cuda" else preset_dtype
+
+
+def calibration_budget(dev) -> int:
+    """The budget every size is bounded by: on CUDA the run default every command uses (free
+    memory x 0.9, measured once, before the model loads); on a CPU the same share of the host's
+    available RAM, which only a large preset comes near."""
+    if dev.type == "cuda":
+        return int(resolve_budget("auto", dev).bytes)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = dict(line.split(":", 1) for line in f)
+        free = int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        free = int(_memory_bytes(dev))
+    return bounds.device_budget(free)
+
+
+def plan(*, preset: str | None, model: str | None, device: str | None, dtype: str | None, systems: str,
+         sizes: tuple[int, ...] | None) -> Plan:
     import torch
 
     p = preset_for(preset, model)
     variants = parse_systems(systems)
-    if repeats < 1:
-        raise UserError(f"--repeats must be >= 1, got {repeats}")
     dev = torch.device(inputs.device(device or p.device))
+    p = replace(p, dtype=calibration_dtype(dev.type, p.dtype, dtype), device=str(dev))
     sizes = sizes or default_sizes(p, dev.type)
     model_dir = resolve_model(p.model)
-    torch.set_num_threads(p.threads)
-    dtype = TORCH_DTYPES[p.dtype]
-    mdl = load_llada(model_dir, dtype, dev)
-    shape = ModelShape.from_config(mdl.config, DTYPE_BYTES[p.dtype])
-    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.node() or "this machine")
-    console.print(f"calibrating {where}: model {p.model} ({p.dtype} on {dev}, {p.threads} threads); host time "
-                  f"of {', '.join(v.label for v in variants)} at {', '.join(map(str, sizes))} concurrent requests")
+    shape = ModelShape.from_config(load_config(model_dir), DTYPE_BYTES[p.dtype])
+    budget = calibration_budget(dev)
+    wl = preset_requests(p, model_dir, max(sizes))
+    g = max(r.gen_length for r in wl)
+    length = max(len(r.prompt_ids) for r in wl) + g      # the longest canvas any timed batch pads to
+    by_variant = {}
+    for v in variants:
+        knobs = engine_knobs(v, p.engine_defaults())
+        cap = bounds.host_cap(v.name, shape, budget, length, knobs["max_num_batched_tokens"], knobs["max_num_logits"])
+        by_variant[v] = bounds.bounded_sizes(sizes, cap)
+        if not by_variant[v]:
+            raise UserError(f"calibrate: {v.label} cannot run one request of {length} tokens in "
+                            f"{budget / 2**30:.1f} GiB on {dev} (free memory x {bounds.UTILIZATION}); "
+                            "leave it out with --systems")
+    # On a CPU the operators are small against the host's memory; on a GPU they are sized for the
+    # largest devices and must fit what the weights leave.
+    spare = bounds.spare_bytes(shape, budget) if dev.type == "cuda" else None
+    return Plan(p, dev, model_dir, shape, budget, spare, by_variant, wl,
+                SamplingParams(gen_length=g, steps=g, block_length=p.block_length))
 
-    gauge = SpeedGauge(shape.d, shape.ffn, dtype, repeats, device=dev)
+
+def calibrate(*, preset: str | None, model: str | None, device: str | None, systems: str, name: str,
+              out: Path | None, repeats: int, sizes: tuple[int, ...] | None, console,
+              dtype: str | None = None) -> Path:
+    import torch
+
+    if repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {repeats}")
+    pl = plan(preset=preset, model=model, device=device, dtype=dtype, systems=systems, sizes=sizes)
+    p, dev, shape, model_dir = pl.preset, pl.device, pl.shape, pl.model_dir
+    all_sizes = tuple(dict.fromkeys(n for s in pl.sizes.values() for n in s))
+    torch.set_num_threads(p.threads)
+    dtype_t = TORCH_DTYPES[p.dtype]
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.node() or "this machine")
+    console.print(f"calibrating {where}: model {p.model} ({p.dtype} on {dev}, {p.threads} threads, budget "
+                  f"{pl.budget / 2**30:.1f} GiB); host time of "
+                  + "; ".join(f"{v.label} at {', '.join(map(str, s))}" for v, s in pl.sizes.items())
+                  + " concurrent requests")
+    mdl = load_llada(model_dir, dtype_t, dev)
+
+    gauge = SpeedGauge(shape.d, shape.ffn, dtype_t, repeats, device=dev)
     reference = gauge.read()
-    peak, bw = cal.measure_peaks(dtype, repeats, dev)
+    peak, bw = cal.measure_peaks(dtype_t, repeats, dev, pl.spare)
     console.print(f"peaks: {peak / 1e9:.1f} GFLOP/s GEMM, {bw / 1e9:.1f} GB/s copy")
     with progress(con=console) as prog:
-        task = prog.add_task("operators", total=len(cal.op_plan(shape, dev.type)))
-        ops = cal.measure_ops(shape, dtype, repeats, device=dev, tick=lambda: prog.advance(task))
+        task = prog.add_task("operators", total=len(cal.op_plan(shape, dev.type, spare=pl.spare)))
+        ops = cal.measure_ops(shape, dtype_t, repeats, device=dev, tick=lambda: prog.advance(task), spare=pl.spare)
     peak, bw = cal.peaks_from(ops, peak, bw, shape.wbytes)
     reference = (reference + gauge.read()) / 2           # the machine's speed while the operators were timed
     if dev.type == "cuda":
@@ -80,10 +154,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     console.print(f"operators: u_c {eff.u_c:.3f}, u_m {eff.u_m:.3f}, u_attn {eff.u_attn:.3f}, c_op "
                   f"{eff.c_op * 1e6:.1f} us over {op_fit['ops']} ops (median error {op_fit['median_rel_err']:.1%})")
 
-    wl = preset_requests(p, model_dir, max(sizes))
-    g = max(r.gen_length for r in wl)
-    params = SamplingParams(gen_length=g, steps=g, block_length=p.block_length)
-    batches, wakes = _time_host(variants, sizes, mdl, shape, wl, params, p, dev, gauge, console)
+    batches, wakes = _time_host(pl.sizes, mdl, shape, pl.workload, pl.params, p, dev, gauge, console, pl.budget)
     # The profile describes the machine in its typical state over the whole calibration (the median
     # gauge reading), not in the minutes of the operator grid: operators and steps are rescaled to it.
     state = cal.typical_state(gauge.readings)
@@ -110,25 +181,28 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
         sources=["measured by dllm-bench calibrate on this machine"],
         fit={"model": p.model, "preset": p.name, "dtype": p.dtype, "device": str(dev), "threads": p.threads,
              "operators": op_fit,
-             "host": host_fit, "sizes": list(sizes), "repeats": repeats,
+             "host": host_fit, "sizes": list(all_sizes), "repeats": repeats, "budget_bytes": pl.budget,
+             "sizes_by_system": {v.name: list(s) for v, s in pl.sizes.items()},
              "speed_gauge_s": {"operators": reference, "profile": state, "readings": gauge.readings}})
     path = out or hardware.cache_dir() / f"{name}.json"
     hardware.save(hw, path)
     return path
 
 
-def _time_host(variants, sizes, mdl, shape, wl, params, p, dev, gauge, console) -> tuple[dict, dict]:
-    """Each system's timed steps at each size, between gauge readings ((steps, reading, attempts)
-    per size), and, where a request is short, one request after idle gaps."""
+def _time_host(sizes_by: dict, mdl, shape, wl, params, p, dev, gauge, console, budget: int) -> tuple[dict, dict]:
+    """Each system's timed steps at each of its sizes, between gauge readings ((steps, reading,
+    attempts) per size), and, where a request is short, one request after idle gaps. Every
+    system is built afresh and freed (`host_profile.release`) before the next."""
     batches, wakes = {}, {}
     with progress(con=console, status=True) as prog:
-        task = prog.add_task("host time", total=len(variants) * len(sizes), status="")
-        for v in variants:
+        task = prog.add_task("host time", total=sum(map(len, sizes_by.values())), status="")
+        for v, sizes in sizes_by.items():
             batches[v] = []
             for n in sizes:
                 prog.update(task, status=f"{v.label}, {n} concurrent")
                 timed, now, attempts = cal.bracketed(
-                    lambda v=v, n=n: timed_steps(v, n, mdl, shape, [r.prompt_ids for r in wl[:n]], params, p, dev),
+                    lambda v=v, n=n: timed_steps(v, n, mdl, shape, [r.prompt_ids for r in wl[:n]], params, p, dev,
+                                                 budget),
                     gauge.read)
                 if attempts > 1:
                     console.print(f"{v.label}, {n} concurrent: timed {attempts} times, the machine's speed moved by "
@@ -138,8 +212,9 @@ def _time_host(variants, sizes, mdl, shape, wl, params, p, dev, gauge, console) 
             lone = sum(t for _, t in batches[v][sizes.index(min(sizes))][0])
             if lone <= WAKE_MAX_REQUEST_S:
                 prog.update(task, status=f"{v.label}, one request after idle gaps")
-                wakes[v] = host_profile.after_gaps(plain_system(v, mdl, p, dev), [r.prompt_ids for r in wl], params,
-                                                   WAKE_GAPS, WAKE_ROUNDS, dev)
+                wakes[v] = host_profile.after_gaps(plain_system(v, mdl, p, dev, budget), [r.prompt_ids for r in wl],
+                                                   params, WAKE_GAPS, WAKE_ROUNDS, dev)
+                host_profile.release(dev)
     return batches, wakes
 
 
@@ -189,26 +264,29 @@ def host_terms(h: HostCost) -> str:
     return f"{h.c_step * 1e3:.2f} ms/step + {h.c_seq * 1e3:.3f} ms/sequence + {h.c_row * 1e6:.1f} us/query row"
 
 
-def _knobs(v, p, dev):
-    """A system's knobs on the preset (as serve runs it): the baseline's, or the engine's config."""
+def _knobs(v, p, dev, budget: int | None = None):
+    """A system's knobs on the preset (as serve runs it): the baseline's, or the engine's config
+    (on CUDA with the calibration's budget, so its KV pool is the one the sizes were bounded by)."""
     if v.is_baseline:
         knobs = {k: dict(x) for k, x in p.baseline_knobs.items()}
         knobs.setdefault("sparse-dllm", {})["keep_ratio"] = p.retention
         return baseline_knobs(v, knobs)
-    return EngineConfig(dtype=p.dtype, device=str(dev), sampling=False, **engine_knobs(v, p.engine_defaults()))
+    cuda_budget = {"memory_budget": budget} if dev.type == "cuda" and budget else {}
+    return EngineConfig(dtype=p.dtype, device=str(dev), sampling=False, **cuda_budget,
+                        **engine_knobs(v, p.engine_defaults()))
 
 
-def timed_steps(v, n: int, mdl, shape: ModelShape, prompts, params, p, dev) -> list:
+def timed_steps(v, n: int, mdl, shape: ModelShape, prompts, params, p, dev, budget: int | None = None) -> list:
     """One system's steps over `n` concurrent requests."""
     if v.is_baseline:
         return host_profile.baseline_steps(mdl, v.name, _knobs(v, p, dev), shape, prompts, params)
-    return host_profile.engine_steps(mdl, _knobs(v, p, dev), shape, prompts, params)
+    return host_profile.engine_steps(mdl, _knobs(v, p, dev, budget), shape, prompts, params)
 
 
-def plain_system(v, mdl, p, dev):
+def plain_system(v, mdl, p, dev, budget: int | None = None):
     if v.is_baseline:
         return host_profile.plain_baseline(mdl, v.name, _knobs(v, p, dev))
-    return host_profile.plain_engine(mdl, _knobs(v, p, dev))
+    return host_profile.plain_engine(mdl, _knobs(v, p, dev, budget))
 
 
 def _memory_bytes(dev) -> float:
@@ -246,6 +324,8 @@ def register(app: typer.Typer) -> None:
                                     "(those `serve` and `simulate` run by default)"),
         name: str = typer.Option("cpu", "--name", help="profile name (`simulate --hardware NAME`)"),
         out: Path | None = typer.Option(None, "--out", help="file to write [~/.cache/dllm-bench/hardware/NAME.json]"),
+        dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 "
+                                         "[bfloat16 on CUDA, else the preset's]"),
         repeats: int = typer.Option(5, "--repeats", help="timings per operator (median)"),
         sizes: str | None = typer.Option(None, "--sizes", help="concurrent requests per host-time run, in order "
                                          "[powers of 2 up to the preset's concurrency, at most 8 on a CPU and "
@@ -260,12 +340,12 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             inputs.out_file(out, "--out")       # before minutes of profiling, not after
         if merge is not None:
-            if any(x is not None for x in (preset, model, device, sizes)):
-                raise UserError("--merge combines calibrated profiles: it takes no --preset, --model, --device "
-                                "or --sizes")
+            if any(x is not None for x in (preset, model, device, sizes, dtype)):
+                raise UserError("--merge combines calibrated profiles: it takes no --preset, --model, --device, "
+                                "--dtype or --sizes")
             typer.echo(str(merge_profiles(merge, name, out, Console(stderr=True))))
             return
         path = calibrate(preset=preset, model=model, device=device, systems=systems, name=name, out=out,
                          repeats=repeats, sizes=_sizes(sizes) if sizes is not None else None,
-                         console=Console(stderr=True))
+                         console=Console(stderr=True), dtype=dtype)
         typer.echo(str(path))

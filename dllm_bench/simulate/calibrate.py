@@ -2,7 +2,8 @@
 
 1. Peaks: the FLOP rate of a large GEMM and the bandwidth of a large copy, in the model dtype.
 2. Operators: GEMMs over a grid of M for every (K, N) of the model (the four per-layer GEMMs
-   and the LM head) and attention over a (q, k) grid; fit (u_c, u_m, u_attn, c_op) of
+   and the LM head) and attention over a (q, k) grid, through the engine's own attention call
+   (`engine_attention`), every size within the device's budget (`bounds`); fit (u_c, u_m, u_attn, c_op) of
    `cost_model.gemm_time` / `attention_time` by least squares on log time (relative error),
    then u_c per M (the GEMM time the bandwidth term leaves, per grid row count). Each GEMM call
    reads a weight copy that is not in the cache (copies cycled past the last-level cache), as a
@@ -24,6 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dllm_bench.serve.speed_gauge import device_sync, median_time
+from dllm_bench.simulate import bounds
 from dllm_bench.simulate.cost_model import (
     CostModel,
     Efficiency,
@@ -251,12 +253,15 @@ def peaks_from(ops: list[OpSample], peak: float, bw: float, wbytes: int) -> tupl
 PEAK_SIZES = {"cpu": (1024, 16 << 20), "cuda": (8192, 256 << 20)}
 
 
-def measure_peaks(dtype, repeats: int, device="cpu") -> tuple[float, float]:
+def measure_peaks(dtype, repeats: int, device="cpu", spare: float | None = None) -> tuple[float, float]:
+    """`spare`: the bytes the operands may take (`bounds.spare_bytes`); None = unbounded."""
     import torch
 
     dev = torch.device(device)
     sync = device_sync(dev)
     n, copy_elems = PEAK_SIZES.get(dev.type, PEAK_SIZES["cpu"])
+    if spare is not None:
+        n, copy_elems = bounds.peak_sizes(n, copy_elems, torch.empty(0, dtype=dtype).element_size(), spare)
     a, b = torch.randn(n, n, dtype=dtype, device=dev), torch.randn(n, n, dtype=dtype, device=dev)
     flops = 2 * n**3 / median_time(lambda: a @ b, repeats, sync)
     x = torch.randn(copy_elems, dtype=torch.float32, device=dev).to(dtype)
@@ -273,45 +278,69 @@ ATTN_Q = {"cpu": (8, 32, 128, 1024), "cuda": (8, 32, 128, 1024, 4096)}
 ATTN_K = {"cpu": (32, 128, 512, 1024), "cuda": (32, 128, 512, 1024, 4096)}
 
 
-def op_plan(shape: ModelShape, device_type: str, max_elems: int = 1 << 25) -> list[tuple[str, int, int, int]]:
+COLD_BYTES = 256 << 20
+
+
+def op_plan(shape: ModelShape, device_type: str, max_elems: int = 1 << 25, spare: float | None = None,
+            cold_bytes: int = COLD_BYTES) -> list[tuple[str, int, int, int]]:
     """The operators `measure_ops` times, in order: (gemm, M, K, N) for each of the model's
-    (K, N) and the LM head up to `max_elems` of activation, then (attn, q, k, heads·head_dim)."""
+    (K, N) and the LM head up to `max_elems` of activation, then (attn, q, k, heads·head_dim);
+    with `spare` (bytes, `bounds.spare_bytes`) only those whose operands fit it."""
     kind = "cuda" if device_type == "cuda" else "cpu"
     pairs = [(k, n) for _, k, n in shape.gemms()] + [(shape.d, shape.vocab)]
     gemms = [("gemm", m, k, n) for k, n in pairs for m in GEMM_M if m * max(k, n) <= max_elems]
-    return gemms + [("attn", q, kk, shape.heads * shape.head_dim) for q in ATTN_Q[kind] for kk in ATTN_K[kind]]
+    plan = gemms + [("attn", q, kk, shape.heads * shape.head_dim) for q in ATTN_Q[kind] for kk in ATTN_K[kind]]
+    return plan if spare is None else [op for op in plan if bounds.op_fits(op, shape, spare, cold_bytes)]
+
+
+def engine_attention(q_len: int, k_len: int, shape: ModelShape, dtype, device) -> Callable[[], object]:
+    """One attention call made as the engine's step makes it (engine.step_context): flash-attn
+    varlen over packed rows where the engine would pick it (CUDA with flash-attn importable),
+    else the padded batch SDPA over 4-D [G, L, H, D] operands, here one group. Timing a bare 3-D
+    SDPA instead measured another kernel (on CUDA the math fallback) than the one served."""
+    import torch
+
+    from engine import attention
+
+    dev = torch.device(device)
+    q = torch.randn(1, q_len, shape.heads, shape.head_dim, dtype=dtype, device=dev)
+    k = torch.randn(1, k_len, shape.kv_heads, shape.head_dim, dtype=dtype, device=dev)
+    v = torch.randn_like(k)
+    # Looked up at call time, so the engine's current attention is what is timed.
+    if attention.resolve_backend("auto", dev, dtype) == "flash_attn":
+        return lambda: attention.flash_varlen(q[0], [0, q_len], k[0], v[0], [0, k_len])
+    return lambda: attention.padded_attention(q, k, v, None)
 
 
 def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25,
-                cold_bytes: int = 256 << 20, device="cpu", tick: Callable[[], None] | None = None) -> list[OpSample]:
-    """GEMM and attention timings (`op_plan`; `tick` after each). GEMMs cycle through enough
-    weight copies to exceed `cold_bytes` (a last-level cache or a GPU's L2 several times over),
-    so a small-M GEMM pays for reading its weights from memory as it does inside a forward."""
+                cold_bytes: int = COLD_BYTES, device="cpu", tick: Callable[[], None] | None = None,
+                spare: float | None = None) -> list[OpSample]:
+    """GEMM and attention timings (`op_plan`, bounded by `spare`; `tick` after each). GEMMs cycle
+    through enough weight copies to exceed `cold_bytes` (a last-level cache or a GPU's L2 several
+    times over), so a small-M GEMM pays for reading its weights from memory as it does inside a
+    forward. Attention is the engine's own call (`engine_attention`)."""
     import itertools
 
     import torch
-    import torch.nn.functional as F
 
     dev = torch.device(device)
     sync = device_sync(dev)
     tick = tick or (lambda: None)
     out: list[OpSample] = []
     weights: dict[tuple[int, int], Iterator] = {}
-    h, hd = shape.heads, shape.head_dim
-    for kind, a, b, c in op_plan(shape, dev.type, max_elems):
+    for kind, a, b, c in op_plan(shape, dev.type, max_elems, spare, cold_bytes):
         if kind == "gemm":
             if (b, c) not in weights:
                 weights.clear()                                  # one (K, N)'s copies in memory at a time
                 w = torch.randn(b, c, dtype=dtype, device=dev)
-                copies = max(1, min(64, -(-cold_bytes // (b * c * w.element_size()))))
+                copies = max(1, min(bounds.MAX_WEIGHT_COPIES, -(-cold_bytes // (b * c * w.element_size()))))
                 weights[b, c] = itertools.cycle([w] + [w.clone() for _ in range(copies - 1)])
                 del w
             x, ws = torch.randn(a, b, dtype=dtype, device=dev), weights[b, c]
             t = median_time(lambda x=x, ws=ws: x @ next(ws), repeats, sync)
         else:
             weights.clear()
-            qt, kt = torch.randn(h, a, hd, dtype=dtype, device=dev), torch.randn(h, b, hd, dtype=dtype, device=dev)
-            t = median_time(lambda qt=qt, kt=kt: F.scaled_dot_product_attention(qt, kt, kt), repeats, sync)
+            t = median_time(engine_attention(a, b, shape, dtype, dev), repeats, sync)
         out.append(OpSample(kind, a, b, c, t))
         tick()
     return out

@@ -69,21 +69,41 @@ def _timed_steps(system, forwards: list, prompts, params, device) -> list[tuple[
 
 
 def engine_steps(model, config, shape: ModelShape, prompts, params) -> list[tuple[Forward, float]]:
-
     fws: list[Forward] = []
     eng = plain_engine(model, config)
-    eng.runner = CostRunner(model.config, config, shape, lambda fw: fws.append(fw) or 0.0, VirtualClock(),
-                            model.dtype, inner=eng.runner)
-    _timed_steps(eng, fws, prompts[:1], params, model.device)      # warm-up
-    return _timed_steps(eng, fws, prompts, params, model.device)
+    try:
+        eng.runner = CostRunner(model.config, config, shape, lambda fw: fws.append(fw) or 0.0, VirtualClock(),
+                                model.dtype, inner=eng.runner)
+        _timed_steps(eng, fws, prompts[:1], params, model.device)      # warm-up
+        return _timed_steps(eng, fws, prompts, params, model.device)
+    finally:
+        del eng
+        release(model.device)
 
 
 def baseline_steps(model, name: str, knobs: dict, shape: ModelShape, prompts, params) -> list[tuple[Forward, float]]:
-
     pol = RecordingPolicy(make_policy(name, model, **knobs), shape)
     system = StaticBatchSystem(model, pol, max_batch_size=len(prompts))
-    _timed_steps(system, pol.forwards, prompts[:1], params, model.device)
-    return _timed_steps(system, pol.forwards, prompts, params, model.device)
+    try:
+        _timed_steps(system, pol.forwards, prompts[:1], params, model.device)
+        return _timed_steps(system, pol.forwards, prompts, params, model.device)
+    finally:
+        del system, pol
+        release(model.device)
+
+
+def release(device) -> None:
+    """Free what a finished system held before the next one is built. The engine profiles its KV
+    pool from the free memory CUDA reports, and neither a system kept alive by a reference cycle
+    nor the blocks PyTorch's allocator caches count as free: without this each batch size's
+    engine would get a smaller pool than the last, and a baseline's batch could run out of memory."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def plain_engine(model, config):
