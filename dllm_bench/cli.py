@@ -36,6 +36,7 @@ COMMAND_MODULES = [
     "dllm_bench.commands.report",
     "dllm_bench.commands.calibrate",
     "dllm_bench.commands.simulate",
+    "dllm_bench.commands.doctor",
 ]
 
 for _name in COMMAND_MODULES:
