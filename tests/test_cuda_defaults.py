@@ -124,6 +124,12 @@ def test_serve_checkpoint_dir_on_cuda_takes_the_gpu_preset(cuda):
     assert run.preset.dtype == "bfloat16" and run.memory_budget == 8 * 2**20
 
 
+def test_a_gpu_preset_resolved_for_the_simulator_keeps_its_dtype():
+    """`simulate` resolves the paper preset with device cpu: it models bfloat16 weights."""
+    run = _paper_run(device="cpu", memory_budget="20GiB")
+    assert run.preset.dtype == "bfloat16" and run.memory_budget == 20 * GIB
+
+
 def test_serve_budget_auto_on_cpu_is_one_clear_error_and_cpu_dtype_stays_float32():
     from dllm_bench.serve.options import resolve_bench_run, resolve_run
 

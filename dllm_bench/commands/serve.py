@@ -58,8 +58,7 @@ def register(app: typer.Typer) -> None:
         block_length: int | None = typer.Option(None, "--block-length", help="diffusion block length"),
         max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="cut prompts to this many tokens"),
         threads: int | None = typer.Option(None, "--threads", help="torch threads of every system process [preset]"),
-        dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset; on another device than the preset's: "
-                                                "bfloat16 on CUDA, float32 on CPU]"),
+        dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset; a CPU preset on CUDA: bfloat16]"),
         device: str | None = typer.Option(None, "--device", help="cpu | cuda [preset]"),
         seed: int = typer.Option(0, "--seed", help="workload seed (arrivals, lengths, prompt ids)"),
         repeats: int = typer.Option(1, "--repeats", help="run every point N times with workload seeds seed, seed+1, ...; tables give median [min-max]"),

@@ -136,7 +136,7 @@ def register(app: typer.Typer) -> None:
         max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="max concurrent requests [preset]"),
         memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights+activations+KV (1GiB, ...); auto = free GPU memory x 0.9 "
                                                  "at start (on CPU: no budget); none = no budget [preset, else auto]"),
-        dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset; on another device: bfloat16 on CUDA, float32 on CPU]"),
+        dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset; a CPU preset on CUDA: bfloat16]"),
         device: str | None = typer.Option(None, "--device", help="cpu | cuda [preset]"),
         threads: int | None = typer.Option(None, "--threads", help="torch threads [preset]"),
         block_length: int | None = typer.Option(None, "--block-length", help="block length of requests that give none [preset]"),

@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dllm_bench.device_defaults import default_dtype, is_cuda, resolve_device
+from dllm_bench.device_defaults import default_dtype, is_cuda
 from dllm_bench.errors import UserError
 
 # Table 3 of the paper: the baselines' knobs for every serving run (the registry defaults are
@@ -94,11 +94,12 @@ class ServePreset:
         return d
 
     def dtype_on(self, device: str | None) -> str:
-        """The preset's dtype on its own device; moved to another one (`--device`), that device's
-        default (dllm_bench.device_defaults): a CPU preset on CUDA runs in bfloat16."""
-        if device is None or resolve_device(device).type == resolve_device(self.device).type:
-            return self.dtype
-        return default_dtype(device)
+        """The preset's dtype, except that a CPU preset moved to CUDA (`--device cuda`) runs in
+        CUDA's default, bfloat16 (dllm_bench.device_defaults). The other way the preset's dtype
+        stays: `simulate` resolves a GPU preset with device cpu and models it in its own dtype."""
+        if device is not None and is_cuda(device) and not is_cuda(self.device):
+            return default_dtype(device)
+        return self.dtype
 
     def engine_defaults(self) -> dict:
         """The engine knobs this preset sets (a variant's or a flag's own values win)."""
