@@ -69,6 +69,7 @@ def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
 @dataclass
 class _Entry:
     staging: Staging
+    captured: object                     # the PackedStep the graph was captured with
     graph: object | None = None          # torch.cuda.CUDAGraph
     out: torch.Tensor | None = None      # the captured forward's output
 
@@ -83,7 +84,8 @@ class StepGraphs:
         self.capture = runner.device.type == "cuda" and self.pool.capacity is not None
         self.entries: dict[tuple[int, int, int], _Entry] = {}
         self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
-        self.replays = 0
+        self.replays = 0                     # steps run through a bucket (the first of each included)
+        self.dummies = 0                     # dummy members they carried
         runner.model.rope.reserve(runner.max_model_len, runner.device, runner.dtype)
 
     def takes(self, batch) -> bool:
@@ -101,28 +103,34 @@ class StepGraphs:
         return max(keys(r) for r, _ in batch)
 
     def run(self, batch) -> tuple[object, torch.Tensor]:
-        """The step padded, through its graph (or a plain call) -> (PackedStep, the real rows' hidden)."""
+        """The step padded, through its graph -> (its PackedStep, the real rows' hidden states).
+
+        A replay runs the forward as captured: with the captured step's tensors, which alias the
+        bucket's staging buffer, now holding this step's metadata. Without CUDA the "replay" is
+        a plain call of the forward on that captured step, so a CPU run checks the same thing:
+        that a bucket's puts land where the captured step reads them."""
         r = self.runner
         spec = PadSpec(bucket(len(batch)), key_width(self._keys(batch)), self.pool.scratch)
         key = (spec.members, spec.keys, batch[0][0].block_length)
         entry = self.entries.get(key)
         if entry is None:
-            sizing = Staging(r.device)
-            r.prepare(batch, sizing, spec)           # the same puts, to size the bucket's buffer once
-            entry = self.entries[key] = _Entry(Staging(r.device, capacity=sizing.used))
-            p = r.prepare(batch, entry.staging, spec)
+            sizing = Staging(r.device, buffered=True)
+            r.prepare(batch, spec, sizing)           # the same puts, to size the bucket's buffer once
+            staging = Staging(r.device, capacity=sizing.used, buffered=True)
+            p = r.prepare(batch, spec, staging)
+            entry = self.entries[key] = _Entry(staging, p)
             if self.capture:
                 self._capture(entry, p)
         else:
-            p = r.prepare(batch, entry.staging, spec)
+            p = r.prepare(batch, spec, entry.staging)
         if entry.graph is not None:
             entry.graph.replay()
             hidden = entry.out
-            self.replays += 1
         else:
-            hidden = r.forward(p)
+            hidden = r.forward(entry.captured)
+        self.replays += 1
+        self.dummies += spec.members - len(batch)
         return p, hidden[: int(p.meta.cu_q[-1])]
-
     def _capture(self, entry: _Entry, p) -> None:
         r = self.runner
         stream = torch.cuda.Stream()

@@ -20,7 +20,7 @@ import torch
 
 from engine.cache_policy import POLICIES
 from engine.config import EngineConfig
-from engine.graphs import PadSpec, StepGraphs
+from engine.graphs import PadSpec, StepGraphs, pad_meta
 from engine.kv_cache import KVPool
 from engine.logits import RowSegment, decode_rows
 from engine.models.llada import LLaDAModelLM
@@ -47,23 +47,27 @@ class ModelRunner:
         self.staging = Staging(self.device)
         self.graphs = StepGraphs(self) if config.graphs_enabled(self.device) and pool is not None else None
 
-    def prepare(self, batch: list[tuple[Request, Phase]], staging: Staging | None = None,
-                pad: PadSpec | None = None) -> PackedStep:
+    def prepare(self, batch: list[tuple[Request, Phase]], pad: PadSpec | None = None,
+                fwd_staging: Staging | None = None) -> PackedStep:
         """The step's inputs, attention context and commit plan, staged (everything before the
-        forward). `pad`: run the members padded with dummy members and keys (`engine.graphs`)."""
-        staging = (staging or self.staging).begin()
+        forward). `pad`: the members padded with dummy members and keys; `fwd_staging`: where the
+        forward's inputs go (a CUDA graph's own buffer) when not with the rest (`engine.graphs`)."""
+        main = self.staging.begin()
+        fwd = main if fwd_staging is None else fwd_staging.begin()
         reqs = [r for r, _ in batch]
         host_tokens, offsets, in_pool = _canvases(reqs)
         host_slots = self.pool.host_slots if self.pool is not None else _host_slots
         real = StepMeta.of(batch, offsets, host_slots)
-        m = real if pad is None else pad.apply(real)
+        m = real if pad is None else pad_meta(real, pad)
         pos = ragged(m.q_start, m.n_q)
         ids = host_tokens[np.minimum(np.repeat(m.offset, m.n_q) + pos, len(host_tokens) - 1)]
-        p = PackedStep(real, m, staging.put(ids), staging.put(pos), int(m.length.max()) - 1,
-                       StepContext(m, self.policy, self.pool, self.backend, self.key_budget, staging, self.dtype,
+        p = PackedStep(real, m, fwd.put(ids), fwd.put(pos), int(m.length.max()) - 1,
+                       StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
                                    None if pad is None else pad.keys))
-        p.plan = _plan_commit(real, host_tokens, self.model_config.mask_token_id, staging, in_pool)
-        staging.flush()
+        p.plan = _plan_commit(real, host_tokens, self.model_config.mask_token_id, main, in_pool)
+        fwd.flush()
+        if fwd is not main:
+            main.flush()
         return p
 
     def forward(self, p: PackedStep) -> torch.Tensor:

@@ -26,16 +26,18 @@ MIN_ELEMENTS = 1 << 14
 
 class _Segment:
     def __init__(self, n: int, device: torch.device):
-        self.pinned = torch.empty(n, dtype=torch.int64, pin_memory=True)
+        self.pinned = torch.empty(n, dtype=torch.int64, pin_memory=device.type == "cuda")
         self.host = self.pinned.numpy()
         self.device = torch.empty(n, dtype=torch.int64, device=device)
         self.used = 0
 
 
 class Staging:
-    def __init__(self, device, capacity: int = 0):
+    def __init__(self, device, capacity: int = 0, buffered: bool | None = None):
+        """`buffered`: stage through a buffer even on the CPU (default: only on an accelerator),
+        so a CPU run exercises what a CUDA graph replay relies on (`engine.graphs`)."""
         self.device = torch.device(device)
-        self.on_host = self.device.type == "cpu"
+        self.on_host = self.device.type == "cpu" and not buffered
         self.segments: list[_Segment] = []
         self.copies = 0                               # copies enqueued by the last flush
         if capacity and not self.on_host:

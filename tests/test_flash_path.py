@@ -35,7 +35,8 @@ def standin(monkeypatch):
 
     flash_attn.calls.clear()
     yield flash_attn
-    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    monkeypatch.undo()                       # the path first, then forget the module for good
+    sys.modules.pop("flash_attn", None)
 
 
 def _params():

@@ -1,0 +1,87 @@
+"""Reuse-only steps padded to batch buckets (engine.graphs), as CUDA graphs capture and replay
+them; on a CPU the replay is a plain call of the forward on the captured step, whose tensors
+alias the bucket's staging buffer, so these tests check what a replay relies on.
+
+* float64: a staggered run with bucketing gives exactly the tokens of one without, for the
+  dual and sparse caches (the dummies' keys and stores stay in the scratch slot);
+* replays read the new step's metadata: the same run with each bucket's buffer swapped for a
+  fresh one after capture gives other tokens (so the equality above can fail);
+* bucket sizes, key widths and the padding rule.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine import SamplingParams
+from engine.graphs import BUCKETS, PadSpec, bucket, key_width
+from engine.staging import Staging
+from tests.helpers import make_engine, random_prompts, tiny_model
+
+F64 = torch.float64
+MODEL = tiny_model(F64, seed=4)
+
+
+def _run(cache: str, graphs: bool, sabotage: bool = False):
+    eng = make_engine(MODEL, cache=cache, cuda_graphs=graphs)
+    prompts = random_prompts(6, [3, 11, 6, 1, 17, 8], seed=4)
+    params = [SamplingParams(gen_length=g, steps=s, block_length=4)
+              for g, s in [(8, 8), (12, 12), (8, 8), (16, 16), (8, 4), (12, 6)]]
+    arrivals = [0, 0, 0, 5, 6, 9]            # steps; three at once make Reuse-only steps of 3 (bucket 4)
+    ids, out, t = [], {}, 0
+    while len(ids) < len(prompts) or eng.has_unfinished():
+        while len(ids) < len(prompts) and arrivals[len(ids)] <= t:
+            ids.append(eng.add_request(prompts[len(ids)], params[len(ids)]))
+        if sabotage and eng.runner.graphs is not None:
+            for e in eng.runner.graphs.entries.values():
+                e.staging = Staging("cpu", capacity=e.staging.used, buffered=True)
+        out.update((o.request_id, o.token_ids) for o in eng.step())
+        t += 1
+    return [out[x] for x in ids], eng
+
+
+@pytest.mark.parametrize("cache", ["dual", "sparse"])
+def test_bucketed_steps_give_the_tokens_of_unpadded_ones(cache):
+    want, plain = _run(cache, graphs=False)
+    assert plain.runner.graphs is None
+    got, eng = _run(cache, graphs=True)
+    g = eng.runner.graphs
+    assert got == want
+    assert g.replays > len(g.entries) > 0                      # captured once per bucket, replayed after
+    assert g.dummies > 0                                       # some steps really were padded
+    assert {k[0] for k in g.entries} <= set(BUCKETS)
+
+
+def test_a_replay_reads_the_new_steps_metadata():
+    want, _ = _run("dual", graphs=False)
+    got, _ = _run("dual", graphs=True, sabotage=True)
+    assert got != want
+
+
+def test_buckets_and_key_widths():
+    assert [bucket(n) for n in (1, 2, 3, 5, 33, 64, 65)] == [1, 2, 4, 8, 64, 64, 128]
+    assert bucket(BUCKETS[-1] + 1) is None
+    assert [key_width(n) for n in (1, 16, 17, 100, 1024, 1025)] == [16, 16, 32, 128, 1024, 2048]
+
+
+def test_padding_rule_uses_only_the_scratch_slot():
+    eng = make_engine(MODEL, cache="dual", cuda_graphs=True)
+    seen = []
+    original = eng.runner.run
+
+    def run(batch):
+        p = eng.runner.prepare(batch, PadSpec(bucket(len(batch)) * 2, 64, eng.pool.scratch))
+        real, m = p.meta, p.padded_meta
+        n = len(m.n_q) - len(real.n_q)
+        dummy_slots = m.slots[len(real.slots):]
+        seen.append(n)
+        assert n > 0 and (dummy_slots == eng.pool.scratch).all()
+        assert (m.n_q[len(real.n_q):] == real.block_len[0]).all() and (m.k[len(real.n_q):] == 0).all()
+        assert np.array_equal(m.cu_q[: len(real.cu_q)], real.cu_q)
+        assert eng.pool.scratch not in real.slots
+        return original(batch)
+
+    eng.runner.run = run
+    eng.generate(random_prompts(3, 5, seed=1), SamplingParams(gen_length=8, steps=8, block_length=4))
+    assert seen
