@@ -223,6 +223,21 @@ def test_lm_eval_backend_defaults_to_bf16_and_auto_on_cuda(cuda, monkeypatch):
     assert seen["dtype"] == "float32" and b.system_kw["memory_budget"] is None
 
 
+def test_generate_on_cuda_loads_bf16(cuda, cli, monkeypatch):  # noqa: F811
+    from dllm_bench.commands import generate
+
+    seen = {}
+
+    def fake_load(spec, dtype, device):
+        seen.update(dtype=dtype, device=device)
+        raise UserError("stop before a model is put on the fake GPU")
+    monkeypatch.setattr(generate, "load_model", fake_load)
+    assert "stop before" in cli("generate", "--prompt-ids", "1,2,3")
+    assert seen == {"dtype": "bfloat16", "device": "cuda"}
+    cli("generate", "--prompt-ids", "1,2,3", "--device", "cpu")
+    assert seen == {"dtype": "float32", "device": "cpu"}
+
+
 # ---------------------------------------------------------------- the engine's own CUDA default
 def test_a_second_engine_in_one_process_gets_the_same_pool_budget(cuda):
     """The first engine's freed pool sits in the caching allocator: without empty_cache() the
