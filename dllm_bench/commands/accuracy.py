@@ -171,7 +171,8 @@ def register(app: typer.Typer) -> None:
                      selections=selections, retentions=retentions, score_queries=score_queries, limit=limit,
                      gen_length=gen_length, block_length=block_length, steps=steps, seed=seed, dtype=dtype,
                      device=str(opts.device), memory_budget=opts.budget.bytes,
-                     memory_budget_source=opts.budget.to_dict(), threads=torch.get_num_threads(), max_num_seqs=max_num_seqs, batch=batch,
+                     memory_budget_source=opts.budget.to_dict(), threads=torch.get_num_threads(),
+                     max_num_seqs=max_num_seqs, batch=batch,
                      chat=chat, temperature=0.0, remasking="low_confidence", points=[p.name for p in points])
         if data is not None:
             knobs.update(data=str(data), data_rows=len(rows), split=split)

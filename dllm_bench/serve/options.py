@@ -97,9 +97,9 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
     shape, so its config is all it needs.
 
     Device defaults (dllm_bench.device_defaults): a checkpoint dir without --preset on a CUDA
-    device starts from the GPU preset; dtype is the preset's on its device, else the device's;
-    the budget (`auto` or none given and none in the preset) is free memory x 0.9 on CUDA,
-    measured here, once, for every system of the run."""
+    device starts from the GPU preset; a CPU preset on CUDA runs in bfloat16; the budget (`auto`,
+    or none given and none in the preset) is free memory x 0.9 on CUDA, measured here, once, for
+    every system of the run."""
     variants = apply_baseline_batch(parse_systems(systems), baseline_batch)
     sp = preset_for(preset, model, device=device or "auto")
     rps_list = parse_rps_list(rps if rps is not None else sp.rps)
@@ -178,7 +178,8 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
         rps=rps_list, arrivals=arrivals, burstiness=burstiness, seed=seed, num_prompts=num_prompts,
         duration=duration, dataset_path=str(dataset_path) if dataset_path else None,
         time_scale=time_scale, burstgpt_model=burstgpt_model, memory_budget=budget,
-        memory_budget_source=mb.to_dict(), max_duration=max_duration, num_warmups=num_warmups, use_cache=not no_profile_cache, repeats=repeats)
+        memory_budget_source=mb.to_dict(), max_duration=max_duration, num_warmups=num_warmups,
+        use_cache=not no_profile_cache, repeats=repeats)
     build_workloads(run)
     return run
 
