@@ -4,8 +4,10 @@ A Reuse step of B requests (each querying its current block against its cache) i
 commonest and lightest step: on a GPU its kernels take ~15-25 ms for LLaDA-8B at 32 requests,
 the same order as launching them one by one from Python. So, as vLLM and SGLang do for decode,
 the engine captures such steps once per shape and replays them. The shape is made static by
-padding: the batch to the next bucket (1, 2, 4, ..., 256) with dummy members, and every
-member's keys to a power-of-two key width. A dummy member queries one block at position 0,
+padding: the batch to the next bucket (1, 2, 4, ..., 256) with dummy members, and the keys to a
+power of two: with flash-attn the packed keys of the whole group (at most twice what the step
+reads), with padded SDPA every member's keys (a step qualifies only while that stays within
+the key budget the profiler measured). A dummy member queries one block at position 0,
 stores its K/V into the pool's scratch slot (`KVPool.scratch`) and attends to it, so it can
 change no request's cache; its hidden rows are dropped before decoding.
 
@@ -37,7 +39,7 @@ class PadSpec:
     """Dummy members appended to a Reuse-only step."""
 
     members: int                  # members after padding (the batch bucket)
-    keys: int                     # key slots per member (the static key width)
+    keys: int                     # static keys: in all (flash-attn) or per member (padded SDPA)
     scratch: int                  # the pool slot no request owns
 
 
@@ -82,6 +84,7 @@ class StepGraphs:
         self.runner = runner
         self.pool = runner.pool
         self.capture = runner.device.type == "cuda" and self.pool.capacity is not None
+        self.flash = runner.backend == "flash_attn"
         self.entries: dict[tuple[int, int, int], _Entry] = {}
         self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
         self.replays = 0                     # steps run through a bucket (the first of each included)
@@ -94,13 +97,15 @@ class StepGraphs:
             return False
         bl = batch[0][0].block_length
         b = bucket(len(batch))
-        return (b is not None and all(r.block_length == bl for r, _ in batch)
-                and b * bl <= self.runner.config.max_num_batched_tokens
-                and b * key_width(self._keys(batch)) <= self.runner.key_budget)
+        if b is None or any(r.block_length != bl for r, _ in batch) or b * bl > self.runner.config.max_num_batched_tokens:
+            return False
+        return self.flash or b * self._keys(batch) <= self.runner.key_budget
 
     def _keys(self, batch) -> int:
-        keys = self.runner.policy.reuse_keys
-        return max(keys(r) for r, _ in batch)
+        """The static key count of the step's bucket (see the module docstring)."""
+        keys = [self.runner.policy.reuse_keys(r) for r, _ in batch]
+        dummies = (bucket(len(batch)) - len(batch)) * batch[0][0].block_length      # a block of keys each
+        return key_width(sum(keys) + dummies) if self.flash else key_width(max(keys))
 
     def run(self, batch) -> tuple[object, torch.Tensor]:
         """The step padded, through its graph -> (its PackedStep, the real rows' hidden states).

@@ -88,7 +88,8 @@ def _measure(runner: ModelRunner, batch: list[tuple[Request, Phase]], config: En
 def measure_activation_peak(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int):
     """(refresh_peak, reuse_peak) in bytes for the worst admissible steps."""
     scratch = KVPool(None, model.config, model.dtype, model.device)     # the profiled steps' caches
-    runner = ModelRunner(model, config, backend, scratch, max_model_len)
+    # Eager steps: what a captured graph keeps is reserved on top (`profile_kv_pool`).
+    runner = ModelRunner(model, dataclasses.replace(config, cuda_graphs=False), backend, scratch, max_model_len)
     temp = 1.0 if config.sampling else 0.0
     budget = config.max_num_batched_tokens
     L = min(max_model_len, budget)
@@ -118,6 +119,10 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
     wb = weights_bytes(model)
     refresh_peak, reuse_peak = measure_activation_peak(model, config, backend, max_model_len)
     peak = max(refresh_peak, reuse_peak)
+    if config.graphs_enabled(model.device) and config.cache != "none":
+        # Captured Reuse graphs keep their intermediates in one graph memory pool beside the
+        # eager steps' allocations; its peak is that of the largest Reuse step, measured above.
+        peak += reuse_peak
     guard = int(budget * config.guard_fraction)
     free = budget - wb - peak - guard
     if free < 0:

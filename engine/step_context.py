@@ -53,14 +53,14 @@ class _Chunk:
 
 
 class StepContext:
-    """`static_keys`: pad every member's keys to this many (padded path) or the group's packed
-    keys to members x this many (flash), always with a key mask, so a step's tensor shapes
-    depend only on its batch bucket (`engine.graphs`)."""
+    """`static_keys`: pad every member's keys to this many (padded path, always with a key mask)
+    or the group's packed keys to this many in all (flash), so a step's tensor shapes depend
+    only on its bucket (`engine.graphs`)."""
 
     def __init__(self, meta: StepMeta, policy: CachePolicy, pool: KVPool | None, backend: str, key_budget: int,
                  staging: Staging, dtype: torch.dtype, static_keys: int | None = None):
         self.meta, self.policy, self.pool, self.backend, self.dtype = meta, policy, pool, backend, dtype
-        self.static_keys = static_keys
+        self.static_keys, self.key_budget = static_keys, key_budget
         self.n_slots = pool.storage.shape[2] if pool is not None else 0
         spec = policy.spec(meta)
         self._plan_stores(spec, staging)
@@ -103,9 +103,11 @@ class StepContext:
             q_idx = ragged(starts, lq)
             idx = ragged(base, keys)
             kmax = int(keys.max())
-            if self.static_keys:                      # pad with the last real key (never read: cu_k)
-                kmax = self.static_keys
-                idx = np.concatenate([idx, np.full(G * kmax - idx.size, idx[-1] if idx.size else 0)])
+            if self.static_keys:                      # the packed keys padded to a static total with
+                # the last real key (never read: cu_k says where each member ends); max_seqlen_k
+                # must be static too, and any bound on a member's keys is valid for flash-attn
+                idx = np.concatenate([idx, np.full(self.static_keys - idx.size, idx[-1] if idx.size else 0)])
+                kmax = self.key_budget
             ch = _Chunk(G, Lq, chunk, None if _identity(q_idx, n_total) else staging.put(q_idx), None, None, kmax,
                         cu_q=staging.put(_offsets(lq)), cu_k=staging.put(_offsets(keys)))
         else:

@@ -85,3 +85,21 @@ def test_padding_rule_uses_only_the_scratch_slot():
     eng.runner.run = run
     eng.generate(random_prompts(3, 5, seed=1), SamplingParams(gen_length=8, steps=8, block_length=4))
     assert seen
+
+
+def test_profiler_reserves_the_graph_pool():
+    """With graphs, the KV pool gives up the largest Reuse step's peak once more: captured graphs
+    keep their intermediates in their own memory pool beside the eager steps'."""
+    from engine.config import EngineConfig
+    from engine.profiler import profile_kv_pool
+
+    model = tiny_model(torch.float32, seed=1)
+    cfg = dict(cache="dual", memory_budget=8 << 20, max_num_batched_tokens=256, device="cpu")
+    plain = profile_kv_pool(model, EngineConfig(**cfg, cuda_graphs=False), "sdpa", 64)
+    graphs = profile_kv_pool(model, EngineConfig(**cfg, cuda_graphs=True), "sdpa", 64)
+    for p in (plain, graphs):
+        assert p.reuse_peak_bytes > 0
+    assert plain.activation_peak_bytes == max(plain.refresh_peak_bytes, plain.reuse_peak_bytes)
+    assert graphs.activation_peak_bytes == max(graphs.refresh_peak_bytes, graphs.reuse_peak_bytes) + graphs.reuse_peak_bytes
+    free = graphs.budget_bytes - graphs.weights_bytes - graphs.activation_peak_bytes - graphs.guard_bytes
+    assert graphs.kv_pool_tokens == free // graphs.bytes_per_token

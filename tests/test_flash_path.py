@@ -108,3 +108,29 @@ def test_backend_choice(standin, monkeypatch):
     assert resolve_backend("auto", cuda, BF16) == "sdpa"
     with pytest.raises(ValueError, match="flash-attn package"):
         resolve_backend("flash_attn", cuda, BF16)
+
+
+@pytest.mark.parametrize("cache", ["dual", "sparse"])
+def test_bucketed_flash_steps_match_unpadded_ones(cache, standin):
+    """Graph steps on the flash path: the group's packed keys padded to a power of two in all,
+    max_seqlen_k static; each bucketed step's hidden states match the unpadded step's (bf16)."""
+    model = tiny_model(BF16, seed=6)
+    eng = make_engine(model, cache=cache, attention_backend="flash_attn", cuda_graphs=True)
+    graphs, checked = eng.runner.graphs, []
+    original = graphs.run
+
+    def run(batch):
+        saved = eng.pool.storage.clone()
+        p, hidden = original(batch)
+        eng.pool.storage.copy_(saved)
+        want = eng.runner.forward(eng.runner.prepare(batch))
+        torch.testing.assert_close(hidden.float(), want.float(), rtol=0.02, atol=0.02)
+        checked.append(len(p.padded_meta.n_q) - len(batch))
+        return p, hidden
+
+    graphs.run = run
+    prompts = random_prompts(5, [4, 9, 6, 3, 7], seed=3)
+    outs = eng.generate(prompts, SamplingParams(gen_length=8, steps=8, block_length=4))
+    assert all(o.finished for o in outs)
+    assert checked and max(checked) > 0                        # padded steps among them
+    assert all(c["lk"] for c in standin.calls)
