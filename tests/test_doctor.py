@@ -176,3 +176,8 @@ def test_a_gpu_machine_with_a_cpu_torch_warns(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", None)
     row = checks.device_check(torch.device("cpu"))
     assert row.status == WARN and "550.54.15" in row.detail and "CPU build" in row.detail
+    # `--device cpu` on a machine whose GPU torch can use is a choice, not a problem
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    row = checks.device_check(torch.device("cpu"))
+    assert row.status == OK and "2 CUDA device(s) present" in row.detail

@@ -70,6 +70,9 @@ def device_check(dev: torch.device) -> Check:
                       "total_memory": int(p.total_memory), "count": torch.cuda.device_count()})
     data = {"type": "cpu", "name": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()}
     where = f"{data['name']}, {data['cores']} cores, {data['torch_threads']} torch threads"
+    if torch.cuda.is_available():
+        return Check("device", OK, f"the CPU as asked ({torch.cuda.device_count()} CUDA device(s) present): {where}",
+                     {**data, "cuda_devices": torch.cuda.device_count()})
     driver = nvidia_driver()
     if driver is not None:
         why = ("torch is a CPU build" if torch.version.cuda is None
