@@ -12,7 +12,8 @@ in float32 and bfloat16 (FLOPs from the step shapes: GEMMs, attention, LM-head r
 n x n matmul in the same dtype and thread count, measured here), per phase; host time per step
 with a near-zero model (LLaDA-8B's 32 layers, d = 8, vocabulary 64) at 1, 8, 32, 64 requests split into the
 layers, the LM head + logit decode and the rest (CPU time of the stepping thread, median of 32
-steps); the operator count per step at 1, 8, 64 requests.
+steps); the operator count and host syncs per step at 1, 8, 64 requests, and the graph breaks
+torch.compile finds in the step's model forward (0: the forward captures whole).
 """
 from __future__ import annotations
 
@@ -171,13 +172,20 @@ def host(console) -> None:
 
 
 def ops(console) -> None:
-    table = Table(title="torch operator calls per step (busiest step), near-zero model, mixed phases")
-    for col in ("cache", "1 request", "8", "64", "64 / 1", "64 / 8"):
+    table = Table(title="per step (busiest step), near-zero model, mixed phases: torch operator calls, host syncs; "
+                        "graph breaks of the step forward under torch.compile")
+    for col in ("cache", "ops: 1 request", "8", "64", "64 / 1", "64 / 8", "syncs: 1", "8", "64", "graph breaks"):
         table.add_column(col, justify="right")
     for cache in ("sparse", "dual"):
         c = eff.op_counts(cache)
-        table.add_row(cache, str(c[1]), str(c[8]), str(c[64]), f"{c[64] / c[1]:.2f}", f"{c[64] / c[8]:.2f}")
+        ops_, syncs = {n: v[0] for n, v in c.items()}, {n: v[1] for n, v in c.items()}
+        table.add_row(cache, str(ops_[1]), str(ops_[8]), str(ops_[64]), f"{ops_[64] / ops_[1]:.2f}",
+                      f"{ops_[64] / ops_[8]:.2f}", str(syncs[1]), str(syncs[8]), str(syncs[64]),
+                      str(eff.graph_breaks(cache)))
     console.print(table)
+    console.print("host syncs: device values read on the host (item, nonzero, boolean masks, copies to the host); "
+                  "the engine reads its commit decisions back once per step. Graph breaks: TorchDynamo over the "
+                  "model forward of every step of 8 staggered requests (Refresh, Reuse-only and mixed steps).")
 
 
 if __name__ == "__main__":

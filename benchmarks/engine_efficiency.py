@@ -17,6 +17,7 @@ from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.models.llada import LLaDAConfig, LLaDAModelLM
 from engine.op_count import OpCounter
 from engine.request import Phase
+from engine.sync_count import SyncCounter
 
 
 def matmul_peak(dtype: torch.dtype, sizes=(256, 512, 1024), seconds: float = 1.0) -> float:
@@ -120,11 +121,14 @@ def near_zero_model(n_layers: int = 32) -> LLaDAModelLM:
     return LLaDAModelLM(cfg).eval()
 
 
-def staggered_steps(model: LLaDAModelLM, cache: str, n: int, measure: int = 32, count_ops: bool = False):
+def staggered_steps(model: LLaDAModelLM, cache: str, n: int, measure: int = 32, count_ops: bool = False,
+                    explain: bool = False):
     """n requests in 8 arrival waves (so every step mixes phases), then `measure` steps timed in
     CPU time of this thread (`time.thread_time`: with one torch thread all the step's work runs
     here, and time slices lost to other processes on a shared machine are not counted):
-    [(total s, layers s, LM head + decode s, ops)] per step."""
+    [(total s, layers s, LM head + decode s, ops, host syncs, graph breaks)] per step; with
+    `count_ops` the operator calls and host syncs are counted instead of time, with `explain`
+    torch.compile's graph breaks in the step's model forward (TorchDynamo, nothing run)."""
     eng = LLMEngine(EngineConfig(cache=cache, attention_backend="sdpa", device="cpu", sampling=False,
                                  max_num_batched_tokens=1 << 20, max_num_seqs=max(n, 1)), model=model)
     params = SamplingParams(gen_length=64, steps=64, block_length=8)
@@ -141,9 +145,10 @@ def staggered_steps(model: LLaDAModelLM, cache: str, n: int, measure: int = 32, 
             return out
         return wrapper
 
-    eng.model.hidden_states = timed(eng.model.hidden_states, "layers")
     decode = runner_module.decode_rows
-    runner_module.decode_rows = timed(decode, "decode")
+    if not explain:                  # a timer in the forward would itself be a graph break
+        eng.model.hidden_states = timed(eng.model.hidden_states, "layers")
+        runner_module.decode_rows = timed(decode, "decode")
     try:
         for w in waves:
             for _ in range(w):
@@ -152,14 +157,20 @@ def staggered_steps(model: LLaDAModelLM, cache: str, n: int, measure: int = 32, 
         rows = []
         for _ in range(measure):
             spent["layers"] = spent["decode"] = 0.0
-            if count_ops:
+            if explain:
+                breaks = _graph_breaks(eng)
+                eng.step()
+                rows.append((0.0, 0.0, 0.0, 0, 0, breaks))
+            elif count_ops:
                 with OpCounter() as c:
                     eng.step()
-                rows.append((0.0, 0.0, 0.0, c.total))
+                with SyncCounter() as s:
+                    eng.step()
+                rows.append((0.0, 0.0, 0.0, c.total, s.total, 0))
             else:
                 t = clock()
                 eng.step()
-                rows.append((clock() - t, spent["layers"], spent["decode"], 0))
+                rows.append((clock() - t, spent["layers"], spent["decode"], 0, 0, 0))
     finally:
         eng.model.__dict__.pop("hidden_states", None)
         runner_module.decode_rows = decode
@@ -180,6 +191,33 @@ def host_overhead(cache: str, sizes=(1, 8, 32, 64), measure: int = 32) -> dict[i
     return out
 
 
-def op_counts(cache: str, sizes=(1, 8, 64)) -> dict[int, int]:
+def op_counts(cache: str, sizes=(1, 8, 64)) -> dict[int, tuple[int, int]]:
+    """(operator calls, host syncs) of the busiest step at each size."""
     model = near_zero_model()
-    return {n: max(r[3] for r in staggered_steps(model, cache, n, measure=8, count_ops=True)) for n in sizes}
+    out = {}
+    for n in sizes:
+        rows = staggered_steps(model, cache, n, measure=8, count_ops=True)
+        out[n] = (max(r[3] for r in rows), max(r[4] for r in rows))
+    return out
+
+
+def graph_breaks(cache: str, n: int = 8, layers: int = 4) -> int:
+    """Graph breaks TorchDynamo finds in the model forward of `n` staggered requests' steps
+    (mixed phases and Reuse-only ones), summed."""
+    rows = staggered_steps(near_zero_model(layers), cache, n, measure=8, explain=True)
+    return sum(r[5] for r in rows)
+
+
+def _graph_breaks(eng: LLMEngine) -> int:
+    # Scheduling twice before a step gives the same batch: the first call's admissions are
+    # running requests in the second, with the same phases and costs.
+    batch = eng.scheduler.schedule(time.perf_counter())
+    if not batch:
+        return 0
+    p = eng.runner.prepare(batch)
+    saved = eng.pool.storage.clone()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        breaks = torch._dynamo.explain(eng.runner.forward)(p).graph_break_count
+    eng.pool.storage.copy_(saved)
+    return breaks
