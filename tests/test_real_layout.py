@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,9 +46,40 @@ def test_meta_model_has_exactly_the_indexed_tensors_at_the_configs_shapes(expect
     assert sorted(set(index["weight_map"].values())) == [f"model-0000{k}-of-00006.safetensors" for k in range(1, 7)]
 
 
+# More than this on disk for a header-only file means the filesystem wrote the zeros out.
+SPARSE_MAX_ALLOCATED = 2**20
+PROBE_BYTES = 64 * 2**20
+
+
+def _allocated_bytes(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def _skip_unless_sparse(path: Path) -> None:
+    """16 GB of shards must never land on a disk whose filesystem has no sparse files (or
+    allocates them eagerly): such a file is deleted at once and the test skipped."""
+    allocated, apparent = _allocated_bytes(path), path.stat().st_size
+    if allocated > SPARSE_MAX_ALLOCATED:
+        path.unlink()
+        pytest.skip(f"the filesystem of {path.parent} allocates sparse files ({allocated} bytes on disk for a "
+                    f"header-only file of {apparent}); the real-size shards would take 16 GB")
+
+
+def _sparse_file(path: Path, header: bytes, size: int) -> None:
+    with path.open("wb") as fh:
+        fh.write(header)
+        fh.truncate(size)
+
+
 def _header_only_shards(root: Path, shapes: dict[str, tuple[int, ...]], weight_map: dict[str, str]) -> None:
     """The real shards as sparse files: true safetensors headers (BF16, the real shard of each
-    tensor) and the file sizes they imply, with no data written (16 GB apparent, ~0 on disk)."""
+    tensor) and the file sizes they imply, with no data written (16 GB apparent, ~0 on disk).
+    A small probe goes first, so a filesystem that allocates what it is given costs 64 MiB of
+    disk for a moment, not a 2.7 GB shard; the first shard is checked again all the same."""
+    probe = root / "sparse-probe"
+    _sparse_file(probe, b"probe", PROBE_BYTES)
+    _skip_unless_sparse(probe)
+    probe.unlink()
     by_file: dict[str, list[str]] = {}
     for name, f in weight_map.items():
         by_file.setdefault(f, []).append(name)
@@ -57,9 +90,8 @@ def _header_only_shards(root: Path, shapes: dict[str, tuple[int, ...]], weight_m
             header[name] = {"dtype": "BF16", "shape": list(shapes[name]), "data_offsets": [off, off + n]}
             off += n
         blob = json.dumps(header).encode()
-        with (root / f).open("wb") as fh:
-            fh.write(struct.pack("<Q", len(blob)) + blob)
-            fh.truncate(8 + len(blob) + off)
+        _sparse_file(root / f, struct.pack("<Q", len(blob)) + blob, 8 + len(blob) + off)
+        _skip_unless_sparse(root / f)
 
 
 def test_check_layout_passes_the_real_layout_from_headers_alone(tmp_path, expected):
@@ -103,3 +135,12 @@ def test_tokenizer_modules_carry_the_real_special_tokens_and_template():
     assert real["chat_template"] == hf_tokenizer.CHAT_TEMPLATE
     assert real["additional_special_tokens"] == hf_tokenizer.ADDITIONAL
     assert real["model_max_length"] == hf_tokenizer.HF_MAX_LENGTH
+
+
+def test_header_only_shards_skip_and_leave_nothing_where_files_are_not_sparse(tmp_path, monkeypatch, expected):
+    """A filesystem that writes the zeros out: the probe is deleted at once and the test skipped
+    before any 2.7 GB shard is made."""
+    monkeypatch.setattr(sys.modules[__name__], "_allocated_bytes", lambda path: path.stat().st_size)
+    with pytest.raises(pytest.skip.Exception, match="allocates sparse files"):
+        _header_only_shards(tmp_path, expected, _json("model.safetensors.index.json")["weight_map"])
+    assert list(tmp_path.iterdir()) == []
