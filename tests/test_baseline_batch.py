@@ -5,7 +5,7 @@ import pytest
 from baselines.profile import measure_run
 from dllm_bench import inputs
 from dllm_bench.errors import UserError
-from dllm_bench.serve.options import resolve_run
+from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.points import display_label
 from dllm_bench.systems.build import STATIC_PROFILE_STEPS, WorkloadShape, build_system
 from dllm_bench.systems.spec import UPSTREAM_BATCH, apply_baseline_batch, parse_system, parse_systems
@@ -34,7 +34,7 @@ def test_baseline_batch_modes():
         "sparse-dllm:keep_ratio=0.3,batch=upstream", "dllm-cache:batch=4"]
     with pytest.raises(UserError, match="--baseline-batch must be one of"):
         apply_baseline_batch(vs, "all")
-    run = resolve_run(**{**RUN_DEFAULTS, "systems": "engine,fast-dllm", "baseline_batch": "both"})
+    run = resolve_run(ServeOptions(**{**RUN_DEFAULTS, "systems": "engine,fast-dllm", "baseline_batch": "both"}))
     assert [v.label for v in run.systems] == ["engine", "fast-dllm", "fast-dllm:batch=upstream"]
 
 
@@ -67,7 +67,7 @@ def test_max_fit_search_stops_at_the_points_request_count(tmp_path):
 
 def test_serve_profiles_for_its_largest_workload():
     from dllm_bench.serve.workload import workload_shape
-    run = resolve_run(**{**RUN_DEFAULTS, "systems": "fast-dllm", "num_prompts": 3})
+    run = resolve_run(ServeOptions(**{**RUN_DEFAULTS, "systems": "fast-dllm", "num_prompts": 3}))
     assert workload_shape(run).max_requests == max(len(wl) for wl in run.workloads.values()) == 3
 
 

@@ -90,11 +90,11 @@ def test_device_defaults_on_cuda_are_bf16_and_free_memory_x_09_after_empty_cache
 
 # ---------------------------------------------------------------- serve, ablate, sweep
 def _paper_run(**over):
-    from dllm_bench.serve.options import resolve_run
+    from dllm_bench.serve.options import ServeOptions, resolve_run
 
     args = {**RUN_DEFAULTS, "systems": "engine,fast-dllm,dllm-cache,sparse-dllm", "preset": "paper",
             "num_prompts": 2, "length_scale": 0.05, "gen_length": 32, "gen_cap": 32, **over}
-    return resolve_run(**args)
+    return resolve_run(ServeOptions(**args))
 
 
 def test_serve_paper_preset_without_a_budget_gives_every_system_the_auto_budget(cuda):
@@ -131,21 +131,22 @@ def test_a_gpu_preset_resolved_for_the_simulator_keeps_its_dtype():
 
 
 def test_serve_budget_auto_on_cpu_is_one_clear_error_and_cpu_dtype_stays_float32():
-    from dllm_bench.serve.options import resolve_bench_run, resolve_run
+    from dllm_bench.serve.options import ServeOptions, resolve_run
 
     with pytest.raises(UserError, match="needed on CPU"):
-        resolve_run(**{**RUN_DEFAULTS, "memory_budget": "auto"})
+        resolve_run(ServeOptions(**{**RUN_DEFAULTS, "memory_budget": "auto"}))
     with pytest.raises(UserError, match="needed on CPU"):
-        resolve_bench_run(systems="engine", dataset="livebench", model="tiny", num_prompts=2, memory_budget="auto")
-    run = resolve_run(**RUN_DEFAULTS)
+        resolve_run(ServeOptions(systems="engine", dataset="livebench", rps="inf", model="tiny", num_prompts=2,
+                                 memory_budget="auto"))
+    run = resolve_run(ServeOptions(**RUN_DEFAULTS))
     assert run.preset.dtype == "float32" and run.memory_budget == 8 * 2**20
 
 
 def test_ablate_and_sweep_take_auto_on_cuda(cuda):
-    from dllm_bench.serve.options import resolve_bench_run
+    from dllm_bench.serve.options import ServeOptions, resolve_run
 
-    run = resolve_bench_run(systems="engine,sparse-dllm", dataset="random", model="tiny", preset="paper",
-                            num_prompts=2, memory_budget="auto", gen_length=32)
+    run = resolve_run(ServeOptions(systems="engine,sparse-dllm", dataset="random", rps="inf", model="tiny",
+                                   preset="paper", num_prompts=2, memory_budget="auto", gen_length=32))
     assert run.memory_budget == AUTO and run.preset.dtype == "bfloat16"
 
 
@@ -292,13 +293,13 @@ def test_the_workers_peak_counts_the_engines_kv_pool(tmp_path):
     """The engine's pool exists before the meter starts: it was missing from the engine's peak
     while every baseline's caches (allocated in the run) were in theirs."""
     from dllm_bench.serve import worker
-    from dllm_bench.serve.options import resolve_run
+    from dllm_bench.serve.options import ServeOptions, resolve_run
     from dllm_bench.serve.process import worker_spec
     from dllm_bench.serve.workload import workload_shape
     from engine.models.llada import load_llada
     from engine.profiler import weights_bytes
 
-    run = resolve_run(**{**RUN_DEFAULTS, "systems": "engine", "rps": "inf", "num_prompts": 2})
+    run = resolve_run(ServeOptions(**{**RUN_DEFAULTS, "systems": "engine", "rps": "inf", "num_prompts": 2}))
     spec = worker_spec(run, run.systems[0], next(iter(run.workloads.values())), workload_shape(run))
     assert worker.run(spec, tmp_path / "out.json") == 0
     stats = json.loads((tmp_path / "out.json").read_text())["result"]["stats"]

@@ -7,7 +7,7 @@ import pytest
 
 from dllm_bench import results
 from dllm_bench.repeats import aggregate_points, cell, compare
-from dllm_bench.serve.options import resolve_run
+from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.run import serve
 from tests.test_serve import RUN_DEFAULTS
 
@@ -20,7 +20,7 @@ def _files(point_dir):
 
 @pytest.mark.slow
 def test_repeats_write_every_repeat_and_the_aggregate_and_resume_runs_only_the_missing(tmp_path):
-    run = resolve_run(**{**ONE, "repeats": 2})
+    run = resolve_run(ServeOptions(**{**ONE, "repeats": 2}))
     assert serve(run, result_dir=tmp_path, run_id="rep", resume=False, as_json=False) == 0
     run_dir = tmp_path / "rep"
     pdirs = sorted(p.name for p in (run_dir / "points").iterdir())
@@ -38,7 +38,7 @@ def test_repeats_write_every_repeat_and_the_aggregate_and_resume_runs_only_the_m
     assert len(results.load_metrics(run_dir)) == 2                          # metrics.csv: a row per repeat
 
     before = {d: _files(run_dir / "points" / d) for d in pdirs}
-    run3 = resolve_run(**{**ONE, "repeats": 3})
+    run3 = resolve_run(ServeOptions(**{**ONE, "repeats": 3}))
     assert serve(run3, result_dir=tmp_path, run_id="rep", resume=True, as_json=False) == 0
     assert {d: _files(run_dir / "points" / d) for d in pdirs} == before     # finished repeats untouched
     pts = results.load_points(run_dir)

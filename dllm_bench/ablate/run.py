@@ -14,7 +14,7 @@ from dllm_bench.ablate import ladder as ab
 from dllm_bench.ablate import tables as abt
 from dllm_bench.errors import UserError
 from dllm_bench.repeats import aggregate_points, repeat_seeds
-from dllm_bench.serve.options import check_counts, resolve_bench_run
+from dllm_bench.serve.options import ServeOptions, check_counts, resolve_run
 from dllm_bench.serve.points import PlannedPoint, measure_points, record_repeats, resume_id
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import repeat_workloads, shape_of
@@ -22,24 +22,22 @@ from dllm_bench.systems.spec import parse_system
 from workloads.serving import describe
 
 
-def ablate(*, datasets: str | None, num_prompts: int | None, model: str | None, memory_budget: str | None,
-           seed: int, result_dir: Path | None, as_json: bool, threads: int | None, preset: str | None,
-           rps: str, max_num_batched_tokens: int | None, max_num_logits: str | None, cache_rows: str,
-           run_id: str | None, num_warmups: int, max_duration: float | None, no_profile_cache: bool,
-           gen_length: int | None = None, repeats: int = 1, resume: bool = False) -> int:
-    """The ablation ladder and cache rows, measured, tabulated and plotted; returns the exit code."""
+def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_dir: Path | None,
+           run_id: str | None, resume: bool, as_json: bool) -> int:
+    """The ablation ladder and cache rows, measured, tabulated and plotted; returns the exit code.
+    `opts`: the serving options ablate exposes (its rate defaults to inf: saturation)."""
     ds_list = ab.parse_dataset_list(datasets)
     rows_mode = ab.parse_cache_rows(cache_rows)
-    check_counts(num_prompts, seed, repeats)
-    sp = preset_for(preset, model)
-    st = ab.ablation_settings(sp.name, sp.num_prompts, max_num_batched_tokens, max_num_logits, num_prompts)
+    seed = opts.seed
+    check_counts(opts.num_prompts, seed, opts.repeats)
+    sp = preset_for(opts.preset, opts.model)
+    st = ab.ablation_settings(sp.name, sp.num_prompts, opts.max_num_batched_tokens, opts.max_num_logits,
+                              opts.num_prompts)
     n = st["num_prompts"]
-    run = resolve_bench_run(systems="sparse-dllm", dataset=",".join(ds_list), rps=rps, num_prompts=n,
-                            model=model, preset=preset, memory_budget=memory_budget, seed=seed,
-                            threads=threads, max_num_batched_tokens=st["max_num_batched_tokens"],
-                            max_num_logits=st["max_num_logits"], num_warmups=num_warmups,
-                            max_duration=max_duration, no_profile_cache=no_profile_cache,
-                            gen_length=gen_length, repeats=repeats)
+    # The preset is pinned to the one the ladder was planned with (preset_for without a device).
+    run = resolve_run(replace(opts, systems="sparse-dllm", dataset=",".join(ds_list), num_prompts=n, preset=sp.name,
+                              max_num_batched_tokens=st["max_num_batched_tokens"],
+                              max_num_logits=st["max_num_logits"]))
     if len(run.rps) != 1:
         raise UserError("--rps takes one rate for ablate (inf = saturation, the default)")
     rate = run.rps[0]

@@ -4,30 +4,36 @@ experiments and prints published vs simulated numbers with the error of each cel
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import typer
 
+from dllm_bench.commands.serve_flags import (
+    AsJson,
+    BlockLength,
+    Burstiness,
+    Duration,
+    GenCap,
+    GenLength,
+    LengthScale,
+    MaxNumBatchedTokens,
+    MaxNumLogits,
+    MaxNumSeqs,
+    NumPrompts,
+    Preset,
+    ResultDir,
+    Retention,
+    RunId,
+    Seed,
+    Systems,
+)
 from dllm_bench.errors import UserError
-from dllm_bench.serve.options import resolve_run
-from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS, preset_for
+from dllm_bench.serve.options import ServeOptions
 from dllm_bench.simulate import hardware as hwmod
 from dllm_bench.simulate import validate
-from dllm_bench.simulate.implementations import default_impl, parse_impl_overrides
+from dllm_bench.simulate.options import simulation
 from dllm_bench.simulate.paper.replay import REPLAYS, replay
 from dllm_bench.simulate.paper.setting import parse_declared
-from dllm_bench.simulate.run import make_setup, simulate_serve
-from dllm_bench.simulate.simulator import resolve_sim_model
-
-
-def _budget(memory_budget: str | None, preset_budget: str | None, hw) -> str | None:
-    """The budget to simulate: the flag, else on a GPU profile its memory × 0.9 (the engine's
-    gpu_memory_utilization default), else the preset's."""
-    if memory_budget is not None:
-        return memory_budget
-    if hw.kind == "gpu":
-        return str(int(hw.memory_bytes * 0.9))
-    return preset_budget
+from dllm_bench.simulate.run import simulate_serve
 
 
 def register(app: typer.Typer) -> None:
@@ -48,30 +54,31 @@ def register(app: typer.Typer) -> None:
                                                "per baseline, e.g. fast-dllm=3 (a third scenario beside batch 1 and "
                                                "max-fit)"),
         rps: str | None = typer.Option(None, "--rps", "--request-rate", help="arrival rate(s), req/s [preset]"),
-        systems: str | None = typer.Option(None, "--systems", help="systems and variants, as in serve"),
+        systems: Systems = None,
         dataset: str | None = typer.Option(None, "--dataset", help="livebench | osc | burstgpt | random (list allowed)"),
-        num_prompts: int | None = typer.Option(None, "--num-prompts", help="requests per point [preset]"),
-        duration: float | None = typer.Option(None, "--duration", help="bound arrivals by time (s)"),
-        burstiness: float = typer.Option(1.0, "--burstiness", help="gamma shape: 1 = Poisson"),
+        num_prompts: NumPrompts = None,
+        duration: Duration = None,
+        burstiness: Burstiness = 1.0,
         memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights+activations+KV "
                                                  "[GPU: its memory x 0.9; cpu: preset]"),
         model: str | None = typer.Option(None, "--model", help="model preset, checkpoint dir, or llada-8b (shape only)"),
-        preset: str | None = typer.Option(None, "--preset", help=f"serve preset: {', '.join(PRESETS)} (default {DEFAULT_PRESET})"),
-        max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens"),
-        max_num_logits: str | None = typer.Option(None, "--max-num-logits"),
-        max_num_seqs: int | None = typer.Option(None, "--max-num-seqs"),
-        retention: float | None = typer.Option(None, "--retention"),
-        length_scale: float | None = typer.Option(None, "--length-scale"),
-        gen_cap: int | None = typer.Option(None, "--gen-cap"),
-        block_length: int | None = typer.Option(None, "--block-length"),
+        preset: Preset = None,
+        max_num_batched_tokens: MaxNumBatchedTokens = None,
+        max_num_logits: MaxNumLogits = None,
+        max_num_seqs: MaxNumSeqs = None,
+        retention: Retention = None,
+        length_scale: LengthScale = None,
+        gen_cap: GenCap = None,
+        gen_length: GenLength = None,
+        block_length: BlockLength = None,
         dtype: str | None = typer.Option(None, "--dtype", help="serving dtype (bytes per element) [preset]"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: Seed = 0,
         repeats: int = typer.Option(1, "--repeats", help="simulate every point N times with workload seeds seed, "
                                     "seed+1, ... (serve's repeats; --validate pairs them by seed)"),
         max_duration: float | None = typer.Option(None, "--max-duration", help="simulated seconds per point"),
-        result_dir: Path | None = typer.Option(None, "--result-dir"),
-        run_id: str | None = typer.Option(None, "--run-id"),
-        as_json: bool = typer.Option(False, "--json"),
+        result_dir: ResultDir = None,
+        run_id: RunId = None,
+        as_json: AsJson = False,
         validate_runs: str | None = typer.Option(None, "--validate", help="measured serve runs of the same workload "
                                                  "(run ids or dirs, comma-separated: the repeats): print and write "
                                                  "each cell's error with the measured spread, and again at each "
@@ -95,19 +102,8 @@ def register(app: typer.Typer) -> None:
                 raise UserError("--validate needs at least one measured run")
             measured = validate.measured_runs(names, result_dir)
         hw = hwmod.load(hardware)
-        sp = preset_for(preset, model)
-        model_dir, loadable = resolve_sim_model(sp.model)
-        run = resolve_run(
-            rps=rps, systems=systems, dataset=dataset, dataset_path=None, num_prompts=num_prompts, duration=duration,
-            burstiness=burstiness, arrivals=None, time_scale=1.0, burstgpt_model=None,
-            memory_budget=_budget(memory_budget, sp.memory_budget, hw), model=str(model_dir), preset=sp.name,
-            max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits, max_num_seqs=max_num_seqs,
-            retention=retention, length_scale=length_scale, gen_cap=gen_cap, block_length=block_length,
-            max_prompt_len=None, threads=None, dtype=dtype, device="cpu", seed=seed, max_duration=max_duration,
-            num_warmups=0, no_profile_cache=False, repeats=repeats, weights=loadable)
-        names = [v.name for v in run.systems]
-        impls = {n: default_impl(n, hw.kind, hw.impl) for n in names} | parse_impl_overrides(impl, names)
-        setup = make_setup(run, hw, impls, loadable)
+        opts = ServeOptions.pick(locals())
+        run, setup = simulation(opts, hw, impl)
         code = simulate_serve(run, setup, result_dir=result_dir, run_id=run_id, as_json=as_json,
                               validate_against=measured)
         if code:

@@ -1,14 +1,15 @@
 """The resolved options of a serving run (ServeRun): preset with overrides, model, systems,
 rates and the workloads built once per (dataset, rps) point.
 
-`dllm-bench serve` resolves its options into one (dllm_bench.serve.options.resolve_run);
-`ablate` and `sweep` resolve theirs through the same checks (dllm_bench.serve.points.resolve_bench_run)
-so every kind of point is measured by the same loop from the same kind of run.
+`serve`, `simulate`, `ablate` and `sweep` resolve their ServeOptions into one
+(dllm_bench.serve.options.resolve_run), so every kind of point is measured by the same loop from
+the same kind of run.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dllm_bench.serve.presets import ServePreset
 from dllm_bench.systems.spec import SystemVariant
@@ -39,6 +40,9 @@ class ServeRun:
     # `auto` budget was measured once when the options were resolved.
     memory_budget_source: dict | None = None
     workloads: dict = field(default_factory=dict)   # (dataset, rps) -> [ServingRequest]
+    # The ServeOptions the run was resolved from (what the user typed; e.g. the GPU projection
+    # re-resolves them on another preset).
+    options: Any = None
 
     @property
     def engine_defaults(self) -> dict:

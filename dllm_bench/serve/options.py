@@ -1,14 +1,14 @@
-"""The options of a serving run checked and resolved into a ServeRun: cheap checks first,
-then the model and the workloads, so a bad option never leaves a run directory behind.
-
-`dllm-bench serve` calls resolve_run with its options; `ablate` and `sweep` call
-resolve_bench_run, the same checks with the options they do not expose fixed (every request at
-t=0 by default: saturation throughput).
+"""The options of a serving run: ServeOptions (what the CLI gave, built once by `serve`,
+`simulate`, `ablate` and `sweep`) checked and resolved into a ServeRun by resolve_run: cheap
+checks first, then the model and the workloads, so a bad option never leaves a run directory
+behind. `ablate` and `sweep` fix the options they do not expose (every request at t=0 by
+default: saturation throughput) with dataclasses.replace.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,17 +81,54 @@ def check_gen_length(gen_length: int | None, block_length: int) -> None:
                         f"got {gen_length}")
 
 
+# ---------------------------------------------------------------- the options
+@dataclass(frozen=True)
+class ServeOptions:
+    """Every option of a serving run as given on the command line; None = the preset's value
+    (dllm_bench.serve.presets). Field names are the CLI parameters' names (`--num-prompts` ->
+    num_prompts), so a command builds one with ServeOptions.pick(locals())."""
+    rps: str | None = None
+    systems: str | None = None
+    baseline_batch: str = "max-fit"
+    dataset: str | None = None
+    dataset_path: Path | None = None
+    num_prompts: int | None = None
+    duration: float | None = None
+    burstiness: float = 1.0
+    arrivals: str | None = None
+    time_scale: float = 1.0
+    burstgpt_model: str | None = None
+    memory_budget: str | None = None
+    model: str | None = None
+    preset: str | None = None
+    max_num_batched_tokens: int | None = None
+    max_num_logits: str | None = None
+    max_num_seqs: int | None = None
+    retention: float | None = None
+    length_scale: float | None = None
+    gen_cap: int | None = None
+    gen_length: int | None = None
+    block_length: int | None = None
+    max_prompt_len: int | None = None
+    threads: int | None = None
+    dtype: str | None = None
+    device: str | None = None
+    seed: int = 0
+    repeats: int = 1
+    max_duration: float | None = None
+    num_warmups: int = 1
+    no_profile_cache: bool = False
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any]) -> ServeOptions:
+        """The options among a command's parameters (the others, e.g. --run-id, are the
+        command's own); the ones a command does not expose keep their defaults."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
 # ---------------------------------------------------------------- option resolution
-def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, dataset_path: Path | None,
-                num_prompts: int | None, duration: float | None, burstiness: float, arrivals: str | None,
-                time_scale: float, burstgpt_model: str | None, memory_budget: str | None, model: str | None,
-                preset: str | None, max_num_batched_tokens: int | None, max_num_logits: str | None,
-                max_num_seqs: int | None, retention: float | None, length_scale: float | None,
-                gen_cap: int | None, block_length: int | None, max_prompt_len: int | None,
-                threads: int | None, dtype: str | None, device: str | None, seed: int,
-                max_duration: float | None, num_warmups: int, no_profile_cache: bool,
-                gen_length: int | None = None, repeats: int = 1, baseline_batch: str = "max-fit",
-                weights: bool = True) -> ServeRun:
+def resolve_run(opts: ServeOptions, *, weights: bool = True) -> ServeRun:
     """Every option checked (cheap ones first) and the workloads built: any problem is a
     UserError before a run directory exists. `weights=False`: the model is simulated by its
     shape, so its config is all it needs.
@@ -100,11 +137,14 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
     device starts from the GPU preset; a CPU preset on CUDA runs in bfloat16; the budget (`auto`,
     or none given and none in the preset) is free memory x 0.9 on CUDA, measured here, once, for
     every system of the run."""
-    variants = apply_baseline_batch(parse_systems(systems), baseline_batch)
-    sp = preset_for(preset, model, device=device or "auto")
+    o = opts
+    rps, num_prompts, duration, burstiness = o.rps, o.num_prompts, o.duration, o.burstiness
+    dataset_path, device, dtype, seed = o.dataset_path, o.device, o.dtype, o.seed
+    variants = apply_baseline_batch(parse_systems(o.systems), o.baseline_batch)
+    sp = preset_for(o.preset, o.model, device=device or "auto")
     rps_list = parse_rps_list(rps if rps is not None else sp.rps)
-    datasets = parse_datasets(dataset if dataset is not None else sp.dataset)
-    arrivals = arrivals or ("gamma" if burstiness != 1.0 else "poisson")
+    datasets = parse_datasets(o.dataset if o.dataset is not None else sp.dataset)
+    arrivals = o.arrivals or ("gamma" if burstiness != 1.0 else "poisson")
     if arrivals not in ARRIVALS:
         raise UserError(f"--arrivals must be one of {', '.join(ARRIVALS)}, got {arrivals!r}")
     if not (burstiness > 0):
@@ -121,44 +161,43 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
             raise UserError("--arrivals trace replays the timestamps of --dataset-path (a BurstGPT CSV or JSONL)")
         if rps is not None:
             raise UserError("--rps does not apply to --arrivals trace (use --time-scale to speed it up)")
-    check_counts(num_prompts, seed, repeats)
+    check_counts(num_prompts, seed, o.repeats)
     if duration is not None and not (duration > 0 and math.isfinite(duration)):
         raise UserError(f"--duration must be a number of seconds > 0, got {duration}")
     if duration is not None and num_prompts is None and any(math.isinf(r) for r in rps_list) and arrivals != "trace":
         raise UserError("--rps inf sends everything at t=0: bound it with --num-prompts, not --duration")
-    if max_duration is not None and not max_duration > 0:
-        raise UserError(f"--max-duration must be > 0 seconds, got {max_duration}")
-    if not time_scale > 0:
-        raise UserError(f"--time-scale must be > 0, got {time_scale}")
-    if num_warmups < 0:
-        raise UserError(f"--num-warmups must be >= 0, got {num_warmups}")
+    if o.max_duration is not None and not o.max_duration > 0:
+        raise UserError(f"--max-duration must be > 0 seconds, got {o.max_duration}")
+    if not o.time_scale > 0:
+        raise UserError(f"--time-scale must be > 0, got {o.time_scale}")
+    if o.num_warmups < 0:
+        raise UserError(f"--num-warmups must be >= 0, got {o.num_warmups}")
     over: dict[str, Any] = {}
-    for k, v in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs),
-                 ("gen_cap", gen_cap), ("block_length", block_length), ("max_prompt_len", max_prompt_len),
-                 ("threads", threads)):
+    for k in ("max_num_batched_tokens", "max_num_seqs", "gen_cap", "block_length", "max_prompt_len", "threads"):
+        v = getattr(o, k)
         if v is not None:
             if v < 1:
                 raise UserError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
             over[k] = v
-    if max_num_logits is not None:
-        over["max_num_logits"] = parse_optional_int(max_num_logits, "--max-num-logits")
-    if retention is not None:
-        if not 0 < retention <= 1:
-            raise UserError(f"--retention must be in (0, 1], got {retention}")
-        over["retention"] = retention
-    if length_scale is not None:
-        if not (length_scale > 0 and math.isfinite(length_scale)):
-            raise UserError(f"--length-scale must be > 0, got {length_scale}")
-        over["length_scale"] = length_scale
+    if o.max_num_logits is not None:
+        over["max_num_logits"] = parse_optional_int(o.max_num_logits, "--max-num-logits")
+    if o.retention is not None:
+        if not 0 < o.retention <= 1:
+            raise UserError(f"--retention must be in (0, 1], got {o.retention}")
+        over["retention"] = o.retention
+    if o.length_scale is not None:
+        if not (o.length_scale > 0 and math.isfinite(o.length_scale)):
+            raise UserError(f"--length-scale must be > 0, got {o.length_scale}")
+        over["length_scale"] = o.length_scale
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if device is not None:
         over["device"] = device
     over["dtype"] = dtype or sp.dtype_on(device)
-    if memory_budget is not None:
-        over["memory_budget"] = None if memory_budget.strip().lower() == "auto" else memory_budget
-    if gen_length is not None:
-        over["gen_length"] = gen_length
+    if o.memory_budget is not None:
+        over["memory_budget"] = None if o.memory_budget.strip().lower() == "auto" else o.memory_budget
+    if o.gen_length is not None:
+        over["gen_length"] = o.gen_length
     sp = replace(sp, **over)
     check_gen_length(sp.gen_length, sp.block_length)
     if sp.gen_cap < sp.block_length:
@@ -177,29 +216,9 @@ def resolve_run(*, rps: str | None, systems: str | None, dataset: str | None, da
         preset=sp, model_dir=model_dir, model_info=info, systems=variants, datasets=datasets,
         rps=rps_list, arrivals=arrivals, burstiness=burstiness, seed=seed, num_prompts=num_prompts,
         duration=duration, dataset_path=str(dataset_path) if dataset_path else None,
-        time_scale=time_scale, burstgpt_model=burstgpt_model, memory_budget=budget,
-        memory_budget_source=mb.to_dict(), max_duration=max_duration, num_warmups=num_warmups,
-        use_cache=not no_profile_cache, repeats=repeats)
+        time_scale=o.time_scale, burstgpt_model=o.burstgpt_model, memory_budget=budget,
+        memory_budget_source=mb.to_dict(), max_duration=o.max_duration, num_warmups=o.num_warmups,
+        use_cache=not o.no_profile_cache, repeats=o.repeats, options=opts)
     build_workloads(run)
     return run
 
-
-def resolve_bench_run(*, systems: str, dataset: str, rps: str = "inf", num_prompts: int | None = None,
-                      model: str | None = None, preset: str | None = None, memory_budget: str | None = None,
-                      seed: int = 0, threads: int | None = None, max_num_batched_tokens: int | None = None,
-                      max_num_logits: str | None = None, num_warmups: int = 1, max_duration: float | None = None,
-                      no_profile_cache: bool = False, gen_length: int | None = None, repeats: int = 1,
-                      baseline_batch: str = "max-fit") -> ServeRun:
-    """resolve_run for `ablate` and `sweep`: serve's checks and workload building with the
-    options they do not expose at serve's defaults (rps default inf: saturation throughput).
-    The preset is pinned to the one `ablate` and `sweep` plan with (preset_for without a
-    device), so their ladders and length grids are the run's."""
-    preset = preset or preset_for(None, model).name
-    return resolve_run(
-        rps=rps, systems=systems, dataset=dataset, dataset_path=None, num_prompts=num_prompts, duration=None,
-        burstiness=1.0, arrivals=None, time_scale=1.0, burstgpt_model=None, memory_budget=memory_budget,
-        model=model, preset=preset, max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
-        max_num_seqs=None, retention=None, length_scale=None, gen_cap=None, block_length=None,
-        max_prompt_len=None, threads=threads, dtype=None, device=None, seed=seed, max_duration=max_duration,
-        num_warmups=num_warmups, no_profile_cache=no_profile_cache, gen_length=gen_length, repeats=repeats,
-        baseline_batch=baseline_batch)

@@ -12,7 +12,7 @@ from dllm_bench import results
 from dllm_bench.ablate.ladder import ABLATION_PROMPTS
 from dllm_bench.errors import UserError
 from dllm_bench.repeats import aggregate_points, repeat_seeds
-from dllm_bench.serve.options import check_counts, check_gen_length, resolve_bench_run
+from dllm_bench.serve.options import ServeOptions, check_counts, check_gen_length, resolve_run
 from dllm_bench.serve.points import PlannedPoint, measure_points, record_repeats, resume_id
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import shape_of
@@ -20,15 +20,15 @@ from dllm_bench.sweep import lengths as sw
 from workloads.serving import describe
 
 
-def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str | None, num_prompts: int | None,
-          model: str | None, preset: str | None, memory_budget: str | None, seed: int, threads: int | None,
-          rps: str, result_dir: Path | None, run_id: str | None, as_json: bool, num_warmups: int,
-          max_duration: float | None, no_profile_cache: bool, gen_length: int | None = None,
-          repeats: int = 1, baseline_batch: str = "max-fit", resume: bool = False) -> int:
-    """Every (length, system) point measured, tabulated and plotted; returns the exit code."""
+def sweep(opts: ServeOptions, *, vary: str, points: str | None, fixed_len: int | None, result_dir: Path | None,
+          run_id: str | None, resume: bool, as_json: bool) -> int:
+    """Every (length, system) point measured, tabulated and plotted; returns the exit code.
+    `opts`: the serving options sweep exposes (its rate defaults to inf: saturation); its
+    --gen-length is the fixed output length of an input-length sweep."""
     vary = sw.parse_vary(vary)
-    check_counts(num_prompts, seed, repeats)
-    sp = preset_for(preset, model)
+    seed, num_prompts, gen_length = opts.seed, opts.num_prompts, opts.gen_length
+    check_counts(num_prompts, seed, opts.repeats)
+    sp = preset_for(opts.preset, opts.model)
     if gen_length is not None:  # one output length for every request: the fixed side of an input sweep
         check_gen_length(gen_length, sp.block_length)
         if vary == "output-len":
@@ -39,10 +39,10 @@ def sweep(*, vary: str, points: str | None, fixed_len: int | None, systems: str 
     plan = sw.plan_sweep(vary, length_scale=sp.length_scale, block_length=sp.block_length, device=sp.device,
                          points=points, fixed=fixed_len)
     n = num_prompts if num_prompts is not None else ABLATION_PROMPTS.get(sp.name, sp.num_prompts)
-    run = resolve_bench_run(systems=systems or sw.DEFAULT_SYSTEMS, dataset="random", rps=rps, num_prompts=n,
-                            model=model, preset=preset, memory_budget=memory_budget, seed=seed,
-                            threads=threads, num_warmups=num_warmups, max_duration=max_duration,
-                            no_profile_cache=no_profile_cache, repeats=repeats, baseline_batch=baseline_batch)
+    # The preset is pinned to the one the lengths were planned with (preset_for without a device);
+    # the point workloads carry their own lengths, so gen_length is theirs, not the run's.
+    run = resolve_run(replace(opts, systems=opts.systems or sw.DEFAULT_SYSTEMS, dataset="random", num_prompts=n,
+                              preset=sp.name, gen_length=None))
     if len(run.rps) != 1:
         raise UserError("--rps takes one rate for sweep (inf = saturation, the default)")
     rate = run.rps[0]

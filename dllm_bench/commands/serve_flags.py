@@ -1,0 +1,58 @@
+"""The flags of a serving run, declared once for `serve`, `simulate`, `ablate` and `sweep`.
+
+Each alias is a parameter type with its Typer option (`num_prompts: NumPrompts = None`); the
+parameter names are ServeOptions' field names, so a command builds its options with
+`ServeOptions.pick(locals())`. A command whose default differs in meaning (ablate's saturation
+`--rps inf`, simulate's GPU budget) declares that flag itself.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
+
+Systems = Annotated[str | None, typer.Option(
+    "--systems", help="systems and variants: engine,fast-dllm,dllm-cache,sparse-dllm (default), llada; "
+    "variants name[:k=v,...] e.g. 'engine:cache=dual,fast-dllm:batch=1' (batch=upstream: the batch its "
+    "upstream code runs)")]
+BaselineBatch = Annotated[str, typer.Option(
+    "--baseline-batch", help="baselines without batch=: max-fit (largest static batch in the budget), "
+    "upstream (the batch their upstream code runs: Fast-dLLM 1, Sparse-dLLM 1, dLLM-Cache 2), or both side by side")]
+NumPrompts = Annotated[int | None, typer.Option("--num-prompts", help="requests per point [preset]")]
+Duration = Annotated[float | None, typer.Option("--duration", help="bound arrivals by time (s) instead of count")]
+Burstiness = Annotated[float, typer.Option("--burstiness", help="gamma shape: 1 = Poisson, < 1 burstier")]
+Model = Annotated[str | None, typer.Option(
+    "--model", help="model preset (dllm-bench models list) or LLaDA checkpoint dir [preset]")]
+Preset = Annotated[str | None, typer.Option(
+    "--preset", help=f"serve preset: {', '.join(PRESETS)} (default {DEFAULT_PRESET}, or the one for --model)")]
+MaxNumBatchedTokens = Annotated[int | None, typer.Option("--max-num-batched-tokens",
+                                                         help="engine token budget per step [preset]")]
+MaxNumLogits = Annotated[str | None, typer.Option("--max-num-logits",
+                                                  help="engine logit budget (rows per step), or none [preset]")]
+MaxNumSeqs = Annotated[int | None, typer.Option("--max-num-seqs", help="engine max concurrent requests [preset]")]
+Retention = Annotated[float | None, typer.Option(
+    "--retention", help="sparse KV retention (engine and sparse-dllm keep_ratio) [preset]")]
+LengthScale = Annotated[float | None, typer.Option("--length-scale", help="multiply dataset token counts [preset]")]
+GenCap = Annotated[int | None, typer.Option("--gen-cap", help="max gen_length in tokens [preset]")]
+GenLength = Annotated[int | None, typer.Option(
+    "--gen-length", help="one output length for every request (the paper's 256), a block multiple [preset]")]
+BlockLength = Annotated[int | None, typer.Option("--block-length", help="diffusion block length [preset]")]
+Threads = Annotated[int | None, typer.Option("--threads", help="torch threads of every system process [preset]")]
+Seed = Annotated[int, typer.Option("--seed", help="workload seed (arrivals, lengths, prompt ids)")]
+Repeats = Annotated[int, typer.Option(
+    "--repeats", help="run every point N times with workload seeds seed, seed+1, ...; tables give median [min-max]")]
+MaxDuration = Annotated[float | None, typer.Option(
+    "--max-duration", help="abort a point after this many seconds (unfinished requests are counted)")]
+NumWarmups = Annotated[int, typer.Option("--num-warmups", help="unmeasured warm-up requests per system")]
+NoProfileCache = Annotated[bool, typer.Option("--no-profile-cache", help="re-measure KV pools and static batches")]
+
+# The run directory and output of every command that writes a run.
+ResultDir = Annotated[Path | None, typer.Option(
+    "--result-dir", help="runs root (default results/runs, or $DLLM_BENCH_RESULTS_DIR)")]
+RunId = Annotated[str | None, typer.Option("--run-id", help="name of the run directory (default: timestamp-name)")]
+Resume = Annotated[bool, typer.Option(
+    "--resume", help="continue a run (--run-id, default the latest): skip finished points and repeats")]
+AsJson = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]

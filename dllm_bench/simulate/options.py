@@ -1,0 +1,43 @@
+"""A simulate run's options: serve's ServeOptions replayed on a hardware profile. The model is
+simulated by its shape when it has no weights here (`llada-8b`), a GPU profile's budget is its
+memory x 0.9 unless given, and each system gets its implementation profile. Used by `simulate`
+and by `serve`'s GPU projection (dllm_bench.serve.projection)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dllm_bench.serve.config import ServeRun
+from dllm_bench.serve.options import ServeOptions, resolve_run
+from dllm_bench.serve.presets import preset_for
+from dllm_bench.simulate.hardware import Hardware
+from dllm_bench.simulate.implementations import default_impl, parse_impl_overrides
+from dllm_bench.simulate.run import make_setup
+from dllm_bench.simulate.simulator import SimSetup, resolve_sim_model
+
+# The share of a GPU's memory a run may use when no budget is given: the engine's
+# gpu_memory_utilization default (vLLM's).
+GPU_MEMORY_UTILIZATION = 0.9
+
+
+def budget_on(hw: Hardware, memory_budget: str | None, preset_budget: str | None) -> str | None:
+    """The budget to simulate: the flag, else on a GPU profile its memory x 0.9, else the preset's."""
+    if memory_budget is not None:
+        return memory_budget
+    if hw.kind == "gpu":
+        return str(int(hw.memory_bytes * GPU_MEMORY_UTILIZATION))
+    return preset_budget
+
+
+def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None) -> tuple[ServeRun, SimSetup]:
+    """The run and the simulator's setup for `opts` on `hw`: the options resolved as serve resolves
+    them (device cpu: the run's dtype is the preset's, no warm-ups on a virtual clock), `impl`
+    overrides per system (`fast-dllm=engine`)."""
+    sp = preset_for(opts.preset, opts.model)
+    model_dir, loadable = resolve_sim_model(sp.model)
+    opts = replace(opts, memory_budget=budget_on(hw, opts.memory_budget, sp.memory_budget), model=str(model_dir),
+                   preset=sp.name, dataset_path=None, arrivals=None, time_scale=1.0, burstgpt_model=None,
+                   max_prompt_len=None, threads=None, device="cpu", num_warmups=0, no_profile_cache=False)
+    run = resolve_run(opts, weights=loadable)
+    names = [v.name for v in run.systems]
+    impls = {n: default_impl(n, hw.kind, hw.impl) for n in names} | parse_impl_overrides(impl, names)
+    return run, make_setup(run, hw, impls, loadable)
