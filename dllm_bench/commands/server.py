@@ -5,7 +5,8 @@ Engine knobs default to the serve preset of the model (`serve --model tiny` and
 `server --model tiny` build the same engine), so a served engine and an in-process one compare
 like for like; a checkpoint directory on a CUDA machine takes the GPU preset's (bfloat16,
 budget auto). Everything is checked, and the engine built and warmed up, before the port is
-opened.
+opened. With `--api-key` (or $DLLM_BENCH_API_KEY) every /v1 route wants the key
+(dllm_bench.server.auth); a server reachable beyond loopback without one is warned about.
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def resolve_server_options(*, model: str | None, preset: str | None, knobs: dict
 def build_state(*, model: str | None, preset: str | None, served_model_name: str | None,
                 knobs: dict, memory_budget: str | None, dtype: str | None, device: str | None,
                 threads: int | None, block_length: int | None, max_waiting: int, sampling: bool,
-                use_cache: bool, log=lambda m: None):
+                use_cache: bool, log=lambda m: None, api_key: str | None = None):
     """The engine (KV pool profiled for the budget, warmed up) in an EngineLoop, and the
     ServerState the app serves; any bad option is a UserError."""
     import torch
@@ -114,7 +115,7 @@ def build_state(*, model: str | None, preset: str | None, served_model_name: str
     warm_up(engine, [t for t in range(1, 9) if t != cfg.mask_token_id], block)
     state = ServerState(loop=EngineLoop(engine), tokenizer=tokenizer, model_name=served_model_name or sp.model,
                         model_root=str(model_dir), max_model_len=engine.max_model_len, block_length=block,
-                        eos_token_id=cfg.eos_token_id, max_waiting=max_waiting)
+                        eos_token_id=cfg.eos_token_id, max_waiting=max_waiting, api_key=api_key)
     return state, built.info
 
 
@@ -144,16 +145,20 @@ def register(app: typer.Typer) -> None:
         sampling: bool = typer.Option(True, "--sampling/--no-sampling", help="allow temperature > 0 (--no-sampling: greedy only, a larger KV pool)"),
         no_profile_cache: bool = typer.Option(False, "--no-profile-cache", help="re-measure the KV pool"),
         log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
+        api_key: str | None = typer.Option(None, "--api-key", help="every /v1 route then wants `Authorization: Bearer KEY` "
+                                           "(401 otherwise; /health and /metrics stay open) [$DLLM_BENCH_API_KEY]"),
     ) -> None:
         """OpenAI-compatible HTTP server for the engine: /v1/completions, /v1/chat/completions (block streaming), /v1/models, /health, /metrics."""
         import uvicorn
         from rich.console import Console
 
         from dllm_bench.server.app import create_app
+        from dllm_bench.server.auth import exposure_warning, resolve_api_key
 
         if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
             raise UserError(f"--log-level must be critical, error, warning, info, debug or trace, got {log_level!r}")
         _check_port(host, port)
+        api_key = resolve_api_key(api_key)
         console = Console(stderr=True)
         knobs = {"cache": cache, "selection": selection, "retention": retention, "scheduler": scheduler,
                  "max_num_batched_tokens": max_num_batched_tokens, "max_num_logits": max_num_logits,
@@ -162,10 +167,14 @@ def register(app: typer.Typer) -> None:
             model=model, preset=preset, served_model_name=served_model_name, knobs=knobs,
             memory_budget=memory_budget, dtype=dtype, device=device, threads=threads,
             block_length=block_length, max_waiting=max_waiting, sampling=sampling,
-            use_cache=not no_profile_cache, log=lambda m: console.print(m, style="dim", highlight=False))
+            use_cache=not no_profile_cache, log=lambda m: console.print(m, style="dim", highlight=False),
+            api_key=api_key)
         pool = info.get("kv_pool_tokens")
         console.print(f"serving {state.model_name} ({info['label']}, KV pool "
                       f"{'unbounded' if pool is None else f'{pool} tokens'}) on http://{host}:{port}/v1",
                       markup=False, highlight=False)
+        warning = exposure_warning(host, api_key)
+        if warning:
+            console.print(warning, style="yellow", markup=False, highlight=False)
         sys.stderr.flush()
         uvicorn.run(create_app(state), host=host, port=port, log_level=log_level)

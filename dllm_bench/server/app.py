@@ -10,7 +10,8 @@ carries the usage (OpenAI's `include_usage` shape), then `[DONE]`. A client that
 aborts its request, which frees its KV reservation. A completions `prompt` that is a list of
 prompts is one engine request per prompt, all admitted together (or none), batched by the
 scheduler like any other requests; choice i answers prompt i, stream chunks carry their choice's
-index, and the usage sums over the prompts.
+index, and the usage sums over the prompts. With an API key every /v1 route wants it
+(dllm_bench.server.auth); /health and /metrics stay open.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dllm_bench.server import metrics, protocol
+from dllm_bench.server import auth, metrics, protocol
 from dllm_bench.server.engine_loop import EngineLoop, Job
 from dllm_bench.server.protocol import ChatCompletionRequest, CompletionRequest
 from dllm_bench.server.text import Detokenizer, PromptError, chat_ids, prompt_ids
@@ -49,6 +50,7 @@ class ServerState:
     eos_token_id: int | None
     max_waiting: int                 # 503 once this many requests wait for admission
     retry_after_s: int = 1
+    api_key: str | None = None       # every /v1 route wants `Authorization: Bearer <key>`
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -77,6 +79,7 @@ def create_app(state: ServerState) -> FastAPI:
         state.loop.stop()
 
     app = FastAPI(title="dllm-bench server", lifespan=lifespan)
+    v1 = auth.guard(app, state.api_key)   # the dependencies of every /v1 route
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -100,7 +103,7 @@ def create_app(state: ServerState) -> FastAPI:
             return error(503, "the engine loop is not running", "service_unavailable")
         return JSONResponse({"status": "ok"})
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=v1)
     async def models() -> dict:
         return {"object": "list", "data": [protocol.model_card(state.model_name, state.model_root, state.max_model_len)]}
 
@@ -109,11 +112,11 @@ def create_app(state: ServerState) -> FastAPI:
         return PlainTextResponse(metrics.render(state.loop.snapshot()),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=v1)
     async def completions(body: CompletionRequest, request: Request):
         return await generate(state, body, request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await generate(state, body, request, chat=True)
 
