@@ -78,11 +78,25 @@ def _x0(req: Request, logits: torch.Tensor, exp_argmax: bool) -> torch.Tensor:
     return gumbel_argmax(logits, req.params.temperature, req.gens.gumbel, req.mask_id)   # float64 noise
 
 
+def _factor_count(sorted_conf: list[float], factor: float) -> int:
+    """Fast-dLLM's factor rule (llada/generate.py, get_transfer_index_dynamic) on one row's
+    confidences in descending order: walk the ranks while the i-th (from 0) reaches
+    1 - factor / (i + 2), the first always; stop at the first that does not. Upstream then adds
+    one when it stopped at the first or the last rank, so a failing last rank is still taken."""
+    n = len(sorted_conf)
+    top = n - 1
+    for i in range(n):
+        if i > 0 and sorted_conf[i] < 1 - factor / (i + 2):
+            top = i
+            break
+    return top + 1 if top in (0, n - 1) else top
+
+
 def decide(batch: Batch, logits: torch.Tensor, q_start: int, conf_dtype: torch.dtype, ks: list[int] | None,
-           threshold: float | None = None, exp_argmax: bool = False) -> None:
+           threshold: float | None = None, exp_argmax: bool = False, factor: float | None = None) -> None:
     """Commit tokens of every row's current block. `logits` [B, Tq, V] cover canvas columns
     [q_start, q_start + Tq). Candidates: each row's still-masked block positions, position order.
-    ks: tokens per row (the linear schedule), or threshold: Fast-dLLM's parallel rule."""
+    ks: tokens per row (the linear schedule), or threshold / factor: Fast-dLLM's parallel rules."""
     mask_id = batch.reqs[0].mask_id
     s, e = batch.block_range
     probs = None
@@ -99,7 +113,9 @@ def decide(batch: Batch, logits: torch.Tensor, q_start: int, conf_dtype: torch.d
             conf = probs[i, rows].gather(-1, x0[:, None]).squeeze(-1)
         else:
             conf = random_confidence(n, req.gens.remask)
-        if threshold is None:
+        if factor is not None:
+            chosen = torch.topk(conf, _factor_count(torch.sort(conf, descending=True).values.tolist(), factor)).indices
+        elif threshold is None:
             chosen = select_transfer(conf, ks[i])
         else:
             # Best one always; every further one only if its confidence reaches the threshold.

@@ -39,14 +39,19 @@ CACHES = ("dual", "prefix")
 class FastDLLM(Policy):
     name = "fast-dllm"
 
-    def __init__(self, model: LLaDAModelLM, cache: str = "dual", threshold: float | None = None):
+    def __init__(self, model: LLaDAModelLM, cache: str = "dual", threshold: float | None = None,
+                 factor: float | None = None):
         super().__init__(model)
         if cache not in CACHES:
             raise ValueError(f"fast_dllm_cache must be one of {CACHES}, got {cache!r}")
         if threshold is not None and not isinstance(threshold, (int, float)):
             raise ValueError(f"threshold must be a number or None, got {threshold!r}")   # > 1: one per step
-        self.cache, self.threshold = cache, threshold
-        self.knobs = dict(fast_dllm_cache=cache, threshold=threshold)
+        if factor is not None and (not isinstance(factor, (int, float)) or factor <= 0):
+            raise ValueError(f"factor must be a positive number or None, got {factor!r}")
+        if factor is not None and threshold is not None:
+            raise ValueError("threshold and factor are two parallel-decoding rules: give one")
+        self.cache, self.threshold, self.factor = cache, threshold, factor
+        self.knobs = dict(fast_dllm_cache=cache, threshold=threshold, factor=factor)
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
 
@@ -69,8 +74,9 @@ class FastDLLM(Policy):
         else:
             logits, q_start = self._window(batch, s, e)
             refresh = False
-        ks = None if self.threshold is not None else batch.schedule_at(batch.step_in_block)
-        decide(batch, logits, q_start, torch.float64, ks, threshold=self.threshold)
+        parallel = self.threshold is not None or self.factor is not None
+        ks = None if parallel else batch.schedule_at(batch.step_in_block)
+        decide(batch, logits, q_start, torch.float64, ks, threshold=self.threshold, factor=self.factor)
         return StepResult(batch.size * logits.shape[1], logits.shape[1], refresh)
 
     def _window(self, batch: Batch, s: int, e: int):
@@ -99,7 +105,8 @@ class FastDLLM(Policy):
             return True
         # Guard, only reachable when the model commits the MASK id itself (a random test model):
         # upstream would index past the schedule (threshold None) or could loop forever.
-        cap = batch.params.steps_per_block if self.threshold is None else max(batch.params.steps_per_block, batch.params.block_length)
+        parallel = self.threshold is not None or self.factor is not None
+        cap = max(batch.params.steps_per_block, batch.params.block_length) if parallel else batch.params.steps_per_block
         return batch.step_in_block >= cap
 
     def kv_row_tokens(self, batch: Batch) -> list[int]:

@@ -35,12 +35,12 @@ SYSTEMS: dict[str, SystemSpec] = {
         "no cache: S full forwards per block, full-sequence logits",
     ),
     "fast-dllm": SystemSpec(
-        "fast-dllm", FastDLLM, dict(fast_dllm_cache="dual", threshold=None),
+        "fast-dllm", FastDLLM, dict(fast_dllm_cache="dual", threshold=None, factor=None),
         dict(gen_length=256, block_length=32, steps=256),            # gsm8k eval, non-parallel
         dict(repo="NVlabs/Fast-dLLM", commit="24cc59e75f20a6384bae8c905965bb090b96388e",
              files=["llada/generate.py", "llada/model/modeling_llada.py"]),
-        "dual|prefix cache refreshed at each block start; threshold (e.g. 0.9) = parallel decoding",
-        knob_args=dict(fast_dllm_cache="cache", threshold="threshold"),
+        "dual|prefix cache refreshed at each block start; threshold (e.g. 0.9) or factor (e.g. 1.0) = parallel decoding",
+        knob_args=dict(fast_dllm_cache="cache", threshold="threshold", factor="factor"),
     ),
     "dllm-cache": SystemSpec(
         "dllm-cache", DLLMCache, dict(prompt_interval=50, gen_interval=7, transfer_ratio=0.25),

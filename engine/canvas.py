@@ -22,28 +22,35 @@ class CanvasPool:
         self.host = np.empty(0, dtype=np.int64)
         self.ranges = SlotRanges(0)
         self.placed: dict[int, Request] = {}        # offset -> request
+        self.trash: int | None = None               # a cell no canvas owns: writes that commit nothing
 
     def place(self, req: Request) -> None:
+        if self.trash is None:
+            self.trash = self._take(1)
         n = req.length
+        off = self._take(n)
+        self.tokens[off : off + n] = req.canvas
+        self.host[off : off + n] = req.host_canvas
+        req.canvas, req.canvas_offset, req.canvas_pool = self.tokens[off : off + n], off, self
+        req.host_canvas = self.host[off : off + n]
+        self.placed[off] = req
+
+    def _take(self, n: int) -> int:
+        """A contiguous range of n cells (growing both arrays if needed) -> its offset."""
         got = self.ranges.take(n, contiguous=True)
         if got is None:
             old, old_host = self.tokens, self.host
             size = max(2 * old.numel(), old.numel() + n, 1024)
-            self.tokens = torch.empty(size, dtype=torch.long, device=self.device)
+            self.tokens = torch.zeros(size, dtype=torch.long, device=self.device)   # free cells hold a valid id
             self.tokens[: old.numel()] = old
-            self.host = np.empty(size, dtype=np.int64)
+            self.host = np.zeros(size, dtype=np.int64)
             self.host[: old_host.size] = old_host
             self.ranges.grow(size)
             for off, r in self.placed.items():      # re-point the views at the new storage
                 r.canvas = self.tokens[off : off + r.length]
                 r.host_canvas = self.host[off : off + r.length]
             got = self.ranges.take(n, contiguous=True)
-        off = got[0][0]
-        self.tokens[off : off + n] = req.canvas
-        self.host[off : off + n] = req.host_canvas
-        req.canvas, req.canvas_offset, req.canvas_pool = self.tokens[off : off + n], off, self
-        req.host_canvas = self.host[off : off + n]
-        self.placed[off] = req
+        return got[0][0]
 
     def release(self, req: Request) -> None:
         off = req.canvas_offset

@@ -122,7 +122,7 @@ class LLMEngine:
         if st.decisions is not None:
             self.commit(batch, st.decisions)
         done = []
-        for req in self.advance(batch, time.perf_counter()):
+        for req in self.advance(batch, time.perf_counter(), committed=st.decisions is not None):
             self.scheduler.finish(req)
             done.append(req.output())
         self.counters.record(len(batch), st.query_tokens, st.logits_rows, st.max_logits_rows, st.refresh, st.reuse,
@@ -134,20 +134,29 @@ class LLMEngine:
         read the decisions back: the step's one device-to-host copy, which keeps the host canvases
         (candidates, block ends, outputs) equal to the device's."""
         offsets = np.fromiter((r.canvas_offset for r, _ in batch), dtype=np.int64, count=len(batch))
-        if d.canvas_index is not None:
+        cols = [d.row.long(), d.positions.long(), d.tokens.long()]
+        if d.taken is not None:
+            # Entries that do not commit write to the pool's trash cell: never to a real cell, so
+            # no real cell is written twice in one indexed write.
+            self.canvases.tokens[torch.where(d.taken, d.canvas_index, self.canvases.trash)] = d.tokens
+            cols.append(d.taken.long())
+        elif d.canvas_index is not None:
             self.canvases.tokens[d.canvas_index] = d.tokens
         else:
             self.canvases.tokens[to_device(offsets, self.device)[d.row] + d.positions] = d.tokens
-        row, pos, tok = torch.stack([d.row.long(), d.positions.long(), d.tokens.long()]).cpu().numpy()
+        host = torch.stack(cols).cpu().numpy()
+        row, pos, tok = host[:3] if d.taken is None else host[:3, host[3].astype(bool)]
         self.canvases.host[offsets[row] + pos] = tok
         for (req, _), n in zip(batch, d.logits_rows):
             req.charge(n)
 
-    def advance(self, batch: Batch, now: float) -> list[Request]:
+    def advance(self, batch: Batch, now: float, committed: bool = True) -> list[Request]:
         """Every request's step is done: move the cursors; the masked tokens of the blocks that
         start next are counted for all of them in one op (their transfer schedules). Returns the
-        requests that finished."""
-        nxt = [r for r, _ in batch if r.step_in_block + 1 == r.steps_per_block and r.block + 1 < r.num_blocks]
+        requests that finished. `committed`: the runner's decisions were committed (else a block
+        under parallel decoding ends after its planned steps, `Request.block_done`)."""
+        ends = {id(r): r.block_done(committed) for r, _ in batch}
+        nxt = [r for r, _ in batch if ends[id(r)] and r.block + 1 < r.num_blocks]
         masked = {}
         if nxt:
             lens = np.fromiter((r.block_length for r in nxt), dtype=np.int64, count=len(nxt))
@@ -158,7 +167,7 @@ class LLMEngine:
             masked = dict(zip(map(id, nxt), ((tokens == self.model_config.mask_token_id) & valid).sum(1).tolist()))
         done = []
         for req, _ in batch:
-            req.advance(now, masked.get(id(req)))
+            req.advance(now, masked.get(id(req)), ends[id(req)])
             if req.status is Status.FINISHED:
                 done.append(req)
         return done

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.unmask import confidence_at, gumbel_argmax, proposal_argmax
+from engine.unmask import confidence_at, entropy_of, gumbel_argmax, proposal_argmax
 
 # Rows the monolithic path decodes at once out of its full logits (their copy and confidence
 # temporaries stay small next to the [Nq, V] logits themselves).
@@ -36,10 +36,11 @@ class DecodeResult:
     conf: torch.Tensor        # [R] confidence of the proposal (clean softmax)
     rows_materialized: int    # logits rows computed this step
     max_rows_at_once: int     # the largest logits tensor that existed, in rows
+    entropy: torch.Tensor | None = None   # [R] predictive entropy (when a request decodes by entropy)
 
 
 def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
-                  mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  mask_id: int, entropy: bool = False) -> tuple:
     x0 = proposal_argmax(logits, mask_id)
     c1 = c0 + logits.shape[0]
     for seg in segments:
@@ -48,7 +49,7 @@ def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
         a, b = max(seg.start, c0), min(seg.start + seg.count, c1)
         if a < b:  # consecutive draws from the request's generator: chunk splits do not matter
             x0[a - c0 : b - c0] = gumbel_argmax(logits[a - c0 : b - c0], seg.temperature, seg.gen, mask_id)
-    return x0, confidence_at(logits, x0)
+    return x0, confidence_at(logits, x0), entropy_of(logits) if entropy else None
 
 
 def decode_rows(
@@ -58,35 +59,34 @@ def decode_rows(
     segments: list[RowSegment],
     max_num_logits: int | None,
     mask_id: int,
+    entropy: bool = False,
 ) -> DecodeResult:
     """hidden [Nq, d] (all query rows of the step); row_index [R] the rows to decode; mask_id is
-    never proposed (engine.unmask.proposal_argmax)."""
+    never proposed (engine.unmask.proposal_argmax). `entropy`: also each row's predictive
+    entropy (engine.decoding's entropy policy)."""
     R = row_index.numel()
     if max_num_logits is None:
         # An HF forward's logits for every query row; the candidate rows are then decoded a
         # slice at a time, so nothing [R, V]-sized is copied on top of them.
         full = lm_head(hidden)                       # [Nq, V]: the monolithic activation peak
-        x0s, confs = [], []
-        for c0 in range(0, R, MONOLITHIC_DECODE_ROWS):
-            x0, conf = _decode_chunk(full[row_index[c0 : c0 + MONOLITHIC_DECODE_ROWS]], c0, segments, mask_id)
-            x0s.append(x0)
-            confs.append(conf)
-        return _joined(x0s, confs, hidden, hidden.shape[0], hidden.shape[0])
+        parts = [_decode_chunk(full[row_index[c0 : c0 + MONOLITHIC_DECODE_ROWS]], c0, segments, mask_id, entropy)
+                 for c0 in range(0, R, MONOLITHIC_DECODE_ROWS)]
+        return _joined(parts, hidden, hidden.shape[0], hidden.shape[0])
     rows = hidden[row_index]
-    x0s, confs = [], []
+    parts = []
     for c0 in range(0, R, max_num_logits):
         logits = lm_head(rows[c0 : c0 + max_num_logits])
-        x0, conf = _decode_chunk(logits, c0, segments, mask_id)
+        parts.append(_decode_chunk(logits, c0, segments, mask_id, entropy))
         del logits                                   # freed before the next chunk exists
-        x0s.append(x0)
-        confs.append(conf)
-    return _joined(x0s, confs, hidden, R, min(R, max_num_logits))
+    return _joined(parts, hidden, R, min(R, max_num_logits))
 
 
-def _joined(x0s: list, confs: list, hidden: torch.Tensor, rows: int, at_once: int) -> DecodeResult:
-    if not x0s:
+def _joined(parts: list, hidden: torch.Tensor, rows: int, at_once: int) -> DecodeResult:
+    if not parts:
         empty = hidden.new_zeros(0, dtype=torch.long)
         return DecodeResult(empty, hidden.new_zeros(0, dtype=torch.float64), rows, at_once)
-    if len(x0s) == 1:                                # one chunk (the usual step): nothing to join
-        return DecodeResult(x0s[0], confs[0], rows, at_once)
-    return DecodeResult(torch.cat(x0s), torch.cat(confs), rows, at_once)
+    if len(parts) == 1:                              # one chunk (the usual step): nothing to join
+        x0, conf, ent = parts[0]
+        return DecodeResult(x0, conf, rows, at_once, ent)
+    x0s, confs, ents = zip(*parts)
+    return DecodeResult(torch.cat(x0s), torch.cat(confs), rows, at_once, None if ents[0] is None else torch.cat(ents))

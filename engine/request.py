@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.decoding import Decoding
 from engine.sampling import SamplingParams
 from engine.unmask import RequestGenerators, transfer_schedule
 
@@ -21,6 +22,19 @@ class Phase(enum.Enum):
     @property
     def is_refresh(self) -> bool:
         return self is not Phase.REUSE
+
+
+def phase_at(step_in_block: int, cache: str, delay_step: int) -> Phase:
+    """The phase of a block's step `step_in_block` under a cache policy (a pure function, so the
+    look-ahead planner can read a request's future phases without moving its cursor)."""
+    i = step_in_block
+    if cache == "dual":
+        return Phase.REFRESH_STORE if i == 0 else Phase.REUSE
+    if cache == "sparse":
+        if i < delay_step:
+            return Phase.REFRESH
+        return Phase.REFRESH_SELECT if i == delay_step else Phase.REUSE
+    return Phase.REFRESH
 
 
 class Status(enum.Enum):
@@ -45,6 +59,12 @@ class RequestOutput:
     kv_bytes: int = 0
     finished: bool = True
     text: str | None = None
+    steps_per_block: list[int] = field(default_factory=list)   # forwards each finished block took
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """TPF: generated tokens over forwards (NFE)."""
+        return len(self.token_ids) / self.nfe if self.nfe else 0.0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -75,7 +95,10 @@ class Request:
         self.status = Status.WAITING
         self.block = 0
         self.step_in_block = 0
+        self.decoding = Decoding.parse(self.params.decoding)
         self.schedule = transfer_schedule(self.params.block_length, self.params.steps_per_block)
+        self.block_steps: list[int] = []     # forwards each finished block took
+        self.planned_steps: list[int] | None = None   # see block_done
         self.gens = RequestGenerators(self.params.seed, self.device)
         self.admitted_time: float | None = None
         self.first_token_time: float | None = None
@@ -109,14 +132,7 @@ class Request:
         return self.block >= self.num_blocks
 
     def phase(self, cache: str, delay_step: int) -> Phase:
-        i = self.step_in_block
-        if cache == "dual":
-            return Phase.REFRESH_STORE if i == 0 else Phase.REUSE
-        if cache == "sparse":
-            if i < delay_step:
-                return Phase.REFRESH
-            return Phase.REFRESH_SELECT if i == delay_step else Phase.REUSE
-        return Phase.REFRESH
+        return phase_at(self.step_in_block, cache, delay_step)
 
     def query_cost(self, phase: Phase) -> int:
         return self.length if phase is not Phase.REUSE else self.block_length
@@ -132,11 +148,32 @@ class Request:
         self.nfe += 1
         self.logits_rows += logits_rows
 
-    def advance(self, now: float, masked: int | None = None) -> None:
+    @property
+    def commit_count(self) -> int:
+        """Tokens the fixed schedule commits at this step (0 for the parallel policies: their
+        count is decided on the device from the confidences)."""
+        return self.schedule[self.step_in_block] if self.decoding.fixed else 0
+
+    def block_done(self, committed: bool = True) -> bool:
+        """After this step: the fixed schedule's last step, or (parallel decoding) no masked
+        position left in the block (read from the host canvas). A runner that commits nothing (a
+        cost model) ends parallel-decoded blocks after `planned_steps[block]` steps (a replayed
+        steps-per-block distribution; default: the fixed schedule's steps per block)."""
+        if self.decoding.fixed or not committed:
+            plan = self.planned_steps
+            n = self.steps_per_block if self.decoding.fixed or plan is None else plan[self.block % len(plan)]
+            return self.step_in_block + 1 >= n
+        s, e = self.block_range
+        return not (self.host_canvas[s:e] == self.mask_id).any()
+
+    def advance(self, now: float, masked: int | None = None, done: bool | None = None) -> None:
         """One denoising step done: move the cursor; record first-block and finish times.
-        `masked`: the next block's masked tokens if the caller counted them (for a batch at once)."""
+        `masked`: the next block's masked tokens if the caller counted them (for a batch at once);
+        `done`: whether the block is complete, if the caller knows (`block_done`)."""
+        done = self.block_done() if done is None else done
         self.step_in_block += 1
-        if self.step_in_block == self.steps_per_block:
+        if done:
+            self.block_steps.append(self.step_in_block)
             self.step_in_block = 0
             self.block += 1
             if self.first_token_time is None:
@@ -163,4 +200,5 @@ class Request:
             kv_tokens=self.kv_tokens,
             kv_bytes=self.kv_bytes,
             finished=self.status is Status.FINISHED,
+            steps_per_block=list(self.block_steps),
         )

@@ -20,6 +20,7 @@ import torch
 
 from engine.cache_policy import POLICIES
 from engine.config import EngineConfig
+from engine.decoding import commit_mask, policy_columns
 from engine.graphs import PadSpec, StepGraphs, pad_meta
 from engine.kv_cache import KVPool
 from engine.logits import RowSegment, decode_rows
@@ -64,7 +65,8 @@ class ModelRunner:
         p = PackedStep(real, m, fwd.put(ids), fwd.put(pos), int(m.length.max()) - 1,
                        StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
                                    None if pad is None else pad.keys))
-        p.plan = _plan_commit(real, host_tokens, self.model_config.mask_token_id, main, in_pool)
+        p.plan = _plan_commit(real, [r.decoding for r in reqs], host_tokens, self.model_config.mask_token_id, main,
+                              in_pool)
         fwd.flush()
         if fwd is not main:
             main.flush()
@@ -89,7 +91,7 @@ class ModelRunner:
         segments = [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel)
                     for i, r in enumerate(reqs) if r.params.temperature > 0]
         res = decode_rows(self.model.lm_head, hidden, c.rows, segments, self.config.max_num_logits,
-                          self.model_config.mask_token_id)
+                          self.model_config.mask_token_id, entropy=c.entropy)
         conf = res.conf
         for i, r in enumerate(reqs):
             if r.params.remasking == "random":
@@ -97,7 +99,7 @@ class ModelRunner:
                 a, n = int(c.seg_start[i]), int(c.counts[i])
                 conf[a : a + n] = random_confidence(n, r.gens.remask).to(conf)
         monolithic = self.config.max_num_logits is None
-        decisions = _choose(conf, res.x0, c, (m.n_q if monolithic else c.counts).tolist())
+        decisions = _choose(conf, res.x0, res.entropy, c, (m.n_q if monolithic else c.counts).tolist())
         n_ref = int(m.refresh.sum())
         return StepStats(int(m.cu_q[-1]), res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
                          decisions)
@@ -105,50 +107,64 @@ class ModelRunner:
 
 @dataclass
 class CommitPlan:
-    """Which hidden rows are candidates and how the commit choice indexes them, from the host
-    canvases: candidates are the still-masked positions of each request's current block."""
+    """Which hidden rows are candidates and where each lands in the step's [B, W] table of
+    candidates, from the host canvases: candidates are the still-masked positions of each
+    request's current block; W is the longest block."""
 
     rows: torch.Tensor            # [R] hidden rows of the candidates, request then position order
     counts: np.ndarray            # [B] candidates per request
     seg_start: np.ndarray         # [B] each request's first candidate in `rows`
-    width: int                    # W: the longest block
-    flat: torch.Tensor            # [R] each candidate's cell of the [B, W] score table
-    row: torch.Tensor             # [T] the request of each token to commit (k per request)
-    rank: torch.Tensor            # [T] its rank among that request's candidates
-    cid: torch.Tensor             # [B, W] table cell -> candidate index
+    width: int                    # W
+    flat: torch.Tensor            # [R] each candidate's cell of the [B, W] table
     rel: torch.Tensor             # [B, W] table cell -> canvas position
-    canvas_index: torch.Tensor | None  # [B] where each canvas starts in the canvas pool's tokens
+    counts_t: torch.Tensor        # [B] `counts` on the device
+    k: torch.Tensor               # [B] the fixed schedule's count this step
+    kinds: torch.Tensor           # [B] decoding policy codes (engine.decoding)
+    values: torch.Tensor          # [B] their values, float64 bits
+    entropy: bool                 # a request decodes by entropy: the decode computes it
+    row: torch.Tensor             # [B*W] the request of each table cell
+    canvas_start: torch.Tensor | None  # [B] where each canvas starts in the canvas pool's tokens
 
 
-def _plan_commit(m: StepMeta, host_tokens: np.ndarray, mask_id: int, staging: Staging, in_pool: bool) -> CommitPlan:
+def _plan_commit(m: StepMeta, policies: list, host_tokens: np.ndarray, mask_id: int, staging: Staging,
+                 in_pool: bool) -> CommitPlan:
     W = int(m.block_len.max())
     idx, valid = padded(m.offset + m.block_start, m.block_len, W)
     cand = (host_tokens[idx] == mask_id) & valid
     rel = idx - m.offset[:, None]                                             # canvas positions
     rows = (rel - m.q_start[:, None] + m.cu_q[:-1, None])[cand]              # hidden rows, request order
     counts = cand.sum(1)
-    row, rank = np.nonzero(np.arange(W) < np.minimum(m.k, counts)[:, None])
-    cid = np.zeros(cand.shape, dtype=np.int64)
-    cid[cand] = np.arange(int(counts.sum()))
+    kinds, values = policy_columns(policies)
+    B = len(counts)
     return CommitPlan(staging.put(rows), counts, np.cumsum(counts) - counts, W, staging.put(np.flatnonzero(cand)),
-                      staging.put(row), staging.put(rank), staging.put(cid), staging.put(rel),
-                      staging.put(m.offset) if in_pool else None)
+                      staging.put(rel), staging.put(counts), staging.put(m.k), staging.put(kinds),
+                      staging.put(values), any(p.kind == "entropy" for p in policies),
+                      staging.put(np.repeat(np.arange(B), W)), staging.put(m.offset) if in_pool else None)
 
 
-def _choose(conf: torch.Tensor, x0: torch.Tensor, c: CommitPlan, logits_rows: list[int]) -> StepDecisions:
-    """Each request commits its k most confident candidates (k from its linear schedule); ties
-    go to the lower position. `conf`/`x0` [R]: the candidates in request order, then position
-    order. One sort on the device; which ranks are taken, and which candidate each (row, rank)
-    is, were planned on the host."""
-    B = len(c.counts)
-    score = torch.full((B * c.width,), -torch.inf, dtype=conf.dtype, device=conf.device)
-    score[c.flat] = conf
-    order = torch.sort(score.view(B, c.width), dim=1, descending=True, stable=True).indices
-    col = order[c.row, c.rank]
-    pick = c.cid[c.row, col]
-    positions = c.rel[c.row, col]
-    return StepDecisions(c.row, positions, x0[pick], conf[pick], logits_rows,
-                         canvas_index=None if c.canvas_index is None else c.canvas_index[c.row] + positions)
+def _choose(conf: torch.Tensor, x0: torch.Tensor, entropy: torch.Tensor | None, c: CommitPlan,
+            logits_rows: list[int]) -> StepDecisions:
+    """Each request's candidates sorted by confidence (ties: the lower position first), then
+    its policy's prefix of them taken (`engine.decoding.commit_mask`). `conf`/`x0`/`entropy`
+    [R]: the candidates in request order, then position order. Every cell of the [B, W] table
+    is a decision; `taken` says which commit."""
+    B, W = len(c.counts), c.width
+
+    def table(v: torch.Tensor, fill) -> torch.Tensor:
+        t = torch.full((B * W,), fill, dtype=v.dtype, device=v.device)
+        t[c.flat] = v
+        return t.view(B, W)
+
+    score = table(conf, -torch.inf)
+    order = torch.sort(score, dim=1, descending=True, stable=True).indices
+    s_conf = score.gather(1, order)
+    s_ent = None if entropy is None else table(entropy, 0).gather(1, order)
+    take = commit_mask(s_conf, s_ent, c.counts_t, c.k, c.kinds, c.values)
+    positions = c.rel.gather(1, order)
+    tokens = table(x0, 0).gather(1, order)
+    return StepDecisions(c.row, positions.view(-1), tokens.view(-1), s_conf.view(-1), logits_rows,
+                         canvas_index=None if c.canvas_start is None else (c.canvas_start[:, None] + positions).view(-1),
+                         taken=take.view(-1))
 
 
 @dataclass

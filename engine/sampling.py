@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.decoding import Decoding
+
 REMASKING = ("low_confidence", "random")
 
 
@@ -19,6 +21,10 @@ class SamplingParams:
     # generator is what makes a request's tokens independent of whatever it is batched with.
     seed: int = 0
     stop: tuple[str, ...] = field(default_factory=tuple)
+    # How many masked positions a step commits (engine.decoding): "fixed" (the linear schedule
+    # over `steps`), "threshold:τ", "factor:f" or "entropy:γ" (parallel decoding: `steps` then
+    # only bounds nothing; a block ends when it has no masked position left).
+    decoding: str = "fixed"
 
     def __post_init__(self) -> None:
         for name in ("gen_length", "steps", "block_length"):
@@ -39,6 +45,7 @@ class SamplingParams:
             raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
         if self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        object.__setattr__(self, "decoding", str(Decoding.parse(self.decoding)))    # canonical, validated
 
     @property
     def num_blocks(self) -> int:

@@ -37,6 +37,9 @@ class StepDecisions:
     confidence: torch.Tensor
     logits_rows: list[int]
     canvas_index: torch.Tensor | None = None   # positions in the engine's canvas pool, when known
+    # Fixed-size decisions (one per candidate cell): only the entries where `taken` is True
+    # commit; None = every entry commits.
+    taken: torch.Tensor | None = None
 
 
 @dataclass

@@ -41,7 +41,7 @@ class StepMeta:
         """`host_slots(table)`: a request's slot table as a host array (`KVPool.host_slots`)."""
         cols = np.fromiter(chain.from_iterable(
             (r.length, r.block_length, r.prompt_len + r.block * r.block_length, r.kv_tokens,
-             r.schedule[r.step_in_block], CODES[p]) for r, p in batch), dtype=np.int64, count=6 * len(batch)
+             r.commit_count, CODES[p]) for r, p in batch), dtype=np.int64, count=6 * len(batch)
         ).reshape(-1, 6).T
         tables = [_EMPTY if r.slots is None else host_slots(r.slots) for r, _ in batch]
         slot_len = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))

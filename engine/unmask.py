@@ -58,14 +58,26 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, gen: torch.Generator
     add_gumbel_noise), the mask id excluded (`proposal_argmax`)."""
     if temperature == 0:
         return proposal_argmax(logits, mask_id)
+    return proposal_argmax(gumbel_scores(logits, gumbel_noise(logits.shape, temperature, gen, logits.device)), mask_id)
+
+
+def gumbel_noise(shape, temperature: float, gen: torch.Generator | None, device) -> torch.Tensor:
+    """(−log U)^T, U ~ U(0,1) in float64, `shape` drawn from the request's generator. A
+    vocabulary-parallel rank draws a whole row's noise and keeps its columns
+    (`engine.parallel.vocab_decode`): the same draws as one device's."""
     # In place where possible: at LLaDA's vocabulary these are the largest transients of a step.
-    u = torch.rand(logits.shape, dtype=torch.float64, generator=gen, device=_gen_device(gen)).to(logits.device)
+    u = torch.rand(shape, dtype=torch.float64, generator=gen, device=_gen_device(gen)).to(device)
     u.log_().neg_()
     if temperature != 1:
         u.pow_(temperature)
+    return u
+
+
+def gumbel_scores(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """exp(l) / noise in float64, in a new tensor (logits are left as they are)."""
     noisy = logits.to(torch.float64)
     noisy = noisy.exp_() if noisy.data_ptr() != logits.data_ptr() else noisy.exp()
-    return proposal_argmax(noisy.div_(u), mask_id)
+    return noisy.div_(noise)
 
 
 def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -76,6 +88,14 @@ def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype: torch.dtype | N
     lf = logits.to(dt)
     sel = lf.gather(-1, x0[:, None])
     return (lf - sel).exp_().sum(-1).reciprocal_()
+
+
+def entropy_of(logits: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The predictive entropy −Σ p log p of every row of clean logits (at least float32), for
+    the entropy-bounded decoding policy (engine.decoding)."""
+    lf = logits.to(dtype or torch.promote_types(logits.dtype, torch.float32))
+    logp = torch.log_softmax(lf, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
 
 
 def random_confidence(n: int, gen: torch.Generator) -> torch.Tensor:

@@ -1,0 +1,101 @@
+"""Decoding policies: how many of a block's still-masked positions a request commits per step.
+
+* `fixed` — LLaDA's linear transfer schedule (`engine.unmask.transfer_schedule`): a block of
+  n masked tokens commits them over the request's steps per block, whatever the confidences.
+  The paper's "Execution Parity" mode and the presets' default.
+* `threshold:τ` (0 < τ ≤ 1) — Fast-dLLM's confidence-aware parallel decoding: the most
+  confident candidate always, and every other candidate whose confidence reaches τ
+  (NVlabs/Fast-dLLM, llada/generate.py, `get_transfer_index` with `threshold`).
+* `factor:f` (f > 0) — Fast-dLLM's factor rule (`get_transfer_index_dynamic`): with the
+  candidates sorted by confidence c(1) ≥ c(2) ≥ …, the (i+1)-th is taken while
+  c(i+1) ≥ 1 − f/(i+2), the first always; upstream's quirk is kept: when only the last
+  candidate fails, all are taken.
+* `entropy:γ` (γ ≥ 0) — an entropy-bounded rule: candidates in confidence order while the sum
+  of their predictive entropies stays ≤ γ, the first always.
+
+Every policy takes at least one token per step while a block has masked positions, so a block
+ends after at most block_length steps. A request's block ends when it has no masked position
+left (`fixed`: after its steps per block, when the schedule has committed them all). Requests
+of one step may follow different policies: the choice is made per row on the device, in one
+pass over the step's [requests x block] table (`commit_mask`), without reading anything back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+KINDS = ("fixed", "threshold", "factor", "entropy")
+CODE = {k: i for i, k in enumerate(KINDS)}
+
+
+@dataclass(frozen=True)
+class Decoding:
+    kind: str = "fixed"
+    value: float = 0.0
+
+    @classmethod
+    def parse(cls, spec: str | Decoding) -> Decoding:
+        """'fixed' | 'threshold:0.9' | 'factor:1.0' | 'entropy:0.5' -> Decoding (ValueError if not)."""
+        if isinstance(spec, Decoding):
+            return spec
+        text = str(spec).strip().lower()
+        kind, _, arg = text.partition(":")
+        if kind not in KINDS:
+            raise ValueError(f"decoding must be one of fixed, threshold:τ, factor:f, entropy:γ; got {spec!r}")
+        if kind == "fixed":
+            if arg:
+                raise ValueError(f"decoding 'fixed' takes no value, got {spec!r}")
+            return cls()
+        try:
+            v = float(arg)
+        except ValueError:
+            raise ValueError(f"decoding {kind} needs a number, e.g. {kind}:{_EXAMPLE[kind]}; got {spec!r}") from None
+        ok = {"threshold": 0 < v <= 1, "factor": v > 0, "entropy": v >= 0}[kind]
+        if not ok or not np.isfinite(v):
+            raise ValueError(f"decoding {kind} must satisfy {_RANGE[kind]}, got {v}")
+        return cls(kind, v)
+
+    @property
+    def fixed(self) -> bool:
+        return self.kind == "fixed"
+
+    def __str__(self) -> str:
+        return "fixed" if self.fixed else f"{self.kind}:{self.value:g}"
+
+
+_EXAMPLE = {"threshold": "0.9", "factor": "1.0", "entropy": "0.5"}
+_RANGE = {"threshold": "0 < τ ≤ 1", "factor": "f > 0", "entropy": "γ ≥ 0"}
+
+
+def policy_columns(policies: list[Decoding]) -> tuple[np.ndarray, np.ndarray]:
+    """Per request (kind code, value as float64 bits in an int64): host columns a step stages
+    with its other metadata; `commit_mask` reads the value back as float64 on the device."""
+    kinds = np.fromiter((CODE[p.kind] for p in policies), dtype=np.int64, count=len(policies))
+    values = np.fromiter((p.value for p in policies), dtype=np.float64, count=len(policies)).view(np.int64)
+    return kinds, values
+
+
+def commit_mask(conf: torch.Tensor, entropy: torch.Tensor | None, counts: torch.Tensor, k: torch.Tensor,
+                kinds: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Which ranks each request commits: conf [B, W] its candidates' confidences sorted in
+    descending order (non-candidates last), entropy [B, W] theirs in the same order (None when no
+    request uses `entropy`), counts [B] candidates, k [B] the fixed schedule's count, kinds /
+    values [B] (`policy_columns`) -> bool [B, W], a prefix of each row."""
+    B, W = conf.shape
+    r = torch.arange(W, device=conf.device).expand(B, W)
+    real = r < counts[:, None]
+    first = r == 0
+    v = values.view(torch.float64).to(conf.dtype)[:, None]
+    take = r < torch.minimum(k, counts)[:, None]                                     # fixed
+    take = torch.where(kinds[:, None] == CODE["threshold"], first | (conf >= v), take)
+    # factor: leading ranks that pass 1 - f/(i+2) (the first always passes)
+    passed = (first | (conf >= 1 - v / (r + 2).to(conf.dtype))) & real
+    lead = passed.to(torch.int64).cumprod(1).sum(1)
+    kf = torch.where(lead >= counts - 1, counts, lead)
+    take = torch.where(kinds[:, None] == CODE["factor"], r < kf[:, None], take)
+    if entropy is not None:
+        within = (first | (entropy.masked_fill(~real, 0).cumsum(1) <= v)).to(torch.int64).cumprod(1).bool()
+        take = torch.where(kinds[:, None] == CODE["entropy"], within, take)
+    return take & real
