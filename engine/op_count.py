@@ -23,11 +23,12 @@ class OpCounter(TorchDispatchMode):
         return sum(self.by_op.values())
 
 
-def ops_per_step(engine) -> list[int]:
-    """Step `engine` until it has nothing left; the operator count of every step."""
+def ops_per_step(engine, counter=OpCounter) -> list[int]:
+    """Step `engine` until it has nothing left; each step's `total` under `counter` (a dispatch
+    mode class: operator calls here, host syncs with `engine.sync_count.SyncCounter`)."""
     counts = []
     while engine.has_unfinished():
-        with OpCounter() as c:
+        with counter() as c:
             engine.step()
         counts.append(c.total)
     return counts

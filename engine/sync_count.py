@@ -21,6 +21,8 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine.op_count import ops_per_step
+
 _SYNC_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
              "aten._unique2.default", "aten.unique_dim.default", "aten.unique_consecutive.default",
              "aten.repeat_interleave.Tensor"}
@@ -94,9 +96,4 @@ def _to_host(name: str, args, kwargs) -> bool:
 
 def syncs_per_step(engine) -> list[int]:
     """Step `engine` until it has nothing left; the host syncs of every step."""
-    counts = []
-    while engine.has_unfinished():
-        with SyncCounter() as s:
-            engine.step()
-        counts.append(s.total)
-    return counts
+    return ops_per_step(engine, SyncCounter)
