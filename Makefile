@@ -6,7 +6,7 @@ TORCH_VERSION := 2.13.0
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench-server \
-	bench-simulate bench-validate bench-validate-merged bench-validate-interleaved bench-gauges bench clean train-seeds train-synth-cot accuracy-fig6
+	bench-simulate bench-validate bench clean train-seeds train-synth-cot accuracy-fig6
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -61,35 +61,17 @@ bench-serve:
 	$(BIN)/dllm-bench serve --rps 0.25,0.5,1.0,inf --repeats 3 \
 		--systems engine,engine:cache=dual,fast-dllm,sparse-dllm,dllm-cache
 
-# `calibrate && simulate` against measured `serve` on this machine, the fourth pair of
-# docs/SIMULATE.md: ~22-31 min on 2 idle cores. VALIDATE_ID names the profile and the two runs.
+# `calibrate && simulate` against measured `serve` on this machine (docs/SIMULATE.md, "Validation"):
+# ~16-32 min on 2 idle cores. The serve points read the speed gauge, so the validation also prints
+# each cell at the machine's measured speed. VALIDATE_ID names the profile and the two runs.
 ifndef VALIDATE_ID
 VALIDATE_ID := validate-$(shell date -u +%Y%m%dT%H%M%SZ)
 endif
 bench-validate:
 	$(BIN)/dllm-bench calibrate --name $(VALIDATE_ID)
-	$(BIN)/dllm-bench serve --rps 0.5 --repeats 3 --run-id $(VALIDATE_ID)
+	DLLM_BENCH_SPEED_GAUGE=1 $(BIN)/dllm-bench serve --rps 0.5 --repeats 3 --run-id $(VALIDATE_ID)
 	$(BIN)/dllm-bench simulate --hardware $(VALIDATE_ID) --rps 0.5 --repeats 3 \
 		--run-id $(VALIDATE_ID)-sim --validate $(VALIDATE_ID)
-
-# The same flow on the median of three calibrations (`calibrate --merge`, docs/SIMULATE.md), each
-# single calibration validated beside it; ~40-50 min on 2 idle cores.
-bench-validate-merged:
-	for c in a b c; do $(BIN)/dllm-bench calibrate --name $(VALIDATE_ID)-$$c || exit 1; done
-	$(BIN)/dllm-bench calibrate --merge $(VALIDATE_ID)-a,$(VALIDATE_ID)-b,$(VALIDATE_ID)-c --name $(VALIDATE_ID)
-	$(BIN)/dllm-bench serve --rps 0.5 --repeats 3 --run-id $(VALIDATE_ID)
-	for h in $(VALIDATE_ID) $(VALIDATE_ID)-a $(VALIDATE_ID)-b $(VALIDATE_ID)-c; do \
-		$(BIN)/dllm-bench simulate --hardware $$h --rps 0.5 --repeats 3 --run-id $$h-sim \
-			--validate $(VALIDATE_ID) || exit 1; done
-
-# The same comparison with a calibration 30 s before every (rate, seed) round of the tiny preset,
-# and as control the same rounds on the first round's profile (docs/SIMULATE.md); ~15 min.
-bench-validate-interleaved:
-	$(BIN)/python benchmarks/bench_validate_interleaved.py
-
-# How closely the speed gauge follows a served request on this machine (docs/SIMULATE.md, "Which gauge"); ~7 min.
-bench-gauges:
-	$(BIN)/python benchmarks/bench_gauges.py --seconds 420
 
 bench: bench-engine bench-mechanisms
 

@@ -38,8 +38,9 @@ class KeySpec:
 
 
 class CachePolicy:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, head_mean=None):
         self.config = config
+        self.head_mean = head_mean      # uniform selection on a tensor-parallel rank (engine.sparse)
 
     def spec(self, m: StepMeta) -> KeySpec:
         return KeySpec(np.zeros_like(m.n_q), m.n_q, np.full_like(m.n_q, -1))
@@ -110,7 +111,7 @@ class SparseCache(CachePolicy):
         kc = k[plan.ctx_index].view(G, plan.lcmax, hkv, d).transpose(1, 2)        # [G, Hkv, Lc, D]
         vc = v[plan.ctx_index].view(G, plan.lcmax, hkv, d).transpose(1, 2)
         idx = sparse.select_many(qb, kc, plan.groups, plan.kmax, c.selection, c.pool_window, c.score_query,
-                                 plan.q_len, plan.ctx_len)                           # [G, Hkv, kmax]
+                                 plan.q_len, plan.ctx_len, self.head_mean)           # [G, Hkv, kmax]
         pool[0, plan.slots] = sparse.pack(kc, idx).transpose(1, 2)[plan.keep_rows]
         pool[1, plan.slots] = sparse.pack(vc, idx).transpose(1, 2)[plan.keep_rows]
 

@@ -24,6 +24,9 @@ class EngineConfig:
     # Reuse-only steps padded to batch buckets and captured as CUDA graphs (engine.graphs):
     # None = on for CUDA; True on a CPU runs the same padding with plain calls (tests).
     cuda_graphs: bool | None = None
+    # Ranks of one engine (engine.parallel.ParallelEngine): heads, MLP and vocabulary split
+    # across devices (or CPU processes); 1 = the single-device engine.
+    tensor_parallel_size: int = 1
     # --- phase-multiplexed scheduler ---
     scheduler: str = "phase"               # phase: Reuse steps cost their block; request: every step costs the canvas
     max_num_batched_tokens: int = 8192     # query tokens per step
@@ -62,6 +65,7 @@ class EngineConfig:
         check(self.attention_backend in BACKENDS, f"attention backend must be one of {BACKENDS}")
         check(self.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive")
         check(self.max_num_seqs > 0, "max_num_seqs must be positive")
+        check(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         check(self.max_num_logits is None or self.max_num_logits > 0, "max_num_logits must be positive (or None)")
         check(0 < self.retention <= 1, f"retention must be in (0, 1], got {self.retention}")
         check(self.pool_window > 0 and self.pool_window % 2 == 1, "pool_window must be a positive odd number")

@@ -124,15 +124,21 @@ class KVPool:
             return None
         pieces = self.ranges.take(n)
         if pieces is None:                       # unbounded pool: double the storage
-            old = self.storage
-            self.storage = self._alloc(max(2 * old.shape[2], old.shape[2] + n))
-            self.storage[:, :, : old.shape[2]] = old
-            self.ranges.grow(self.storage.shape[2])
+            slots = self.storage.shape[2]
+            self.grow_to(max(2 * slots, slots + n))
             pieces = self.ranges.take(n)
         host = np.concatenate([np.arange(s, e) for s, e in pieces])
         table = torch.from_numpy(host.copy()).to(self.device)
         self.pieces[id(table)], self.host[id(table)] = pieces, host
         return table
+
+    def grow_to(self, n: int) -> None:
+        """Storage for n slots, the cache kept (an unbounded pool, or a tensor-parallel worker's
+        pool following its driver's)."""
+        old = self.storage
+        self.storage = self._alloc(n)
+        self.storage[:, :, : old.shape[2]] = old
+        self.ranges.grow(n)
 
     def host_slots(self, table: torch.Tensor) -> np.ndarray:
         """A slot table as a host array (what the step's index building reads)."""

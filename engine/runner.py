@@ -39,7 +39,10 @@ class ModelRunner:
                  max_model_len: int | None = None):
         self.model, self.config, self.backend, self.pool = model, config, backend, pool
         self.model_config, self.dtype, self.device = model.config, model.dtype, model.device
-        self.policy = POLICIES[config.cache](config)
+        # A tensor-parallel rank's model (engine.parallel.model) brings its own decode of its
+        # vocabulary columns and its cross-rank mean over heads; a plain model has neither.
+        self.decode_rows = getattr(model, "decode_rows", decode_rows)
+        self.policy = POLICIES[config.cache](config, getattr(model, "head_mean", None))
         self.max_model_len = max_model_len or model.config.max_sequence_length
         # Padded key rows of one attention call: a full canvas, or the token budget's worth when
         # that is more (a full Refresh step already gathers that many fresh keys). The profiler
@@ -90,7 +93,7 @@ class ModelRunner:
         m, c = p.meta, p.plan
         segments = [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel)
                     for i, r in enumerate(reqs) if r.params.temperature > 0]
-        res = decode_rows(self.model.lm_head, hidden, c.rows, segments, self.config.max_num_logits,
+        res = self.decode_rows(self.model.lm_head, hidden, c.rows, segments, self.config.max_num_logits,
                           self.model_config.mask_token_id, entropy=c.entropy)
         conf = res.conf
         for i, r in enumerate(reqs):

@@ -14,10 +14,11 @@ from torch.overrides import TorchFunctionMode
 
 from dllm_bench import inputs
 from dllm_bench.errors import UserError
-from dllm_bench.serve.speed_gauge import SpeedGauge, device_sync, median_time
-from dllm_bench.simulate import calibrate as cal
 from dllm_bench.simulate import hardware
+from dllm_bench.simulate.calibrate import operators as cal
+from dllm_bench.simulate.calibrate.timing import device_sync, median_time
 from dllm_bench.simulate.cost_model import ModelShape
+from dllm_bench.simulate.drift import SpeedGauge
 from dllm_bench.simulate.implementations import default_impl
 
 SMALL = ModelShape(d=64, layers=2, heads=4, kv_heads=4, head_dim=16, ffn=128, vocab=512, wbytes=4)
@@ -111,8 +112,8 @@ def test_a_profile_naming_an_unknown_implementation_is_refused(tmp_path):
 
 
 def test_default_sizes_follow_the_presets_concurrency_and_device():
-    from dllm_bench.commands.calibrate import default_sizes
     from dllm_bench.serve.presets import PRESETS
+    from dllm_bench.simulate.calibrate.run import default_sizes
 
     assert default_sizes(PRESETS["cpu-default"], "cpu") == (1, 2)           # 2 requests per point
     assert default_sizes(PRESETS["tiny"], "cpu") == (1, 4, 2, 8)
@@ -189,7 +190,7 @@ def _llada_8b_dir(tmp_path, monkeypatch):
 
 
 def test_calibrate_on_cuda_plans_bf16_and_sizes_that_fit(tmp_path, monkeypatch):
-    from dllm_bench.commands import calibrate as cmd
+    from dllm_bench.simulate.calibrate import run as cmd
 
     _fake_gpu(monkeypatch, 79 * GiB)
     pl = cmd.plan(preset="paper", model=_llada_8b_dir(tmp_path, monkeypatch), device="cuda", dtype=None,
@@ -218,7 +219,7 @@ def test_calibrate_on_cuda_loads_the_model_in_bf16_after_stating_the_plan(tmp_pa
 
     from rich.console import Console
 
-    from dllm_bench.commands import calibrate as cmd
+    from dllm_bench.simulate.calibrate import run as cmd
 
     class Loaded(Exception):
         pass
@@ -269,7 +270,7 @@ def test_each_timed_size_frees_its_system_before_the_next(monkeypatch):
     import gc
     import weakref
 
-    from dllm_bench.simulate import host_profile
+    from dllm_bench.simulate.calibrate import host as host_profile
     from engine.config import EngineConfig
     from engine.sampling import SamplingParams
     from tests.helpers import random_prompts, tiny_model

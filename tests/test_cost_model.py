@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from dllm_bench.errors import UserError
-from dllm_bench.simulate import calibrate as cal
+from dllm_bench.simulate import drift
+from dllm_bench.simulate.calibrate import operators as cal
 from dllm_bench.simulate.cost_model import (
     CostModel,
     Efficiency,
@@ -158,11 +159,11 @@ def test_operators_moved_to_another_machine_state_cost_f_times_more():
     eff = Efficiency(u_c=0.5, u_m=0.7, u_attn=0.6, c_op=4e-6, c_attn=9e-6, u_c_by_m=((1, 0.05), (256, 0.6)))
     fws = [Forward((LayerPass(32, (Seg(q, 300),)),), rows=q, n_seq=1) for q in (1, 32, 700)]
     base = CostModel(LLADA_8B, 50e12, 1e12, eff, get_impl("engine"), HostCost())
-    peak, bw, moved = cal.at_state(50e12, 1e12, eff, 1.25)
+    peak, bw, moved = drift.at_state(50e12, 1e12, eff, 1.25)
     slow = CostModel(LLADA_8B, peak, bw, moved, get_impl("engine"), HostCost())
     for fw in fws:
         assert slow.step(fw).t_device == pytest.approx(1.25 * base.step(fw).t_device, rel=1e-9)
-    assert cal.typical_state([3.0, 1.0, 2.0, 10.0, 2.5]) == 2.5
+    assert drift.typical_state([3.0, 1.0, 2.0, 10.0, 2.5]) == 2.5
 
 
 def test_hardware_file_round_trips_the_per_m_table(tmp_path):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dllm_bench.serve.loadgen import run_open_loop
-from dllm_bench.simulate import calibrate as cal
-from dllm_bench.simulate import hardware
+from dllm_bench.simulate import drift, hardware
+from dllm_bench.simulate.calibrate.host import fit_host
 from dllm_bench.simulate.clock import VirtualClock, VirtualTimed
 from dllm_bench.simulate.cost_model import CostModel, Efficiency, Forward, HostCost, LayerPass, Seg
 from dllm_bench.simulate.implementations import get_impl
@@ -45,13 +45,13 @@ def test_host_fit_round_trip():
     dev = CostModel(LLADA_8B, 50e12, 1e12, Efficiency(), get_impl("engine"), HostCost())
     truth = HostCost(c_step=3e-3, c_seq=0.8e-3, c_row=20e-6)
     steps = [(fw, dev.step(fw).t_device + truth.time(fw.n_seq, 32, fw.query_tokens)) for fw in _host_forwards()]
-    host, fit = cal.fit_host(steps, dev)
+    host, fit = fit_host(steps, dev)
     for name in ("c_step", "c_seq", "c_row"):
         assert getattr(host, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
     assert fit["max_rel_err"] < 1e-9
     assert fit["mean_rows_by_seqs"] == {"1": 24.0, "2": 48.0, "4": 96.0, "8": 192.0}
     # The two-term fit cannot follow the rows: it charges the block steps for the canvases.
-    two, fit2 = cal.fit_host(steps, dev, per_row=False)
+    two, fit2 = fit_host(steps, dev, per_row=False)
     assert two.c_row == 0.0 and fit2["median_err_by_rows"]["<= 64"] > 0.01
     assert fit2["median_err_by_rows"]["> 64"] < -0.01
 
@@ -67,8 +67,8 @@ def test_weighted_host_fit_does_not_trade_a_lone_requests_steps_for_a_large_batc
     truth = HostCost(c_step=0.5e-3, c_seq=0.2e-3, c_row=2e-6)
     steps = [(fw, dev.step(fw).t_device + truth.time(fw.n_seq, 32, fw.query_tokens) + 1e-3 * math.log2(fw.n_seq))
              for fw in _host_forwards()]
-    _, plain = cal.fit_host(steps, dev, relative=False)
-    _, weighted = cal.fit_host(steps, dev)
+    _, plain = fit_host(steps, dev, relative=False)
+    _, weighted = fit_host(steps, dev)
     assert plain["total_err_by_seqs"]["1"] > 0.15
     assert 0 < weighted["total_err_by_seqs"]["1"] < plain["total_err_by_seqs"]["1"] / 2
     assert weighted["total_err_by_seqs"]["8"] > plain["total_err_by_seqs"]["8"]
@@ -82,10 +82,10 @@ def test_host_fit_after_a_speed_change_is_rescaled_to_the_operators_speed():
     truth = HostCost(c_step=3e-3, c_seq=0.8e-3, c_row=20e-6)
     fws = _host_forwards()
     slow = [(fw, 1.3 * (dev.step(fw).t_device + truth.time(fw.n_seq, 32, fw.query_tokens))) for fw in fws]
-    blamed, _ = cal.fit_host(slow, dev)
+    blamed, _ = fit_host(slow, dev)
     canvas = fws[0]
     assert blamed.time(1, 32, canvas.query_tokens) > 1.2 * truth.time(1, 32, canvas.query_tokens)
-    host, _ = cal.fit_host(cal.at_reference_speed(slow, reference=1.0, now=1.3), dev)
+    host, _ = fit_host(drift.at_reference_speed(slow, reference=1.0, now=1.3), dev)
     for name in ("c_step", "c_seq", "c_row"):
         assert getattr(host, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
 
@@ -100,13 +100,13 @@ def test_a_batch_is_retimed_while_the_machine_changes_speed_during_it():
     slowed at the end of the batch: its mean would rescale the steps by 0.6x) -> timed again;
     the attempt whose readings agree is kept, and after RETIMES failed retries the best one."""
     runs = []
-    out, now, attempts = cal.bracketed(lambda: runs.append(1) or len(runs), _gauge([20.0, 20.0]))
+    out, now, attempts = drift.bracketed(lambda: runs.append(1) or len(runs), _gauge([20.0, 20.0]))
     assert (out, now, attempts) == (1, 20.0, 1)
     runs.clear()
-    out, now, attempts = cal.bracketed(lambda: runs.append(1) or len(runs), _gauge([22.5, 55.9, 22.0, 22.4]))
+    out, now, attempts = drift.bracketed(lambda: runs.append(1) or len(runs), _gauge([22.5, 55.9, 22.0, 22.4]))
     assert (out, attempts) == (2, 2) and now == pytest.approx(22.2)
     runs.clear()
-    out, now, attempts = cal.bracketed(lambda: runs.append(1) or len(runs),
+    out, now, attempts = drift.bracketed(lambda: runs.append(1) or len(runs),
                                        _gauge([20, 40, 20, 26, 20, 30]), tol=1.15, retimes=2)
     assert (out, attempts) == (2, 3) and now == pytest.approx(23.0)      # 1.30x beats 2.0x and 1.5x
 
@@ -116,13 +116,13 @@ def test_wake_fit_round_trip_and_its_cost():
     gaps = (0.0, 0.03, 0.1, 0.3)
     # Each round drifts (the machine's state): the pairing with the round's back-to-back request cancels it.
     times = {g: [0.015 * (1 + 0.05 * r) + truth.wake(g) for r in range(16)] for g in gaps}
-    w, tau, fit = cal.fit_wake(times)
+    w, tau, fit = drift.fit_wake(times)
     assert w == pytest.approx(truth.wake_s, rel=0.02) and tau == pytest.approx(truth.wake_tau_s, rel=0.1)
     assert fit["extra_s"] == pytest.approx([truth.wake(g) for g in gaps[1:]])
     assert truth.wake(0.0) == 0.0 and truth.wake(10.0) == pytest.approx(2e-3)
     assert HostCost().wake(1.0) == 0.0
     # No slowdown after idling (or a faster machine after it) fits no wake cost.
-    assert cal.fit_wake({g: [0.01 - 1e-4 * g] * 4 for g in gaps})[0] == 0.0
+    assert drift.fit_wake({g: [0.01 - 1e-4 * g] * 4 for g in gaps})[0] == 0.0
 
 
 def test_a_step_after_an_idle_gap_pays_the_wake_cost():

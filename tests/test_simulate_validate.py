@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from dllm_bench import results
-from dllm_bench.simulate import validate
+from dllm_bench.simulate import drift, validate
 
 REPO = Path(__file__).resolve().parent.parent
 METRICS = ("output_throughput", "mean_e2el_ms", "p99_e2el_ms")
@@ -114,14 +114,14 @@ def _gauged(root: Path, run_id: str, reps: list, preset: str = "tiny") -> Path:
 def test_measured_speeds_and_the_comparison_at_the_measured_speed(tmp_path):
     meas = _gauged(tmp_path, "meas", [(125.0, 800.0, 0.8), (120.0, 850.0, 0.9)])
     frame = validate.measured_frame([meas])
-    sp = validate.measured_speeds(frame, 1.0, "tiny")
+    sp = drift.measured_speeds(frame, 1.0, "tiny")
     assert list(sp["workload_seed"]) == [0, 1] and list(sp["speed"]) == [0.8, 0.9]
-    assert validate.measured_speeds(frame, 1.0, "cpu-default").empty       # another preset's gauge
-    assert validate.measured_speeds(frame, None, "tiny").empty             # a profile without a gauge
+    assert drift.measured_speeds(frame, 1.0, "cpu-default").empty       # another preset's gauge
+    assert drift.measured_speeds(frame, None, "tiny").empty             # a profile without a gauge
     plain = _run(tmp_path, "plain", {("engine", 4.0): (1.0, 1.0, 1.0)})
-    assert validate.measured_speeds(validate.measured_frame([plain]), 1.0, None).empty
-    assert validate.speed_reference({"preset": "tiny", "speed_gauge_s": {"operators": 0.5}}) == (0.5, "tiny")
-    assert validate.speed_reference({}) == (None, None)
+    assert drift.measured_speeds(validate.measured_frame([plain]), 1.0, None).empty
+    assert drift.speed_reference({"preset": "tiny", "speed_gauge_s": {"operators": 0.5}}) == (0.5, "tiny")
+    assert drift.speed_reference({}) == (None, None)
     # The plain simulation misses (the machine ran faster than calibrated); the simulation at each
     # point's measured speed matches it.
     sim = _seeded(tmp_path, "sim", {0: (100.0, 1000.0, 1000.0), 1: (100.0, 1000.0, 1000.0)}, simulated=True)

@@ -6,9 +6,13 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 import typer
 
 from dllm_bench import inputs
+from dllm_bench.console import console
+from dllm_bench.doctor import report
+from dllm_bench.doctor.run import run_checks
 from dllm_bench.errors import UserError
 
 
@@ -34,12 +38,6 @@ def register(app: typer.Typer) -> None:
         """Check this machine for dllm-bench: device, torch/CUDA, flash-attn, dtypes, memory, a checkpoint,
         one request against the reference sampler, one LLaDA-8B layer against the simulator. Exit 1 if a
         check fails."""
-        import torch
-
-        from dllm_bench.console import console
-        from dllm_bench.doctor import report
-        from dllm_bench.doctor.run import run_checks
-
         model_dir = _model_dir(model)
         dev = torch.device(inputs.device(device) if device is not None else
                            ("cuda" if torch.cuda.is_available() else "cpu"))

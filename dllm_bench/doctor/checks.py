@@ -9,7 +9,10 @@ from pathlib import Path
 
 import torch
 
+from dllm_bench import device_defaults
+from dllm_bench.checkpoints.layout import check_layout, load_config
 from dllm_bench.units import format_size
+from engine.attention import flash_varlen
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skipped"
 STATUSES = (OK, WARN, FAIL, SKIP)
@@ -115,13 +118,11 @@ def flash_attn_check(dev: torch.device) -> Check:
         return Check("flash-attn", WARN, f"not usable, the engine falls back to SDPA (slower at long canvases): "
                      f"{err}; pip install -e '.[gpu]' (flash-attn built for torch {torch.__version__})",
                      {"importable": False, "error": err})
-    import flash_attn
+    import flash_attn  # optional (CUDA builds): imported only once flash_attn_error() saw it import
 
     version = getattr(flash_attn, "__version__", "?")
     # A wheel can import and still lack kernels for this GPU: one small call proves it runs here.
     try:
-        from engine.attention import flash_varlen
-
         q = torch.randn(8, 2, 64, dtype=torch.bfloat16, device=dev)
         out = flash_varlen(q, [0, 8], q, q, [0, 8])
         torch.cuda.synchronize(dev)
@@ -175,13 +176,11 @@ def _meminfo() -> dict[str, int]:
 def memory_check(dev: torch.device, weights_bytes: float | None = None) -> Check:
     """Free memory, and whether LLaDA-8B's weights (or the --model checkpoint's) leave room for a
     KV pool in the budget a run takes by default (free x 0.9 on CUDA)."""
-    from dllm_bench.device_defaults import GPU_MEMORY_UTILIZATION, free_device_memory
-
     weights = weights_bytes or LLADA_8B_BF16_BYTES
     what = "the checkpoint's weights" if weights_bytes else "LLaDA-8B's bf16 weights"
     if dev.type == "cuda":
-        free, total = free_device_memory(dev)
-        budget = free * GPU_MEMORY_UTILIZATION
+        free, total = device_defaults.free_device_memory(dev)
+        budget = free * device_defaults.GPU_MEMORY_UTILIZATION
         data = {"free": free, "total": total, "budget": int(budget), "weights": int(weights)}
         head = f"{format_size(free)} free of {format_size(total)}; default budget {format_size(int(budget))}"
         if budget < weights * 1.1:
@@ -202,8 +201,6 @@ def checkpoint_check(model_dir: Path | None) -> Check:
     on the meta device (no tensor data read: seconds for LLaDA-8B)."""
     if model_dir is None:
         return Check("checkpoint", SKIP, "no --model given (`dllm-bench doctor --model DIR` checks a checkpoint)")
-    from dllm_bench.checkpoints.layout import check_layout, load_config
-
     rep = check_layout(model_dir)
     data = {"path": str(model_dir), "ok": rep.ok, "problems": list(rep.problems), "tensors": rep.n_tensors,
             "params": rep.n_params, "shards": rep.shards, "bytes": rep.total_bytes, "dtypes": list(rep.dtypes)}

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import torch
 
+from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.doctor.checks import FAIL, OK, SKIP, WARN, Check
+from engine.attention import resolve_backend
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.models.llada import load_llada
 from engine.reference import reference_generate
+from engine.sampling import SamplingParams
 
 MODEL = "tiny-math"
 PROMPT_LEN, GEN, BLOCK = 12, 16, 8
 
 
 def _model_dir():
-    from dllm_bench.checkpoints.store import resolve_model
-
     return resolve_model(MODEL)
 
 
@@ -30,9 +34,6 @@ def _prompt(cfg) -> list[int]:
 
 
 def _engine_tokens(model, dtype: str, dev: torch.device, backend: str, prompt, params) -> list[int]:
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-
     # A fixed pool: cache=none stores no KV, and profiling one for a budget is serve's business.
     cfg = EngineConfig(dtype=dtype, device=str(dev), cache="none", attention_backend=backend, kv_pool_tokens=256,
                        max_num_logits=GEN)
@@ -48,9 +49,6 @@ def _first_difference(a: list[int], b: list[int]) -> str:
 
 
 def generation_checks(dev: torch.device) -> list[Check]:
-    from engine.models.llada import load_llada
-    from engine.sampling import SamplingParams
-
     path = _model_dir()
     params = SamplingParams(gen_length=GEN, steps=GEN, block_length=BLOCK)
     ref_model = load_llada(path, torch.float64, torch.device("cpu"))
@@ -71,8 +69,6 @@ def generation_checks(dev: torch.device) -> list[Check]:
     del model
     half = load_llada(path, torch.bfloat16, dev)
     got16 = _engine_tokens(half, "bfloat16", dev, "auto", prompt, params)
-    from engine.attention import resolve_backend
-
     backend = resolve_backend("auto", dev, torch.bfloat16)
     data16 = {"tokens": got16, "reference": ref, "backend": backend}
     if got16 == ref:

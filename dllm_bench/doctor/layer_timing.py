@@ -13,7 +13,15 @@ import re
 
 import torch
 
+from dllm_bench.checkpoints.presets import get_preset
 from dllm_bench.doctor.checks import OK, SKIP, WARN, Check
+from dllm_bench.errors import UserError
+from dllm_bench.simulate import hardware
+from dllm_bench.simulate.calibrate.timing import device_sync, median_time
+from dllm_bench.simulate.cost_model import CostModel, Forward, HostCost, LayerPass, ModelShape, Seg
+from dllm_bench.simulate.implementations import default_impl, get_impl
+from engine import attention
+from engine.models.llada import LLaDABlock, LLaDAConfig, RotaryEmbedding
 
 TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 TARGET_S = 0.25          # the predicted time of one timed pass: 1 + REPEATS passes stay near a second
@@ -33,9 +41,6 @@ def profile_for_gpu(name: str) -> str | None:
 
 
 def llada_8b_layer_config():
-    from dllm_bench.checkpoints.presets import get_preset
-    from engine.models.llada import LLaDAConfig
-
     d = LLaDAConfig()
     ids = {"mask_token_id": d.mask_token_id, "eos_token_id": d.eos_token_id, "pad_token_id": d.pad_token_id}
     raw = get_preset("llada-8b").config_dict(ids)
@@ -46,9 +51,6 @@ def llada_8b_layer_config():
 def predicted_s(hw, cfg, wbytes: int, tokens: int) -> float:
     """The cost model's device time of one layer pass of `tokens` queries over as many keys (a
     Refresh of a `tokens`-long canvas), in the implementation the profile simulates for the engine."""
-    from dllm_bench.simulate.cost_model import CostModel, Forward, HostCost, LayerPass, ModelShape, Seg
-    from dllm_bench.simulate.implementations import default_impl, get_impl
-
     shape = ModelShape.from_config(cfg, wbytes)
     cm = CostModel(shape, hw.peak_flops, hw.bandwidth, hw.efficiency, get_impl(default_impl("engine", hw.kind, hw.impl)),
                    HostCost())
@@ -62,8 +64,6 @@ def pick_tokens(predict, target_s: float = TARGET_S) -> int:
 
 
 def _block(cfg, dtype: torch.dtype, dev: torch.device):
-    from engine.models.llada import LLaDABlock
-
     with torch.device("meta"):
         blk = LLaDABlock(cfg)
     blk = blk.to_empty(device=dev).to(dtype)
@@ -77,8 +77,6 @@ def _block(cfg, dtype: torch.dtype, dev: torch.device):
 def _attention(dev: torch.device, dtype: torch.dtype):
     """The engine step's attention call for one sequence: flash-attn varlen where the engine would
     use it, else its padded batch SDPA."""
-    from engine import attention
-
     if attention.resolve_backend("auto", dev, dtype) == "flash_attn":
         def attn(layer, q, k, v):
             n = q.shape[0]
@@ -88,9 +86,6 @@ def _attention(dev: torch.device, dtype: torch.dtype):
 
 
 def measure_layer_s(cfg, dtype: torch.dtype, dev: torch.device, tokens: int, repeats: int = REPEATS) -> tuple[float, str]:
-    from dllm_bench.serve.speed_gauge import device_sync, median_time
-    from engine.models.llada import RotaryEmbedding
-
     blk = _block(cfg, dtype, dev)
     attn, kernel = _attention(dev, dtype)
     rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
@@ -103,9 +98,6 @@ def measure_layer_s(cfg, dtype: torch.dtype, dev: torch.device, tokens: int, rep
 
 def _hardware(dev: torch.device):
     """(profile, why none) for this device: `cpu` on a CPU, the GPU's named built-in profile."""
-    from dllm_bench.errors import UserError
-    from dllm_bench.simulate import hardware
-
     if dev.type == "cuda":
         gpu = torch.cuda.get_device_name(dev)
         name = profile_for_gpu(gpu)

@@ -25,9 +25,9 @@ from dllm_bench.serve.points import (
     resume_id,
     scenario_lines,
 )
-from dllm_bench.serve.speed_gauge import DRIFT_WARN, drift
 from dllm_bench.serve.summary import print_comparison, print_summary
 from dllm_bench.serve.workload import repeat_workloads, workload_shape
+from dllm_bench.simulate.drift import DRIFT_WARN, drift
 from dllm_bench.units import format_size
 from workloads.serving import describe, describe_gen_mapping
 

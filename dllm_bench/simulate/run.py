@@ -5,13 +5,16 @@ plots), each summary marked `simulated: true` with its hardware and implementati
 """
 from __future__ import annotations
 
+import json
 import math
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
+from dllm_bench import console as cons
 from dllm_bench import results
 from dllm_bench.errors import UserError
 from dllm_bench.metrics import summarize
@@ -21,7 +24,7 @@ from dllm_bench.serve.points import PlannedPoint, point_line, point_summary, sce
 from dllm_bench.serve.run import comparisons
 from dllm_bench.serve.summary import print_comparison
 from dllm_bench.serve.workload import repeat_workloads, shape_of, workload_shape
-from dllm_bench.simulate import validate
+from dllm_bench.simulate import drift, validate
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.implementations import MEASURED_HOST
@@ -78,7 +81,7 @@ def _at_measured_speed(run, setup: SimSetup, meas: pd.DataFrame, console) -> pd.
     each cost scaled by the machine's speed during that point relative to the calibration: the
     simulator's error once the machine's drift between calibration and measurement is taken out.
     Kept in memory; nothing is written besides the validation tables."""
-    speeds = validate.measured_speeds(meas, *validate.speed_reference(setup.hardware.fit))
+    speeds = drift.measured_speeds(meas, *drift.speed_reference(setup.hardware.fit))
     variants = {v.label: v for v in run.systems}
     workloads: dict[int, dict] = {}            # repeat -> its workloads, built once
     rows = []
@@ -107,10 +110,7 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
     """Simulate every point; with `validate_against` (measured serve runs of the same workload)
     also print and write the per-cell validation (dllm_bench.simulate.validate). Exit code 1
     when no cell of the measured runs was simulated."""
-    from rich.console import Console
-
-
-    console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 180)
+    console = cons.console()
     hw = setup.hardware
     config = {"simulated": True, "hardware": hw.to_dict(), "hardware_file": hw.path, "impls": setup.impls,
               "preset": run.preset.to_dict(), "model_dir": str(run.model_dir), "model": run.model_info,
@@ -146,7 +146,7 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
         console.print(line, markup=False, highlight=False)
     plots: list[str] = []
     if len({float(s["rps"]) for s in points if math.isfinite(float(s["rps"]))}) >= 2:
-        from dllm_bench.plots import plot_all
+        from dllm_bench.plots import plot_all  # matplotlib costs ~1 s to import: only runs that plot pay
 
         plots = [str(p) for p in plot_all(results.metrics_frame(run_dir), run_dir / "plots", sorted(baseline_labels))]
         console.print(f"plots: {', '.join(plots)}", markup=False, highlight=False)
@@ -166,9 +166,6 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
             console.print(f"validation: {run_dir / 'validation.md'}", markup=False, highlight=False)
     console.print(f"results: {run_dir}", markup=False, highlight=False)
     if as_json:
-        import json
-        import sys
-
         doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "simulated": True, "hardware": hw.name,
                "points": points, "plots": plots, "validation": validation}
         sys.stdout.write(json.dumps(results._clean(doc), default=results._default, allow_nan=False) + "\n")

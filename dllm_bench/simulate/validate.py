@@ -42,16 +42,6 @@ def measured_runs(values: Sequence[str], result_dir: Path | None) -> list[Path]:
     return out
 
 
-def speed_reference(fit: dict) -> tuple[float | None, str | None]:
-    """(the speed-gauge reading of the machine state the profile describes, its preset) from a
-    hardware profile's `fit`: the calibration's median reading (`profile`), or, in profiles written
-    before it was kept, the reading while the operators were timed; (None, None) for a profile
-    without a gauge (GPU files)."""
-    g = fit.get("speed_gauge_s") or {}
-    ref = g.get("profile") or g.get("operators")
-    return (float(ref), fit.get("preset")) if ref else (None, None)
-
-
 def compare(sim_dir: Path, measured_dirs: Sequence[Path], at_speed: pd.DataFrame | None = None,
             meas: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per cell measured and simulated: `repeats` (measured rows compared), `seeds`
@@ -122,20 +112,6 @@ def reproducibility(runs: Sequence[pd.DataFrame]) -> pd.DataFrame:
             for i, j in itertools.permutations(range(len(runs)), 2)]
     rows = [df[df["seeds"] > 0] for df in rows if not df.empty]
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
-
-
-def measured_speeds(meas: pd.DataFrame, reference: float | None, preset: str | None) -> pd.DataFrame:
-    """The measured points that read the calibration's speed gauge: their cell, workload seed and
-    `speed` = their gauge / the calibration's. Points of another preset timed another GEMM (model,
-    dtype or threads) and are left out."""
-    if not reference or not {"speed_gauge_s", "workload_seed"} <= set(meas.columns):
-        return pd.DataFrame(columns=[*KEYS, "workload_seed", "speed"])
-    m = meas[meas["speed_gauge_s"].notna() & meas["workload_seed"].notna()]
-    if preset and "preset" in m:
-        m = m[m["preset"] == preset]
-    out = m[[*KEYS, "workload_seed"]].copy()
-    out["speed"] = m["speed_gauge_s"] / reference
-    return out.reset_index(drop=True)
 
 
 def _status(err: float, goal: float, v: float, sp: Spread) -> str | None:

@@ -254,15 +254,9 @@ class LLaDAModelLM(nn.Module):
         return torch.stack(outs)
 
 
-def load_llada(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LLaDAModelLM:
-    """Load an HF LLaDA checkpoint directory (single file or sharded safetensors)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
-    cfg = LLaDAConfig.from_pretrained(path)
+def weight_files(path: Path) -> list[str]:
+    """The safetensors files of a checkpoint directory (from its index when sharded), each
+    checked to exist."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -273,12 +267,26 @@ def load_llada(path: str | Path, dtype: torch.dtype = torch.float32, device: str
         files = ["model.safetensors"]
     else:
         raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
+    for f in files:
+        if not (path / f).is_file():
+            raise FileNotFoundError(f"shard {f} listed in the index is missing from {path}")
+    return files
+
+
+def load_llada(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LLaDAModelLM:
+    """Load an HF LLaDA checkpoint directory (single file or sharded safetensors)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    cfg = LLaDAConfig.from_pretrained(path)
+    files = weight_files(path)
     with torch.device("meta"):
         model = LLaDAModelLM(cfg)
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        if not (path / f).is_file():
-            raise FileNotFoundError(f"shard {f} listed in the index is missing from {path}")
         try:
             shard = load_file(str(path / f), device=str(device))
         except (SafetensorError, OSError) as e:

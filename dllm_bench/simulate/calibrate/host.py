@@ -1,5 +1,6 @@
-"""Timed steps of the real systems on this machine, each paired with the Forward the simulator
-would charge for it: the samples `calibrate.fit_host` turns into per-system host costs.
+"""Each system's host time: its real code's timed steps on this machine, each paired with the
+Forward the simulator would charge for it, and the fit of what the operators do not explain
+(`fit_host`) as c_step + c_seq·n_seq + c_row·rows per system.
 
 The engine runs with a recording `CostRunner` around its real ModelRunner (so the Forward is
 read off exactly the batch the Scheduler built); a baseline runs its real policy under a
@@ -8,16 +9,17 @@ warm-up request, as serve's worker warms up before it measures.
 """
 from __future__ import annotations
 
-import random
+import gc
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+
+import numpy as np
+import torch
 
 from baselines import make_policy
 from baselines.static_batch import Batch, Policy, StaticBatchSystem, StepResult
-from dllm_bench.serve.speed_gauge import device_sync
+from dllm_bench.simulate.calibrate.timing import device_sync
 from dllm_bench.simulate.clock import VirtualClock
-from dllm_bench.simulate.cost_model import Forward, ModelShape
+from dllm_bench.simulate.cost_model import CostModel, Forward, HostCost, ModelShape
 from dllm_bench.simulate.runners import CostRunner
 from dllm_bench.simulate.work import baseline_forward
 from engine.engine import LLMEngine
@@ -97,10 +99,6 @@ def release(device) -> None:
     pool from the free memory CUDA reports, and neither a system kept alive by a reference cycle
     nor the blocks PyTorch's allocator caches count as free: without this each batch size's
     engine would get a smaller pool than the last, and a baseline's batch could run out of memory."""
-    import gc
-
-    import torch
-
     gc.collect()
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
@@ -114,44 +112,49 @@ def plain_baseline(model, name: str, knobs: dict):
     return StaticBatchSystem(model, make_policy(name, model, **knobs), max_batch_size=1)
 
 
-@dataclass
-class GapTimes:
-    """`after_gaps`' timings, each list indexed by round: the whole request (add_request to its
-    last step), its add_request alone, and how late each idle sleep returned."""
-
-    request: dict[float, list[float]]
-    add: dict[float, list[float]]
-    overshoot: dict[float, list[float]]
+ROWS_SPLIT, REWEIGHTS = 64, 5
 
 
-def after_gaps(system, prompts, params, gaps: Sequence[float], rounds: int, device,
-               sleep: Callable[[float], None] = time.sleep, seed: int = 0) -> GapTimes:
-    """One request alone, run after each idle gap (the gaps in a shuffled order every round, each
-    round on one prompt), after three warm-up requests: what a request pays for the idle time
-    before it, as a served point at a low rate sees it."""
-    wait = device_sync(device) or (lambda: None)
+def fit_host(steps: list[tuple[Forward, float]], device: CostModel, per_row: bool = True,
+             relative: bool = True) -> tuple[HostCost, dict]:
+    """c_step + c_seq·n_seq + c_row·query rows (all >= 0) fitted by least squares to the step time
+    the device model leaves. A squared loss on time (not log time) fits the *mean* step: on a shared
+    machine that includes the time the process waits for a core, which serving on it pays too.
+    The row term carries what grows with a forward's tokens but not with its operators' FLOPs and
+    bytes (per-token host work; small operators slower than their isolated timings); without it
+    that time lands on c_seq and a lone request's block steps are charged for the canvases of a
+    batch (`per_row=False`: the two-term fit, kept for comparison).
 
-    def one(prompt) -> tuple[float, float]:
-        wait()
-        t0 = time.perf_counter()
-        system.add_request(prompt, params)
-        added = time.perf_counter() - t0
-        while system.has_unfinished():
-            system.step()
-        wait()
-        return time.perf_counter() - t0, added
+    `relative`: each step's residual is divided by the step's fitted time (iteratively
+    reweighted; the weights come from the fit, not from the noisy measurement, so a fast outlier
+    does not pull the fit down). A step's noise is a share of its length, and three terms cannot
+    follow every batch size exactly: unweighted, the few long steps of the largest batch decide
+    where the misfit goes, and it went to the many short steps of a lone request, the batch a
+    static-batch baseline serves at low load."""
+    from scipy.optimize import nnls  # scipy costs ~0.5 s to import: only a calibration fits
 
-    for i in range(3):
-        one(prompts[i % len(prompts)])
-    out = GapTimes(*({g: [] for g in gaps} for _ in range(3)))
-    order, rnd = list(gaps), random.Random(seed)
-    for r in range(rounds):
-        rnd.shuffle(order)
-        for g in order:
-            t0 = time.perf_counter()
-            sleep(g)
-            out.overshoot[g].append(time.perf_counter() - t0 - g)
-            total, added = one(prompts[r % len(prompts)])
-            out.request[g].append(total)
-            out.add[g].append(added)
-    return out
+    cols = [[1.0, fw.n_seq] + ([fw.query_tokens] if per_row else []) for fw, _ in steps]
+    A = np.array(cols, dtype=float)
+    dev = np.array([device.step(fw).t_device for fw, _ in steps])
+    meas = np.array([t for _, t in steps])
+    x, _ = nnls(A, meas - dev)
+    for _ in range(REWEIGHTS if relative else 0):
+        fitted = dev + A @ x
+        x, _ = nnls(A / fitted[:, None], (meas - dev) / fitted)
+    host = HostCost(c_step=float(x[0]), c_seq=float(x[1]), c_row=float(x[2]) if per_row else 0.0)
+    pred = dev + A @ x
+    signed = (pred - meas) / meas
+    rel = np.abs(signed)
+    # Signed error by the forward's query rows: a cost model that is right overall but wrong per
+    # GEMM size shows up as opposite signs for small (block, window) and large (canvas) forwards.
+    rows = np.array([fw.query_tokens for fw, _ in steps])
+    by_rows = {f"<= {ROWS_SPLIT}": signed[rows <= ROWS_SPLIT], f"> {ROWS_SPLIT}": signed[rows > ROWS_SPLIT]}
+    n_seq = A[:, 1].astype(int)
+    sizes = sorted(set(n_seq))
+    return host, {"steps": len(steps), "median_rel_err": float(np.median(rel)), "max_rel_err": float(rel.max()),
+                  "mean_step_s": float(meas.mean()),
+                  "median_err_by_rows": {k: float(np.median(v)) for k, v in by_rows.items() if v.size},
+                  "median_err_by_seqs": {str(n): float(np.median(signed[n_seq == n])) for n in sizes},
+                  # what a request of n sequences is charged in all, over what its steps took
+                  "total_err_by_seqs": {str(n): float(pred[n_seq == n].sum() / meas[n_seq == n].sum() - 1) for n in sizes},
+                  "mean_rows_by_seqs": {str(n): float(rows[n_seq == n].mean()) for n in sizes}}

@@ -1,40 +1,32 @@
-"""`dllm-bench calibrate`: profile the operators on this machine, fit a hardware profile.
+"""Peaks and operators: what one forward's pieces cost on this machine, and the efficiencies
+that explain them.
 
 1. Peaks: the FLOP rate of a large GEMM and the bandwidth of a large copy, in the model dtype.
 2. Operators: GEMMs over a grid of M for every (K, N) of the model (the four per-layer GEMMs
    and the LM head) and attention over a (q, k) grid, through the engine's own attention call
-   (`engine_attention`), every size within the device's budget (`bounds`); fit (u_c, u_m, u_attn, c_op) of
-   `cost_model.gemm_time` / `attention_time` by least squares on log time (relative error),
-   then u_c per M (the GEMM time the bandwidth term leaves, per grid row count). Each GEMM call
-   reads a weight copy that is not in the cache (copies cycled past the last-level cache), as a
-   forward that streams every layer's weights once does.
-3. Host time: each system's real code runs whole requests at a few batch sizes; the step time the
-   fitted operators do not explain is the host's, fitted as c_step + c_seq·n_seq + c_row·rows
-   (non-negative least squares, i.e. the mean step) per system. With one model the layer count
-   is fixed, so c_sl stays 0.
+   (`engine_attention`), every size within the device's budget (`bounds`); fit (u_c, u_m, u_attn,
+   c_op) of `cost_model.gemm_time` / `attention_time` by least squares on log time (relative
+   error), then u_c per M (the GEMM time the bandwidth term leaves, per grid row count). Each
+   GEMM call reads a weight copy that is not in the cache (copies cycled past the last-level
+   cache), as a forward that streams every layer's weights once does.
 
 The fit functions take samples, not a machine: tests feed them synthetic timings and check that
 the parameters come back (the round trip).
 """
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
-from dllm_bench.serve.speed_gauge import device_sync, median_time
 from dllm_bench.simulate import bounds
-from dllm_bench.simulate.cost_model import (
-    CostModel,
-    Efficiency,
-    Forward,
-    HostCost,
-    ModelShape,
-    attention_time,
-    gemm_time,
-)
+from dllm_bench.simulate.calibrate.timing import device_sync, median_time
+from dllm_bench.simulate.cost_model import Efficiency, ModelShape, attention_time, gemm_time
+from engine import attention
 
 
 @dataclass(frozen=True)
@@ -56,7 +48,8 @@ def fit_efficiency(samples: list[OpSample], peak: float, bw: float, wbytes: int,
                    ) -> tuple[Efficiency, dict]:
     """(u_c, u_m, u_attn, c_op, c_attn) minimising the log-time error over the samples, and the
     per-M u_c table (`fit_u_c_by_m`): the two are fitted in turn, each given the other."""
-    from scipy.optimize import least_squares
+    from scipy.optimize import least_squares  # scipy costs ~0.5 s to import: only a calibration fits
+
 
     meas = np.log([s.t for s in samples])
     table: tuple[tuple[int, float], ...] = ()
@@ -113,130 +106,6 @@ def fit_u_c_by_m(samples: list[OpSample], eff: Efficiency, peak: float, bw: floa
     return tuple(table)
 
 
-ROWS_SPLIT, REWEIGHTS = 64, 5
-
-
-def fit_host(steps: list[tuple[Forward, float]], device: CostModel, per_row: bool = True,
-             relative: bool = True) -> tuple[HostCost, dict]:
-    """c_step + c_seq·n_seq + c_row·query rows (all >= 0) fitted by least squares to the step time
-    the device model leaves. A squared loss on time (not log time) fits the *mean* step: on a shared machine
-    that includes the time the process waits for a core, which serving on that machine pays too.
-    The row term carries what grows with a forward's tokens but not with its operators' FLOPs and
-    bytes (per-token host work; small operators that run slower than their isolated timings);
-    without it that time lands on c_seq and a lone request's block steps are charged for the
-    canvases of a batch (`per_row=False`: the two-term fit, kept for comparison).
-
-    `relative`: each step's residual is divided by the step's fitted time (iteratively
-    reweighted; the weights come from the fit, not from the noisy measurement, so a fast outlier
-    does not pull the fit down). A step's noise is a share of its length, and three terms cannot
-    follow every batch size exactly: unweighted, the few long steps of the largest batch decide
-    where the misfit goes, and it went to the many short steps of a lone request, the batch that
-    a static-batch baseline serves at low load (docs/SIMULATE.md, "Weighting the host fit")."""
-    from scipy.optimize import nnls
-
-    cols = [[1.0, fw.n_seq] + ([fw.query_tokens] if per_row else []) for fw, _ in steps]
-    A = np.array(cols, dtype=float)
-    dev = np.array([device.step(fw).t_device for fw, _ in steps])
-    meas = np.array([t for _, t in steps])
-    x, _ = nnls(A, meas - dev)
-    for _ in range(REWEIGHTS if relative else 0):
-        fitted = dev + A @ x
-        x, _ = nnls(A / fitted[:, None], (meas - dev) / fitted)
-    host = HostCost(c_step=float(x[0]), c_seq=float(x[1]), c_row=float(x[2]) if per_row else 0.0)
-    pred = dev + A @ x
-    signed = (pred - meas) / meas
-    rel = np.abs(signed)
-    # Signed error by the forward's query rows: a cost model that is right overall but wrong per
-    # GEMM size shows up as opposite signs for small (block, window) and large (canvas) forwards.
-    rows = np.array([fw.query_tokens for fw, _ in steps])
-    by_rows = {f"<= {ROWS_SPLIT}": signed[rows <= ROWS_SPLIT], f"> {ROWS_SPLIT}": signed[rows > ROWS_SPLIT]}
-    n_seq = A[:, 1].astype(int)
-    sizes = sorted(set(n_seq))
-    return host, {"steps": len(steps), "median_rel_err": float(np.median(rel)), "max_rel_err": float(rel.max()),
-                  "mean_step_s": float(meas.mean()),
-                  "median_err_by_rows": {k: float(np.median(v)) for k, v in by_rows.items() if v.size},
-                  "median_err_by_seqs": {str(n): float(np.median(signed[n_seq == n])) for n in sizes},
-                  # what a request of n sequences is charged in all, over what its steps took
-                  "total_err_by_seqs": {str(n): float(pred[n_seq == n].sum() / meas[n_seq == n].sum() - 1) for n in sizes},
-                  "mean_rows_by_seqs": {str(n): float(rows[n_seq == n].mean()) for n in sizes}}
-
-
-WAKE_TAUS = np.geomspace(0.02, 1.0, 40)     # 20 ms up: 2 of 180 tiny fits (2026-11-25) reached the floor
-
-
-def fit_wake(times: dict[float, list[float]]) -> tuple[float, float, dict]:
-    """(wake_s, wake_tau_s) of `HostCost.wake` from requests timed after idle gaps
-    (`host_profile.after_gaps`; gap 0 = back to back, the i-th time of every gap from round i):
-    the median over the rounds of each gap's extra time over the same round's back-to-back
-    request (paired, so a drift over the rounds cancels), fitted as wake_s·(1 − exp(−gap/tau))
-    by least squares, wake_s >= 0, tau on a log grid."""
-    zero = np.array(times[0.0])
-    gaps = np.array(sorted(g for g in times if g > 0))
-    extra = np.array([float(np.median(np.array(times[g]) - zero)) for g in gaps])
-    best = (math.inf, 0.0, float(WAKE_TAUS[len(WAKE_TAUS) // 2]))
-    for tau in WAKE_TAUS:
-        x = -np.expm1(-gaps / tau)
-        w = max(0.0, float(x @ extra / (x @ x)))
-        err = float(((w * x - extra) ** 2).sum())
-        if err < best[0]:
-            best = (err, w, float(tau))
-    return best[1], best[2], {"request_s": float(np.median(zero)), "gaps_s": gaps.tolist(), "extra_s": extra.tolist()}
-
-
-def fit_overshoot(samples: Sequence[dict[float, list[float]]]) -> tuple[tuple[float, float], ...]:
-    """`Hardware.sleep_overshoot`: per duration asked, the median lateness of the idle sleeps over
-    every system's gap timings (a property of the machine, not of a system)."""
-    gaps = sorted({g for s in samples for g in s if g > 0})
-    return tuple((float(g), max(0.0, float(np.median([x for s in samples for x in s.get(g, [])])))) for g in gaps)
-
-
-BRACKET_TOL, RETIMES = 1.15, 2
-
-
-def bracketed(run: Callable[[], object], read: Callable[[], float], tol: float = BRACKET_TOL,
-              retimes: int = RETIMES) -> tuple[object, float, int]:
-    """run() between two gauge readings, re-run (up to `retimes` times) while the two readings
-    differ by more than `tol`: the machine changed speed during the batch, so neither reading,
-    nor their mean, says how fast it ran, and rescaling by them would put the error into the
-    fit. Returns the attempt whose readings agreed best, its mean reading, and how many attempts
-    were made."""
-    best, attempts = None, 0
-    while attempts <= retimes:
-        attempts += 1
-        before = read()
-        out = run()
-        after = read()
-        spread = max(before, after) / min(before, after)
-        if best is None or spread < best[0]:
-            best = (spread, out, (before + after) / 2)
-        if spread <= tol:
-            break
-    return best[1], best[2], attempts
-
-
-def at_reference_speed(steps: list[tuple[Forward, float]], reference: float, now: float) -> list[tuple[Forward, float]]:
-    """Step times taken while the speed gauge read `now` seconds, rescaled to the machine state
-    in which the operators were timed (gauge `reference`). A virtual machine can change speed by
-    1.5x within minutes; without this the host terms would absorb the difference between the
-    two moments, and a negative difference cannot be absorbed at all (host terms are >= 0)."""
-    f = reference / now
-    return [(fw, t * f) for fw, t in steps]
-
-
-def typical_state(readings: list[float]) -> float:
-    """The machine's typical speed over a calibration: the median of every gauge reading (around
-    the operator grid and around each timed batch). On a virtual machine the minutes of the
-    operator grid are one state among several: on 2026-11-25 the serve points that followed read
-    the gauge nearer to this median than to the grid's reading in 8 of 11 calibrations."""
-    return float(np.median(readings))
-
-
-def at_state(peak: float, bw: float, eff: Efficiency, f: float) -> tuple[float, float, Efficiency]:
-    """Peaks and fixed costs of operators timed in one machine state, moved to a state `f` times
-    slower (every operator time x f): the rates divided by f, the per-call overheads multiplied."""
-    return peak / f, bw / f, replace(eff, c_op=eff.c_op * f, c_attn=eff.c_attn * f)
-
-
 # ---------------------------------------------------------------- measuring (this machine)
 def peaks_from(ops: list[OpSample], peak: float, bw: float, wbytes: int) -> tuple[float, float]:
     """A peak is the best rate seen: a small GEMM in cache can beat the large-GEMM / large-copy
@@ -255,8 +124,6 @@ PEAK_SIZES = {"cpu": (1024, 16 << 20), "cuda": (8192, 256 << 20)}
 
 def measure_peaks(dtype, repeats: int, device="cpu", spare: float | None = None) -> tuple[float, float]:
     """`spare`: the bytes the operands may take (`bounds.spare_bytes`); None = unbounded."""
-    import torch
-
     dev = torch.device(device)
     sync = device_sync(dev)
     n, copy_elems = PEAK_SIZES.get(dev.type, PEAK_SIZES["cpu"])
@@ -298,10 +165,6 @@ def engine_attention(q_len: int, k_len: int, shape: ModelShape, dtype, device) -
     varlen over packed rows where the engine would pick it (CUDA with flash-attn importable),
     else the padded batch SDPA over 4-D [G, L, H, D] operands, here one group. Timing a bare 3-D
     SDPA instead measured another kernel (on CUDA the math fallback) than the one served."""
-    import torch
-
-    from engine import attention
-
     dev = torch.device(device)
     q = torch.randn(1, q_len, shape.heads, shape.head_dim, dtype=dtype, device=dev)
     k = torch.randn(1, k_len, shape.kv_heads, shape.head_dim, dtype=dtype, device=dev)
@@ -319,10 +182,6 @@ def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25
     through enough weight copies to exceed `cold_bytes` (a last-level cache or a GPU's L2 several
     times over), so a small-M GEMM pays for reading its weights from memory as it does inside a
     forward. Attention is the engine's own call (`engine_attention`)."""
-    import itertools
-
-    import torch
-
     dev = torch.device(device)
     sync = device_sync(dev)
     tick = tick or (lambda: None)

@@ -1,0 +1,212 @@
+"""The ranks of a tensor-parallel engine as processes: started from the CLI (the calling process
+is rank 0, the driver; `spawn` starts ranks 1..N-1 as fresh interpreters with torch
+multiprocessing) or by torchrun (`from_env`: every process runs the same command; ranks > 0
+become workers when they reach the engine and exit when the driver stops them).
+
+A worker loops over the driver's messages: build an engine's rank (`Build`), execute a step
+(`StepPlan`), drop the engine (`Close`), run a function on every rank (`Call`: measurements,
+tests), exit (`Stop`). Several engines can be built one after
+the other on one cluster (tests do, to spawn the processes once).
+
+Failure: a rank that raises records its error in the group's store and exits; a rank that dies
+closes its connections, so the driver's next collective fails at once rather than hanging.
+`Cluster.failure` turns that into one `RankFailure` line naming the rank and why, and the driver
+ends the other workers.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from engine.config import EngineConfig
+from engine.parallel.group import RankFailure, TPGroup, destroy, init_group
+from engine.parallel.plan import StepPlan, execute
+from engine.parallel.rank import build_rank, worker_runner
+
+JOIN_TIMEOUT = datetime.timedelta(minutes=5)
+
+
+@dataclass
+class Build:
+    config: EngineConfig
+
+
+@dataclass
+class Call:
+    fn: object        # fn(tp, *args), importable by name
+    args: tuple
+
+
+@dataclass
+class Close:
+    pass
+
+
+@dataclass
+class Stop:
+    pass
+
+
+def serve(tp: TPGroup) -> None:
+    """A worker rank: execute the driver's messages until it says stop."""
+    runner = None
+    while True:
+        msg = tp.broadcast()
+        if isinstance(msg, StepPlan):
+            execute(runner, msg)
+        elif isinstance(msg, Build):
+            runner = worker_runner(build_rank(tp, msg.config), msg.config)
+        elif isinstance(msg, Call):
+            dist.gather_object(msg.fn(tp, *msg.args), None, dst=0, group=tp.host_group)
+        elif isinstance(msg, Close):
+            runner = None
+        elif isinstance(msg, Stop):
+            return
+
+
+def _worker_main(rank: int, size: int, port: int, device: str, threads: int) -> None:
+    # Ctrl-C reaches the whole process group: the driver handles it, and a worker ends when
+    # the driver closes its connections.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=JOIN_TIMEOUT)
+    try:
+        store.set(f"joined/{rank}", "1")
+        serve(init_group(rank, size, device, store))
+    except BaseException as e:            # noqa: BLE001 - recorded for the driver, then exit
+        with contextlib.suppress(Exception):
+            store.set(f"error/{rank}", f"{type(e).__name__}: {e}".splitlines()[0])
+        os._exit(1)
+    destroy()
+
+
+class Cluster:
+    def __init__(self, tp: TPGroup, procs: list | None = None, store=None):
+        self.tp, self.procs, self.store = tp, procs or [], store
+        self.closed = self.busy = False
+        atexit.register(self.close)
+
+    @classmethod
+    def start(cls, size: int, device: str = "cpu", threads: int = 1) -> Cluster:
+        """The driver of a new cluster: torchrun's when launched by it, else spawned workers."""
+        if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            return cls.from_env(size, device)
+        return cls.spawn(size, device, threads)
+
+    @classmethod
+    def spawn(cls, size: int, device: str = "cpu", threads: int = 1) -> Cluster:
+        """Start ranks 1..size-1 (`threads` torch threads each; the caller's process too, on a
+        CPU: N processes x `threads`) and join them as rank 0."""
+        store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=JOIN_TIMEOUT, wait_for_workers=False)
+        ctx = torch.multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=_worker_main, args=(r, size, store.port, device, threads), daemon=True,
+                             name=f"tp-rank-{r}") for r in range(1, size)]
+        for p in procs:
+            p.start()
+        keys = [f"joined/{r}" for r in range(1, size)]
+        deadline = time.monotonic() + JOIN_TIMEOUT.total_seconds()
+        while not store.check(keys):
+            dead = [p for p in procs if not p.is_alive()]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                what = f"exited with code {dead[0].exitcode}" if dead else "did not start in time"
+                raise RankFailure(f"tensor-parallel {dead[0].name if dead else 'worker'} {what} while starting")
+            time.sleep(0.02)
+        if torch.device(device).type == "cpu":
+            torch.set_num_threads(threads)
+        return cls(init_group(0, size, device, store), procs, store)
+
+    @classmethod
+    def from_env(cls, size: int, device: str = "cpu") -> Cluster:
+        """torchrun: rank 0 returns the driver; any other rank serves, then exits the process."""
+        world = int(os.environ["WORLD_SIZE"])
+        if world != size:
+            raise ValueError(f"torchrun started {world} processes but the tensor-parallel size is {size}")
+        tp = init_group(int(os.environ["RANK"]), size, device)
+        if tp.is_driver:
+            return cls(tp)
+        serve(tp)
+        destroy()
+        raise SystemExit(0)
+
+    def collective_rpc(self, fn, *args) -> list:
+        """fn(tp, *args) on every rank at once (their collectives meet); every rank's result, in
+        rank order. `fn` must be importable by name (a module-level function)."""
+        self.send(Call(fn, args))
+        with self.guard():
+            mine = fn(self.tp, *args)
+            out = [None] * self.tp.size
+            dist.gather_object(mine, out, dst=0, group=self.tp.host_group)
+        return out
+
+    def send(self, msg) -> None:
+        with self.guard():
+            self.tp.broadcast(msg)
+
+    @contextlib.contextmanager
+    def guard(self):
+        """Run the driver's side of collectives: any error ends the cluster (a half-done step
+        cannot be resumed: the ranks no longer agree on where they are); a failed or vanished
+        rank, or a failed collective, is one RankFailure line."""
+        self.busy = True
+        try:
+            yield
+        except Exception as e:
+            if self.closed or isinstance(e, RankFailure):
+                raise
+            err = self.failure(e)
+            self.close(kill=True)
+            if err is e:
+                raise
+            raise err from None
+        finally:
+            self.busy = False
+
+    def failure(self, exc: Exception) -> Exception:
+        """What ended the run: the driver's own error `exc`, or (a collective failed) a worker
+        that exited — waited for briefly, it may still be dying — or the collective's error."""
+        if not isinstance(exc, RuntimeError):     # gloo and NCCL raise RuntimeErrors
+            return exc
+        deadline = time.monotonic() + 2.0
+        while self.procs and all(p.exitcode is None for p in self.procs) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for r, p in enumerate(self.procs, 1):
+            if p.exitcode is None:
+                continue
+            why = self._error(r)
+            return RankFailure(f"tensor-parallel rank {r} failed: {why}" if why else
+                               f"tensor-parallel rank {r} exited mid-run (exit code {p.exitcode})")
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return RankFailure(f"tensor-parallel step failed: {first}")
+
+    def _error(self, rank: int) -> str | None:
+        with contextlib.suppress(Exception):
+            if self.store is not None and self.store.check([f"error/{rank}"]):
+                return self.store.get(f"error/{rank}").decode()
+        return None
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the workers and leave the group (idempotent; also at exit)."""
+        if self.closed:
+            return
+        self.closed = True
+        # Interrupted mid-step (busy), the workers wait in a collective, not for a message.
+        if not (kill or self.busy):
+            with contextlib.suppress(Exception):
+                self.tp.broadcast(Stop())
+        for p in self.procs:
+            p.join(timeout=0 if kill else 10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        with contextlib.suppress(Exception):
+            destroy()

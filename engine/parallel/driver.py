@@ -1,0 +1,69 @@
+"""The driver: rank 0 of a tensor-parallel engine, an `LLMEngine` whose scheduler, requests,
+canvases and commit choice live here only. Its runner is the engine's `ModelRunner` over rank
+0's shard, which sends every prepared step's plan to the workers before running it
+(`engine.parallel.plan`); the forward's all-reduces and the decode's all-gathers then meet the
+workers' (`engine.parallel.model`, `engine.parallel.vocab_decode`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.parallel.cluster import Build, Close, Cluster
+from engine.parallel.plan import RecordingStaging, plan_of
+from engine.parallel.rank import build_rank, rank_config
+from engine.request import RequestOutput
+from engine.runner import ModelRunner
+
+
+class DriverRunner(ModelRunner):
+    def __init__(self, model, config: EngineConfig, backend: str, cluster: Cluster, max_model_len: int):
+        super().__init__(model, config, backend, None, max_model_len)   # the engine attaches its pool
+        self.staging = RecordingStaging(self.device)
+        self.cluster = cluster
+
+    def prepare(self, batch, pad=None, fwd_staging=None):
+        p = super().prepare(batch, pad, fwd_staging)
+        self.cluster.send(plan_of(p, batch, self.staging, self.pool.storage.shape[2]))
+        return p
+
+
+class ParallelEngine(LLMEngine):
+    """An engine over `config.tensor_parallel_size` ranks. `cluster`: ranks already running
+    (several engines in turn); by default its own, spawned here or joined from torchrun, and
+    stopped by `close()`."""
+
+    def __init__(self, config: EngineConfig, cluster: Cluster | None = None, threads: int = 1):
+        self.own_cluster = cluster is None
+        self.cluster = cluster or Cluster.start(config.tensor_parallel_size, config.device, threads)
+        if self.cluster.tp.size != config.tensor_parallel_size:
+            raise ValueError(f"the cluster has {self.cluster.tp.size} ranks, the config asks for "
+                             f"{config.tensor_parallel_size}")
+        config = rank_config(config)
+        self.cluster.send(Build(config))
+        with self.cluster.guard():
+            built = build_rank(self.cluster.tp, config)
+        config = dataclasses.replace(config, kv_pool_tokens=built.capacity)
+        runner = DriverRunner(built.model, config, built.backend, self.cluster, built.max_model_len)
+        super().__init__(config, runner=runner)
+        runner.pool = self.pool
+        self.profile = built.profile
+
+    def step(self) -> list[RequestOutput]:
+        with self.cluster.guard():
+            return super().step()
+
+    def close(self) -> None:
+        """Drop this engine on every rank; stop the ranks if the cluster is its own."""
+        if self.cluster.closed:
+            return
+        self.cluster.send(Close())
+        if self.own_cluster:
+            self.cluster.close()
+
+    def __enter__(self) -> ParallelEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,86 @@
+"""One rank's LLaDA: the weights of its heads, its MLP columns and its vocabulary rows
+(`engine.parallel.sharding`), with the state-dict names of the HF checkpoint.
+
+It is an `LLaDAModelLM` to the engine: `hidden_states` runs the same blocks with the same
+attention callable (each rank's `StepContext` reads and writes only its own KV heads), the
+block adds an all-reduce after the attention output and after the MLP, the embedding sums its
+ranks' rows, and `lm_head` returns the rank's logit columns. The runner finds two hooks here:
+`decode_rows` decodes those columns across ranks (`engine.parallel.vocab_decode`), and
+`head_mean` completes the uniform sparse selection's mean over heads across ranks.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.llada import LLaDABlock, LLaDAConfig, LLaDAModelLM, RotaryEmbedding, _Norm
+from engine.parallel.group import TPGroup
+from engine.parallel.sharding import RankConfig, vocab_range
+from engine.parallel.vocab_decode import VocabParallelDecode
+
+
+class ShardedBlock(LLaDABlock):
+    """A block over the rank's heads and MLP columns (its sizes come from the rank's share)."""
+
+    def __init__(self, cfg: LLaDAConfig, tp: TPGroup):
+        nn.Module.__init__(self)     # LLaDABlock's own __init__ would allocate the full block
+        n, d, hd = tp.size, cfg.d_model, cfg.head_dim
+        self.tp = tp
+        self.n_heads, self.n_kv, self.head_dim, self.eps = cfg.n_heads // n, cfg.kv_heads // n, hd, cfg.rms_norm_eps
+        self.attn_norm = _Norm(d)
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=False)
+        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=False)
+        self.attn_out = nn.Linear(self.n_heads * hd, d, bias=False)
+        self.ff_norm = _Norm(d)
+        self.ff_proj = nn.Linear(d, cfg.mlp_hidden_size // n, bias=False)
+        self.up_proj = nn.Linear(d, cfg.mlp_hidden_size // n, bias=False)
+        self.ff_out = nn.Linear(cfg.mlp_hidden_size // n, d, bias=False)
+
+    def forward(self, x, positions, rope, layer: int, attn):
+        q, k, v = self.qkv(x, positions, rope)
+        a = attn(layer, q, k, v).reshape(x.shape[0], -1)
+        x = x + self.tp.all_reduce(self.attn_out(a))
+        return x + self.tp.all_reduce(self.mlp(x))
+
+
+class _ShardedTransformer(nn.Module):
+    def __init__(self, cfg: LLaDAConfig, tp: TPGroup):
+        super().__init__()
+        rows = cfg.padded_vocab // tp.size
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(rows, cfg.d_model),
+            blocks=nn.ModuleList(ShardedBlock(cfg, tp) for _ in range(cfg.n_layers)),
+            ln_f=_Norm(cfg.d_model),
+            ff_out=nn.Linear(cfg.d_model, rows, bias=False),
+        ))
+
+
+class ShardedLLaDA(LLaDAModelLM):
+    """Built on the meta device; `engine.parallel.loader` fills it with the rank's slices."""
+
+    def __init__(self, cfg: LLaDAConfig, tp: TPGroup):
+        nn.Module.__init__(self)     # not LLaDAModelLM's: that would build the full model
+        self.config = RankConfig.of(cfg, tp.size)
+        self.tp = tp
+        self.vocab_start, self.vocab_end = vocab_range(cfg, tp.rank, tp.size)
+        self.model = _ShardedTransformer(cfg, tp)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.decode_rows = VocabParallelDecode(tp, self.vocab_start, cfg.padded_vocab)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Each rank looks up the ids in its rows (zeros elsewhere); one all-reduce sums them,
+        which adds only zeros to the owning rank's row: the lookup is exact."""
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.vocab_end - self.vocab_start)
+        h = F.embedding(local.masked_fill(outside, 0), self.model.transformer.wte.weight)
+        return self.tp.all_reduce(h.masked_fill_(outside[:, None], 0))
+
+    def head_mean(self, scores: torch.Tensor) -> torch.Tensor:
+        """[G, H, g, Lc] scores of this rank's heads -> [G, Lc], their mean over every rank's
+        heads (uniform sparse selection: one all-reduce of the sums)."""
+        return self.tp.all_reduce(scores.sum((1, 2))) / (scores.shape[1] * scores.shape[2] * self.tp.size)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("a tensor-parallel rank holds logit columns only: decode through the engine")

@@ -1,0 +1,84 @@
+"""A step's plan: what the driver (rank 0, where the scheduler runs) sends every worker rank so it
+executes the same step over its shard (vLLM's driver/worker split).
+
+The plan is host data only — the step's `StepMeta` columns (slot tables included: the driver's
+KV pool allocates, every rank's pool has the same slots over its own heads), the packed input
+ids, the candidate rows to decode and, for requests sampling at T > 0, their generator states —
+so a worker needs no request, canvas or scheduler. It rebuilds the step's attention context from
+the meta exactly as the driver's runner did, runs the forward (its collectives meet the
+driver's) and the vocabulary-parallel decode; the commit choice is the driver's alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.logits import RowSegment
+from engine.ragged import ragged
+from engine.runner import ModelRunner, PackedStep
+from engine.staging import Staging
+from engine.step_context import StepContext
+from engine.step_meta import StepMeta
+
+
+@dataclass
+class StepPlan:
+    meta: StepMeta                      # what the forward runs (padded members included)
+    ids: np.ndarray                     # [N] packed input ids
+    rows: np.ndarray                    # [R] the candidates' hidden rows
+    segments: list[tuple[int, int, float, torch.Tensor]]   # T > 0: (start, count, T, gumbel state)
+    entropy: bool                       # the decode also computes entropies
+    n_slots: int                        # the driver's KV storage slots (an unbounded pool grows)
+
+
+class RecordingStaging(Staging):
+    """A `Staging` that remembers the host array behind each tensor it handed out this step, so
+    the driver sends the plan from host memory without reading anything back from its device."""
+
+    def begin(self) -> RecordingStaging:
+        self.host_arrays: dict[int, np.ndarray] = {}
+        return super().begin()
+
+    def put(self, a: np.ndarray) -> torch.Tensor:
+        t = super().put(a)
+        self.host_arrays[id(t)] = np.asarray(a)
+        return t
+
+    def host_of(self, t: torch.Tensor) -> np.ndarray:
+        return self.host_arrays[id(t)]
+
+
+def plan_of(p: PackedStep, batch, staging: RecordingStaging, n_slots: int) -> StepPlan:
+    """The plan of the step the driver's runner just prepared (`p`, staged by `staging`)."""
+    c = p.plan
+    segments = [(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel.get_state())
+                for i, (r, _) in enumerate(batch) if r.params.temperature > 0]
+    return StepPlan(p.padded_meta, staging.host_of(p.ids), staging.host_of(c.rows), segments,
+                    bool(getattr(c, "entropy", False)), n_slots)
+
+
+def execute(runner: ModelRunner, plan: StepPlan) -> None:
+    """A worker's share of the driver's step: the forward and the decode, nothing committed."""
+    pool = runner.pool
+    if pool.storage.shape[2] != plan.n_slots:
+        pool.grow_to(plan.n_slots)
+    m = plan.meta
+    fwd = runner.staging.begin()
+    ctx = StepContext(m, runner.policy, pool, runner.backend, runner.key_budget, fwd, runner.dtype)
+    p = PackedStep(m, m, fwd.put(plan.ids), fwd.put(ragged(m.q_start, m.n_q)), int(m.length.max()) - 1, ctx)
+    rows = fwd.put(plan.rows)
+    fwd.flush()
+    hidden = runner.forward(p)
+    segments = [RowSegment(a, n, t, _generator(state, runner.device)) for a, n, t, state in plan.segments]
+    kw = {"entropy": True} if plan.entropy else {}
+    runner.decode_rows(runner.model.lm_head, hidden, rows, segments, runner.config.max_num_logits,
+                       runner.model_config.mask_token_id, **kw)
+
+
+def _generator(state: torch.Tensor, device: torch.device) -> torch.Generator:
+    """A generator in the driver's request generator's state (on this rank's device type)."""
+    gen = torch.Generator(device=device if device.type == "cuda" else "cpu")
+    gen.set_state(state)
+    return gen

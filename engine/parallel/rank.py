@@ -1,0 +1,52 @@
+"""What every rank builds for an engine, in lockstep (the driver and each worker run this same
+code at once, so their collectives meet): its shard of the model, then — when the KV pool is
+sized by a memory budget — its own memory profile. Each rank's profiler measures its own
+process (its weights, its activation peak, its logit columns, KV bytes of its heads); the pool
+gets the smallest count of token slots any rank can hold, since the driver's slot tables
+address every rank's pool alike.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from engine.attention import resolve_backend
+from engine.config import DTYPES, EngineConfig
+from engine.kv_cache import KVPool
+from engine.parallel.group import TPGroup
+from engine.parallel.loader import load_sharded
+from engine.parallel.model import ShardedLLaDA
+from engine.profiler import MemoryProfile, profile_kv_pool
+from engine.runner import ModelRunner
+
+
+@dataclass
+class RankBuild:
+    model: ShardedLLaDA
+    backend: str
+    max_model_len: int
+    capacity: int | None              # KV token slots per rank (None: unbounded, CPU without a budget)
+    profile: MemoryProfile | None     # this rank's own profile
+
+
+def rank_config(config: EngineConfig) -> EngineConfig:
+    """The engine config every rank runs: no CUDA graphs (a captured step cannot hold the
+    collectives of a changing plan here)."""
+    return dataclasses.replace(config, cuda_graphs=False)
+
+
+def build_rank(tp: TPGroup, config: EngineConfig) -> RankBuild:
+    model = load_sharded(config.model, tp, DTYPES[config.dtype])
+    backend = resolve_backend(config.attention_backend, model.device, model.dtype)
+    max_model_len = config.max_model_len or model.config.max_sequence_length
+    capacity, profile = config.kv_pool_tokens, None
+    if capacity is None and (config.memory_budget is not None or model.device.type == "cuda"):
+        profile = profile_kv_pool(model, config, backend, max_model_len)
+        capacity = tp.min_int(profile.kv_pool_tokens)
+    return RankBuild(model, backend, max_model_len, capacity, profile)
+
+
+def worker_runner(b: RankBuild, config: EngineConfig) -> ModelRunner:
+    """A worker's runner: the same `ModelRunner` over its shard and its own KV pool."""
+    pool = KVPool(b.capacity, b.model.config, b.model.dtype, b.model.device)
+    return ModelRunner(b.model, config, b.backend, pool, b.max_model_len)

@@ -1,0 +1,80 @@
+"""Which slice of every LLaDA weight a tensor-parallel rank holds (Megatron's split of a block).
+
+* q/k/v projections: column-parallel by heads — rank r holds query heads [r·Hq/N, (r+1)·Hq/N)
+  and KV heads [r·Hkv/N, ...), whole heads, so the GQA grouping (query head h reads KV head
+  h // (Hq/Hkv)) is the same inside every rank and attention needs no communication;
+* attention output: row-parallel (its input columns are the rank's heads), then one all-reduce;
+* MLP: ff_proj and up_proj column-parallel, ff_out row-parallel, then one all-reduce;
+* embedding and LM head: vocabulary-parallel (rank r holds rows [r·V/N, (r+1)·V/N)); the
+  embedding sums its ranks' rows with one all-reduce, the LM head's logits stay sharded
+  (`engine.parallel.vocab_decode`);
+* RMSNorm weights: replicated.
+
+A weight's HF name says how it splits (`split_of`); `slice_of` is the rank's part as a tuple of
+slices, which the loader hands to safetensors' `get_slice` so a rank reads only its bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.models.llada import LLaDAConfig
+
+COLUMN, ROW, VOCAB, REPLICATED = "column", "row", "vocab", "replicated"
+# The last component of a weight's name -> how it splits (block weights; wte/ff_out at the top).
+_BLOCK = {"q_proj": COLUMN, "k_proj": COLUMN, "v_proj": COLUMN, "attn_out": ROW,
+          "ff_proj": COLUMN, "up_proj": COLUMN, "ff_out": ROW, "attn_norm": REPLICATED, "ff_norm": REPLICATED}
+
+
+@dataclass
+class RankConfig(LLaDAConfig):
+    """The checkpoint's config as one rank sees it: every global field unchanged (vocabulary,
+    mask id, head_dim, max length), `kv_heads` the rank's own, so the KV pool holds (and its
+    bytes per token count) only this rank's heads."""
+
+    tp_size: int = 1
+
+    @property
+    def kv_heads(self) -> int:
+        return (self.n_kv_heads or self.n_heads) // self.tp_size
+
+    @classmethod
+    def of(cls, cfg: LLaDAConfig, tp_size: int) -> RankConfig:
+        check_divisible(cfg, tp_size)
+        return cls(**cfg.to_dict(), tp_size=tp_size)
+
+
+def check_divisible(cfg: LLaDAConfig, n: int) -> None:
+    """ValueError unless every split dimension divides by n (whole heads per rank)."""
+    if n < 1:
+        raise ValueError(f"tensor-parallel size must be >= 1, got {n}")
+    for what, size in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.kv_heads),
+                       ("mlp_hidden_size", cfg.mlp_hidden_size), ("the vocabulary (embedding_size)", cfg.padded_vocab)):
+        if size % n:
+            raise ValueError(f"tensor-parallel size {n} does not divide {what} = {size}")
+
+
+def split_of(name: str) -> str:
+    """How the HF weight `name` splits across ranks."""
+    parts = name.split(".")
+    if "blocks" in parts:
+        return _BLOCK[parts[-2]]
+    if parts[-2] in ("wte", "ff_out"):
+        return VOCAB
+    return REPLICATED
+
+
+def slice_of(name: str, shape: tuple[int, ...], rank: int, size: int) -> tuple[slice, ...]:
+    """The rank's part of weight `name` of full `shape` ([out, in] for linears)."""
+    kind = split_of(name)
+    if kind == REPLICATED:
+        return tuple(slice(None) for _ in shape)
+    axis = 1 if kind == ROW else 0
+    n = shape[axis] // size
+    part = slice(rank * n, (rank + 1) * n)
+    return (part, slice(None)) if axis == 0 else (slice(None), part)
+
+
+def vocab_range(cfg: LLaDAConfig, rank: int, size: int) -> tuple[int, int]:
+    """[start, end) of the vocabulary rows rank holds (embedding and LM head alike)."""
+    n = cfg.padded_vocab // size
+    return rank * n, (rank + 1) * n

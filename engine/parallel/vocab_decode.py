@@ -1,0 +1,117 @@
+"""Vocabulary-parallel decoding of the logit budget's chunks: each rank holds the logit columns
+of its vocabulary rows, proposes its best candidate per row, and one all-gather per chunk of a
+few numbers per row combines them. No rank ever holds a full logit row.
+
+Per row, rank r sends: its candidate's key (the logit — or, at T > 0, the Gumbel score — its
+argmax maximizes, the mask id excluded on the rank that owns it), the candidate's global id,
+its clean logit l_x, and the log-sum-exp parts of its columns: m_r = max l and
+s_r = Σ exp(l − m_r) (with entropy, also u_r = Σ exp(l − m_r)·(l − m_r)). The proposal is the
+candidate of the largest key, ties to the lower rank (= the lower id, as argmax breaks them);
+its confidence is the full-vocabulary softmax 1 / Σ_r s_r·exp(m_r − l_x0), the same sum a
+single device computes (`engine.unmask.confidence_at`), split by ranks.
+
+At T > 0 every rank draws a whole row's noise from the request's generator and keeps its own
+columns: a CPU generator cannot skip ahead, and a shared stream is what keeps the proposal equal
+to one device's (the draws are the TP = 1 draws, bit for bit).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.logits import MONOLITHIC_DECODE_ROWS, DecodeResult, RowSegment
+from engine.unmask import gumbel_noise, gumbel_scores, proposal_argmax
+
+KEY, TOKEN, LOGIT, MAX, SUM, ENT = range(6)
+
+
+class VocabParallelDecode:
+    """`engine.logits.decode_rows` for a rank's logit columns [start, start + V/N) of `vocab`."""
+
+    def __init__(self, tp, start: int, vocab: int):
+        self.tp, self.start, self.vocab = tp, start, vocab
+
+    def __call__(self, lm_head, hidden: torch.Tensor, row_index: torch.Tensor, segments: list[RowSegment],
+                 max_num_logits: int | None, mask_id: int, entropy: bool = False) -> DecodeResult:
+        R = row_index.numel()
+        parts = []
+        if max_num_logits is None:                      # monolithic: the rank's columns of every row
+            full = lm_head(hidden)
+            for c0 in range(0, R, MONOLITHIC_DECODE_ROWS):
+                parts.append(self.chunk(full[row_index[c0 : c0 + MONOLITHIC_DECODE_ROWS]], c0, segments, mask_id,
+                                        entropy))
+            rows, at_once = hidden.shape[0], hidden.shape[0]
+        else:
+            picked = hidden[row_index]
+            for c0 in range(0, R, max_num_logits):
+                logits = lm_head(picked[c0 : c0 + max_num_logits])
+                parts.append(self.chunk(logits, c0, segments, mask_id, entropy))
+                del logits                              # freed before the next chunk exists
+            rows, at_once = R, min(R, max_num_logits)
+        if not parts:
+            return DecodeResult(hidden.new_zeros(0, dtype=torch.long), hidden.new_zeros(0, dtype=torch.float64),
+                                rows, at_once)
+        x0, conf, ent = (torch.cat(p) if len(parts) > 1 else p[0] for p in zip(*parts))
+        res = DecodeResult(x0, conf, rows, at_once)
+        if entropy:
+            res.entropy = ent
+        return res
+
+    def chunk(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool):
+        """Rows [c0, c0 + len) of the step's candidates, this rank's columns -> (x0, conf,
+        entropy or an empty tensor), the same on every rank."""
+        stats = self.local(logits, c0, segments, mask_id, entropy)
+        return combine(self.tp.all_gather(stats), logits.dtype, entropy)
+
+    def local(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int,
+              entropy: bool) -> torch.Tensor:
+        """[rows, 5 or 6] float64: this rank's candidate and log-sum-exp parts per row."""
+        n, width = logits.shape
+        owns_mask = self.start <= mask_id < self.start + width
+        col = _argmax(logits, mask_id - self.start if owns_mask else None)
+        key = logits.gather(1, col[:, None])[:, 0].to(torch.float64)
+        c1 = c0 + n
+        for seg in segments:
+            a, b = max(seg.start, c0), min(seg.start + seg.count, c1)
+            if seg.temperature == 0 or a >= b:
+                continue
+            part = logits[a - c0 : b - c0]
+            noise = gumbel_noise((b - a, self.vocab), seg.temperature, seg.gen, logits.device)
+            scores = gumbel_scores(part, noise[:, self.start : self.start + width])
+            c = _argmax(scores, mask_id - self.start if owns_mask else None)
+            col[a - c0 : b - c0] = c
+            key[a - c0 : b - c0] = scores.gather(1, c[:, None])[:, 0]
+        lf = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        m = lf.amax(-1, keepdim=True)
+        cols = [key, (col + self.start).to(torch.float64), lf.gather(1, col[:, None])[:, 0].double(),
+                m[:, 0].double()]
+        shifted = lf - m                                # the one [rows, V/N] temporary (two with entropy)
+        if entropy:
+            e = shifted.exp()
+            cols += [e.sum(-1).double(), (e * shifted).sum(-1).double()]
+        else:
+            cols.append(shifted.exp_().sum(-1).double())
+        return torch.stack(cols, dim=1)
+
+
+def combine(gathered: torch.Tensor, dtype: torch.dtype, entropy: bool):
+    """gathered [N, rows, 5|6] (every rank's `local`) -> (x0 [rows], conf [rows], entropy [rows]
+    or empty), in the dtype a single device computes confidence in."""
+    dt = torch.promote_types(dtype, torch.float32)
+    winner = gathered[..., KEY].argmax(0)                         # ties: the first (lowest) rank
+    best = gathered.gather(0, winner[None, :, None].expand(1, *gathered.shape[1:]))[0]
+    x0 = best[:, TOKEN].long()
+    l_x0 = best[:, LOGIT].to(dt)
+    m, s = gathered[..., MAX].to(dt), gathered[..., SUM].to(dt)
+    conf = (s * (m - l_x0).exp()).sum(0).reciprocal()
+    if not entropy:
+        return x0, conf, conf.new_zeros(0)
+    # H = log S − Σ_r e^{m_r − M} (u_r + (m_r − M) s_r) / S with S = Σ_r e^{m_r − M} s_r
+    top = m.amax(0)
+    w = (m - top).exp()
+    total = (w * s).sum(0)
+    spread = (w * (gathered[..., ENT].to(dt) + (m - top) * s)).sum(0)
+    return x0, conf, total.log() - spread / total
+
+
+def _argmax(scores: torch.Tensor, mask_col: int | None) -> torch.Tensor:
+    return scores.argmax(-1) if mask_col is None else proposal_argmax(scores, mask_col)

@@ -1,0 +1,165 @@
+"""Tensor parallelism (engine.parallel) on CPU: gloo, 2 processes x 1 thread, float64.
+
+* TP = 2 gives exactly TP = 1's tokens for the none, dual and sparse caches (head-centric and
+  uniform selection), on a mixed batch (different prompt and generation lengths, blocks, steps),
+  under the logit budget's chunking (requests straddling chunks) and monolithic logits, greedy
+  and sampled (Gumbel noise, random remasking);
+* a checkpoint loads shard-wise: each rank holds exactly its slices, half the bytes of every
+  sharded tensor;
+* the profiler per rank: at the same per-rank budget the KV pool holds about twice the tokens;
+* a worker killed mid-run ends the run with one RankFailure line, at once.
+
+The cluster (one spawned worker) is started once for the module and each engine is built on it
+(again after the test that kills its worker).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.models.llada import load_llada
+from engine.parallel import Cluster, ParallelEngine, RankFailure
+from engine.parallel.loader import load_sharded
+from engine.parallel.rank import build_rank, rank_config
+from engine.parallel.sharding import REPLICATED, slice_of, split_of
+from engine.profiler import profile_kv_pool
+from tests.helpers import random_prompts, tiny_model
+
+F64 = torch.float64
+PROMPTS = random_prompts(5, [3, 11, 6, 1, 17], seed=4)
+SHAPES = [(8, 4, 4), (12, 6, 6), (8, 8, 2), (16, 8, 8), (6, 6, 3)]      # (gen_length, steps, block_length)
+GREEDY = [SamplingParams(gen_length=g, steps=s, block_length=b) for g, s, b in SHAPES]
+SAMPLED = [SamplingParams(gen_length=g, steps=s, block_length=b, temperature=0.8, seed=i,
+                          remasking="random" if i % 2 else "low_confidence") for i, (g, s, b) in enumerate(SHAPES)]
+CASES = {
+    "none": dict(cache="none"),
+    "dual": dict(cache="dual"),
+    "sparse-head": dict(cache="sparse", selection="head", retention=0.5),
+    "sparse-uniform": dict(cache="sparse", selection="uniform", retention=0.5),
+    "sparse-uniform-max": dict(cache="sparse", selection="uniform", score_query="max", retention=0.3),
+    "sparse-head-chunked": dict(cache="sparse", max_num_logits=3),
+    "dual-monolithic": dict(cache="dual", max_num_logits=None),
+}
+
+
+def write_checkpoint(model, path):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(model.config.to_dict()))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_checkpoint(tiny_model(F64), tmp_path_factory.mktemp("tp") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def _clusters():
+    held = []
+    yield held
+    for c in held:
+        c.close()
+
+
+@pytest.fixture
+def cluster(_clusters):
+    """The module's cluster, started again if a test ended it (one process group per process)."""
+    if not _clusters or _clusters[-1].closed:
+        _clusters.append(Cluster.spawn(2, "cpu"))
+    return _clusters[-1]
+
+
+def _config(ckpt, **kw) -> EngineConfig:
+    return EngineConfig(model=str(ckpt), dtype="float64", device="cpu", attention_backend="sdpa", **kw)
+
+
+def _both(cluster, ckpt, params, **kw):
+    cfg = _config(ckpt, **kw)
+    ref = LLMEngine(cfg).generate(PROMPTS, params)
+    eng = ParallelEngine(dataclasses.replace(cfg, tensor_parallel_size=2), cluster=cluster)
+    try:
+        out = eng.generate(PROMPTS, params)
+        stats = eng.stats()
+    finally:
+        eng.close()
+    return ref, out, stats
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tp2_gives_tp1_tokens(cluster, ckpt, case):
+    ref, out, stats = _both(cluster, ckpt, GREEDY, **CASES[case])
+    assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+    assert [o.logits_rows for o in out] == [o.logits_rows for o in ref]
+    if CASES[case].get("max_num_logits") == 3:
+        assert stats["max_logits_rows_in_step"] == 3
+
+
+def test_tp2_gives_tp1_tokens_when_sampling(cluster, ckpt):
+    """Each rank draws the request's whole noise row from the driver's generator state."""
+    ref, out, _ = _both(cluster, ckpt, SAMPLED, cache="sparse", max_num_logits=5)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+
+
+def _held(tp, path: str) -> dict:
+    return {k: v.clone() for k, v in load_sharded(path, tp, torch.float32).state_dict().items()}
+
+
+def test_checkpoint_loads_shard_wise(cluster, tmp_path):
+    """A two-file bf16 checkpoint: each rank holds exactly its slices, cast to the run dtype."""
+    from dllm_bench.checkpoints.make import make_checkpoint
+
+    path = make_checkpoint("tiny", tmp_path / "tiny", shards=2)
+    full = load_llada(path, torch.float32).state_dict()
+    ranks = cluster.collective_rpc(_held, str(path))
+    sharded = [k for k in full if split_of(k) != REPLICATED]
+    assert len(sharded) == 2 + 7 * load_llada(path).config.n_layers
+    for r, held in enumerate(ranks):
+        assert held.keys() == full.keys()
+        for k, v in held.items():
+            assert torch.equal(v, full[k][slice_of(k, tuple(full[k].shape), r, 2)]), (r, k)
+        assert sum(held[k].nbytes for k in sharded) * 2 == sum(full[k].nbytes for k in sharded)
+    assert not torch.equal(ranks[0]["model.transformer.ff_out.weight"], ranks[1]["model.transformer.ff_out.weight"])
+
+
+def _profile(tp, path: str, budget: int) -> dict:
+    cfg = _config(path, memory_budget=budget, max_num_batched_tokens=256, max_model_len=128, max_num_seqs=8,
+                  tensor_parallel_size=tp.size)
+    b = build_rank(tp, rank_config(cfg))
+    return b.profile.to_dict() | {"capacity": b.capacity}
+
+
+def test_kv_pool_per_rank_holds_twice_the_tokens(cluster, ckpt):
+    """Same per-rank budget: each rank stores half of every token's KV (its heads) next to half
+    the weights, so its pool holds at least twice TP = 1's tokens — barely more when the budget
+    dwarfs the weights and activations, as here."""
+    budget = 32 * 2**20
+    one = profile_kv_pool(load_llada(ckpt, F64), _config(ckpt, memory_budget=budget, max_num_batched_tokens=256,
+                                                         max_model_len=128, max_num_seqs=8), "sdpa", 128)
+    ranks = cluster.collective_rpc(_profile, str(ckpt), budget)
+    assert ranks[0]["capacity"] == ranks[1]["capacity"] == min(r["kv_pool_tokens"] for r in ranks)
+    for r in ranks:
+        assert r["bytes_per_token"] * 2 == one.bytes_per_token
+        assert one.weights_bytes / 2 < r["weights_bytes"] < one.weights_bytes * 0.51      # norms are replicated
+        assert 0 < r["activation_peak_bytes"] < one.activation_peak_bytes
+    assert 2.0 <= ranks[0]["capacity"] / one.kv_pool_tokens <= 2.2
+
+
+def test_a_killed_worker_ends_the_run_with_one_error(cluster, ckpt):
+    eng = ParallelEngine(_config(ckpt, cache="sparse", tensor_parallel_size=2), cluster=cluster)
+    for p, sp in zip(PROMPTS, GREEDY):
+        eng.add_request(p, sp)
+    eng.step()
+    eng.step()
+    worker = eng.cluster.procs[0]
+    worker.kill()
+    worker.join()
+    with pytest.raises(RankFailure, match=r"^tensor-parallel rank 1 exited mid-run \(exit code -9\)$"):
+        while eng.has_unfinished():
+            eng.step()
+    assert eng.cluster.closed
