@@ -10,8 +10,11 @@ file:line and the field; `input_file` here only makes sure there is a regular fi
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
+
+import torch
 
 from dllm_bench.checkpoints.load import has_tokenizer, load_config, model_dir
 from dllm_bench.checkpoints.store import resolve_model
@@ -140,10 +143,6 @@ def checkpoint_dir(value: str, *, tokenizer: bool = False, why: str = "", weight
 
 def device(value: str, flag: str = "--device") -> str:
     """`cpu` or `cuda[:N]` with that GPU present: checked before a model is loaded on it."""
-    import re
-
-    import torch
-
     m = re.fullmatch(r"cuda(?::(\d+))?", value)
     if value != "cpu" and m is None:
         raise UserError(f"{flag} must be cpu or cuda[:N], got {value!r}")

@@ -58,8 +58,6 @@ SIMILAR_CONFIGS: list[tuple[str, str, dict]] = [
 
 def _similar_workload():
     """Two requests at the preset's shape rules (gen 64 = 2 blocks of 32, steps = gen_length)."""
-    from engine import SamplingParams
-
     g = torch.Generator().manual_seed(4321)
     prompts = [torch.randint(0, 1500, (n,), generator=g).tolist() for n in (48, 80)]
     return prompts, [SamplingParams(gen_length=64, steps=64, block_length=32, seed=i) for i in range(2)]

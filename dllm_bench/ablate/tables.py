@@ -132,6 +132,7 @@ def plot_cache_policies(cache_df, path: Path,
 
 
 def _grouped_bars(df, series_col: str, value_col: str, path: Path, title: str, ylabel: str) -> Path:
+    # matplotlib costs ~1 s to import: paid only when a figure is drawn
     import matplotlib
 
     matplotlib.use("Agg")

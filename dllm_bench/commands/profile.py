@@ -17,6 +17,7 @@ from dllm_bench.checkpoints.presets import param_count
 from dllm_bench.console import console
 from dllm_bench.device_defaults import default_dtype, is_cuda, resolve_budget
 from dllm_bench.errors import UserError
+from dllm_bench.simulate import hardware
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.memory import engine_plans
 from dllm_bench.units import parse_size
@@ -41,8 +42,6 @@ def run_profiles(model, base: EngineConfig, max_model_len: int, logit_budget: in
 
 def device_memory_bytes(spec: str) -> int:
     """`--device-memory`: a size, or a hardware profile's memory (simulate/hardware/*.json)."""
-    from dllm_bench.simulate import hardware
-
     if spec.strip().lower() in hardware.builtin_names():
         return int(hardware.load(spec.strip().lower()).memory_bytes)
     try:

@@ -16,6 +16,8 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import pandas as pd
+
 from dllm_bench import results
 from dllm_bench.console import md_table
 from dllm_bench.report.claims import TOLERANCE, Claims
@@ -129,7 +131,6 @@ def render(out_path: str | Path, root: str | Path | None = None, runs: Mapping[s
             body.append(f"## {key}\n\n_could not render run `{Path(d).name}`: {errors[key]}_\n")
     summary = ["\n## Summary of claims\n\n"]
     if claims.rows:
-        import pandas as pd
 
         summary.append(md_table(pd.DataFrame(claims.rows)[["section", "claim", "paper", "ours", "mark", "verdict"]]))
     else:

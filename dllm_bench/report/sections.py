@@ -11,6 +11,8 @@ import math
 import shutil
 from pathlib import Path
 
+import pandas as pd
+
 from dllm_bench.ablate import tables as ab
 from dllm_bench.console import md_table, num
 from dllm_bench.repeats import Spread, ratio
@@ -49,7 +51,6 @@ def _figures(run_dir: Path, pattern: str, files_dir: Path, prefix: str, rel_base
 def accuracy_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
     """One accuracy run: its table (the mean over models with the spread across seeds when it has
     several) and the Fig. 6 claims under each selection scoring rule it measured."""
-    import pandas as pd
 
     summ = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     several = bool(summ.get("seeds"))
@@ -146,7 +147,6 @@ def ablate_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Pat
                          ("logits", "+ logit-aware budgeting")):
             paper_rows.append({"dataset": ds, "rung": title, "paper x": d[k]})
     if lt is not None:
-        import pandas as pd
 
         m = lt.merge(pd.DataFrame(paper_rows), on=["dataset", "rung"], how="left")
         shown = ab.ladder_display(m)

@@ -8,6 +8,8 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
+import pandas as pd
+
 from dllm_bench import results
 from dllm_bench.console import md_table, num
 from dllm_bench.repeats import Spread, compare, point_spread
@@ -37,7 +39,6 @@ def serve_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path
 def serve_table(df) -> tuple[str, dict]:
     """The Markdown table of a serve-like run's aggregated points and, per dataset and rps, its
     (engine, best baseline, sparse-dllm) rows as dicts."""
-    import pandas as pd
 
     if "is_baseline" not in df.columns:
         df["is_baseline"] = df["system"] != "engine"
@@ -142,7 +143,7 @@ def endpoint_labels(df) -> set:
 
 def _jitter(df) -> dict:
     """Per dataset: (rps, σ gain, span gain) of the engine at 0.5 rps when measured, else the highest."""
-    from dllm_bench.plots import jitter_gains
+    from dllm_bench.plots import jitter_gains  # imports matplotlib (~1 s): only a report with jitter pays
 
     out = {}
     bls = sorted(set(df.loc[df["is_baseline"], "system"]))

@@ -213,6 +213,7 @@ def table_formats(df) -> dict:
 def plot_fig7(df, plan: Mapping | SweepPlan, path: Path, reference: str, title: str = "") -> Path:
     """Paper Fig. 7: (left) throughput relative to the reference vs the swept length, (right)
     the absolute throughputs."""
+    # matplotlib costs ~1 s to import: paid only when a figure is drawn
     import matplotlib
 
     matplotlib.use("Agg")

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 
 from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG
 from dllm_bench.checkpoints.tokenizer import special_token_ids
@@ -233,7 +234,6 @@ def n_params(model: torch.nn.Module) -> int:
 def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | None = None) -> dict:
     """Train and save into cfg.out; returns the training summary (also written as training.json,
     with `command`, the command line that ran it, when given)."""
-    from safetensors.torch import save_file
 
 
     t_start = time.perf_counter()
