@@ -32,12 +32,14 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, *extra: str, model: str = MODEL,
-                 knobs: tuple[str, ...] = ("--max-num-batched-tokens", str(BUDGET_TOKENS), "--memory-budget", MEMORY)):
-        """knobs=(): the engine of the model's serve preset, as `serve --model` builds it."""
+                 knobs: tuple[str, ...] = ("--max-num-batched-tokens", str(BUDGET_TOKENS), "--memory-budget", MEMORY),
+                 env: dict[str, str] | None = None):
+        """knobs=(): the engine of the model's serve preset, as `serve --model` builds it; env:
+        more environment variables for the server."""
         self.log = tempfile.TemporaryFile("w+")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dllm_bench.cli", "server", "--model", model, "--port", str(self.port),
              "--threads", "1", *knobs, *extra],

@@ -22,15 +22,19 @@ from dllm_bench.commands.serve_flags import (
     Duration,
     GenCap,
     GenLength,
+    Goodput,
     LengthScale,
+    MaxConcurrency,
     MaxDuration,
     MaxNumBatchedTokens,
     MaxNumLogits,
     MaxNumSeqs,
+    MetricPercentiles,
     Model,
     NoProfileCache,
     NumPrompts,
     NumWarmups,
+    PercentileMetrics,
     Repeats,
     ResultDir,
     Resume,
@@ -40,7 +44,8 @@ from dllm_bench.commands.serve_flags import (
     Systems,
     Threads,
 )
-from dllm_bench.serve.endpoint import resolve_endpoint
+from dllm_bench.errors import UserError
+from dllm_bench.serve.endpoint import endpoint_api_key, resolve_endpoint
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.presets import DEFAULT_PRESET, GPU_PRESET, PRESETS
 from dllm_bench.serve.run import serve
@@ -48,8 +53,11 @@ from dllm_bench.serve.run import serve
 
 # ---------------------------------------------------------------- the command
 def register(app: typer.Typer) -> None:
-    @app.command("serve")
+    # vLLM's `--goodput ttft:500 e2el:3000` (several values to one flag, which click has not):
+    # the arguments after the flag's first value arrive as extra arguments.
+    @app.command("serve", context_settings={"allow_extra_args": True})
     def serve_cmd(
+        ctx: typer.Context,
         rps: str | None = typer.Option(None, "--rps", "--request-rate",
                                        help="arrival rate(s), req/s: 0.5, or a sweep 0.1,0.25,0.5,1.0; inf = all at t=0 [preset: 0.5]"),
         systems: Systems = None,
@@ -84,6 +92,10 @@ def register(app: typer.Typer) -> None:
         repeats: Repeats = 1,
         max_duration: MaxDuration = None,
         num_warmups: NumWarmups = 1,
+        max_concurrency: MaxConcurrency = None,
+        goodput: Goodput = None,
+        percentile_metrics: PercentileMetrics = None,
+        metric_percentiles: MetricPercentiles = None,
         result_dir: ResultDir = None,
         run_id: RunId = None,
         resume: Resume = False,
@@ -94,15 +106,20 @@ def register(app: typer.Typer) -> None:
         api: str = typer.Option("completions", "--api", help="--endpoint API: completions (token-id prompts) | chat (text)"),
         stream: bool = typer.Option(True, "--stream/--no-stream", help="--endpoint: streamed responses (TTFT = first block)"),
         dllm_extras: bool = typer.Option(True, "--dllm-extras/--no-dllm-extras", help="--endpoint: send block_length, steps, return_token_ids"),
+        api_key: str | None = typer.Option(None, "--api-key", help="--endpoint: sent as Authorization: Bearer KEY [$OPENAI_API_KEY]"),
     ) -> None:
         """Open-loop serving benchmark: every system replays the same arrivals under the same memory budget."""
-        ep = None
+        if ctx.args and not goodput:
+            raise UserError(f"unexpected argument {ctx.args[0]!r}")
+        goodput = tuple(goodput or ()) + tuple(ctx.args)
+        ep, key = None, endpoint_api_key(api_key)
         if endpoint is not None:
-            ep, model = resolve_endpoint(endpoint, endpoint_model, api, stream, dllm_extras, model)
+            ep, model = resolve_endpoint(endpoint, endpoint_model, api, stream, dllm_extras, model, api_key=key)
         result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)
         run = resolve_run(ServeOptions.pick(locals()))
         if ep is not None:
             run.systems = (run.systems if systems is not None else []) + [ep.variant()]
+            run.api_key = key
         code = serve(run, result_dir=result_dir, run_id=run_id, resume=resume, as_json=as_json)
         if code:
             sys.exit(code)  # not typer.Exit: with standalone_mode=False click returns its code unused

@@ -49,6 +49,18 @@ MaxDuration = Annotated[float | None, typer.Option(
 NumWarmups = Annotated[int, typer.Option("--num-warmups", help="unmeasured warm-up requests per system")]
 NoProfileCache = Annotated[bool, typer.Option("--no-profile-cache", help="re-measure KV pools and static batches")]
 
+# vLLM `bench serve`'s reporting and concurrency flags (docs/SERVE.md).
+MaxConcurrency = Annotated[int | None, typer.Option(
+    "--max-concurrency", help="at most N requests in flight: arrivals keep their times, one that finds every slot "
+    "taken waits for a free one (latencies count from its start; the wait is its client queue time)")]
+PercentileMetrics = Annotated[str | None, typer.Option(
+    "--percentile-metrics", help="which of ttft,tpot,itl,e2el get percentiles (default: all four)")]
+MetricPercentiles = Annotated[str | None, typer.Option(
+    "--metric-percentiles", help="the percentiles of those metrics, e.g. 50,90,99 [99]")]
+Goodput = Annotated[list[str] | None, typer.Option(
+    "--goodput", help="SLOs in ms, e.g. --goodput ttft:500 tpot:50 e2el:3000: goodput = requests meeting every "
+    "SLO given, per second (vLLM's)")]
+
 # The run directory and output of every command that writes a run.
 ResultDir = Annotated[Path | None, typer.Option(
     "--result-dir", help="runs root (default results/runs, or $DLLM_BENCH_RESULTS_DIR)")]

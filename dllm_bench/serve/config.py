@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dllm_bench.metric_options import MetricOptions
 from dllm_bench.serve.presets import ServePreset
 from dllm_bench.systems.spec import SystemVariant
 
@@ -43,6 +44,11 @@ class ServeRun:
     # The ServeOptions the run was resolved from (what the user typed; e.g. the GPU projection
     # re-resolves them on another preset).
     options: Any = None
+    max_concurrency: int | None = None   # vLLM's --max-concurrency: requests in flight at most
+    # What each point's summary reports besides its fixed metrics: percentiles, goodput SLOs.
+    metric_options: MetricOptions = field(default_factory=MetricOptions)
+    # The key `serve --endpoint` sends (--api-key, $OPENAI_API_KEY): never written to the run.
+    api_key: str | None = field(default=None, repr=False)
 
     @property
     def engine_defaults(self) -> dict:
@@ -62,6 +68,7 @@ class ServeRun:
                 "model": self.model_info, "seed": self.seed, "memory_budget": self.memory_budget,
                 "memory_budget_source": self.memory_budget_source,
                 "num_warmups": self.num_warmups, "max_duration": self.max_duration,
+                "max_concurrency": self.max_concurrency, "metric_options": self.metric_options.to_dict(),
                 "engine_defaults": self.engine_defaults, "baseline_defaults": self.baseline_defaults}
 
     def measurement(self, rate: float) -> str:
@@ -77,7 +84,9 @@ class ServeRun:
                 "arrivals": self.arrivals, "burstiness": self.burstiness, "num_prompts": self.num_prompts,
                 "duration": self.duration, "dataset_path": self.dataset_path, "time_scale": self.time_scale,
                 "burstgpt_model": self.burstgpt_model, "memory_budget": self._budget_key(),
-                "max_duration": self.max_duration}
+                "max_duration": self.max_duration, "max_concurrency": self.max_concurrency,
+                # finished points keep the summaries they were written with: same SLOs and percentiles
+                "metric_options": None if self.metric_options.is_default else self.metric_options.to_dict()}
 
     @property
     def budget_is_auto(self) -> bool:

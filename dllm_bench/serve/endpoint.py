@@ -3,18 +3,23 @@ the HTTP counterpart of dllm_bench.serve.loadgen.run_open_loop, returning the sa
 document, so metrics, result files and plots are shared with the in-process systems.
 
 Every request is sent at t0 + its arrival offset whatever the server is doing, each on its own
-asyncio task (httpx, no connection limit), like vLLM's `bench serve`. Times are taken on this
-side: arrival = the scheduled send time, first token = the first streamed chunk that carries a
-choice (for a diffusion server that is the first committed block), finished = the end of the
-response. Output lengths come from the response's token ids or usage (the server's count, so a
+asyncio task (httpx, no connection limit), like vLLM's `bench serve`; with `max_concurrency` at
+most that many are in flight and the others wait for a slot in arrival order (vLLM's semaphore),
+their latencies counted from when they are sent (`start_time`). Times are taken on this side:
+arrival = the scheduled send time, first token = the first streamed chunk that carries a choice
+(for a diffusion server that is the first committed block), ITL = the gaps between the later
+chunks, finished = the end of the response. A key (`--api-key`, else OPENAI_API_KEY) goes in
+every request as `Authorization: Bearer`, as OpenAI's clients send it. Output lengths come from the response's token ids or usage (the server's count, so a
 dLLM's whole blocks count as generated), else from the streamed chunks. For our own server the
 `dllm` extension adds per-request NFE, logit rows and KV, and its /metrics page the step counts.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,11 +31,12 @@ import httpx
 from dllm_bench.checkpoints.load import load_tokenizer
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
-from dllm_bench.serve.loadgen import ProgressFn, _get, arrival_offset
+from dllm_bench.serve.loadgen import ProgressFn, _get, arrival_offset, inter_token_latencies
 from dllm_bench.systems.spec import ENDPOINT, SystemVariant
 
 APIS = ("completions", "chat")
 CONNECT_TIMEOUT_S = 30.0
+API_KEY_ENV = "OPENAI_API_KEY"   # the key OpenAI's clients send when none is given
 # /metrics counters whose increase over a point is reported as the point's system stats.
 SCRAPED_COUNTERS = {"steps": "dllm_steps", "forwards": "dllm_forwards", "query_tokens": "dllm_query_tokens",
                     "logits_rows": "dllm_logits_rows"}
@@ -77,10 +83,22 @@ def normalize_url(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def list_models(url: str, timeout: float = CONNECT_TIMEOUT_S) -> list[dict]:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def endpoint_api_key(option: str | None) -> str | None:
+    """The key `serve --endpoint` sends: --api-key, else $OPENAI_API_KEY, else none."""
+    return option or os.environ.get(API_KEY_ENV) or None
+
+
+def list_models(url: str, timeout: float = CONNECT_TIMEOUT_S, api_key: str | None = None) -> list[dict]:
     """GET {url}/models: the endpoint's model cards (EndpointError when it does not answer)."""
     try:
-        r = httpx.get(url + "/models", timeout=timeout)
+        r = httpx.get(url + "/models", timeout=timeout, headers=auth_headers(api_key))
+        if r.status_code == 401:
+            raise EndpointError(f"endpoint {url} refused the API key ({_error_text(401, r.text)}): "
+                                f"give the server's key with --api-key or ${API_KEY_ENV}")
         r.raise_for_status()
         data = r.json()["data"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
@@ -112,6 +130,7 @@ class _Outcome:
 
     def __init__(self) -> None:
         self.first: float | None = None
+        self.chunks: list[float] = []   # arrival of every chunk with a choice (one per block)
         self.finished: float | None = None
         self.tokens = 0                # from streamed token ids or chunks
         self.usage: dict | None = None
@@ -159,6 +178,8 @@ async def _send(client: httpx.AsyncClient, ep: Endpoint, body: dict, out: _Outco
                 out.error = str(doc["error"].get("message", doc["error"]))
                 return
             now = clock()
+            if doc.get("choices"):
+                out.chunks.append(now)
             for c in doc.get("choices") or ():
                 out.choice(c, now)
             out.document(doc)
@@ -173,16 +194,16 @@ def _error_text(status: int, text: str) -> str:
     return f"HTTP {status}: {msg}"
 
 
-def _record(rid: str, item: Any, out: _Outcome, arrival: float, t0: float) -> dict:
+def _record(rid: str, item: Any, out: _Outcome, arrival: float, start: float, t0: float) -> dict:
     usage = out.usage or {}
     d = out.dllm or {}
     return {
         "request_id": rid,
         "prompt_len": int(usage.get("prompt_tokens") or len(_get(item, "prompt_ids"))),
         "output_len": int(usage.get("completion_tokens") or out.tokens),
-        "arrival_time": arrival - t0, "admitted_time": None,
+        "arrival_time": arrival - t0, "start_time": start - t0, "admitted_time": None,
         "first_token_time": None if out.first is None else out.first - t0,
-        "finished_time": out.finished - t0,
+        "finished_time": out.finished - t0, "itl": inter_token_latencies(out.chunks),
         "nfe": d.get("nfe"), "logits_rows": d.get("logits_rows"), "kv_tokens": d.get("kv_tokens"),
         "kv_bytes": d.get("kv_bytes"), "server_e2el_ms": d.get("server_e2el_ms"),
     }
@@ -214,10 +235,11 @@ def stats_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict
 async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | None = None,
                  decode: Callable[[list[int]], str] | None = None, progress: ProgressFn | None = None,
                  max_duration: float | None = None, progress_interval: float = 0.25,
-                 holder: dict | None = None) -> dict:
-    """Replay `workload` against `ep` in real time; the result document of run_open_loop.
-    `holder["result"]` is kept current, so a caller interrupted by Ctrl-C still has the partial
-    result."""
+                 holder: dict | None = None, max_concurrency: int | None = None,
+                 api_key: str | None = None) -> dict:
+    """Replay `workload` against `ep` in real time, at most `max_concurrency` requests in flight
+    (None: no cap); the result document of run_open_loop. `holder["result"]` is kept current,
+    so a caller interrupted by Ctrl-C still has the partial result."""
     if ep.api == "chat" and decode is None:
         raise ValueError("the chat API sends text: pass decode (token ids -> text)")
     items = sorted(enumerate(workload), key=lambda p: arrival_offset(p[1]))
@@ -226,10 +248,12 @@ async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | N
     records: list[dict] = []
     rejected: list[dict] = []
     live: dict[str, asyncio.Task] = {}
-    state = {"sent": 0, "out_tokens": 0, "interrupted": False, "timed_out": False}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    started: set[str] = set()   # live requests past the concurrency cap (the others wait unsent)
+    state = {"arrived": 0, "sent": 0, "out_tokens": 0, "interrupted": False, "timed_out": False}
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency is not None else contextlib.nullcontext()
+    limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
     timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=auth_headers(api_key)) as client:
         before = await scrape(client, ep)
         t0 = clock()
 
@@ -237,23 +261,30 @@ async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | N
             el = clock() - t0
             return {"records": list(records), "rejected": list(rejected), "duration": el,
                     "interrupted": state["interrupted"], "timed_out": state["timed_out"],
-                    "unfinished": len(live), "unfinished_ids": list(live), "not_sent": len(items) - state["sent"],
+                    "unfinished": len(started), "unfinished_ids": sorted(started),
+                    "not_sent": len(items) - state["sent"],
                     "num_requests": len(items), "stats": {}}
 
         async def one(idx: int, item: Any, arrival: float) -> None:
             rid = str(_get(item, "request_id") or f"req-{idx}")
             out = _Outcome()
-            try:
-                await _send(client, ep, request_body(ep, item, block_length=block_length, decode=decode), out, clock)
-            except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:  # transport or a malformed reply
-                out.error = f"{type(e).__name__}: {e}"
-            live.pop(rid, None)
+            async with slots:
+                start = arrival if max_concurrency is None else max(arrival, clock())
+                started.add(rid)
+                state["sent"] += 1
+                try:
+                    await _send(client, ep, request_body(ep, item, block_length=block_length, decode=decode),
+                                out, clock)
+                except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:  # transport or a malformed reply
+                    out.error = f"{type(e).__name__}: {e}"
+                live.pop(rid, None)
+                started.discard(rid)
             if out.error is not None or out.finished is None:
                 rejected.append({"request_id": rid, "prompt_len": len(_get(item, "prompt_ids")),
                                  "gen_length": _get(item, "gen_length"), "arrival_time": arrival - t0,
                                  "error": out.error or "no response"})
                 return
-            rec = _record(rid, item, out, arrival, t0)
+            rec = _record(rid, item, out, arrival, start, t0)
             records.append(rec)
             state["out_tokens"] += rec["output_len"]
 
@@ -262,7 +293,7 @@ async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | N
                 holder["result"] = result()
                 if progress is not None:
                     el = clock() - t0
-                    progress(state["sent"], len(records), state["out_tokens"] / el if el > 0 else 0.0)
+                    progress(state["arrived"], len(records), state["out_tokens"] / el if el > 0 else 0.0)
                 await asyncio.sleep(progress_interval)
 
         reporter = asyncio.create_task(report())
@@ -275,13 +306,13 @@ async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | N
                 await asyncio.sleep(max(0.0, at - clock()))
                 rid = str(_get(item, "request_id") or f"req-{idx}")
                 live[rid] = asyncio.create_task(one(idx, item, at))
-                state["sent"] += 1
+                state["arrived"] += 1
             pending = list(live.values())
             if pending:
                 _, still = await asyncio.wait(pending, timeout=None if math.isinf(deadline) else max(0.0, deadline - clock()))
                 if still:
                     state["timed_out"] = True
-            elif state["sent"] < len(items):
+            elif state["arrived"] < len(items):
                 state["timed_out"] = True
         except asyncio.CancelledError:
             state["interrupted"] = True
@@ -294,14 +325,14 @@ async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | N
             res["stats"] = {**stats_delta(before, await scrape(client, ep)), **http_overhead(records)}
             holder["result"] = res
             if progress is not None:
-                progress(state["sent"], len(records), state["out_tokens"] / max(res["duration"], 1e-9))
+                progress(state["arrived"], len(records), state["out_tokens"] / max(res["duration"], 1e-9))
     return res
 
 
 def http_overhead(records: Iterable[Mapping]) -> dict:
     """Median and largest time HTTP added to a request (client E2EL minus the server's own
     job-to-last-block time), from servers that report it (ours); {} from others."""
-    added = sorted((r["finished_time"] - r["arrival_time"]) * 1e3 - r["server_e2el_ms"] for r in records
+    added = sorted((r["finished_time"] - r.get("start_time", r["arrival_time"])) * 1e3 - r["server_e2el_ms"] for r in records
                    if r.get("server_e2el_ms") is not None and r.get("finished_time") is not None)
     if not added:
         return {}
@@ -332,7 +363,7 @@ def measure_endpoint(run: Any, variant: SystemVariant, workload: list, on_event:
     if ep.api == "chat":
         tok = load_tokenizer(run.model_dir)
         decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
-    cards = {m.get("id"): m for m in list_models(ep.url)}
+    cards = {m.get("id"): m for m in list_models(ep.url, api_key=run.api_key)}
     on_event({"event": "status", "message": f"{ep.url} ({ep.api}, {'stream' if ep.stream else 'whole'})"})
     total = len(workload)
     t0 = time.perf_counter()
@@ -343,12 +374,14 @@ def measure_endpoint(run: Any, variant: SystemVariant, workload: list, on_event:
 
     card = cards.get(ep.model, {})
     info = {"system": ENDPOINT, "label": variant.label, "kind": "endpoint", "knobs": variant.knob_dict,
+            "model_id": ep.model,
             "scenario": f"HTTP endpoint {ep.url}, model {ep.model}, {ep.api} API, "
                         f"{'streamed' if ep.stream else 'whole responses'}",
             "scenario_kind": "endpoint", "served_model_root": card.get("root"), "memory_budget": None}
     try:
         res = run_endpoint(ep, workload, block_length=run.preset.block_length if ep.dllm_extras else None,
-                           decode=decode, progress=progress, max_duration=run.max_duration)
+                           decode=decode, progress=progress, max_duration=run.max_duration,
+                           max_concurrency=run.max_concurrency, api_key=run.api_key)
     except KeyboardInterrupt as e:
         part = getattr(e, "partial", None)
         e.partial = None if part is None else {"result": part, "info": info}  # type: ignore[attr-defined]
@@ -359,16 +392,17 @@ def measure_endpoint(run: Any, variant: SystemVariant, workload: list, on_event:
 
 
 def resolve_endpoint(url: str, model_name: str | None, api: str, stream: bool, dllm_extras: bool,
-                     model: str | None) -> tuple[Endpoint, str | None]:
+                     model: str | None, api_key: str | None = None) -> tuple[Endpoint, str | None]:
     """`serve --endpoint` options -> (the Endpoint, the --model whose vocabulary and tokenizer
     the workload uses). Without --model: the served model's id, or its `root`, when it names a
-    local preset or checkpoint. Any problem is a UserError (nothing measured yet)."""
+    local preset or checkpoint. Any problem is a UserError (nothing measured yet). `api_key`
+    is sent, never stored: it is no part of the Endpoint (whose knobs go into config.json)."""
 
     if api not in APIS:
         raise UserError(f"--api must be one of {', '.join(APIS)}, got {api!r}")
     try:
         base = normalize_url(url)
-        cards = list_models(base)
+        cards = list_models(base, api_key=api_key)
     except EndpointError as e:
         raise UserError(str(e)) from None
     ids = [c.get("id") for c in cards]

@@ -6,13 +6,21 @@ system runs in this thread, so a request whose time passes during a long step() 
 right after that step; its arrival_time is still t0 + offset_i, so that wait is charged to the
 system as queueing, as a real client would see it.
 
+`max_concurrency` caps the requests in flight (handed over and not finished), vLLM's
+`--max-concurrency`: arrivals keep their times, and one that finds every slot taken waits in
+arrival order for a free one. As in vLLM, its latencies count from when it got the slot
+(`start_time`: the later of its arrival and the moment the request before it in that slot
+finished); the wait is its client-side queue time (start_time - arrival_time).
+
 Times in the returned records are seconds since t0 (the benchmark start).
 """
 from __future__ import annotations
 
+import heapq
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from engine.counters import max_batch_since
@@ -95,7 +103,15 @@ def step_stats_summary(stats: Mapping) -> dict:
     return stats
 
 
-def _record(out: Any, t0: float, arrival: float | None, keep_token_ids: bool) -> dict:
+def inter_token_latencies(times: Sequence[float] | None) -> list[float] | None:
+    """vLLM's ITL for a request whose tokens come a block at a time: the gaps between its
+    successive blocks (streamed chunks), one value per block after the first."""
+    if not times:
+        return None
+    return [float(b) - float(a) for a, b in zip(times, times[1:])]
+
+
+def _record(out: Any, t0: float, arrival: float | None, start: float | None, keep_token_ids: bool) -> dict:
     token_ids, prompt_ids = _get(out, "token_ids"), _get(out, "prompt_ids")
     rec: dict[str, Any] = {
         "request_id": _get(out, "request_id"),
@@ -105,10 +121,19 @@ def _record(out: Any, t0: float, arrival: float | None, keep_token_ids: bool) ->
     for k in TIME_FIELDS:
         v = _get(out, k)
         rec[k] = None if v is None else float(v) - t0
-    if rec["arrival_time"] is None and arrival is not None:
+    # The system saw the request when it got its slot (its own arrival_time); the workload's
+    # arrival is the scheduled one.
+    rec["start_time"] = rec["arrival_time"] if rec["arrival_time"] is not None else (
+        None if start is None else start - t0)
+    if arrival is not None:
         rec["arrival_time"] = arrival - t0
-    for k in ("nfe", "logits_rows", "kv_tokens", "kv_bytes"):
+    elif rec["arrival_time"] is None and start is not None:
+        rec["arrival_time"] = start - t0
+    rec["itl"] = inter_token_latencies(_get(out, "block_times"))
+    for k in ("nfe", "logits_rows", "kv_tokens", "kv_bytes", "steps_per_block"):
         rec[k] = _get(out, k)
+    # TPF (tokens per forward): what parallel decoding buys, per request
+    rec["tpf"] = rec["output_len"] / rec["nfe"] if rec["nfe"] and rec["output_len"] is not None else None
     if keep_token_ids:
         rec["token_ids"] = list(token_ids or ())
     return rec
@@ -117,17 +142,20 @@ def _record(out: Any, t0: float, arrival: float | None, keep_token_ids: bool) ->
 def run_open_loop(system: Any, workload: Iterable[Any], make_params: Callable[[Any], Any], *,
                   progress: ProgressFn | None = None, max_duration: float | None = None,
                   id_prefix: str = "req", keep_token_ids: bool = False,
-                  progress_interval: float = 0.1,
+                  progress_interval: float = 0.1, max_concurrency: int | None = None,
                   clock: Callable[[], float] = time.perf_counter,
                   sleep: Callable[[float], None] = time.sleep) -> dict:
     """Replay `workload` (items with prompt_ids, gen_length, an arrival offset in seconds and
-    optionally request_id) against `system` in real time.
+    optionally request_id) against `system` in real time, at most `max_concurrency` requests in
+    flight (None: no cap).
 
     Returns {records, rejected, duration, interrupted, timed_out, unfinished, unfinished_ids,
     not_sent, num_requests, stats}. Ctrl-C stops the loop and keeps what finished
     (interrupted=True); after `max_duration` seconds live requests are aborted (unfinished) and
-    not-yet-arrived ones are never sent (not_sent).
+    requests not yet handed over (not arrived, or waiting for a slot) are never sent (not_sent).
     """
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
     items = sorted(enumerate(workload), key=lambda p: arrival_offset(p[1]))  # stable for ties
     offsets = [arrival_offset(it) for _, it in items]
     # Checked up front: a lengths-only workload (no vocab) is a caller bug, not a rejection.
@@ -136,10 +164,13 @@ def run_open_loop(system: Any, workload: Iterable[Any], make_params: Callable[[A
     stats_before = dict(system.stats())
     records: list[dict] = []
     rejected: list[dict] = []
-    live: dict[str, float] = {}  # request_id -> absolute arrival time, for unfinished/abort
+    live: dict[str, tuple[float, float]] = {}  # request_id -> absolute (arrival, start) times
+    waiting: deque[int] = deque()  # arrived, waiting for a slot (positions in items)
+    # When each free slot became free (absolute times): a request taking one starts no earlier.
+    free: list[float] = [] if max_concurrency is None else [-math.inf] * max_concurrency
     out_tokens = 0
     interrupted = timed_out = False
-    nxt = 0
+    nxt = sent = 0
     deadline = math.inf if max_duration is None else float(max_duration)
     last_report = -math.inf
 
@@ -155,21 +186,29 @@ def run_open_loop(system: Any, workload: Iterable[Any], make_params: Callable[[A
     try:
         while True:
             now = clock()
-            # Hand over every request whose arrival time has passed (never one that has not).
+            # Every request whose arrival time has passed (never one that has not) is handed
+            # over, in arrival order, as long as a slot is free.
             while nxt < len(items) and t0 + offsets[nxt] <= now:
-                idx, it = items[nxt]
-                rid = str(_get(it, "request_id") or f"{id_prefix}-{idx}")
-                arr = t0 + offsets[nxt]
+                waiting.append(nxt)
                 nxt += 1
-                live[rid] = arr  # before the call: a Ctrl-C inside it must still abort it
+            while waiting and (max_concurrency is None or len(live) < max_concurrency):
+                pos = waiting.popleft()
+                idx, it = items[pos]
+                rid = str(_get(it, "request_id") or f"{id_prefix}-{idx}")
+                arr = t0 + offsets[pos]
+                start = arr if max_concurrency is None else max(arr, heapq.heappop(free))
+                sent += 1
+                live[rid] = (arr, start)  # before the call: a Ctrl-C inside it must still abort it
                 try:
                     system.add_request(list(_get(it, "prompt_ids")), make_params(it),
-                                       request_id=rid, arrival_time=arr)
+                                       request_id=rid, arrival_time=start)
                 except ValueError as e:  # "can never run": recorded, the benchmark goes on
                     del live[rid]
+                    if max_concurrency is not None:
+                        heapq.heappush(free, start)
                     rejected.append({"request_id": rid, "prompt_len": len(_get(it, "prompt_ids")),
                                      "gen_length": _get(it, "gen_length"),
-                                     "arrival_time": offsets[nxt - 1], "error": str(e)})
+                                     "arrival_time": offsets[pos], "error": str(e)})
             if now - t0 >= deadline:
                 timed_out = True
                 break
@@ -178,7 +217,11 @@ def run_open_loop(system: Any, workload: Iterable[Any], make_params: Callable[[A
                     rid = _get(out, "request_id")
                     if _get(out, "finished", True) is False:
                         continue  # not a completion (still live, or aborted by the system)
-                    rec = _record(out, t0, live.pop(rid, None), keep_token_ids)
+                    arr, start = live.pop(rid, (None, None))
+                    rec = _record(out, t0, arr, start, keep_token_ids)
+                    if max_concurrency is not None and arr is not None:
+                        done = _get(out, "finished_time")
+                        heapq.heappush(free, clock() if done is None else float(done))
                     records.append(rec)
                     out_tokens += rec["output_len"] or 0
                 report()
@@ -202,6 +245,6 @@ def run_open_loop(system: Any, workload: Iterable[Any], make_params: Callable[[A
         "records": records, "rejected": rejected, "duration": duration,
         "interrupted": interrupted, "timed_out": timed_out,
         "unfinished": len(unfinished_ids), "unfinished_ids": unfinished_ids,
-        "not_sent": len(items) - nxt, "num_requests": len(items),
+        "not_sent": len(items) - sent, "num_requests": len(items),
         "stats": _stats_delta(stats_before, dict(system.stats())),
     }

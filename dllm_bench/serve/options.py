@@ -15,6 +15,7 @@ from typing import Any
 from dllm_bench import inputs
 from dllm_bench.device_defaults import resolve_budget
 from dllm_bench.errors import UserError
+from dllm_bench.metric_options import metric_options
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import build_workloads, model_info
@@ -118,6 +119,10 @@ class ServeOptions:
     max_duration: float | None = None
     num_warmups: int = 1
     no_profile_cache: bool = False
+    max_concurrency: int | None = None          # vLLM's: requests in flight at most
+    percentile_metrics: str | None = None       # which of ttft,tpot,itl,e2el get percentiles
+    metric_percentiles: str | None = None       # which percentiles, e.g. 50,90,99
+    goodput: tuple[str, ...] | None = None      # SLO pairs METRIC:MS
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> ServeOptions:
@@ -172,6 +177,9 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True) -> ServeRun:
         raise UserError(f"--time-scale must be > 0, got {o.time_scale}")
     if o.num_warmups < 0:
         raise UserError(f"--num-warmups must be >= 0, got {o.num_warmups}")
+    if o.max_concurrency is not None and o.max_concurrency < 1:
+        raise UserError(f"--max-concurrency must be >= 1, got {o.max_concurrency}")
+    reporting = metric_options(o.percentile_metrics, o.metric_percentiles, o.goodput)
     over: dict[str, Any] = {}
     for k in ("max_num_batched_tokens", "max_num_seqs", "gen_cap", "block_length", "max_prompt_len", "threads"):
         v = getattr(o, k)
@@ -218,7 +226,8 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True) -> ServeRun:
         duration=duration, dataset_path=str(dataset_path) if dataset_path else None,
         time_scale=o.time_scale, burstgpt_model=o.burstgpt_model, memory_budget=budget,
         memory_budget_source=mb.to_dict(), max_duration=o.max_duration, num_warmups=o.num_warmups,
-        use_cache=not o.no_profile_cache, repeats=o.repeats, options=opts)
+        use_cache=not o.no_profile_cache, repeats=o.repeats, options=opts, max_concurrency=o.max_concurrency,
+        metric_options=reporting)
     build_workloads(run)
     return run
 

@@ -10,9 +10,11 @@ for a system) stops the run; an internal failure is recorded and the run goes on
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +105,13 @@ def display_label(summary: Mapping[str, Any]) -> str:
 def point_summary(out: Mapping, pp: PlannedPoint, run: ServeRun) -> tuple[dict, list, dict]:
     """A worker's output -> (metrics summary, request records, extra fields of summary.json)."""
     res, info = out["result"], out["info"]
-    summary = summarize(res)
+    summary = summarize(res, run.metric_options, run.max_concurrency)
     summary["rps"] = pp.rps
     extra = {
+        # vLLM's --save-result keys where the meaning is the same (docs/SERVE.md)
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "model_id": info.get("model_id") or str(run.preset.model),
+        "request_rate": "inf" if math.isinf(pp.rps) else pp.rps, "burstiness": run.burstiness,
+        "max_concurrency": run.max_concurrency,
         "system_name": pp.variant.name, "is_baseline": pp.variant.is_baseline, "knobs": info.get("knobs"),
         "scenario": info.get("scenario"), "scenario_kind": info.get("scenario_kind", "engine"),
         "max_batch_size": info.get("max_batch_size"), "batch_capped": info.get("batch_capped", False),

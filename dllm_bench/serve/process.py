@@ -22,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dllm_bench.serve.config import ServeRun
-from dllm_bench.simulate import drift
 
 INTERRUPT_GRACE_S = 30.0  # after Ctrl-C, how long a worker may take to write its partial result
 
@@ -47,8 +46,7 @@ def worker_spec(run: ServeRun, variant, workload, shape) -> dict:
         "workload": [{"request_id": r.request_id, "prompt_ids": r.prompt_ids, "gen_length": r.gen_length,
                       "arrival": r.arrival} for r in workload],
         "max_duration": run.max_duration, "num_warmups": run.num_warmups, "use_cache": run.use_cache,
-        # the machine's speed around the replay, for `simulate --validate` (DLLM_BENCH_SPEED_GAUGE=1)
-        "speed_gauge": drift.requested(),
+        "max_concurrency": run.max_concurrency,
     }
 
 

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dllm_bench.console import console as stderr_console
+from dllm_bench.metric_options import DEFAULT_PERCENTILES, PERCENTILE_METRICS, percentile_word
 from dllm_bench.metrics import ratio_table
 from dllm_bench.repeats import batch_text, cell, compare
 
@@ -27,32 +28,54 @@ def _ruler(title: str = "", c: str = "-") -> str:
 def _row(label: str, value: Any, unit_scale: float = 1.0) -> str:
     if value is None:
         return "{:<40} {:<10}".format(label, "n/a")
+    if isinstance(value, str):
+        return f"{label:<40} {value:<10}"
     if isinstance(value, bool) or isinstance(value, int) and unit_scale == 1.0:
         return f"{label:<40} {value:<10}"
     return f"{label:<40} {float(value) * unit_scale:<10.2f}"
 
 
+Section = tuple[str | None, list[tuple[str, str, float]]]   # (title or None, [(label, key, scale)])
+
+# The first section; goodput and the concurrency rows are there only when they were asked for.
+HEAD: list[tuple[str, str, float]] = [
+    ("Successful requests:", "completed", 1), ("Rejected requests:", "rejected", 1),
+    ("Unfinished requests (aborted):", "unfinished", 1),
+    ("Maximum request concurrency:", "max_concurrency", 1),
+    ("Request rate configured (RPS):", "rps", 1),
+    ("Benchmark duration (s):", "duration_s", 1),
+    ("Total input tokens:", "total_input_tokens", 1),
+    ("Total generated tokens:", "total_output_tokens", 1),
+    ("Request throughput (req/s):", "request_throughput", 1),
+    ("Request goodput (req/s):", "request_goodput", 1),
+    ("Requests meeting every SLO:", "good_requests", 1),
+    ("Output token throughput (tok/s):", "output_throughput", 1),
+    ("Peak concurrent requests:", "max_concurrent_requests", 1),
+    ("Total token throughput (tok/s):", "total_token_throughput", 1)]
+
+# vLLM's latency sections: metric key, label, title.
+LATENCIES = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
+             "itl": ("ITL", "Inter-token Latency (between blocks)"), "e2el": ("E2EL", "End-to-end Latency")}
+# Under --max-concurrency: the wait for a slot, and the latency a caller saw including it.
+CLIENT_QUEUE = {"client_queue": ("Client Queue Time", "Client-side Queueing (wait for a slot)"),
+                "e2el_including_client_queue": ("E2EL incl. Client Queue", "Queue-inclusive End-to-end Latency")}
+
+
+def latency_sections(summary: Mapping[str, Any]) -> list[Section]:
+    """Mean, median and the selected percentiles (--metric-percentiles) of each selected metric
+    (--percentile-metrics), as vLLM prints them; a summary made before the selection existed
+    gets the defaults."""
+    chosen = summary.get("percentile_metrics") or PERCENTILE_METRICS
+    pcts = [percentile_word(p) for p in summary.get("metric_percentiles") or DEFAULT_PERCENTILES]
+    blocks = [(k, *LATENCIES[k]) for k in PERCENTILE_METRICS if k in chosen]
+    if summary.get("max_concurrency") is not None:
+        blocks += [(k, *v) for k, v in CLIENT_QUEUE.items()]
+    return [(title, [(f"Mean {name} (ms):", f"mean_{k}_ms", 1), (f"Median {name} (ms):", f"median_{k}_ms", 1)]
+             + [(f"P{w} {name} (ms):", f"p{w}_{k}_ms", 1) for w in pcts]) for k, name, title in blocks]
+
+
 # (section title or None, [(label, key, scale)]); scale turns bytes into MiB.
-SECTIONS: list[tuple[str | None, list[tuple[str, str, float]]]] = [
-    (None, [("Successful requests:", "completed", 1), ("Rejected requests:", "rejected", 1),
-            ("Unfinished requests (aborted):", "unfinished", 1),
-            ("Request rate configured (RPS):", "rps", 1),
-            ("Benchmark duration (s):", "duration_s", 1),
-            ("Total input tokens:", "total_input_tokens", 1),
-            ("Total generated tokens:", "total_output_tokens", 1),
-            ("Request throughput (req/s):", "request_throughput", 1),
-            ("Output token throughput (tok/s):", "output_throughput", 1),
-            ("Total token throughput (tok/s):", "total_token_throughput", 1)]),
-    ("Time to First Token", [("Mean TTFT (ms):", "mean_ttft_ms", 1),
-                             ("Median TTFT (ms):", "median_ttft_ms", 1),
-                             ("P99 TTFT (ms):", "p99_ttft_ms", 1)]),
-    ("Time per Output Token (excl. 1st token)", [("Mean TPOT (ms):", "mean_tpot_ms", 1),
-                                                 ("Median TPOT (ms):", "median_tpot_ms", 1),
-                                                 ("P99 TPOT (ms):", "p99_tpot_ms", 1)]),
-    ("End-to-end Latency", [("Mean E2EL (ms):", "mean_e2el_ms", 1),
-                            ("Median E2EL (ms):", "median_e2el_ms", 1),
-                            ("P90 E2EL (ms):", "p90_e2el_ms", 1),
-                            ("P99 E2EL (ms):", "p99_e2el_ms", 1)]),
+SECTIONS: list[Section] = [
     ("Queueing (arrival to admission)", [("Mean queue time (ms):", "mean_queue_ms", 1),
                                          ("Median queue time (ms):", "median_queue_ms", 1),
                                          ("P99 queue time (ms):", "p99_queue_ms", 1)]),
@@ -61,9 +84,14 @@ SECTIONS: list[tuple[str | None, list[tuple[str, str, float]]]] = [
         ("Max time HTTP added (ms):", "http_overhead_max_ms", 1)]),
     ("Jitter", [("Latency std σ (ms):", "latency_std_ms", 1),
                 ("Latency span max-min (ms):", "latency_span_ms", 1)]),
-    ("Diffusion Decoding", [("Forwards:", "forwards", 1),
+    ("Diffusion Decoding", [("Decoding:", "decoding", 1),
+                            ("Forwards:", "forwards", 1),
                             ("Tokens per forward:", "tokens_per_forward", 1),
                             ("Mean forwards per request (NFE):", "mean_nfe", 1),
+                            ("Mean TPF per request:", "mean_tpf", 1),
+                            ("P50 TPF per request:", "p50_tpf", 1),
+                            ("P90 TPF per request:", "p90_tpf", 1),
+                            ("Mean forwards per block:", "mean_steps_per_block", 1),
                             ("Mean realised batch size:", "mean_batch_size", 1),
                             ("Logits rows computed:", "logits_rows", 1),
                             ("Max logits rows in a step:", "max_logits_rows_in_step", 1),
@@ -80,7 +108,7 @@ def format_summary(summary: Mapping[str, Any], title: str | None = None) -> str:
         lines.append("{:<40} {:<10}".format("System:", title or summary.get("system")))
     if summary.get("dataset"):
         lines.append("{:<40} {:<10}".format("Dataset:", summary["dataset"]))
-    for section, rows in SECTIONS:
+    for section, rows in [(None, HEAD), *latency_sections(summary), *SECTIONS]:
         present = [(lab, k, sc) for lab, k, sc in rows if k in summary]
         if all(summary[k] is None for _, k, _ in present):  # e.g. HTTP rows of an in-process system
             continue
