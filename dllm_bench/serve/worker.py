@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ import torch  # noqa: E402
 from dllm_bench.errors import UserError  # noqa: E402
 from dllm_bench.results import atomic_write_json  # noqa: E402
 from dllm_bench.serve.loadgen import run_open_loop, step_stats_summary  # noqa: E402
-from dllm_bench.serve.speed_gauge import SpeedGauge  # noqa: E402
+from dllm_bench.simulate.drift import SpeedGauge  # noqa: E402
 from dllm_bench.systems.build import STATIC_PROFILE_STEPS, WorkloadShape, build_system, warm_up  # noqa: E402
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
 from engine.memory import MemoryMeter  # noqa: E402  (the profiler's meter: the budget is held, not only accounted)
@@ -109,7 +110,7 @@ def run(spec: dict, out_path: Path) -> int:
              elapsed=time.perf_counter() - t0)
 
     device = system.model.device
-    gauge = _speed_gauge(system.model) if device.type == "cpu" else None
+    gauge = _speed_gauge(system.model) if spec.get("speed_gauge") else None
     emit("status", message="serving")
     # On CUDA the meter reads the allocator's peak for free. On CPU it hooks every operator
     # (a Python dispatch mode), which slowed timed runs by 8-16 % and unequally across systems
@@ -130,7 +131,7 @@ def run(spec: dict, out_path: Path) -> int:
     result["stats"] = step_stats_summary({**(result.get("stats") or {}), "peak_measured_in": how,
                                           **budget_held(system, peak, spec.get("memory_budget"))})
     try:  # the whole process (Python, torch, weights...): a sanity number, not the budgeted bytes
-        import resource
+        import resource  # Unix only: elsewhere the figure is None
 
         info["peak_rss_bytes"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
     except (ImportError, OSError):
@@ -142,7 +143,8 @@ def run(spec: dict, out_path: Path) -> int:
 
 def _speed_gauge(model) -> SpeedGauge:
     """Read once before the replay (and once after it): the machine's speed while this point was
-    measured, in the units `calibrate` records (same GEMM shape, dtype and thread count)."""
+    measured, in the units `calibrate` records (same GEMM shape, dtype and thread count). Only a
+    validation's measured side asks for it (spec `speed_gauge`: dllm_bench.simulate.drift)."""
     cfg = model.config
     gauge = SpeedGauge(cfg.d_model, cfg.mlp_hidden_size, model.dtype, repeats=5)
     gauge.read()
@@ -198,8 +200,6 @@ def main(argv: list[str] | None = None) -> int:
         emit("error", kind="interrupted", message="interrupted before the run started")
         return 130
     except Exception as e:  # noqa: BLE001 - reported to the parent in one line, traceback to the log
-        import traceback
-
         traceback.print_exc()
         emit("error", kind="internal", message=f"{type(e).__name__}: {e}")
         return 1
