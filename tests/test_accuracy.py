@@ -172,8 +172,8 @@ def test_accuracy_command_end_to_end(tmp_path, monkeypatch):
 
     monkeypatch.setenv("DLLM_BENCH_RESULTS_DIR", str(tmp_path))
     # The plumbing runs on the random-weight `tiny` preset; tiny-math's accuracy is tested above.
-    r = CliRunner().invoke(_app(), ["--model", "tiny", "--limit", "4", "--retention", "0.1,0.5", "--json",
-                                    "--run-id", "t1", "--threads", "1"])
+    r = CliRunner().invoke(_app(), ["--model", "tiny", "--task", "synth", "--limit", "4", "--retention", "0.1,0.5",
+                                    "--json", "--run-id", "t1", "--threads", "1"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     run = tmp_path / "t1"

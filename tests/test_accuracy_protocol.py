@@ -54,7 +54,7 @@ def test_dev_then_test_with_several_models(tmp_path, monkeypatch):
     copy = tmp_path / "tiny-copy"
     shutil.copytree(model_dir("tiny"), copy)
     models = f"tiny,{copy}"
-    common = ["--model", models, "--limit", "3", "--retention", "0.25,0.5", "--selection", "head",
+    common = ["--model", models, "--task", "synth", "--limit", "3", "--retention", "0.25,0.5", "--selection", "head",
               "--score-query", "mean,max"]
     dev = _run([*common, "--split", "dev", "--run-id", "dev"], tmp_path)
     assert dev["split"] == "dev" and dev["models"] == ["tiny", str(copy)]

@@ -165,7 +165,7 @@ def test_a_resumed_run_keeps_the_auto_budget_it_started_with(cuda, tmp_path):
 # ---------------------------------------------------------------- server
 def test_server_model_dir_on_cuda_is_paper_knobs_bf16_budget_auto(cuda):
     """Was: cpu-default's knobs, float32 (32 GB of LLaDA-8B weights), 1300 MiB on CPU."""
-    from dllm_bench.commands.server import resolve_server_options
+    from dllm_bench.server.startup import resolve_server_options
     from dllm_bench.serve.presets import PRESETS
 
     opts = resolve_server_options(model=str(inputs.checkpoint_dir("tiny")), preset=None, knobs=KNOBS,
@@ -177,7 +177,7 @@ def test_server_model_dir_on_cuda_is_paper_knobs_bf16_budget_auto(cuda):
 
 
 def test_server_accepts_auto_on_cpu_and_refuses_a_budget_below_the_weights_before_loading():
-    from dllm_bench.commands.server import resolve_server_options
+    from dllm_bench.server.startup import resolve_server_options
 
     opts = resolve_server_options(model="tiny", preset=None, knobs=KNOBS, memory_budget="auto", dtype=None,
                                   device="cpu")
@@ -189,7 +189,7 @@ def test_server_accepts_auto_on_cpu_and_refuses_a_budget_below_the_weights_befor
 
 # ---------------------------------------------------------------- accuracy, lm-eval, generate
 def test_accuracy_on_cuda_is_bf16_with_one_budget_for_every_point(cuda):
-    from dllm_bench.commands.accuracy import device_options
+    from dllm_bench.accuracy.run import device_options
 
     opts, system_kw = device_options("auto", None, "auto", max_num_seqs=64, batch=32)
     assert (opts.device.type, opts.dtype) == ("cuda", "bfloat16")

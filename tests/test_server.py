@@ -29,7 +29,7 @@ def tok():
 @pytest.fixture(scope="module")
 def local_engine():
     """The server's engine (same preset knobs and budget) in this process."""
-    from dllm_bench.commands.server import build_state
+    from dllm_bench.server.startup import build_state
 
     knobs = dict.fromkeys(("cache", "selection", "retention", "scheduler", "max_num_logits", "max_num_seqs"))
     state, _ = build_state(model=MODEL, preset=None, served_model_name=None,

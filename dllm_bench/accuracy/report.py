@@ -149,3 +149,60 @@ def load_results(run_dir: Path) -> list[PointResult]:
                                row["metric"], other, row.get("elapsed_s", 0.0), row.get("nfe_mean", 0.0), {},
                                model=row.get("model", "")))
     return out
+
+
+# ------------------------------------------------------------------------------------ terminal
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def print_table(results: Sequence[PointResult], summary: dict, task: str, model: str, run_dir: Path,
+                plot: Path | None, protocol: Sequence[str] = ()) -> None:
+    """The run's table: one row per point; with several models the accuracy is their mean, the CI
+    the Wilson interval of the pooled counts, then the spread across seeds and each seed. Then
+    the smallest retention reaching 95 % of dense per series, and `protocol`: the scoring rules
+    and the dev split's choice."""
+    import shutil
+
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=shutil.get_terminal_size((120, 24)).columns)   # 120 when not a terminal
+    spread = seeds.spreads(results)
+    several = any(len(s.models) > 1 for s in spread.values())
+    pooled = seeds.pooled(results)
+    dense = pooled[0]
+    other = next(iter(dense.other), None)
+    n_each = results[0].n
+    who = f"{len(spread[dense.point.name].models)} models, " if several else ""
+    t = Table(title=f"accuracy · {task} ({summary.get('split', 'test')}) · {model} · {who}n = {n_each} per point"
+                    f"{' and model' if several else ''} · {dense.metric} · Wilson 95% CI")
+    cols = [("point", "left"), ("system", "left"), ("r", "right"), ("correct", "right"), ("acc %", "right"),
+            ("95% CI", "right")]
+    cols += [("seed sd", "right"), ("seed min-max", "right"), ("per seed %", "left")] if several else []
+    cols += [("flex %", "right")] if other else []
+    cols += [("/dense", "right"), ("s", "right")]
+    for c, j in cols:
+        t.add_column(c, justify=j, no_wrap=True)
+    for r in pooled:
+        p, sp = r.point, spread[r.point.name]
+        sysname = p.system if p.system != "engine" else f"engine:{p.cache}"
+        cells = [p.name, sysname, f"{p.retention:g}", f"{r.correct}/{r.n}", pct(r.accuracy),
+                 f"{pct(r.ci_low)}-{pct(r.ci_high)}"]
+        if several:
+            cells += [pct(sp.sd), f"{pct(sp.low)}-{pct(sp.high)}", " ".join(pct(a) for a in sp.accuracies)]
+        if other:
+            cells.append(pct(r.other[other]["accuracy"]))
+        cells += [f"{r.accuracy / dense.accuracy:.2f}" if dense.accuracy else "-", f"{r.elapsed_s:.0f}"]
+        t.add_row(*cells, style="bold" if p.role == "dense" else None)
+    con.print(t)
+    analysis = summary.get("analysis", {})
+    for sel in ("head", "uniform", "head-max", "uniform-max", "sparse-dllm"):
+        a = analysis.get(sel)
+        if a:
+            m = a["min_retention_95pct_dense"]
+            con.print(f"{sel}: smallest r reaching 95% of dense ({pct(analysis['target_95'])}%): "
+                      f"{m if m is not None else 'none of the swept r'}")
+    for line in protocol:
+        con.print(line, markup=False, highlight=False)
+    con.print(f"[dim]run: {run_dir}" + (f" · figure: {plot}" if plot else "") + "[/dim]")
