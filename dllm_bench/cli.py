@@ -12,6 +12,7 @@ import typer.main
 
 from dllm_bench import inputs
 from dllm_bench.errors import EXIT_USAGE, UserError
+from engine.parallel.group import RankFailure
 
 app = typer.Typer(
     name="dllm-bench",
@@ -31,6 +32,7 @@ COMMAND_MODULES = [
     "dllm_bench.commands.systems",
     "dllm_bench.commands.train",
     "dllm_bench.commands.accuracy",
+    "dllm_bench.commands.frontier",
     "dllm_bench.commands.ablate",
     "dllm_bench.commands.sweep",
     "dllm_bench.commands.report",
@@ -97,6 +99,9 @@ def main() -> None:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
+    except RankFailure as e:      # a tensor-parallel rank failed or exited: not bad input, one line too
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
     except (click.exceptions.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)
         sys.exit(130)

@@ -2,6 +2,7 @@
 concurrently. `--json` prints one JSON document on stdout; progress goes to stderr."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -13,7 +14,7 @@ from dllm_bench import console, inputs
 from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, parse_ids
 from dllm_bench.device_defaults import resolve_device_options
 from dllm_bench.errors import UserError
-from dllm_bench.systems.build import make_system
+from dllm_bench.systems.build import make_parallel_engine, make_system
 from engine import EngineConfig, SamplingParams
 
 SYSTEM_NAMES = ("engine", "llada", "fast-dllm", "dllm-cache", "sparse-dllm")
@@ -76,7 +77,11 @@ def register(app: typer.Typer) -> None:
         keep_ratio: float | None = typer.Option(None, help="sparse-dllm: KV keep ratio."),
         kernel_size: int | None = typer.Option(None, help="sparse-dllm: max-pool kernel (odd)."),
         chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the tokenizer's chat template to text prompts."),
-        threads: int | None = typer.Option(None, help="torch threads (CPU)."),
+        threads: int | None = typer.Option(None, help="torch threads (CPU; with --tensor-parallel-size: per rank, default 1)."),
+        tensor_parallel_size: int = typer.Option(
+            1, "--tensor-parallel-size", "--tp",
+            help="Engine: ranks of one engine (heads, MLP, vocabulary split): N GPUs (NCCL), or on a CPU N processes "
+                 "x --threads (gloo); workers spawned here, or launch with torchrun (docs/PARALLEL.md)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     ) -> None:
         """Generate with the engine (continuous batching) or a baseline system."""
@@ -86,6 +91,10 @@ def register(app: typer.Typer) -> None:
             if threads <= 0:
                 raise UserError("--threads must be positive")
             torch.set_num_threads(threads)
+        if tensor_parallel_size < 1:
+            raise UserError("--tensor-parallel-size must be >= 1")
+        if tensor_parallel_size > 1 and system != "engine":
+            raise UserError(f"--tensor-parallel-size applies to the engine only, not to system {system!r}")
         if not prompt and not prompt_ids:
             raise UserError("give at least one --prompt or --prompt-ids")
         if batch <= 0:
@@ -117,11 +126,20 @@ def register(app: typer.Typer) -> None:
                 if not text.strip():
                     raise UserError("empty prompt")
                 prompts.append(encode_prompt(tok, text, chat))
-        mdl = load_model(model, dtype, device)
-        sysobj = make_system(system, mdl, engine_config=engine_cfg, batch=batch, knobs=knobs)
+        if tensor_parallel_size > 1:
+            sysobj = make_parallel_engine(
+                dataclasses.replace(engine_cfg, model=str(path), tensor_parallel_size=tensor_parallel_size), threads)
+        else:
+            sysobj = make_system(system, load_model(model, dtype, device), engine_config=engine_cfg, batch=batch,
+                                 knobs=knobs)
         t0 = time.perf_counter()
-        outs = run_all(sysobj, prompts, params, show_progress=not json_out)
-        elapsed = time.perf_counter() - t0
+        try:
+            outs = run_all(sysobj, prompts, params, show_progress=not json_out)
+            elapsed = time.perf_counter() - t0
+            stats = sysobj.stats()
+        finally:
+            if tensor_parallel_size > 1:
+                sysobj.close()
         texts = [tok.decode(o.token_ids, skip_special_tokens=True) if tok is not None else None for o in outs]
         if json_out:
             doc = dict(
@@ -129,7 +147,8 @@ def register(app: typer.Typer) -> None:
                 model=str(path), system=system, dtype=dtype, elapsed_s=elapsed,
                 params=dict(gen_length=params.gen_length, steps=params.steps, block_length=params.block_length,
                             temperature=params.temperature, remasking=params.remasking, seed=params.seed),
-                stats={k: v for k, v in sysobj.stats().items() if not isinstance(v, list)},
+                tensor_parallel_size=tensor_parallel_size,
+                stats={k: v for k, v in stats.items() if not isinstance(v, list)},
             )
             typer.echo(json.dumps(doc))
             return

@@ -118,8 +118,9 @@ class Cluster:
             if dead or time.monotonic() > deadline:
                 for p in procs:
                     p.kill()
-                what = f"exited with code {dead[0].exitcode}" if dead else "did not start in time"
-                raise RankFailure(f"tensor-parallel {dead[0].name if dead else 'worker'} {what} while starting")
+                raise RankFailure(f"tensor-parallel rank {procs.index(dead[0]) + 1} exited (exit code "
+                                  f"{dead[0].exitcode}) while starting" if dead else
+                                  "tensor-parallel workers did not start in time")
             time.sleep(0.02)
         if torch.device(device).type == "cpu":
             torch.set_num_threads(threads)
