@@ -47,6 +47,14 @@ def default_dtype(device: str | torch.device | None) -> str:
     return "bfloat16" if is_cuda(device) else "float32"
 
 
+def cuda_graphs_on(flag: bool | None, device: str | torch.device | None) -> bool:
+    """`--cuda-graphs/--no-cuda-graphs` (None: not given) -> whether the engine pads Reuse-only
+    steps to batch buckets and replays them as CUDA graphs (engine.graphs): on by default on
+    CUDA, off on a CPU, where an explicit --cuda-graphs runs the same padding with plain calls.
+    Resolved here, not left as None to the engine, so config.json says what ran."""
+    return is_cuda(device) if flag is None else bool(flag)
+
+
 def gpu_identity(device: str | torch.device | None) -> dict | None:
     """Name and total memory of a CUDA device (None on CPU): what a measured profile depends on
     besides the code, the model and the knobs."""

@@ -30,11 +30,12 @@ def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_
     rows_mode = ab.parse_cache_rows(cache_rows)
     seed = opts.seed
     check_counts(opts.num_prompts, seed, opts.repeats)
-    sp = preset_for(opts.preset, opts.model)
+    # A checkpoint dir on a CUDA device takes the GPU preset, as in serve (preset_for).
+    sp = preset_for(opts.preset, opts.model, device=opts.device or "auto")
     st = ab.ablation_settings(sp.name, sp.num_prompts, opts.max_num_batched_tokens, opts.max_num_logits,
                               opts.num_prompts)
     n = st["num_prompts"]
-    # The preset is pinned to the one the ladder was planned with (preset_for without a device).
+    # The preset is pinned to the one the ladder was planned with.
     run = resolve_run(replace(opts, systems="sparse-dllm", dataset=",".join(ds_list), num_prompts=n, preset=sp.name,
                               max_num_batched_tokens=st["max_num_batched_tokens"],
                               max_num_logits=st["max_num_logits"]))

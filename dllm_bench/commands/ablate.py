@@ -18,6 +18,7 @@ from dllm_bench import inputs
 from dllm_bench.ablate.run import ablate
 from dllm_bench.commands.serve_flags import (
     AsJson,
+    CudaGraphs,
     GenLength,
     MaxDuration,
     Model,
@@ -62,6 +63,7 @@ def register(app: typer.Typer) -> None:
         num_warmups: NumWarmups = 1,
         max_duration: MaxDuration = None,
         no_profile_cache: NoProfileCache = False,
+        cuda_graphs: CudaGraphs = None,
     ) -> None:
         """Ablation (paper Fig. 8): Sparse-dLLM -> +engine -> +phase scheduler -> +logit budget, and cache policies."""
         result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)

@@ -12,7 +12,7 @@ import typer
 from baselines import SYSTEMS
 from dllm_bench import console, inputs
 from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, parse_ids
-from dllm_bench.device_defaults import resolve_device_options
+from dllm_bench.device_defaults import cuda_graphs_on, resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.systems.build import make_parallel_engine, make_system
 from engine import EngineConfig, SamplingParams
@@ -68,6 +68,10 @@ def register(app: typer.Typer) -> None:
         max_num_logits: int = typer.Option(1024, help="Engine logit budget (rows per chunk)."),
         no_logit_budget: bool = typer.Option(False, "--no-logit-budget", help="Engine: monolithic full-sequence logits."),
         scheduler: str = typer.Option("phase", help="Engine scheduler: phase | request."),
+        cuda_graphs: bool | None = typer.Option(
+            None, "--cuda-graphs/--no-cuda-graphs",
+            help="Engine: replay Reuse-only steps, padded to batch buckets, as CUDA graphs (default: on on CUDA; "
+                 "on a CPU --cuda-graphs runs the same padding with plain calls)."),
         batch: int = typer.Option(8, help="Baselines: static batch size."),
         threshold: float | None = typer.Option(None, help="fast-dllm: parallel-decoding confidence threshold."),
         fast_dllm_cache: str | None = typer.Option(None, help="fast-dllm: dual | prefix."),
@@ -105,7 +109,8 @@ def register(app: typer.Typer) -> None:
         try:
             engine_cfg = EngineConfig(cache=cache, retention=retention, selection=selection, dtype=dtype,
                                       max_num_logits=None if no_logit_budget else max_num_logits,
-                                      scheduler=scheduler, device=device)
+                                      scheduler=scheduler, device=device,
+                                      cuda_graphs=cuda_graphs_on(cuda_graphs, device))
         except ValueError as e:
             raise UserError(str(e)) from None
         given = dict(threshold=threshold, fast_dllm_cache=fast_dllm_cache, prompt_interval=prompt_interval,
@@ -145,6 +150,7 @@ def register(app: typer.Typer) -> None:
             doc = dict(
                 outputs=[dict(tokens=o.token_ids, text=t, nfe=o.nfe, prompt_tokens=len(o.prompt_ids)) for o, t in zip(outs, texts)],
                 model=str(path), system=system, dtype=dtype, elapsed_s=elapsed,
+                cuda_graphs=engine_cfg.cuda_graphs if system == "engine" else None,
                 params=dict(gen_length=params.gen_length, steps=params.steps, block_length=params.block_length,
                             temperature=params.temperature, remasking=params.remasking, seed=params.seed),
                 tensor_parallel_size=tensor_parallel_size,

@@ -60,6 +60,9 @@ MetricPercentiles = Annotated[str | None, typer.Option(
 Goodput = Annotated[list[str] | None, typer.Option(
     "--goodput", help="SLOs in ms, e.g. --goodput ttft:500 tpot:50 e2el:3000: goodput = requests meeting every "
     "SLO given, per second (vLLM's)")]
+CudaGraphs = Annotated[bool | None, typer.Option(
+    "--cuda-graphs/--no-cuda-graphs", help="engine: replay Reuse-only steps, padded to batch buckets, as CUDA graphs "
+    "[on on CUDA; on a CPU --cuda-graphs runs the same padding with plain calls]")]
 
 # The run directory and output of every command that writes a run.
 ResultDir = Annotated[Path | None, typer.Option(

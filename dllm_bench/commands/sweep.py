@@ -16,6 +16,7 @@ from dllm_bench import inputs
 from dllm_bench.commands.serve_flags import (
     AsJson,
     BaselineBatch,
+    CudaGraphs,
     MaxDuration,
     Model,
     NoProfileCache,
@@ -56,6 +57,7 @@ def register(app: typer.Typer) -> None:
         num_warmups: NumWarmups = 1,
         max_duration: MaxDuration = None,
         no_profile_cache: NoProfileCache = False,
+        cuda_graphs: CudaGraphs = None,
     ) -> None:
         """Sensitivity sweeps (paper Fig. 7): engine throughput relative to Sparse-dLLM vs input or output length."""
         result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)

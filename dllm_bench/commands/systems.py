@@ -9,10 +9,8 @@ from rich.table import Table
 
 from baselines import SYSTEMS
 from dllm_bench.console import console
+from dllm_bench.systems.spec import ENGINE_KNOBS
 from engine import EngineConfig
-
-ENGINE_KNOBS = ("cache", "selection", "retention", "pool_window", "delay_step", "scheduler",
-                "max_num_batched_tokens", "max_num_seqs", "max_num_logits")
 
 
 def system_rows() -> list[dict]:
@@ -20,7 +18,8 @@ def system_rows() -> list[dict]:
     rows = [dict(name="engine", kind="continuous batching (dLLM-Serve design)",
                  knobs={k: getattr(defaults, k) for k in ENGINE_KNOBS},
                  source="this repository: engine/ (paper: dLLM-Serve, arXiv 2512.17077; authors' code chosen-ox/dLLM-Serve aefbf0a)",
-                 notes="exact LLaDA with cache=none; dual = Fast-dLLM dual cache; sparse = head-centric or uniform retention")]
+                 notes="exact LLaDA with cache=none; dual = Fast-dLLM dual cache; sparse = head-centric or uniform "
+                       "retention; cuda_graphs None = on for CUDA")]
     for name, spec in SYSTEMS.items():
         up = spec.upstream
         rows.append(dict(name=name, kind="request-level static batching", knobs=dict(spec.knobs) | {"batch": "profiled"},

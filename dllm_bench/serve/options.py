@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dllm_bench import inputs
-from dllm_bench.device_defaults import resolve_budget
+from dllm_bench.device_defaults import cuda_graphs_on, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.metric_options import metric_options
 from dllm_bench.serve.config import ServeRun
@@ -123,6 +123,7 @@ class ServeOptions:
     percentile_metrics: str | None = None       # which of ttft,tpot,itl,e2el get percentiles
     metric_percentiles: str | None = None       # which percentiles, e.g. 50,90,99
     goodput: tuple[str, ...] | None = None      # SLO pairs METRIC:MS
+    cuda_graphs: bool | None = None
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> ServeOptions:
@@ -141,7 +142,8 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True) -> ServeRun:
     Device defaults (dllm_bench.device_defaults): a checkpoint dir without --preset on a CUDA
     device starts from the GPU preset; a CPU preset on CUDA runs in bfloat16; the budget (`auto`,
     or none given and none in the preset) is free memory x 0.9 on CUDA, measured here, once, for
-    every system of the run."""
+    every system of the run; the engine's CUDA graphs are on for a CUDA device unless
+    --no-cuda-graphs (resolved to true/false into the preset, so config.json says what ran)."""
     o = opts
     rps, num_prompts, duration, burstiness = o.rps, o.num_prompts, o.duration, o.burstiness
     dataset_path, device, dtype, seed = o.dataset_path, o.device, o.dtype, o.seed
@@ -211,6 +213,7 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True) -> ServeRun:
     if sp.gen_cap < sp.block_length:
         raise UserError(f"--gen-cap {sp.gen_cap} is smaller than one block ({sp.block_length} tokens)")
     inputs.device(sp.device)
+    sp = replace(sp, cuda_graphs=cuda_graphs_on(o.cuda_graphs, sp.device))
     mb = resolve_budget(sp.memory_budget, sp.device, required=True)
     budget = mb.bytes
     model_dir = inputs.checkpoint_dir(sp.model, weights=weights)

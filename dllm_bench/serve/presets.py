@@ -82,6 +82,9 @@ class ServePreset:
     threads: int = 2                 # torch threads of every system process
     dtype: str = "float32"
     device: str = "cpu"
+    # The engine's CUDA graphs (engine.graphs): None = on for a CUDA device; a run resolves it
+    # to true/false for its device (dllm_bench.serve.options.resolve_run).
+    cuda_graphs: bool | None = None
     rps: str = "0.5"
     baseline_knobs: dict = field(default_factory=lambda: {k: dict(v) for k, v in PAPER_BASELINE_KNOBS.items()})
     note: str = ""
@@ -104,7 +107,7 @@ class ServePreset:
     def engine_defaults(self) -> dict:
         """The engine knobs this preset sets (a variant's or a flag's own values win)."""
         return {"max_num_batched_tokens": self.max_num_batched_tokens, "max_num_logits": self.max_num_logits,
-                "max_num_seqs": self.max_num_seqs, "retention": self.retention}
+                "max_num_seqs": self.max_num_seqs, "retention": self.retention, "cuda_graphs": self.cuda_graphs}
 
     def describe(self) -> str:
         """One line stating the preset (printed at the start and the end of a run)."""

@@ -28,7 +28,8 @@ def sweep(opts: ServeOptions, *, vary: str, points: str | None, fixed_len: int |
     vary = sw.parse_vary(vary)
     seed, num_prompts, gen_length = opts.seed, opts.num_prompts, opts.gen_length
     check_counts(num_prompts, seed, opts.repeats)
-    sp = preset_for(opts.preset, opts.model)
+    # A checkpoint dir on a CUDA device takes the GPU preset, as in serve (preset_for).
+    sp = preset_for(opts.preset, opts.model, device=opts.device or "auto")
     if gen_length is not None:  # one output length for every request: the fixed side of an input sweep
         check_gen_length(gen_length, sp.block_length)
         if vary == "output-len":
@@ -39,7 +40,7 @@ def sweep(opts: ServeOptions, *, vary: str, points: str | None, fixed_len: int |
     plan = sw.plan_sweep(vary, length_scale=sp.length_scale, block_length=sp.block_length, device=sp.device,
                          points=points, fixed=fixed_len)
     n = num_prompts if num_prompts is not None else ABLATION_PROMPTS.get(sp.name, sp.num_prompts)
-    # The preset is pinned to the one the lengths were planned with (preset_for without a device);
+    # The preset is pinned to the one the lengths were planned with;
     # the point workloads carry their own lengths, so gen_length is theirs, not the run's.
     run = resolve_run(replace(opts, systems=opts.systems or sw.DEFAULT_SYSTEMS, dataset="random", num_prompts=n,
                               preset=sp.name, gen_length=None))

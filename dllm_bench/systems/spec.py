@@ -79,6 +79,15 @@ def _int_or_none(v: str) -> int | None:
     return None if _none(v) else _int(v)
 
 
+def _bool(v: str) -> bool:
+    low = v.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {v!r}")
+
+
 def _batch(v: str) -> int | str:
     """A baseline's `batch`: a number, or `upstream` (the batch its upstream code runs)."""
     return UPSTREAM if v.strip().lower() == UPSTREAM else _int(v)
@@ -97,7 +106,7 @@ def _engine_knobs() -> dict[str, Callable[[str], Any]]:
         "cache": _choice(CACHE_POLICIES), "selection": _choice(SELECTIONS),
         "retention": _float, "pool_window": _int, "delay_step": _int,
         "scheduler": _choice(SCHEDULERS), "max_num_logits": _int_or_none,
-        "max_num_batched_tokens": _int, "max_num_seqs": _int,
+        "max_num_batched_tokens": _int, "max_num_seqs": _int, "cuda_graphs": _bool,
     }
 
 
@@ -107,14 +116,7 @@ ENGINE_KNOBS = tuple(_engine_knobs())
 def _by_default(default: Any) -> Callable[[str], Any]:
     """Parser for a baseline knob, from the type of its default value."""
     if isinstance(default, bool):
-        def parse_bool(v: str) -> bool:
-            low = v.strip().lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(f"expected true/false, got {v!r}")
-        return parse_bool
+        return _bool
     if isinstance(default, int):
         return _int
     if isinstance(default, float):
