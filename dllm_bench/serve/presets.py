@@ -26,7 +26,8 @@ Rules shared by every preset (the paper's Table 3 / §6.1 shape):
   each baseline's largest batch is measured first (~1-2 min each), so two keep the run in 10
   minutes; the headline runs (`make bench-serve`) take more prompts' worth of repeats;
 * memory budget 1300 MiB: with float32 weights of 480 MiB, the memory left holds the RTX 4090's
-  dLLM-Serve concurrency (~34 paper-length requests; 33 here) and Fast-dLLM's largest static
+  dLLM-Serve concurrency (~34 paper-length requests; 29 here, counting each sparse request's block of
+  slots: `dllm-bench models similarity`) and Fast-dLLM's largest static
   batch (5); Sparse-dLLM and dLLM-Cache fit 6 instead of 10, because an 8-layer model's
   activations per token still weigh more against its KV than LLaDA-8B's 32 layers' do;
 * token budget 2048: two Refreshes of the longest canvas (900 + 128) per step. The paper's 4000
