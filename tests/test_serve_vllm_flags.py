@@ -109,3 +109,14 @@ def test_the_endpoint_key_is_the_option_else_openais_variable(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY")
     assert endpoint_api_key(None) is None
     assert auth_headers(None) == {} and auth_headers("k") == {"Authorization": "Bearer k"}
+
+
+def test_simulate_takes_the_same_flags(tmp_path):
+    r = cli("simulate", "--hardware", "rtx4090", "--preset", "paper", "--systems", "engine", "--rps", "inf",
+            "--num-prompts", "12", "--max-concurrency", "3", "--goodput", "e2el:8600", "--result-dir", str(tmp_path),
+            "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    s, recs = _point(tmp_path / json.loads(r.stdout)["run_id"])
+    _check_cap(s, recs, 3, 12)
+    good = sum((q["finished_time"] - q["start_time"]) * 1e3 <= 8600 for q in recs)
+    assert s["good_requests"] == good and s["request_goodput"] == pytest.approx(good / s["duration"])

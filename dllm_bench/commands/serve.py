@@ -15,6 +15,7 @@ import typer
 
 from dllm_bench import inputs
 from dllm_bench.commands.serve_flags import (
+    GOODPUT_CONTEXT,
     AsJson,
     BaselineBatch,
     BlockLength,
@@ -44,8 +45,8 @@ from dllm_bench.commands.serve_flags import (
     Seed,
     Systems,
     Threads,
+    goodput_pairs,
 )
-from dllm_bench.errors import UserError
 from dllm_bench.serve.endpoint import endpoint_api_key, resolve_endpoint
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.presets import DEFAULT_PRESET, GPU_PRESET, PRESETS
@@ -54,9 +55,7 @@ from dllm_bench.serve.run import serve
 
 # ---------------------------------------------------------------- the command
 def register(app: typer.Typer) -> None:
-    # vLLM's `--goodput ttft:500 e2el:3000` (several values to one flag, which click has not):
-    # the arguments after the flag's first value arrive as extra arguments.
-    @app.command("serve", context_settings={"allow_extra_args": True})
+    @app.command("serve", context_settings=GOODPUT_CONTEXT)
     def serve_cmd(
         ctx: typer.Context,
         rps: str | None = typer.Option(None, "--rps", "--request-rate",
@@ -111,9 +110,7 @@ def register(app: typer.Typer) -> None:
         api_key: str | None = typer.Option(None, "--api-key", help="--endpoint: sent as Authorization: Bearer KEY [$OPENAI_API_KEY]"),
     ) -> None:
         """Open-loop serving benchmark: every system replays the same arrivals under the same memory budget."""
-        if ctx.args and not goodput:
-            raise UserError(f"unexpected argument {ctx.args[0]!r}")
-        goodput = tuple(goodput or ()) + tuple(ctx.args)
+        goodput = goodput_pairs(ctx, goodput)
         ep, key = None, endpoint_api_key(api_key)
         if endpoint is not None:
             ep, model = resolve_endpoint(endpoint, endpoint_model, api, stream, dllm_extras, model, api_key=key)

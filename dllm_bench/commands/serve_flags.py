@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
 
 Systems = Annotated[str | None, typer.Option(
@@ -60,6 +61,17 @@ MetricPercentiles = Annotated[str | None, typer.Option(
 Goodput = Annotated[list[str] | None, typer.Option(
     "--goodput", help="SLOs in ms, e.g. --goodput ttft:500 tpot:50 e2el:3000: goodput = requests meeting every "
     "SLO given, per second (vLLM's)")]
+# vLLM's `--goodput ttft:500 e2el:3000` gives several values to one flag, which click has not: a
+# command taking it is registered with GOODPUT_CONTEXT and the values after the first arrive as
+# extra arguments (goodput_pairs).
+GOODPUT_CONTEXT = {"allow_extra_args": True}
+
+
+def goodput_pairs(ctx: typer.Context, goodput: list[str] | None) -> tuple[str, ...]:
+    """--goodput's values, those click left as extra arguments included."""
+    if ctx.args and not goodput:
+        raise UserError(f"unexpected argument {ctx.args[0]!r}")
+    return tuple(goodput or ()) + tuple(ctx.args)
 CudaGraphs = Annotated[bool | None, typer.Option(
     "--cuda-graphs/--no-cuda-graphs", help="engine: replay Reuse-only steps, padded to batch buckets, as CUDA graphs "
     "[on on CUDA; on a CPU --cuda-graphs runs the same padding with plain calls]")]

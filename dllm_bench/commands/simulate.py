@@ -8,23 +8,29 @@ import sys
 import typer
 
 from dllm_bench.commands.serve_flags import (
+    GOODPUT_CONTEXT,
     AsJson,
     BlockLength,
     Burstiness,
     Duration,
     GenCap,
     GenLength,
+    Goodput,
     LengthScale,
+    MaxConcurrency,
     MaxNumBatchedTokens,
     MaxNumLogits,
     MaxNumSeqs,
+    MetricPercentiles,
     NumPrompts,
+    PercentileMetrics,
     Preset,
     ResultDir,
     Retention,
     RunId,
     Seed,
     Systems,
+    goodput_pairs,
 )
 from dllm_bench.errors import UserError
 from dllm_bench.serve.options import ServeOptions
@@ -38,8 +44,9 @@ from dllm_bench.simulate.run import simulate_serve
 
 def register(app: typer.Typer) -> None:
 
-    @app.command("simulate")
+    @app.command("simulate", context_settings=GOODPUT_CONTEXT)
     def simulate_cmd(
+        ctx: typer.Context,
         hardware: str = typer.Option("cpu", "--hardware", help="profile name (cpu, rtx4090, l40s, a100-80g, h100, h200) "
                                      "or a file written by `dllm-bench calibrate`"),
         impl: str | None = typer.Option(None, "--impl", help="implementation per system, e.g. fast-dllm=engine "
@@ -76,6 +83,10 @@ def register(app: typer.Typer) -> None:
         repeats: int = typer.Option(1, "--repeats", help="simulate every point N times with workload seeds seed, "
                                     "seed+1, ... (serve's repeats; --validate pairs them by seed)"),
         max_duration: float | None = typer.Option(None, "--max-duration", help="simulated seconds per point"),
+        max_concurrency: MaxConcurrency = None,
+        goodput: Goodput = None,
+        percentile_metrics: PercentileMetrics = None,
+        metric_percentiles: MetricPercentiles = None,
         result_dir: ResultDir = None,
         run_id: RunId = None,
         as_json: AsJson = False,
@@ -85,7 +96,7 @@ def register(app: typer.Typer) -> None:
                                                  "point's measured machine speed when it read the speed gauge"),
     ) -> None:
         """Simulate `serve` on a hardware profile: the real schedulers, a calibrated cost model."""
-
+        goodput = goodput_pairs(ctx, goodput)
         if paper is not None:
             if paper not in REPLAYS:
                 raise UserError(f"--paper must be one of {', '.join(REPLAYS)}, got {paper!r}")

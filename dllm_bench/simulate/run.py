@@ -64,7 +64,8 @@ def _simulate_one(run, setup: SimSetup, pp: PlannedPoint, run_dir: Path, console
     """One point simulated and written in serve's layout; its summary."""
     hw, v = setup.hardware, pp.variant
     t0 = time.process_time()
-    out = simulate_point(v, setup, pp.workload, run.preset.block_length, max_duration=run.max_duration)
+    out = simulate_point(v, setup, pp.workload, run.preset.block_length, max_duration=run.max_duration,
+                         max_concurrency=run.max_concurrency)
     s, recs, extra = point_summary(out, pp, run)
     extra.update(simulated=True, hardware=hw.name, hardware_file=hw.path, impl=setup.impls[v.name],
                  scenario=out["info"].get("scenario"), scenario_kind=out["info"].get("scenario_kind", "engine"),

@@ -177,8 +177,10 @@ def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[
 
 
 def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
-                   max_duration: float | None = None, keep_steps: bool = False) -> dict:
-    """{"result": run_open_loop's result in simulated seconds, "info": what was built}."""
+                   max_duration: float | None = None, keep_steps: bool = False,
+                   max_concurrency: int | None = None) -> dict:
+    """{"result": run_open_loop's result in simulated seconds, "info": what was built}; at most
+    `max_concurrency` requests in flight, as serve's loop."""
 
     clock = setup.clock()
     max_len = max(len(w.prompt_ids) + w.gen_length for w in workload)
@@ -188,7 +190,7 @@ def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
         g = int(item.gen_length)
         return SamplingParams(gen_length=g, steps=g, block_length=block_length, temperature=0.0)
 
-    res = run_open_loop(system, workload, make_params, max_duration=max_duration,
+    res = run_open_loop(system, workload, make_params, max_duration=max_duration, max_concurrency=max_concurrency,
                         clock=clock.now, sleep=clock.sleep, progress_interval=math.inf)
     if not keep_steps:
         res["stats"] = step_stats_summary(res.get("stats") or {})
