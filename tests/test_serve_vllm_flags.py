@@ -120,3 +120,22 @@ def test_simulate_takes_the_same_flags(tmp_path):
     _check_cap(s, recs, 3, 12)
     good = sum((q["finished_time"] - q["start_time"]) * 1e3 <= 8600 for q in recs)
     assert s["good_requests"] == good and s["request_goodput"] == pytest.approx(good / s["duration"])
+
+
+@pytest.mark.parametrize("args, word", [
+    (["--max-concurrency", "0"], "--max-concurrency must be >= 1"),
+    (["--goodput", "ttft:500", "tbt:5"], "unknown metric 'tbt'"),
+    (["e2el:500"], "unexpected argument 'e2el:500'"),
+    (["--metric-percentiles", "50,200"], "not a percentile"),
+    (["--api-key", "k"], "--api-key is what serve sends to --endpoint")])
+def test_bad_flags_are_one_error_line_before_any_run(args, word, tmp_path, monkeypatch, capsys):
+    import sys
+
+    from dllm_bench.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["dllm-bench", "serve", "--model", MODEL, "--result-dir", str(tmp_path), *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and word in err and err.count("\n") == 1
+    assert not any(tmp_path.iterdir())

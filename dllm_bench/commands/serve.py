@@ -47,6 +47,7 @@ from dllm_bench.commands.serve_flags import (
     Threads,
     goodput_pairs,
 )
+from dllm_bench.errors import UserError
 from dllm_bench.serve.endpoint import endpoint_api_key, resolve_endpoint
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.presets import DEFAULT_PRESET, GPU_PRESET, PRESETS
@@ -111,6 +112,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Open-loop serving benchmark: every system replays the same arrivals under the same memory budget."""
         goodput = goodput_pairs(ctx, goodput)
+        if api_key is not None and endpoint is None:
+            raise UserError("--api-key is what serve sends to --endpoint: give --endpoint too")
         ep, key = None, endpoint_api_key(api_key)
         if endpoint is not None:
             ep, model = resolve_endpoint(endpoint, endpoint_model, api, stream, dllm_extras, model, api_key=key)
