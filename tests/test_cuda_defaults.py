@@ -165,12 +165,13 @@ def test_a_resumed_run_keeps_the_auto_budget_it_started_with(cuda, tmp_path):
 # ---------------------------------------------------------------- server
 def test_server_model_dir_on_cuda_is_paper_knobs_bf16_budget_auto(cuda):
     """Was: cpu-default's knobs, float32 (32 GB of LLaDA-8B weights), 1300 MiB on CPU."""
-    from dllm_bench.server.startup import resolve_server_options
     from dllm_bench.serve.presets import PRESETS
+    from dllm_bench.server.startup import resolve_server_options
 
     opts = resolve_server_options(model=str(inputs.checkpoint_dir("tiny")), preset=None, knobs=KNOBS,
                                   memory_budget=None, dtype=None, device=None)
-    assert opts.preset.name == "paper" and opts.preset.engine_defaults() == PRESETS["paper"].engine_defaults()
+    assert opts.preset.name == "paper"
+    assert opts.preset.engine_defaults() == {**PRESETS["paper"].engine_defaults(), "cuda_graphs": True}
     assert (opts.device, opts.dtype, opts.budget.bytes) == ("cuda", "bfloat16", AUTO)
     assert resolve_server_options(model="tiny", preset=None, knobs=KNOBS, memory_budget="auto", dtype=None,
                                   device="cuda").budget.bytes == AUTO
@@ -193,7 +194,7 @@ def test_accuracy_on_cuda_is_bf16_with_one_budget_for_every_point(cuda):
 
     opts, system_kw = device_options("auto", None, "auto", max_num_seqs=64, batch=32)
     assert (opts.device.type, opts.dtype) == ("cuda", "bfloat16")
-    assert system_kw == {"max_num_seqs": 64, "batch": 32, "memory_budget": AUTO}
+    assert system_kw == {"max_num_seqs": 64, "batch": 32, "memory_budget": AUTO, "cuda_graphs": True}
     opts, system_kw = device_options("auto", None, "auto", max_num_seqs=64, batch=32)
     assert system_kw["memory_budget"] == AUTO
 

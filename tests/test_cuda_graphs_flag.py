@@ -172,3 +172,87 @@ def test_ablate_and_sweep_with_a_checkpoint_dir_on_cuda_take_the_gpu_preset(whic
 @pytest.mark.parametrize("which", ["ablate", "sweep"])
 def test_ablate_and_sweep_with_a_checkpoint_dir_on_cpu_keep_the_cpu_preset(which, monkeypatch):
     assert _first_options(*_command(which), monkeypatch).preset == DEFAULT_PRESET
+
+
+# ---------------------------------------------------------------- server
+KNOBS = {k: None for k in ("cache", "selection", "retention", "scheduler", "max_num_batched_tokens",
+                           "max_num_logits", "max_num_seqs")}
+
+
+def _server(**over):
+    from dllm_bench.server.startup import resolve_server_options
+
+    return resolve_server_options(**{"model": "tiny", "preset": None, "knobs": KNOBS, "memory_budget": None,
+                                     "dtype": None, "device": None, **over})
+
+
+def test_server_resolves_graphs_for_its_device(cuda):  # noqa: F811
+    opts = _server(model=str(inputs.checkpoint_dir("tiny")))
+    assert opts.device == "cuda" and opts.preset.engine_defaults()["cuda_graphs"] is True
+    assert _server(model=str(inputs.checkpoint_dir("tiny")), cuda_graphs=False).preset.engine_defaults()["cuda_graphs"] is False
+    assert _server(device="cpu").preset.cuda_graphs is False
+
+
+def test_server_builds_its_engine_with_the_flag(monkeypatch):
+    """build_state hands the resolved value to the engine it builds (stopped there, on the CPU)."""
+    from dllm_bench.server import startup
+
+    seen = {}
+
+    def fake_build(variant, *, engine_defaults, **kw):
+        seen["config"] = EngineConfig(**engine_knobs(variant, engine_defaults))
+        raise UserError("stop before the engine is built")
+    monkeypatch.setattr(startup, "build_system", fake_build)
+    for flag, want in ((None, False), (True, True)):
+        with pytest.raises(UserError, match="stop before"):
+            startup.build_state(model="tiny", preset=None, served_model_name=None, knobs=KNOBS, memory_budget=None,
+                                dtype=None, device=None, threads=None, block_length=None, max_waiting=8,
+                                sampling=False, use_cache=False, cuda_graphs=flag)
+        assert seen["config"].cuda_graphs is want
+
+
+def test_server_cli_passes_the_flag(cli, monkeypatch):  # noqa: F811
+    from dllm_bench.commands import server as server_cmd
+
+    seen = {}
+
+    def fake_start(**kw):
+        seen.update(kw)
+        raise UserError("stop before the server starts")
+    monkeypatch.setattr(server_cmd, "start", fake_start)
+    for args, want in (((), None), (("--cuda-graphs",), True), (("--no-cuda-graphs",), False)):
+        cli("server", "--model", "tiny", *args)
+        assert seen["cuda_graphs"] is want
+
+
+# ---------------------------------------------------------------- accuracy
+def test_accuracy_points_get_the_runs_resolved_value(cuda):  # noqa: F811
+    from dllm_bench.accuracy.run import device_options
+
+    assert device_options("auto", None, "auto", 64, 32)[1]["cuda_graphs"] is True
+    assert device_options("auto", None, "auto", 64, 32, cuda_graphs=False)[1]["cuda_graphs"] is False
+    assert device_options("cpu", None, "auto", 64, 32)[1]["cuda_graphs"] is False
+
+
+def test_accuracy_cli_records_the_flag_and_builds_the_engine_with_it(tmp_path, monkeypatch):
+    """`accuracy --cuda-graphs` on the CPU: config.json says true and each engine point runs with it
+    (one tiny-math point of one sample)."""
+    import json
+
+    from dllm_bench.accuracy import backend
+    from dllm_bench.cli import main
+
+    built = []
+    real = backend.make_system
+
+    def spy(name, model, *, engine_config=None, **kw):
+        built.append(engine_config)
+        return real(name, model, engine_config=engine_config, **kw)
+    monkeypatch.setattr(backend, "make_system", spy)
+    monkeypatch.setattr("sys.argv", ["dllm-bench", "accuracy", "--model", "tiny-math", "--task", "synth",
+                                     "--limit", "1", "--retention", "0.5", "--selection", "head", "--no-r1",
+                                     "--cuda-graphs", "--result-dir", str(tmp_path), "--run-id", "g", "--json"])
+    main()
+    cfg = json.loads((tmp_path / "g" / "config.json").read_text())
+    assert cfg["config"]["cuda_graphs"] is True
+    assert built and all(c.cuda_graphs is True for c in built)

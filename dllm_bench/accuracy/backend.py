@@ -28,7 +28,8 @@ from engine.models.llada import LLaDAModelLM
 
 def point_system(point: Point, model: LLaDAModelLM, *, max_num_seqs: int = 64, max_num_batched_tokens: int = 8192,
                  max_num_logits: int | None = 1024, batch: int = 32, pool_window: int = 3,
-                 delay_step: int = 1, memory_budget: int | None = None) -> Any:
+                 delay_step: int = 1, memory_budget: int | None = None,
+                 cuda_graphs: bool | None = None) -> Any:
     """A fresh serving system for `point` over an already-loaded model (systems.build.make_system).
     `memory_budget`: the run's one budget (measured once), so every point's engine gets the same
     KV pool rather than whatever the previous point's engine left free."""
@@ -37,7 +38,8 @@ def point_system(point: Point, model: LLaDAModelLM, *, max_num_seqs: int = 64, m
                            retention=point.retention, score_query=point.score_query, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
                            pool_window=pool_window, delay_step=delay_step, sampling=False,
-                           device=str(model.device), attention_backend="auto", memory_budget=memory_budget)
+                           device=str(model.device), attention_backend="auto", memory_budget=memory_budget,
+                           cuda_graphs=cuda_graphs)
         return make_system("engine", model, engine_config=cfg, label=point.name)
     knobs = {"keep_ratio": point.retention} if point.system == "sparse-dllm" else {}
     return make_system(point.system, model, batch=batch, knobs=knobs, label=point.name)

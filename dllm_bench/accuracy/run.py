@@ -25,7 +25,7 @@ from dllm_bench.accuracy.backend import PointBackend
 from dllm_bench.accuracy.evaluate import eval_lm_eval_point, eval_synth_point
 from dllm_bench.accuracy.protocol import UPSTREAM_RULE, load_dev_choice
 from dllm_bench.checkpoints.load import load_model, load_tokenizer
-from dllm_bench.device_defaults import DeviceOptions, resolve_device_options
+from dllm_bench.device_defaults import DeviceOptions, cuda_graphs_on, resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.results import create_run
 from engine import SamplingParams
@@ -71,6 +71,7 @@ class AccuracyOptions:
     batch: int = 32
     r1: bool = True
     chat: bool = False
+    cuda_graphs: bool | None = None
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> AccuracyOptions:
@@ -97,11 +98,13 @@ def _names(spec: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
 
 
 def device_options(device: str, dtype: str | None, memory_budget: str, max_num_seqs: int,
-                   batch: int) -> tuple[DeviceOptions, dict]:
+                   batch: int, cuda_graphs: bool | None = None) -> tuple[DeviceOptions, dict]:
     """Device, dtype and the run's one memory budget (measured once, here, before a model is
-    loaded), and the keywords every point's system is built with (accuracy.backend.point_system)."""
+    loaded), and the keywords every point's system is built with (accuracy.backend.point_system):
+    the engine's CUDA graphs resolved for the device (on for CUDA unless --no-cuda-graphs)."""
     opts = resolve_device_options(device, dtype, memory_budget)
-    return opts, {"max_num_seqs": max_num_seqs, "batch": batch, "memory_budget": opts.budget.bytes}
+    return opts, {"max_num_seqs": max_num_seqs, "batch": batch, "memory_budget": opts.budget.bytes,
+                  "cuda_graphs": cuda_graphs_on(cuda_graphs, opts.device)}
 
 
 def protocol_lines(score_queries: list[str], chosen: dict | None) -> list[str]:
@@ -122,7 +125,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
     """Check every option (before any run directory), then measure, write and print each point."""
     if o.max_num_seqs <= 0 or o.batch <= 0:
         raise UserError("--max-num-seqs and --batch must be positive")
-    dev_opts, system_kw = device_options(o.device, o.dtype, o.memory_budget, o.max_num_seqs, o.batch)
+    dev_opts, system_kw = device_options(o.device, o.dtype, o.memory_budget, o.max_num_seqs, o.batch, o.cuda_graphs)
     dtype = dev_opts.dtype
     retentions = _floats(o.retention, "--retention")
     if any(not 0 < r <= 1 for r in retentions):
@@ -198,7 +201,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
                  gen_length=gen_length, block_length=block_length, steps=steps, seed=o.seed, dtype=dtype,
                  device=str(dev_opts.device), memory_budget=dev_opts.budget.bytes,
                  memory_budget_source=dev_opts.budget.to_dict(), threads=torch.get_num_threads(),
-                 max_num_seqs=o.max_num_seqs, batch=o.batch,
+                 max_num_seqs=o.max_num_seqs, batch=o.batch, cuda_graphs=system_kw["cuda_graphs"],
                  chat=o.chat, temperature=0.0, remasking="low_confidence", points=[p.name for p in points])
     if o.data is not None:
         knobs.update(data=str(o.data), data_rows=len(rows), split=split)

@@ -12,6 +12,7 @@ import typer
 from baselines import SYSTEMS
 from dllm_bench import console, inputs
 from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, parse_ids
+from dllm_bench.commands.serve_flags import CudaGraphs
 from dllm_bench.device_defaults import cuda_graphs_on, resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.systems.build import make_parallel_engine, make_system
@@ -68,10 +69,7 @@ def register(app: typer.Typer) -> None:
         max_num_logits: int = typer.Option(1024, help="Engine logit budget (rows per chunk)."),
         no_logit_budget: bool = typer.Option(False, "--no-logit-budget", help="Engine: monolithic full-sequence logits."),
         scheduler: str = typer.Option("phase", help="Engine scheduler: phase | request."),
-        cuda_graphs: bool | None = typer.Option(
-            None, "--cuda-graphs/--no-cuda-graphs",
-            help="Engine: replay Reuse-only steps, padded to batch buckets, as CUDA graphs (default: on on CUDA; "
-                 "on a CPU --cuda-graphs runs the same padding with plain calls)."),
+        cuda_graphs: CudaGraphs = None,
         batch: int = typer.Option(8, help="Baselines: static batch size."),
         threshold: float | None = typer.Option(None, help="fast-dllm: parallel-decoding confidence threshold."),
         fast_dllm_cache: str | None = typer.Option(None, help="fast-dllm: dual | prefix."),

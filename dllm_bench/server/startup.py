@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from dllm_bench import inputs
 from dllm_bench.checkpoints.load import load_config, load_tokenizer
-from dllm_bench.device_defaults import MemoryBudget, resolve_budget
+from dllm_bench.device_defaults import MemoryBudget, cuda_graphs_on, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import ServePreset, preset_for
 from dllm_bench.serve.workload import model_info
@@ -65,9 +65,11 @@ class ServerOptions:
 
 def resolve_server_options(*, model: str | None, preset: str | None, knobs: dict, memory_budget: str | None,
                            dtype: str | None, device: str | None, threads: int | None = None,
-                           block_length: int | None = None, max_waiting: int = DEFAULT_MAX_WAITING) -> ServerOptions:
+                           block_length: int | None = None, max_waiting: int = DEFAULT_MAX_WAITING,
+                           cuda_graphs: bool | None = None) -> ServerOptions:
     """Every option checked, before a weight is loaded: a budget that cannot hold the weights is
-    refused here, not after loading them (LLaDA-8B in float32: 32 GB) and profiling for minutes."""
+    refused here, not after loading them (LLaDA-8B in float32: 32 GB) and profiling for minutes.
+    The engine's CUDA graphs (`cuda_graphs`, None: on for CUDA) are resolved into the preset."""
     sp = preset_for(preset, model, device=device or "auto")
     for name, v in (("--threads", threads), ("--block-length", block_length), ("--max-waiting", max_waiting)):
         if v is not None and v < 1:
@@ -79,6 +81,7 @@ def resolve_server_options(*, model: str | None, preset: str | None, knobs: dict
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     device = inputs.device(device or sp.device)
     dtype = dtype or sp.dtype_on(device)
+    sp = replace(sp, cuda_graphs=cuda_graphs_on(cuda_graphs, device))
     model_dir = inputs.checkpoint_dir(sp.model)
     budget = resolve_budget(sp.memory_budget if memory_budget is None else memory_budget, device)
     weights = model_info(model_dir, dtype)["weights_bytes"]
@@ -92,7 +95,7 @@ def resolve_server_options(*, model: str | None, preset: str | None, knobs: dict
 def build_state(*, model: str | None, preset: str | None, served_model_name: str | None,
                 knobs: dict, memory_budget: str | None, dtype: str | None, device: str | None,
                 threads: int | None, block_length: int | None, max_waiting: int, sampling: bool,
-                use_cache: bool, log=lambda m: None, api_key: str | None = None):
+                use_cache: bool, log=lambda m: None, api_key: str | None = None, cuda_graphs: bool | None = None):
     """The engine (KV pool profiled for the budget, warmed up) in an EngineLoop, and the
     ServerState the app serves; any bad option is a UserError."""
     # FastAPI (the app's) loads only when a server is built, not with every command.
@@ -101,12 +104,13 @@ def build_state(*, model: str | None, preset: str | None, served_model_name: str
 
     opts = resolve_server_options(model=model, preset=preset, knobs=knobs, memory_budget=memory_budget,
                                   dtype=dtype, device=device, threads=threads, block_length=block_length,
-                                  max_waiting=max_waiting)
+                                  max_waiting=max_waiting, cuda_graphs=cuda_graphs)
     sp, model_dir = opts.preset, opts.model_dir
     torch.set_num_threads(opts.threads)
     cfg = load_config(model_dir)
     tokenizer = load_tokenizer(model_dir)
-    log(f"{opts.dtype} on {opts.device}, memory budget {opts.budget.detail}")
+    log(f"{opts.dtype} on {opts.device}, memory budget {opts.budget.detail}, "
+        f"CUDA graphs {'on' if sp.cuda_graphs else 'off'}")
     built = build_system(opts.variant, model_dir=model_dir, dtype=opts.dtype, device=opts.device,
                          memory_budget=opts.budget.bytes, engine_defaults=sp.engine_defaults(),
                          max_model_len=sp.max_model_len, use_cache=use_cache, sampling=sampling, log=log)
@@ -123,7 +127,7 @@ def build_state(*, model: str | None, preset: str | None, served_model_name: str
 def start(*, host: str, port: int, log_level: str, api_key: str | None, model: str | None, preset: str | None,
           served_model_name: str | None, knobs: dict, memory_budget: str | None, dtype: str | None,
           device: str | None, threads: int | None, block_length: int | None, max_waiting: int, sampling: bool,
-          use_cache: bool) -> None:
+          use_cache: bool, cuda_graphs: bool | None = None) -> None:
     """Check the port and every option, build and warm up the engine, then serve until stopped."""
     # uvicorn, FastAPI and the app load only when a server starts, not with every command.
     import uvicorn
@@ -142,7 +146,7 @@ def start(*, host: str, port: int, log_level: str, api_key: str | None, model: s
         memory_budget=memory_budget, dtype=dtype, device=device, threads=threads,
         block_length=block_length, max_waiting=max_waiting, sampling=sampling,
         use_cache=use_cache, log=lambda m: console.print(m, style="dim", highlight=False),
-        api_key=api_key)
+        api_key=api_key, cuda_graphs=cuda_graphs)
     pool = info.get("kv_pool_tokens")
     console.print(f"serving {state.model_name} ({info['label']}, KV pool "
                   f"{'unbounded' if pool is None else f'{pool} tokens'}) on http://{host}:{port}/v1",
