@@ -112,17 +112,20 @@ def test_serve_on_cpu_is_off_and_the_flag_reaches_the_built_engine(tmp_path):
     assert built.system.config.cuda_graphs is True and built.info["engine_config"]["cuda_graphs"] is True
 
 
-def test_serve_cli_takes_the_flag(cli, monkeypatch):  # noqa: F811
-    from dllm_bench.commands import serve as serve_cmd
+@pytest.mark.parametrize("command, target", [("serve", "resolve_run"), ("ablate", "ablate"), ("sweep", "sweep")])
+def test_serve_ablate_sweep_cli_take_the_flag(command, target, cli, monkeypatch):  # noqa: F811
+    """The flag is one of serve's options: each command hands it on in its ServeOptions."""
+    import importlib
 
     seen = {}
 
-    def fake_resolve(opts):
+    def fake(opts, **kw):
         seen["opts"] = opts
         raise UserError("stop before the run")
-    monkeypatch.setattr(serve_cmd, "resolve_run", fake_resolve)
+    monkeypatch.setattr(importlib.import_module(f"dllm_bench.commands.{command}"), target, fake)
+    extra = ("--vary", "input-len") if command == "sweep" else ()
     for args, want in (((), None), (("--cuda-graphs",), True), (("--no-cuda-graphs",), False)):
-        cli("serve", "--model", "tiny", *args)
+        cli(command, "--model", "tiny", *extra, *args)
         assert seen["opts"].cuda_graphs is want
 
 
