@@ -6,23 +6,18 @@ Every request is sent at t0 + its arrival offset whatever the server is doing, e
 asyncio task (httpx, no connection limit), like vLLM's `bench serve`; with `max_concurrency` at
 most that many are in flight and the others wait for a slot in arrival order (vLLM's semaphore),
 their latencies counted from when they are sent (`start_time`). Times are taken on this side:
-arrival = the scheduled send time, first token = the first streamed chunk that carries a choice
-(for a diffusion server that is the first committed block), ITL = the gaps between the later
-chunks, finished = the end of the response. A key (`--api-key`, else OPENAI_API_KEY) goes in
-every request as `Authorization: Bearer`, as OpenAI's clients send it. Output lengths come from the response's token ids or usage (the server's count, so a
-dLLM's whole blocks count as generated), else from the streamed chunks. For our own server the
-`dllm` extension adds per-request NFE, logit rows and KV, and its /metrics page the step counts.
+arrival = the scheduled send time, then the response's own times (dllm_bench.serve.response).
+A key (`--api-key`, else OPENAI_API_KEY) goes with every request as `Authorization: Bearer`, as
+OpenAI's clients send it; it is no part of the Endpoint, whose knobs are written to the run.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import os
-import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,15 +26,13 @@ import httpx
 from dllm_bench.checkpoints.load import load_tokenizer
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
-from dllm_bench.serve.loadgen import ProgressFn, _get, arrival_offset, inter_token_latencies
+from dllm_bench.serve.loadgen import ProgressFn, _get, arrival_offset
+from dllm_bench.serve.response import Outcome, error_text, http_overhead, record, scrape, send, stats_delta
 from dllm_bench.systems.spec import ENDPOINT, SystemVariant
 
 APIS = ("completions", "chat")
 CONNECT_TIMEOUT_S = 30.0
 API_KEY_ENV = "OPENAI_API_KEY"   # the key OpenAI's clients send when none is given
-# /metrics counters whose increase over a point is reported as the point's system stats.
-SCRAPED_COUNTERS = {"steps": "dllm_steps", "forwards": "dllm_forwards", "query_tokens": "dllm_query_tokens",
-                    "logits_rows": "dllm_logits_rows"}
 
 
 class EndpointError(Exception):
@@ -71,6 +64,10 @@ class Endpoint:
         return cls(**v.knob_dict)
 
     @property
+    def completions_url(self) -> str:
+        return self.url + ("/chat/completions" if self.api == "chat" else "/completions")
+
+    @property
     def root(self) -> str:
         """The server's root (where /metrics and /health live)."""
         return self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
@@ -97,7 +94,7 @@ def list_models(url: str, timeout: float = CONNECT_TIMEOUT_S, api_key: str | Non
     try:
         r = httpx.get(url + "/models", timeout=timeout, headers=auth_headers(api_key))
         if r.status_code == 401:
-            raise EndpointError(f"endpoint {url} refused the API key ({_error_text(401, r.text)}): "
+            raise EndpointError(f"endpoint {url} refused the API key ({error_text(401, r.text)}): "
                                 f"give the server's key with --api-key or ${API_KEY_ENV}")
         r.raise_for_status()
         data = r.json()["data"]
@@ -125,113 +122,6 @@ def request_body(ep: Endpoint, item: Any, *, block_length: int | None, decode: C
     return body
 
 
-class _Outcome:
-    """What one request produced, filled while its response arrives."""
-
-    def __init__(self) -> None:
-        self.first: float | None = None
-        self.chunks: list[float] = []   # arrival of every chunk with a choice (one per block)
-        self.finished: float | None = None
-        self.tokens = 0                # from streamed token ids or chunks
-        self.usage: dict | None = None
-        self.dllm: dict | None = None
-        self.error: str | None = None
-
-    def choice(self, c: Mapping, now: float) -> None:
-        if self.first is None:
-            self.first = now
-        ids = c.get("token_ids")
-        self.tokens += len(ids) if ids is not None else 1
-
-    def document(self, doc: Mapping) -> None:
-        if doc.get("usage"):
-            self.usage = doc["usage"]
-        if doc.get("dllm"):
-            self.dllm = doc["dllm"]
-
-
-async def _send(client: httpx.AsyncClient, ep: Endpoint, body: dict, out: _Outcome, clock) -> None:
-    if not ep.stream:
-        r = await client.post(ep.url + ("/chat/completions" if ep.api == "chat" else "/completions"), json=body)
-        if r.status_code != 200:
-            out.error = _error_text(r.status_code, r.text)
-            return
-        doc = r.json()
-        out.finished = clock()
-        for c in doc.get("choices", []):
-            out.tokens += len(c.get("token_ids") or ())
-        out.document(doc)
-        return
-    path = "/chat/completions" if ep.api == "chat" else "/completions"
-    async with client.stream("POST", ep.url + path, json=body) as r:
-        if r.status_code != 200:
-            out.error = _error_text(r.status_code, (await r.aread()).decode(errors="replace"))
-            return
-        async for line in r.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            doc = json.loads(data)
-            if "error" in doc:
-                out.error = str(doc["error"].get("message", doc["error"]))
-                return
-            now = clock()
-            if doc.get("choices"):
-                out.chunks.append(now)
-            for c in doc.get("choices") or ():
-                out.choice(c, now)
-            out.document(doc)
-    out.finished = clock()
-
-
-def _error_text(status: int, text: str) -> str:
-    try:
-        msg = json.loads(text)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        msg = text[:200]
-    return f"HTTP {status}: {msg}"
-
-
-def _record(rid: str, item: Any, out: _Outcome, arrival: float, start: float, t0: float) -> dict:
-    usage = out.usage or {}
-    d = out.dllm or {}
-    return {
-        "request_id": rid,
-        "prompt_len": int(usage.get("prompt_tokens") or len(_get(item, "prompt_ids"))),
-        "output_len": int(usage.get("completion_tokens") or out.tokens),
-        "arrival_time": arrival - t0, "start_time": start - t0, "admitted_time": None,
-        "first_token_time": None if out.first is None else out.first - t0,
-        "finished_time": out.finished - t0, "itl": inter_token_latencies(out.chunks),
-        "nfe": d.get("nfe"), "logits_rows": d.get("logits_rows"), "kv_tokens": d.get("kv_tokens"),
-        "kv_bytes": d.get("kv_bytes"), "server_e2el_ms": d.get("server_e2el_ms"),
-    }
-
-
-async def scrape(client: httpx.AsyncClient, ep: Endpoint) -> dict[str, float]:
-    """The server's dllm_* metrics, or {} when it has none (any other OpenAI server)."""
-    from dllm_bench.server.metrics import parse
-
-    try:
-        r = await client.get(ep.root + "/metrics", timeout=CONNECT_TIMEOUT_S)
-        return parse(r.text) if r.status_code == 200 else {}
-    except (httpx.HTTPError, ValueError):
-        return {}
-
-
-def stats_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict:
-    if not after:
-        return {}
-    out: dict[str, Any] = {k: int(after[m] - before.get(m, 0)) for k, m in SCRAPED_COUNTERS.items() if m in after}
-    steps = out.get("steps")
-    if steps and "dllm_batched_requests" in after:
-        out["mean_batch_size"] = (after["dllm_batched_requests"] - before.get("dllm_batched_requests", 0)) / steps
-    if "dllm_kv_pool_capacity_tokens" in after:
-        out["kv_pool_tokens"] = int(after["dllm_kv_pool_capacity_tokens"])
-    return out
-
-
 async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | None = None,
                  decode: Callable[[list[int]], str] | None = None, progress: ProgressFn | None = None,
                  max_duration: float | None = None, progress_interval: float = 0.25,
@@ -254,7 +144,7 @@ async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | N
     limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
     timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=auth_headers(api_key)) as client:
-        before = await scrape(client, ep)
+        before = await scrape(client, ep.root, CONNECT_TIMEOUT_S)
         t0 = clock()
 
         def result() -> dict:
@@ -267,14 +157,14 @@ async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | N
 
         async def one(idx: int, item: Any, arrival: float) -> None:
             rid = str(_get(item, "request_id") or f"req-{idx}")
-            out = _Outcome()
+            out = Outcome()
             async with slots:
                 start = arrival if max_concurrency is None else max(arrival, clock())
                 started.add(rid)
                 state["sent"] += 1
                 try:
-                    await _send(client, ep, request_body(ep, item, block_length=block_length, decode=decode),
-                                out, clock)
+                    await send(client, ep.completions_url, request_body(ep, item, block_length=block_length,
+                                                                        decode=decode), out, clock)
                 except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:  # transport or a malformed reply
                     out.error = f"{type(e).__name__}: {e}"
                 live.pop(rid, None)
@@ -284,7 +174,7 @@ async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | N
                                  "gen_length": _get(item, "gen_length"), "arrival_time": arrival - t0,
                                  "error": out.error or "no response"})
                 return
-            rec = _record(rid, item, out, arrival, start, t0)
+            rec = record(rid, len(_get(item, "prompt_ids")), out, arrival, start, t0)
             records.append(rec)
             state["out_tokens"] += rec["output_len"]
 
@@ -322,21 +212,12 @@ async def replay(ep: Endpoint, workload: Iterable[Any], *, block_length: int | N
             for task in list(live.values()):  # closing the connection makes the server abort it
                 task.cancel()
             await asyncio.gather(*live.values(), return_exceptions=True)
-            res["stats"] = {**stats_delta(before, await scrape(client, ep)), **http_overhead(records)}
+            res["stats"] = {**stats_delta(before, await scrape(client, ep.root, CONNECT_TIMEOUT_S)),
+                            **http_overhead(records)}
             holder["result"] = res
             if progress is not None:
                 progress(state["arrived"], len(records), state["out_tokens"] / max(res["duration"], 1e-9))
     return res
-
-
-def http_overhead(records: Iterable[Mapping]) -> dict:
-    """Median and largest time HTTP added to a request (client E2EL minus the server's own
-    job-to-last-block time), from servers that report it (ours); {} from others."""
-    added = sorted((r["finished_time"] - r.get("start_time", r["arrival_time"])) * 1e3 - r["server_e2el_ms"] for r in records
-                   if r.get("server_e2el_ms") is not None and r.get("finished_time") is not None)
-    if not added:
-        return {}
-    return {"http_overhead_median_ms": statistics.median(added), "http_overhead_max_ms": added[-1]}
 
 
 def run_endpoint(ep: Endpoint, workload: Iterable[Any], **kw: Any) -> dict:
