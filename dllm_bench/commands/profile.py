@@ -2,7 +2,10 @@
 with the logit budget and without it (monolithic logits), side by side (the paper's Fig 2).
 
 `--device-memory 80GiB` plans a GPU we do not have instead: the same two columns from the
-model's shapes alone (dllm_bench.simulate.memory's byte counts; no weights, no GPU)."""
+model's shapes alone (dllm_bench.simulate.memory's byte counts; no weights, no GPU).
+
+`--tensor-parallel-size N`: per rank of an engine split over N devices (docs/PARALLEL.md) — the
+plan of one of N such GPUs, or measured by N CPU processes each profiling its own shard."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +15,7 @@ import torch
 import typer
 from rich.table import Table
 
+from dllm_bench import inputs
 from dllm_bench.checkpoints.load import load_model, load_shape
 from dllm_bench.checkpoints.presets import param_count
 from dllm_bench.console import console
@@ -24,6 +28,10 @@ from dllm_bench.units import parse_size
 from engine import EngineConfig
 from engine.attention import resolve_backend
 from engine.config import DTYPES
+from engine.models.llada import LLaDAConfig
+from engine.parallel import Cluster
+from engine.parallel.rank import rank_profile
+from engine.parallel.sharding import check_divisible
 from engine.profiler import profile_kv_pool
 
 MiB = 2**20
@@ -40,6 +48,23 @@ def run_profiles(model, base: EngineConfig, max_model_len: int, logit_budget: in
     return out
 
 
+def run_rank_profiles(model_dir: str, base: EngineConfig, max_model_len: int, logit_budget: int, n: int,
+                      threads: int | None) -> dict:
+    """run_profiles on n CPU processes, each profiling its shard: rank 0's profile, its KV pool
+    the smallest any rank holds (every rank's pool addresses the same slots)."""
+    out = {}
+    cluster = Cluster.spawn(n, "cpu", threads or 1)
+    try:
+        for label, rows in (("logit budget", logit_budget), ("monolithic", None)):
+            cfg = dataclasses.replace(base, max_num_logits=rows, model=model_dir, tensor_parallel_size=n)
+            ranks = cluster.collective_rpc(rank_profile, cfg, max_model_len)
+            bad = next((r for r in ranks if isinstance(r, str)), None)
+            out[label] = bad or dataclasses.replace(ranks[0], kv_pool_tokens=min(r.kv_pool_tokens for r in ranks))
+    finally:
+        cluster.close()
+    return out
+
+
 def device_memory_bytes(spec: str) -> int:
     """`--device-memory`: a size, or a hardware profile's memory (simulate/hardware/*.json)."""
     if spec.strip().lower() in hardware.builtin_names():
@@ -52,10 +77,11 @@ def device_memory_bytes(spec: str) -> int:
 
 
 def _print_plan(model: str, device_bytes: int, base: EngineConfig, doc: dict, prompt_len: int, gen_length: int) -> None:
-    plans = doc["plans"]
+    plans, n = doc["plans"], doc["tensor_parallel_size"]
+    per = f" · per GPU of {n} (tensor parallel)" if n > 1 else ""
     t = Table(title=f"memory plan · {model} ({doc['n_params'] / 1e9:.2f}B params, {base.dtype}) · device "
                     f"{device_bytes / 2**30:.0f} GiB × {base.gpu_memory_utilization:g} = budget "
-                    f"{base.memory_budget / MiB:,.0f} MiB · {base.max_num_batched_tokens} query tokens/step")
+                    f"{base.memory_budget / MiB:,.0f} MiB · {base.max_num_batched_tokens} query tokens/step{per}")
     t.add_column("")
     for k in plans:
         t.add_column(k, justify="right")
@@ -92,7 +118,11 @@ def register(app: typer.Typer) -> None:
         block_length: int = typer.Option(32),
         sampling: bool = typer.Option(False, "--sampling/--greedy", help="Profile for temperature > 0 (float64 Gumbel noise)."),
         dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16 | float64 (default: bfloat16 on CUDA or with --device-memory, else float32)."),
-        threads: int | None = typer.Option(None, help="torch threads"),
+        threads: int | None = typer.Option(None, help="torch threads (per rank with --tensor-parallel-size, default 1)"),
+        tensor_parallel_size: int = typer.Option(
+            1, "--tensor-parallel-size", "--tp",
+            help="Per rank of an engine split over N devices: with --device-memory the plan of one of N such GPUs, "
+                 "else N CPU processes each profile their own shard (the KV pool: the smallest rank's)."),
         json_out: bool = typer.Option(False, "--json"),
     ) -> None:
         """Profile the worst admissible step and size the KV pool, with and without the logit budget."""
@@ -102,6 +132,8 @@ def register(app: typer.Typer) -> None:
             torch.set_num_threads(threads)
         if device_memory is not None and memory_budget is not None:
             raise UserError("give --memory-budget (measured here) or --device-memory (planned from shapes), not both")
+        if tensor_parallel_size < 1:
+            raise UserError("--tensor-parallel-size must be >= 1")
         device_bytes = device_memory_bytes(device_memory) if device_memory is not None else None
         dtype = dtype or ("bfloat16" if device_bytes is not None else default_dtype("auto"))
         if dtype not in DTYPES:
@@ -122,8 +154,13 @@ def register(app: typer.Typer) -> None:
         if device_bytes is not None:
             cfg = load_shape(model)
             shape = ModelShape.from_config(cfg, torch.empty(0, dtype=DTYPES[dtype]).element_size())
+            try:
+                shape = shape.rank_share(tensor_parallel_size)
+            except ValueError as e:
+                raise UserError(f"--tensor-parallel-size: {e}") from None
             doc = {"n_params": param_count(cfg.d_model, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.mlp_hidden_size,
                                            cfg.padded_vocab),
+                   "tensor_parallel_size": tensor_parallel_size,
                    "plans": engine_plans(shape, base, prompt_len + gen_length, block_length)}
             if json_out:
                 typer.echo(json.dumps(dict(model=model, device_memory_bytes=device_bytes, dtype=dtype,
@@ -131,14 +168,28 @@ def register(app: typer.Typer) -> None:
             else:
                 _print_plan(model, device_bytes, base, doc, prompt_len, gen_length)
             return
-        mdl = load_model(model, dtype)
-        results = run_profiles(mdl, base, min(max_model_len, mdl.config.max_sequence_length), max_num_logits)
+        if tensor_parallel_size > 1:
+            path = inputs.checkpoint_dir(model)
+            cfg = LLaDAConfig.from_pretrained(path)
+            try:
+                check_divisible(cfg, tensor_parallel_size)
+            except ValueError as e:
+                raise UserError(f"--tensor-parallel-size: {e}") from None
+            results = run_rank_profiles(str(path), base, min(max_model_len, cfg.max_sequence_length), max_num_logits,
+                                        tensor_parallel_size, threads)
+        else:
+            mdl = load_model(model, dtype)
+            results = run_profiles(mdl, base, min(max_model_len, mdl.config.max_sequence_length), max_num_logits)
         doc = {k: (v.to_dict() | {"requests_that_fit": v.requests_that_fit(prompt_len, gen_length, block_length)})
                if not isinstance(v, str) else {"error": v} for k, v in results.items()}
         if json_out:
-            typer.echo(json.dumps(dict(model=model, shape=dict(prompt_len=prompt_len, gen_length=gen_length), profiles=doc)))
+            typer.echo(json.dumps(dict(model=model, shape=dict(prompt_len=prompt_len, gen_length=gen_length),
+                                       tensor_parallel_size=tensor_parallel_size, profiles=doc)))
             return
-        t = Table(title=f"KV pool sizing · {model} · budget {budget / MiB:.0f} MiB · {max_num_batched_tokens} query tokens/step")
+        per = f" · per rank of {tensor_parallel_size} (rank 0 measured; KV pool: the smallest rank's)" \
+            if tensor_parallel_size > 1 else ""
+        t = Table(title=f"KV pool sizing · {model} · budget {budget / MiB:.0f} MiB · {max_num_batched_tokens} "
+                        f"query tokens/step{per}")
         t.add_column("")
         for k in results:
             t.add_column(k, justify="right")

@@ -48,10 +48,27 @@ class ModelShape:
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
+    @property
+    def q_dim(self) -> int:
+        """Query heads x head_dim: d for the whole model, d / N on a tensor-parallel rank."""
+        return self.heads * self.head_dim
+
     def gemms(self) -> tuple[tuple[str, int, int], ...]:
         """(name, K, N) of each per-layer GEMM."""
-        return (("qkv", self.d, self.d + 2 * self.kv_dim), ("o", self.d, self.d),
+        return (("qkv", self.d, self.q_dim + 2 * self.kv_dim), ("o", self.q_dim, self.d),
                 ("gate_up", self.d, 2 * self.ffn), ("down", self.ffn, self.d))
+
+    def rank_share(self, n: int) -> ModelShape:
+        """What one of n tensor-parallel ranks holds and computes (engine.parallel.sharding): its
+        query and KV heads, MLP columns and vocabulary rows; d (the residual stream) whole."""
+        if n == 1:
+            return self
+        for what, size in (("heads", self.heads), ("kv_heads", self.kv_heads), ("ffn", self.ffn),
+                           ("vocab", self.vocab)):
+            if size % n:
+                raise ValueError(f"tensor-parallel size {n} does not divide {what} = {size}")
+        return replace(self, heads=self.heads // n, kv_heads=self.kv_heads // n, ffn=self.ffn // n,
+                       vocab=self.vocab // n)
 
     @property
     def block_params(self) -> int:
@@ -237,7 +254,7 @@ class CostModel:
                 parts["gemm"] += p.layers * gemm_time(p.v_only, m.d, m.kv_dim, m.wbytes, self.peak, self.bw, e)
                 flops += p.layers * 2.0 * p.v_only * m.d * m.kv_dim
             af = sum(s.q * s.k for s in p.segs) * 4.0 * m.heads * m.head_dim
-            ab = sum(2 * s.q + 2 * s.k for s in p.segs) * m.d * m.wbytes
+            ab = sum(2 * s.q + 2 * s.k for s in p.segs) * m.q_dim * m.wbytes
             parts["attn"] += p.layers * attention_time(af, ab, self.peak, self.bw, e)
             flops += af * p.layers
             nbytes += ab * p.layers

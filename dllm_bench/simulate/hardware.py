@@ -26,6 +26,17 @@ KINDS = ("cpu", "gpu")
 
 
 @dataclass
+class Link:
+    """The link between two GPUs of the machine, as tensor parallelism's collectives use it:
+    `bandwidth` bytes/s one way for a large message, `latency` seconds of a small collective."""
+
+    kind: str                          # e.g. "pcie4-x16 (via host)", "nvlink4"
+    bandwidth: float
+    latency: float
+    sources: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Hardware:
     name: str
     kind: str
@@ -42,6 +53,7 @@ class Hardware:
     # [[seconds asked, median seconds late], ...]: how late a sleep returns (serve's idle wait for the
     # next arrival); measured by calibrate where requests are short, empty (0) otherwise
     sleep_overshoot: tuple[tuple[float, float], ...] = ()
+    link: Link | None = None          # between two of these GPUs (None: tensor parallelism not modelled)
     path: str = ""
 
     def _host_entry(self, impl: str, system: str) -> HostCost | None:
@@ -133,6 +145,15 @@ def _impl(d: dict, where: str) -> str:
     return impl
 
 
+def _link(d, where: str) -> Link | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("kind"), str):
+        raise UserError(f"{where}: 'link' must be an object with a 'kind' string")
+    return Link(d["kind"], _num(d, "bandwidth", f"{where} link"), _num(d, "latency", f"{where} link"),
+                list(d.get("sources") or []))
+
+
 def from_dict(d: dict, where: str) -> Hardware:
     if not isinstance(d, dict):
         raise UserError(f"{where}: expected a JSON object")
@@ -163,7 +184,8 @@ def from_dict(d: dict, where: str) -> Hardware:
                     memory_bytes=_num(d, "memory_bytes", where), efficiency=eff, host=host,
                     description=str(d.get("description", "")), datasheet=dict(d.get("datasheet") or {}),
                     sources=list(d.get("sources") or []), fit=dict(d.get("fit") or {}), impl=_impl(d, where),
-                    sleep_overshoot=_overshoots(d.get("sleep_overshoot", []), f"{where}: 'sleep_overshoot'"))
+                    sleep_overshoot=_overshoots(d.get("sleep_overshoot", []), f"{where}: 'sleep_overshoot'"),
+                    link=_link(d.get("link"), where))
 
 
 def load(spec: str, flag: str = "--hardware") -> Hardware:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.presets import preset_for
@@ -28,10 +29,17 @@ def budget_on(hw: Hardware, memory_budget: str | None, preset_budget: str | None
     return preset_budget
 
 
-def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None) -> tuple[ServeRun, SimSetup]:
+def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None,
+               tensor_parallel: int = 1) -> tuple[ServeRun, SimSetup]:
     """The run and the simulator's setup for `opts` on `hw`: the options resolved as serve resolves
     them (device cpu: the run's dtype is the preset's, no warm-ups on a virtual clock), `impl`
-    overrides per system (`fast-dllm=engine`)."""
+    overrides per system (`fast-dllm=engine`); `tensor_parallel`: the engine on that many of
+    `hw`'s GPUs, each with the budget (dllm_bench.simulate.parallel)."""
+    if tensor_parallel < 1:
+        raise UserError("--tensor-parallel-size must be >= 1")
+    if tensor_parallel > 1 and hw.link is None:
+        raise UserError(f"--tensor-parallel-size: hardware profile {hw.name!r} has no 'link' between GPUs "
+                        "(bandwidth, latency) to charge the all-reduces to")
     sp = preset_for(opts.preset, opts.model)
     model_dir, loadable = resolve_sim_model(sp.model)
     opts = replace(opts, memory_budget=budget_on(hw, opts.memory_budget, sp.memory_budget), model=str(model_dir),
@@ -39,5 +47,8 @@ def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None) -> tup
                    max_prompt_len=None, threads=None, device="cpu", num_warmups=0, no_profile_cache=False)
     run = resolve_run(opts, weights=loadable)
     names = [v.name for v in run.systems]
+    if tensor_parallel > 1 and set(names) != {"engine"}:
+        raise UserError("--tensor-parallel-size applies to the engine (the baselines have no tensor parallelism): "
+                        "give --systems engine (or engine variants)")
     impls = {n: default_impl(n, hw.kind, hw.impl) for n in names} | parse_impl_overrides(impl, names)
-    return run, make_setup(run, hw, impls, loadable)
+    return run, make_setup(run, hw, impls, loadable, tensor_parallel)

@@ -28,10 +28,12 @@ from dllm_bench.simulate.cost_model import CostModel, Forward, ModelShape
 from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.implementations import get_impl
 from dllm_bench.simulate.memory import baseline_batch_fits, baseline_max_batch, engine_kv_tokens
+from dllm_bench.simulate.parallel import ParallelCostModel
 from dllm_bench.simulate.runners import CostPolicy, CostRunner, ShapeModel, cost_engine
 from dllm_bench.systems.spec import baseline_knobs, engine_knobs
 from engine.config import EngineConfig
 from engine.models.llada import LLaDAConfig
+from engine.parallel.sharding import RankConfig
 from engine.sampling import SamplingParams
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -80,11 +82,16 @@ class SimSetup:
     real_capacity: Any = None              # callable(variant) -> info dict from serve's builders, or None
     cost_fn: Callable[[Forward], float] | None = None   # replaces the cost model (tests: unit costs)
     speed: float = 1.0                     # every step's cost x this: a machine slower than its profile
+    tensor_parallel: int = 1               # the engine's GPUs (dllm_bench.simulate.parallel); baselines: one
 
-    def cost_model(self, system: str) -> CostModel:
-        hw, impl = self.hardware, self.impls[system]
-        return CostModel(self.shape, hw.peak_flops, hw.bandwidth, hw.efficiency, get_impl(impl),
-                         hw.host_cost(impl, system))
+    def ranks(self, system: str) -> int:
+        return self.tensor_parallel if system == "engine" else 1
+
+    def cost_model(self, system: str) -> CostModel | ParallelCostModel:
+        hw, impl, n = self.hardware, self.impls[system], self.ranks(system)
+        cm = CostModel(self.shape.rank_share(n), hw.peak_flops, hw.bandwidth, hw.efficiency, get_impl(impl),
+                       hw.host_cost(impl, system))
+        return cm if n == 1 else ParallelCostModel(cm, n, hw.link)
 
     def step_cost(self, system: str) -> Callable[[Forward], float]:
         fn = self.cost_fn
@@ -119,19 +126,24 @@ class SimSetup:
 def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
 
     knobs = engine_knobs(variant, setup.engine_defaults)
+    n = setup.ranks(variant.name)
     try:
-        cfg = EngineConfig(dtype=setup.dtype, device="cpu", sampling=False, **knobs)
+        cfg = EngineConfig(dtype=setup.dtype, device="cpu", sampling=False, tensor_parallel_size=n, **knobs)
     except ValueError as e:
         raise UserError(f"system {variant.label!r}: {e}") from None
     if info.get("kv_pool_tokens") is None:
         try:
-            info["kv_pool_tokens"] = engine_kv_tokens(setup.shape, setup.memory_budget, cfg.max_num_batched_tokens,
+            # per rank: each holds its heads' KV of every token, in its own budget
+            info["kv_pool_tokens"] = engine_kv_tokens(setup.shape.rank_share(n),
+                                                      setup.memory_budget, cfg.max_num_batched_tokens,
                                                       cfg.max_num_logits)
         except ValueError as e:
             raise UserError(f"system {variant.label!r}: {e}") from None
         info["scenario"] = "continuous batching (phase-multiplexed), KV pool from the memory model"
     cfg.kv_pool_tokens = info["kv_pool_tokens"]
-    runner = CostRunner(setup.model_config, cfg, setup.shape, setup.step_cost(variant.name), clock,
+    # a rank's view of the model (its KV heads): the pool counts one GPU's bytes
+    model_config = setup.model_config if n == 1 else RankConfig.of(setup.model_config, n)
+    runner = CostRunner(model_config, cfg, setup.shape, setup.step_cost(variant.name), clock,
                         TORCH_DTYPES[setup.dtype])
     engine = cost_engine(cfg, runner)
     info.update(kind="engine", knobs=knobs, engine_config=cfg.to_dict())
@@ -168,7 +180,8 @@ def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len
 
 def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[VirtualTimed, dict]:
     info: dict[str, Any] = {"system": variant.name, "label": variant.label, "impl": setup.impls[variant.name],
-                            "hardware": setup.hardware.name, "memory_budget": setup.memory_budget}
+                            "hardware": setup.hardware.name, "memory_budget": setup.memory_budget,
+                            "tensor_parallel_size": setup.ranks(variant.name)}
     if setup.real_capacity is not None:
         info.update(setup.real_capacity(variant))
     if variant.is_baseline:

@@ -46,6 +46,17 @@ def build_rank(tp: TPGroup, config: EngineConfig) -> RankBuild:
     return RankBuild(model, backend, max_model_len, capacity, profile)
 
 
+def rank_profile(tp: TPGroup, config: EngineConfig, max_model_len: int) -> MemoryProfile | str:
+    """This rank's own memory profile of `config` (run on every rank at once: `Cluster.
+    collective_rpc`), or the profiler's reason when the budget does not hold the worst step."""
+    model = load_sharded(config.model, tp, DTYPES[config.dtype])
+    try:
+        return profile_kv_pool(model, rank_config(config), resolve_backend(config.attention_backend, model.device,
+                                                                           model.dtype), max_model_len)
+    except ValueError as e:
+        return str(e)
+
+
 def worker_runner(b: RankBuild, config: EngineConfig) -> ModelRunner:
     """A worker's runner: the same `ModelRunner` over its shard and its own KV pool."""
     pool = KVPool(b.capacity, b.model.config, b.model.dtype, b.model.device)
