@@ -9,7 +9,7 @@ import torch
 CACHE_POLICIES = ("none", "dual", "sparse")
 SELECTIONS = ("head", "uniform")
 SCORE_QUERIES = ("mean", "max")
-SCHEDULERS = ("phase", "request")
+SCHEDULERS = ("phase", "request", "lookahead")
 # The one dtype-name table of the repository (CLI names -> torch dtypes).
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = ("auto", "sdpa", "flash_attn")
@@ -28,7 +28,8 @@ class EngineConfig:
     # across devices (or CPU processes); 1 = the single-device engine.
     tensor_parallel_size: int = 1
     # --- phase-multiplexed scheduler ---
-    scheduler: str = "phase"               # phase: Reuse steps cost their block; request: every step costs the canvas
+    scheduler: str = "phase"               # phase: Reuse steps cost their block; request: every step costs the canvas;
+                                           # lookahead: phase costs, future Refreshes planned within the budget
     max_num_batched_tokens: int = 8192     # query tokens per step
     max_num_seqs: int = 64
     max_model_len: int | None = None       # None = the checkpoint's max_sequence_length

@@ -1,5 +1,5 @@
 """The step counters every serving system reports (`LLMEngine`, the static-batch baselines):
-forwards, query tokens, logits rows, the phase mix, batch sizes and stalls."""
+forwards, query tokens, logits rows, the phase mix, batch sizes, stalls and planned waits."""
 from __future__ import annotations
 
 from collections import deque
@@ -16,7 +16,8 @@ class StepCounters(dict):
 
     def __init__(self) -> None:
         super().__init__(steps=0, forwards=0, query_tokens=0, logits_rows=0, max_logits_rows_in_step=0,
-                         refresh_steps=0, reuse_steps=0, stalled_steps=0, stalled_requests=0, batched_requests=0)
+                         refresh_steps=0, reuse_steps=0, stalled_steps=0, stalled_requests=0,
+                         deferred_steps=0, deferred_requests=0, batched_requests=0)
         self.batch_sizes: deque[int] = deque(maxlen=STEP_HISTORY)
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=STEP_HISTORY)
         # (step number, batch size) of every step no later step matched or beat: sizes strictly
@@ -25,9 +26,10 @@ class StepCounters(dict):
         self.maxima: list[tuple[int, int]] = []
 
     def record(self, batch_size: int, query_tokens: int, logits_rows: int, max_logits_rows: int,
-               refresh: int, reuse: int, stalled: int = 0) -> None:
+               refresh: int, reuse: int, stalled: int = 0, deferred: int = 0) -> None:
         """One forward. `stalled`: running requests left out of it because their step did not fit
-        the token budget (head-of-line blocking behind a Refresh)."""
+        the token budget (head-of-line blocking behind a Refresh); `deferred`: running requests
+        left out because the look-ahead plan placed their next step later (a planned wait)."""
         self["steps"] += 1
         self["forwards"] += 1
         self["query_tokens"] += query_tokens
@@ -37,6 +39,8 @@ class StepCounters(dict):
         self["reuse_steps"] += reuse
         self["stalled_steps"] += stalled > 0
         self["stalled_requests"] += stalled
+        self["deferred_steps"] += deferred > 0
+        self["deferred_requests"] += deferred
         self["batched_requests"] += batch_size
         self.batch_sizes.append(batch_size)
         self.step_log.append((refresh, reuse, query_tokens))

@@ -126,7 +126,7 @@ class LLMEngine:
             self.scheduler.finish(req)
             done.append(req.output())
         self.counters.record(len(batch), st.query_tokens, st.logits_rows, st.max_logits_rows, st.refresh, st.reuse,
-                             self.scheduler.stalled)
+                             self.scheduler.stalled, self.scheduler.deferred)
         return done
 
     def commit(self, batch: Batch, d: StepDecisions) -> None:

@@ -9,6 +9,12 @@ steps of many requests fill the budget around the few expensive Refresh steps.
 The `request` policy (the ablation's "off") is what a phase-unaware, request-level system
 does: every request is charged its whole canvas every step, whatever its phase.
 
+The `lookahead` policy (the paper's §7 future work; engine.lookahead, docs/SCHEDULER.md) plans
+every running request's remaining steps on a ledger of future steps, so Refreshes that would
+coincide are staggered when a request is admitted instead of stalling at the collision: who
+runs each step is what the plan says, admission is FCFS when the head's first step fits the
+planned load.
+
 Liveness: `add_request` rejects anything that could never fit on its own, and the oldest
 running request always fits an empty step, so every admitted request finishes and the head of
 the queue is admitted as soon as the running set leaves room for it.
@@ -20,6 +26,7 @@ from collections import deque
 from engine.canvas import CanvasPool
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, kv_need
+from engine.lookahead import Lookahead
 from engine.request import Phase, Request, Status
 
 
@@ -29,6 +36,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stalled = 0            # running requests the last schedule() left out
+        self.deferred = 0           # lookahead: running requests the last step's plan had wait
+        self.plan = (Lookahead(config.max_num_batched_tokens, config.cache, config.delay_step)
+                     if config.scheduler == "lookahead" else None)
 
     def kv_need(self, req: Request) -> int:
         c = self.config
@@ -47,6 +57,8 @@ class Scheduler:
         self.waiting.append(req)
 
     def schedule(self, now: float) -> list[tuple[Request, Phase]]:
+        if self.plan is not None:
+            return self._schedule_planned(now)
         c = self.config
         batch: list[tuple[Request, Phase]] = []
         tokens = 0
@@ -69,21 +81,45 @@ class Scheduler:
                 or not self.pool.can_reserve(need)
             ):
                 break
-            self.waiting.popleft()
-            req.slots, req.kv_pool = self.pool.reserve(need), self.pool
-            if self.canvases is not None:
-                self.canvases.place(req)
-            req.kv_tokens = need
-            req.kv_bytes = need * self.pool.bytes_per_token
-            req.status = Status.RUNNING
-            req.admitted_time = now
-            self.running.append(req)
+            self._admit(need, now)
             batch.append((req, req.phase(c.cache, c.delay_step)))
             tokens += cost
         return batch
 
+    def _schedule_planned(self, now: float) -> list[tuple[Request, Phase]]:
+        """lookahead: the running requests the plan has in this step, then FCFS admission while
+        the head's first step fits the planned load (its later steps are placed around it)."""
+        c, plan = self.config, self.plan
+        batch = [(r, r.phase(c.cache, c.delay_step)) for r in plan.due(self.running)]
+        self.stalled, self.deferred = plan.stalled, len(self.running) - len(batch) - plan.stalled
+        while self.waiting:
+            req = self.waiting[0]
+            need = self.kv_need(req)
+            if len(self.running) >= c.max_num_seqs or not self.pool.can_reserve(need) or not plan.admits(req):
+                break
+            self._admit(need, now)
+            plan.admit(req)
+            batch.append((req, req.phase(c.cache, c.delay_step)))
+        plan.tick()
+        return batch
+
+    def _admit(self, need: int, now: float) -> Request:
+        """The head of the queue starts running: its whole-life KV reserved, its canvas placed."""
+        req = self.waiting.popleft()
+        req.slots, req.kv_pool = self.pool.reserve(need), self.pool
+        if self.canvases is not None:
+            self.canvases.place(req)
+        req.kv_tokens = need
+        req.kv_bytes = need * self.pool.bytes_per_token
+        req.status = Status.RUNNING
+        req.admitted_time = now
+        self.running.append(req)
+        return req
+
     def finish(self, req: Request) -> None:
         self.running.remove(req)
+        if self.plan is not None:
+            self.plan.drop(req)
         self.pool.release(req.kv_tokens, req.slots)
         req.slots = None
         if self.canvases is not None:

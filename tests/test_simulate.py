@@ -103,10 +103,12 @@ def _real(model, variant, wl):
 RECORD_KEYS = ("request_id", "prompt_len", "output_len", "nfe", "logits_rows", "kv_tokens", "kv_bytes",
                "arrival_time", "admitted_time", "first_token_time", "finished_time")
 STAT_KEYS = ("steps", "forwards", "query_tokens", "logits_rows", "max_logits_rows_in_step", "batch_sizes",
-             "step_composition", "refresh_steps", "reuse_steps", "peak_kv_tokens")
+             "step_composition", "refresh_steps", "reuse_steps", "peak_kv_tokens", "stalled_requests",
+             "deferred_requests")
 
 
-@pytest.mark.parametrize("spec", ["engine", "engine:cache=dual", "engine:max-num-logits=none", "llada", "fast-dllm",
+@pytest.mark.parametrize("spec", ["engine", "engine:cache=dual", "engine:max-num-logits=none", "engine:scheduler=lookahead",
+                                  "engine:scheduler=lookahead,retention=0.25,max_num_batched_tokens=110", "llada", "fast-dllm",
                                   "fast-dllm:fast_dllm_cache=prefix", "dllm-cache", "sparse-dllm"])
 def test_simulated_schedule_is_the_real_one(spec):
     torch.manual_seed(0)
@@ -127,6 +129,9 @@ def test_simulated_schedule_is_the_real_one(spec):
     # The KV pool really limited admission (queueing happened), so the test can see a wrong pool.
     if spec == "engine":
         assert any(r["admitted_time"] > r["arrival_time"] + 1e-9 for r in real["records"])
+    # The plan made requests wait (collisions staggered), so the test sees the planner's steps.
+    if spec == "engine:scheduler=lookahead,retention=0.25,max_num_batched_tokens=110":
+        assert real["stats"]["deferred_requests"] > 0
 
 
 def test_same_seed_same_simulated_summary():

@@ -1,0 +1,211 @@
+"""Look-ahead, budget-aware planning (the paper's §7 "Budgeting-Aware Scheduling", built).
+
+The phase scheduler is greedy: a batch that fits the token budget now can exceed it k steps
+later, when several running requests reach a block start (a Refresh, charged the whole canvas)
+together; the one that arrives last in FCFS order then stalls, and with it every running
+request behind it. The look-ahead scheduler plans instead. Every running request's remaining
+steps are placed on a ledger of future steps (`Ledger`: planned query tokens per step), each
+step costed by its phase exactly as the phase scheduler charges it (a Refresh its canvas, a
+Reuse its block). The ledger never holds more than `max_num_batched_tokens` in any step, so
+Refreshes that would coincide are staggered when a request is planned, never at the collision:
+
+* admission (FCFS): the head of the queue is admitted when its first step (a Refresh) fits
+  this step's planned load (and the KV pool and `max_num_seqs` allow it, as under `phase`);
+* placement: its remaining steps are placed in order, each at the earliest step after the
+  previous one whose planned load leaves room for it. Where a later Refresh (a block start, or
+  the sparse cache's delayed selection step) would collide with Refreshes already planned,
+  the request waits planned steps before it (its block start is shifted); nobody already
+  planned moves. Greedy placement gives the request its earliest possible finish given the
+  plans before it (each step at the earliest slot by induction).
+
+So under the fixed transfer schedule every request runs exactly the steps planned when it was
+admitted: no step exceeds the budget, no running request ever stalls (is left out of a step
+its plan had it in), every request finishes (a request alone fits an empty step), and
+admission stays FCFS. Planned waits are counted apart from stalls (`Scheduler.deferred`).
+
+Uncertain block ends (parallel decoding: a block ends when no masked position is left). A
+block is planned at its longest (`planned_block_steps`). Each step the planner checks every
+running request's cursor against the one its plan expects. A request whose block ended early
+is re-placed from its actual cursor with the same greedy rule: its old plan (from the planned
+start of its next block on) is still a feasible placement of the new remainder, so every step
+of the new one is placed no later, and nobody else's plan moves. Hence, as long as no block
+takes more steps than planned: no step exceeds the budget, no running request stalls, and
+every request finishes no later than its plan at admission said; only "exactly the planned
+steps" is lost, since an early block end moves its request's next block start as early as the
+other plans leave room for ("shifting a block start by planned steps"), at worst to where it
+was planned. The price is what the longest-block plan over-reserves: Reuse steps a block will
+not take hold their block's tokens on the ledger until the early end frees them. A block that runs longer
+than planned (a plan that under-estimates) needs an unplanned step: it is placed only where
+the planned load leaves room, so the budget still holds and nobody else waits, but the
+request itself may stall (counted as a stall). Planned waits and freed steps are also taken
+back: a request waiting on its plan runs now when this step has room for its next step, and its
+remainder is re-placed (again no later than planned), so a request that leaves early (abort,
+early finish) frees its planned steps for the others.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.request import Request, phase_at
+
+
+def planned_block_steps(req: Request) -> int:
+    """The steps a block of `req` is planned to take, at its longest: the fixed linear schedule's
+    steps per block; under parallel decoding (engine.decoding) every step commits at least one
+    masked position, so a block ends after at most `block_length` steps, and can only end early."""
+    return req.steps_per_block if req.decoding.fixed else req.block_length
+
+
+def planned_costs(req: Request, cache: str, delay_step: int, blocks: dict | None = None) -> np.ndarray:
+    """Query tokens of each of `req`'s remaining steps, from its cursor on, as the plan sees them
+    (`planned_block_steps` per block, each step costed by its phase). `blocks`: a memo of one
+    block's costs per (steps, canvas, block length)."""
+    n, i = planned_block_steps(req), req.step_in_block
+
+    def cost(k: int) -> int:
+        return req.query_cost(phase_at(k, cache, delay_step))
+
+    key = (n, req.length, req.block_length)
+    block = blocks.get(key) if blocks is not None else None
+    if block is None:
+        block = np.array([cost(k) for k in range(n)], dtype=np.int64)
+        if blocks is not None:
+            blocks[key] = block
+    # A block past its planned end (it ran long) still needs at least one more step.
+    current = block[i:] if i < n else np.array([cost(i)], dtype=np.int64)
+    return np.concatenate([current, np.tile(block, req.num_blocks - req.block - 1)])
+
+
+class Ledger:
+    """Planned query tokens of every future step (absolute step numbers); steps beyond the
+    array hold nothing."""
+
+    def __init__(self, size: int = 1024):
+        self.base = 0                       # the absolute step of tokens[0]
+        self.tokens = np.zeros(size, dtype=np.int64)
+
+    def _hold(self, end: int) -> None:
+        n = end - self.base
+        if n > len(self.tokens):
+            self.tokens = np.concatenate([self.tokens, np.zeros(max(n, 2 * len(self.tokens)) - len(self.tokens),
+                                                                dtype=np.int64)])
+
+    def at(self, t: int) -> int:
+        i = t - self.base
+        return int(self.tokens[i]) if i < len(self.tokens) else 0
+
+    def window(self, start: int, n: int) -> np.ndarray:
+        self._hold(start + n)
+        return self.tokens[start - self.base : start - self.base + n]
+
+    def add(self, slots: np.ndarray, costs: np.ndarray, sign: int = 1) -> None:
+        if len(slots):
+            self._hold(int(slots[-1]) + 1)
+            self.tokens[slots - self.base] += sign * costs
+
+    def forget_before(self, t: int) -> None:
+        """Steps before t are history: drop them once they are half the array (amortised O(1))."""
+        k = t - self.base
+        if k >= len(self.tokens) // 2:
+            self.tokens = np.concatenate([self.tokens[k:], np.zeros(k, dtype=np.int64)])
+            self.base = t
+
+    def first_fit(self, start: int, room: int) -> int:
+        """The first step >= start whose planned load is <= room (room >= 0: an empty step)."""
+        i = max(start - self.base, 0)
+        hits = np.flatnonzero(self.tokens[i:] <= room)
+        return start + int(hits[0]) if hits.size else self.base + max(len(self.tokens), i)
+
+    def place(self, costs: np.ndarray, start: int, budget: int) -> np.ndarray:
+        """Each step at the earliest slot after the previous one (the first at >= start) where
+        it fits the budget; runs of steps that fit as they come are placed in one array op."""
+        slots = np.empty(len(costs), dtype=np.int64)
+        k, s = 0, start
+        while k < len(costs):
+            over = np.flatnonzero(self.window(s, len(costs) - k) + costs[k:] > budget)
+            m = int(over[0]) if over.size else len(costs) - k
+            slots[k : k + m] = np.arange(s, s + m)
+            k, s = k + m, s + m
+            if k < len(costs):
+                s = self.first_fit(s + 1, budget - int(costs[k]))
+        return slots
+
+
+class Plan:
+    """One running request's remaining planned steps: slots[i:] (absolute steps) and their
+    costs; `expect` is the cursor (block, step in block) its next planned step assumes."""
+
+    __slots__ = ("slots", "costs", "i", "expect")
+
+    def __init__(self, slots: np.ndarray, costs: np.ndarray, expect: tuple[int, int]):
+        self.slots, self.costs, self.i, self.expect = slots, costs, 0, expect
+
+    @property
+    def next_slot(self) -> int:
+        return int(self.slots[self.i])
+
+    def ran(self, req: Request) -> None:
+        """Its next planned step is in this step's batch: expect the cursor the plan moves to."""
+        self.i += 1
+        last = req.step_in_block + 1 >= planned_block_steps(req)
+        self.expect = (req.block + 1, 0) if last else (req.block, req.step_in_block + 1)
+
+
+class Lookahead:
+    """The plan of the `lookahead` scheduler (module docstring); `Scheduler` keeps the queue,
+    the KV pool and admission bookkeeping, and asks this for who runs each step."""
+
+    def __init__(self, budget: int, cache: str, delay_step: int):
+        self.budget, self.cache, self.delay_step = budget, cache, delay_step
+        self.ledger = Ledger()
+        self.now = 0                        # the step being scheduled (absolute)
+        self.plans: dict[int, Plan] = {}    # id(request) -> its plan
+        self.stalled = 0                    # last step: requests past their plan that did not fit
+        self._blocks: dict = {}             # planned_costs' memo
+
+    def _place(self, req: Request) -> Plan:
+        costs = planned_costs(req, self.cache, self.delay_step, self._blocks)
+        plan = Plan(self.ledger.place(costs, self.now, self.budget), costs, (req.block, req.step_in_block))
+        self.ledger.add(plan.slots, costs)
+        self.plans[id(req)] = plan
+        return plan
+
+    def admits(self, req: Request) -> bool:
+        """Whether the request's first step (a Refresh) fits this step's planned load."""
+        first = req.query_cost(phase_at(req.step_in_block, self.cache, self.delay_step))
+        return self.ledger.at(self.now) + first <= self.budget
+
+    def admit(self, req: Request) -> None:
+        """Plan an admitted request (its first step lands in this step: `admits` said so)."""
+        self._place(req).ran(req)
+
+    def drop(self, req: Request) -> None:
+        """The request left (finished or aborted): its remaining planned steps are freed."""
+        p = self.plans.pop(id(req), None)
+        if p is not None:
+            self.ledger.add(p.slots[p.i :], p.costs[p.i :], -1)
+
+    def due(self, running: list[Request]) -> list[Request]:
+        """The running requests that run this step, in running (FCFS) order."""
+        t, out = self.now, []
+        self.stalled = 0
+        for req in running:
+            p = self.plans[id(req)]
+            cursor = (req.block, req.step_in_block)
+            late = cursor[0] < p.expect[0]          # still in a block its plan had ended
+            if cursor != p.expect or (p.next_slot > t and self.ledger.at(t) + int(p.costs[p.i]) <= self.budget):
+                # Its cursor left the plan (a block ended early or late), or it waits on its plan
+                # while this step has room: re-place its remainder from here (never later).
+                self.drop(req)
+                p = self._place(req)
+            if p.next_slot == t:
+                out.append(req)
+                p.ran(req)
+            elif late:
+                self.stalled += 1
+        return out
+
+    def tick(self) -> None:
+        """The step is scheduled: move on to the next."""
+        self.now += 1
+        self.ledger.forget_before(self.now)
