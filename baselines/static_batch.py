@@ -214,6 +214,9 @@ class StaticBatchSystem:
         if not self.policy.block_done(b):
             return []
         now = time.perf_counter()
+        for r in b.reqs:   # a row whose block finished early rode along: its block took the batch's steps
+            r.block_steps.append(b.step_in_block)
+            r.block_times.append(now)
         b.block, b.step_in_block = b.block + 1, 0
         for r in b.reqs:
             r.first_token_time = r.first_token_time or now

@@ -60,6 +60,7 @@ class RequestOutput:
     finished: bool = True
     text: str | None = None
     steps_per_block: list[int] = field(default_factory=list)   # forwards each finished block took
+    block_times: list[float] = field(default_factory=list)     # when each block was committed (ITL)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -98,6 +99,7 @@ class Request:
         self.decoding = Decoding.parse(self.params.decoding)
         self.schedule = transfer_schedule(self.params.block_length, self.params.steps_per_block)
         self.block_steps: list[int] = []     # forwards each finished block took
+        self.block_times: list[float] = []   # when each block was committed
         self.planned_steps: list[int] | None = None   # see block_done
         self.gens = RequestGenerators(self.params.seed, self.device)
         self.admitted_time: float | None = None
@@ -174,6 +176,7 @@ class Request:
         self.step_in_block += 1
         if done:
             self.block_steps.append(self.step_in_block)
+            self.block_times.append(now)
             self.step_in_block = 0
             self.block += 1
             if self.first_token_time is None:
@@ -201,4 +204,5 @@ class Request:
             kv_bytes=self.kv_bytes,
             finished=self.status is Status.FINISHED,
             steps_per_block=list(self.block_steps),
+            block_times=list(self.block_times),
         )

@@ -21,18 +21,22 @@ from dllm_bench import console
 from dllm_bench.accuracy.points import SCORE_QUERIES, SELECTIONS, SYSTEMS, Point, model_training_info
 from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, model_dir
 from dllm_bench.device_defaults import resolve_device_options
+from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.build import make_system
 from engine import EngineConfig, SamplingParams
+from engine.decoding import Decoding
 from engine.models.llada import LLaDAModelLM
 
 
 def point_system(point: Point, model: LLaDAModelLM, *, max_num_seqs: int = 64, max_num_batched_tokens: int = 8192,
                  max_num_logits: int | None = 1024, batch: int = 32, pool_window: int = 3,
-                 delay_step: int = 1, memory_budget: int | None = None,
+                 delay_step: int = 1, memory_budget: int | None = None, decoding: str = "fixed",
                  cuda_graphs: bool | None = None) -> Any:
     """A fresh serving system for `point` over an already-loaded model (systems.build.make_system).
     `memory_budget`: the run's one budget (measured once), so every point's engine gets the same
-    KV pool rather than whatever the previous point's engine left free."""
+    KV pool rather than whatever the previous point's engine left free. `decoding`: the policy
+    its requests ask for; a baseline gets it through its knobs (Fast-dLLM's threshold / factor),
+    or runs fixed (dllm_bench.systems.decoding)."""
     if point.system == "engine":
         cfg = EngineConfig(cache=point.cache or "none", selection=point.selection or "head",
                            retention=point.retention, score_query=point.score_query, max_num_seqs=max_num_seqs,
@@ -42,6 +46,7 @@ def point_system(point: Point, model: LLaDAModelLM, *, max_num_seqs: int = 64, m
                            cuda_graphs=cuda_graphs)
         return make_system("engine", model, engine_config=cfg, label=point.name)
     knobs = {"keep_ratio": point.retention} if point.system == "sparse-dllm" else {}
+    knobs.update(system_decoding.resolve(point.system, decoding).knobs)
     return make_system(point.system, model, batch=batch, knobs=knobs, label=point.name)
 
 
@@ -58,7 +63,8 @@ class PointBackend:
     """prompts + lm-eval gen_kwargs -> completions, through `point`'s system (lm-eval Backend).
 
     Shape: gen_length = the given one, else max_gen_toks rounded up to a block multiple; steps
-    = the given one, else gen_length (one token per step)."""
+    = the given one, else gen_length (one token per step). `decoding`: the policy asked for
+    (`decoded` is what the point's system runs: fixed where it has no such rule upstream)."""
     model: Any
     tok: Any
     point: Point
@@ -70,6 +76,7 @@ class PointBackend:
     system_kw: dict = field(default_factory=dict)
     show_progress: bool = False
     label: str = ""
+    decoding: str = "fixed"
     outputs: list = field(default_factory=list)      # RequestOutputs of every call
     by_prompt: dict = field(default_factory=dict)    # prompt text -> its RequestOutput
     stats: list = field(default_factory=list)        # system.stats() of every call
@@ -78,12 +85,17 @@ class PointBackend:
     def params_for(self, max_gen_toks: int | None) -> SamplingParams:
         b = self.block_length
         g = self.gen_length or max(b, math.ceil(int(max_gen_toks or 256) / b) * b)
-        return SamplingParams(gen_length=g, block_length=b, steps=self.steps or g, temperature=0.0, seed=self.seed)
+        return SamplingParams(gen_length=g, block_length=b, steps=self.steps or g, temperature=0.0, seed=self.seed,
+                              decoding=self.decoded.decoding)
+
+    @property
+    def decoded(self) -> system_decoding.SystemDecoding:
+        return system_decoding.resolve(self.point.system, self.decoding)
 
     def __call__(self, prompts: list[str], gen_kwargs: dict) -> list[str]:
         params = self.params_for(gen_kwargs.get("max_gen_toks"))
         ids = [encode_prompt(self.tok, p, self.chat) for p in prompts]
-        system = point_system(self.point, self.model, **self.system_kw)
+        system = point_system(self.point, self.model, decoding=self.decoding, **self.system_kw)
         label = self.label or self.point.name
         t0 = time.perf_counter()
         with console.progress(enabled=self.show_progress) as prog:
@@ -111,7 +123,8 @@ def engine_backend(model_args: dict) -> PointBackend:
     (head|uniform), `score_query` (mean|max), `cache` (none|dual|sparse; default sparse when retention < 1 is given, else
     none), `system` (engine or a baseline), `dtype` (default bfloat16 on CUDA, float32 on CPU),
     `device`, `memory_budget` (default auto: free GPU memory x 0.9, none on CPU), `threads`,
-    `gen_length`, `block_length`, `steps`, `seed`, `chat`, `max_num_seqs`, `batch` (baselines)."""
+    `gen_length`, `block_length`, `steps`, `seed`, `chat`, `max_num_seqs`, `batch` (baselines),
+    `decoding` (fixed | threshold:τ | factor:f | entropy:γ; default fixed)."""
 
 
     spec = str(model_args.get("model", ""))
@@ -135,6 +148,7 @@ def engine_backend(model_args: dict) -> PointBackend:
     score_query = _arg(model_args, "score_query", str, "mean")
     if score_query not in SCORE_QUERIES:
         raise ValueError(f"score_query must be one of {SCORE_QUERIES}, got {score_query!r}")
+    decoding = str(Decoding.parse(_arg(model_args, "decoding", str, "fixed")))
     role = "baseline" if system != "engine" else ("dense" if cache == "none" else "sparse")
     point = Point(f"{system}:{cache}:{selection}:{score_query}:r{retention:g}", system, role, cache, selection,
                   retention, score_query)
@@ -158,6 +172,6 @@ def engine_backend(model_args: dict) -> PointBackend:
                         block_length=_arg(model_args, "block_length", int, min(32, gen_length or 32)),
                         steps=_arg(model_args, "steps", int), seed=_arg(model_args, "seed", int, 0),
                         chat=_arg(model_args, "chat", bool, False), system_kw=kw,
-                        show_progress=_arg(model_args, "progress", bool, False))
+                        show_progress=_arg(model_args, "progress", bool, False), decoding=decoding)
 
 

@@ -5,8 +5,11 @@ backend. Each accuracy carries a Wilson 95% interval (dllm_bench.accuracy.points
 """
 from __future__ import annotations
 
+import numpy as np
+
 from dllm_bench.accuracy.backend import PointBackend
 from dllm_bench.accuracy.points import LM_EVAL_TASK, PRIMARY_METRIC, PointResult, wilson
+from dllm_bench.metrics import TPF_PERCENTILES
 from workloads.tasks import scoring, synth
 
 
@@ -23,9 +26,28 @@ def _result(point, metric, hits: list[float], other: dict[str, list[float]], bac
             if s.get(key) is not None:
                 stats[key] = max(stats.get(key, 0), int(s[key]))
     nfe = [o.nfe for o in backend.outputs]
+    decoded = backend.decoded
     return PointResult(point, n, k, k / n if n else 0.0, lo, hi, metric,
                        {f: {"correct": int(round(sum(v))), "accuracy": (sum(v) / n if n else 0.0)} for f, v in other.items()},
-                       backend.elapsed_s, (sum(nfe) / len(nfe)) if nfe else 0.0, stats, samples)
+                       backend.elapsed_s, (sum(nfe) / len(nfe)) if nfe else 0.0, stats, samples,
+                       decoding=decoded.decoding, decoding_note=decoded.note,
+                       decoding_stats=decoding_stats(backend.outputs))
+
+
+def decoding_stats(outputs) -> dict:
+    """Per-request tokens per forward (mean, p50, p90) and forwards per block (mean) of a
+    point's requests."""
+    tpf = np.array([o.tokens_per_forward for o in outputs if o.nfe], dtype=float)
+    spb = np.array([s for o in outputs for s in o.steps_per_block], dtype=float)
+    out = {"tpf_mean": float(tpf.mean()) if tpf.size else None}
+    out.update({f"tpf_p{p}": float(np.percentile(tpf, p)) if tpf.size else None for p in TPF_PERCENTILES})
+    out["steps_per_block_mean"] = float(spb.mean()) if spb.size else None
+    return out
+
+
+def per_request(o) -> dict:
+    """What a sample records of its request: forwards (NFE), TPF, forwards per block."""
+    return {"nfe": o.nfe, "tpf": o.tokens_per_forward, "steps_per_block": list(o.steps_per_block)}
 
 
 def eval_synth_point(backend: PointBackend, docs: list[dict]) -> PointResult:
@@ -40,7 +62,7 @@ def eval_synth_point(backend: PointBackend, docs: list[dict]) -> PointResult:
         flex.append(s["flexible-extract"])
         samples.append({"index": i, "op": d.get("op"), "question": d["question"], "target": d["target"],
                         "completion": t, "strict-match": s["strict-match"],
-                        "flexible-extract": s["flexible-extract"], "nfe": o.nfe,
+                        "flexible-extract": s["flexible-extract"], **per_request(o),
                         "prompt_tokens": len(o.prompt_ids), "token_ids": o.token_ids})
     return _result(backend.point, "strict-match", strict, {"flexible-extract": flex}, backend, samples)
 
@@ -72,7 +94,7 @@ def eval_lm_eval_point(task: str, backend: PointBackend, limit: int | None, meta
         ctx = (s.get("arguments") or [[None]])[0][0]
         o = backend.by_prompt.get(ctx)
         if o is not None:
-            row["nfe"], row["prompt_tokens"] = o.nfe, len(o.prompt_ids)
+            row.update(per_request(o), prompt_tokens=len(o.prompt_ids))
     rows = [by_doc[k] for k in sorted(by_doc)]
     if task == "humaneval":
         hits = [r.get("pass@1", 0.0) for r in rows]

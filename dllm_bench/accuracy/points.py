@@ -132,13 +132,17 @@ class PointResult:
     stats: dict
     samples: list = field(default_factory=list)
     model: str = ""                 # which trained model (seed) of a several-model run, else ""
+    decoding: str = "fixed"         # what the point's system decoded with (dllm_bench.systems.decoding)
+    decoding_note: str | None = None  # why it is not the policy asked for
+    decoding_stats: dict = field(default_factory=dict)   # per-request TPF mean/p50/p90, forwards per block
 
     def row(self, dense_acc: float | None = None) -> dict:
         p = self.point
         d = {"point": p.name, **({"model": self.model} if self.model else {}), "system": p.system, "role": p.role, "cache": p.cache, "selection": p.selection, "score_query": p.score_query,
              "retention": p.retention, "n": self.n, "correct": self.correct, "accuracy": self.accuracy,
              "ci_low": self.ci_low, "ci_high": self.ci_high, "metric": self.metric,
-             "elapsed_s": round(self.elapsed_s, 3), "nfe_mean": self.nfe_mean}
+             "elapsed_s": round(self.elapsed_s, 3), "nfe_mean": self.nfe_mean, "decoding": self.decoding,
+             **({"decoding_note": self.decoding_note} if self.decoding_note else {}), **self.decoding_stats}
         for k, v in self.other.items():
             d[f"{k}_correct"], d[f"{k}_accuracy"] = v["correct"], v["accuracy"]
         if dense_acc:

@@ -5,7 +5,7 @@ passes `VirtualClock.now` and `VirtualClock.sleep`, so arrivals, idling and dead
 serve's own loop, in simulated seconds. A step advances the clock by its cost (the cost
 runner/policy charges it). The systems stamp requests with `time.perf_counter()`;
 `VirtualTimed` restamps each output with the virtual times at which the request was admitted,
-finished its first block and finished, and charges the step that ends an idle gap the profile's
+finished its first block, each block, and finished, and charges the step that ends an idle gap the profile's
 wake cost and each request handed over its add cost. An idle sleep returns as late as the
 profile's machine returns from one (`Hardware.overshoot`): serve's loop hands a request over
 only when it wakes.
@@ -38,7 +38,7 @@ class VirtualTimed:
     def __init__(self, system: Any, clock: VirtualClock, members: Callable[[], list],
                  wake: Callable[[float], float] | None = None, add_cost: float = 0.0):
         self.system, self.clock, self.members, self.wake, self.add_cost = system, clock, members, wake, add_cost
-        self.times: dict[str, list] = {}       # request id -> [admitted, first_token, finished]
+        self.times: dict[str, list] = {}       # request id -> [admitted, first_token, finished, block ends]
         self.last_end = 0.0                    # a point starts right after serve's warm-up
 
     def add_request(self, *args, **kwargs) -> str:
@@ -61,10 +61,12 @@ class VirtualTimed:
         outs = self.system.step()
         end = self.last_end = self.clock.now()
         for req in self.members():
-            t = self.times.setdefault(req.request_id, [start, None, None])
+            t = self.times.setdefault(req.request_id, [start, None, None, []])
             if t[1] is None and req.first_token_time is not None:
                 t[1] = end
+            t[3] += [end] * (len(req.block_times) - len(t[3]))   # blocks this step committed
         for o in outs:
-            t = self.times.pop(o.request_id, [start, end, end])
+            t = self.times.pop(o.request_id, [start, end, end, []])
             o.admitted_time, o.first_token_time, o.finished_time = t[0], t[1] if t[1] is not None else end, end
+            o.block_times = t[3] + [end] * (len(o.block_times) - len(t[3]))
         return outs
