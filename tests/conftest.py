@@ -5,6 +5,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Every CPU `serve` ends with a GPU projection (seconds of simulation); tests of other things
+# skip it, tests/test_serve_projection.py runs it.
+os.environ.setdefault("DLLM_BENCH_NO_PROJECTION", "1")
 
 import torch  # noqa: E402
 

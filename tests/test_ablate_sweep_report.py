@@ -65,6 +65,21 @@ def test_cache_rows_differ_from_the_full_engine_only_in_cache_or_selection():
     assert ab.check_ladder_configs([eff[r.key] for r in rows], rows, reference=full) == []
 
 
+def test_lookahead_rung_differs_from_the_full_engine_only_in_the_scheduler():
+    d = _engine_defaults("cpu-default")
+    rungs, beyond = ab.ladder(d["max_num_logits"]), ab.beyond_rungs(d["max_num_logits"])
+    assert [r.key for r in beyond] == ["lookahead"] and beyond[0].group == "beyond"
+    full = ab.effective_configs(rungs[-1:], d)[0]["config"]
+    la = ab.effective_configs(beyond, d)[0]["config"]
+    assert ab.config_diff(full, la) == {"scheduler"} and la["scheduler"] == "lookahead"
+    cfgs = [None] + [e["config"] for e in ab.effective_configs(rungs[1:] + beyond, d)]
+    assert ab.check_ladder_configs(cfgs, rungs + beyond, reference=full) == []
+    # Compared with the full engine, not with the rung listed before it.
+    (problem,) = ab.check_ladder_configs(cfgs, rungs + beyond, reference=cfgs[2])
+    assert "look-ahead" in problem and "max_num_logits" in problem
+    assert len({parse_system(r.spec).label for r in rungs + beyond}) == len(rungs) + 1
+
+
 def test_config_check_flags_any_other_difference_but_not_the_pool_size():
     d = _engine_defaults("cpu-default")
     rungs = ab.ladder(d["max_num_logits"])

@@ -13,6 +13,11 @@ The ladder (each rung = the previous one with ONE component switched; docs/ABLAT
                 memory it frees to the KV pool, so the pool grows as a consequence; the configs
                 still differ only in max_num_logits.
 
+Beyond the paper, one more rung after the ladder (`beyond_rungs`, compared with the full
+engine, rung 3): `scheduler=lookahead`, the look-ahead budget-aware scheduler the paper's §7
+proposes (engine.lookahead, docs/SCHEDULER.md). It is not part of the paper's Fig. 8, so the
+report's ladder claims leave it out.
+
 Cache-policy rows (the full engine, rung 3, with only cache/selection switched): `cache=none`
 (exact LLaDA: every step recomputes the canvas), `cache=dual` (Fast-dLLM's dual cache),
 `cache=sparse,selection=head` (= rung 3, measured once) and `cache=sparse,selection=uniform`.
@@ -56,11 +61,11 @@ ABLATION_PROMPTS = {"serve-126k": 8, "cpu-default": 3}
 
 @dataclass(frozen=True)
 class Rung:
-    key: str                       # baseline | engine | scheduler | logits | cache-none | ...
+    key: str                       # baseline | engine | scheduler | logits | lookahead | cache-none | ...
     title: str                     # row name in tables and figures
     spec: str                      # --systems spec text (dllm_bench.systems.spec grammar)
     switched: tuple[str, ...]      # EngineConfig fields switched vs the rung it is compared with
-    group: str = "ladder"          # ladder | cache
+    group: str = "ladder"          # ladder | beyond | cache (beyond, cache: vs the full engine)
     note: str = ""
 
     def to_dict(self) -> dict:
@@ -93,6 +98,13 @@ def ladder(max_num_logits: int) -> list[Rung]:
              ("max_num_logits",), note=f"at most {max_num_logits} logit rows per step; the freed "
                                         "activation memory goes to the KV pool"),
     ]
+
+
+def beyond_rungs(max_num_logits: int) -> list[Rung]:
+    """Rungs after the paper's ladder, each switched from the full engine (rung 3)."""
+    full = dict(scheduler="lookahead", max_num_logits=max_num_logits, cache="sparse", selection="head")
+    return [Rung("lookahead", "+ look-ahead scheduler (§7, beyond the paper)", _engine_spec(**full), ("scheduler",),
+                 "beyond", "future Refreshes planned within the token budget: staggered at admission, no stalls")]
 
 
 def cache_rows(max_num_logits: int) -> list[Rung]:
@@ -182,12 +194,12 @@ CONSEQUENTIAL = ("kv_pool_tokens",)
 def check_ladder_configs(configs: Sequence[Mapping[str, Any] | None], rungs: Sequence[Rung],
                          reference: Mapping[str, Any] | None = None) -> list[str]:
     """Problems (empty = fine): each engine rung must differ from the rung before it (ladder) or
-    from `reference` (cache rows: the full engine) in exactly its `switched` fields, ignoring
+    from `reference` (beyond rungs and cache rows: the full engine) in exactly its `switched` fields, ignoring
     CONSEQUENTIAL ones. `configs[i]` is rung i's EngineConfig dict (None: baseline/not run)."""
     problems = []
     prev = None
     for cfg, r in zip(configs, rungs, strict=True):
-        other = reference if r.group == "cache" else prev
+        other = prev if r.group == "ladder" else reference
         if cfg is not None and other is not None:
             d = config_diff(other, cfg, CONSEQUENTIAL)
             if d != set(r.switched):

@@ -45,14 +45,15 @@ def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_
     run.preset = replace(run.preset, dataset=",".join(ds_list), num_prompts=n)  # describe() tells what ran
     p = run.preset
     rungs = ab.ladder(p.max_num_logits)
+    beyond = ab.beyond_rungs(p.max_num_logits)
     crows = ab.cache_rows(p.max_num_logits) if rows_mode != "none" else []
-    variants = {r.key: parse_system(r.spec) for r in rungs + crows}
+    variants = {r.key: parse_system(r.spec) for r in rungs + beyond + crows}
     run.systems = list({v.label: v for v in variants.values()}.values())
-    eff = ab.effective_configs(rungs + crows, run.engine_defaults, run.baseline_defaults,
+    eff = ab.effective_configs(rungs + beyond + crows, run.engine_defaults, run.baseline_defaults,
                                model_dir=str(run.model_dir), dtype=p.dtype, device=p.device,
                                memory_budget=run.memory_budget, max_model_len=p.max_model_len)
     eng = [e["config"] if e["system"] == "engine" else None for e in eff]
-    problems = ab.check_ladder_configs(eng, rungs + crows, reference=eng[len(rungs) - 1])
+    problems = ab.check_ladder_configs(eng, rungs + beyond + crows, reference=eng[len(rungs) - 1])
     if problems:  # a programming error in the ladder, never the user's
         raise RuntimeError("ablation ladder is inconsistent: " + "; ".join(problems))
 
@@ -60,8 +61,9 @@ def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_
     config = {
         **run.describe(), "datasets": ds_list, "rps": rate, "num_prompts": n, "cache_rows_mode": rows_mode,
         "ladder": [{**r.to_dict(), "label": variants[r.key].label} for r in rungs],
+        "beyond": [{**r.to_dict(), "label": variants[r.key].label} for r in beyond],
         "cache_rows": [{**r.to_dict(), "label": variants[r.key].label} for r in crows],
-        "effective_configs": {r.key: e for r, e in zip(rungs + crows, eff, strict=True)},
+        "effective_configs": {r.key: e for r, e in zip(rungs + beyond + crows, eff, strict=True)},
         "throughput_metric": ab.THROUGHPUT, "measurement": run.measurement(rate),
         "workloads": {ds: describe(run.workloads[(ds, rate)]) for ds in ds_list},
         "repeats": run.repeats, "repeat_seeds": repeat_seeds(seed, run.repeats), "fingerprint": run.fingerprint(),
@@ -78,7 +80,7 @@ def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_
     con.print(f"{config['measurement']}; {n} prompts per dataset; datasets {', '.join(ds_list)}; seed {seed}"
               + (f"; {run.repeats} repeats (seeds {seed}..{seed + run.repeats - 1})" if run.repeats > 1 else ""),
               markup=False, highlight=False)
-    for r in rungs + crows:
+    for r in rungs + beyond + crows:
         con.print(f"  {r.group:>6} {r.title}: {variants[r.key].label}", markup=False, highlight=False)
 
     planned = []
@@ -87,7 +89,7 @@ def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_
         for i, ds in enumerate(ds_list):
             wl = wls[(ds, rate)]
             shape = shape_of(wl, p.block_length)
-            rows = rungs + (crows if rows_mode == "all" or (rows_mode == "first" and i == 0) else [])
+            rows = rungs + beyond + (crows if rows_mode == "all" or (rows_mode == "first" and i == 0) else [])
             planned += [PlannedPoint(ds, rate, variants[r.key], wl, shape,
                                      {"ablation_rung": r.key, "ablation_title": r.title}, repeat=rep, seed=rep_seed)
                         for r in rows]
@@ -98,7 +100,7 @@ def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_
     res.give_up_if_empty(run_dir, fresh=not resume)
     points = aggregate_points(res.points)
 
-    lt = abt.ladder_table(points, config["ladder"], ds_list)
+    lt = abt.ladder_table(points, config["ladder"] + config["beyond"], ds_list)
     ct = abt.cache_table(points, config["cache_rows"], config["ladder"][0], ds_list) if crows else None
     reps = f", median [min–max] of {run.repeats} repeats" if run.repeats > 1 else ""
     cons.print_df(con, abt.ladder_display(lt), f"Ablation ladder (paper Fig. 8): output throughput of every rung, "
@@ -110,8 +112,8 @@ def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_
     by_key = {(s.get("dataset"), s["system"]): s.get("engine_config") for s in points}
     checks = {}
     for ds in ds_list:
-        got = [by_key.get((ds, variants[r.key].label)) for r in rungs + crows]
-        checks[ds] = ab.check_ladder_configs(got, rungs + crows, reference=got[len(rungs) - 1])
+        got = [by_key.get((ds, variants[r.key].label)) for r in rungs + beyond + crows]
+        checks[ds] = ab.check_ladder_configs(got, rungs + beyond + crows, reference=got[len(rungs) - 1])
         for pr in checks[ds]:
             con.print(f"config check ({ds}): {pr}", markup=False, highlight=False)
     plots = []

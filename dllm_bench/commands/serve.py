@@ -103,6 +103,9 @@ def register(app: typer.Typer) -> None:
         resume: Resume = False,
         no_profile_cache: NoProfileCache = False,
         as_json: AsJson = False,
+        no_projection: bool = typer.Option(False, "--no-projection", envvar="DLLM_BENCH_NO_PROJECTION",
+                                           help="on a CPU, skip the comparison simulated at GPU scale (paper preset "
+                                           "on rtx4090, >= 200 requests) printed under the measured one"),
         endpoint: str | None = typer.Option(None, "--endpoint", help="also (without --systems: only) benchmark this OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"),
         endpoint_model: str | None = typer.Option(None, "--endpoint-model", help="model name sent to --endpoint (default: its first model)"),
         api: str = typer.Option("completions", "--api", help="--endpoint API: completions (token-id prompts) | chat (text)"),
@@ -122,6 +125,7 @@ def register(app: typer.Typer) -> None:
         if ep is not None:
             run.systems = (run.systems if systems is not None else []) + [ep.variant()]
             run.api_key = key
-        code = serve(run, result_dir=result_dir, run_id=run_id, resume=resume, as_json=as_json)
+        code = serve(run, result_dir=result_dir, run_id=run_id, resume=resume, as_json=as_json,
+                     projection=not no_projection)
         if code:
             sys.exit(code)  # not typer.Exit: with standalone_mode=False click returns its code unused

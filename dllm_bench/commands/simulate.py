@@ -10,6 +10,7 @@ import typer
 from dllm_bench.commands.serve_flags import (
     GOODPUT_CONTEXT,
     AsJson,
+    BaselineBatch,
     BlockLength,
     Burstiness,
     Duration,
@@ -62,6 +63,7 @@ def register(app: typer.Typer) -> None:
                                                "max-fit)"),
         rps: str | None = typer.Option(None, "--rps", "--request-rate", help="arrival rate(s), req/s [preset]"),
         systems: Systems = None,
+        baseline_batch: BaselineBatch = "max-fit",
         dataset: str | None = typer.Option(None, "--dataset", help="livebench | osc | burstgpt | random (list allowed)"),
         num_prompts: NumPrompts = None,
         duration: Duration = None,

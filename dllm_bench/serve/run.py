@@ -12,8 +12,8 @@ from pathlib import Path
 
 from dllm_bench import console as cons
 from dllm_bench import results
-from dllm_bench.metrics import ratio_table
-from dllm_bench.repeats import aggregate_points, compare, repeat_seeds
+from dllm_bench.device_defaults import is_cuda
+from dllm_bench.repeats import aggregate_points, repeat_seeds
 from dllm_bench.results import fmt_rps
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.points import (
@@ -25,34 +25,12 @@ from dllm_bench.serve.points import (
     resume_id,
     scenario_lines,
 )
-from dllm_bench.serve.summary import print_comparison, print_summary
+from dllm_bench.serve.summary import comparisons, print_comparison, print_summary, too_few_line
 from dllm_bench.serve.workload import repeat_workloads, workload_shape
 from dllm_bench.simulate.drift import DRIFT_WARN, drift
+from dllm_bench.simulate.projection import gpu_projection
 from dllm_bench.units import format_size
 from workloads.serving import describe, describe_gen_mapping
-
-
-def comparisons(points: list[dict], baseline_labels: set[str]) -> list[dict]:
-    """Per (dataset, rps): the ratio table rows (ratios vs the best baseline)."""
-    groups: dict[tuple, dict] = {}
-    for s in points:
-        groups.setdefault((s.get("dataset", ""), s["rps"]), {})[display_label(s)] = s
-    out = []
-    for (ds, rps), sums in groups.items():
-        bl = [k for k, s in sums.items() if s["system"] in baseline_labels]
-        rt = ratio_table(sums, bl)
-        rows = [] if rt.empty else [{"system": k, **{c: (None if isinstance(v, float) and math.isnan(v) else v)
-                                                     for c, v in r.items()}} for k, r in rt.iterrows()]
-        ref = sums.get(rt.attrs.get("best_baseline"))
-        for row in rows:  # the ratio's interval over the repeats, and whether it is beyond noise
-            if ref is None or sums[row["system"]] is ref:
-                continue
-            for m, higher in (("output_throughput", True), ("mean_e2el_ms", False)):
-                r, v = compare(sums[row["system"]], ref, m, higher)
-                row[f"{m}_x_min"], row[f"{m}_x_max"], row[f"{m}_vs_best"] = r.lo, r.hi, v
-        out.append({"dataset": ds, "rps": rps, "best_baseline": rt.attrs.get("best_baseline"),
-                    "summaries": sums, "baselines": bl, "rows": rows})
-    return out
 
 
 def _run_config(run: ServeRun) -> dict:
@@ -95,9 +73,11 @@ def _print_header(console, run: ServeRun, run_dir: Path, gen_mapping: str) -> No
 
 
 def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume: bool,
-          as_json: bool) -> int:
+          as_json: bool, projection: bool = True) -> int:
     """Measure every point of `run` (skipping those a resumed run finished), print and plot
-    the results; returns the exit code (130 after Ctrl-C, 1 after a failed point)."""
+    the results, and on a CPU (`projection`) the same comparison simulated at GPU scale
+    (dllm_bench.simulate.projection); returns the exit code (130 after Ctrl-C, 1 after a failed
+    point)."""
     console = cons.console()
     p = run.preset
     baseline_labels = {v.label for v in run.systems if v.is_baseline}
@@ -140,7 +120,8 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
         if len(c["summaries"]) > 1:
             print_comparison(c["summaries"], c["baselines"], console,
                              title=f"{c['dataset']} @ {fmt_rps(c['rps'])} rps — vs best baseline")
-    for line in scenario_lines(points):
+    few = too_few_line(s for c in comps if len(c["summaries"]) > 1 for s in c["summaries"].values())
+    for line in scenario_lines(points) + ([few] if few else []):
         console.print(line, markup=False, highlight=False)
 
     plots: list[str] = []
@@ -156,10 +137,16 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
                       f"GEMM read {min(readings) * 1e3:.3g}-{max(readings) * 1e3:.3g} ms around the points): "
                       "differences of that size between points may be the machine's (docs/SIMULATE.md)[/yellow]",
                       highlight=False)
+    projected = None
+    if projection and not is_cuda(p.device) and not outcome.interrupted:
+        projected = gpu_projection(run, console)
+        if projected is not None:
+            results.atomic_write_json(run_dir / "projection.json", projected)
     doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "preset": p.to_dict(), "preset_line": p.describe(),
            "interrupted": outcome.interrupted, "failures": outcome.failures, "repeats": run.repeats,
            "points": points, "repeat_points": outcome.points, "plots": plots, "speed_gauge_drift": spread,
-           "comparisons": [{k: v for k, v in c.items() if k != "summaries"} for c in comps]}
+           "comparisons": [{k: v for k, v in c.items() if k != "summaries"} for c in comps],
+           "projection": projected}
     return outcome.finish(console, run_dir, doc, as_json, resumable=True)
 
 

@@ -5,6 +5,7 @@ Everything goes to stderr by default so that `--json` can own stdout.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -16,9 +17,64 @@ from dllm_bench.console import console as stderr_console
 from dllm_bench.metric_options import DEFAULT_PERCENTILES, PERCENTILE_METRICS, percentile_word
 from dllm_bench.metrics import ratio_table
 from dllm_bench.repeats import batch_text, cell, compare
+from dllm_bench.serve.points import display_label
 
 WIDTH = 50
 MIB = 1024 * 1024
+# Below this many finished requests a point's P99, σ and span are a handful of samples: its
+# latencies and jitter are printed, but no ratio is drawn from them (nor from its throughput).
+MIN_REQUESTS_FOR_RATIOS = 10
+RATIO_KEYS = ("output_throughput", "mean_e2el_ms", "latency_std_ms", "latency_span_ms")
+
+
+def finished_requests(summary: Mapping[str, Any]) -> int | None:
+    """A point's finished requests (over repeats, the fewest any repeat finished); None when the
+    summary does not say."""
+    n = summary.get("completed_min", summary.get("completed"))
+    return None if n is None else int(n)
+
+
+def too_few_requests(summary: Mapping[str, Any]) -> bool:
+    n = finished_requests(summary)
+    return n is not None and n < MIN_REQUESTS_FOR_RATIOS
+
+
+def too_few_line(summaries: Iterable[Mapping[str, Any]]) -> str | None:
+    """The note under a table whose points are too small for ratios, or None."""
+    few = sorted({finished_requests(s) for s in summaries if too_few_requests(s)})
+    if not few:
+        return None
+    return (f"too few requests for ratios: {', '.join(map(str, few))} finished per point (< {MIN_REQUESTS_FOR_RATIOS}); "
+            "the latency percentiles and jitter above are those few requests' own, and no ratio is drawn from them "
+            f"(--num-prompts {MIN_REQUESTS_FOR_RATIOS} or more)")
+
+
+def comparisons(points: list[dict], baseline_labels: set[str]) -> list[dict]:
+    """Per (dataset, rps): the ratio table rows (ratios vs the best baseline). A row whose point,
+    or whose reference, finished too few requests keeps its metrics but has no ratios
+    (`too_few_requests`)."""
+    groups: dict[tuple, dict] = {}
+    for s in points:
+        groups.setdefault((s.get("dataset", ""), s["rps"]), {})[display_label(s)] = s
+    out = []
+    for (ds, rps), sums in groups.items():
+        bl = [k for k, s in sums.items() if s["system"] in baseline_labels]
+        rt = ratio_table(sums, bl)
+        rows = [] if rt.empty else [{"system": k, **{c: (None if isinstance(v, float) and math.isnan(v) else v)
+                                                     for c, v in r.items()}} for k, r in rt.iterrows()]
+        ref = sums.get(rt.attrs.get("best_baseline"))
+        for row in rows:  # the ratio's interval over the repeats, and whether it is beyond noise
+            if too_few_requests(sums[row["system"]]) or (ref is not None and too_few_requests(ref)):
+                row.update({f"{m}_x": None for m in RATIO_KEYS}, too_few_requests=True)
+                continue
+            if ref is None or sums[row["system"]] is ref:
+                continue
+            for m, higher in (("output_throughput", True), ("mean_e2el_ms", False)):
+                r, v = compare(sums[row["system"]], ref, m, higher)
+                row[f"{m}_x_min"], row[f"{m}_x_max"], row[f"{m}_vs_best"] = r.lo, r.hi, v
+        out.append({"dataset": ds, "rps": rps, "best_baseline": rt.attrs.get("best_baseline"),
+                    "summaries": sums, "baselines": bl, "rows": rows})
+    return out
 
 
 def _ruler(title: str = "", c: str = "-") -> str:
@@ -138,7 +194,8 @@ def comparison_table(summaries: Mapping[str, Mapping], baseline_names: Iterable[
                      title: str = "Serving comparison") -> Table:
     """Rich table, one row per system; `×` columns are vs the best baseline, > 1 = better. A
     repeated point shows `median [min–max]` and whether its ratio is beyond noise; a baseline
-    shows its static batch B and the mean batch it realised."""
+    shows its static batch B and the mean batch it realised. A point that finished too few
+    requests (or whose reference did) shows its metrics and no ratios."""
     rt = ratio_table(summaries, baseline_names)
     best = rt.attrs.get("best_baseline")
     ref = summaries.get(best) if best else None
@@ -146,6 +203,9 @@ def comparison_table(summaries: Mapping[str, Mapping], baseline_names: Iterable[
     caption = f"× = vs best baseline ({best or 'none'}); >1 is better"
     if repeated:
         caption += "; median [min–max] over repeats; 'within noise' = the throughput intervals overlap"
+    few_ref = ref is not None and too_few_requests(ref)
+    if any(too_few_requests(s) for s in summaries.values()):
+        caption += f"; no ratios for points with fewer than {MIN_REQUESTS_FOR_RATIOS} finished requests"
     t = Table(title=title, caption=escape(caption), header_style="bold")
     cols = ["System", "B", "mean batch", "req/s", "tok/s", "Mean E2EL (s)", "P99 E2EL (s)", "σ (s)",
             "max−min (s)", "TTFT (s)", "fwd", "tok/fwd", "tput ×", "lat ×", "σ ×", "span ×"]
@@ -155,8 +215,11 @@ def comparison_table(summaries: Mapping[str, Mapping], baseline_names: Iterable[
         r = rt.loc[name] if name in rt.index else {}
         label = name + (" (best baseline)" if name == best else " (baseline)" if
                         name in set(baseline_names) else "")
+        few = too_few_requests(s) or few_ref
+        if too_few_requests(s):
+            label += f" (too few requests: {finished_requests(s)})"
         tput_x, verdict = _f(r.get("output_throughput_x")), None
-        if ref is not None and s is not ref:
+        if ref is not None and s is not ref and not few:
             ratio, verdict = compare(s, ref, "output_throughput")
             if ratio.n > 1:
                 tput_x = ratio.text()
@@ -166,7 +229,8 @@ def comparison_table(summaries: Mapping[str, Mapping], baseline_names: Iterable[
                  cell(s, "mean_e2el_ms", scale=1e-3), _f(s.get("p99_e2el_ms"), 1e-3),
                  _f(s.get("latency_std_ms"), 1e-3), _f(s.get("latency_span_ms"), 1e-3),
                  _f(s.get("mean_ttft_ms"), 1e-3), _f(s.get("forwards"), digits=0), _f(s.get("tokens_per_forward")),
-                 tput_x, *(_f(r.get(k)) for k in ("mean_e2el_ms_x", "latency_std_ms_x", "latency_span_ms_x"))]
+                 *(["too few"] * 4 if few else
+                   [tput_x, *(_f(r.get(k)) for k in ("mean_e2el_ms_x", "latency_std_ms_x", "latency_span_ms_x"))])]
         if repeated:
             cells.append(verdict if verdict and verdict != "n/a" else "–")
         t.add_row(*cells, style="bold" if name not in set(baseline_names) else None)

@@ -21,8 +21,7 @@ from dllm_bench.metrics import summarize
 from dllm_bench.repeats import aggregate_points, repeat_seeds
 from dllm_bench.results import fmt_rps
 from dllm_bench.serve.points import PlannedPoint, point_line, point_summary, scenario_lines
-from dllm_bench.serve.run import comparisons
-from dllm_bench.serve.summary import print_comparison
+from dllm_bench.serve.summary import comparisons, print_comparison
 from dllm_bench.serve.workload import repeat_workloads, shape_of, workload_shape
 from dllm_bench.simulate import drift, validate
 from dllm_bench.simulate.cost_model import ModelShape
