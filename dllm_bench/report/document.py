@@ -21,6 +21,7 @@ import pandas as pd
 from dllm_bench import results
 from dllm_bench.console import md_table
 from dllm_bench.report.claims import TOLERANCE, Claims
+from dllm_bench.report.frontier import frontier_section
 from dllm_bench.report.sections import ablate_section, accuracy_section, sweep_section
 from dllm_bench.report.serving import serve_section
 from dllm_bench.report.simulated import simulated_section
@@ -34,7 +35,8 @@ def find_runs(root: str | Path | None = None) -> dict[str, Path | None]:
     accuracy: test-split runs only (dev runs are where choices are made), the latest of all under
     "accuracy" and the latest of each other task under "accuracy:<task>"; simulated runs (kind
     simulate, `simulated: true`): the latest per hardware profile under "simulate:<hardware>",
-    only when there is one (a simulation is never a missing measurement)."""
+    only when there is one (a simulation is never a missing measurement); the latest frontier run
+    under "frontier", also only when there is one."""
 
     base = results.results_root(root)
     out: dict[str, Path | None] = {k: results.latest_run(k, base) for k in ("serve", "ablate")}
@@ -71,6 +73,9 @@ def find_runs(root: str | Path | None = None) -> dict[str, Path | None]:
             out[f"accuracy:{t}"] = cand[2]
     for hw, cand in sorted(sims.items()):
         out[f"simulate:{hw}"] = cand[2]
+    frontier = results.latest_run("frontier", base)
+    if frontier is not None:    # listed only when there is one: a newer kind of run, not a missing one
+        out["frontier"] = frontier
     return out
 
 
@@ -120,7 +125,8 @@ def render(out_path: str | Path, root: str | Path | None = None, runs: Mapping[s
     body = []
     extra = tuple((k, accuracy_section) for k in runs if k.startswith("accuracy:"))
     sims = tuple((k, simulated_section) for k in runs if k.startswith("simulate:"))
-    for key, fn in SECTIONS[:2] + extra + SECTIONS[2:] + sims:
+    front = (("frontier", frontier_section),) if "frontier" in runs else ()
+    for key, fn in SECTIONS[:2] + extra + SECTIONS[2:] + front + sims:
         d = runs.get(key)
         if d is None:
             continue
