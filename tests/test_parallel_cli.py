@@ -108,3 +108,16 @@ def test_a_killed_worker_ends_the_cli_with_one_error():
             p.kill()
     assert p.returncode == 1
     assert err == "error: tensor-parallel rank 1 exited mid-run (exit code -9)\n"
+
+
+def test_serve_runs_the_engine_on_two_ranks(tmp_path):
+    """`serve --tensor-parallel-size 2`: the point's worker process drives a 2-rank engine (its
+    threads shared out among the ranks) and every request finishes."""
+    r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "serve", "--model", "tiny", "--systems", "engine",
+                        "--tensor-parallel-size", "2", "--num-prompts", "3", "--result-dir", str(tmp_path),
+                        "--run-id", "tp", "--json"], capture_output=True, text=True,
+                       env={**ENV, "DLLM_BENCH_NO_PROJECTION": "1"}, cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr
+    (point,) = json.loads(r.stdout)["points"]
+    assert point["engine_config"]["tensor_parallel_size"] == 2 and point["completed"] == 3
+    assert point["kv_pool_tokens"] > 0 and "2 tensor-parallel ranks" in point["scenario"]

@@ -49,6 +49,11 @@ MaxDuration = Annotated[float | None, typer.Option(
     "--max-duration", help="abort a point after this many seconds (unfinished requests are counted)")]
 NumWarmups = Annotated[int, typer.Option("--num-warmups", help="unmeasured warm-up requests per system")]
 NoProfileCache = Annotated[bool, typer.Option("--no-profile-cache", help="re-measure KV pools and static batches")]
+# Parallel decoding (dllm_bench.systems.decoding): run by every system that has the rule upstream.
+DecodingPolicy = Annotated[str, typer.Option(
+    "--decoding", help="fixed (one token per step: the presets' parity mode) | threshold:τ | factor:f | entropy:γ; "
+    "the engine runs every policy, Fast-dLLM threshold and factor (its knobs), the other baselines (and Fast-dLLM "
+    "under entropy) run fixed, marked")]
 
 # vLLM `bench serve`'s reporting and concurrency flags (docs/SERVE.md).
 MaxConcurrency = Annotated[int | None, typer.Option(
@@ -72,6 +77,9 @@ def goodput_pairs(ctx: typer.Context, goodput: list[str] | None) -> tuple[str, .
     if ctx.args and not goodput:
         raise UserError(f"unexpected argument {ctx.args[0]!r}")
     return tuple(goodput or ()) + tuple(ctx.args)
+TensorParallelSize = Annotated[int | None, typer.Option(
+    "--tensor-parallel-size", "--tp", help="engine: its ranks (heads, MLP, vocabulary split): N GPUs, or on a CPU N "
+    "processes sharing --threads; baselines run on one device (docs/PARALLEL.md) [1]")]
 CudaGraphs = Annotated[bool | None, typer.Option(
     "--cuda-graphs/--no-cuda-graphs", help="engine: replay Reuse-only steps, padded to batch buckets, as CUDA graphs "
     "[on on CUDA; on a CPU --cuda-graphs runs the same padding with plain calls]")]

@@ -31,6 +31,7 @@ from dllm_bench.commands.serve_flags import (
     RunId,
     Seed,
     Systems,
+    TensorParallelSize,
     goodput_pairs,
 )
 from dllm_bench.errors import UserError
@@ -92,10 +93,7 @@ def register(app: typer.Typer) -> None:
         result_dir: ResultDir = None,
         run_id: RunId = None,
         as_json: AsJson = False,
-        tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "--tp",
-                                                 help="the engine on N of the profile's GPUs: compute and weights "
-                                                 "split by N, two all-reduces per layer on the profile's link, "
-                                                 "the KV pool from each GPU's budget (docs/PARALLEL.md)"),
+        tensor_parallel_size: TensorParallelSize = None,
         validate_runs: str | None = typer.Option(None, "--validate", help="measured serve runs of the same workload "
                                                  "(run ids or dirs, comma-separated: the repeats): print and write "
                                                  "each cell's error with the measured spread, and again at each "
@@ -120,7 +118,7 @@ def register(app: typer.Typer) -> None:
             measured = validate.measured_runs(names, result_dir)
         hw = hwmod.load(hardware)
         opts = ServeOptions.pick(locals())
-        run, setup = simulation(opts, hw, impl, tensor_parallel_size)
+        run, setup = simulation(opts, hw, impl)
         code = simulate_serve(run, setup, result_dir=result_dir, run_id=run_id, as_json=as_json,
                               validate_against=measured)
         if code:

@@ -19,6 +19,7 @@ from dllm_bench.metric_options import metric_options
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import build_workloads, model_info
+from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.spec import apply_baseline_batch, parse_systems
 from dllm_bench.units import comma_list, format_size
 from engine.config import DTYPES
@@ -124,6 +125,8 @@ class ServeOptions:
     metric_percentiles: str | None = None       # which percentiles, e.g. 50,90,99
     goodput: tuple[str, ...] | None = None      # SLO pairs METRIC:MS
     cuda_graphs: bool | None = None
+    decoding: str = "fixed"                     # engine.decoding policy (dllm_bench.systems.decoding)
+    tensor_parallel_size: int | None = None     # the engine's ranks (engine.parallel); baselines: one device
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> ServeOptions:
@@ -182,8 +185,10 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True) -> ServeRun:
     if o.max_concurrency is not None and o.max_concurrency < 1:
         raise UserError(f"--max-concurrency must be >= 1, got {o.max_concurrency}")
     reporting = metric_options(o.percentile_metrics, o.metric_percentiles, o.goodput)
+    decoding = str(system_decoding.parse(o.decoding))
     over: dict[str, Any] = {}
-    for k in ("max_num_batched_tokens", "max_num_seqs", "gen_cap", "block_length", "max_prompt_len", "threads"):
+    for k in ("max_num_batched_tokens", "max_num_seqs", "gen_cap", "block_length", "max_prompt_len", "threads",
+              "tensor_parallel_size"):
         v = getattr(o, k)
         if v is not None:
             if v < 1:
@@ -230,7 +235,7 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True) -> ServeRun:
         time_scale=o.time_scale, burstgpt_model=o.burstgpt_model, memory_budget=budget,
         memory_budget_source=mb.to_dict(), max_duration=o.max_duration, num_warmups=o.num_warmups,
         use_cache=not o.no_profile_cache, repeats=o.repeats, options=opts, max_concurrency=o.max_concurrency,
-        metric_options=reporting)
+        metric_options=reporting, decoding=decoding)
     build_workloads(run)
     return run
 

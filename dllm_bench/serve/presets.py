@@ -86,6 +86,8 @@ class ServePreset:
     # The engine's CUDA graphs (engine.graphs): None = on for a CUDA device; a run resolves it
     # to true/false for its device (dllm_bench.serve.options.resolve_run).
     cuda_graphs: bool | None = None
+    # The engine's ranks (docs/PARALLEL.md): N GPUs, or N CPU processes sharing `threads`.
+    tensor_parallel_size: int = 1
     rps: str = "0.5"
     baseline_knobs: dict = field(default_factory=lambda: {k: dict(v) for k, v in PAPER_BASELINE_KNOBS.items()})
     note: str = ""
@@ -108,7 +110,8 @@ class ServePreset:
     def engine_defaults(self) -> dict:
         """The engine knobs this preset sets (a variant's or a flag's own values win)."""
         return {"max_num_batched_tokens": self.max_num_batched_tokens, "max_num_logits": self.max_num_logits,
-                "max_num_seqs": self.max_num_seqs, "retention": self.retention, "cuda_graphs": self.cuda_graphs}
+                "max_num_seqs": self.max_num_seqs, "retention": self.retention, "cuda_graphs": self.cuda_graphs,
+                "tensor_parallel_size": self.tensor_parallel_size}
 
     def describe(self) -> str:
         """One line stating the preset (printed at the start and the end of a run)."""
@@ -117,7 +120,9 @@ class ServePreset:
         return (f"preset {self.name}: model {self.model}, {self.dataset} x{self.length_scale:g} "
                 f"lengths, {self.num_prompts} prompts, block {self.block_length}, {gen}, {self.steps_rule}, memory budget {self.memory_budget or 'device default'}, "
                 f"token budget {self.max_num_batched_tokens}, logit budget {logits}, retention "
-                f"{self.retention:g}, {self.dtype} on {self.device}, {self.threads} threads")
+                f"{self.retention:g}, {self.dtype} on {self.device}, {self.threads} threads"
+                + (f", engine on {self.tensor_parallel_size} ranks (tensor parallel; baselines on one device)"
+                   if self.tensor_parallel_size > 1 else ""))
 
 
 # Requests of the scale-similar default: at its paper-length shapes a request costs ~25-80 s of

@@ -96,11 +96,12 @@ def run(spec: dict, out_path: Path) -> int:
 
     steps_rule = spec["sampling"].get("steps", "gen_length")
     block = int(spec["sampling"]["block_length"])
+    decoding = spec["sampling"].get("decoding", "fixed")
 
     def make_params(item: dict) -> SamplingParams:
         g = int(item["gen_length"])
         steps = g if steps_rule == "gen_length" else int(steps_rule)
-        return SamplingParams(gen_length=g, steps=steps, block_length=block, temperature=0.0)
+        return SamplingParams(gen_length=g, steps=steps, block_length=block, temperature=0.0, decoding=decoding)
 
     total = len(spec["workload"])
     t0 = time.perf_counter()
@@ -130,6 +131,8 @@ def run(spec: dict, out_path: Path) -> int:
         peak, how = meter.peak_bytes, "run"
     result["stats"] = step_stats_summary({**(result.get("stats") or {}), "peak_measured_in": how,
                                           **budget_held(system, peak, spec.get("memory_budget"))})
+    if hasattr(system, "close"):              # a tensor-parallel engine's ranks (engine.parallel)
+        system.close()
     try:  # the whole process (Python, torch, weights...): a sanity number, not the budgeted bytes
         import resource  # Unix only: elsewhere the figure is None
 

@@ -14,6 +14,7 @@ from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.implementations import default_impl, parse_impl_overrides
 from dllm_bench.simulate.run import make_setup
 from dllm_bench.simulate.simulator import SimSetup, resolve_sim_model
+from dllm_bench.systems.spec import engine_knobs
 
 # The share of a GPU's memory a run may use when no budget is given: the engine's
 # gpu_memory_utilization default (vLLM's).
@@ -29,17 +30,11 @@ def budget_on(hw: Hardware, memory_budget: str | None, preset_budget: str | None
     return preset_budget
 
 
-def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None,
-               tensor_parallel: int = 1) -> tuple[ServeRun, SimSetup]:
+def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None) -> tuple[ServeRun, SimSetup]:
     """The run and the simulator's setup for `opts` on `hw`: the options resolved as serve resolves
     them (device cpu: the run's dtype is the preset's, no warm-ups on a virtual clock), `impl`
-    overrides per system (`fast-dllm=engine`); `tensor_parallel`: the engine on that many of
-    `hw`'s GPUs, each with the budget (dllm_bench.simulate.parallel)."""
-    if tensor_parallel < 1:
-        raise UserError("--tensor-parallel-size must be >= 1")
-    if tensor_parallel > 1 and hw.link is None:
-        raise UserError(f"--tensor-parallel-size: hardware profile {hw.name!r} has no 'link' between GPUs "
-                        "(bandwidth, latency) to charge the all-reduces to")
+    overrides per system (`fast-dllm=engine`). An engine with `tensor_parallel_size` N runs on N of
+    `hw`'s GPUs, each with the budget (dllm_bench.simulate.parallel); baselines on one."""
     sp = preset_for(opts.preset, opts.model)
     model_dir, loadable = resolve_sim_model(sp.model)
     opts = replace(opts, memory_budget=budget_on(hw, opts.memory_budget, sp.memory_budget), model=str(model_dir),
@@ -47,8 +42,10 @@ def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None,
                    max_prompt_len=None, threads=None, device="cpu", num_warmups=0, no_profile_cache=False)
     run = resolve_run(opts, weights=loadable)
     names = [v.name for v in run.systems]
-    if tensor_parallel > 1 and set(names) != {"engine"}:
-        raise UserError("--tensor-parallel-size applies to the engine (the baselines have no tensor parallelism): "
-                        "give --systems engine (or engine variants)")
+    parallel = [v.label for v in run.systems
+                if not v.is_baseline and engine_knobs(v, run.engine_defaults).get("tensor_parallel_size", 1) > 1]
+    if parallel and hw.link is None:
+        raise UserError(f"{parallel[0]!r} runs tensor-parallel but hardware profile {hw.name!r} has no 'link' "
+                        "between GPUs (bandwidth, latency) to charge its all-reduces to")
     impls = {n: default_impl(n, hw.kind, hw.impl) for n in names} | parse_impl_overrides(impl, names)
-    return run, make_setup(run, hw, impls, loadable, tensor_parallel)
+    return run, make_setup(run, hw, impls, loadable)

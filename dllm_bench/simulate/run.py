@@ -33,13 +33,13 @@ from engine.engine import DTYPES
 from engine.models.llada import LLaDAConfig, load_llada
 
 
-def make_setup(run, hw: Hardware, impls: dict[str, str], loadable: bool, tensor_parallel: int = 1) -> SimSetup:
+def make_setup(run, hw: Hardware, impls: dict[str, str], loadable: bool) -> SimSetup:
 
     cfg = LLaDAConfig.from_pretrained(run.model_dir)
     real = _real_capacity(run) if hw.kind == "cpu" and loadable else None
     return SimSetup(cfg, ModelShape.from_config(cfg, DTYPE_BYTES[run.preset.dtype]), hw, run.preset.dtype, impls,
                     memory_budget=float(run.memory_budget), engine_defaults=run.engine_defaults,
-                    baseline_defaults=run.baseline_defaults, real_capacity=real, tensor_parallel=tensor_parallel)
+                    baseline_defaults=run.baseline_defaults, real_capacity=real)
 
 
 def _real_capacity(run):

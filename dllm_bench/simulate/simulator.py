@@ -82,21 +82,18 @@ class SimSetup:
     real_capacity: Any = None              # callable(variant) -> info dict from serve's builders, or None
     cost_fn: Callable[[Forward], float] | None = None   # replaces the cost model (tests: unit costs)
     speed: float = 1.0                     # every step's cost x this: a machine slower than its profile
-    tensor_parallel: int = 1               # the engine's GPUs (dllm_bench.simulate.parallel); baselines: one
 
-    def ranks(self, system: str) -> int:
-        return self.tensor_parallel if system == "engine" else 1
-
-    def cost_model(self, system: str) -> CostModel | ParallelCostModel:
-        hw, impl, n = self.hardware, self.impls[system], self.ranks(system)
-        cm = CostModel(self.shape.rank_share(n), hw.peak_flops, hw.bandwidth, hw.efficiency, get_impl(impl),
+    def cost_model(self, system: str, ranks: int = 1) -> CostModel | ParallelCostModel:
+        """`ranks` > 1: an engine on that many of the profile's GPUs (dllm_bench.simulate.parallel)."""
+        hw, impl = self.hardware, self.impls[system]
+        cm = CostModel(self.shape.rank_share(ranks), hw.peak_flops, hw.bandwidth, hw.efficiency, get_impl(impl),
                        hw.host_cost(impl, system))
-        return cm if n == 1 else ParallelCostModel(cm, n, hw.link)
+        return cm if ranks == 1 else ParallelCostModel(cm, ranks, hw.link)
 
-    def step_cost(self, system: str) -> Callable[[Forward], float]:
+    def step_cost(self, system: str, ranks: int = 1) -> Callable[[Forward], float]:
         fn = self.cost_fn
         if fn is None:
-            step = self.cost_model(system).step
+            step = self.cost_model(system, ranks).step
             fn = lambda fw: step(fw).t  # noqa: E731
         return self._at_speed(fn)
 
@@ -126,15 +123,16 @@ class SimSetup:
 def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
 
     knobs = engine_knobs(variant, setup.engine_defaults)
-    n = setup.ranks(variant.name)
     try:
-        cfg = EngineConfig(dtype=setup.dtype, device="cpu", sampling=False, tensor_parallel_size=n, **knobs)
+        cfg = EngineConfig(dtype=setup.dtype, device="cpu", sampling=False, **knobs)
+        n = cfg.tensor_parallel_size
+        rank_shape = setup.shape.rank_share(n)
     except ValueError as e:
         raise UserError(f"system {variant.label!r}: {e}") from None
     if info.get("kv_pool_tokens") is None:
         try:
             # per rank: each holds its heads' KV of every token, in its own budget
-            info["kv_pool_tokens"] = engine_kv_tokens(setup.shape.rank_share(n),
+            info["kv_pool_tokens"] = engine_kv_tokens(rank_shape,
                                                       setup.memory_budget, cfg.max_num_batched_tokens,
                                                       cfg.max_num_logits)
         except ValueError as e:
@@ -143,10 +141,10 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
     cfg.kv_pool_tokens = info["kv_pool_tokens"]
     # a rank's view of the model (its KV heads): the pool counts one GPU's bytes
     model_config = setup.model_config if n == 1 else RankConfig.of(setup.model_config, n)
-    runner = CostRunner(model_config, cfg, setup.shape, setup.step_cost(variant.name), clock,
+    runner = CostRunner(model_config, cfg, setup.shape, setup.step_cost(variant.name, n), clock,
                         TORCH_DTYPES[setup.dtype])
     engine = cost_engine(cfg, runner)
-    info.update(kind="engine", knobs=knobs, engine_config=cfg.to_dict())
+    info.update(kind="engine", knobs=knobs, engine_config=cfg.to_dict(), tensor_parallel_size=n)
     return VirtualTimed(engine, clock, lambda: runner.last, setup.wake_cost(variant.name), setup.add_cost(variant.name))
 
 
@@ -180,8 +178,7 @@ def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len
 
 def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[VirtualTimed, dict]:
     info: dict[str, Any] = {"system": variant.name, "label": variant.label, "impl": setup.impls[variant.name],
-                            "hardware": setup.hardware.name, "memory_budget": setup.memory_budget,
-                            "tensor_parallel_size": setup.ranks(variant.name)}
+                            "hardware": setup.hardware.name, "memory_budget": setup.memory_budget}
     if setup.real_capacity is not None:
         info.update(setup.real_capacity(variant))
     if variant.is_baseline:

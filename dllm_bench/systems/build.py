@@ -178,13 +178,16 @@ def build_system(variant: SystemVariant, *, model_dir: str | os.PathLike, dtype:
     Returns the system and an `info` dict (what was built and why) for the results.
     """
     dev = resolve_device(device)
+    info: dict[str, Any] = {"system": variant.name, "label": variant.label, "dtype": dtype,
+                            "device": str(dev), "memory_budget": memory_budget,
+                            "torch_threads": torch.get_num_threads()}
+    if not variant.is_baseline and engine_knobs(variant, dict(engine_defaults or {})).get("tensor_parallel_size", 1) > 1:
+        return _build_parallel_engine(variant, model_dir, dtype, str(dev), memory_budget, dict(engine_defaults or {}),
+                                      max_model_len, sampling, info, log)
     if model is None:
         log("loading model")
         model = load_llada(model_dir, DTYPES[dtype], dev)
     fp = model_fingerprint(model_dir)
-    info: dict[str, Any] = {"system": variant.name, "label": variant.label, "dtype": dtype,
-                            "device": str(dev), "memory_budget": memory_budget,
-                            "torch_threads": torch.get_num_threads()}
     if not variant.is_baseline:
         return _build_engine(variant, model, model_dir, fp, dtype, str(dev), memory_budget,
                              dict(engine_defaults or {}), max_model_len, cache_dir, use_cache, sampling,
@@ -231,6 +234,28 @@ def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, d
         info.update(profile=None, profile_cached=False, kv_pool_tokens=None)
     system = make_system("engine", model, engine_config=cfg, label=variant.label)
     info["engine_config"] = cfg.to_dict()
+    return BuiltSystem(system, info)
+
+
+def _build_parallel_engine(variant, model_dir, dtype, device, memory_budget, defaults, max_model_len, sampling,
+                           info, log) -> BuiltSystem:
+    """The engine on `tensor_parallel_size` ranks: no model loaded here (each rank loads its
+    shard) and no cached profile (each rank profiles its own memory); the process's torch
+    threads are shared out among the ranks."""
+    knobs = engine_knobs(variant, defaults)
+    try:
+        cfg = EngineConfig(model=str(model_dir), dtype=dtype, device=device, sampling=sampling,
+                           memory_budget=memory_budget, max_model_len=max_model_len, **knobs)
+    except ValueError as e:
+        raise UserError(f"system {variant.label!r}: {e}") from None
+    n = cfg.tensor_parallel_size
+    log(f"starting {n} tensor-parallel ranks (each loads and profiles its shard)")
+    system = make_parallel_engine(cfg, threads=max(1, torch.get_num_threads() // n))
+    prof = system.profile.to_dict() if system.profile is not None else None
+    info.update(kind="engine", knobs=knobs, tensor_parallel_size=n, profile=prof, profile_cached=False,
+                kv_pool_tokens=system.pool.capacity, engine_config=cfg.to_dict(),
+                scenario=f"continuous batching (phase-multiplexed) on {n} tensor-parallel ranks, KV pool per rank "
+                         "profiled for the budget")
     return BuiltSystem(system, info)
 
 

@@ -107,6 +107,7 @@ def _engine_knobs() -> dict[str, Callable[[str], Any]]:
         "retention": _float, "pool_window": _int, "delay_step": _int,
         "scheduler": _choice(SCHEDULERS), "max_num_logits": _int_or_none,
         "max_num_batched_tokens": _int, "max_num_seqs": _int, "cuda_graphs": _bool,
+        "tensor_parallel_size": _int,
     }
 
 
