@@ -14,7 +14,7 @@ from dllm_bench.report import claims as pc
 from dllm_bench.report import document as rp
 from dllm_bench.serve.presets import PRESETS
 from dllm_bench.sweep import lengths as sw
-from dllm_bench.systems.spec import parse_system
+from dllm_bench.systems.spec import parse_system, parse_systems
 
 
 # ---------------------------------------------------------------- the ladder's configurations
@@ -268,6 +268,20 @@ def test_verdict_rule():
     assert pc.trend_verdict(3.0, 2.0, 3.12, 2.45) == "matches (same trend)"
 
 
+def test_sweep_scheduler_setting_runs_each_engine_under_each_scheduler():
+    from dllm_bench.sweep.schedulers import with_schedulers
+
+    assert with_schedulers("engine,sparse-dllm", None) == "engine,sparse-dllm"
+    got = with_schedulers("engine,engine:cache=dual,engine:scheduler=request,sparse-dllm", "phase,lookahead")
+    assert [v.label for v in parse_systems(got)] == [
+        "engine:scheduler=phase", "engine:scheduler=lookahead", "engine:cache=dual,scheduler=phase",
+        "engine:cache=dual,scheduler=lookahead", "engine:scheduler=request", "sparse-dllm"]
+    with pytest.raises(UserError, match="--scheduler: expected one of"):
+        with_schedulers("engine", "phase,look-ahead")
+    with pytest.raises(UserError, match="lists phase twice"):
+        with_schedulers("engine", "phase,phase")
+
+
 # ---------------------------------------------------------------- the CLI
 def _cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
     """`dllm-bench ARGS` in this process (cli.main: UserError -> one line + exit 2)."""
@@ -285,6 +299,7 @@ def _cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("args, msg", [
     (("sweep", "--vary", "batch-size"), "--vary must be one of"),
+    (("sweep", "--vary", "input-len", "--preset", "tiny", "--scheduler", "greedy"), "--scheduler: expected one of"),
     (("ablate", "--datasets", "livebench,sharegpt"), "unknown dataset 'sharegpt'"),
     (("ablate", "--cache-rows", "most"), "--cache-rows"),
     (("report", "--out", "report.txt"), "--out must be a .md file"),

@@ -40,6 +40,8 @@ def register(app: typer.Typer) -> None:
                                           help="lengths to sweep, tokens as sent, comma list (default: the paper's 100-600 / 128-512 scaled by the preset)"),
         fixed_len: int | None = typer.Option(None, "--fixed-len", help="the other length, tokens (default: paper 256 output / 300 input, scaled)"),
         systems: str | None = typer.Option(None, "--systems", help="systems (serve's spec syntax) (default: engine,sparse-dllm)"),
+        scheduler: str | None = typer.Option(None, "--scheduler",
+                                             help="engine scheduler(s), comma list of phase | request | lookahead: each engine system without scheduler= swept once per scheduler (default: the engine's, phase)"),
         baseline_batch: BaselineBatch = "max-fit",
         num_prompts: int | None = typer.Option(None, "--num-prompts", help="requests per point (default: cpu-default: 8, else the preset's)"),
         model: Model = None,
@@ -62,6 +64,6 @@ def register(app: typer.Typer) -> None:
         """Sensitivity sweeps (paper Fig. 7): engine throughput relative to Sparse-dLLM vs input or output length."""
         result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)
         code = sweep(ServeOptions.pick(locals()), vary=vary, points=points, fixed_len=fixed_len, result_dir=result_dir,
-                     run_id=run_id, resume=resume, as_json=as_json)
+                     run_id=run_id, resume=resume, as_json=as_json, schedulers=scheduler)
         if code:
             sys.exit(code)

@@ -17,14 +17,16 @@ from dllm_bench.serve.points import PlannedPoint, measure_points, record_repeats
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import shape_of
 from dllm_bench.sweep import lengths as sw
+from dllm_bench.sweep.schedulers import with_schedulers
 from workloads.serving import describe
 
 
 def sweep(opts: ServeOptions, *, vary: str, points: str | None, fixed_len: int | None, result_dir: Path | None,
-          run_id: str | None, resume: bool, as_json: bool) -> int:
+          run_id: str | None, resume: bool, as_json: bool, schedulers: str | None = None) -> int:
     """Every (length, system) point measured, tabulated and plotted; returns the exit code.
     `opts`: the serving options sweep exposes (its rate defaults to inf: saturation); its
-    --gen-length is the fixed output length of an input-length sweep."""
+    --gen-length is the fixed output length of an input-length sweep; `schedulers`: --scheduler
+    (dllm_bench.sweep.schedulers)."""
     vary = sw.parse_vary(vary)
     seed, num_prompts, gen_length = opts.seed, opts.num_prompts, opts.gen_length
     check_counts(num_prompts, seed, opts.repeats)
@@ -42,7 +44,8 @@ def sweep(opts: ServeOptions, *, vary: str, points: str | None, fixed_len: int |
     n = num_prompts if num_prompts is not None else ABLATION_PROMPTS.get(sp.name, sp.num_prompts)
     # The preset is pinned to the one the lengths were planned with;
     # the point workloads carry their own lengths, so gen_length is theirs, not the run's.
-    run = resolve_run(replace(opts, systems=opts.systems or sw.DEFAULT_SYSTEMS, dataset="random", num_prompts=n,
+    systems = with_schedulers(opts.systems or sw.DEFAULT_SYSTEMS, schedulers)
+    run = resolve_run(replace(opts, systems=systems, dataset="random", num_prompts=n,
                               preset=sp.name, gen_length=None))
     if len(run.rps) != 1:
         raise UserError("--rps takes one rate for sweep (inf = saturation, the default)")
