@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from dllm_bench.commands.serve_flags import CudaGraphs
+from dllm_bench.commands.serve_flags import CudaGraphs, TensorParallelSize
 from dllm_bench.serve.presets import DEFAULT_PRESET, GPU_PRESET, PRESETS
 from dllm_bench.server.startup import DEFAULT_MAX_WAITING, start
 
@@ -30,6 +30,7 @@ def register(app: typer.Typer) -> None:
         dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset; a CPU preset on CUDA: bfloat16]"),
         device: str | None = typer.Option(None, "--device", help="cpu | cuda [preset]"),
         cuda_graphs: CudaGraphs = None,
+        tensor_parallel_size: TensorParallelSize = None,
         threads: int | None = typer.Option(None, "--threads", help="torch threads [preset]"),
         block_length: int | None = typer.Option(None, "--block-length", help="block length of requests that give none [preset]"),
         max_waiting: int = typer.Option(DEFAULT_MAX_WAITING, "--max-waiting", help="answer 503 + Retry-After once this many requests wait"),
@@ -42,7 +43,7 @@ def register(app: typer.Typer) -> None:
         """OpenAI-compatible HTTP server for the engine: /v1/completions, /v1/chat/completions (block streaming), /v1/models, /health, /metrics."""
         knobs = {"cache": cache, "selection": selection, "retention": retention, "scheduler": scheduler,
                  "max_num_batched_tokens": max_num_batched_tokens, "max_num_logits": max_num_logits,
-                 "max_num_seqs": max_num_seqs}
+                 "max_num_seqs": max_num_seqs, "tensor_parallel_size": tensor_parallel_size}
         start(host=host, port=port, log_level=log_level, api_key=api_key, model=model, preset=preset,
               served_model_name=served_model_name, knobs=knobs, memory_budget=memory_budget, dtype=dtype,
               device=device, cuda_graphs=cuda_graphs, threads=threads, block_length=block_length, max_waiting=max_waiting,
