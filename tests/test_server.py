@@ -109,6 +109,34 @@ def test_a_refused_prompt_refuses_the_whole_list_and_leaves_nothing_behind(serve
     assert m["dllm_requests_finished"] == before["dllm_requests_finished"]
 
 
+def test_parallel_decoding_per_request_reports_nfe_and_tpf(server, tok, local_engine):
+    from engine.sampling import SamplingParams
+
+    prompt = tok("Hello there", add_special_tokens=False)["input_ids"]
+    # Random weights rarely reach a high threshold; a tiny one commits a whole block per forward.
+    for extra, decoding in (({"threshold": 1e-4}, "threshold:0.0001"), ({"entropy": 0.0}, "entropy:0"), ({}, "fixed")):
+        r = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=16,
+                                               extra_body={"return_token_ids": True, **extra})
+        d = r.model_extra["dllm"]
+        ref = local_engine.generate([prompt], SamplingParams(gen_length=16, steps=16, block_length=BLOCK,
+                                                             decoding=decoding))[0]
+        assert d["decoding"] == decoding and r.choices[0].token_ids == ref.token_ids
+        assert d["nfe"] == ref.nfe and d["steps_per_block"] == ref.steps_per_block and sum(d["steps_per_block"]) == d["nfe"]
+        assert d["tpf"] == 16 / d["nfe"]
+    assert d["nfe"] == 16                                     # fixed: one token per forward
+    assert r.model_extra["dllm"]["tpf"] == 1.0
+
+
+def test_threshold_commits_a_block_per_forward_on_confident_proposals(server, tok):
+    r = server.client().completions.create(model=MODEL, prompt="Hello there", max_tokens=16,
+                                           extra_body={"threshold": 1e-4})
+    assert r.model_extra["dllm"]["steps_per_block"] == [1, 1] and r.model_extra["dllm"]["tpf"] == BLOCK
+    # JSON's NaN (Python's json reads it) is no threshold either
+    r = httpx.post(server.url + "/v1/completions", content=f'{{"model": "{MODEL}", "prompt": "hi", "threshold": NaN}}',
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and "threshold" in r.json()["error"]["message"]
+
+
 def test_chat_completion(server, tok):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}]
     r = server.client().chat.completions.create(model=MODEL, messages=msgs, max_tokens=BLOCK)
@@ -203,7 +231,11 @@ BAD = [
     ("/v1/completions", {"prompt": 5}, 400, "prompt"),
     ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
     ("/v1/completions", {"prompt": "hi", "frobnicate": 1}, 400, "frobnicate"),
-    ("/v1/completions", {"prompt": "hi", "threshold": 0.9}, 400, "threshold"),
+    ("/v1/completions", {"prompt": "hi", "threshold": 0}, 400, "threshold"),
+    ("/v1/completions", {"prompt": "hi", "threshold": 1.5}, 400, "threshold"),
+    ("/v1/completions", {"prompt": "hi", "factor": 0}, 400, "factor"),
+    ("/v1/completions", {"prompt": "hi", "entropy": -0.5}, 400, "entropy"),
+    ("/v1/completions", {"prompt": "hi", "threshold": 0.9, "factor": 1.0}, 400, "give one"),
     ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 16, "steps": 3}, 400, "steps"),
     ("/v1/completions", {"prompt": [1, 2, 502]}, 400, "mask"),

@@ -13,6 +13,8 @@ from typing import Any
 
 from dllm_bench.metric_options import MetricOptions
 from dllm_bench.serve.presets import ServePreset
+from dllm_bench.systems.decoding import SystemDecoding
+from dllm_bench.systems.decoding import resolve as resolve_decoding
 from dllm_bench.systems.spec import SystemVariant
 
 
@@ -47,8 +49,16 @@ class ServeRun:
     max_concurrency: int | None = None   # vLLM's --max-concurrency: requests in flight at most
     # What each point's summary reports besides its fixed metrics: percentiles, goodput SLOs.
     metric_options: MetricOptions = field(default_factory=MetricOptions)
+    # --decoding: the policy every system that has it upstream runs (decoding_for)
+    decoding: str = "fixed"
     # The key `serve --endpoint` sends (--api-key, $OPENAI_API_KEY): never written to the run.
     api_key: str | None = field(default=None, repr=False)
+
+    def decoding_for(self, variant: SystemVariant) -> SystemDecoding:
+        """What `variant` decodes with under --decoding (an endpoint is asked for the policy as given)."""
+        if variant.is_endpoint:
+            return SystemDecoding(self.decoding)
+        return resolve_decoding(variant.name, self.decoding, variant.knob_dict)
 
     @property
     def engine_defaults(self) -> dict:
@@ -69,7 +79,8 @@ class ServeRun:
                 "memory_budget_source": self.memory_budget_source,
                 "num_warmups": self.num_warmups, "max_duration": self.max_duration,
                 "max_concurrency": self.max_concurrency, "metric_options": self.metric_options.to_dict(),
-                "engine_defaults": self.engine_defaults, "baseline_defaults": self.baseline_defaults}
+                "decoding": self.decoding, "engine_defaults": self.engine_defaults,
+                "baseline_defaults": self.baseline_defaults}
 
     def measurement(self, rate: float) -> str:
         """How throughput is measured at one arrival rate (ablate and sweep)."""
@@ -86,7 +97,9 @@ class ServeRun:
                 "burstgpt_model": self.burstgpt_model, "memory_budget": self._budget_key(),
                 "max_duration": self.max_duration, "max_concurrency": self.max_concurrency,
                 # finished points keep the summaries they were written with: same SLOs and percentiles
-                "metric_options": None if self.metric_options.is_default else self.metric_options.to_dict()}
+                "metric_options": None if self.metric_options.is_default else self.metric_options.to_dict(),
+                # runs made before --decoding existed decoded fixed: they resume as such
+                "decoding": None if self.decoding == "fixed" else self.decoding}
 
     @property
     def budget_is_auto(self) -> bool:

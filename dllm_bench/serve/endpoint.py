@@ -18,7 +18,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -29,6 +29,7 @@ from dllm_bench.errors import UserError
 from dllm_bench.serve.loadgen import ProgressFn, _get, arrival_offset
 from dllm_bench.serve.response import Outcome, error_text, http_overhead, record, scrape, send, stats_delta
 from dllm_bench.systems.spec import ENDPOINT, SystemVariant
+from engine.decoding import Decoding
 
 APIS = ("completions", "chat")
 CONNECT_TIMEOUT_S = 30.0
@@ -46,6 +47,7 @@ class Endpoint:
     api: str = "completions"       # completions | chat
     stream: bool = True
     dllm_extras: bool = True       # send block_length/steps and ask for token ids (our server)
+    decoding: str = "fixed"        # serve --decoding, sent as threshold / factor / entropy with the extras
 
     def variant(self) -> SystemVariant:
         """The endpoint as a system of a serve run. Its label, which names it in every table,
@@ -119,6 +121,9 @@ def request_body(ep: Endpoint, item: Any, *, block_length: int | None, decode: C
         body.update(steps=gen, return_token_ids=True)
         if block_length:
             body["block_length"] = block_length
+        d = Decoding.parse(ep.decoding)
+        if not d.fixed:
+            body[d.kind] = d.value
     return body
 
 
@@ -239,7 +244,7 @@ def measure_endpoint(run: Any, variant: SystemVariant, workload: list, on_event:
     """One serve point against an endpoint: {result, info} as a worker writes it, and the
     worker's progress events on the way (dllm_bench.serve.process.progress_handler)."""
 
-    ep = Endpoint.from_variant(variant)
+    ep = replace(Endpoint.from_variant(variant), decoding=run.decoding)
     decode = None
     if ep.api == "chat":
         tok = load_tokenizer(run.model_dir)

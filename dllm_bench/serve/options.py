@@ -18,13 +18,14 @@ from dllm_bench.errors import UserError
 from dllm_bench.metric_options import metric_options
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.presets import preset_for
+from dllm_bench.serve.task_prompts import TASK_DATASET
 from dllm_bench.serve.workload import build_workloads, model_info
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.spec import apply_baseline_batch, parse_systems
 from dllm_bench.units import comma_list, format_size
 from engine.config import DTYPES
 
-DATASET_CHOICES = ("livebench", "osc", "burstgpt", "random")
+DATASET_CHOICES = ("livebench", "osc", "burstgpt", "random", TASK_DATASET)
 ARRIVALS = ("poisson", "gamma", "trace")
 
 
@@ -164,6 +165,8 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True) -> ServeRun:
     if inputs.input_file(dataset_path, "--dataset-path") is not None:
         if len(datasets) > 1:
             raise UserError("--dataset-path replays one file: give a single --dataset (its label)")
+        if datasets == [TASK_DATASET]:
+            raise UserError(f"--dataset {TASK_DATASET} draws the trained model's own questions: not with --dataset-path")
     elif "custom" in datasets:
         raise UserError("--dataset custom needs --dataset-path (a BurstGPT CSV or a JSONL file)")
     if arrivals == "trace":

@@ -97,6 +97,10 @@ def display_label(summary: Mapping[str, Any]) -> str:
         kind = summary.get("scenario_kind", "")
         kind = kind if kind in ("max-fit", "upstream") else "fixed"
         label += f" [B={batch_text(summary)} {kind}{' (all)' if summary.get('batch_capped') else ''}]"
+    if summary.get("decoding_note"):      # asked for parallel decoding, has none upstream
+        label += " · fixed (none upstream)"
+    elif summary.get("decoding", "fixed") != "fixed":
+        label += f" · {summary['decoding']}"
     if summary.get("interrupted"):
         label += " (interrupted)"
     return label
@@ -107,6 +111,10 @@ def point_summary(out: Mapping, pp: PlannedPoint, run: ServeRun) -> tuple[dict, 
     res, info = out["result"], out["info"]
     summary = summarize(res, run.metric_options, run.max_concurrency)
     summary["rps"] = pp.rps
+    dec = run.decoding_for(pp.variant)
+    summary["decoding"] = dec.decoding
+    if dec.note:
+        summary["decoding_note"] = dec.note
     extra = {
         # vLLM's --save-result keys where the meaning is the same (docs/SERVE.md)
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "model_id": info.get("model_id") or str(run.preset.model),

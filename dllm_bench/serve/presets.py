@@ -43,6 +43,14 @@ model at every step, so it says nothing about dLLM-Cache's cache.
 vocabulary (126464) on a 4-layer d=256 body, livebench at length_scale 0.125, so a
 [tokens x 126464] logit tensor dominates every step (its LM head is ~128x LLaDA-8B's share).
 Budget 1 GiB: float32 weights ~273 MB leave room for only a few full-sequence logit tensors.
+
+`trained` — a trained checkpoint (`synth-cot`, its seeds, `tiny-math`, or a `dllm-bench train`
+output) serving its own task: `--dataset task` draws the test split's questions in the accuracy
+command's prompt format (dllm_bench.serve.task_prompts), every request decodes the model's answer
+window (32 tokens for synth-cot, one block), so the confidences parallel decoding reads
+(`--decoding threshold:0.9`) are the model's real ones. Any trained checkpoint given as `--model`
+starts from it. 16 prompts at 2 req/s; 64 MiB holds the 3.7 MB float32 weights and a KV pool
+far larger than 16 requests of ~140 tokens need.
 """
 from __future__ import annotations
 
@@ -51,6 +59,10 @@ from typing import Any
 
 from dllm_bench.device_defaults import default_dtype, is_cuda
 from dllm_bench.errors import UserError
+from dllm_bench.serve.task_prompts import TASK_DATASET, training_config
+
+# What a trained checkpoint (committed, or made by `dllm-bench train`) starts from: its own task.
+TRAINED_PRESET = "trained"
 
 # Table 3 of the paper: the baselines' knobs for every serving run (the registry defaults are
 # the upstream *accuracy* settings, e.g. dLLM-Cache's GSM8K prompt interval 50).
@@ -147,6 +159,12 @@ PRESETS: dict[str, ServePreset] = {p.name: p for p in [
         max_num_logits=256, threads=1,
         note="logit-memory stress: LLaDA vocab on a tiny body; baselines saturated at 0.5 RPS"),
     ServePreset(
+        TRAINED_PRESET, model="synth-cot", dataset=TASK_DATASET, num_prompts=16, length_scale=1.0, gen_cap=32,
+        gen_length=32, block_length=32, memory_budget="64MiB", max_num_batched_tokens=1024, max_num_logits=256,
+        threads=1, rps="2",
+        note="a trained model serving its own task's test questions (real confidences, for --decoding); "
+             "every request decodes the model's answer window"),
+    ServePreset(
         "tiny", model="tiny", dataset="livebench", num_prompts=8, length_scale=0.05, gen_cap=16,
         block_length=8, memory_budget="8MiB", max_num_batched_tokens=256, max_num_logits=64,
         threads=1, note="tests and smoke runs: seconds per system"),
@@ -179,7 +197,13 @@ def preset_for(preset: str | None, model: str | None, device: str | None = None)
         p = get_preset(preset)
     else:
         p = next((q for q in PRESETS.values() if model is not None and q.model == model), None)
+        if p is None and training_config(model):
+            p = PRESETS[TRAINED_PRESET]
         if p is None:
             gpu = model is not None and device is not None and is_cuda(device)
             p = PRESETS[GPU_PRESET if gpu else DEFAULT_PRESET]
-    return replace(p, model=model) if model is not None and model != p.model else p
+    p = replace(p, model=model) if model is not None and model != p.model else p
+    window = training_config(p.model).get("window") if p.name == TRAINED_PRESET else None
+    if window:   # every request decodes the answer window the model was trained with
+        p = replace(p, gen_length=window, gen_cap=window, block_length=min(p.block_length, window))
+    return p

@@ -38,12 +38,16 @@ class WorkerFailed(Exception):
 
 def worker_spec(run: ServeRun, variant, workload, shape) -> dict:
     p = run.preset
+    dec = run.decoding_for(variant)
+    baseline_defaults = run.baseline_defaults
+    if dec.knobs:   # Fast-dLLM's threshold / factor knob for the policy (the variant's own knobs still win)
+        baseline_defaults.setdefault(variant.name, {}).update(dec.knobs)
     return {
         "variant": variant.to_dict(), "model_dir": str(run.model_dir), "dtype": p.dtype,
         "device": p.device, "memory_budget": run.memory_budget, "threads": p.threads,
-        "engine_defaults": run.engine_defaults, "baseline_defaults": run.baseline_defaults,
+        "engine_defaults": run.engine_defaults, "baseline_defaults": baseline_defaults,
         "max_model_len": p.max_model_len, "shape": shape.__dict__,
-        "sampling": {"block_length": p.block_length, "steps": "gen_length"},
+        "sampling": {"block_length": p.block_length, "steps": "gen_length", "decoding": dec.decoding},
         "workload": [{"request_id": r.request_id, "prompt_ids": r.prompt_ids, "gen_length": r.gen_length,
                       "arrival": r.arrival} for r in workload],
         "max_duration": run.max_duration, "num_warmups": run.num_warmups, "use_cache": run.use_cache,

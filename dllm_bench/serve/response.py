@@ -107,6 +107,7 @@ def record(rid: str, prompt_len: int, out: Outcome, arrival: float, start: float
         "finished_time": out.finished - t0, "itl": inter_token_latencies(out.chunks),
         "nfe": d.get("nfe"), "logits_rows": d.get("logits_rows"), "kv_tokens": d.get("kv_tokens"),
         "kv_bytes": d.get("kv_bytes"), "server_e2el_ms": d.get("server_e2el_ms"),
+        "steps_per_block": d.get("steps_per_block"), "tpf": d.get("tpf"),
     }
 
 

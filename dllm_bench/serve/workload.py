@@ -18,6 +18,7 @@ from dllm_bench.checkpoints.tokenizer import special_token_ids
 from dllm_bench.errors import UserError
 from dllm_bench.repeats import repeat_seeds
 from dllm_bench.serve.config import ServeRun
+from dllm_bench.serve.task_prompts import TASK_DATASET, task_workload
 from dllm_bench.systems.build import WorkloadShape
 from engine.config import DTYPES
 from engine.models.llada import LLaDAConfig
@@ -82,6 +83,11 @@ def make_workloads(run: ServeRun, seed: int) -> dict[tuple[str, float], list[Ser
     out: dict[tuple[str, float], list[ServingRequest]] = {}
     for ds in run.datasets:
         for rps in rps_list:
+            if ds == TASK_DATASET:
+                out[(ds, rps)] = task_workload(run.model_dir, num_prompts=run.num_prompts, duration=run.duration,
+                                               rps=rps, arrivals=run.arrivals, burstiness=run.burstiness,
+                                               seed=seed, gen_length=p.gen_length)
+                continue
             try:
                 wl = build_workload(
                     ds, num_prompts=run.num_prompts, duration=run.duration, rps=rps,

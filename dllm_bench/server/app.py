@@ -59,7 +59,8 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
 
 
 def sampling_params(state: ServerState, body: protocol._Body):
-    """max_tokens rounded up to whole blocks; steps default to one token per step."""
+    """max_tokens rounded up to whole blocks; steps default to one token per step; the body's
+    parallel-decoding rule (threshold / factor / entropy) as the request's decoding policy."""
 
     max_tokens = body.gen_max_tokens()
     if max_tokens <= 0:
@@ -67,7 +68,8 @@ def sampling_params(state: ServerState, body: protocol._Body):
     block = body.block_length or state.block_length
     gen_length = math.ceil(max_tokens / block) * block
     return SamplingParams(gen_length=gen_length, steps=body.steps or gen_length, block_length=block,
-                          temperature=body.temperature, remasking=body.remasking, seed=body.seed or 0)
+                          temperature=body.temperature, remasking=body.remasking, seed=body.seed or 0,
+                          decoding=body.decoding())
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -188,7 +190,9 @@ class Reply:
         """Per-request engine counters (an extension field; OpenAI clients ignore it): one
         object for one prompt, a list in choice order for several."""
         per = [{"gen_length": j.params.gen_length, "steps": j.params.steps, "block_length": j.params.block_length,
-                "nfe": o.nfe, "logits_rows": o.logits_rows, "kv_tokens": o.kv_tokens, "kv_bytes": o.kv_bytes,
+                "decoding": j.params.decoding, "nfe": o.nfe, "tpf": o.tokens_per_forward,
+                "steps_per_block": list(o.steps_per_block),
+                "logits_rows": o.logits_rows, "kv_tokens": o.kv_tokens, "kv_bytes": o.kv_bytes,
                 # From the handler's job to the engine's last block: a client's E2EL minus this is
                 # what HTTP adds (parsing, events, delivery), measured within one run.
                 "server_e2el_ms": None if o.finished_time is None else (o.finished_time - j.arrival_time) * 1e3}

@@ -1,8 +1,8 @@
 """The OpenAI-compatible request and response bodies of `dllm-bench server`, as pydantic models.
 
 Requests follow OpenAI's `/v1/completions` and `/v1/chat/completions` plus the diffusion knobs
-of LLaDA's `generate` (`block_length`, `steps`, `remasking`, `threshold`) and vLLM's
-`return_token_ids`. Unknown fields are rejected, as OpenAI's API does, so a misspelt knob is an
+of LLaDA's `generate` (`block_length`, `steps`, `remasking`), the engine's parallel decoding
+(`threshold`, `factor`, `entropy`: at most one, engine.decoding) and vLLM's `return_token_ids`. Unknown fields are rejected, as OpenAI's API does, so a misspelt knob is an
 error rather than a silently ignored option; OpenAI fields the engine cannot honour are accepted
 only at their neutral value (docs/SERVER.md).
 """
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # OpenAI's default for /v1/completions; rounded up to whole blocks like every max_tokens.
 DEFAULT_MAX_TOKENS = 16
+DECODING_FIELDS = ("threshold", "factor", "entropy")
 
 
 class _Body(BaseModel):
@@ -38,7 +39,12 @@ class _Body(BaseModel):
     block_length: int | None = Field(None, gt=0)
     steps: int | None = Field(None, gt=0)
     remasking: Literal["low_confidence", "random"] = "low_confidence"
-    threshold: None = Field(None, description="confidence-threshold parallel decoding: not in this engine")
+    # Parallel decoding (engine.decoding), at most one; none = the fixed schedule over `steps`.
+    threshold: float | None = Field(None, gt=0, le=1, allow_inf_nan=False,
+                                    description="commit every position whose confidence is >= τ (and the best)")
+    factor: float | None = Field(None, gt=0, allow_inf_nan=False, description="Fast-dLLM's factor rule")
+    entropy: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                  description="commit in confidence order while the summed entropy stays <= γ")
     return_token_ids: bool = False
 
     @model_validator(mode="after")
@@ -49,13 +55,20 @@ class _Body(BaseModel):
                 raise ValueError(f"{name} is not supported by this server (only {neutral[-1]!r})")
         return self
 
-    @field_validator("threshold", mode="before")
-    @classmethod
-    def _no_threshold(cls, v: Any) -> None:
-        if v is not None:
-            raise ValueError("this engine commits a fixed number of tokens per step (steps); "
-                             "threshold decoding is not supported")
-        return None
+    @model_validator(mode="after")
+    def _one_rule(self) -> _Body:
+        given = [k for k in DECODING_FIELDS if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} are parallel-decoding rules: give one")
+        return self
+
+    def decoding(self) -> str:
+        """The engine.decoding policy the body asks for ("fixed" when none)."""
+        for k in DECODING_FIELDS:
+            v = getattr(self, k)
+            if v is not None:
+                return f"{k}:{v!r}"
+        return "fixed"
 
     def gen_max_tokens(self) -> int:
         return DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
