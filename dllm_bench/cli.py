@@ -1,10 +1,15 @@
 """`dllm-bench` entry point. Each command lives in dllm_bench/commands/<name>.py and exposes
-`register(app)`; this file only assembles them and turns bad input into exit code 2."""
+`register(app)`; this file only assembles them and turns bad input into one line and exit code 2,
+any other error (a library's, or a bug) into one line and exit code 1 (the traceback in a file)."""
 from __future__ import annotations
 
 import importlib
 import math
+import os
 import sys
+import tempfile
+import traceback
+from pathlib import Path
 
 import click
 import typer
@@ -13,6 +18,9 @@ import typer.main
 from dllm_bench import inputs
 from dllm_bench.errors import EXIT_USAGE, UserError
 from engine.parallel.group import RankFailure
+
+# An error that is not bad input prints one line; with this set, its whole traceback instead.
+TRACEBACK_ENV = "DLLM_BENCH_TRACEBACK"
 
 app = typer.Typer(
     name="dllm-bench",
@@ -93,11 +101,28 @@ def _harden(cmd: click.Command) -> click.Command:
     return cmd
 
 
+def one_line(text: str, limit: int | None = None) -> str:
+    """A message as one line (a library's may span several), cut at `limit` characters."""
+    line = " ".join(str(text).split())
+    return line if limit is None or len(line) <= limit else line[: limit - 1] + "…"
+
+
+def unexpected(e: Exception) -> str:
+    """One line for an error nothing turned into a UserError (a library's, or a bug of ours):
+    what was raised and where; the whole traceback goes to a file for a bug report."""
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
+    with tempfile.NamedTemporaryFile("w", prefix="dllm-bench-error-", suffix=".txt", delete=False) as f:
+        f.write("".join(traceback.format_exception(e)))
+    return (f"{type(e).__name__}{where}: {one_line(e, 400) or repr(e)} (traceback: {f.name}; "
+            f"{TRACEBACK_ENV}=1 prints it)")
+
+
 def main() -> None:
     try:
         _harden(typer.main.get_command(app)).main(standalone_mode=False)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     except RankFailure as e:      # a tensor-parallel rank failed or exited: not bad input, one line too
         print(f"error: {e}", file=sys.stderr)
@@ -113,6 +138,11 @@ def main() -> None:
         hint = f" (see '{where} --help')" if where else ""
         print(f"error: {e.format_message()}{hint}", file=sys.stderr)
         sys.exit(e.exit_code)
+    except Exception as e:
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        print(f"error: {unexpected(e)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from dllm_bench.checkpoints.load import has_tokenizer, load_config, model_dir
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
 from dllm_bench.results import results_root
+from dllm_bench.units import format_size
 
 NAME_MAX = 255  # bytes in one path component on Linux/macOS filesystems
 # Upper bound of a request or sample count (`--num-prompts`, `--limit`, rate x duration): the
@@ -87,8 +88,49 @@ def count(value: int | None, flag: str, what: str = "") -> int | None:
     if value < 1:
         raise UserError(f"{flag} must be >= 1, got {value}")
     if value > MAX_COUNT:
-        raise UserError(f"{flag} {value} is over the limit of {MAX_COUNT:,}" + (f" {what}" if what else ""))
+        raise UserError(f"{flag} {value} is over the limit of {MAX_COUNT:,}" + (f" {what}" if what else "")
+                        + " (the paper's largest trace has 2,000 requests: a larger count is a typo, not a benchmark)")
     return value
+
+
+# A request or sample held by a run costs its token ids as Python ints in lists: ~40 bytes each
+# (41 B per prompt token measured over a 20,000-request serve workload).
+TOKEN_ID_BYTES = 40
+# The share of the memory available at the start that a run's requests may take: the model, its
+# KV pool and the worker processes need the rest.
+MEMORY_SHARE = 0.5
+# The longest a point's arrivals may span on the wall clock before its count is taken for a typo.
+MAX_ARRIVAL_S = 24 * 3600
+
+
+def available_memory() -> int | None:
+    """Bytes a new allocation can have now (Linux MemAvailable, else the free pages), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def fits_memory(count: int, copies: int, tokens_each: int, flag: str, what: str) -> None:
+    """Refuse `count` requests or samples whose token ids (`copies` of each held at once, each up to
+    `tokens_each` ids) would not fit in MEMORY_SHARE of the memory available now: that run would
+    swap or be killed hours in, instead of stopping here."""
+    avail = available_memory()
+    if avail is None:
+        return
+    per = max(1, tokens_each) * TOKEN_ID_BYTES * copies
+    most = max(1, int(avail * MEMORY_SHARE) // per)
+    if count > most:
+        raise UserError(f"{flag} {count:,} is more than this machine can hold: a {what} keeps up to {tokens_each:,} "
+                        f"token ids, {format_size(per)} over the {copies} copies the run holds, and half of the "
+                        f"{format_size(avail)} of memory available now holds {most:,} of them")
 
 
 def result_dir(value: str | os.PathLike | None, flag: str = "--result-dir") -> Path:

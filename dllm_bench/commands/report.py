@@ -26,11 +26,15 @@ def register(app: typer.Typer) -> None:
         if out.suffix.lower() != ".md":
             raise UserError(f"--out must be a .md file, got {out}")
         inputs.out_file(out, "--out")
+        inputs.writable_dir(out.parent / f"{out.stem}_files", "--out's figures directory")
         root = results.results_root(result_dir)
         if result_dir is not None and not root.is_dir():
             raise UserError(f"--result-dir: no such directory: {root}")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        doc = report.render(out, root)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            doc = report.render(out, root)
+        except OSError as e:  # the checks above cannot foresee a full disk or a path that changes under us
+            raise UserError(f"--out {out}: cannot write the report ({e.strerror or e})") from None
         m, c = paper_claims.mark_counts(doc["claims"]), paper_claims.counts(doc["claims"])
         msg = (f"report: {doc['report']} ({len(doc['claims'])} claims: " +
                ", ".join(f"{v} {k}" for k, v in m.items()) + "; magnitude: " +

@@ -138,10 +138,12 @@ class ServeOptions:
 
 
 # ---------------------------------------------------------------- option resolution
-def resolve_run(opts: ServeOptions, *, weights: bool = True) -> ServeRun:
+def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = True) -> ServeRun:
     """Every option checked (cheap ones first) and the workloads built: any problem is a
     UserError before a run directory exists. `weights=False`: the model is simulated by its
-    shape, so its config is all it needs.
+    shape, so its config is all it needs. A count is refused up front when its requests would not
+    fit in memory (inputs.fits_memory) or, `wall_clock` (not a simulation), when its arrivals alone
+    would take more than a day per point.
 
     Device defaults (dllm_bench.device_defaults): a checkpoint dir without --preset on a CUDA
     device starts from the GPU preset; a CPU preset on CUDA runs in bfloat16; the budget (`auto`,
@@ -175,6 +177,12 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True) -> ServeRun:
         if rps is not None:
             raise UserError("--rps does not apply to --arrivals trace (use --time-scale to speed it up)")
     check_counts(num_prompts, seed, o.repeats)
+    slowest = min((r for r in rps_list if math.isfinite(r)), default=None)
+    if wall_clock and num_prompts and slowest and arrivals != "trace" and o.max_duration is None:
+        if num_prompts / slowest > inputs.MAX_ARRIVAL_S:
+            raise UserError(f"--num-prompts {num_prompts:,} at {slowest:g} req/s is {num_prompts / slowest / 3600:,.1f} h "
+                            f"of arrivals per point and system, over the {inputs.MAX_ARRIVAL_S // 3600} h a point may "
+                            "take: lower --num-prompts, raise --rps, or bound each point with --max-duration")
     if duration is not None and not (duration > 0 and math.isfinite(duration)):
         raise UserError(f"--duration must be a number of seconds > 0, got {duration}")
     if duration is not None and num_prompts is None and any(math.isinf(r) for r in rps_list) and arrivals != "trace":
@@ -231,6 +239,11 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True) -> ServeRun:
                         f"({format_size(info['weights_bytes'])} in {sp.dtype})")
     if num_prompts is None and duration is None:
         num_prompts = sp.num_prompts
+    # The parent holds every (dataset, rate) workload, a worker one more; requests up to the model's length.
+    count = num_prompts or math.ceil(max((r * duration for r in rps_list if math.isfinite(r)), default=1))
+    if count <= inputs.MAX_COUNT:  # beyond it, the workload's own count check says so (make_workloads)
+        inputs.fits_memory(count, len(datasets) * len(rps_list) + 1, sp.max_model_len or info["max_sequence_length"],
+                           "--num-prompts" if num_prompts else f"--duration {duration:g} s x --rps: about", "request")
     run = ServeRun(
         preset=sp, model_dir=model_dir, model_info=info, systems=variants, datasets=datasets,
         rps=rps_list, arrivals=arrivals, burstiness=burstiness, seed=seed, num_prompts=num_prompts,

@@ -61,7 +61,10 @@ def _tokenizer(model_dir: Path):
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         return None
-    tok = Tokenizer.from_file(str(path))
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - the Rust `tokenizers` parser raises bare Exception
+        raise UserError(f"cannot load the tokenizer in {model_dir}: {e}") from None
     return lambda text: tok.encode(text, add_special_tokens=False).ids
 
 

@@ -40,7 +40,7 @@ def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None) -> tup
     opts = replace(opts, memory_budget=budget_on(hw, opts.memory_budget, sp.memory_budget), model=str(model_dir),
                    preset=sp.name, dataset_path=None, arrivals=None, time_scale=1.0, burstgpt_model=None,
                    max_prompt_len=None, threads=None, device="cpu", num_warmups=0, no_profile_cache=False)
-    run = resolve_run(opts, weights=loadable)
+    run = resolve_run(opts, weights=loadable, wall_clock=False)  # simulated seconds cost no wall time
     names = [v.name for v in run.systems]
     parallel = [v.label for v in run.systems
                 if not v.is_baseline and engine_knobs(v, run.engine_defaults).get("tensor_parallel_size", 1) > 1]
