@@ -36,6 +36,9 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, model: LLaDAModelLM | None = None, runner: Runner | None = None):
         self.config = config
+        if config.tensor_parallel_size > 1 and runner is None:
+            raise ValueError("tensor_parallel_size > 1 is an engine over several ranks: build "
+                             "engine.parallel.ParallelEngine, not LLMEngine")
         if model is None and runner is None:
             device = resolve_device(config.device)
             model = load_llada(config.model, DTYPES[config.dtype], device)

@@ -163,3 +163,8 @@ def test_a_killed_worker_ends_the_run_with_one_error(cluster, ckpt):
         while eng.has_unfinished():
             eng.step()
     assert eng.cluster.closed
+
+
+def test_the_single_device_engine_refuses_a_tensor_parallel_config(ckpt):
+    with pytest.raises(ValueError, match="build engine.parallel.ParallelEngine"):
+        LLMEngine(_config(ckpt, tensor_parallel_size=2))
