@@ -28,6 +28,7 @@ from dllm_bench.checkpoints.load import load_model, load_tokenizer
 from dllm_bench.device_defaults import DeviceOptions, cuda_graphs_on, resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.results import create_run
+from dllm_bench.systems import decoding as system_decoding
 from engine import SamplingParams
 from workloads.tasks import generated, synth
 from workloads.tasks.local import load_local
@@ -72,6 +73,7 @@ class AccuracyOptions:
     r1: bool = True
     chat: bool = False
     cuda_graphs: bool | None = None
+    decoding: str = "fixed"
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> AccuracyOptions:
@@ -121,12 +123,20 @@ def protocol_lines(score_queries: list[str], chosen: dict | None) -> list[str]:
     return lines
 
 
+def decoding_text(res) -> str:
+    """What a point decoded with, and the tokens per forward it got (a --decoding run's lines)."""
+    if res.decoding_note:
+        return " · fixed (no parallel decoding upstream)"
+    return f" · {res.decoding}, TPF {res.decoding_stats.get('tpf_mean') or 0:.2f}"
+
+
 def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_json: bool) -> None:
     """Check every option (before any run directory), then measure, write and print each point."""
     if o.max_num_seqs <= 0 or o.batch <= 0:
         raise UserError("--max-num-seqs and --batch must be positive")
     dev_opts, system_kw = device_options(o.device, o.dtype, o.memory_budget, o.max_num_seqs, o.batch, o.cuda_graphs)
     dtype = dev_opts.dtype
+    decoding = str(system_decoding.parse(o.decoding))
     retentions = _floats(o.retention, "--retention")
     if any(not 0 < r <= 1 for r in retentions):
         raise UserError(f"--retention values must be in (0, 1], got {o.retention!r}")
@@ -202,7 +212,8 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
                  device=str(dev_opts.device), memory_budget=dev_opts.budget.bytes,
                  memory_budget_source=dev_opts.budget.to_dict(), threads=torch.get_num_threads(),
                  max_num_seqs=o.max_num_seqs, batch=o.batch, cuda_graphs=system_kw["cuda_graphs"],
-                 chat=o.chat, temperature=0.0, remasking="low_confidence", points=[p.name for p in points])
+                 chat=o.chat, temperature=0.0, remasking="low_confidence", decoding=decoding,
+                 points=[p.name for p in points])
     if o.data is not None:
         knobs.update(data=str(o.data), data_rows=len(rows), split=split)
     elif task in acc.GENERATED:
@@ -218,7 +229,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
                          root=result_dir)
 
     results = []
-    extra = {"task": task, "model": model, "models": models, "split": knobs["split"]}
+    extra = {"task": task, "model": model, "models": models, "split": knobs["split"], "decoding": decoding}
     if chosen:
         extra["dev_choice"] = chosen
     for m, tok in zip(models, toks, strict=True):
@@ -228,6 +239,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
         for i, p in enumerate(points):
             backend = PointBackend(mdl, tok, p, gen_length=gen_length, block_length=block_length, steps=steps,
                                    seed=o.seed, chat=o.chat, system_kw=system_kw, show_progress=not as_json,
+                                   decoding=decoding,
                                    label=f"{label + ' ' if label else ''}[{i + 1}/{len(points)}] {p.name}")
             try:
                 if task in acc.GENERATED:
@@ -245,7 +257,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
             if not as_json:
                 typer.echo(f"  {label + ' ' if label else ''}{p.name:>16}: {res.correct}/{res.n} = "
                            f"{report.pct(res.accuracy)}% [{report.pct(res.ci_low)}, {report.pct(res.ci_high)}]  "
-                           f"({res.elapsed_s:.1f}s)", err=True)
+                           f"({res.elapsed_s:.1f}s){decoding_text(res) if decoding != 'fixed' else ''}", err=True)
         del mdl
     plot = None
     if sum(1 for r in results if r.point.retention < 1.0) >= 2:
@@ -253,6 +265,9 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
                                 f"{task} ({knobs['split']}) · {model} · n={results[0].n} · {results[0].metric}")
     summary = json.loads((run_dir / "summary.json").read_text())
     protocol = protocol_lines(score_queries, chosen)
+    if decoding != "fixed":
+        protocol.append(f"decoding {decoding}: the engine runs it, Fast-dLLM under its threshold/factor rule; "
+                        "a system without the rule upstream runs fixed (its rows say decoding fixed)")
     if as_json:
         typer.echo(json.dumps({"run_dir": str(run_dir), "task": task, "model": model, "models": models,
                                "split": knobs["split"], "n": results[0].n, "metric": results[0].metric,

@@ -15,16 +15,17 @@ from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenize
 from dllm_bench.commands.serve_flags import CudaGraphs
 from dllm_bench.device_defaults import cuda_graphs_on, resolve_device_options
 from dllm_bench.errors import UserError
+from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.build import make_parallel_engine, make_system
 from engine import EngineConfig, SamplingParams
 
 SYSTEM_NAMES = ("engine", "llada", "fast-dllm", "dllm-cache", "sparse-dllm")
 
 
-def build_params(gen_length, steps, block_length, temperature, remasking, seed) -> SamplingParams:
+def build_params(gen_length, steps, block_length, temperature, remasking, seed, decoding="fixed") -> SamplingParams:
     try:
         return SamplingParams(gen_length=gen_length, steps=steps, block_length=block_length,
-                              temperature=temperature, remasking=remasking, seed=seed)
+                              temperature=temperature, remasking=remasking, seed=seed, decoding=decoding)
     except ValueError as e:
         raise UserError(str(e)) from None
 
@@ -60,6 +61,8 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(0.0, help="Gumbel-max temperature (0 = greedy)."),
         remasking: str = typer.Option("low_confidence", help="low_confidence | random"),
         seed: int = typer.Option(0, help="Per-request seed (noise, random remasking)."),
+        decoding: str = typer.Option("fixed", help="fixed | threshold:τ | factor:f | entropy:γ: tokens committed per "
+                                     "step (engine: every policy; fast-dllm: threshold, factor)."),
         dtype: str | None = typer.Option(None, help="float64 | float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)"),
         device: str = typer.Option("auto", help="auto | cpu | cuda"),
         system: str = typer.Option("engine", help="engine | llada | fast-dllm | dllm-cache | sparse-dllm"),
@@ -101,7 +104,11 @@ def register(app: typer.Typer) -> None:
             raise UserError("give at least one --prompt or --prompt-ids")
         if batch <= 0:
             raise UserError("--batch must be positive")
-        params = build_params(gen_length, gen_length if steps is None else steps, block_length, temperature, remasking, seed)
+        dec = system_decoding.require(system, system_decoding.parse(decoding))
+        if dec.knobs and (threshold is not None):
+            raise UserError("give the parallel-decoding rule once: --decoding or --threshold")
+        params = build_params(gen_length, gen_length if steps is None else steps, block_length, temperature, remasking,
+                              seed, dec.decoding)
         opts = resolve_device_options(device, dtype)
         dtype, device = opts.dtype, str(opts.device)
         try:
@@ -120,7 +127,7 @@ def register(app: typer.Typer) -> None:
                 raise UserError(f"--{extra[0].replace('_', '-')} does not apply to system 'engine'")
             knobs = {}
         else:
-            knobs = baseline_knobs(system, **given)
+            knobs = {**baseline_knobs(system, **given), **dec.knobs}
         path = inputs.checkpoint_dir(model, tokenizer=bool(prompt), why="give prompts with --prompt-ids")
         tok = load_tokenizer(path)
         prompts = [parse_ids(s) for s in (prompt_ids or [])]
@@ -146,11 +153,14 @@ def register(app: typer.Typer) -> None:
         texts = [tok.decode(o.token_ids, skip_special_tokens=True) if tok is not None else None for o in outs]
         if json_out:
             doc = dict(
-                outputs=[dict(tokens=o.token_ids, text=t, nfe=o.nfe, prompt_tokens=len(o.prompt_ids)) for o, t in zip(outs, texts)],
+                outputs=[dict(tokens=o.token_ids, text=t, nfe=o.nfe, tpf=o.tokens_per_forward,
+                              steps_per_block=o.steps_per_block, prompt_tokens=len(o.prompt_ids))
+                         for o, t in zip(outs, texts)],
                 model=str(path), system=system, dtype=dtype, elapsed_s=elapsed,
                 cuda_graphs=engine_cfg.cuda_graphs if system == "engine" else None,
                 params=dict(gen_length=params.gen_length, steps=params.steps, block_length=params.block_length,
-                            temperature=params.temperature, remasking=params.remasking, seed=params.seed),
+                            temperature=params.temperature, remasking=params.remasking, seed=params.seed,
+                            decoding=params.decoding),
                 tensor_parallel_size=tensor_parallel_size,
                 stats={k: v for k, v in stats.items() if not isinstance(v, list)},
             )
@@ -158,7 +168,7 @@ def register(app: typer.Typer) -> None:
             return
         con = console.console(stderr=False)
         for i, (o, t) in enumerate(zip(outs, texts)):
-            con.rule(f"output {i} · {len(o.prompt_ids)} prompt tokens · nfe {o.nfe}")
+            con.rule(f"output {i} · {len(o.prompt_ids)} prompt tokens · nfe {o.nfe} · {o.tokens_per_forward:.2f} tokens/forward")
             con.print(t if t is not None else o.token_ids, markup=False, highlight=False)
         n_tok = sum(len(o.token_ids) for o in outs)
         con.print(f"[dim]{system} · {len(outs)} request(s) · {n_tok} tokens in {elapsed:.2f}s "

@@ -13,6 +13,7 @@ from dllm_bench.commands.serve_flags import (
     BaselineBatch,
     BlockLength,
     Burstiness,
+    DecodingPolicy,
     Duration,
     GenCap,
     GenLength,
@@ -87,6 +88,11 @@ def register(app: typer.Typer) -> None:
                                     "seed+1, ... (serve's repeats; --validate pairs them by seed)"),
         max_duration: float | None = typer.Option(None, "--max-duration", help="simulated seconds per point"),
         max_concurrency: MaxConcurrency = None,
+        decoding: DecodingPolicy = "fixed",
+        steps_per_block: str | None = typer.Option(None, "--steps-per-block", help="parallel decoding's forwards per "
+                                                   "block (the simulator commits no tokens): N, N,M,... (drawn per "
+                                                   "block), or a run's requests.jsonl / run dir / run id (each request "
+                                                   "draws a recorded request's blocks)"),
         goodput: Goodput = None,
         percentile_metrics: PercentileMetrics = None,
         metric_percentiles: MetricPercentiles = None,
@@ -118,7 +124,7 @@ def register(app: typer.Typer) -> None:
             measured = validate.measured_runs(names, result_dir)
         hw = hwmod.load(hardware)
         opts = ServeOptions.pick(locals())
-        run, setup = simulation(opts, hw, impl)
+        run, setup = simulation(opts, hw, impl, steps_per_block, result_dir)
         code = simulate_serve(run, setup, result_dir=result_dir, run_id=run_id, as_json=as_json,
                               validate_against=measured)
         if code:

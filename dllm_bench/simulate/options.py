@@ -5,6 +5,7 @@ and by `serve`'s GPU projection (dllm_bench.serve.projection)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
@@ -14,6 +15,9 @@ from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.implementations import default_impl, parse_impl_overrides
 from dllm_bench.simulate.run import make_setup
 from dllm_bench.simulate.simulator import SimSetup, resolve_sim_model
+from dllm_bench.simulate.steps_per_block import StepsPlan
+from dllm_bench.simulate.steps_per_block import parse as parse_steps
+from dllm_bench.systems.decoding import resolve as resolve_decoding
 from dllm_bench.systems.spec import engine_knobs
 
 # The share of a GPU's memory a run may use when no budget is given: the engine's
@@ -30,11 +34,14 @@ def budget_on(hw: Hardware, memory_budget: str | None, preset_budget: str | None
     return preset_budget
 
 
-def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None) -> tuple[ServeRun, SimSetup]:
+def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_per_block: str | None = None,
+               results_root: Path | None = None) -> tuple[ServeRun, SimSetup]:
     """The run and the simulator's setup for `opts` on `hw`: the options resolved as serve resolves
     them (device cpu: the run's dtype is the preset's, no warm-ups on a virtual clock), `impl`
     overrides per system (`fast-dllm=engine`). An engine with `tensor_parallel_size` N runs on N of
-    `hw`'s GPUs, each with the budget (dllm_bench.simulate.parallel); baselines on one."""
+    `hw`'s GPUs, each with the budget (dllm_bench.simulate.parallel); baselines on one. Systems that
+    decode in parallel (--decoding, a Fast-dLLM threshold knob) need `steps_per_block`
+    (dllm_bench.simulate.steps_per_block; a run id is looked up under `results_root`)."""
     sp = preset_for(opts.preset, opts.model)
     model_dir, loadable = resolve_sim_model(sp.model)
     opts = replace(opts, memory_budget=budget_on(hw, opts.memory_budget, sp.memory_budget), model=str(model_dir),
@@ -48,4 +55,23 @@ def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None) -> tup
         raise UserError(f"{parallel[0]!r} runs tensor-parallel but hardware profile {hw.name!r} has no 'link' "
                         "between GPUs (bandwidth, latency) to charge its all-reduces to")
     impls = {n: default_impl(n, hw.kind, hw.impl) for n in names} | parse_impl_overrides(impl, names)
-    return run, make_setup(run, hw, impls, loadable)
+    plan = steps_plan(run, steps_per_block, results_root)
+    setup = make_setup(run, hw, impls, loadable)
+    setup.decoding, setup.steps_plan = run.decoding, plan
+    return run, setup
+
+
+def steps_plan(run: ServeRun, spec: str | None, results_root: Path | None) -> StepsPlan | None:
+    """--steps-per-block, checked against the systems that decode in parallel in this run."""
+    parallel = [v.label for v in run.systems if resolve_decoding(v.name, run.decoding, v.knob_dict).parallel]
+    if spec is None:
+        if parallel:
+            raise UserError(f"{parallel[0]!r} decodes in parallel: the simulator commits no tokens, so give its "
+                            "forwards per block with --steps-per-block (a number, or a serve/frontier run's requests)")
+        return None
+    if not parallel:
+        raise UserError("--steps-per-block replays parallel decoding: give the policy it was recorded under, "
+                        "e.g. --decoding threshold:0.9")
+    plan = parse_steps(spec, results_root)
+    plan.check(run.preset.block_length)
+    return plan

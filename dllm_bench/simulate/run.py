@@ -64,7 +64,7 @@ def _simulate_one(run, setup: SimSetup, pp: PlannedPoint, run_dir: Path, console
     hw, v = setup.hardware, pp.variant
     t0 = time.process_time()
     out = simulate_point(v, setup, pp.workload, run.preset.block_length, max_duration=run.max_duration,
-                         max_concurrency=run.max_concurrency)
+                         max_concurrency=run.max_concurrency, seed=pp.seed or 0)
     s, recs, extra = point_summary(out, pp, run)
     extra.update(simulated=True, hardware=hw.name, hardware_file=hw.path, impl=setup.impls[v.name],
                  scenario=out["info"].get("scenario"), scenario_kind=out["info"].get("scenario_kind", "engine"),
@@ -117,7 +117,9 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
               "systems": [v.to_dict() for v in run.systems], "datasets": run.datasets, "rps": run.rps,
               "arrivals": run.arrivals, "burstiness": run.burstiness, "seed": run.seed,
               "num_prompts": run.num_prompts, "memory_budget": run.memory_budget, "repeats": run.repeats,
-              "engine_defaults": run.engine_defaults, "baseline_defaults": run.baseline_defaults}
+              "engine_defaults": run.engine_defaults, "baseline_defaults": run.baseline_defaults,
+              "decoding": run.decoding,
+              "steps_per_block": setup.steps_plan.describe() if setup.steps_plan is not None else None}
     name = f"simulate-{hw.name}-{Path(str(run.preset.model)).name}-{'+'.join(run.datasets)}"
     try:
         run_dir = results.create_run("simulate", config, name=name, run_id=run_id, root=results.results_root(result_dir))

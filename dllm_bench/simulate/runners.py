@@ -9,7 +9,11 @@
   batching, padding and counters; each forward is charged `work.baseline_forward`'s cost.
 
 Neither commits tokens (the engine's `decisions=None` path): every schedule here is independent
-of token values when steps are fixed and one token is committed per step.
+of token values when steps are fixed and one token is committed per step. Under parallel
+decoding a block's length depends on the confidences, so each request carries its planned
+forwards per block (Request.planned_steps, dllm_bench.simulate.steps_per_block): the engine's
+requests end their blocks by it, and a Fast-dLLM static batch (threshold / factor) ends a block
+when its slowest row's plan does (its finished rows ride along, as in Fast-dLLM).
 """
 from __future__ import annotations
 
@@ -97,12 +101,14 @@ class CostPolicy(Policy):
     """A baseline's forward schedule charged to the clock; `real` is the baseline's own policy
     object (its validated knobs, cache accounting rules)."""
 
-    def __init__(self, real: Policy, shape: ModelShape, cost: Cost, clock: VirtualClock):
+    def __init__(self, real: Policy, shape: ModelShape, cost: Cost, clock: VirtualClock, planned: bool = False):
         super().__init__(real.model)
         self.real, self.shape, self.cost, self.clock = real, shape, cost, clock
         self.name, self.knobs = real.name, dict(real.knobs)
-        if self.knobs.get("threshold") is not None:
-            raise ValueError("the simulator does not model parallel decoding (threshold): its steps depend on token values")
+        self.parallel = any(self.knobs.get(k) is not None for k in ("threshold", "factor"))
+        if self.parallel and not planned:
+            raise ValueError("parallel decoding (threshold / factor) ends blocks by token values: the simulator needs "
+                             "the forwards per block (--steps-per-block)")
         self.last: list = []
         self._bytes = real.kv_token_bytes()
         # A static batch repeats the same few forwards: memoise (cost, result) on what decides them.
@@ -124,6 +130,8 @@ class CostPolicy(Policy):
         return hit[1]
 
     def block_done(self, batch: Batch) -> bool:
+        if self.parallel:             # the slowest row's planned forwards for this block
+            return batch.step_in_block >= max(r.planned_steps[batch.block % len(r.planned_steps)] for r in batch.reqs)
         if self.name == "fast-dllm":  # ends when no MASK is left (a schedule's zero tail is skipped)
             i = batch.step_in_block
             if all(sum(s[:i]) >= sum(s) for s in batch.schedules):

@@ -30,6 +30,8 @@ from dllm_bench.simulate.implementations import get_impl
 from dllm_bench.simulate.memory import baseline_batch_fits, baseline_max_batch, engine_kv_tokens
 from dllm_bench.simulate.parallel import ParallelCostModel
 from dllm_bench.simulate.runners import CostPolicy, CostRunner, ShapeModel, cost_engine
+from dllm_bench.simulate.steps_per_block import StepsPlan
+from dllm_bench.systems.decoding import resolve as resolve_decoding
 from dllm_bench.systems.spec import baseline_knobs, engine_knobs
 from engine.config import EngineConfig
 from engine.models.llada import LLaDAConfig
@@ -82,6 +84,8 @@ class SimSetup:
     real_capacity: Any = None              # callable(variant) -> info dict from serve's builders, or None
     cost_fn: Callable[[Forward], float] | None = None   # replaces the cost model (tests: unit costs)
     speed: float = 1.0                     # every step's cost x this: a machine slower than its profile
+    decoding: str = "fixed"                # --decoding (dllm_bench.systems.decoding): what each system runs
+    steps_plan: StepsPlan | None = None    # forwards per block of parallel-decoded requests (--steps-per-block)
 
     def cost_model(self, system: str, ranks: int = 1) -> CostModel | ParallelCostModel:
         """`ranks` > 1: an engine on that many of the profile's GPUs (dllm_bench.simulate.parallel)."""
@@ -150,7 +154,8 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
 
 def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len: int):
 
-    knobs = baseline_knobs(variant, setup.baseline_defaults)
+    knobs = {**baseline_knobs(variant, setup.baseline_defaults),
+             **resolve_decoding(variant.name, setup.decoding, variant.knob_dict).knobs}
     model = ShapeModel(setup.model_config, TORCH_DTYPES[setup.dtype])
     fixed, kind = variant.static_batch
     if fixed is not None:
@@ -167,13 +172,32 @@ def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len
         info.update(max_batch_size=b, scenario_kind="max-fit", fits_budget=True,
                     scenario=f"static batch B={b}: the largest that fits the memory model")
     try:
-        policy = CostPolicy(make_policy(variant.name, model, **knobs), setup.shape, setup.step_cost(variant.name), clock)
+        policy = CostPolicy(make_policy(variant.name, model, **knobs), setup.shape, setup.step_cost(variant.name), clock,
+                            planned=setup.steps_plan is not None)
     except ValueError as e:
         raise UserError(f"system {variant.label!r}: {e}") from None
     system = StaticBatchSystem(model, policy, int(info["max_batch_size"]))
     info.update(kind="baseline", knobs=knobs)
     return VirtualTimed(system, clock, lambda: policy.last, setup.wake_cost(variant.name),
                         setup.add_cost(variant.name))
+
+
+def plan_requests(system: VirtualTimed, plan: StepsPlan | None, block_length: int, seed: int) -> None:
+    """Every request handed to `system` gets its planned forwards per block (Request.planned_steps):
+    a cost model commits no tokens, so this is when its parallel-decoded blocks end."""
+    if plan is None:
+        raise UserError("the simulator needs the forwards per block of parallel decoding (its steps depend on "
+                        "token values): give --steps-per-block N or a run's requests.jsonl")
+    inner = system.system
+    queue = inner.scheduler.waiting if hasattr(inner, "scheduler") else inner.waiting
+    add = system.add_request
+
+    def add_planned(prompt_ids, params, request_id=None, arrival_time=None):
+        rid = add(prompt_ids, params, request_id=request_id, arrival_time=arrival_time)
+        req = next(r for r in reversed(queue) if r.request_id == rid)
+        req.planned_steps = plan.draw(rid, params.num_blocks, seed)
+        return rid
+    system.add_request = add_planned
 
 
 def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[VirtualTimed, dict]:
@@ -188,17 +212,22 @@ def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[
 
 def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
                    max_duration: float | None = None, keep_steps: bool = False,
-                   max_concurrency: int | None = None) -> dict:
+                   max_concurrency: int | None = None, seed: int = 0) -> dict:
     """{"result": run_open_loop's result in simulated seconds, "info": what was built}; at most
-    `max_concurrency` requests in flight, as serve's loop."""
+    `max_concurrency` requests in flight, as serve's loop. Under parallel decoding each request
+    is planned its forwards per block (setup.steps_plan, drawn with `seed` and its id)."""
 
     clock = setup.clock()
     max_len = max(len(w.prompt_ids) + w.gen_length for w in workload)
     system, info = build(variant, setup, clock, max_len)
+    dec = resolve_decoding(variant.name, setup.decoding, variant.knob_dict)
+    if dec.parallel:
+        plan_requests(system, setup.steps_plan, block_length, seed)
 
     def make_params(item) -> SamplingParams:
         g = int(item.gen_length)
-        return SamplingParams(gen_length=g, steps=g, block_length=block_length, temperature=0.0)
+        return SamplingParams(gen_length=g, steps=g, block_length=block_length, temperature=0.0,
+                              decoding=dec.decoding)
 
     res = run_open_loop(system, workload, make_params, max_duration=max_duration, max_concurrency=max_concurrency,
                         clock=clock.now, sleep=clock.sleep, progress_interval=math.inf)
