@@ -25,7 +25,7 @@ from dllm_bench.results import atomic_write_json, atomic_write_jsonl
 
 # serve's metrics a row keeps (over every request of repeat 0, all models)
 SERVING_KEYS = ("mean_tpf", "p50_tpf", "p90_tpf", "mean_nfe", "mean_steps_per_block", "tokens_per_forward",
-                "mean_ttft_ms", "mean_itl_ms", "mean_e2el_ms", "mean_batch_size")
+                "mean_ttft_ms", "mean_itl_ms", "mean_e2el_ms")
 
 Measurements = dict[tuple[str, str, int], Measured]     # (config slug, model, repeat) -> its measurement
 

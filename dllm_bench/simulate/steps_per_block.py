@@ -17,7 +17,6 @@ plan for the same request, and a rerun the same plans.
 """
 from __future__ import annotations
 
-import math
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,7 +94,3 @@ def recorded(spec: str, root: Path | None = None) -> StepsPlan:
         raise UserError(f"--steps-per-block {spec}: {path} records no steps_per_block (runs record them since "
                         "--decoding; a frontier run keeps one file per configuration: points/<configuration>/)")
     return StepsPlan(str(path), lists, False)
-
-
-def num_blocks(gen_length: int, block_length: int) -> int:
-    return math.ceil(gen_length / block_length)
