@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
 import torch
@@ -168,3 +169,29 @@ def test_a_killed_worker_ends_the_run_with_one_error(cluster, ckpt):
 def test_the_single_device_engine_refuses_a_tensor_parallel_config(ckpt):
     with pytest.raises(ValueError, match="build engine.parallel.ParallelEngine"):
         LLMEngine(_config(ckpt, tensor_parallel_size=2))
+
+
+def test_a_worker_dying_while_starting_is_one_error():
+    """Killed as soon as it exists (long before it could join the group): the driver, waiting
+    for its workers to be ready, names it instead of waiting for the join's timeout."""
+    import multiprocessing
+    import threading
+
+    out = {}
+
+    def start():
+        try:
+            out["cluster"] = Cluster.spawn(2, "cpu")
+        except RankFailure as e:
+            out["error"] = str(e)
+
+    others = set(multiprocessing.active_children())          # e.g. the module cluster's worker
+    t = threading.Thread(target=start)
+    t.start()
+    while t.is_alive() and not set(multiprocessing.active_children()) - others:
+        time.sleep(0.001)
+    for p in set(multiprocessing.active_children()) - others:
+        p.kill()
+    t.join(60)
+    assert not t.is_alive()
+    assert out == {"error": "tensor-parallel rank 1 exited while starting (exit code -9)"}

@@ -79,7 +79,7 @@ def _worker_main(rank: int, size: int, port: int, device: str, threads: int) -> 
     torch.set_num_threads(threads)
     store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=JOIN_TIMEOUT)
     try:
-        store.set(f"joined/{rank}", "1")
+        store.set(f"ready/{rank}", "1")
         serve(init_group(rank, size, device, store))
     except BaseException as e:            # noqa: BLE001 - recorded for the driver, then exit
         with contextlib.suppress(Exception):
@@ -111,16 +111,18 @@ class Cluster:
                              name=f"tp-rank-{r}") for r in range(1, size)]
         for p in procs:
             p.start()
-        keys = [f"joined/{r}" for r in range(1, size)]
+        # Joining the group waits for every worker (holding the interpreter: nothing else runs),
+        # so first each worker says it is about to join, and a worker that dies before that (a
+        # failed import, a bad setting) is caught here rather than by the join's timeout.
+        keys = [f"ready/{r}" for r in range(1, size)]
         deadline = time.monotonic() + JOIN_TIMEOUT.total_seconds()
         while not store.check(keys):
-            dead = [p for p in procs if not p.is_alive()]
-            if dead or time.monotonic() > deadline:
-                for p in procs:
-                    p.kill()
-                raise RankFailure(f"tensor-parallel rank {procs.index(dead[0]) + 1} exited (exit code "
-                                  f"{dead[0].exitcode}) while starting" if dead else
-                                  "tensor-parallel workers did not start in time")
+            dead = next((r for r, p in enumerate(procs, 1) if not p.is_alive()), None)
+            if dead is not None or time.monotonic() > deadline:
+                cluster = cls(None, procs, store)
+                cluster.close(kill=True)
+                raise RankFailure("tensor-parallel workers did not start in time" if dead is None else
+                                  cluster.startup_failure(dead))
             time.sleep(0.02)
         if torch.device(device).type == "cpu":
             torch.set_num_threads(threads)
@@ -169,8 +171,9 @@ class Cluster:
             if err is e:
                 raise
             raise err from None
-        finally:
-            self.busy = False
+        # Not in a `finally`: interrupted (Ctrl-C), the cluster stays busy, so closing it at exit
+        # kills the workers, which wait in a collective, rather than sending them a message.
+        self.busy = False
 
     def failure(self, exc: Exception) -> Exception:
         """What ended the run: the driver's own error `exc`, or (a collective failed) a worker
@@ -188,6 +191,11 @@ class Cluster:
                                f"tensor-parallel rank {r} exited mid-run (exit code {p.exitcode})")
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return RankFailure(f"tensor-parallel step failed: {first}")
+
+    def startup_failure(self, rank: int) -> str:
+        why = self._error(rank)
+        return (f"tensor-parallel rank {rank} failed while starting: {why}" if why else
+                f"tensor-parallel rank {rank} exited while starting (exit code {self.procs[rank - 1].exitcode})")
 
     def _error(self, rank: int) -> str | None:
         with contextlib.suppress(Exception):
@@ -209,5 +217,6 @@ class Cluster:
             if p.is_alive():
                 p.kill()
                 p.join()
-        with contextlib.suppress(Exception):
-            destroy()
+        if self.tp is not None:
+            with contextlib.suppress(Exception):
+                destroy()
