@@ -106,3 +106,21 @@ def test_generate_decoding(monkeypatch):
     r = CliRunner().invoke(app, ["--model", "tiny", "--prompt-ids", "1,2,3", "--system", "fast-dllm",
                                  "--decoding", "factor:1", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["stats"]["knobs"]["factor"] == 1.0
+
+
+def test_serve_endpoint_sends_the_policy_with_the_dllm_extras():
+    from dllm_bench.serve.endpoint import Endpoint, request_body
+    from dllm_bench.serve.response import Outcome, record
+
+    item = {"prompt_ids": [1, 2, 3], "gen_length": 16}
+    body = request_body(Endpoint("http://h/v1", "m", decoding="threshold:0.9"), item, block_length=8, decode=None)
+    assert body["threshold"] == 0.9 and "factor" not in body and "entropy" not in body
+    assert request_body(Endpoint("http://h/v1", "m", decoding="entropy:0.5"), item, block_length=8,
+                        decode=None)["entropy"] == 0.5
+    for ep in (Endpoint("http://h/v1", "m"), Endpoint("http://h/v1", "m", dllm_extras=False, decoding="factor:1")):
+        assert not {"threshold", "factor", "entropy"} & set(request_body(ep, item, block_length=8, decode=None))
+    out = Outcome()
+    out.usage, out.finished = {"prompt_tokens": 3, "completion_tokens": 16}, 1.0
+    out.dllm = {"nfe": 4, "tpf": 4.0, "steps_per_block": [2, 2]}
+    rec = record("r", 3, out, 0.0, 0.0, 0.0)
+    assert rec["tpf"] == 4.0 and rec["steps_per_block"] == [2, 2] and rec["nfe"] == 4
