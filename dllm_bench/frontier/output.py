@@ -66,7 +66,7 @@ def verdict_lines(verdicts: Mapping[str, Mapping]) -> list[str]:
 def plot(rows: Sequence[Mapping], path: Path, title: str) -> Path:
     """Accuracy (%, Wilson interval) vs output tok/s (median, min–max over repeats; log scale):
     front configurations in their system's colour, each labelled with its policy and the front
-    joined by a step line; dominated ones grey."""
+    joined by a step line; dominated ones grey in their system's marker (named in the table)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,9 +90,9 @@ def plot(rows: Sequence[Mapping], path: Path, title: str) -> Path:
             ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt=MARKERS[i % len(MARKERS)], ms=7 if front else 5,
                         color=colours(i % 10) if front else "0.72", ecolor="0.8", elinewidth=0.8, capsize=2,
                         zorder=3 if front else 2)
-            for r in pts:
+            for r in pts if front else ():      # the table names the dominated ones
                 ax.annotate(r["decoding"], (r["tps"], r["accuracy"] * 100), textcoords="offset points",
-                            xytext=(4, 4), fontsize=7, color="0.15" if front else "0.6")
+                            xytext=(4, 4), fontsize=7, color="0.15")
     front = sorted((r for r in rows if r.get("pareto")), key=lambda r: r["tps"])
     if len(front) > 1:
         ax.step([r["tps"] for r in front], [r["accuracy"] * 100 for r in front], where="post", color="0.35",
