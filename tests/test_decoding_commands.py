@@ -124,3 +124,16 @@ def test_serve_endpoint_sends_the_policy_with_the_dllm_extras():
     out.dllm = {"nfe": 4, "tpf": 4.0, "steps_per_block": [2, 2]}
     rec = record("r", 3, out, 0.0, 0.0, 0.0)
     assert rec["tpf"] == 4.0 and rec["steps_per_block"] == [2, 2] and rec["nfe"] == 4
+
+
+def test_server_default_decoding_applies_to_requests_that_name_no_rule():
+    from types import SimpleNamespace
+
+    from dllm_bench.server.app import sampling_params
+    from dllm_bench.server.protocol import CompletionRequest
+
+    state = SimpleNamespace(block_length=8, decoding="threshold:0.9")
+    assert sampling_params(state, CompletionRequest(prompt="hi", max_tokens=8)).decoding == "threshold:0.9"
+    assert sampling_params(state, CompletionRequest(prompt="hi", max_tokens=8, factor=2.0)).decoding == "factor:2"
+    assert sampling_params(SimpleNamespace(block_length=8, decoding="fixed"),
+                           CompletionRequest(prompt="hi", max_tokens=8)).decoding == "fixed"

@@ -30,6 +30,8 @@ def register(app: typer.Typer) -> None:
         dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset; a CPU preset on CUDA: bfloat16]"),
         device: str | None = typer.Option(None, "--device", help="cpu | cuda [preset]"),
         cuda_graphs: CudaGraphs = None,
+        decoding: str = typer.Option("fixed", "--decoding", help="the policy of a request that names no threshold, "
+                                     "factor or entropy: fixed (the steps' schedule) | threshold:τ | factor:f | entropy:γ"),
         tensor_parallel_size: TensorParallelSize = None,
         threads: int | None = typer.Option(None, "--threads", help="torch threads [preset]"),
         block_length: int | None = typer.Option(None, "--block-length", help="block length of requests that give none [preset]"),
@@ -47,4 +49,4 @@ def register(app: typer.Typer) -> None:
         start(host=host, port=port, log_level=log_level, api_key=api_key, model=model, preset=preset,
               served_model_name=served_model_name, knobs=knobs, memory_budget=memory_budget, dtype=dtype,
               device=device, cuda_graphs=cuda_graphs, threads=threads, block_length=block_length, max_waiting=max_waiting,
-              sampling=sampling, use_cache=not no_profile_cache)
+              sampling=sampling, use_cache=not no_profile_cache, decoding=decoding)

@@ -51,6 +51,7 @@ class ServerState:
     max_waiting: int                 # 503 once this many requests wait for admission
     retry_after_s: int = 1
     api_key: str | None = None       # every /v1 route wants `Authorization: Bearer <key>`
+    decoding: str = "fixed"          # the policy of a request that names no rule (server --decoding)
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -60,7 +61,8 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
 
 def sampling_params(state: ServerState, body: protocol._Body):
     """max_tokens rounded up to whole blocks; steps default to one token per step; the body's
-    parallel-decoding rule (threshold / factor / entropy) as the request's decoding policy."""
+    parallel-decoding rule (threshold / factor / entropy) as the request's decoding policy, else
+    the server's default (--decoding)."""
 
     max_tokens = body.gen_max_tokens()
     if max_tokens <= 0:
@@ -69,7 +71,7 @@ def sampling_params(state: ServerState, body: protocol._Body):
     gen_length = math.ceil(max_tokens / block) * block
     return SamplingParams(gen_length=gen_length, steps=body.steps or gen_length, block_length=block,
                           temperature=body.temperature, remasking=body.remasking, seed=body.seed or 0,
-                          decoding=body.decoding())
+                          decoding=body.decoding() if body.decoding() != "fixed" else state.decoding)
 
 
 def create_app(state: ServerState) -> FastAPI:

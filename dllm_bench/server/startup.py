@@ -23,6 +23,7 @@ from dllm_bench.device_defaults import MemoryBudget, cuda_graphs_on, resolve_bud
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import ServePreset, preset_for
 from dllm_bench.serve.workload import model_info
+from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.build import build_system, warm_up
 from dllm_bench.systems.spec import SystemVariant, parse_system
 from dllm_bench.units import format_size
@@ -95,13 +96,15 @@ def resolve_server_options(*, model: str | None, preset: str | None, knobs: dict
 def build_state(*, model: str | None, preset: str | None, served_model_name: str | None,
                 knobs: dict, memory_budget: str | None, dtype: str | None, device: str | None,
                 threads: int | None, block_length: int | None, max_waiting: int, sampling: bool,
-                use_cache: bool, log=lambda m: None, api_key: str | None = None, cuda_graphs: bool | None = None):
+                use_cache: bool, log=lambda m: None, api_key: str | None = None, cuda_graphs: bool | None = None,
+                decoding: str = "fixed"):
     """The engine (KV pool profiled for the budget, warmed up) in an EngineLoop, and the
     ServerState the app serves; any bad option is a UserError."""
     # FastAPI (the app's) loads only when a server is built, not with every command.
     from dllm_bench.server.app import ServerState
     from dllm_bench.server.engine_loop import EngineLoop
 
+    decoding = str(system_decoding.parse(decoding))
     opts = resolve_server_options(model=model, preset=preset, knobs=knobs, memory_budget=memory_budget,
                                   dtype=dtype, device=device, threads=threads, block_length=block_length,
                                   max_waiting=max_waiting, cuda_graphs=cuda_graphs)
@@ -120,14 +123,14 @@ def build_state(*, model: str | None, preset: str | None, served_model_name: str
     warm_up(engine, [t for t in range(1, 9) if t != cfg.mask_token_id], block)
     state = ServerState(loop=EngineLoop(engine), tokenizer=tokenizer, model_name=served_model_name or sp.model,
                         model_root=str(model_dir), max_model_len=engine.max_model_len, block_length=block,
-                        eos_token_id=cfg.eos_token_id, max_waiting=max_waiting, api_key=api_key)
+                        eos_token_id=cfg.eos_token_id, max_waiting=max_waiting, api_key=api_key, decoding=decoding)
     return state, built.info
 
 
 def start(*, host: str, port: int, log_level: str, api_key: str | None, model: str | None, preset: str | None,
           served_model_name: str | None, knobs: dict, memory_budget: str | None, dtype: str | None,
           device: str | None, threads: int | None, block_length: int | None, max_waiting: int, sampling: bool,
-          use_cache: bool, cuda_graphs: bool | None = None) -> None:
+          use_cache: bool, cuda_graphs: bool | None = None, decoding: str = "fixed") -> None:
     """Check the port and every option, build and warm up the engine, then serve until stopped."""
     # uvicorn, FastAPI and the app load only when a server starts, not with every command.
     import uvicorn
@@ -146,7 +149,7 @@ def start(*, host: str, port: int, log_level: str, api_key: str | None, model: s
         memory_budget=memory_budget, dtype=dtype, device=device, threads=threads,
         block_length=block_length, max_waiting=max_waiting, sampling=sampling,
         use_cache=use_cache, log=lambda m: console.print(m, style="dim", highlight=False),
-        api_key=api_key, cuda_graphs=cuda_graphs)
+        api_key=api_key, cuda_graphs=cuda_graphs, decoding=decoding)
     pool = info.get("kv_pool_tokens")
     console.print(f"serving {state.model_name} ({info['label']}, KV pool "
                   f"{'unbounded' if pool is None else f'{pool} tokens'}) on http://{host}:{port}/v1",
