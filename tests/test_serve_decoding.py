@@ -81,3 +81,13 @@ def test_trained_models_serve_their_own_task():
     assert len(set(texts)) == 3 and {r.gen_length for r in wl} == {32}
     with pytest.raises(UserError, match="training.json"):
         resolve_run(ServeOptions(model="tiny", dataset="task", num_prompts=2))
+
+
+def test_no_gpu_projection_for_parallel_decoding_or_a_trained_models_task():
+    from dllm_bench.simulate.projection import skip_reason
+
+    assert skip_reason(resolve_run(ServeOptions(model="tiny", systems="engine", num_prompts=2))) is None
+    assert "--steps-per-block" in skip_reason(resolve_run(ServeOptions(model="tiny", systems="engine", num_prompts=2,
+                                                                        decoding="threshold:0.9")))
+    assert "--dataset task" in skip_reason(resolve_run(ServeOptions(model="synth-cot", systems="engine",
+                                                                     num_prompts=2)))

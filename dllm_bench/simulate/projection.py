@@ -21,6 +21,7 @@ from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.options import ServeOptions
 from dllm_bench.serve.points import PlannedPoint, point_summary
 from dllm_bench.serve.summary import comparisons, print_comparison
+from dllm_bench.serve.task_prompts import TASK_DATASET
 from dllm_bench.serve.workload import shape_of
 from dllm_bench.simulate import hardware as hwmod
 from dllm_bench.simulate.options import simulation
@@ -56,6 +57,11 @@ def skip_reason(run: ServeRun) -> str | None:
         return "a replayed file (--dataset-path) has no GPU-scale counterpart"
     if not any(not v.is_endpoint for v in run.systems):
         return "only an --endpoint was measured (its model is the server's)"
+    if TASK_DATASET in run.datasets:
+        return "a trained model's own task (--dataset task) has no GPU-scale counterpart"
+    if run.decoding != "fixed":
+        return (f"--decoding {run.decoding}: LLaDA-8B's forwards per block under it are not known here; "
+                "simulate --decoding ... --steps-per-block with a distribution recorded on the GPU model")
     return None
 
 
