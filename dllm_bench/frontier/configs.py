@@ -14,6 +14,7 @@ from dllm_bench.accuracy.points import Point
 from dllm_bench.errors import UserError
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.spec import SystemVariant, baseline_knobs, engine_knobs, parse_systems
+from engine.config import EngineConfig
 from engine.decoding import Decoding
 
 # The engine with each cache that serves it (dual: Fast-dLLM's; sparse: dLLM-Serve's), and
@@ -45,7 +46,7 @@ class Config:
     def point(self, retention: float) -> Point:
         """The accuracy point this configuration is scored as (dllm_bench.accuracy.evaluate)."""
         if self.system == "engine":
-            cache = self.variant.knob_dict.get("cache", "none")
+            cache = self.variant.knob_dict.get("cache", EngineConfig.cache)   # the engine's default: sparse
             sel = self.variant.knob_dict.get("selection", "head") if cache == "sparse" else None
             r = float(self.variant.knob_dict.get("retention", retention)) if cache == "sparse" else 1.0
             return Point(self.label, "engine", "dense" if cache == "none" else "sparse", cache, sel, r)
