@@ -32,7 +32,9 @@ class OneStep:
 
     def step(self):
         self.clock.advance(0.010)
-        return [type("Out", (), {"request_id": self.pending.pop(0), "token_ids": [1], "prompt_ids": [1]})()]
+        # a RequestOutput's fields the clock restamps (one block, committed in this step)
+        return [type("Out", (), {"request_id": self.pending.pop(0), "token_ids": [1], "prompt_ids": [1],
+                                 "block_times": [0.0]})()]
 
 
 def _host_forwards() -> list[Forward]:
