@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
         selection: str = typer.Option("head", help="Engine sparse cache: head | uniform."),
         max_num_logits: int = typer.Option(1024, help="Engine logit budget (rows per chunk)."),
         no_logit_budget: bool = typer.Option(False, "--no-logit-budget", help="Engine: monolithic full-sequence logits."),
-        scheduler: str = typer.Option("phase", help="Engine scheduler: phase | request."),
+        scheduler: str = typer.Option("phase", help="Engine scheduler: phase | request | lookahead."),
         cuda_graphs: CudaGraphs = None,
         batch: int = typer.Option(8, help="Baselines: static batch size."),
         threshold: float | None = typer.Option(None, help="fast-dllm: parallel-decoding confidence threshold."),

@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         cache: str | None = typer.Option(None, "--cache", help="KV cache policy: none | dual | sparse [sparse]"),
         selection: str | None = typer.Option(None, "--selection", help="sparse selection: head | uniform"),
         retention: float | None = typer.Option(None, "--retention", help="sparse KV retention [preset]"),
-        scheduler: str | None = typer.Option(None, "--scheduler", help="phase | request"),
+        scheduler: str | None = typer.Option(None, "--scheduler", help="phase | request | lookahead"),
         max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", help="token budget per step [preset]"),
         max_num_logits: str | None = typer.Option(None, "--max-num-logits", help="logit budget (rows per step), or none [preset]"),
         max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="max concurrent requests [preset]"),
