@@ -5,10 +5,12 @@ dllm_bench.accuracy.lm_eval_model).
 
 All samples of a point go through ONE system instance at once (LLMEngine.generate: every request
 added, then stepped until all finish; the engine batches them continuously, baselines in static
-batches). Decoding is greedy (temperature 0).
+batches). Decoding is greedy (temperature 0). With tensor parallelism (`EngineRanks`) an engine
+point runs on ranks started for it and stopped after it; baselines stay on one device.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -21,29 +23,64 @@ from dllm_bench import console
 from dllm_bench.accuracy.points import SCORE_QUERIES, SELECTIONS, SYSTEMS, Point, model_training_info
 from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, model_dir
 from dllm_bench.device_defaults import resolve_device_options
+from dllm_bench.errors import UserError
 from dllm_bench.systems import decoding as system_decoding
-from dllm_bench.systems.build import make_system
+from dllm_bench.systems.build import check_tensor_parallel, make_parallel_engine, make_system
 from engine import EngineConfig, SamplingParams
 from engine.decoding import Decoding
-from engine.models.llada import LLaDAModelLM
+from engine.models.llada import LLaDAConfig, LLaDAModelLM
+from engine.parallel.cluster import launched_by_torchrun
 
 
-def point_system(point: Point, model: LLaDAModelLM, *, max_num_seqs: int = 64, max_num_batched_tokens: int = 8192,
-                 max_num_logits: int | None = 1024, batch: int = 32, pool_window: int = 3,
-                 delay_step: int = 1, memory_budget: int | None = None, decoding: str = "fixed",
-                 cuda_graphs: bool | None = None) -> Any:
-    """A fresh serving system for `point` over an already-loaded model (systems.build.make_system).
-    `memory_budget`: the run's one budget (measured once), so every point's engine gets the same
-    KV pool rather than whatever the previous point's engine left free. `decoding`: the policy
-    its requests ask for; a baseline gets it through its knobs (Fast-dLLM's threshold / factor),
-    or runs fixed (dllm_bench.systems.decoding)."""
+@dataclass(frozen=True)
+class EngineRanks:
+    """Where a tensor-parallel run's engine points run: `size` ranks, each loading its shard of
+    `model_dir` in `dtype` on `device` (rank r on cuda:r), with `threads` torch threads per rank
+    on a CPU. Every point gets ranks of its own, stopped when the point ends (a GPU's memory is
+    a fresh process's at every point; nothing of one point outlives it). Checked when made, so a
+    size that cannot run is one UserError before anything is spawned."""
+    model_dir: str
+    size: int
+    dtype: str
+    device: str
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if launched_by_torchrun():
+            # torchrun's processes are one group for the whole command; a point's ranks end with it.
+            raise UserError("accuracy starts fresh tensor-parallel ranks for every engine point itself: "
+                            "run it without torchrun")
+        check_tensor_parallel(self.model_dir, self.size, self.device)
+
+    def engine(self, cfg: EngineConfig) -> Any:
+        return make_parallel_engine(dataclasses.replace(cfg, model=self.model_dir, dtype=self.dtype,
+                                                        device=self.device, tensor_parallel_size=self.size),
+                                    self.threads)
+
+    def eos_id(self) -> int | None:
+        return LLaDAConfig.from_pretrained(self.model_dir).eos_token_id
+
+
+def point_system(point: Point, model: LLaDAModelLM | None, *, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 8192, max_num_logits: int | None = 1024, batch: int = 32,
+                 pool_window: int = 3, delay_step: int = 1, memory_budget: int | None = None,
+                 decoding: str = "fixed", cuda_graphs: bool | None = None, ranks: EngineRanks | None = None) -> Any:
+    """A fresh serving system for `point` over an already-loaded model (systems.build.make_system),
+    or, an engine point given `ranks`, a tensor-parallel engine on ranks of its own (the model
+    is then not needed: each rank loads its shard; close it to stop them).
+    `memory_budget`: the run's one budget (measured once; per rank with `ranks`), so every
+    point's engine gets the same KV pool rather than whatever the previous point's engine left
+    free. `decoding`: the policy its requests ask for; a baseline gets it through its knobs
+    (Fast-dLLM's threshold / factor), or runs fixed (dllm_bench.systems.decoding)."""
     if point.system == "engine":
         cfg = EngineConfig(cache=point.cache or "none", selection=point.selection or "head",
                            retention=point.retention, score_query=point.score_query, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
                            pool_window=pool_window, delay_step=delay_step, sampling=False,
-                           device=str(model.device), attention_backend="auto", memory_budget=memory_budget,
-                           cuda_graphs=cuda_graphs)
+                           device=ranks.device if ranks else str(model.device), attention_backend="auto",
+                           memory_budget=memory_budget, cuda_graphs=cuda_graphs)
+        if ranks is not None:
+            return ranks.engine(cfg)
         return make_system("engine", model, engine_config=cfg, label=point.name)
     knobs = {"keep_ratio": point.retention} if point.system == "sparse-dllm" else {}
     knobs.update(system_decoding.resolve(point.system, decoding).knobs)
@@ -64,7 +101,8 @@ class PointBackend:
 
     Shape: gen_length = the given one, else max_gen_toks rounded up to a block multiple; steps
     = the given one, else gen_length (one token per step). `decoding`: the policy asked for
-    (`decoded` is what the point's system runs: fixed where it has no such rule upstream)."""
+    (`decoded` is what the point's system runs: fixed where it has no such rule upstream).
+    `ranks`: an engine point runs tensor-parallel on them (`model` may then be None)."""
     model: Any
     tok: Any
     point: Point
@@ -77,6 +115,7 @@ class PointBackend:
     show_progress: bool = False
     label: str = ""
     decoding: str = "fixed"
+    ranks: EngineRanks | None = None
     outputs: list = field(default_factory=list)      # RequestOutputs of every call
     by_prompt: dict = field(default_factory=dict)    # prompt text -> its RequestOutput
     stats: list = field(default_factory=list)        # system.stats() of every call
@@ -92,20 +131,32 @@ class PointBackend:
     def decoded(self) -> system_decoding.SystemDecoding:
         return system_decoding.resolve(self.point.system, self.decoding)
 
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The ranks this point's system runs on: a baseline always one device."""
+        return self.ranks.size if self.ranks is not None and self.point.system == "engine" else 1
+
     def __call__(self, prompts: list[str], gen_kwargs: dict) -> list[str]:
         params = self.params_for(gen_kwargs.get("max_gen_toks"))
         ids = [encode_prompt(self.tok, p, self.chat) for p in prompts]
-        system = point_system(self.point, self.model, decoding=self.decoding, **self.system_kw)
         label = self.label or self.point.name
-        t0 = time.perf_counter()
-        with console.progress(enabled=self.show_progress) as prog:
-            task = prog.add_task(label, total=len(ids))
-            outs = system.generate(ids, params, lambda done, _total: prog.update(task, completed=done))
-        self.elapsed_s += time.perf_counter() - t0
+        threads, system = torch.get_num_threads(), None     # spawned ranks set this process's to their share
+        try:
+            system = point_system(self.point, self.model, decoding=self.decoding,
+                                  ranks=self.ranks if self.tensor_parallel_size > 1 else None, **self.system_kw)
+            t0 = time.perf_counter()
+            with console.progress(enabled=self.show_progress) as prog:
+                task = prog.add_task(label, total=len(ids))
+                outs = system.generate(ids, params, lambda done, _total: prog.update(task, completed=done))
+            self.elapsed_s += time.perf_counter() - t0
+            self.stats.append(system.stats())
+        finally:
+            if hasattr(system, "close"):        # a tensor-parallel engine: its ranks stop here
+                system.close()
+            torch.set_num_threads(threads)
         self.outputs.extend(outs)
         self.by_prompt.update(zip(prompts, outs, strict=True))
-        self.stats.append(system.stats())
-        eos = self.model.config.eos_token_id
+        eos = self.model.config.eos_token_id if self.model is not None else self.ranks.eos_id()
         return [decode_completion(self.tok, o.token_ids, eos) for o in outs]
 
 
@@ -124,7 +175,8 @@ def engine_backend(model_args: dict) -> PointBackend:
     none), `system` (engine or a baseline), `dtype` (default bfloat16 on CUDA, float32 on CPU),
     `device`, `memory_budget` (default auto: free GPU memory x 0.9, none on CPU), `threads`,
     `gen_length`, `block_length`, `steps`, `seed`, `chat`, `max_num_seqs`, `batch` (baselines),
-    `decoding` (fixed | threshold:τ | factor:f | entropy:γ; default fixed)."""
+    `decoding` (fixed | threshold:τ | factor:f | entropy:γ; default fixed), `tensor_parallel_size`
+    (the engine on N ranks, spawned for every call and stopped after it; `threads` shared out)."""
 
 
     spec = str(model_args.get("model", ""))
@@ -149,6 +201,11 @@ def engine_backend(model_args: dict) -> PointBackend:
     if score_query not in SCORE_QUERIES:
         raise ValueError(f"score_query must be one of {SCORE_QUERIES}, got {score_query!r}")
     decoding = str(Decoding.parse(_arg(model_args, "decoding", str, "fixed")))
+    tp = _arg(model_args, "tensor_parallel_size", int, 1)
+    if tp < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
+    if tp > 1 and system != "engine":
+        raise ValueError(f"tensor_parallel_size applies to the engine only, not to system {system!r}")
     role = "baseline" if system != "engine" else ("dense" if cache == "none" else "sparse")
     point = Point(f"{system}:{cache}:{selection}:{score_query}:r{retention:g}", system, role, cache, selection,
                   retention, score_query)
@@ -161,7 +218,10 @@ def engine_backend(model_args: dict) -> PointBackend:
     window = model_training_info(path).get("config", {}).get("window")
     opts = resolve_device_options(_arg(model_args, "device", str, "auto"), _arg(model_args, "dtype", str),
                                   _arg(model_args, "memory_budget", str, "auto"))
-    model = load_model(spec, opts.dtype, str(opts.device))
+    ranks = None
+    if tp > 1:
+        ranks = EngineRanks(str(path), tp, opts.dtype, str(opts.device), max(1, torch.get_num_threads() // tp))
+    model = None if ranks else load_model(spec, opts.dtype, str(opts.device))
     kw: dict[str, Any] = {"memory_budget": opts.budget.bytes}
     if _arg(model_args, "max_num_seqs", int):
         kw["max_num_seqs"] = _arg(model_args, "max_num_seqs", int)
@@ -172,6 +232,6 @@ def engine_backend(model_args: dict) -> PointBackend:
                         block_length=_arg(model_args, "block_length", int, min(32, gen_length or 32)),
                         steps=_arg(model_args, "steps", int), seed=_arg(model_args, "seed", int, 0),
                         chat=_arg(model_args, "chat", bool, False), system_kw=kw,
-                        show_progress=_arg(model_args, "progress", bool, False), decoding=decoding)
+                        show_progress=_arg(model_args, "progress", bool, False), decoding=decoding, ranks=ranks)
 
 

@@ -135,6 +135,7 @@ class PointResult:
     decoding: str = "fixed"         # what the point's system decoded with (dllm_bench.systems.decoding)
     decoding_note: str | None = None  # why it is not the policy asked for
     decoding_stats: dict = field(default_factory=dict)   # per-request TPF mean/p50/p90, forwards per block
+    tensor_parallel_size: int | None = None   # a tensor-parallel run's: the point's ranks (a baseline's 1)
 
     def row(self, dense_acc: float | None = None) -> dict:
         p = self.point
@@ -142,7 +143,8 @@ class PointResult:
              "retention": p.retention, "n": self.n, "correct": self.correct, "accuracy": self.accuracy,
              "ci_low": self.ci_low, "ci_high": self.ci_high, "metric": self.metric,
              "elapsed_s": round(self.elapsed_s, 3), "nfe_mean": self.nfe_mean, "decoding": self.decoding,
-             **({"decoding_note": self.decoding_note} if self.decoding_note else {}), **self.decoding_stats}
+             **({"decoding_note": self.decoding_note} if self.decoding_note else {}), **self.decoding_stats,
+             **({"tensor_parallel_size": self.tensor_parallel_size} if self.tensor_parallel_size else {})}
         for k, v in self.other.items():
             d[f"{k}_correct"], d[f"{k}_accuracy"] = v["correct"], v["accuracy"]
         if dense_acc:

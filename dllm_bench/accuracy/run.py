@@ -21,7 +21,7 @@ import typer
 from dllm_bench import inputs
 from dllm_bench.accuracy import points as acc
 from dllm_bench.accuracy import report
-from dllm_bench.accuracy.backend import PointBackend
+from dllm_bench.accuracy.backend import EngineRanks, PointBackend
 from dllm_bench.accuracy.evaluate import eval_lm_eval_point, eval_synth_point
 from dllm_bench.accuracy.protocol import UPSTREAM_RULE, load_dev_choice
 from dllm_bench.checkpoints.load import load_model, load_tokenizer
@@ -74,6 +74,7 @@ class AccuracyOptions:
     chat: bool = False
     cuda_graphs: bool | None = None
     decoding: str = "fixed"
+    tensor_parallel_size: int | None = None
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> AccuracyOptions:
@@ -123,6 +124,12 @@ def protocol_lines(score_queries: list[str], chosen: dict | None) -> list[str]:
     return lines
 
 
+def ranks_text(res) -> str:
+    """Where a point ran, in a tensor-parallel run's lines."""
+    n = res.tensor_parallel_size
+    return f" · {n} ranks" if n > 1 else " · one device (baseline)"
+
+
 def decoding_text(res) -> str:
     """What a point decoded with, and the tokens per forward it got (a --decoding run's lines)."""
     if res.decoding_note:
@@ -149,6 +156,9 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
         if o.threads <= 0:
             raise UserError("--threads must be positive")
         torch.set_num_threads(o.threads)
+    tp = 1 if o.tensor_parallel_size is None else o.tensor_parallel_size
+    if tp < 1:
+        raise UserError(f"--tensor-parallel-size must be >= 1, got {tp}")
     task = o.task
     if task is not None and task not in acc.TASKS:
         raise UserError(f"--task must be one of {', '.join(acc.TASKS)}, got {task!r}")
@@ -161,6 +171,9 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
         raise UserError(f"--split must be dev or test, got {split!r}")
     paths = [inputs.checkpoint_dir(m, tokenizer=True, why="accuracy needs text prompts") for m in models]
     infos = [acc.model_training_info(p) for p in paths]
+    # The process's threads shared out among an engine point's ranks (baselines keep them all).
+    rank_threads = max(1, torch.get_num_threads() // tp)
+    ranks = [EngineRanks(str(p), tp, dtype, str(dev_opts.device), rank_threads) if tp > 1 else None for p in paths]
     tcfg = infos[0].get("config", {})
     task = task or tcfg.get("task") or DEFAULT_TASK
     if task not in acc.TASKS:
@@ -213,7 +226,9 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
                  memory_budget_source=dev_opts.budget.to_dict(), threads=torch.get_num_threads(),
                  max_num_seqs=o.max_num_seqs, batch=o.batch, cuda_graphs=system_kw["cuda_graphs"],
                  chat=o.chat, temperature=0.0, remasking="low_confidence", decoding=decoding,
-                 points=[p.name for p in points])
+                 tensor_parallel_size=tp, points=[p.name for p in points])
+    if tp > 1:
+        knobs["threads_per_rank"] = rank_threads
     if o.data is not None:
         knobs.update(data=str(o.data), data_rows=len(rows), split=split)
     elif task in acc.GENERATED:
@@ -232,14 +247,18 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
     extra = {"task": task, "model": model, "models": models, "split": knobs["split"], "decoding": decoding}
     if chosen:
         extra["dev_choice"] = chosen
-    for m, tok in zip(models, toks, strict=True):
-        mdl = load_model(m, dtype, str(dev_opts.device))
+    for m, tok, rk in zip(models, toks, ranks, strict=True):
+        mdl = None
         label = m if len(models) > 1 else ""
         dense_acc = None
         for i, p in enumerate(points):
+            if mdl is None and (rk is None or p.system != "engine"):
+                # A tensor-parallel engine's ranks load their own shards: the whole model only
+                # for the points on one device.
+                mdl = load_model(m, dtype, str(dev_opts.device))
             backend = PointBackend(mdl, tok, p, gen_length=gen_length, block_length=block_length, steps=steps,
                                    seed=o.seed, chat=o.chat, system_kw=system_kw, show_progress=not as_json,
-                                   decoding=decoding,
+                                   decoding=decoding, ranks=rk,
                                    label=f"{label + ' ' if label else ''}[{i + 1}/{len(points)}] {p.name}")
             try:
                 if task in acc.GENERATED:
@@ -249,6 +268,8 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
             except ValueError as e:     # a request that can never run (too long for the model, ...)
                 raise UserError(f"{p.name}: {e}") from None
             res.model = label
+            if tp > 1:
+                res.tensor_parallel_size = backend.tensor_parallel_size
             if p.role == "dense":
                 dense_acc = res.accuracy
             results.append(res)
@@ -257,7 +278,8 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
             if not as_json:
                 typer.echo(f"  {label + ' ' if label else ''}{p.name:>16}: {res.correct}/{res.n} = "
                            f"{report.pct(res.accuracy)}% [{report.pct(res.ci_low)}, {report.pct(res.ci_high)}]  "
-                           f"({res.elapsed_s:.1f}s){decoding_text(res) if decoding != 'fixed' else ''}", err=True)
+                           f"({res.elapsed_s:.1f}s){decoding_text(res) if decoding != 'fixed' else ''}"
+                           f"{ranks_text(res) if tp > 1 else ''}", err=True)
         del mdl
     plot = None
     if sum(1 for r in results if r.point.retention < 1.0) >= 2:
@@ -268,9 +290,14 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
     if decoding != "fixed":
         protocol.append(f"decoding {decoding}: the engine runs it, Fast-dLLM under its threshold/factor rule; "
                         "a system without the rule upstream runs fixed (its rows say decoding fixed)")
+    if tp > 1:
+        protocol.append(f"tensor parallelism: every engine point (the dense reference too) on {tp} ranks of its own, "
+                        f"{rank_threads} thread(s) each on a CPU, started for the point and stopped after it; "
+                        "baselines on one device")
     if as_json:
         typer.echo(json.dumps({"run_dir": str(run_dir), "task": task, "model": model, "models": models,
                                "split": knobs["split"], "n": results[0].n, "metric": results[0].metric,
+                               "tensor_parallel_size": tp,
                                "points": summary["points"], "seeds": summary.get("seeds"),
                                "analysis": summary["analysis"], "dev_choice": chosen,
                                "scoring_rules": {q: RULES[q] for q in score_queries}, "protocol": protocol,

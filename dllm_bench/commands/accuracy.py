@@ -7,7 +7,7 @@ import typer
 
 from dllm_bench import inputs
 from dllm_bench.accuracy.run import AccuracyOptions, accuracy
-from dllm_bench.commands.serve_flags import AsJson, CudaGraphs, DecodingPolicy, ResultDir
+from dllm_bench.commands.serve_flags import AsJson, CudaGraphs, DecodingPolicy, ResultDir, TensorParallelSize
 
 
 def register(app: typer.Typer) -> None:
@@ -36,7 +36,9 @@ def register(app: typer.Typer) -> None:
         memory_budget: str = typer.Option("auto", "--memory-budget", help="Engine points: bytes for weights+activations+KV "
                                           "(e.g. 20GiB), auto = free GPU memory x 0.9 measured once at the start "
                                           "(on CPU: no budget), or none."),
-        threads: int | None = typer.Option(None, help="torch threads (CPU)."),
+        threads: int | None = typer.Option(None, help="torch threads (CPU); with --tensor-parallel-size shared out "
+                                           "among an engine point's ranks (baselines use them all)."),
+        tensor_parallel_size: TensorParallelSize = None,
         max_num_seqs: int = typer.Option(64, help="Engine: concurrent requests."),
         batch: int = typer.Option(32, help="Baselines: static batch size."),
         r1: bool = typer.Option(True, "--r1/--no-r1", help="Also run the engine's sparse cache at r = 1.0."),

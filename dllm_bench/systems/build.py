@@ -124,20 +124,31 @@ def make_system(name: str, model: Any, *, engine_config: EngineConfig | None = N
         raise UserError(f"system {(label or name)!r}: {e}") from None
 
 
+def check_tensor_parallel(model_dir: str | os.PathLike, n: int, device: str) -> None:
+    """UserError unless `n` ranks can run the checkpoint at `model_dir` on `device`: its heads,
+    MLP and vocabulary split into n, and one GPU per rank. Cheap (config only), so a command
+    checks it before it spawns anything or writes a run directory."""
+    from engine.models.llada import LLaDAConfig
+    from engine.parallel.sharding import check_divisible
+
+    if resolve_device(device).type == "cuda" and n > torch.cuda.device_count():
+        raise UserError(f"--tensor-parallel-size {n} needs {n} GPUs, this machine has {torch.cuda.device_count()}")
+    try:
+        check_divisible(LLaDAConfig.from_pretrained(model_dir), n)
+    except ValueError as e:
+        raise UserError(f"system 'engine' at --tensor-parallel-size {n}: {e}") from None
+
+
 def make_parallel_engine(config: EngineConfig, threads: int | None = None) -> Any:
     """The engine over `config.tensor_parallel_size` ranks (engine.parallel, docs/PARALLEL.md):
     rank 0 in this process, the others spawned (or torchrun's), each loading only its shard of
     `config.model`. Close it (`.close()`) to stop the ranks. A shape that does not split, more
     ranks than GPUs or a budget too small is a UserError; a rank failing later is a RankFailure."""
-    from engine.models.llada import LLaDAConfig
     from engine.parallel import ParallelEngine
-    from engine.parallel.sharding import check_divisible
 
     n = config.tensor_parallel_size
-    if resolve_device(config.device).type == "cuda" and n > torch.cuda.device_count():
-        raise UserError(f"--tensor-parallel-size {n} needs {n} GPUs, this machine has {torch.cuda.device_count()}")
+    check_tensor_parallel(config.model, n, config.device)
     try:
-        check_divisible(LLaDAConfig.from_pretrained(config.model), n)
         return ParallelEngine(config, threads=threads or 1)
     except ValueError as e:
         raise UserError(f"system 'engine' at --tensor-parallel-size {n}: {e}") from None

@@ -88,6 +88,10 @@ def _worker_main(rank: int, size: int, port: int, device: str, threads: int) -> 
     destroy()
 
 
+def launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 class Cluster:
     def __init__(self, tp: TPGroup, procs: list | None = None, store=None):
         self.tp, self.procs, self.store = tp, procs or [], store
@@ -97,7 +101,7 @@ class Cluster:
     @classmethod
     def start(cls, size: int, device: str = "cpu", threads: int = 1) -> Cluster:
         """The driver of a new cluster: torchrun's when launched by it, else spawned workers."""
-        if "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if launched_by_torchrun():
             return cls.from_env(size, device)
         return cls.spawn(size, device, threads)
 

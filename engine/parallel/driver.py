@@ -58,6 +58,11 @@ class ParallelEngine(LLMEngine):
         """Drop this engine on every rank; stop the ranks if the cluster is its own."""
         if self.cluster.closed:
             return
+        if self.cluster.busy:
+            # Interrupted mid-step (a caller's `finally`): the workers wait in a collective, so a
+            # Close message would never be read; the half-done step leaves the cluster unusable.
+            self.cluster.close(kill=True)
+            return
         self.cluster.send(Close())
         if self.own_cluster:
             self.cluster.close()
