@@ -121,3 +121,19 @@ def test_serve_runs_the_engine_on_two_ranks(tmp_path):
     (point,) = json.loads(r.stdout)["points"]
     assert point["engine_config"]["tensor_parallel_size"] == 2 and point["completed"] == 3
     assert point["kv_pool_tokens"] > 0 and "2 tensor-parallel ranks" in point["scenario"]
+
+
+def test_serving_commands_check_the_size_before_any_worker(tmp_path, monkeypatch, capsys):
+    """serve, ablate and sweep take --tensor-parallel-size for their engine systems: a size the
+    model cannot split is one `error:` line (exit 2) before a run directory or a worker exists."""
+    import torch.distributed as dist
+
+    from tests.test_ablate_sweep_report import _cli
+
+    for cmd in (["serve"], ["ablate"], ["sweep", "--vary", "input-len"]):
+        code, out, err = _cli(monkeypatch, capsys, *cmd, "--model", "tiny", "--tensor-parallel-size", "3",
+                              "--result-dir", str(tmp_path / "runs"))
+        assert (code, out) == (2, ""), (cmd, err)
+        assert err == "error: system 'engine' at --tensor-parallel-size 3: tensor-parallel size 3 does not divide " \
+                      "n_heads = 4\n", (cmd, err)
+    assert not (tmp_path / "runs").exists() and _workers(os.getpid()) == [] and not dist.is_initialized()

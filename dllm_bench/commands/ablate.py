@@ -30,6 +30,7 @@ from dllm_bench.commands.serve_flags import (
     Resume,
     RunId,
     Seed,
+    TensorParallelSize,
     Threads,
 )
 from dllm_bench.serve.options import ServeOptions
@@ -64,6 +65,7 @@ def register(app: typer.Typer) -> None:
         max_duration: MaxDuration = None,
         no_profile_cache: NoProfileCache = False,
         cuda_graphs: CudaGraphs = None,
+        tensor_parallel_size: TensorParallelSize = None,
     ) -> None:
         """Ablation (paper Fig. 8): Sparse-dLLM -> +engine -> +phase scheduler -> +logit budget, and cache policies."""
         result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)

@@ -26,6 +26,7 @@ from dllm_bench.commands.serve_flags import (
     ResultDir,
     Resume,
     RunId,
+    TensorParallelSize,
     Threads,
 )
 from dllm_bench.serve.options import ServeOptions
@@ -60,6 +61,7 @@ def register(app: typer.Typer) -> None:
         max_duration: MaxDuration = None,
         no_profile_cache: NoProfileCache = False,
         cuda_graphs: CudaGraphs = None,
+        tensor_parallel_size: TensorParallelSize = None,
     ) -> None:
         """Sensitivity sweeps (paper Fig. 7): engine throughput relative to Sparse-dLLM vs input or output length."""
         result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)
