@@ -300,8 +300,8 @@ def similarity_table(cpu: Machine | None = None):
                                    DLLM_SERVE_GPU, m.memory_bytes * GPU_UTILIZATION, m.ridge))
     for p in MODELS.values():
         sp = next((q for q in SERVE.values() if q.model == p.name), None)
-        if sp is None or sp.memory_budget is None:
-            continue                  # no serve preset of its own: no workload to compare at
+        if sp is None or sp.memory_budget is None or sp.dataset not in LENGTHS:
+            continue                  # no serve preset of its own, or a task's prompts: no length model to compare at
         b = 4 if sp.dtype == "float32" else 2
         c = costs(p, b)
         budget = parse_size(sp.memory_budget)
