@@ -21,7 +21,7 @@ def _app():
     return app
 
 
-ARGS = ["--model", "synth-cot", "--limit", "4", "--repeats", "2", "--concurrency", "2", "--threads", "1",
+ARGS = ["--model", "synth-cot", "--seeds", "1", "--limit", "4", "--repeats", "2", "--concurrency", "2", "--threads", "1",
         "--systems", "engine:cache=dual,fast-dllm", "--decoding", "fixed,threshold:0.9"]
 
 
@@ -113,3 +113,12 @@ def test_front_and_verdicts_on_hand_made_rows():
     noisy = [_row("engine", "fixed", 0.9, 10, 8, 12), _row("engine", "threshold:0.9", 0.9, 21, 18, 30)]
     assert pareto.parallel_vs_fixed(noisy)["variants"][0]["mark"] == "within noise"
     assert pareto.engine_vs_fast_dllm(noisy)["met"] is None          # no Fast-dLLM point: nothing to check
+
+
+def test_a_trained_models_seed0_name_stands_for_its_seeds():
+    from dllm_bench.frontier.run import FrontierOptions, resolve
+
+    plan = resolve(FrontierOptions(model="synth-cot", limit=2))
+    assert plan.models == ["synth-cot", "synth-cot-s1", "synth-cot-s2"]
+    assert resolve(FrontierOptions(model="synth-cot", seeds=1, limit=2)).models == ["synth-cot"]
+    assert resolve(FrontierOptions(model="synth-cot-s1", limit=2)).models == ["synth-cot-s1"]

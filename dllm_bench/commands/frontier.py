@@ -15,8 +15,10 @@ def register(app: typer.Typer) -> None:
     @app.command("frontier")
     def frontier_cmd(
         model: str | None = typer.Option(None, "--model", "-m", help="Preset or LLaDA checkpoint dir; a comma list = "
-                                         "several trained models (seeds), pooled (default: the task's three committed "
-                                         "seeds, synth-cot,synth-cot-s1,synth-cot-s2)"),
+                                         "several trained models (seeds), pooled; a committed trained model's seed-0 "
+                                         "name (synth-cot, tiny-math) = its --seeds committed seeds (default: the "
+                                         "task's, synth-cot,synth-cot-s1,synth-cot-s2)"),
+        seeds: int = typer.Option(3, "--seeds", help="how many of a trained model's committed seeds (1-3)"),
         task: str | None = typer.Option(None, help="synth-cot | synth | gsm8k | humaneval (default: the model's "
                                         "training task, else synth-cot; gsm8k/humaneval need --model DIR)"),
         systems: str | None = typer.Option(None, "--systems", help=f"systems as in serve [{DEFAULT_SYSTEMS}]; "

@@ -37,6 +37,8 @@ from workloads.tasks.local import load_local
 
 # The committed trained models of each generated task: all three training seeds.
 TASK_MODELS = {"synth-cot": "synth-cot,synth-cot-s1,synth-cot-s2", "synth": "tiny-math,tiny-math-s1,tiny-math-s2"}
+# A trained model named by its seed-0 name stands for its committed seeds (`--seeds` of them).
+SEED_FAMILIES = {models.split(",")[0]: models.split(",") for models in TASK_MODELS.values()}
 DEFAULT_TASK = "synth-cot"
 # Engine limits of every configuration (a variant's own knobs win): the accuracy command's.
 ENGINE_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_logits": 1024}
@@ -67,6 +69,7 @@ class FrontierOptions:
     device: str = "auto"
     memory_budget: str = "auto"
     threads: int | None = THREADS
+    seeds: int = 3
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> FrontierOptions:
@@ -107,7 +110,11 @@ def resolve(o: FrontierOptions) -> Plan:
     model = o.model or TASK_MODELS.get(task or DEFAULT_TASK)
     if model is None:
         raise UserError(f"--task {task} needs --model: a LLaDA checkpoint directory (or several, comma-separated)")
+    if not 1 <= o.seeds <= 3:
+        raise UserError(f"--seeds must be 1, 2 or 3 (the committed training seeds), got {o.seeds}")
     models = [m.strip() for m in model.split(",") if m.strip()]
+    if len(models) == 1 and models[0] in SEED_FAMILIES:
+        models = SEED_FAMILIES[models[0]][: o.seeds]
     if not models or len(set(models)) != len(models):
         raise UserError(f"--model takes a comma list of distinct presets or directories, got {model!r}")
     paths = [inputs.checkpoint_dir(m, tokenizer=True, why="frontier scores text answers") for m in models]
