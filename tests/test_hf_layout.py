@@ -138,8 +138,8 @@ def test_generate_cli_matches_the_reference_sampler(ckpt, tok):
 
 
 def test_server_chat_route_applies_the_chat_template(ckpt, tok):
-    from dllm_bench.server.startup import build_state
     from dllm_bench.server.app import create_app
+    from dllm_bench.server.startup import build_state
 
     knobs = dict.fromkeys(("cache", "selection", "retention", "scheduler", "max_num_logits", "max_num_seqs"))
     state, _ = build_state(model=str(ckpt), preset=None, served_model_name="llada-tiny", memory_budget="256MiB",

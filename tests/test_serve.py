@@ -13,7 +13,13 @@ import pandas as pd
 import pytest
 
 from dllm_bench.errors import UserError
-from dllm_bench.serve.options import ServeOptions, parse_datasets, parse_optional_int, parse_rps_list, resolve_run
+from dllm_bench.serve.options import (
+    ServeOptions,
+    parse_datasets,
+    parse_optional_int,
+    parse_rps_list,
+    resolve_run,
+)
 from dllm_bench.serve.presets import PRESETS, preset_for
 from dllm_bench.serve.run import serve
 from dllm_bench.systems.build import cached_profile

@@ -209,14 +209,20 @@ def build_system(variant: SystemVariant, *, model_dir: str | os.PathLike, dtype:
                            dict(baseline_defaults or {}), max_model_len, cache_dir, use_cache, info, log)
 
 
-def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, defaults,
-                  max_model_len, cache_dir, use_cache, sampling, info, log) -> BuiltSystem:
+def _engine_config(variant, model_dir, dtype, device, memory_budget, defaults, max_model_len,
+                   sampling) -> tuple[EngineConfig, dict]:
+    """The variant's EngineConfig and knobs; a knob the engine refuses is the user's error."""
     knobs = engine_knobs(variant, defaults)
     try:
-        cfg = EngineConfig(model=str(model_dir), dtype=dtype, device=device, sampling=sampling,
-                           memory_budget=memory_budget, max_model_len=max_model_len, **knobs)
+        return EngineConfig(model=str(model_dir), dtype=dtype, device=device, sampling=sampling,
+                            memory_budget=memory_budget, max_model_len=max_model_len, **knobs), knobs
     except ValueError as e:
         raise UserError(f"system {variant.label!r}: {e}") from None
+
+
+def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, defaults,
+                  max_model_len, cache_dir, use_cache, sampling, info, log) -> BuiltSystem:
+    cfg, knobs = _engine_config(variant, model_dir, dtype, device, memory_budget, defaults, max_model_len, sampling)
     info.update(kind="engine", knobs=knobs,
                 scenario="continuous batching (phase-multiplexed), KV pool profiled for the budget")
     if memory_budget is None and model.device.type == "cuda":
@@ -253,12 +259,7 @@ def _build_parallel_engine(variant, model_dir, dtype, device, memory_budget, def
     """The engine on `tensor_parallel_size` ranks: no model loaded here (each rank loads its
     shard) and no cached profile (each rank profiles its own memory); the process's torch
     threads are shared out among the ranks."""
-    knobs = engine_knobs(variant, defaults)
-    try:
-        cfg = EngineConfig(model=str(model_dir), dtype=dtype, device=device, sampling=sampling,
-                           memory_budget=memory_budget, max_model_len=max_model_len, **knobs)
-    except ValueError as e:
-        raise UserError(f"system {variant.label!r}: {e}") from None
+    cfg, knobs = _engine_config(variant, model_dir, dtype, device, memory_budget, defaults, max_model_len, sampling)
     n = cfg.tensor_parallel_size
     log(f"starting {n} tensor-parallel ranks (each loads and profiles its shard)")
     system = make_parallel_engine(cfg, threads=max(1, torch.get_num_threads() // n))
