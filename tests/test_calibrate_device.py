@@ -16,10 +16,10 @@ from dllm_bench import inputs
 from dllm_bench.errors import UserError
 from dllm_bench.simulate import hardware
 from dllm_bench.simulate.calibrate import operators as cal
-from dllm_bench.simulate.calibrate.timing import device_sync, median_time
 from dllm_bench.simulate.cost_model import ModelShape
-from dllm_bench.simulate.drift import SpeedGauge
 from dllm_bench.simulate.implementations import default_impl
+from dllm_bench.speed_gauge import SpeedGauge
+from dllm_bench.timing import device_sync, median_time
 
 SMALL = ModelShape(d=64, layers=2, heads=4, kv_heads=4, head_dim=16, ffn=128, vocab=512, wbytes=4)
 

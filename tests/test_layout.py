@@ -1,6 +1,8 @@
-"""The repository's import graph: no cycle between our modules (imports inside functions and
-under TYPE_CHECKING count: they hide a cycle, they do not remove it), and `engine` imports
-nothing else of ours. The checker is tested on planted packages so it can fail."""
+"""The repository's import graph: no cycle between our modules, none between our packages (a
+subpackage such as dllm_bench.serve, or a module directly in a top-level package such as
+dllm_bench.errors, is one node: docs/ARCHITECTURE.md's layering), and `engine` imports nothing
+else of ours. Imports inside functions and under TYPE_CHECKING count: they hide a cycle, they do
+not remove it. The checker is tested on planted packages so it can fail."""
 from __future__ import annotations
 
 import ast
@@ -11,6 +13,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("dllm_bench", "engine", "baselines", "workloads")
+# docs/ARCHITECTURE.md's layers, top first: a package imports only from its own layer (without a
+# cycle) or the ones below. A top-level name ("engine") stands for all of that package. A new
+# package or top-level module gets its line here and in docs/ARCHITECTURE.md.
+D = "dllm_bench."
+LAYERS: tuple[tuple[str, ...], ...] = (
+    (D + "commands", D + "cli"),
+    (D + "report",),
+    tuple(D + p for p in ("ablate", "accuracy", "doctor", "frontier", "regression", "scaling", "server",
+                          "simulate", "sweep", "train")),
+    (D + "serve",),
+    (D + "systems", D + "checkpoints", D + "inputs"),
+    ("dllm_bench", *(D + m for m in ("console", "device_defaults", "errors", "metric_options", "metrics",
+                                     "metrics_page", "plots", "repeats", "results", "speed_gauge", "timing",
+                                     "units"))),
+    ("baselines", "workloads"),
+    ("engine",),
+)
 
 
 def module_files(root: Path, packages: Iterable[str]) -> dict[str, Path]:
@@ -93,6 +112,37 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def package_of(module: str) -> str:
+    """The package a module belongs to: its top-level package's subpackage (dllm_bench.serve for
+    dllm_bench.serve.run), or itself for a module directly in a top-level package."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph with every module replaced by its package (package_of), self-edges dropped."""
+    out: dict[str, set[str]] = {}
+    for m, ts in graph.items():
+        out.setdefault(package_of(m), set()).update(package_of(t) for t in ts if package_of(t) != package_of(m))
+    return out
+
+
+def layer_of(unit: str, layers: tuple[tuple[str, ...], ...]) -> int | None:
+    """The index of the layer naming `unit` (or, failing that, its top-level package)."""
+    for name in (unit, unit.split(".")[0]):
+        for i, layer in enumerate(layers):
+            if name in layer:
+                return i
+    return None
+
+
+def layer_violations(graph: dict[str, set[str]], layers) -> list[tuple[str, str]]:
+    """Package edges that go up a layer (or touch a package no layer names)."""
+    pg = package_graph(graph)
+    return sorted((a, b) for a, bs in pg.items() for b in bs
+                  if layer_of(a, layers) is None or layer_of(b, layers) is None
+                  or layer_of(b, layers) < layer_of(a, layers))
+
+
 def foreign_imports(graph: dict[str, set[str]], package: str) -> list[tuple[str, str]]:
     """Edges from `package` to any other of our packages."""
     return sorted((m, t) for m, ts in graph.items() if m.split(".")[0] == package
@@ -104,6 +154,23 @@ def foreign_imports(graph: dict[str, set[str]], package: str) -> list[tuple[str,
 def test_no_import_cycles(package):
     found = [c for c in cycles(import_graph(REPO, PACKAGES)) if any(m.split(".")[0] == package for m in c)]
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize("package", ["dllm_bench", "engine", "workloads", "baselines"])
+def test_no_package_cycles(package):
+    found = [c for c in cycles(package_graph(import_graph(REPO, PACKAGES))) if c[0].split(".")[0] == package]
+    assert not found, "package import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_every_package_has_a_layer():
+    units = package_graph(import_graph(REPO, PACKAGES))
+    missing = sorted(u for u in units if layer_of(u, LAYERS) is None)
+    assert not missing, f"no layer for {missing}: add them to LAYERS here and to docs/ARCHITECTURE.md"
+
+
+def test_imports_go_down_the_layers():
+    up = layer_violations(import_graph(REPO, PACKAGES), LAYERS)
+    assert not up, "imports from a layer above: " + "; ".join(f"{a} -> {b}" for a, b in up)
 
 
 def test_engine_imports_nothing_else_of_ours():
@@ -145,6 +212,27 @@ def test_checker_sees_a_cycle_through_a_package_init(tmp_path):
     assert graph["pkg.other"] == {"pkg"}
     _plant(tmp_path, {"pkg/a.py": "from pkg import VALUE\n"})
     assert cycles(import_graph(tmp_path, ["pkg"])) == [["pkg", "pkg.a"]]
+
+
+def test_checker_finds_a_package_cycle_that_no_module_cycle_shows(tmp_path):
+    _plant(tmp_path, {"pkg/__init__.py": "", "pkg/errors.py": "", "pkg/tool.py": "from pkg.a.x import f\n",
+                      "pkg/a/__init__.py": "", "pkg/a/x.py": "from pkg.b.y import g\nfrom pkg import errors\n",
+                      "pkg/a/w.py": "", "pkg/b/__init__.py": "", "pkg/b/y.py": "",
+                      "pkg/b/z.py": "def h():\n    from pkg.a import w\n"})
+    graph = import_graph(tmp_path, ["pkg"])
+    assert cycles(graph) == []                              # every module edge goes one way
+    assert cycles(package_graph(graph)) == [["pkg.a", "pkg.b"]]
+    _plant(tmp_path, {"pkg/b/z.py": "from pkg import errors\n"})   # a leaf module both use is no cycle
+    assert cycles(package_graph(import_graph(tmp_path, ["pkg"]))) == []
+
+
+def test_checker_flags_an_import_from_a_layer_above(tmp_path):
+    _plant(tmp_path, {"pkg/__init__.py": "", "pkg/top/__init__.py": "", "pkg/top/a.py": "from pkg.low import b\n",
+                      "pkg/low/__init__.py": "", "pkg/low/b.py": "", "pkg/leaf.py": ""})
+    layers = (("pkg.top",), ("pkg.low",), ("pkg", "pkg.leaf"))
+    assert layer_violations(import_graph(tmp_path, ["pkg"]), layers) == []
+    _plant(tmp_path, {"pkg/leaf.py": "def f():\n    from pkg.low.b import g\n"})
+    assert layer_violations(import_graph(tmp_path, ["pkg"]), layers) == [("pkg.leaf", "pkg.low")]
 
 
 def test_checker_accepts_a_dag_and_flags_engine_reaching_out(tmp_path):

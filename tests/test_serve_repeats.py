@@ -21,7 +21,7 @@ def _files(point_dir):
 @pytest.mark.slow
 def test_repeats_write_every_repeat_and_the_aggregate_and_resume_runs_only_the_missing(tmp_path):
     run = resolve_run(ServeOptions(**{**ONE, "repeats": 2}))
-    assert serve(run, result_dir=tmp_path, run_id="rep", resume=False, as_json=False, projection=False) == 0
+    assert serve(run, result_dir=tmp_path, run_id="rep", resume=False, as_json=False) == 0
     run_dir = tmp_path / "rep"
     pdirs = sorted(p.name for p in (run_dir / "points").iterdir())
     assert pdirs == ["livebench__engine__rpsinf", "livebench__engine__rpsinf__r1"]
@@ -39,7 +39,7 @@ def test_repeats_write_every_repeat_and_the_aggregate_and_resume_runs_only_the_m
 
     before = {d: _files(run_dir / "points" / d) for d in pdirs}
     run3 = resolve_run(ServeOptions(**{**ONE, "repeats": 3}))
-    assert serve(run3, result_dir=tmp_path, run_id="rep", resume=True, as_json=False, projection=False) == 0
+    assert serve(run3, result_dir=tmp_path, run_id="rep", resume=True, as_json=False) == 0
     assert {d: _files(run_dir / "points" / d) for d in pdirs} == before     # finished repeats untouched
     pts = results.load_points(run_dir)
     assert [(p["repeat"], p["workload_seed"]) for p in pts] == [(0, 0), (1, 1), (2, 2)]

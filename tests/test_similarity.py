@@ -1,4 +1,4 @@
-"""Scale similarity (dllm_bench.checkpoints.similarity, docs/SCALING.md).
+"""Scale similarity (dllm_bench.scaling.similarity, docs/SCALING.md).
 
 LLaDA-8B's per-forward numbers against a hand computation from its published shape (d 4096,
 32 layers, f 12288, V 126464, no GQA, bf16), and the scale-similar preset's ratios within the
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from dllm_bench.checkpoints import similarity as sim
 from dllm_bench.checkpoints.presets import PRESETS
+from dllm_bench.scaling import similarity as sim
 from dllm_bench.serve.presets import PRESETS as SERVE
 from dllm_bench.units import parse_size
 

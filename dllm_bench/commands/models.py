@@ -10,10 +10,10 @@ from rich.table import Table
 from dllm_bench import inputs
 from dllm_bench.checkpoints.make import make_checkpoint
 from dllm_bench.checkpoints.presets import PRESETS, Preset, get_preset
-from dllm_bench.checkpoints.similarity import measure_cpu, similarity_table
 from dllm_bench.checkpoints.store import is_made, make_cached, preset_path
 from dllm_bench.console import console, md_table, print_df
 from dllm_bench.errors import UserError
+from dllm_bench.scaling.similarity import measure_cpu, similarity_table
 from engine.config import DTYPES
 
 
@@ -60,7 +60,7 @@ SIMILARITY_FLOATS = {"lm_head_over_body": "{:.3f}", "logit_row_over_kv_token": "
 
 
 def similarity(markdown: bool, cpu_peak: bool, threads: int) -> None:
-    """The scale-similarity table (dllm_bench.checkpoints.similarity) on stdout."""
+    """The scale-similarity table (dllm_bench.scaling.similarity) on stdout."""
     if threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
     cpu = measure_cpu(threads) if cpu_peak else None

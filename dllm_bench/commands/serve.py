@@ -54,6 +54,7 @@ from dllm_bench.serve.endpoint import endpoint_api_key, resolve_endpoint
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.presets import DEFAULT_PRESET, GPU_PRESET, PRESETS
 from dllm_bench.serve.run import serve
+from dllm_bench.simulate.projection import gpu_projection
 
 
 # ---------------------------------------------------------------- the command
@@ -130,6 +131,6 @@ def register(app: typer.Typer) -> None:
             run.systems = (run.systems if systems is not None else []) + [ep.variant()]
             run.api_key = key
         code = serve(run, result_dir=result_dir, run_id=run_id, resume=resume, as_json=as_json,
-                     projection=not no_projection)
+                     projection=None if no_projection else gpu_projection)
         if code:
             sys.exit(code)  # not typer.Exit: with standalone_mode=False click returns its code unused

@@ -17,9 +17,9 @@ from dllm_bench.checkpoints.presets import get_preset
 from dllm_bench.doctor.checks import OK, SKIP, WARN, Check
 from dllm_bench.errors import UserError
 from dllm_bench.simulate import hardware
-from dllm_bench.simulate.calibrate.timing import device_sync, median_time
 from dllm_bench.simulate.cost_model import CostModel, Forward, HostCost, LayerPass, ModelShape, Seg
 from dllm_bench.simulate.implementations import default_impl, get_impl
+from dllm_bench.timing import device_sync, median_time
 from engine import attention
 from engine.models.llada import LLaDABlock, LLaDAConfig, RotaryEmbedding
 

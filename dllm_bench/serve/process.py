@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dllm_bench import speed_gauge
 from dllm_bench.serve.config import ServeRun
-from dllm_bench.simulate import drift
 
 INTERRUPT_GRACE_S = 30.0  # after Ctrl-C, how long a worker may take to write its partial result
 
@@ -53,7 +53,7 @@ def worker_spec(run: ServeRun, variant, workload, shape) -> dict:
         "max_duration": run.max_duration, "num_warmups": run.num_warmups, "use_cache": run.use_cache,
         "max_concurrency": run.max_concurrency,
         # the machine's speed around the replay, for `simulate --validate` (DLLM_BENCH_SPEED_GAUGE=1)
-        "speed_gauge": drift.requested(),
+        "speed_gauge": speed_gauge.requested(),
     }
 
 

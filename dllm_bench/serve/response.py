@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
+from dllm_bench.metrics_page import parse
 from dllm_bench.serve.loadgen import inter_token_latencies
-from dllm_bench.server.metrics import parse
 
 # /metrics counters whose increase over a point is reported as the point's system stats.
 SCRAPED_COUNTERS = {"steps": "dllm_steps", "forwards": "dllm_forwards", "query_tokens": "dllm_query_tokens",

@@ -8,7 +8,10 @@ Rich progress, summaries and tables go to stderr; `--json` prints one JSON docum
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+
+from rich.console import Console
 
 from dllm_bench import console as cons
 from dllm_bench import results
@@ -27,10 +30,13 @@ from dllm_bench.serve.points import (
 )
 from dllm_bench.serve.summary import comparisons, print_comparison, print_summary, too_few_line
 from dllm_bench.serve.workload import repeat_workloads, workload_shape
-from dllm_bench.simulate.drift import DRIFT_WARN, drift
-from dllm_bench.simulate.projection import gpu_projection
+from dllm_bench.speed_gauge import DRIFT_WARN, drift
 from dllm_bench.units import format_size
 from workloads.serving import describe, describe_gen_mapping
+
+# What a CPU run adds under its measured table (the command passes dllm_bench.simulate.projection's
+# gpu_projection): it prints its block and returns its document, or None when it has none.
+Projector = Callable[[ServeRun, Console], dict | None]
 
 
 def _run_config(run: ServeRun) -> dict:
@@ -73,11 +79,10 @@ def _print_header(console, run: ServeRun, run_dir: Path, gen_mapping: str) -> No
 
 
 def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume: bool,
-          as_json: bool, projection: bool = True) -> int:
+          as_json: bool, projection: Projector | None = None) -> int:
     """Measure every point of `run` (skipping those a resumed run finished), print and plot
-    the results, and on a CPU (`projection`) the same comparison simulated at GPU scale
-    (dllm_bench.simulate.projection); returns the exit code (130 after Ctrl-C, 1 after a failed
-    point)."""
+    the results, and on a CPU what `projection` adds (the same comparison simulated at GPU
+    scale); returns the exit code (130 after Ctrl-C, 1 after a failed point)."""
     console = cons.console()
     p = run.preset
     baseline_labels = {v.label for v in run.systems if v.is_baseline}
@@ -138,8 +143,8 @@ def serve(run: ServeRun, *, result_dir: Path | None, run_id: str | None, resume:
                       "differences of that size between points may be the machine's (docs/SIMULATE.md)[/yellow]",
                       highlight=False)
     projected = None
-    if projection and not is_cuda(p.device) and not outcome.interrupted:
-        projected = gpu_projection(run, console)
+    if projection is not None and not is_cuda(p.device) and not outcome.interrupted:
+        projected = projection(run, console)
         if projected is not None:
             results.atomic_write_json(run_dir / "projection.json", projected)
     doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "preset": p.to_dict(), "preset_line": p.describe(),

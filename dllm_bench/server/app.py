@@ -30,7 +30,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dllm_bench.server import auth, metrics, protocol
+from dllm_bench import metrics_page
+from dllm_bench.server import auth, protocol
 from dllm_bench.server.engine_loop import EngineLoop, Job
 from dllm_bench.server.protocol import ChatCompletionRequest, CompletionRequest
 from dllm_bench.server.text import Detokenizer, PromptError, chat_ids, prompt_ids
@@ -113,7 +114,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(state.loop.snapshot()),
+        return PlainTextResponse(metrics_page.render(state.loop.snapshot()),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/completions", dependencies=v1)

@@ -1,11 +1,9 @@
-"""A machine whose speed drifts: everything calibrate and validation do about it, in one place.
+"""A machine whose speed drifts: what calibrate and validation do about it, in one place.
 
 A shared virtual machine changes speed by up to 1.5x within minutes, and a calibration describes
-the state it was taken in. Four things keep that out of a profile and out of a validation:
+the state it was taken in. Three things keep that out of a profile and out of a validation, all
+reading the speed gauge (dllm_bench.speed_gauge):
 
-* the speed gauge: one fixed GEMM (256 rows through the model's MLP up-projection), timed on
-  demand; `calibrate` reads it around its operator grid and around every timed batch, and a serve
-  point reads it around its replay when a validation asks for it (`DLLM_BENCH_SPEED_GAUGE=1`);
 * state rescaling: the profile describes the machine at the median of the calibration's
   readings; operator times are moved to that state and each batch's step times rescaled to it,
   and a batch during which the gauge moved is timed again (`bracketed`);
@@ -19,55 +17,17 @@ On a machine whose speed holds (a dedicated GPU) every factor here is ~1 and not
 from __future__ import annotations
 
 import math
-import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
-import torch
 
-from dllm_bench.simulate.calibrate.timing import device_sync, median_time
 from dllm_bench.simulate.cost_model import Efficiency, Forward
-
-# ---------------------------------------------------------------- the speed gauge
-GAUGE_ROWS = 256
-# Serve points read the gauge only when this is set: a validation's measured side
-# (`make bench-validate`); every other run skips the extra GEMM timings.
-GAUGE_ENV = "DLLM_BENCH_SPEED_GAUGE"
-DRIFT_WARN = 1.1
-
-
-def requested() -> bool:
-    """Whether serve's points should read the speed gauge (`DLLM_BENCH_SPEED_GAUGE=1`)."""
-    return os.environ.get(GAUGE_ENV, "").strip().lower() not in ("", "0", "false", "no")
-
-
-class SpeedGauge:
-    """The gauge for one model shape, dtype and device; `readings` keeps every reading taken."""
-
-    def __init__(self, d_model: int, mlp_hidden: int, dtype, repeats: int = 7, seed: int = 0, device="cpu"):
-        g = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(GAUGE_ROWS, d_model, generator=g).to(device=device, dtype=dtype)
-        self.w = torch.randn(d_model, 2 * mlp_hidden, generator=g).to(device=device, dtype=dtype)
-        self.sync = device_sync(device)
-        self.repeats = max(3, repeats)
-        self.readings: list[float] = []
-
-    def read(self) -> float:
-        t = median_time(lambda: self.x @ self.w, self.repeats, self.sync)
-        self.readings.append(t)
-        return t
-
-
-def drift(readings: Iterable[float]) -> float | None:
-    """The slowest reading over the fastest (1.0: the machine held its speed); None with < 2."""
-    r = [float(x) for x in readings if x]
-    return max(r) / min(r) if len(r) >= 2 else None
-
+from dllm_bench.timing import device_sync
 
 # ---------------------------------------------------------------- state rescaling (calibrate)
 BRACKET_TOL, RETIMES = 1.15, 2

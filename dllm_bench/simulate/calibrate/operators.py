@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from dllm_bench.simulate import bounds
-from dllm_bench.simulate.calibrate.timing import device_sync, median_time
 from dllm_bench.simulate.cost_model import Efficiency, ModelShape, attention_time, gemm_time
+from dllm_bench.timing import device_sync, median_time
 from engine import attention
 
 

@@ -1,7 +1,7 @@
 """One calibration: plan what to time (before any model is loaded), then peaks -> operators ->
 each system's host time -> the fitted profile, written as the file `simulate --hardware` reads.
 
-The speed gauge runs alongside (dllm_bench.simulate.drift): read around the operator grid and
+The speed gauge runs alongside (dllm_bench.speed_gauge, dllm_bench.simulate.drift): read around the operator grid and
 around every timed batch, it lets the profile describe the machine at its median state over
 the calibration; on a machine whose speed holds it changes nothing.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from dllm_bench import inputs
+from dllm_bench import inputs, speed_gauge
 from dllm_bench.checkpoints.load import load_config
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.console import progress
@@ -149,7 +149,7 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
                   + "; ".join(f"{v.label} at {', '.join(map(str, s))}" for v, s in pl.sizes.items())
                   + " concurrent requests")
     mdl = load_llada(pl.model_dir, dtype_t, dev)
-    gauge = drift.SpeedGauge(shape.d, shape.ffn, dtype_t, repeats, device=dev)
+    gauge = speed_gauge.SpeedGauge(shape.d, shape.ffn, dtype_t, repeats, device=dev)
 
     # 1. peaks
     reference = gauge.read()
@@ -180,8 +180,8 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
     if overshoot:
         console.print("an idle sleep returns late by " + ", ".join(f"{late * 1e6:.0f} us at {dt * 1e3:g} ms"
                                                                    for dt, late in overshoot))
-    spread = drift.drift(gauge.readings)
-    if spread and spread > drift.DRIFT_WARN:
+    spread = speed_gauge.drift(gauge.readings)
+    if spread and spread > speed_gauge.DRIFT_WARN:
         console.print(f"[yellow]warning: this machine's speed changed by {spread:.2f}x during calibration "
                       "(a reference GEMM); operator and step times were rescaled to its median speed, but a "
                       "quieter machine gives a more trustworthy profile[/yellow]")

@@ -1,6 +1,7 @@
-"""`GET /metrics`: the server's state in the Prometheus text format (prometheus_client), read
+"""The `/metrics` page: the server's state in the Prometheus text format (prometheus_client), read
 from EngineLoop.snapshot(); and the reverse, for `serve --endpoint`: the counters of a scraped
-page, so a point can report the engine's steps and batch sizes over HTTP."""
+page, so a point can report the engine's steps and batch sizes over HTTP. A leaf both the server
+(which renders it) and serve (which parses it) import, so neither package imports the other."""
 from __future__ import annotations
 
 from collections.abc import Mapping
