@@ -11,13 +11,12 @@ from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
+from dispatch_count import OpCounter, SyncCounter
 
 import engine.runner as runner_module
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.models.llada import LLaDAConfig, LLaDAModelLM
-from engine.op_count import OpCounter
 from engine.request import Phase
-from engine.sync_count import SyncCounter
 
 
 def matmul_peak(dtype: torch.dtype, sizes=(256, 512, 1024), seconds: float = 1.0) -> float:

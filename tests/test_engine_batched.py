@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.dispatch_count import OpCounter
 from engine import SamplingParams
 from engine.attention import sdpa
-from engine.op_count import OpCounter
 from engine.request import Phase
 from tests.helpers import make_engine, plain_attention, random_prompts, tiny_model
 

@@ -1,7 +1,7 @@
 """A step reads the device back once (its commit decisions), never inside the layers, and its
 model forward traces into one graph (issue: the GPU path, not host-bound).
 
-* the sync counter (`engine.sync_count`) sees at most 2 host syncs per step at 1, 8 and 64
+* the sync counter (`benchmarks/dispatch_count.py`) sees at most 2 host syncs per step at 1, 8 and 64
   requests, for two layer counts, every cache policy, with sampling, random remasking and a
   chunked logit budget in the mix, and it does count each kind of sync it names;
 * the forward of a prepared step compiles with torch.compile(fullgraph=True,
@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.dispatch_count import SyncCounter, syncs_per_step
 from engine import SamplingParams
 from engine.request import Phase
-from engine.sync_count import SyncCounter, syncs_per_step
 from tests.helpers import make_engine, random_prompts, tiny_model
 
 

@@ -1,9 +1,12 @@
-"""Host syncs per engine step, counted on any device (a CPU included).
+"""Host work per engine step, counted with torch dispatch modes on any device (a CPU included):
+operator calls (OpCounter: every call is one eager dispatch, one kernel launch or more on a GPU)
+and host syncs (SyncCounter). Measuring tools for the benchmarks and tests; the engine never
+imports them.
 
-On a GPU a host sync stops the host from running ahead of the device: every op that needs a
-device value on the host (`.item()`, `.tolist()`, `.cpu()`, a data-dependent shape) waits for
-all the work queued before it. The engine's rule is that in a step all host data is numpy and
-every torch tensor is device data, so each of these counts as a sync wherever the tensor lives:
+A host sync stops the host from running ahead of the device: every op that needs a device value
+on the host waits for all the work queued before it. The engine's rule is that in a step all
+host data is numpy and every torch tensor is device data, so each of these counts as a sync
+wherever the tensor lives:
 
 * dispatched ops that read device values on the host: `aten::_local_scalar_dense` (item, bool,
   int), `aten::nonzero`, `masked_select`, `unique`, `repeat_interleave` without an output size,
@@ -11,8 +14,6 @@ every torch tensor is device data, so each of these counts as a sync wherever th
 * copies to the host: a dispatched `_to_copy`/`copy_` from a non-CPU tensor to the CPU, and the
   tensor methods that hand device data to Python or numpy (`tolist`, `numpy`, `cpu`), patched
   for the duration, since on a CPU tensor they are not dispatched at all.
-
-The engine reads its commit decisions back once per step; a test holds the count to that.
 """
 from __future__ import annotations
 
@@ -21,7 +22,33 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.op_count import ops_per_step
+
+class OpCounter(TorchDispatchMode):
+    """`with OpCounter() as c: ...` then `c.total` and `c.by_op` (aten overload name -> calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_op: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.by_op[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_op.values())
+
+
+def ops_per_step(engine, counter=OpCounter) -> list[int]:
+    """Step `engine` until it has nothing left; each step's `total` under `counter` (a dispatch
+    mode class: operator calls here, host syncs with `SyncCounter`)."""
+    counts = []
+    while engine.has_unfinished():
+        with counter() as c:
+            engine.step()
+        counts.append(c.total)
+    return counts
+
 
 _SYNC_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
              "aten._unique2.default", "aten.unique_dim.default", "aten.unique_consecutive.default",
