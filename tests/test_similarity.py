@@ -5,6 +5,8 @@ LLaDA-8B's per-forward numbers against a hand computation from its published sha
 bands docs/SCALING.md claims for it."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dllm_bench.checkpoints.presets import PRESETS
@@ -107,11 +109,18 @@ def test_the_stress_preset_is_far_from_llada_8b():
     assert sim.ratios(c, sim.serve_shape(SERVE["serve-126k"]), 4, 4, 4)["lm_head_over_body"] > 50 * (V / (13 * NL * D))
 
 
-def test_similarity_command_prints_the_table():
+def test_similarity_command_prints_the_table_scaling_md_shows():
+    """The table is computed from the configs alone, so docs/SCALING.md's current results are
+    exactly the command's output: a change to a preset or to the formulas fails here until the
+    doc is regenerated (`dllm-bench models similarity --markdown --no-cpu-peak`)."""
     from tests.test_cli_generate import cli
 
     r = cli("models", "similarity", "--markdown", "--no-cpu-peak")
     assert r.returncode == 0, r.stderr
     assert "llada-8b @ rtx4090" in r.stdout and "similar-1024 @ cpu-default" in r.stdout
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "SCALING.md").read_text(encoding="utf-8")
+    section = doc.split("\n## Current results", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    assert table == [line for line in r.stdout.splitlines() if line.startswith("|")]
     bad = cli("models", "similarity", "--threads", "0")
     assert bad.returncode == 2 and "--threads" in bad.stderr and "Traceback" not in bad.stderr
