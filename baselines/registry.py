@@ -1,8 +1,11 @@
 """The baseline systems: each a decoding policy (one module per system) over the engine's model
 code, served by `baselines.static_batch.StaticBatchSystem` behind the engine's interface.
 
-`SYSTEMS[name]` holds each system's knobs with their defaults, the sampling shape its upstream
-evaluation uses, and the upstream source it re-implements (repository + pinned commit).
+`SYSTEMS[name]` holds each system's facts: its knobs with their defaults, the sampling shape its
+upstream evaluation uses, the upstream source it re-implements (repository + pinned commit), the
+static batch that code runs, which knob is its KV retention, which parallel-decoding rules it has
+(and the knob of each), and the memory its Refresh step holds. Code elsewhere reads these
+instead of comparing system names.
 `make_system(name, model, max_batch_size, **knobs)` builds a ready StaticBatchSystem.
 """
 from __future__ import annotations
@@ -17,6 +20,17 @@ from baselines.static_batch import Policy, StaticBatchSystem
 
 
 @dataclass(frozen=True)
+class RefreshPeak:
+    """Live bytes per token at the Refresh forward (a static batch's peak) as the upstream code
+    holds them: `kv_copies` of a token's KV (dLLM-Cache also caches the attention/MLP outputs it
+    reuses), `logit_copies` of its logit row in the model dtype (logits, softmax, temporaries)
+    and `fp64_logit_copies` in float64 (Fast-dLLM upcasts its logits and softmax)."""
+    kv_copies: int
+    logit_copies: int
+    fp64_logit_copies: int = 0
+
+
+@dataclass(frozen=True)
 class SystemSpec:
     name: str
     policy: type[Policy]
@@ -25,6 +39,10 @@ class SystemSpec:
     upstream: dict                    # repo, commit, files
     notes: str = ""
     knob_args: dict = field(default_factory=dict)   # CLI knob name -> policy argument name
+    upstream_batch: int | None = None  # the static batch its upstream generation runs (`batch=upstream`)
+    retention_knob: str | None = None  # the knob that is its KV retention (the engine's `retention`)
+    decoding_knobs: dict = field(default_factory=dict)   # parallel-decoding rule -> its knob (engine.decoding)
+    refresh_peak: RefreshPeak | None = None   # its Refresh memory per token (`models similarity`)
 
 
 SYSTEMS: dict[str, SystemSpec] = {
@@ -33,6 +51,7 @@ SYSTEMS: dict[str, SystemSpec] = {
         dict(gen_length=128, block_length=32, steps=128),            # generate.py main()
         dict(repo="ML-GSAI/LLaDA", commit="b7e6c3565f194352da44b38dd12b6970597309f3", files=["generate.py"]),
         "no cache: S full forwards per block, full-sequence logits",
+        upstream_batch=1,   # eval_llada.py generate_until: one request at a time
     ),
     "fast-dllm": SystemSpec(
         "fast-dllm", FastDLLM, dict(fast_dllm_cache="dual", threshold=None, factor=None),
@@ -41,6 +60,10 @@ SYSTEMS: dict[str, SystemSpec] = {
              files=["llada/generate.py", "llada/model/modeling_llada.py"]),
         "dual|prefix cache refreshed at each block start; threshold (e.g. 0.9) or factor (e.g. 1.0) = parallel decoding",
         knob_args=dict(fast_dllm_cache="cache", threshold="threshold", factor="factor"),
+        upstream_batch=1,   # llada/eval_llada.py generate_until: one request at a time (no batch set)
+        # generate.py's get_transfer_index (threshold) and get_transfer_index_dynamic (factor)
+        decoding_knobs=dict(threshold="threshold", factor="factor"),
+        refresh_peak=RefreshPeak(kv_copies=1, logit_copies=1, fp64_logit_copies=2),
     ),
     "dllm-cache": SystemSpec(
         "dllm-cache", DLLMCache, dict(prompt_interval=50, gen_interval=7, transfer_ratio=0.25),
@@ -49,6 +72,8 @@ SYSTEMS: dict[str, SystemSpec] = {
              files=["dllm_cache/hooks/cache_hook_LLaDA.py", "dllm_cache/cache/Cache.py", "utils/generate_function.py"]),
         "per-task upstream settings: baselines.dllm_cache.TASK_DEFAULTS",
         knob_args=dict(prompt_interval="prompt_interval", gen_interval="gen_interval", transfer_ratio="transfer_ratio"),
+        upstream_batch=2,   # scripts/run_LLaDA_*_Instruct.sh: --batch_size 2 (per GPU)
+        refresh_peak=RefreshPeak(kv_copies=2, logit_copies=2),
     ),
     "sparse-dllm": SystemSpec(
         "sparse-dllm", SparseDLLM, dict(keep_ratio=0.5, kernel_size=3),
@@ -57,6 +82,9 @@ SYSTEMS: dict[str, SystemSpec] = {
              files=["opencompass/models/sparse_dllm/llada_generate.py", "opencompass/models/sparse_dllm/modeling_llada.py"]),
         "delayed eviction: kept subset built at step 1 of each block",
         knob_args=dict(keep_ratio="keep_ratio", kernel_size="kernel_size"),
+        upstream_batch=1,   # myeval/eval_performance/eval_sparse_dllm_llada_chat.py: batch_size=1
+        retention_knob="keep_ratio",
+        refresh_peak=RefreshPeak(kv_copies=1, logit_copies=4),
     ),
 }
 

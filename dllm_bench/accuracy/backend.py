@@ -26,6 +26,7 @@ from dllm_bench.device_defaults import resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.build import check_tensor_parallel, make_parallel_engine, make_system
+from dllm_bench.systems.spec import retention_knobs
 from engine import EngineConfig, SamplingParams
 from engine.decoding import Decoding
 from engine.models.llada import LLaDAConfig, LLaDAModelLM
@@ -82,7 +83,7 @@ def point_system(point: Point, model: LLaDAModelLM | None, *, max_num_seqs: int 
         if ranks is not None:
             return ranks.engine(cfg)
         return make_system("engine", model, engine_config=cfg, label=point.name)
-    knobs = {"keep_ratio": point.retention} if point.system == "sparse-dllm" else {}
+    knobs = dict(retention_knobs(point.retention).get(point.system, {}))
     knobs.update(system_decoding.resolve(point.system, decoding).knobs)
     return make_system(point.system, model, batch=batch, knobs=knobs, label=point.name)
 

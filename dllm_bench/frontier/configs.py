@@ -13,7 +13,13 @@ from typing import Any
 from dllm_bench.accuracy.points import Point
 from dllm_bench.errors import UserError
 from dllm_bench.systems import decoding as system_decoding
-from dllm_bench.systems.spec import SystemVariant, baseline_knobs, engine_knobs, parse_systems
+from dllm_bench.systems.spec import (
+    SystemVariant,
+    baseline_knobs,
+    baseline_retention,
+    engine_knobs,
+    parse_systems,
+)
 from engine.config import EngineConfig
 from engine.decoding import Decoding
 
@@ -50,7 +56,7 @@ class Config:
             sel = self.variant.knob_dict.get("selection", "head") if cache == "sparse" else None
             r = float(self.variant.knob_dict.get("retention", retention)) if cache == "sparse" else 1.0
             return Point(self.label, "engine", "dense" if cache == "none" else "sparse", cache, sel, r)
-        r = float(self.variant.knob_dict.get("keep_ratio", retention)) if self.system == "sparse-dllm" else 1.0
+        r = baseline_retention(self.system, self.variant.knob_dict, retention)
         return Point(self.label, self.system, "baseline", retention=r)
 
     def engine_knobs(self, defaults: Mapping[str, Any]) -> dict:

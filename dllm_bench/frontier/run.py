@@ -31,6 +31,7 @@ from dllm_bench.frontier.measure import ConcurrentBackend, measure
 from dllm_bench.results import atomic_write_csv, atomic_write_json, create_run
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.build import make_system
+from dllm_bench.systems.spec import retention_knobs
 from engine import EngineConfig, SamplingParams
 from workloads.tasks import generated, synth
 from workloads.tasks.local import load_local
@@ -167,7 +168,7 @@ def _builder(cfg: configs.Config, model, o: FrontierOptions, budget: int | None)
             except ValueError as e:
                 raise UserError(f"system {cfg.variant.label!r}: {e}") from None
             return make_system("engine", model, engine_config=ec, label=cfg.label)
-        knobs = cfg.baseline_knobs({"sparse-dllm": {"keep_ratio": o.retention}})
+        knobs = cfg.baseline_knobs(retention_knobs(o.retention))
         return make_system(cfg.system, model, batch=o.concurrency, knobs=knobs, label=cfg.label)
     return build
 

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from baselines.registry import SYSTEMS, RefreshPeak
 from dllm_bench.checkpoints.presets import PRESETS as MODELS
 from dllm_bench.checkpoints.presets import Preset
 from dllm_bench.serve.presets import PAPER_BASELINE_KNOBS
@@ -161,31 +162,20 @@ def dllm_cache_step_share(p: Preset, shape: RequestShape, prompt_interval: int =
     return total / steps
 
 
-# Live bytes per token at a static-batch baseline's Refresh forward (its peak), as the upstream
-# code holds them: KV copies (dLLM-Cache also caches the attention/MLP outputs it reuses), logit
-# copies in the model dtype (logits, softmax and their temporaries) and in float64 (Fast-dLLM's
-# generate.py upcasts its logits and softmax), plus one layer's activations.
-@dataclass(frozen=True)
-class PeakModel:
-    kv_copies: int
-    logit_copies: int
-    fp64_logit_copies: int
-
-    def bytes_per_token(self, c: Costs, dtype_bytes: int) -> float:
-        logit = self.logit_copies * dtype_bytes + self.fp64_logit_copies * FP64
-        return self.kv_copies * c.kv_bytes_per_token + c.vocab * logit + c.act_bytes_per_token
+# The baselines whose Refresh peak the registry models (baselines.registry.RefreshPeak).
+BASELINE_PEAKS: dict[str, RefreshPeak] = {n: s.refresh_peak for n, s in SYSTEMS.items() if s.refresh_peak}
 
 
-BASELINE_PEAKS: dict[str, PeakModel] = {
-    "fast-dllm": PeakModel(kv_copies=1, logit_copies=1, fp64_logit_copies=2),
-    "sparse-dllm": PeakModel(kv_copies=1, logit_copies=4, fp64_logit_copies=0),
-    "dllm-cache": PeakModel(kv_copies=2, logit_copies=2, fp64_logit_copies=0),
-}
+def peak_bytes_per_token(peak: RefreshPeak, c: Costs, dtype_bytes: int) -> float:
+    """A static batch's live bytes per token at its Refresh forward: the system's KV and logit
+    copies (RefreshPeak) plus one layer's activations."""
+    logit = peak.logit_copies * dtype_bytes + peak.fp64_logit_copies * FP64
+    return peak.kv_copies * c.kv_bytes_per_token + c.vocab * logit + c.act_bytes_per_token
 
 
 def largest_static_batch(c: Costs, free_bytes: float, length: float, system: str, dtype_bytes: int) -> int:
     """Largest B whose Refresh peak (B requests of `length` tokens) fits `free_bytes`."""
-    per_request = BASELINE_PEAKS[system].bytes_per_token(c, dtype_bytes) * length
+    per_request = peak_bytes_per_token(BASELINE_PEAKS[system], c, dtype_bytes) * length
     return int(free_bytes // per_request)
 
 

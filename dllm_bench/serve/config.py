@@ -15,7 +15,7 @@ from dllm_bench.metric_options import MetricOptions
 from dllm_bench.serve.presets import ServePreset
 from dllm_bench.systems.decoding import SystemDecoding
 from dllm_bench.systems.decoding import resolve as resolve_decoding
-from dllm_bench.systems.spec import SystemVariant
+from dllm_bench.systems.spec import SystemVariant, retention_knobs
 
 
 @dataclass
@@ -67,8 +67,8 @@ class ServeRun:
     @property
     def baseline_defaults(self) -> dict:
         knobs = {k: dict(v) for k, v in self.preset.baseline_knobs.items()}
-        # One retention for both sparse systems (the paper's "Algorithmic Consistency").
-        knobs.setdefault("sparse-dllm", {})["keep_ratio"] = self.preset.retention
+        for name, own in retention_knobs(self.preset.retention).items():   # one retention for every sparse system
+            knobs.setdefault(name, {}).update(own)
         return knobs
 
     def describe(self) -> dict:

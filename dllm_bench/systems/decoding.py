@@ -2,11 +2,11 @@
 `--decoding` policy (engine.decoding: fixed, threshold:τ, factor:f, entropy:γ) reaches each.
 
 * `engine` — every policy, per request (SamplingParams.decoding).
-* `fast-dllm` — `threshold:τ` and `factor:f`, upstream's two rules (NVlabs/Fast-dLLM
-  llada/generate.py, `get_transfer_index` / `get_transfer_index_dynamic`), through the baseline's
-  `threshold` / `factor` knobs; it has no entropy rule, so `entropy:γ` leaves it at `fixed`.
-* `llada`, `dllm-cache`, `sparse-dllm` — their upstream generation commits the linear schedule's
-  count every step (no parallel decoding), so they stay at `fixed`.
+* a baseline — the rules its registry entry lists (`decoding_knobs`: rule -> the knob that
+  switches it on): Fast-dLLM's `threshold:τ` and `factor:f` through its `threshold` / `factor`
+  knobs. Any other rule (Fast-dLLM's `entropy:γ`; every rule for LLaDA, dLLM-Cache and
+  Sparse-dLLM, whose upstream generation commits the linear schedule's count every step) leaves
+  it at `fixed`.
 
 A multi-system command (serve, accuracy, frontier) runs a system that lacks the rule at `fixed`
 and says so (`SystemDecoding.note`); a one-system command (`generate`) refuses instead
@@ -19,15 +19,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dllm_bench.errors import UserError
-from engine.decoding import Decoding
+from dllm_bench.systems.spec import ENGINE, baseline_registry
+from engine.decoding import KINDS, Decoding
 
-# The rules each system has upstream (every system has `fixed`).
-RULES: dict[str, tuple[str, ...]] = {
-    "engine": ("fixed", "threshold", "factor", "entropy"),
-    "fast-dllm": ("fixed", "threshold", "factor"),
-}
-# Fast-dLLM's knob for each of its rules.
-FAST_DLLM_KNOB = {"threshold": "threshold", "factor": "factor"}
+
+def knobs_of(system: str) -> dict[str, str]:
+    """A baseline's knob for each parallel-decoding rule it has upstream ({} for the engine,
+    whose requests carry their policy, and for a baseline without parallel decoding)."""
+    return {} if system == ENGINE else dict(baseline_registry()[system].decoding_knobs)
+
+
+def rules(system: str) -> tuple[str, ...]:
+    """The rules `system` has (every system has `fixed`)."""
+    return KINDS if system == ENGINE else ("fixed", *knobs_of(system))
 
 
 def parse(spec: str | None, flag: str = "--decoding") -> Decoding:
@@ -47,7 +51,7 @@ def parse_list(spec: str, flag: str = "--decoding") -> list[Decoding]:
 
 
 def supports(system: str, decoding: Decoding) -> bool:
-    return decoding.kind in RULES.get(system, ("fixed",))
+    return decoding.kind in rules(system)
 
 
 @dataclass(frozen=True)
@@ -68,26 +72,26 @@ def resolve(system: str, decoding: Decoding | str, knobs: Mapping[str, Any] | No
     """`decoding` for `system`. `knobs`: the variant's own knobs, which win (e.g.
     `fast-dllm:threshold=0.8` decodes at threshold 0.8 whatever --decoding says)."""
     d = Decoding.parse(decoding)
-    own = dict(knobs or {})
-    if system == "fast-dllm":
-        for kind, knob in FAST_DLLM_KNOB.items():
-            if own.get(knob) is not None:
-                return SystemDecoding(str(Decoding(kind, float(own[knob]))))
+    own, rule_knobs = dict(knobs or {}), knobs_of(system)
+    for kind, knob in rule_knobs.items():
+        if own.get(knob) is not None:
+            return SystemDecoding(str(Decoding(kind, float(own[knob]))))
     if d.fixed:
         return SystemDecoding()
     if not supports(system, d):
-        why = ("Fast-dLLM has no entropy rule upstream" if system == "fast-dllm"
+        why = (f"{system} has no {d.kind} rule upstream" if rule_knobs
                else f"{system} has no parallel decoding upstream")
         return SystemDecoding(note=f"{d} requested; {why}: runs fixed")
-    if system == "fast-dllm":
-        return SystemDecoding(str(d), {FAST_DLLM_KNOB[d.kind]: d.value})
+    if d.kind in rule_knobs:
+        return SystemDecoding(str(d), {rule_knobs[d.kind]: d.value})
     return SystemDecoding(str(d))
 
 
 def require(system: str, decoding: Decoding) -> SystemDecoding:
     """`resolve` for a command that runs one system: an unsupported policy is an error."""
     if not supports(system, decoding):
-        have = ", ".join(RULES.get(system, ("fixed",)))
+        have = ", ".join(rules(system))
+        others = " or ".join(f"{n} ({', '.join(knobs_of(n))})" for n in baseline_registry() if knobs_of(n))
         raise UserError(f"--decoding {decoding}: {system} decodes with {have} only (its upstream code); "
-                        "parallel decoding: --system engine (every policy) or fast-dllm (threshold, factor)")
+                        f"parallel decoding: --system engine (every policy) or {others}")
     return resolve(system, decoding)

@@ -40,16 +40,9 @@ ENDPOINT = "endpoint"   # an OpenAI-compatible server measured over HTTP (`serve
 BATCH_KNOB = "batch"
 DEFAULT_SYSTEMS = "engine,fast-dllm,dllm-cache,sparse-dllm"
 UPSTREAM = "upstream"
-# The static batch each baseline's upstream code runs its generation with:
-# * llada: ML-GSAI/LLaDA@b7e6c3565f194352da44b38dd12b6970597309f3 eval_llada.py generate_until
-#   generates one request at a time;
-# * fast-dllm: NVlabs/Fast-dLLM@24cc59e75f20a6384bae8c905965bb090b96388e llada/eval_llada.py
-#   generate_until, one request at a time (the eval scripts set no batch);
-# * sparse-dllm: OpenMOSS/Sparse-dLLM@3fd8986bee4ddd68e70ee8041da3a8c9de44f405
-#   myeval/eval_performance/eval_sparse_dllm_llada_chat.py, batch_size=1;
-# * dllm-cache: maomaocun/dLLM-cache@17235bffc8c5b587a2dc6f7dc76fcd01eab76e3a
-#   scripts/run_LLaDA_*_Instruct.sh, `--batch_size 2` (per GPU).
-UPSTREAM_BATCH = {"llada": 1, "fast-dllm": 1, "sparse-dllm": 1, "dllm-cache": 2}
+# The static batch each baseline's upstream code runs its generation with (the registry's
+# `upstream_batch`, each with the upstream file it is read from).
+UPSTREAM_BATCH = {name: spec.upstream_batch for name, spec in SYSTEMS.items() if spec.upstream_batch is not None}
 BASELINE_BATCH_MODES = ("max-fit", UPSTREAM, "both")
 
 
@@ -146,6 +139,21 @@ def baseline_registry() -> Mapping[str, Any]:
 
 def system_names() -> list[str]:
     return [ENGINE, *baseline_registry()]
+
+
+def retention_knobs(retention: float) -> dict[str, dict[str, float]]:
+    """Per-system knobs that set every baseline with a KV retention knob (Sparse-dLLM's
+    `keep_ratio`) to `retention`: one retention for every sparse system (the paper's
+    "Algorithmic Consistency")."""
+    return {name: {spec.retention_knob: retention} for name, spec in baseline_registry().items()
+            if spec.retention_knob}
+
+
+def baseline_retention(name: str, knobs: Mapping[str, Any], default: float) -> float:
+    """The KV retention baseline `name` runs at with `knobs`: its retention knob's value
+    (`default` when unset), or 1.0 for a baseline that keeps every token's KV."""
+    knob = baseline_registry()[name].retention_knob
+    return float(knobs.get(knob, default)) if knob else 1.0
 
 
 def knob_parsers(name: str) -> dict[str, Callable[[str], Any]]:
