@@ -1,19 +1,13 @@
 """Host work per engine step, counted with torch dispatch modes on any device (a CPU included):
-operator calls (OpCounter: every call is one eager dispatch, one kernel launch or more on a GPU)
-and host syncs (SyncCounter). Measuring tools for the benchmarks and tests; the engine never
-imports them.
+operator calls (OpCounter: each is one eager dispatch, one kernel launch or more on a GPU) and
+host syncs (SyncCounter). Measuring tools of the benchmarks and tests; the engine never imports them.
 
-A host sync stops the host from running ahead of the device: every op that needs a device value
-on the host waits for all the work queued before it. The engine's rule is that in a step all
-host data is numpy and every torch tensor is device data, so each of these counts as a sync
-wherever the tensor lives:
-
-* dispatched ops that read device values on the host: `aten::_local_scalar_dense` (item, bool,
-  int), `aten::nonzero`, `masked_select`, `unique`, `repeat_interleave` without an output size,
-  and indexing or index_put_ with a boolean mask (its shape is data-dependent);
-* copies to the host: a dispatched `_to_copy`/`copy_` from a non-CPU tensor to the CPU, and the
-  tensor methods that hand device data to Python or numpy (`tolist`, `numpy`, `cpu`), patched
-  for the duration, since on a CPU tensor they are not dispatched at all.
+A host sync makes the host wait for all device work queued before it. In an engine step all host
+data is numpy and every torch tensor is device data, so each of these counts wherever it lives:
+ops that read device values on the host (`_local_scalar_dense`: item/bool/int, `nonzero`,
+`masked_select`, `unique`, `repeat_interleave` without an output size, boolean-mask indexing);
+copies to the host (a dispatched `_to_copy`/`copy_` to the CPU from another device, and the
+`tolist`/`numpy`/`cpu` methods, patched while counting since on a CPU tensor they dispatch nothing).
 """
 from __future__ import annotations
 
