@@ -58,7 +58,8 @@ def test_preset_table_shapes():
     # The parameter formula reproduces LLaDA-8B-Instruct's real count (its safetensors index on the
     # Hugging Face Hub, GSAI-ML/LLaDA-8B-Instruct).
     assert PRESETS["llada-8b"].n_params == 8_015_581_184
-    assert not PRESETS["llada-8b"].makeable
+    big = PRESETS["llada-8b"]
+    assert big.makeable and (big.draw_device, big.shards, big.dtype) == ("cuda", 6, "bfloat16")
 
 
 def test_tiny_bytes_are_deterministic(tiny_dir, tmp_path):
@@ -211,8 +212,9 @@ def test_resolve_model_paths_and_errors(cache, tiny_dir, tmp_path):
         resolve_model(str(tmp_path / "missing"))
     with pytest.raises(UserError, match="no config.json"):
         resolve_model(str(tmp_path))
-    with pytest.raises(UserError, match="can't be loaded"):
-        resolve_model("llada-8b")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="draws its random weights on a CUDA device"):
+            resolve_model("llada-8b")
     assert not cache.exists()  # nothing was made
 
 
@@ -224,6 +226,36 @@ def test_preset_can_point_at_a_committed_checkpoint(cache, tiny_dir, monkeypatch
     with pytest.raises(UserError):
         make_checkpoint("committed", cache / "x")
     assert not cache.exists()
+
+
+def test_a_cuda_drawn_preset_is_made_in_its_own_shards_where_cuda_is(cache, monkeypatch):
+    """llada-8b's path at tiny size: drawn on the device `draw_device` names (the CPU stands in
+    for CUDA here), written in the preset's shard count with an index, stamped with where it was
+    drawn (a CPU-drawn copy of the same shape is another checkpoint), refused without CUDA."""
+    from dllm_bench.checkpoints import make
+    from dllm_bench.checkpoints.layout import check_layout
+    from dllm_bench.checkpoints.store import is_made, make_cached
+
+    gpu = dataclasses.replace(get_preset("tiny"), name="tiny-gpu", draw_device="cuda", shards=3)
+    monkeypatch.setitem(PRESETS, "tiny-gpu", gpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="'tiny-gpu' .* on a CUDA device, and there is none here"):
+        resolve_model("tiny-gpu")
+    assert not cache.exists()
+    drawn_on = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real_init = make.init_weight
+    monkeypatch.setattr(make, "init_weight", lambda p, n, s, device: drawn_on.append(device) or real_init(p, n, s))
+    d = resolve_model("tiny-gpu")
+    assert d == cache / "tiny-gpu" and set(drawn_on) == {torch.device("cuda")}
+    assert sorted(f.name for f in d.glob("*.safetensors")) == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
+    report = check_layout(d)
+    assert report.ok and report.shards == 3, report.problems
+    assert json.loads((d / STAMP_FILE).read_text())["preset"]["draw_device"] == "cuda"
+    assert is_made(gpu, d) and not is_made(dataclasses.replace(gpu, draw_device="cpu"), d)
+    assert make_cached(gpu) == d and len(drawn_on) == len(weight_shapes(gpu))  # made once
+    # Presets drawn on the CPU keep the stamps their caches already have.
+    assert "draw_device" not in get_preset("tiny").fingerprint()["preset"]
 
 
 def test_make_checkpoint_bad_input(tiny_dir, tmp_path):

@@ -4,7 +4,8 @@ Layout (docs/ARCHITECTURE.md "Checkpoints"): config.json with every LLaDA-8B-Ins
 weights under LLaDA's exact names as `model.safetensors` or HF shards + index, and the offline
 tokenizer. Each tensor is drawn from its own generator seeded by (preset seed, tensor name), so
 the values don't depend on the shard count or on the order tensors are written, and the same
-preset always gives the same bytes.
+preset always gives the same bytes. A preset with `draw_device="cuda"` (LLaDA-8B) is drawn on
+the GPU (CUDA's generator: other bytes than a CPU's, the same on every CUDA machine).
 """
 from __future__ import annotations
 
@@ -48,12 +49,25 @@ def weight_shapes(preset: Preset) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def init_weight(preset: Preset, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """float32 init: RMSNorm weights 1, everything else N(0, 0.02) from a per-tensor generator."""
+def init_weight(preset: Preset, name: str, shape: tuple[int, ...],
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    """float32 init on `device`: RMSNorm weights 1, everything else N(0, 0.02) from a per-tensor
+    generator."""
     if len(shape) == 1:
-        return torch.ones(shape, dtype=torch.float32)
-    g = torch.Generator().manual_seed(preset.seed * 1_000_003 + zlib.crc32(name.encode()))
-    return torch.empty(shape, dtype=torch.float32).normal_(0.0, INIT_STD, generator=g)
+        return torch.ones(shape, dtype=torch.float32, device=device)
+    g = torch.Generator(device=device).manual_seed(preset.seed * 1_000_003 + zlib.crc32(name.encode()))
+    return torch.empty(shape, dtype=torch.float32, device=device).normal_(0.0, INIT_STD, generator=g)
+
+
+def draw_device(preset: Preset) -> torch.device:
+    """Where the preset's weights are drawn; a CUDA-drawn preset on a machine without CUDA is
+    bad input (8B values on a CPU: minutes and 32 GB of RAM)."""
+    if preset.draw_device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError(f"preset {preset.name!r} ({preset.n_params / 1e9:.1f}B parameters) draws its random weights "
+                        f"on a CUDA device, and there is none here; on a CPU make a small preset (e.g. tiny)")
+    return torch.device(preset.draw_device)
 
 
 def to_dtype(dtype: str | torch.dtype | None, preset: Preset) -> tuple[str, torch.dtype]:
@@ -99,17 +113,20 @@ def _clear_owned(out: Path) -> None:
                 f.unlink()
 
 
-def make_checkpoint(preset: Preset | str, out_dir: str | Path, shards: int = 1,
+def make_checkpoint(preset: Preset | str, out_dir: str | Path, shards: int | None = None,
                     dtype: str | torch.dtype | None = None, force: bool = False) -> Path:
-    """Write the checkpoint into out_dir and return it. dtype None = the preset's storage dtype.
+    """Write the checkpoint into out_dir and return it. dtype None = the preset's storage dtype,
+    shards None = the preset's shard count.
 
     A non-empty out_dir needs force=True, which removes only the files this function writes."""
     if isinstance(preset, str):
         preset = get_preset(preset)
     if not preset.makeable or preset.asset:  # shape-only, or a committed (trained) checkpoint
         raise UserError(f"preset {preset.name!r} can't be made ({preset.note or 'committed checkpoint'})")
+    shards = preset.shards if shards is None else shards
     if not isinstance(shards, int) or shards < 1:
         raise UserError(f"--shards must be >= 1, got {shards}")
+    device = draw_device(preset)
     dtype_name, torch_dtype = to_dtype(dtype, preset)
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
@@ -133,11 +150,13 @@ def make_checkpoint(preset: Preset | str, out_dir: str | Path, shards: int = 1,
     for k, group in enumerate(groups, start=1):
         fname = "model.safetensors" if shards == 1 else f"model-{k:05d}-of-{shards:05d}.safetensors"
         # One shard in memory at a time: the 126k presets' embedding alone is 130 MB in fp32.
-        tensors = {n: init_weight(preset, n, shapes[n]).to(torch_dtype) for n in group}
+        tensors = {n: init_weight(preset, n, shapes[n], device).to(torch_dtype).cpu() for n in group}
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         os.chmod(out / fname, 0o644)  # safetensors creates 0600; match the other files
         del tensors
         weight_map.update({n: fname for n in group})
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the caller (a serve parent, say) keeps no drawn blocks
     if shards > 1:
         _write_json(out / INDEX_FILE, {"metadata": {"total_size": sum(sizes.values())},
                                        "weight_map": weight_map})

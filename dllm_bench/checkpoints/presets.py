@@ -65,6 +65,10 @@ class Preset:
     makeable: bool = True  # False: describes a shape only (docs / profiling math)
     asset: str | None = None  # package-relative checkpoint dir used instead of making one
     note: str = ""
+    # Where `make` draws the random weights: "cuda" for a model too big to draw on a CPU in
+    # reasonable time (LLaDA-8B: seconds on a GPU, minutes and 32 GB of RAM on a CPU).
+    draw_device: str = "cpu"
+    shards: int = 1  # safetensors shards a made checkpoint has unless asked otherwise
 
     @property
     def head_dim(self) -> int:
@@ -90,8 +94,10 @@ class Preset:
     def fingerprint(self) -> dict:
         """Everything that determines the bytes of a made checkpoint (not the note)."""
         d = asdict(self)
-        d.pop("note")
-        d.pop("asset")
+        for k in ("note", "asset", "shards"):  # the stamp records the shard count made
+            d.pop(k)
+        if d["draw_device"] == "cpu":  # added after format 1: only when set, so made caches stay valid
+            d.pop("draw_device")
         return {"format": FORMAT_VERSION, "preset": d}
 
 
@@ -123,9 +129,11 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     # into plain LLaDA), so it is kept for comparison only, not as the default.
     _P("similar-1536", 1536, 1, 12, 12, 4608, 1536, tokenizer_learned=1500,
        note="one-layer scale model: dLLM-Cache degenerates here (docs/SCALING.md)"),
-    # The real thing, for docs and profiler math only (16 GB bf16; can't be made or downloaded).
+    # The real shape and sharded layout (6 bf16 shards, 16 GB) with random weights drawn on a
+    # GPU: with `--decoding fixed` every timing equals LLaDA-8B-Instruct's (`bench-gpu`).
     _P("llada-8b", 4096, 32, 32, 32, 12288, LLADA_VOCAB_SIZE, tokenizer_learned=4096,
-       dtype="bfloat16", makeable=False, note="LLaDA-8B-Instruct shape; not makeable"),
+       dtype="bfloat16", draw_device="cuda", shards=6,
+       note="LLaDA-8B-Instruct shape and layout; random weights, made on a CUDA device"),
     # Committed trained checkpoint: `dllm-bench train` on synth (docs/ACCURACY.md); 4 KV heads.
     _P("tiny-math", 128, 4, 4, 4, 344, 512, tokenizer_learned=500, asset="assets/tiny-math",
        note="trained on synth (dllm-bench train); docs/ACCURACY.md"),

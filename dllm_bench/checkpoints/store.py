@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dllm_bench.checkpoints.make import make_checkpoint
+from dllm_bench.checkpoints.make import draw_device, make_checkpoint
 from dllm_bench.checkpoints.presets import STAMP_FILE, Preset, get_preset
 from dllm_bench.errors import UserError
 
@@ -47,13 +47,15 @@ def preset_path(preset: Preset) -> Path | None:
     return cache_root() / preset.name if preset.makeable else None
 
 
-def make_cached(preset: Preset, shards: int = 1, force: bool = False) -> Path:
-    """Make the preset into the cache atomically (temp dir + rename) unless already there."""
+def make_cached(preset: Preset, shards: int | None = None, force: bool = False) -> Path:
+    """Make the preset into the cache atomically (temp dir + rename) unless already there
+    (shards None: the preset's own count)."""
     if not preset.makeable or preset.asset:
         raise UserError(f"preset {preset.name!r} can't be made: {preset.note or 'committed asset'}")
     final = cache_root() / preset.name
     if not force and is_made(preset, final):
         return final
+    draw_device(preset)  # a GPU-drawn preset without a GPU: one error line, nothing made
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{preset.name}.tmp-", dir=final.parent))
     try:

@@ -75,10 +75,10 @@ def similarity(markdown: bool, cpu_peak: bool, threads: int) -> None:
                    f"{cpu.bandwidth / 1e9:.1f} GB/s copy, measured now with {threads} threads", err=True)
 
 
-def make(name: str, out: Path | None, shards: int, force: bool) -> Path:
+def make(name: str, out: Path | None, shards: int | None, force: bool) -> Path:
     """Make a preset into --out, or into the cache when --out is not given."""
     preset = get_preset(name)
-    if shards < 1:
+    if shards is not None and shards < 1:
         raise UserError(f"--shards must be >= 1, got {shards}")
     if not preset.makeable or preset.asset:
         raise UserError(f"preset {name!r} can't be made ({preset.note or 'packaged checkpoint'})")
@@ -100,7 +100,8 @@ def register(app: typer.Typer) -> None:
     def make_cmd(
         name: str = typer.Argument(..., help=f"preset: {', '.join(PRESETS)}"),
         out: Path | None = typer.Option(None, "--out", help="directory to write (default: the cache)"),
-        shards: int = typer.Option(1, "--shards", help="safetensors shards (>1 writes an index)"),
+        shards: int | None = typer.Option(None, "--shards", help="safetensors shards (>1 writes an index) "
+                                          "[the preset's: 6 for llada-8b, else 1]"),
         force: bool = typer.Option(False, "--force", help="overwrite an existing checkpoint"),
     ) -> None:
         """Write a preset's checkpoint (config.json, safetensors, tokenizer)."""

@@ -62,7 +62,8 @@ def shape_only_dir(name: str) -> Path:
 def resolve_sim_model(spec: str) -> tuple[Path, bool]:
     """(checkpoint or config-only dir, loadable?) for a preset name, a shape preset or a dir."""
 
-    if spec in PRESETS and not PRESETS[spec].makeable and not PRESETS[spec].asset:
+    # A preset drawn on a GPU (llada-8b) is simulated by its shape: a simulation makes no 16 GB.
+    if spec in PRESETS and not PRESETS[spec].asset and (not PRESETS[spec].makeable or PRESETS[spec].draw_device != "cpu"):
         return shape_only_dir(spec), False
     path = resolve_model(spec)
     loadable = any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()
