@@ -47,6 +47,7 @@ COMMAND_MODULES = [
     "dllm_bench.commands.calibrate",
     "dllm_bench.commands.simulate",
     "dllm_bench.commands.doctor",
+    "dllm_bench.commands.bench_gpu",
 ]
 
 for _name in COMMAND_MODULES:
