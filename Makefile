@@ -6,7 +6,7 @@ TORCH_VERSION := 2.13.0
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench-server \
-	bench-simulate bench-validate bench clean train-seeds train-synth-cot accuracy-fig6
+	bench-simulate bench-validate bench bench-gpu clean train-seeds train-synth-cot accuracy-fig6
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -74,6 +74,13 @@ bench-validate:
 		--run-id $(VALIDATE_ID)-sim --validate $(VALIDATE_ID)
 
 bench: bench-engine bench-mechanisms
+
+# The one run for a CUDA machine (docs/GPU.md, "make bench-gpu"): <= 10 min on an H100, everything
+# in one results directory with summary.md. BENCH_GPU_ARGS passes options (--model DIR, --out DIR,
+# --only serve-full,profile); without .venv (a machine with torch already) the system python3 runs it.
+BENCH_GPU_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
+bench-gpu:
+	$(BENCH_GPU_PY) -m dllm_bench.cli bench-gpu $(BENCH_GPU_ARGS)
 
 # Trained models (docs/ACCURACY.md): seeds 0-2 of tiny-math and synth-cot are committed;
 # `train-synth-cot` and `train-seeds` remake missing ones, one model at a time on one thread:
