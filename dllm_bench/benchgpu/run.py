@@ -24,6 +24,7 @@ from dllm_bench.checkpoints.presets import PRESETS
 from dllm_bench.console import console
 from dllm_bench.errors import UserError
 from dllm_bench.results import make_run_id, results_root
+from dllm_bench.systems import spec
 from engine.config import EngineConfig
 
 MARGIN_S = 20.0  # of the budget kept for the parent's own work between steps
@@ -64,11 +65,17 @@ def check_out(out: Path | None) -> Path:
     return path
 
 
+def serving_cache() -> str:
+    """The cache the `engine` system serves with when none is named: the serving system's own
+    default where it sets one (systems.spec.ENGINE_DEFAULTS), else EngineConfig's."""
+    default = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "cache")
+    return getattr(spec, "ENGINE_DEFAULTS", {}).get("cache", default)
+
+
 def engine_aliases(systems: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:
     """serve-full's systems without a cache variant that is the engine's default (the `engine`
     point already measures it), and which variant each left-out one stands for."""
-    default = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "cache")
-    same = f"engine:cache={default}"
+    same = f"engine:cache={serving_cache()}"
     return tuple(s for s in systems if s != same), ({same: "engine"} if same in systems else {})
 
 
