@@ -134,14 +134,16 @@ def test_trace_figures_and_the_big_step_goal(tmp_path, measured):
 
 
 def test_profile_documents_are_read_by_their_figures():
-    doc = {"step_ms": 12.5, "graph_replayed": True, "gemm_peak_fraction": 0.41,
-           "categories": {"GEMMs": 8.0, "attention": 2.0, "host gaps": 1.5, "copies H2D": 1.0}}
+    # profile-step --json's fields (docs/PROFILE_STEP.md): the unprofiled step time wins.
+    doc = {"steps": 5, "graph_replays": {"profiled": 5, "unprofiled": 4}, "work": {"fraction_of_gemm_peak": 0.41},
+           "step": {"wall_ms": 14.0, "unprofiled_wall_ms": 12.5,
+                    "categories_ms": {"gemm": 8.0, "attention": 2.0, "host_gap": 1.5, "copy_h2d": 1.0}}}
     f = dv.profile_figures(doc)
-    assert f["step_ms"] == 12.5 and f["graph_replayed"] is True and f["gemm_peak_fraction"] == 0.41
-    assert f["top"] == "GEMMs 64%, attention 16%, host gaps 12%"
-    listed = dv.profile_figures({"step": {"ms": 3}, "categories": [{"name": "gemm", "ms": 3.0}]})
+    assert f["step_ms"] == 12.5 and f["graph_share"] == 0.8 and f["gemm_peak_fraction"] == 0.41
+    assert f["top"] == "gemm 64%, attention 16%, host_gap 12%"
+    listed = dv.profile_figures({"step": {"wall_ms": 3}, "categories": [{"name": "gemm", "ms": 3.0}]})
     assert listed["step_ms"] == 3.0 and listed["top"] == "gemm 100%"
-    assert dv.profile_figures({})["step_ms"] is None
+    assert dv.profile_figures({}) == {"step_ms": None, "graph_share": None, "top": None, "gemm_peak_fraction": None}
 
 
 # ------------------------------------------------------------------ plan, estimates, budget
@@ -208,8 +210,12 @@ def test_profile_entries_and_arguments(tmp_path, measured):
     args = profile._args(measured, "engine", False, 8)
     assert args[:2] == ["profile-step", "--model"] and "--no-cuda-graphs" in args and "engine" in args
     assert args[args.index("--device") + 1] == "cuda"
-    measured.commands = Commands({"profile-step": frozenset({"--json"})})
-    assert "engine:cuda_graphs=false" in profile._args(measured, "engine", False, 8)
+    contract = frozenset({"--model", "--system", "--batch", "--phase", "--preset", "--device", "--json"})
+    measured.commands = Commands({"profile-step": contract})
+    args = profile._args(measured, "engine", False, 8)
+    assert "engine:cuda_graphs=false" in args and args[args.index("--phase") + 1] == "reuse"
+    assert args[args.index("--preset") + 1] == "paper"
+    assert "--phase" not in profile._args(measured, "fast-dllm", None, 18)
     del measured.records["serve-full"]
     assert profile.entries(measured)[-1][2:] == (32, "no serve-full max-fit: the saturation request count")
 

@@ -7,8 +7,8 @@ rows run), and tok/s against the best baseline (the highest tok/s of a baseline 
 rate and budget). From a per-step trace (`serve --trace-steps`, steps.jsonl: one row per
 forward with wall_ms, requests, query_rows, graph): the median step, the share of graph
 replays, and the rows/s of the steps of >= 2,000 rows alone. From a profile-step document: the
-step's time, where it went, and the fraction of the GPU's peak it reached. Documents written by
-other commands are read by a few key names, so a renamed field shows as "not measured".
+step's time, where it went, and the fraction of the GPU's peak it reached (docs/PROFILE_STEP.md's
+`--json` fields). A field missing from a document shows as "not measured", never as an error.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def trace_stats(path: Path) -> dict | None:
 # ------------------------------------------------------------------ profile-step documents
 def _categories(doc: Mapping) -> list[tuple[str, float]]:
     """(category, ms per step), largest first, from a dict or a list of {name, ms}."""
-    raw = pick(doc, "categories", "step.categories", "breakdown")
+    raw = pick(doc, "step.categories_ms", "categories", "step.categories")
     items: list[tuple[str, float]] = []
     if isinstance(raw, Mapping):
         for name, v in raw.items():
@@ -110,14 +110,17 @@ def _categories(doc: Mapping) -> list[tuple[str, float]]:
 
 
 def profile_figures(doc: Mapping) -> dict:
-    step_ms = pick(doc, "step_ms", "ms_per_step", "mean_step_ms", "step.ms", "step.wall_ms", "wall_ms")
+    """A profile-step document's step time (timed without the profiler where it has one: the
+    profiler's own cost would blur graphs against eager), its largest categories (profiled), the
+    share of its steps replayed as CUDA graphs and the fraction of the measured GEMM peak."""
+    step_ms = pick(doc, "step.unprofiled_wall_ms", "step.wall_ms", "step_ms")
     cats = _categories(doc)
     total = sum(ms for _, ms in cats)
+    replays, steps = pick(doc, "graph_replays.unprofiled", "graph_replays.profiled"), pick(doc, "steps")
     return {"step_ms": float(step_ms) if isinstance(step_ms, (int, float)) else None,
-            "graph_replayed": pick(doc, "graph_replayed", "graph", "cuda_graph_replayed", "step.graph"),
+            "graph_share": replays / steps if isinstance(replays, (int, float)) and steps else None,
             "top": ", ".join(f"{n} {100 * ms / total:.0f}%" for n, ms in cats[:3]) if total else None,
-            "gemm_peak_fraction": pick(doc, "gemm_peak_fraction", "fraction_of_peak", "peak_fraction",
-                                       "peaks.gemm_fraction", "mfu")}
+            "gemm_peak_fraction": pick(doc, "work.fraction_of_gemm_peak", "fraction_of_gemm_peak")}
 
 
 def graphs_vs_eager(entries: Sequence[Mapping]) -> list[dict]:

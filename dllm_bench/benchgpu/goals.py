@@ -149,7 +149,7 @@ def one_request_ms(target: float) -> Callable[[Bench], tuple[str, str]]:
                     and e.get("cuda_graphs")), None)
         if one is None or one.get("step_ms") is None:
             raise Missing("no engine profile at batch 1 with CUDA graphs (or no step time in it)")
-        return f"{one['step_ms']:.2f} ms per step", _verdict(one["step_ms"] <= target)
+        return f"{one['step_ms']:.2f} ms per Reuse step", _verdict(one["step_ms"] <= target)
     return check
 
 

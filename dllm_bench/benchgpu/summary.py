@@ -86,10 +86,12 @@ def _profile(bench: Bench) -> str:
              "batch_cell": f"{e['batch']} ({e['batch_from']})" if e.get("batch_from", "scale") != "scale" else e["batch"],
              "state": e.get("status", "") + (f": {e['reason']}" if e.get("reason") else "")} for e in entries]
     cols = {"system": "system", "CUDA graphs": "graphs", "batch": "batch_cell", "ms/step": "step_ms",
-            "graphs x eager": "x", "largest shares": "top", "peak fraction": "gemm_peak_fraction", "status": "state",
-            "file": "file"}
-    return ("## Step profile (`profile-step`)\n\ngraphs x eager: the eager step's time over the graph step's at the "
-            "same batch (> 1: graphs faster).\n\n" + _table(rows, cols))
+            "graphs x eager": "x", "graph steps": "graph_share", "largest shares": "top",
+            "peak fraction": "gemm_peak_fraction", "status": "state", "file": "file"}
+    return ("## Step profile (`profile-step`)\n\nThe engine in Reuse-only steps (the steps CUDA graphs replay), each "
+            "baseline as it serves. ms/step: timed without the profiler; graphs x eager: the eager step's time over the "
+            "graph step's at the same batch (> 1: graphs faster); largest shares: the categories of the profiled step; "
+            "peak fraction: the step's FLOP/s over the measured GEMM peak.\n\n" + _table(rows, cols))
 
 
 def _memory(bench: Bench) -> str:

@@ -1,5 +1,5 @@
-"""Step `profile`: `dllm-bench profile-step --json` of the engine at each of the scale's batches
-with CUDA graphs on and off, and of each baseline at its largest static batch (serve-full's
+"""Step `profile`: `dllm-bench profile-step --json` of the engine in Reuse-only steps (the ones
+CUDA graphs replay) at each of the scale's batches with graphs on and off, and of each baseline at its largest static batch (serve-full's
 max-fit B; the saturation request count if serve-full did not run). Each document is kept under
 profile/; an invocation that fails is recorded and the others still run, and one that no longer
 fits the time budget is left out. A build without `profile-step` fails the step in one line."""
@@ -45,8 +45,12 @@ def _args(bench: Bench, system: str, graphs: bool | None, batch: int) -> list[st
     args = [COMMAND, "--model", bench.model_arg(), "--system", name, "--batch", str(batch), "--json"]
     if graphs is not None and flags:
         args.append("--cuda-graphs" if graphs else "--no-cuda-graphs")
-    if cmds.has_flag(COMMAND, "--device"):
-        args += ["--device", bench.scale.device]
+    # The engine in Reuse-only steps, the ones CUDA graphs replay; a baseline as it serves.
+    if graphs is not None and cmds.has_flag(COMMAND, "--phase"):
+        args += ["--phase", "reuse"]
+    for flag, value in (("--preset", bench.scale.serve_preset), ("--device", bench.scale.device)):
+        if cmds.has_flag(COMMAND, flag):
+            args += [flag, value]
     return args
 
 
