@@ -220,6 +220,76 @@ def test_profile_entries_and_arguments(tmp_path, measured):
     assert profile.entries(measured)[-1][2:] == (32, "no serve-full max-fit: the saturation request count")
 
 
+def _fake_cli(monkeypatch, module, docs):
+    """Replace a step's sub-command runner: `docs(args)` gives (exit code, stdout) per call."""
+    from dllm_bench.benchgpu.subcommand import Outcome
+
+    calls = []
+
+    def run_cli(args, log, timeout_s=None):
+        calls.append(list(args))
+        rc, out = docs(args)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("error: the profile failed\n" if rc else "")
+        return Outcome(tuple(args), rc, 0.1, out, log)
+    monkeypatch.setattr(module, "run_cli", run_cli)
+    return calls
+
+
+def test_the_profile_step_keeps_each_document_and_stops_at_the_budget(tmp_path, monkeypatch, measured):
+    measured.commands = Commands({"profile-step": frozenset({"--json", "--phase", "--device"})})
+
+    def docs(args):
+        system, batch = args[args.index("--system") + 1], int(args[args.index("--batch") + 1])
+        if system == "sparse-dllm":
+            return 1, ""
+        eager = system.endswith("cuda_graphs=false")
+        return 0, json.dumps({"steps": 5, "step": {"unprofiled_wall_ms": batch * (2.0 if eager else 1.0)}})
+    calls = _fake_cli(monkeypatch, profile, docs)
+    rec = StepRecord("profile", 1.0)
+    profile.run(measured, rec)
+    rows = {r["label"]: r for r in rec.data["entries"]}
+    assert len(calls) == 8 and rec.status == FAILED and rec.detail.startswith("7/8 profiles; sparse-dllm-b32: exit 1")
+    assert rows["engine-graphs-b8"]["step_ms"] == 8.0 and rows["engine-eager-b8"]["step_ms"] == 16.0
+    assert json.loads((tmp_path / rows["fast-dllm-b18"]["file"]).read_text())["steps"] == 5
+    assert [g["speedup"] for g in dv.graphs_vs_eager(rec.data["entries"])] == [2.0, 2.0, 2.0]
+    # With the budget spent after the first entries, the rest are recorded as not run.
+    measured.time_budget_s = measured.elapsed_s() + est.GPU_COSTS.profile_s * 0.5
+    rec = StepRecord("profile", 1.0)
+    profile.run(measured, rec)
+    assert {r["status"] for r in rec.data["entries"]} == {NOT_RUN} and "time budget" in rec.detail
+
+
+def test_the_memory_step_runs_each_budget_with_the_flags_the_command_has(tmp_path, monkeypatch):
+    from dllm_bench.benchgpu.steps import memory
+
+    bench = _bench(tmp_path)
+    bench.commands = Commands({"memory": frozenset({"--memory-budget", "--json"})})
+    calls = _fake_cli(monkeypatch, memory, lambda args: (0, json.dumps({"systems": []})))
+    rec = StepRecord("memory", 1.0)
+    memory.run(bench, rec)
+    assert rec.status == OK and [c[c.index("--memory-budget") + 1] if "--memory-budget" in c else None
+                                 for c in calls] == ["22GiB", None]
+    assert all("--json" in c and "--device" not in c for c in calls)
+    assert (tmp_path / "memory" / "small.json").is_file() and (tmp_path / "memory" / "full.json").is_file()
+
+
+def test_the_checkpoint_step_checks_a_given_directory(tmp_path):
+    from dllm_bench.benchgpu.steps import checkpoint
+    from dllm_bench.checkpoints.make import make_checkpoint
+
+    d = make_checkpoint("tiny", tmp_path / "ckpt", shards=2)
+    bench = _bench(tmp_path / "out", scale=CPU)
+    bench.model = str(d)
+    rec = StepRecord("checkpoint", 1.0)
+    checkpoint.run(bench, rec)
+    assert rec.status == OK and bench.model_dir == d and rec.data["shards"] == 2 and "(given)" in rec.detail
+    next(d.glob("model-00002-*.safetensors")).unlink()
+    bench.model_dir, rec = None, StepRecord("checkpoint", 1.0)
+    checkpoint.run(bench, rec)
+    assert rec.status == FAILED and bench.model_dir is None and "model-00002" in rec.detail
+
+
 def test_serve_estimates_and_missing_commands_fail_in_one_line(tmp_path):
     bench = _bench(tmp_path, scale=CPU)
     assert serve.estimate_full(bench) > serve.estimate_small(bench) / 2 > 0
