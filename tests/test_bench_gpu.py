@@ -377,3 +377,11 @@ def test_bench_gpu_end_to_end_on_the_cpu(tmp_path):
 def test_results_paths_are_relative(tmp_path):
     bench = _bench(tmp_path)
     assert bench.rel(tmp_path / "runs" / "x") == str(Path("runs") / "x")
+
+
+def test_a_sub_command_past_its_timeout_is_stopped(tmp_path):
+    from dllm_bench.benchgpu.subcommand import run_cli
+
+    out = run_cli(["models", "list"], tmp_path / "logs" / "slow.log", timeout_s=0.3)
+    assert out.rc == -1 and not out.ok and out.reason().startswith("timed out after")
+    assert (tmp_path / "logs" / "slow.log").read_text().startswith("$ dllm-bench models list")
