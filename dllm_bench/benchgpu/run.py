@@ -142,6 +142,11 @@ def bench_gpu(opts: Options, commands: Commands) -> int:
     con.print("plan: " + ", ".join(f"{r.name} ~{r.estimate_s:.0f} s" for r in bench.records.values())
               + f": ~{total:.0f} s" + (f" (budget {bench.time_budget_s:.0f} s)" if bench.time_budget_s else ""),
               highlight=False)
+    if bench.time_budget_s and total > bench.time_budget_s:
+        over = (f"the estimate is {total - bench.time_budget_s:.0f} s over the budget: a last step that no longer "
+                f"fits is left out (summary.md names it; --only runs it alone, --time-budget 0 runs everything)")
+        bench.notes.append(over)
+        con.print(over, highlight=False)
     bench.save()
     summary.write(bench)
     for i, step in enumerate(steps, 1):
