@@ -20,7 +20,7 @@ D = "dllm_bench."
 LAYERS: tuple[tuple[str, ...], ...] = (
     (D + "commands", D + "cli"),
     (D + "report",),
-    tuple(D + p for p in ("ablate", "accuracy", "doctor", "frontier", "regression", "scaling", "server",
+    tuple(D + p for p in ("ablate", "accuracy", "benchgpu", "doctor", "frontier", "regression", "scaling", "server",
                           "simulate", "sweep", "train")),
     (D + "serve",),
     (D + "systems", D + "checkpoints", D + "inputs"),
