@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from baselines.static_batch import Batch
 from engine.attention import sdpa
 from engine.models.llada import LLaDABlock, LLaDAModelLM
+from engine.regions import DECODE, LM_HEAD, in_region
 from engine.request import Request
 from engine.unmask import gumbel_argmax, proposal_argmax, random_confidence, select_transfer
 
@@ -46,6 +47,7 @@ def residual(block: LLaDABlock, h, q, k, v, key_mask) -> torch.Tensor:
     return h + block.mlp(h)
 
 
+@in_region(LM_HEAD)
 def logits_of(model: LLaDAModelLM, h: torch.Tensor) -> torch.Tensor:
     return model.lm_head(model.final_norm(h))
 
@@ -92,6 +94,7 @@ def _factor_count(sorted_conf: list[float], factor: float) -> int:
     return top + 1 if top in (0, n - 1) else top
 
 
+@in_region(DECODE)
 def decide(batch: Batch, logits: torch.Tensor, q_start: int, conf_dtype: torch.dtype, ks: list[int] | None,
            threshold: float | None = None, exp_argmax: bool = False, factor: float | None = None) -> None:
     """Commit tokens of every row's current block. `logits` [B, Tq, V] cover canvas columns

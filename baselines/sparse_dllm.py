@@ -83,7 +83,8 @@ class SparseDLLM(Policy):
             h = h + blk.mlp(h)
         logits = logits_of(m, h)
         decide(batch, logits, s, logits.dtype, ks)
-        return StepResult(batch.size * (e - s), e - s, refresh=False)
+        return StepResult(batch.size * (e - s), e - s, refresh=False,
+                          key_tokens=batch.size * (self.kept[0][0].shape[1] + e - s))   # [kept ; block] per row
 
     def _select(self, batch: Batch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """One layer's kept (K, V, key mask or None), each row from its own real context."""

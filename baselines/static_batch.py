@@ -47,6 +47,7 @@ class StepResult:
     query_tokens: int     # input positions of the forward (all rows, pads included)
     logits_rows: int      # logits rows materialized per batch row
     refresh: bool         # a full (refresh) forward, vs a cache-reusing one
+    key_tokens: int | None = None   # keys attended, all rows (pads included); None: each row its whole canvas
 
 
 class Batch:
@@ -192,17 +193,25 @@ class StaticBatchSystem:
 
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
         if self.batch is None:
             if not self.waiting:
                 return []
             self._admit()
         b = self.batch
         res = self.policy.step(b)
+        done = self._after_forward(b, res)
+        rows = res.logits_rows * b.size
+        keys = b.size * b.length if res.key_tokens is None else res.key_tokens
+        self.counters.record(b.size, res.query_tokens, rows, rows, b.size if res.refresh else 0,
+                             0 if res.refresh else b.size, started=started, key_tokens=keys)
+        return done
+
+    def _after_forward(self, b: Batch, res: StepResult) -> list[RequestOutput]:
+        """Cursors, cache peaks and per-request counters after one forward; the requests that
+        finished with it."""
         b.forwards += 1
         b.step_in_block += 1
-        rows = res.logits_rows * b.size
-        self.counters.record(b.size, res.query_tokens, rows, rows, b.size if res.refresh else 0,
-                             0 if res.refresh else b.size)
         kv_rows = self.policy.kv_row_tokens(b)
         self.peak_kv_tokens = max(self.peak_kv_tokens, sum(kv_rows))
         self.peak_kv_bytes = max(self.peak_kv_bytes, self.policy.cache_bytes())

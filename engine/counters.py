@@ -1,13 +1,25 @@
 """The step counters every serving system reports (`LLMEngine`, the static-batch baselines):
-forwards, query tokens, logits rows, the phase mix, batch sizes, stalls and planned waits."""
+forwards, query tokens, logits rows, the phase mix, batch sizes, stalls and planned waits.
+
+`StepCounters.sink`, when set, is handed one row per forward (`serve --trace-steps` streams them
+to a file, `profile-step` reads them): the step's wall time and shape, the names of TRACE_FIELDS."""
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable, Mapping
 
 # Per-step entries kept (the most recent ones). Every aggregate a run reports is exact whatever
 # the number of steps (`batched_requests`, the phase counters, `maxima`); the per-step history
 # only serves short runs (tests, regression tables) and stays bounded in a long-lived server.
 STEP_HISTORY = 4096
+
+# A traced step's fields, in order (after its start time `t_start`, perf_counter seconds):
+# `requests` real members, `padded_requests` members the forward ran (dummies included),
+# `key_tokens` keys attended summed over members, `graph` a CUDA-graph replay; `cache` (optional)
+# members per KV cache mode.
+TRACE_FIELDS = ("wall_ms", "requests", "padded_requests", "refresh", "reuse", "query_rows", "key_tokens",
+                "logit_rows", "graph", "cache")
 
 
 class StepCounters(dict):
@@ -24,12 +36,25 @@ class StepCounters(dict):
         # decrease along the list, so it holds at most (largest batch) entries, and the largest
         # batch since any step s is the first entry after s (`max_batch_since`).
         self.maxima: list[tuple[int, int]] = []
+        self.sink: Callable[[dict], None] | None = None
 
     def record(self, batch_size: int, query_tokens: int, logits_rows: int, max_logits_rows: int,
-               refresh: int, reuse: int, stalled: int = 0, deferred: int = 0) -> None:
+               refresh: int, reuse: int, stalled: int = 0, deferred: int = 0, *, started: float | None = None,
+               key_tokens: int = 0, padded: int | None = None, graph: bool = False,
+               cache: Mapping[str, int] | None = None) -> None:
         """One forward. `stalled`: running requests left out of it because their step did not fit
         the token budget (head-of-line blocking behind a Refresh); `deferred`: running requests
-        left out because the look-ahead plan placed their next step later (a planned wait)."""
+        left out because the look-ahead plan placed their next step later (a planned wait).
+        The keywords describe the step for the sink (`started`: its perf_counter start; a step
+        recorded without it is not traced)."""
+        if self.sink is not None and started is not None:
+            row = {"t_start": started, "wall_ms": (time.perf_counter() - started) * 1e3, "requests": batch_size,
+                   "padded_requests": batch_size if padded is None else padded, "refresh": refresh, "reuse": reuse,
+                   "query_rows": query_tokens, "key_tokens": key_tokens, "logit_rows": logits_rows,
+                   "graph": graph}
+            if cache:
+                row["cache"] = dict(cache)
+            self.sink(row)
         self["steps"] += 1
         self["forwards"] += 1
         self["query_tokens"] += query_tokens

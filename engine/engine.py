@@ -118,7 +118,8 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
-        batch = self.scheduler.schedule(time.perf_counter())
+        started = time.perf_counter()
+        batch = self.scheduler.schedule(started)
         if not batch:
             return []
         st = self.runner.run(batch)
@@ -129,7 +130,8 @@ class LLMEngine:
             self.scheduler.finish(req)
             done.append(req.output())
         self.counters.record(len(batch), st.query_tokens, st.logits_rows, st.max_logits_rows, st.refresh, st.reuse,
-                             self.scheduler.stalled, self.scheduler.deferred)
+                             self.scheduler.stalled, self.scheduler.deferred, started=started,
+                             key_tokens=st.key_tokens, padded=st.padded_requests, graph=st.graph, cache=st.cache)
         return done
 
     def commit(self, batch: Batch, d: StepDecisions) -> None:

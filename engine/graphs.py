@@ -89,6 +89,7 @@ class StepGraphs:
         self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
         self.replays = 0                     # steps run through a bucket (the first of each included)
         self.dummies = 0                     # dummy members they carried
+        self.replayed = False                # the last step ran as a CUDA-graph replay
         runner.model.rope.reserve(runner.max_model_len, runner.device, runner.dtype)
 
     def takes(self, batch) -> bool:
@@ -128,6 +129,7 @@ class StepGraphs:
                 self._capture(entry, p)
         else:
             p = r.prepare(batch, spec, entry.staging)
+        self.replayed = entry.graph is not None
         if entry.graph is not None:
             entry.graph.replay()
             hidden = entry.out

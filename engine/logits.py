@@ -13,11 +13,18 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.regions import DECODE, LM_HEAD, in_region, region
 from engine.unmask import confidence_at, entropy_of, gumbel_argmax, proposal_argmax
 
 # Rows the monolithic path decodes at once out of its full logits (their copy and confidence
 # temporaries stay small next to the [Nq, V] logits themselves).
 MONOLITHIC_DECODE_ROWS = 64
+
+
+def lm_head_logits(lm_head, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head over `hidden`'s rows, in its named profiler region."""
+    with region(LM_HEAD):
+        return lm_head(hidden)
 
 
 @dataclass
@@ -52,6 +59,7 @@ def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
     return x0, confidence_at(logits, x0), entropy_of(logits) if entropy else None
 
 
+@in_region(DECODE)
 def decode_rows(
     lm_head,
     hidden: torch.Tensor,
@@ -68,14 +76,14 @@ def decode_rows(
     if max_num_logits is None:
         # An HF forward's logits for every query row; the candidate rows are then decoded a
         # slice at a time, so nothing [R, V]-sized is copied on top of them.
-        full = lm_head(hidden)                       # [Nq, V]: the monolithic activation peak
+        full = lm_head_logits(lm_head, hidden)      # [Nq, V]: the monolithic activation peak
         parts = [_decode_chunk(full[row_index[c0 : c0 + MONOLITHIC_DECODE_ROWS]], c0, segments, mask_id, entropy)
                  for c0 in range(0, R, MONOLITHIC_DECODE_ROWS)]
         return _joined(parts, hidden, hidden.shape[0], hidden.shape[0])
     rows = hidden[row_index]
     parts = []
     for c0 in range(0, R, max_num_logits):
-        logits = lm_head(rows[c0 : c0 + max_num_logits])
+        logits = lm_head_logits(lm_head, rows[c0 : c0 + max_num_logits])
         parts.append(_decode_chunk(logits, c0, segments, mask_id, entropy))
         del logits                                   # freed before the next chunk exists
     return _joined(parts, hidden, R, min(R, max_num_logits))

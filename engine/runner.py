@@ -26,6 +26,7 @@ from engine.kv_cache import KVPool
 from engine.logits import RowSegment, decode_rows
 from engine.models.llada import LLaDAModelLM
 from engine.ragged import padded, ragged
+from engine.regions import DECODE, in_region
 from engine.request import Phase, Request
 from engine.staging import Staging
 from engine.step import StepDecisions, StepStats
@@ -85,8 +86,10 @@ class ModelRunner:
     @torch.no_grad()
     def run(self, batch: list[tuple[Request, Phase]]) -> StepStats:
         reqs = [r for r, _ in batch]
+        graph = False
         if self.graphs is not None and self.graphs.takes(batch):
             p, hidden = self.graphs.run(batch)
+            graph = self.graphs.replayed
         else:
             p = self.prepare(batch)
             hidden = self.forward(p)
@@ -104,8 +107,10 @@ class ModelRunner:
         monolithic = self.config.max_num_logits is None
         decisions = _choose(conf, res.x0, res.entropy, c, (m.n_q if monolithic else c.counts).tolist())
         n_ref = int(m.refresh.sum())
+        spec = self.policy.spec(m)
         return StepStats(int(m.cu_q[-1]), res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
-                         decisions)
+                         decisions, key_tokens=int(spec.cached.sum() + spec.fresh.sum()),
+                         padded_requests=len(p.padded_meta.n_q), graph=graph, cache={self.config.cache: len(batch)})
 
 
 @dataclass
@@ -145,6 +150,7 @@ def _plan_commit(m: StepMeta, policies: list, host_tokens: np.ndarray, mask_id: 
                       staging.put(np.repeat(np.arange(B), W)), staging.put(m.offset) if in_pool else None)
 
 
+@in_region(DECODE)
 def _choose(conf: torch.Tensor, x0: torch.Tensor, entropy: torch.Tensor | None, c: CommitPlan,
             logits_rows: list[int]) -> StepDecisions:
     """Each request's candidates sorted by confidence (ties: the lower position first), then

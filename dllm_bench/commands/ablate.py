@@ -32,6 +32,7 @@ from dllm_bench.commands.serve_flags import (
     Seed,
     TensorParallelSize,
     Threads,
+    TraceSteps,
 )
 from dllm_bench.serve.options import ServeOptions
 
@@ -66,6 +67,7 @@ def register(app: typer.Typer) -> None:
         no_profile_cache: NoProfileCache = False,
         cuda_graphs: CudaGraphs = None,
         tensor_parallel_size: TensorParallelSize = None,
+        trace_steps: TraceSteps = False,
     ) -> None:
         """Ablation (paper Fig. 8): Sparse-dLLM -> +engine -> +phase scheduler -> +logit budget, and cache policies."""
         result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)

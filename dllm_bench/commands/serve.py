@@ -47,6 +47,7 @@ from dllm_bench.commands.serve_flags import (
     Systems,
     TensorParallelSize,
     Threads,
+    TraceSteps,
     goodput_pairs,
 )
 from dllm_bench.errors import UserError
@@ -95,6 +96,7 @@ def register(app: typer.Typer) -> None:
         cuda_graphs: CudaGraphs = None,
         decoding: DecodingPolicy = "fixed",
         tensor_parallel_size: TensorParallelSize = None,
+        trace_steps: TraceSteps = False,
         seed: Seed = 0,
         repeats: Repeats = 1,
         max_duration: MaxDuration = None,

@@ -83,6 +83,9 @@ TensorParallelSize = Annotated[int | None, typer.Option(
 CudaGraphs = Annotated[bool | None, typer.Option(
     "--cuda-graphs/--no-cuda-graphs", help="engine: replay Reuse-only steps, padded to batch buckets, as CUDA graphs "
     "[on on CUDA; on a CPU --cuda-graphs runs the same padding with plain calls]")]
+TraceSteps = Annotated[bool, typer.Option(
+    "--trace-steps", help="write steps.jsonl beside each point's requests.jsonl: one row per forward (wall ms, "
+    "phase mix, requests, query rows, key tokens, logit rows, CUDA-graph replay or eager)")]
 
 # The run directory and output of every command that writes a run.
 ResultDir = Annotated[Path | None, typer.Option(

@@ -28,6 +28,7 @@ from dllm_bench.commands.serve_flags import (
     RunId,
     TensorParallelSize,
     Threads,
+    TraceSteps,
 )
 from dllm_bench.serve.options import ServeOptions
 from dllm_bench.sweep.run import sweep
@@ -62,6 +63,7 @@ def register(app: typer.Typer) -> None:
         no_profile_cache: NoProfileCache = False,
         cuda_graphs: CudaGraphs = None,
         tensor_parallel_size: TensorParallelSize = None,
+        trace_steps: TraceSteps = False,
     ) -> None:
         """Sensitivity sweeps (paper Fig. 7): engine throughput relative to Sparse-dLLM vs input or output length."""
         result_dir, run_id = inputs.result_dir(result_dir), inputs.run_id(run_id)

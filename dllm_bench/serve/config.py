@@ -51,6 +51,8 @@ class ServeRun:
     metric_options: MetricOptions = field(default_factory=MetricOptions)
     # --decoding: the policy every system that has it upstream runs (decoding_for)
     decoding: str = "fixed"
+    # --trace-steps: every point writes steps.jsonl, one row per forward (dllm_bench.serve.trace)
+    trace_steps: bool = False
     # The key `serve --endpoint` sends (--api-key, $OPENAI_API_KEY): never written to the run.
     api_key: str | None = field(default=None, repr=False)
 
@@ -80,7 +82,7 @@ class ServeRun:
                 "num_warmups": self.num_warmups, "max_duration": self.max_duration,
                 "max_concurrency": self.max_concurrency, "metric_options": self.metric_options.to_dict(),
                 "decoding": self.decoding, "engine_defaults": self.engine_defaults,
-                "baseline_defaults": self.baseline_defaults}
+                "baseline_defaults": self.baseline_defaults, "trace_steps": self.trace_steps}
 
     def measurement(self, rate: float) -> str:
         """How throughput is measured at one arrival rate (ablate and sweep)."""

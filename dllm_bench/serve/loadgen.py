@@ -144,10 +144,12 @@ def run_open_loop(system: Any, workload: Iterable[Any], make_params: Callable[[A
                   id_prefix: str = "req", keep_token_ids: bool = False,
                   progress_interval: float = 0.1, max_concurrency: int | None = None,
                   clock: Callable[[], float] = time.perf_counter,
-                  sleep: Callable[[float], None] = time.sleep) -> dict:
+                  sleep: Callable[[float], None] = time.sleep,
+                  on_start: Callable[[float], None] | None = None) -> dict:
     """Replay `workload` (items with prompt_ids, gen_length, an arrival offset in seconds and
     optionally request_id) against `system` in real time, at most `max_concurrency` requests in
-    flight (None: no cap).
+    flight (None: no cap). `on_start(t0)`: told the clock reading the records' times count from,
+    before the first request is handed over.
 
     Returns {records, rejected, duration, interrupted, timed_out, unfinished, unfinished_ids,
     not_sent, num_requests, stats}. Ctrl-C stops the loop and keeps what finished
@@ -183,6 +185,8 @@ def run_open_loop(system: Any, workload: Iterable[Any], make_params: Callable[[A
             progress(nxt, len(records), out_tokens / el if el > 0 else 0.0)
 
     t0 = clock()
+    if on_start is not None:
+        on_start(t0)
     try:
         while True:
             now = clock()

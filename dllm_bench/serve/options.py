@@ -128,6 +128,7 @@ class ServeOptions:
     cuda_graphs: bool | None = None
     decoding: str = "fixed"                     # engine.decoding policy (dllm_bench.systems.decoding)
     tensor_parallel_size: int | None = None     # the engine's ranks (engine.parallel); baselines: one device
+    trace_steps: bool = False                   # steps.jsonl per point (dllm_bench.serve.trace)
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> ServeOptions:
@@ -255,7 +256,7 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
         time_scale=o.time_scale, burstgpt_model=o.burstgpt_model, memory_budget=budget,
         memory_budget_source=mb.to_dict(), max_duration=o.max_duration, num_warmups=o.num_warmups,
         use_cache=not o.no_profile_cache, repeats=o.repeats, options=opts, max_concurrency=o.max_concurrency,
-        metric_options=reporting, decoding=decoding)
+        metric_options=reporting, decoding=decoding, trace_steps=o.trace_steps)
     build_workloads(run)
     return run
 

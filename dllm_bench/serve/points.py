@@ -4,7 +4,8 @@ one after another, each written at once in the run directory (results.write_poin
 
 One loop for the three commands keeps their points comparable: same workload builder, same
 memory-budget profiling, same process isolation, same point summary. Ctrl-C keeps what finished
-(and the interrupted point's partial result); a worker's user error (e.g. a budget too small
+(and the interrupted point's partial result); with --trace-steps each point's steps.jsonl is
+written before its summary (dllm_bench.serve.trace); a worker's user error (e.g. a budget too small
 for a system) stops the run; an internal failure is recorded and the run goes on.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dllm_bench.errors import UserError
 from dllm_bench.metrics import summarize
 from dllm_bench.repeats import batch_text, repeat_seeds
 from dllm_bench.results import PointKey, fmt_rps
+from dllm_bench.serve import trace
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.endpoint import measure_endpoint
 from dllm_bench.serve.process import WorkerFailed, progress_handler, run_worker, worker_spec
@@ -206,11 +208,21 @@ def record_repeats(run_dir: Path, seed: int, repeats: int) -> None:
     results.atomic_write_json(run_dir / "config.json", cfg)
 
 
+def record_tracing(run_dir: Path) -> None:
+    """config.json says the run traces its steps (also when a resumed run starts to)."""
+    cfg = results.load_config(run_dir)
+    if not cfg["config"].get("trace_steps"):
+        cfg["config"]["trace_steps"] = True
+        results.atomic_write_json(run_dir / "config.json", cfg)
+
+
 def measure_points(run: ServeRun, planned: Sequence[PlannedPoint], run_dir: Path, console: Console,
                    done: Collection[PointKey] = ()) -> Outcome:
     """Run every planned point (deduplicated by key; those in `done` are skipped: finished by
     the run being resumed) in a fresh worker, one after another, each written at once."""
     keep_run_budget(run, run_dir)
+    if run.trace_steps:
+        record_tracing(run_dir)
     seen: set[PointKey] = set()
     todo: list[PlannedPoint] = []
     for pp in planned:
@@ -229,20 +241,25 @@ def measure_points(run: ServeRun, planned: Sequence[PlannedPoint], run_dir: Path
             task = progress.add_task(f"[{i + 1}/{len(todo)}] {pp.title}", total=len(pp.workload),
                                      status="starting", arrived=0, tps=0.0)
             log_path = run_dir / "logs" / f"{results.point_name(pp.key)}.log"
+            part = trace.part_path(results.point_dir(run_dir, pp.key)) if run.trace_steps else None
             try:
                 if pp.variant.is_endpoint:  # over HTTP from this process: there is nothing to build
                     out = measure_endpoint(run, pp.variant, pp.workload, progress_handler(progress, task))
                 else:
-                    out = run_worker(worker_spec(run, pp.variant, pp.workload, pp.shape), log_path,
+                    out = run_worker(worker_spec(run, pp.variant, pp.workload, pp.shape, part), log_path,
                                      run.preset.threads, progress_handler(progress, task))
             except KeyboardInterrupt as e:
                 interrupted = True
                 out = getattr(e, "partial", None)
                 if out is not None:
+                    trace.publish(part)
                     results.write_point(run_dir, pp.key, *point_summary(out, pp, run))
+                else:
+                    trace.discard(part)
                 progress.update(task, status="interrupted")
                 break
             except WorkerFailed as e:
+                trace.discard(part)
                 progress.update(task, status="failed")
                 if e.kind == "user":
                     user_error = str(e)
@@ -251,6 +268,7 @@ def measure_points(run: ServeRun, planned: Sequence[PlannedPoint], run_dir: Path
                 progress.console.print(f"error: {failures[-1]}", markup=False, highlight=False)
                 continue
             s, recs, extra = point_summary(out, pp, run)
+            trace.publish(part)                 # before summary.json, the point's "done" marker
             results.write_point(run_dir, pp.key, s, recs, extra)
             progress.console.print(point_line({**extra, **s, "system": pp.variant.label, "dataset": pp.dataset,
                                                "repeat": pp.repeat}),

@@ -36,7 +36,8 @@ class WorkerFailed(Exception):
         self.kind = kind
 
 
-def worker_spec(run: ServeRun, variant, workload, shape) -> dict:
+def worker_spec(run: ServeRun, variant, workload, shape, trace_path: Path | None = None) -> dict:
+    """`trace_path`: where the worker streams its per-step trace (dllm_bench.serve.trace)."""
     p = run.preset
     dec = run.decoding_for(variant)
     baseline_defaults = run.baseline_defaults
@@ -54,6 +55,7 @@ def worker_spec(run: ServeRun, variant, workload, shape) -> dict:
         "max_concurrency": run.max_concurrency,
         # the machine's speed around the replay, for `simulate --validate` (DLLM_BENCH_SPEED_GAUGE=1)
         "speed_gauge": speed_gauge.requested(),
+        "trace_steps": None if trace_path is None else str(trace_path),
     }
 
 

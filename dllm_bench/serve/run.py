@@ -53,7 +53,7 @@ def _run_config(run: ServeRun) -> dict:
         "gen_mapping": describe_gen_mapping(p.block_length, p.gen_cap, p.gen_length),
         "workloads": {f"{ds}@{fmt_rps(r)}": describe(wl) for (ds, r), wl in run.workloads.items()},
         "fingerprint": run.fingerprint(), "repeats": run.repeats,
-        "repeat_seeds": repeat_seeds(run.seed, run.repeats),
+        "repeat_seeds": repeat_seeds(run.seed, run.repeats), "trace_steps": run.trace_steps,
     }
 
 

@@ -13,6 +13,8 @@ sampling rule. The worker
    static batch, both cached on disk),
 3. warms it up with `num_warmups` short requests (not measured),
 4. replays the workload open-loop in wall-clock time (dllm_bench.serve.loadgen.run_open_loop),
+   streaming one row per forward to the spec's `trace_steps` file when it names one
+   (dllm_bench.serve.trace),
 5. writes {result, info} to <out.json> atomically.
 
 stdout carries JSON lines only, one event each, for the parent's progress display:
@@ -47,6 +49,7 @@ import torch  # noqa: E402
 from dllm_bench.errors import UserError  # noqa: E402
 from dllm_bench.results import atomic_write_json  # noqa: E402
 from dllm_bench.serve.loadgen import run_open_loop, step_stats_summary  # noqa: E402
+from dllm_bench.serve.trace import tracing  # noqa: E402
 from dllm_bench.speed_gauge import SpeedGauge  # noqa: E402
 from dllm_bench.systems.build import STATIC_PROFILE_STEPS, WorkloadShape, build_system, warm_up  # noqa: E402
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
@@ -117,10 +120,12 @@ def run(spec: dict, out_path: Path) -> int:
     # (a Python dispatch mode), which slowed timed runs by 8-16 % and unequally across systems
     # (more for the baselines' many small ops), so a CPU replay runs unmetered and the peak is
     # measured afterwards, untimed (budget_probe).
-    with MemoryMeter(device) if device.type == "cuda" else nullcontext() as meter:
+    with MemoryMeter(device) if device.type == "cuda" else nullcontext() as meter, \
+            tracing(system, spec.get("trace_steps")) as trace:
         result = run_open_loop(system, spec["workload"], make_params, progress=progress,
                                max_duration=spec.get("max_duration"), progress_interval=0.25,
-                               max_concurrency=spec.get("max_concurrency"))
+                               max_concurrency=spec.get("max_concurrency"),
+                               on_start=None if trace is None else trace.start)
     if gauge is not None:
         gauge.read()
         info["speed_gauge_s"] = gauge.readings

@@ -1,0 +1,77 @@
+"""Per-step traces (`--trace-steps`): one JSON line per forward of the measured system, written
+to `steps.jsonl` beside the point's requests.jsonl (the simulator is fitted to them).
+
+Each row is what the system's `StepCounters` hands its sink (engine.counters.TRACE_FIELDS: an
+engine step or a baseline's forward) with the step's number and start time: `step` (0, 1, ...
+over the replay), `t_s` (seconds since the replay started, the clock of requests.jsonl),
+`wall_ms`, `requests`, `padded_requests`, `refresh`, `reuse`, `query_rows`, `key_tokens`,
+`logit_rows`, `graph`, and optionally `cache` (members per KV cache mode). The worker streams
+rows to `steps.jsonl.part` as the replay runs (a long run holds none in memory); the parent
+renames it when it writes the point, so a steps.jsonl is always a whole replay's.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+STEPS_FILE = "steps.jsonl"
+PART_SUFFIX = ".part"
+
+
+def part_path(point_dir: Path) -> Path:
+    """Where a point's worker streams its trace until the point is written."""
+    return point_dir / (STEPS_FILE + PART_SUFFIX)
+
+
+class StepTrace:
+    """A `StepCounters.sink` writing rows to `path`; step times count from `start(t0)`."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self.origin: float | None = None
+        self.steps = 0
+
+    def start(self, t0: float) -> None:
+        self.origin = t0
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        t = row.pop("t_start")
+        out = {"step": self.steps, "t_s": t - (self.origin if self.origin is not None else t), **row}
+        self.file.write(json.dumps(out) + "\n")
+        self.steps += 1
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@contextlib.contextmanager
+def tracing(system: Any, path: str | os.PathLike | None):
+    """Every forward of `system` while inside traced to `path` (None, or a system without step
+    counters such as an endpoint: nothing traced); yields the trace (or None)."""
+    counters = getattr(system, "counters", None)
+    if path is None or counters is None:
+        yield None
+        return
+    trace = StepTrace(path)
+    counters.sink = trace
+    try:
+        yield trace
+    finally:
+        counters.sink = None
+        trace.close()
+
+
+def publish(part: Path | None) -> None:
+    """The worker's finished trace under its final name (a missing one: nothing)."""
+    if part is not None and part.exists():
+        os.replace(part, part.with_name(STEPS_FILE))
+
+
+def discard(part: Path | None) -> None:
+    if part is not None:
+        part.unlink(missing_ok=True)
