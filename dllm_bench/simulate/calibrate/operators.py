@@ -25,7 +25,7 @@ import torch
 
 from dllm_bench.simulate import bounds
 from dllm_bench.simulate.cost_model import Efficiency, ModelShape, attention_time, gemm_time
-from dllm_bench.timing import device_sync, median_time
+from dllm_bench.timing import device_median_time, device_sync, median_time
 from engine import attention
 
 
@@ -125,15 +125,14 @@ PEAK_SIZES = {"cpu": (1024, 16 << 20), "cuda": (8192, 256 << 20)}
 def measure_peaks(dtype, repeats: int, device="cpu", spare: float | None = None) -> tuple[float, float]:
     """`spare`: the bytes the operands may take (`bounds.spare_bytes`); None = unbounded."""
     dev = torch.device(device)
-    sync = device_sync(dev)
     n, copy_elems = PEAK_SIZES.get(dev.type, PEAK_SIZES["cpu"])
     if spare is not None:
         n, copy_elems = bounds.peak_sizes(n, copy_elems, torch.empty(0, dtype=dtype).element_size(), spare)
     a, b = torch.randn(n, n, dtype=dtype, device=dev), torch.randn(n, n, dtype=dtype, device=dev)
-    flops = 2 * n**3 / median_time(lambda: a @ b, repeats, sync)
+    flops = 2 * n**3 / device_median_time(lambda: a @ b, repeats, dev)
     x = torch.randn(copy_elems, dtype=torch.float32, device=dev).to(dtype)
     y = torch.empty_like(x)
-    bw = 2 * x.numel() * x.element_size() / median_time(lambda: y.copy_(x), repeats, sync)
+    bw = 2 * x.numel() * x.element_size() / device_median_time(lambda: y.copy_(x), repeats, dev)
     return flops, bw
 
 
