@@ -1,5 +1,5 @@
 """`dllm-bench profile-step`: where one step of a system's time goes, under torch.profiler
-(dllm_bench.stepprofile, docs/PERFORMANCE.md)."""
+(dllm_bench.stepprofile, docs/PROFILE_STEP.md)."""
 from __future__ import annotations
 
 import typer

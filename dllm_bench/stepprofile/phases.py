@@ -38,31 +38,26 @@ def check_feasible(system, phase: str, batch: int) -> None:
         raise UserError("--phase mixed needs --batch 2 or more (a Refresh and a Reuse member in one step)")
 
 
-def stagger(system, phase: str, batch: int, steps_per_block: int) -> int:
-    """Steps between two admissions: spread over a block for `mixed`, none otherwise."""
-    return max(1, steps_per_block // batch) if phase == "mixed" else 0
-
-
 def next_phases(system, shape) -> list[bool] | None:
     """Whether each member of the next step refreshes (request order), or None when it cannot
-    be told before the step (requests about to be admitted, a look-ahead plan, a new static batch)."""
+    be told before the step (the engine about to admit requests)."""
     if is_engine(system):
         s, c = system.scheduler, system.config
-        if s.waiting or s.plan is not None:
+        if s.waiting:
             return None
         out: list[bool] = []
         tokens = 0
         for r in s.running:                   # what Scheduler.schedule takes, FCFS within the budgets
             ph = r.phase(c.cache, c.delay_step)
             cost = s.cost(r, ph)
-            if len(out) >= c.max_num_seqs or tokens + cost > c.max_num_batched_tokens:
-                break
+            if s.plan is None and (len(out) >= c.max_num_seqs or tokens + cost > c.max_num_batched_tokens):
+                break                         # (a look-ahead plan may defer some: the trace row tells)
             out.append(ph.is_refresh)
             tokens += cost
         return out
     b = system.batch
-    if b is None:
-        return None
+    if b is None:                             # a new static batch: every policy's first forward is a full one
+        return [True] * min(len(system.waiting), system.max_batch_size) if system.waiting else None
     policy = getattr(system.policy, "inner", system.policy)
     return [baseline_forward(policy.name, policy.knobs, b, shape)[1].refresh] * b.size
 

@@ -70,7 +70,8 @@ def profile_step(opts: StepProfileOptions, log: Callable[[str], None] = lambda m
     recorder = record_work(system, shape)
     log(f"profiling {opts.steps} {opts.phase} steps at batch {opts.batch}")
     spb = params.steps_per_block
-    bound = (opts.warmup + 2 * opts.steps + 2) * 2 * (spb + 1) + 2 * s.gen_length
+    # enough for a mix that comes once per block, or once per batch of requests (a new static batch)
+    bound = (opts.warmup + 2 * opts.steps + 2) * (2 * (spb + 1) + s.gen_length)
     m = measure(system, prompts, params, opts.phase, opts.steps, opts.warmup, shape, recorder, is_cuda(p.device),
                 bound)
     return document(s, built.info, pk, m, shape)
