@@ -161,10 +161,11 @@ def cli(monkeypatch, capsys):
 
 
 def test_json_is_one_document_and_the_table_goes_to_stderr(cli, fixed_peaks):
-    out, err = cli(0, "profile-step", "--model", "tiny", "--system", "fast-dllm", "--batch", "2", "--phase", "reuse",
-                   "--steps", "1", "--warmup", "0", "--json")
+    out, err = cli(0, "profile-step", "--model", "tiny", "--system", "fast-dllm", "--batch", "max-fit",
+                   "--memory-budget", "2MiB", "--phase", "reuse", "--steps", "1", "--warmup", "0", "--json")
     doc = json.loads(out)
-    assert doc["command"] == "profile-step" and doc["system"] == "fast-dllm:batch=2" and doc["batch"] == 2
+    assert doc["command"] == "profile-step" and doc["system"] == "fast-dllm" and doc["scenario"].startswith("max-fit")
+    assert doc["batch"] > 1 and doc["composition"]["requests"] == doc["batch"]   # the largest batch in the budget
     assert {"peaks", "step", "composition", "work", "top", "steps_detail", "graph_replays"} <= set(doc)
     assert "time per step" in err and "host gaps" in err and "longest ops" in err
 
@@ -172,6 +173,8 @@ def test_json_is_one_document_and_the_table_goes_to_stderr(cli, fixed_peaks):
 @pytest.mark.parametrize("args, msg", [
     (("--system", "nope"), "unknown system 'nope'"),
     (("--batch", "0"), "--batch must be >= 1"),
+    (("--batch", "two"), "--batch must be a number"),
+    (("--batch", "max-fit"), "give the engine a number"),
     (("--system", "engine,fast-dllm"), "names one system"),
     (("--system", "fast-dllm:batch=3", "--batch", "2"), "the static batch is --batch"),
     (("--phase", "sometimes"), "--phase must be one of"),

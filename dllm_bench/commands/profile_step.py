@@ -7,7 +7,7 @@ import typer
 from dllm_bench import results
 from dllm_bench.commands.serve_flags import AsJson, Model, NoProfileCache, Preset, Threads
 from dllm_bench.console import console
-from dllm_bench.stepprofile.options import StepProfileOptions
+from dllm_bench.stepprofile.options import StepProfileOptions, parse_batch
 from dllm_bench.stepprofile.report import show
 from dllm_bench.stepprofile.run import profile_step
 
@@ -17,7 +17,9 @@ def register(app: typer.Typer) -> None:
     def profile_step_cmd(
         system: str = typer.Option("engine", "--system", help="one system in serve's --systems grammar: engine, "
                                    "engine:cache=dual, engine:cuda_graphs=false, fast-dllm, sparse-dllm, ..."),
-        batch: int = typer.Option(1, "--batch", help="requests in the system (a baseline's static batch)"),
+        batch: str = typer.Option("1", "--batch", help="requests in the system (a baseline's static batch), or "
+                                  "max-fit: a baseline's largest static batch in the memory budget (measured, up to the preset's "
+                                  "max_num_seqs)"),
         phase: str = typer.Option("serve", "--phase", help="reuse | refresh (every member in that phase) | mixed "
                                   "(both in each step: the engine's requests admitted a stagger apart) | serve "
                                   "(requests admitted together, stepped as scheduled)"),
@@ -42,7 +44,7 @@ def register(app: typer.Typer) -> None:
         """One system at a batch and phase mix: time per step by category (GEMMs, attention, LM head, indexing,
         sampling, copies, elementwise, host gaps), FLOPs and bytes against the measured peaks, the longest
         kernels."""
-        opts = StepProfileOptions(system=system, batch=batch, phase=phase, steps=steps, warmup=warmup,
+        opts = StepProfileOptions(system=system, batch=parse_batch(batch), phase=phase, steps=steps, warmup=warmup,
                                   prompt_len=prompt_len, gen_length=gen_length, block_length=block_length,
                                   model=model, preset=preset, device=device, dtype=dtype,
                                   memory_budget=memory_budget, threads=threads, seed=seed,

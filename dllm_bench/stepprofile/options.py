@@ -8,18 +8,24 @@ from dataclasses import dataclass
 from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.options import ServeOptions, resolve_run
-from dllm_bench.stepprofile.phases import PHASES
+from dllm_bench.stepprofile.phases import check_feasible
 from dllm_bench.systems.spec import BATCH_KNOB, SystemVariant, engine_knobs, parse_system, parse_systems
+from engine.config import EngineConfig
 from workloads.datasets import PRESETS as LENGTHS
 from workloads.datasets import scale_lengths
 
 MAX_STEPS = 1000        # profiled steps (and as many unprofiled ones) at most
 
 
+# --batch of a baseline: the largest static batch the budget holds, measured, up to the preset's
+# max_num_seqs (the most requests the engine runs in a step)
+MAX_FIT = "max-fit"
+
+
 @dataclass(frozen=True)
 class StepProfileOptions:
     system: str = "engine"
-    batch: int = 1
+    batch: int | str = 1            # requests in the system, or MAX_FIT (a baseline)
     phase: str = "serve"
     steps: int = 5                  # profiled steps (and as many unprofiled ones, for the wall time)
     warmup: int = 2                 # steps of the phase run before any is measured
@@ -40,22 +46,33 @@ class StepProfileOptions:
 class StepProfileSetup:
     options: StepProfileOptions
     run: ServeRun                   # serve's resolution of the same options (preset, budget, device)
-    variant: SystemVariant          # a baseline's with batch=B
+    variant: SystemVariant          # a baseline's with batch=B (none: max-fit)
     prompt_len: int
     gen_length: int
     block_length: int
 
 
+def parse_batch(text: str) -> int | str:
+    """--batch: a number >= 1, or max-fit."""
+    if text.strip().lower() == MAX_FIT:
+        return MAX_FIT
+    try:
+        b = int(text)
+    except ValueError:
+        raise UserError(f"--batch must be a number >= 1 or {MAX_FIT}, got {text!r}") from None
+    if b < 1:
+        raise UserError(f"--batch must be >= 1, got {b}")
+    return b
+
+
 def resolve(o: StepProfileOptions) -> StepProfileSetup:
     """Every option checked (cheap ones first); UserError before anything is built."""
-    if o.batch < 1:
+    if o.batch != MAX_FIT and (not isinstance(o.batch, int) or o.batch < 1):
         raise UserError(f"--batch must be >= 1, got {o.batch}")
     if not 1 <= o.steps <= MAX_STEPS:
         raise UserError(f"--steps must be in [1, {MAX_STEPS}], got {o.steps}")
     if not 0 <= o.warmup <= MAX_STEPS:
         raise UserError(f"--warmup must be in [0, {MAX_STEPS}], got {o.warmup}")
-    if o.phase not in PHASES:
-        raise UserError(f"--phase must be one of {', '.join(PHASES)}, got {o.phase!r}")
     if o.prompt_len is not None and o.prompt_len < 1:
         raise UserError(f"--prompt-len must be >= 1, got {o.prompt_len}")
     variants = parse_systems(o.system)
@@ -67,14 +84,19 @@ def resolve(o: StepProfileOptions) -> StepProfileSetup:
     if variant.is_baseline:
         if variant.batch is not None and variant.batch != o.batch:
             raise UserError(f"--system {variant.label!r}: the static batch is --batch ({o.batch}), not batch=")
-        if variant.batch is None:
+        if variant.batch is None and o.batch != MAX_FIT:
             variant = parse_system(f"{variant.label}{',' if variant.knobs else ':'}{BATCH_KNOB}={o.batch}")
+    elif o.batch == MAX_FIT:
+        raise UserError(f"--batch {MAX_FIT} is a baseline's largest static batch; give the engine a number")
     run = resolve_run(ServeOptions(
         systems=variant.label, model=o.model, preset=o.preset, memory_budget=o.memory_budget, dtype=o.dtype,
         device=o.device, threads=o.threads, block_length=o.block_length, gen_length=o.gen_length,
-        num_prompts=o.batch, rps="inf", num_warmups=0, no_profile_cache=o.no_profile_cache, seed=o.seed))
-    if not variant.is_baseline and engine_knobs(variant, run.engine_defaults).get("tensor_parallel_size", 1) > 1:
+        num_prompts=1 if o.batch == MAX_FIT else o.batch, rps="inf", num_warmups=0,
+        no_profile_cache=o.no_profile_cache, seed=o.seed))
+    knobs = {} if variant.is_baseline else engine_knobs(variant, run.engine_defaults)
+    if knobs.get("tensor_parallel_size", 1) > 1:
         raise UserError("--system: profile-step runs one device (tensor_parallel_size 1)")
+    check_feasible(variant.name, knobs.get("cache", EngineConfig.cache), o.phase, o.batch)
     p = run.preset
     gen = p.gen_length or p.gen_cap // p.block_length * p.block_length
     return StepProfileSetup(o, run, variant, o.prompt_len or default_prompt_len(run), gen, p.block_length)

@@ -22,19 +22,19 @@ def is_engine(system) -> bool:
     return hasattr(system, "scheduler")
 
 
-def check_feasible(system, phase: str, batch: int) -> None:
-    """UserError for a phase mix the system can never run at this batch."""
+def check_feasible(system: str, cache: str | None, phase: str, batch: int | str) -> None:
+    """UserError for a phase mix `system` (engine with KV `cache`, or a baseline's name) can never
+    run at this batch."""
     if phase not in PHASES:
         raise UserError(f"--phase must be one of {', '.join(PHASES)}, got {phase!r}")
-    engine = is_engine(system)
-    cache = system.config.cache if engine else None
-    no_reuse = (engine and cache == "none") or (not engine and system.policy.name == "llada")
+    engine = system == "engine"
+    no_reuse = (engine and cache == "none") or system == "llada"
     if phase in ("reuse", "mixed") and no_reuse:
         raise UserError(f"--phase {phase}: this system has no Reuse phase (every step refreshes the whole canvas)")
     if phase == "mixed" and not engine:
         raise UserError("--phase mixed: a static batch runs its rows in lock step (one phase per forward); "
                         "mixed steps are the engine's")
-    if phase == "mixed" and batch < 2:
+    if phase == "mixed" and batch == 1:
         raise UserError("--phase mixed needs --batch 2 or more (a Refresh and a Reuse member in one step)")
 
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ from dllm_bench.simulate.calibrate.operators import PEAK_SIZES, measure_peaks
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.stepprofile import phases
 from dllm_bench.stepprofile.measure import measure
-from dllm_bench.stepprofile.options import StepProfileOptions, StepProfileSetup, resolve
+from dllm_bench.stepprofile.options import MAX_FIT, StepProfileOptions, StepProfileSetup, resolve
 from dllm_bench.stepprofile.summary import document
 from dllm_bench.stepprofile.work import record_work
 from dllm_bench.systems.build import WorkloadShape, build_system, warm_up
@@ -49,18 +50,22 @@ def peaks(dtype: str, device: str) -> dict:
 def profile_step(opts: StepProfileOptions, log: Callable[[str], None] = lambda m: None) -> dict:
     s = resolve(opts)
     p = s.run.preset
+    fit = opts.batch == MAX_FIT
     torch.set_num_threads(p.threads)
     log(f"measuring the GEMM peak and copy bandwidth on {p.device}")
     pk = peaks(p.dtype, p.device)
     log(f"building {s.variant.label}")
     built = build_system(
         s.variant, model_dir=s.run.model_dir, dtype=p.dtype, device=p.device, memory_budget=s.run.memory_budget,
-        shape=WorkloadShape(s.prompt_len, s.gen_length, s.block_length, max_requests=opts.batch),
+        shape=WorkloadShape(s.prompt_len, s.gen_length, s.block_length,
+                            max_requests=p.max_num_seqs if fit else opts.batch),
         engine_defaults=s.run.engine_defaults, baseline_defaults=s.run.baseline_defaults,
         max_model_len=p.max_model_len, use_cache=s.run.use_cache, log=log)
     system = built.system
+    if fit:                                    # the batch the budget holds, measured: from here on, B
+        opts = replace(opts, batch=int(built.info["max_batch_size"]))
+        s = replace(s, options=opts)
     check_capacity(system, built.info, s)
-    phases.check_feasible(system, opts.phase, opts.batch)
     prompts = _prompts(s)
     params = SamplingParams(gen_length=s.gen_length, steps=s.gen_length, block_length=s.block_length)
     log("warming up (one request)")
@@ -94,8 +99,8 @@ def check_capacity(system, info: dict, s: StepProfileSetup) -> None:
     if system.pool.capacity is not None and B * need > system.pool.capacity:
         raise UserError(f"--batch {B}: {B} requests of {length} tokens need {B * need:,} KV slots, the memory "
                         f"budget's pool holds {system.pool.capacity:,}; lower --batch or --prompt-len")
-    rows = {"refresh": length, "reuse": s.block_length}.get(o.phase, s.block_length)
-    if B * rows > c.max_num_batched_tokens:
+    rows = {"refresh": length, "reuse": s.block_length, "mixed": s.block_length}.get(o.phase, 0)
+    if B * rows > c.max_num_batched_tokens:            # (serve: what does not fit waits, as it would)
         raise UserError(f"--batch {B}: a {o.phase} step of {B} requests is {B * rows:,} query tokens, over the "
                         f"token budget {c.max_num_batched_tokens:,} (set it with --system "
                         "engine:max_num_batched_tokens=N)")
