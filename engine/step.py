@@ -50,12 +50,12 @@ class StepStats:
     refresh: int
     reuse: int
     decisions: StepDecisions | None = None
-    # What a step trace reports (engine.counters.TRACE_FIELDS): keys attended summed over the
-    # members, members the forward ran (dummies of a padded step included; None = the batch),
-    # whether it was a CUDA-graph replay, members per KV cache mode (None = not told).
-    key_tokens: int = 0
-    padded_requests: int | None = None
+    # What a step trace reports (engine.counters.TRACE_FIELDS): whether the forward was a
+    # CUDA-graph replay, the members it ran (dummies of a padded step included; None = the
+    # batch), keys attended summed over the members, members per KV cache mode (None = not told).
     graph: bool = False
+    padded_requests: int | None = None
+    key_tokens: int = 0
     cache: dict[str, int] | None = None
 
 
