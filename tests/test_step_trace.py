@@ -36,6 +36,8 @@ def test_the_sink_streams_numbered_rows_timed_from_the_replay_start(tmp_path):
     trace.publish(part)
     assert not part.exists() and (tmp_path / "point" / trace.STEPS_FILE).is_file()
     trace.discard(part)                                   # nothing left to discard: no error
+    trace.forget(tmp_path / "point")                      # a point measured again loses its old trace
+    assert not (tmp_path / "point" / trace.STEPS_FILE).exists()
     with trace.tracing(object(), part) as t:               # no step counters (an endpoint): nothing traced
         assert t is None
 

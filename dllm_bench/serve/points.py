@@ -241,7 +241,9 @@ def measure_points(run: ServeRun, planned: Sequence[PlannedPoint], run_dir: Path
             task = progress.add_task(f"[{i + 1}/{len(todo)}] {pp.title}", total=len(pp.workload),
                                      status="starting", arrived=0, tps=0.0)
             log_path = run_dir / "logs" / f"{results.point_name(pp.key)}.log"
-            part = trace.part_path(results.point_dir(run_dir, pp.key)) if run.trace_steps else None
+            pdir = results.point_dir(run_dir, pp.key)
+            trace.forget(pdir)
+            part = trace.part_path(pdir) if run.trace_steps else None
             try:
                 if pp.variant.is_endpoint:  # over HTTP from this process: there is nothing to build
                     out = measure_endpoint(run, pp.variant, pp.workload, progress_handler(progress, task))

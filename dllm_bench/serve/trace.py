@@ -66,6 +66,13 @@ def tracing(system: Any, path: str | os.PathLike | None):
         trace.close()
 
 
+def forget(point_dir: Path) -> None:
+    """A point about to be measured again (--resume after an interruption): its old trace goes,
+    traced or not this time."""
+    for f in (point_dir / STEPS_FILE, part_path(point_dir)):
+        f.unlink(missing_ok=True)
+
+
 def publish(part: Path | None) -> None:
     """The worker's finished trace under its final name (a missing one: nothing)."""
     if part is not None and part.exists():
