@@ -86,6 +86,7 @@ def test_kernels_take_their_launching_ops_category_or_their_own_names():
         _ev("void at::native::index_elementwise_kernel<128, 4>", 400, 420, kind="CUDA", linked=1),
         _ev("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add>", 420, 430, kind="CUDA", linked=1),
         _ev("void at::native::reduce_kernel<512, 1, ArgMaxOps<float>>", 430, 440, kind="CUDA", linked=1),
+        _ev(STEP, 5, 990, kind="CUDA", annotation=True, linked=1),      # the region's span on the GPU timeline
     ]
     bd = breakdown([step, lin, mm, head, head_mm, cp, *kernels], device=True)
     c = bd.categories_us

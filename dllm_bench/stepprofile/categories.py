@@ -29,6 +29,7 @@ CATEGORIES = {
     "elementwise": "norms and elementwise", "other": "other kernels", "host_gap": "host gaps",
 }
 REGION_CATEGORY = {regions.LM_HEAD: "lm_head", regions.DECODE: "sampling"}
+REGIONS = {STEP, BOOKKEEPING, *REGION_CATEGORY}
 
 # aten op names (without the `aten::` prefix) by category. Views, allocations and the like have
 # none: an op inside a categorized op takes that op's category, one outside any is "other".
@@ -157,6 +158,8 @@ def breakdown(events, device: bool) -> Breakdown:
         launchers = {e.id: e for e in cpu if e.linked_correlation_id == 0}
         for k in events:
             if k.device_type.name != "CUDA" or k.time_range.end < t0 or k.time_range.start > t1:
+                continue
+            if k.is_user_annotation or k.name in REGIONS:     # a region's span on the GPU's timeline
                 continue
             cat = kernel_category(k.name)
             op = launchers.get(k.linked_correlation_id)
