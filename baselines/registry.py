@@ -4,7 +4,7 @@ code, served by `baselines.static_batch.StaticBatchSystem` behind the engine's i
 `SYSTEMS[name]` holds each system's facts: its knobs with their defaults, the sampling shape its
 upstream evaluation uses, the upstream source it re-implements (repository + pinned commit), the
 static batch that code runs, which knob is its KV retention, which parallel-decoding rules it has
-(and the knob of each), and the memory its Refresh step holds. Code elsewhere reads these
+(and the knob of each), the memory its Refresh step holds and whether it reuses a cache at all. Code elsewhere reads these
 instead of comparing system names.
 `make_system(name, model, max_batch_size, **knobs)` builds a ready StaticBatchSystem.
 """
@@ -43,6 +43,7 @@ class SystemSpec:
     retention_knob: str | None = None  # the knob that is its KV retention (the engine's `retention`)
     decoding_knobs: dict = field(default_factory=dict)   # parallel-decoding rule -> its knob (engine.decoding)
     refresh_peak: RefreshPeak | None = None   # its Refresh memory per token (`models similarity`)
+    reuses: bool = True                # it has cache-reusing forwards (a Reuse phase), not only full ones
 
 
 SYSTEMS: dict[str, SystemSpec] = {
@@ -52,6 +53,7 @@ SYSTEMS: dict[str, SystemSpec] = {
         dict(repo="ML-GSAI/LLaDA", commit="b7e6c3565f194352da44b38dd12b6970597309f3", files=["generate.py"]),
         "no cache: S full forwards per block, full-sequence logits",
         upstream_batch=1,   # eval_llada.py generate_until: one request at a time
+        reuses=False,
     ),
     "fast-dllm": SystemSpec(
         "fast-dllm", FastDLLM, dict(fast_dllm_cache="dual", threshold=None, factor=None),

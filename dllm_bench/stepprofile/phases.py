@@ -12,8 +12,10 @@ forward description, dllm_bench.simulate.work); the step's trace row confirms th
 """
 from __future__ import annotations
 
+from baselines import SYSTEMS
 from dllm_bench.errors import UserError
 from dllm_bench.simulate.work import baseline_forward
+from dllm_bench.systems.spec import ENGINE
 
 PHASES = ("reuse", "refresh", "mixed", "serve")
 
@@ -27,8 +29,8 @@ def check_feasible(system: str, cache: str | None, phase: str, batch: int | str)
     run at this batch."""
     if phase not in PHASES:
         raise UserError(f"--phase must be one of {', '.join(PHASES)}, got {phase!r}")
-    engine = system == "engine"
-    no_reuse = (engine and cache == "none") or system == "llada"
+    engine = system == ENGINE
+    no_reuse = cache == "none" if engine else not SYSTEMS[system].reuses
     if phase in ("reuse", "mixed") and no_reuse:
         raise UserError(f"--phase {phase}: this system has no Reuse phase (every step refreshes the whole canvas)")
     if phase == "mixed" and not engine:
