@@ -47,7 +47,7 @@ def test_serve_trace_steps_writes_every_points_forwards(tmp_path):
     opts = ServeOptions(**{**RUN_DEFAULTS, "systems": "engine,fast-dllm,sparse-dllm", "rps": "inf",
                            "trace_steps": True})
     run = resolve_run(opts)
-    assert serve(run, result_dir=tmp_path, run_id="tr", resume=False, as_json=False, projection=False) == 0
+    assert serve(run, result_dir=tmp_path, run_id="tr", resume=False, as_json=False) == 0
     run_dir = tmp_path / "tr"
     assert results.load_config(run_dir)["config"]["trace_steps"] is True
     assert not list(run_dir.rglob("*.part"))
