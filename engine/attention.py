@@ -1,6 +1,9 @@
-"""Bidirectional attention: the one SDPA + GQA helper (`sdpa`) every model path calls, the
-padded batch form the engine's step uses on CPU (`padded_attention`: one SDPA call for a whole
-phase group, padding keys masked out), and flash-attn varlen on CUDA (`flash_varlen`).
+"""Bidirectional attention: the one SDPA + GQA helper every model path calls (`sdpa`), the
+padded batch form of a step's phase group (`padded_attention`: one SDPA call, padding keys
+masked out), and packed varlen kernels (`PackedKernel`: one call over packed queries and keys
+with cu_seqlens, no padding) from torch itself (`torch.nn.attention.varlen.varlen_attn`, torch
+>= 2.10) or from flash-attn. `choose_backend` picks one and says why in a line that the command
+layer prints once per run (the engine never logs it: a run builds many engines).
 
 Why padded SDPA on CPU (measured in docs/PERFORMANCE.md): flex_attention without
 torch.compile materializes the score matrix and ran 5-10x slower; a per-sequence loop costs
@@ -9,13 +12,41 @@ runner splits a group into chunks so no padded call exceeds a key budget.
 """
 from __future__ import annotations
 
-import logging
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-log = logging.getLogger(__name__)
-FLASH_DTYPES = (torch.float16, torch.bfloat16)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+PACKED = ("varlen", "flash_attn")          # the backends that take packed keys and cu_seqlens
+LABELS = {"sdpa": "padded SDPA", "varlen": "torch varlen_attn", "flash_attn": "flash-attn varlen"}
+
+
+@dataclass(frozen=True)
+class VarlenAPI:
+    """torch's varlen_attn as this torch has it (its keyword arguments grew across releases)."""
+
+    fn: Callable
+    gqa: bool      # takes enable_gqa (torch >= 2.12); without it K/V heads are repeated for GQA
+    paged: bool    # takes seqused_k and block_table (torch >= 2.12); unused (docs/PERFORMANCE.md)
+
+
+def torch_varlen() -> VarlenAPI | None:
+    """torch.nn.attention.varlen.varlen_attn, recognized by its signature; None if absent."""
+    try:
+        from torch.nn.attention import varlen
+    except ImportError:
+        return None
+    fn = getattr(varlen, "varlen_attn", None)
+    try:
+        params = inspect.signature(fn).parameters if fn is not None else {}
+    except (TypeError, ValueError):
+        return None
+    if not {"cu_seq_q", "cu_seq_k", "max_q", "max_k"} <= params.keys():
+        return None
+    return VarlenAPI(fn, "enable_gqa" in params, {"seqused_k", "block_table"} <= params.keys())
 
 
 def flash_attn_import_error() -> str | None:
@@ -28,41 +59,122 @@ def flash_attn_import_error() -> str | None:
     return None
 
 
-def flash_attn_available() -> bool:
-    return flash_attn_import_error() is None
+@dataclass(frozen=True)
+class BackendChoice:
+    name: str        # sdpa | varlen | flash_attn
+    why: str
+
+    @property
+    def line(self) -> str:
+        return f"attention: {LABELS[self.name]} ({self.why})"
 
 
-def resolve_backend(name: str, device: torch.device, dtype: torch.dtype | None = None) -> str:
-    """auto: flash-attn varlen on CUDA when it imports and the dtype is fp16/bf16, else SDPA
-    (on CUDA with one log line saying why). flash_attn asked for by name must be usable: it needs
-    a half dtype and an importable package (on a CPU only the test suite's stand-in imports)."""
+def choose_backend(name: str, device, dtype: torch.dtype | None = None) -> BackendChoice:
+    """auto: on CUDA in fp16/bf16, torch's varlen_attn, else flash-attn varlen, else padded SDPA;
+    on a CPU or in another dtype, padded SDPA. A backend asked for by name must be usable here
+    (ValueError if not); on a CPU only an implementation that declares it runs there does (the
+    test suite's stand-ins)."""
+    device = torch.device(device)
     if name == "sdpa":
-        return name
-    err = flash_attn_import_error()
-    half = dtype is None or dtype in FLASH_DTYPES
+        return BackendChoice("sdpa", "attention_backend=sdpa")
+    half = dtype is None or dtype in HALF_DTYPES
     if name == "auto":
-        if device.type != "cuda":
-            return "sdpa"
-        why = err if err is not None else (None if half else f"it supports only fp16/bf16, the model is {dtype}")
-        if why is None:
-            return "flash_attn"
-        log.warning("attention: SDPA, not flash-attn (%s)", why)
-        return "sdpa"
-    if err is not None:
-        raise ValueError(f"attention backend flash_attn needs the flash-attn package (pip install '.[gpu]'): {err}")
+        return _auto(device, dtype, half)
+    if name not in PACKED:
+        raise ValueError(f"unknown attention backend {name!r}")
+    if name == "varlen":
+        api = torch_varlen()
+        if api is None:
+            raise ValueError(f"attention backend varlen needs torch >= 2.10 (torch.nn.attention.varlen.varlen_attn); "
+                             f"this is torch {torch.__version__}")
+        on_cpu, why = getattr(api.fn, "RUNS_ON_CPU", False), _varlen_why(api)
+    else:
+        err = flash_attn_import_error()
+        if err is not None:
+            raise ValueError(f"attention backend flash_attn needs the flash-attn package (pip install '.[gpu]'): {err}")
+        import flash_attn
+
+        on_cpu, why = getattr(flash_attn, "RUNS_ON_CPU", False), f"flash-attn {getattr(flash_attn, '__version__', '?')}"
     if not half:
-        raise ValueError(f"attention backend flash_attn supports only float16/bfloat16, not {dtype}")
-    if device.type != "cuda" and not _runs_on_cpu():
-        raise ValueError("attention backend flash_attn needs CUDA")
-    return name
+        raise ValueError(f"attention backend {name} supports only float16/bfloat16, not {dtype}")
+    if device.type != "cuda" and not on_cpu:
+        raise ValueError(f"attention backend {name} needs CUDA")
+    return BackendChoice(name, f"attention_backend={name}: {why}")
 
 
-def _runs_on_cpu() -> bool:
-    # flash-attn kernels are CUDA-only; an implementation of its contract that declares it runs
-    # on the CPU (the test suite's stand-in) lets the engine's flash path run here.
-    import flash_attn
+def resolve_backend(name: str, device, dtype: torch.dtype | None = None) -> str:
+    return choose_backend(name, device, dtype).name
 
-    return bool(getattr(flash_attn, "RUNS_ON_CPU", False))
+
+def _auto(device: torch.device, dtype, half: bool) -> BackendChoice:
+    if device.type != "cuda":
+        return BackendChoice("sdpa", f"on {device.type}: the varlen kernels are CUDA-only")
+    if not half:
+        return BackendChoice("sdpa", f"the model is {str(dtype).removeprefix('torch.')}; varlen kernels take fp16/bf16")
+    cap = _capability(device)
+    if cap is not None and cap < (8, 0):
+        return BackendChoice("sdpa", f"sm_{cap[0]}{cap[1]}: FlashAttention varlen kernels need sm_80 or newer")
+    api = torch_varlen()
+    if api is not None:
+        return BackendChoice("varlen", _varlen_why(api))
+    no_torch = f"torch {torch.__version__} has no varlen_attn (torch >= 2.10)"
+    err = flash_attn_import_error()
+    if err is None:
+        import flash_attn
+
+        return BackendChoice("flash_attn", f"flash-attn {getattr(flash_attn, '__version__', '?')}; {no_torch}")
+    return BackendChoice("sdpa", f"{no_torch} and flash-attn does not import: {err}")
+
+
+def _varlen_why(api: VarlenAPI) -> str:
+    gqa = "" if api.gqa else "; GQA by repeated K/V heads"
+    return f"torch {torch.__version__}'s FlashAttention varlen kernels{gqa}"
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    """The GPU's compute capability; None where CUDA is faked (tests) or not initialized."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        return tuple(torch.cuda.get_device_capability(device))
+    except (RuntimeError, AssertionError):
+        return None
+
+
+class PackedKernel:
+    """One varlen call over packed q [Nq, Hq, D] and k/v [Nk, Hkv, D]: segment b's queries are
+    q[cu_q[b]:cu_q[b+1]], its keys k[cu_k[b]:cu_k[b+1]] (int32 [B+1] on q's device; `max_q` /
+    `max_k`: ints bounding every attending segment). As in FlashAttention, a segment without
+    queries costs nothing and one without keys gives zeros, so k/v may be a whole KV pool layer
+    with the unread ranges between members as query-less segments (`engine.step_context`)."""
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        if backend == "varlen":
+            api = torch_varlen()
+            if api is None:
+                raise ValueError("torch has no varlen_attn")
+            self._fn, self._gqa = api.fn, api.gqa
+        elif backend == "flash_attn":
+            from flash_attn import flash_attn_varlen_func  # optional dependency, CUDA only
+
+            self._fn, self._gqa = flash_attn_varlen_func, True    # GQA natively
+        else:
+            raise ValueError(f"{backend} is not a packed backend")
+
+    def reads_in_place(self, hq: int, hkv: int) -> bool:
+        """Whether k/v can be a pool layer as it is (not so where GQA needs repeated heads)."""
+        return hq == hkv or self._gqa
+
+    def __call__(self, q, k, v, cu_q, cu_k, max_q: int, max_k: int) -> torch.Tensor:
+        if self.backend == "flash_attn":
+            return self._fn(q, k, v, cu_q, cu_k, max_q, max_k, causal=False)
+        if q.shape[1] == k.shape[1]:
+            return self._fn(q, k, v, cu_q, cu_k, max_q, max_k)
+        if self._gqa:
+            return self._fn(q, k, v, cu_q, cu_k, max_q, max_k, enable_gqa=True)
+        g = q.shape[1] // k.shape[1]
+        return self._fn(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), cu_q, cu_k, max_q, max_k)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -81,8 +193,19 @@ def key_bias(key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """q [G, Lq, Hq, D], k/v [G, Lk, Hkv, D], bias [G, 1, 1, Lk] from `key_bias` (None: every
     key is real) -> [G, Lq, Hq, D]."""
-    # A contiguous [G, H, Lq, D] query is several times faster in CPU SDPA than a strided view.
-    return sdpa(q.transpose(1, 2).contiguous(), k.transpose(1, 2), v.transpose(1, 2), bias).transpose(1, 2)
+    qt = q.transpose(1, 2)
+    # A contiguous [G, H, Lq, D] query is several times faster in CPU SDPA than a strided view;
+    # CUDA's kernels take the strided view as it is (a copy per layer saved).
+    qt = qt if q.is_cuda else qt.contiguous()
+    return sdpa(qt, k.transpose(1, 2), v.transpose(1, 2), bias).transpose(1, 2)
+
+
+def varlen_call(backend: str, q: torch.Tensor, cu_q, k: torch.Tensor, v: torch.Tensor, cu_k) -> torch.Tensor:
+    """A packed backend's call with host lists for cu_q / cu_k (doctor, calibration, tests)."""
+    max_q = max(b - a for a, b in zip(cu_q, cu_q[1:]))
+    max_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
+    tensor = lambda c: torch.tensor(c, dtype=torch.int32, device=q.device)  # noqa: E731
+    return PackedKernel(backend)(q, k, v, tensor(cu_q), tensor(cu_k), int(max_q), int(max_k))
 
 
 def varlen_attention(q: torch.Tensor, cu_q: list[int], keys: list[torch.Tensor], values: list[torch.Tensor],
@@ -91,10 +214,10 @@ def varlen_attention(q: torch.Tensor, cu_q: list[int], keys: list[torch.Tensor],
     values[i] ([Hkv, Lk_i, D]). Returns [Nq, Hq, D]. A convenience over lists (benchmarks and
     tests); the engine's step builds its padded or packed keys from the pool directly."""
     lk = [t.shape[1] for t in keys]
-    if backend == "flash_attn":
+    if backend in PACKED:
         kp = torch.cat([t.transpose(0, 1) for t in keys])
         vp = torch.cat([t.transpose(0, 1) for t in values])
-        return flash_varlen(q, cu_q, kp, vp, [0, *torch.tensor(lk).cumsum(0).tolist()])
+        return varlen_call(backend, q, cu_q, kp, vp, [0, *torch.tensor(lk).cumsum(0).tolist()])
     lq = [cu_q[i + 1] - cu_q[i] for i in range(len(keys))]
     G, Lq, Lk = len(keys), max(lq), max(lk)
     qp = q.new_zeros(G, Lq, *q.shape[1:])
@@ -108,18 +231,3 @@ def varlen_attention(q: torch.Tensor, cu_q: list[int], keys: list[torch.Tensor],
         mask[i, : lk[i]] = True
     o = padded_attention(qp, kp, vp, key_bias(mask, q.dtype))
     return torch.cat([o[i, : lq[i]] for i in range(G)])
-
-
-def flash_varlen(q: torch.Tensor, cu_q, k: torch.Tensor, v: torch.Tensor, cu_k, max_q: int | None = None,
-                 max_k: int | None = None) -> torch.Tensor:
-    """flash_attn_varlen_func over packed q [Nq, Hq, D] and k/v [Nk, Hkv, D]. cu_q/cu_k: int32
-    tensors on q's device with max_q/max_k given (the engine's step: no host work), or lists."""
-    from flash_attn import flash_attn_varlen_func  # optional dependency, CUDA only
-
-    if not torch.is_tensor(cu_q):
-        max_q = max(b - a for a, b in zip(cu_q, cu_q[1:]))
-        max_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
-        cu_q = torch.tensor(cu_q, dtype=torch.int32, device=q.device)
-        cu_k = torch.tensor(cu_k, dtype=torch.int32, device=q.device)
-    return flash_attn_varlen_func(q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, int(max_q), int(max_k),
-                                  causal=False)

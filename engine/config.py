@@ -12,7 +12,7 @@ SCORE_QUERIES = ("mean", "max")
 SCHEDULERS = ("phase", "request", "lookahead")
 # The one dtype-name table of the repository (CLI names -> torch dtypes).
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-BACKENDS = ("auto", "sdpa", "flash_attn")
+BACKENDS = ("auto", "sdpa", "varlen", "flash_attn")
 
 
 @dataclass
@@ -20,7 +20,7 @@ class EngineConfig:
     model: str = ""                        # checkpoint directory (presets are resolved by the CLI)
     dtype: str = "float32"
     device: str = "auto"                   # auto = cuda when available
-    attention_backend: str = "auto"        # auto = flash-attn varlen on CUDA when importable, else SDPA
+    attention_backend: str = "auto"        # auto = on CUDA torch varlen_attn, else flash-attn, else SDPA
     # Reuse-only steps padded to batch buckets and captured as CUDA graphs (engine.graphs):
     # None = on for CUDA; True on a CPU runs the same padding with plain calls (tests).
     cuda_graphs: bool | None = None

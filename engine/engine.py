@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from engine.attention import resolve_backend
+from engine.attention import choose_backend
 from engine.canvas import CanvasPool
 from engine.config import DTYPES, EngineConfig
 from engine.counters import StepCounters
@@ -47,7 +47,9 @@ class LLMEngine:
         self.device, self.dtype = source.device, source.dtype
         self.model_config = runner.model_config if runner is not None else model.config
         self.max_model_len = config.max_model_len or self.model_config.max_sequence_length
-        self.backend = resolve_backend(config.attention_backend, self.device, self.dtype)
+        # The backend and why (`attention.line`): said once per run by the command layer, not here.
+        self.attention = choose_backend(config.attention_backend, self.device, self.dtype)
+        self.backend = self.attention.name
         self.profile = None
         capacity = config.kv_pool_tokens
         if capacity is None and (config.memory_budget is not None or self.device.type == "cuda"):

@@ -1,23 +1,22 @@
-"""CUDA graphs for Reuse-only steps, padded to batch buckets.
+"""CUDA graphs for Reuse-only steps, padded to batch buckets, kept only where they are faster.
 
-A Reuse step of B requests (each querying its current block against its cache) is the engine's
-commonest and lightest step: on a GPU its kernels take ~15-25 ms for LLaDA-8B at 32 requests,
-the same order as launching them one by one from Python. So, as vLLM and SGLang do for decode,
-the engine captures such steps once per shape and replays them. The shape is made static by
-padding: the batch to the next bucket (1, 2, 4, ..., 256) with dummy members, and the keys to a
-power of two: with flash-attn the packed keys of the whole group (at most twice what the step
-reads), with padded SDPA every member's keys (a step qualifies only while that stays within
-the key budget the profiler measured). A dummy member queries one block at position 0,
-stores its K/V into the pool's scratch slot (`KVPool.scratch`) and attends to it, so it can
-change no request's cache; its hidden rows are dropped before decoding.
+A Reuse step (each request queries its current block against its cache) is the engine's
+commonest and lightest step: at a few requests its hundreds of small kernels cost about what
+launching them from Python does, so, as vLLM does for decode, such steps are captured once per
+shape and replayed. Shapes are made static by padding the batch to a bucket (1, 2, 4, 8, then
+every 8 up to max_num_seqs: vLLM's capture sizes) with dummy members, and the keys: a packed
+kernel reading the pool in place needs nothing more (the pool is the key tensor, the segment
+count follows the bucket); gathered keys are padded, in all (packed) or per member (padded
+SDPA), to `key_width`, at most 1/8 above. A dummy queries one block at position 0 and stores
+its K/V into the pool's scratch slot (`KVPool.scratch`); it attends to nothing (in place) or
+to that slot, so it changes no request's cache, and its rows are dropped before decoding.
 
-The graph's inputs are the step's staged metadata (`engine.staging`): each bucket owns a
-staging buffer sized once, the same puts land at the same offsets every step, so a replay
-reads the new step's ids, positions and indices from the memory the graph was captured on.
-The weights, the KV pool (fixed capacity on CUDA) and the RoPE table (grown to
-max_model_len first) stay where they were. Without CUDA (tests) the padding and bucketing run
-the same way and the forward is a plain call, so float64 tests check that padded steps give
-exactly the tokens of unpadded ones.
+Graphs are never slower: at a bucket's first step its replay is timed against eager runs of
+the same step unpadded (what the bucket runs otherwise), with CUDA events after a warm-up, and
+the bucket keeps its graph only if the graph was faster (`StepGraphs.report()`). Each bucket
+owns a staging buffer: the same puts land at the same offsets every step, so a replay reads
+the new step's metadata where the graph was captured. Without CUDA (tests) padding and
+bucketing run the same way with plain calls, so float64 tests check padded steps' tokens.
 """
 from __future__ import annotations
 
@@ -30,8 +29,25 @@ from engine.request import Phase
 from engine.staging import Staging
 from engine.step_meta import CODES, StepMeta
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-MIN_KEY_WIDTH = 16
+KEY_GRANULE = 16          # key widths below 128 are multiples of this
+TIMED_RUNS = 5            # replays and eager runs timed per bucket (after one warm-up each)
+
+
+def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, then every 8 up to max_num_seqs (and max_num_seqs itself)."""
+    sizes = {b for b in (1, 2, 4) if b <= max_num_seqs} | set(range(8, max_num_seqs + 1, 8)) | {max_num_seqs}
+    return tuple(sorted(sizes))
+
+
+def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
+    return next((b for b in buckets if b >= n), None)
+
+
+def key_width(n: int) -> int:
+    """n keys rounded up to a multiple of max(16, 2^⌊log2 n⌋ / 8): at most 1/8 more from 128 on."""
+    n = max(int(n), 1)
+    step = max(KEY_GRANULE, (1 << (n.bit_length() - 1)) >> 3)
+    return -(-n // step) * step
 
 
 @dataclass
@@ -39,16 +55,8 @@ class PadSpec:
     """Dummy members appended to a Reuse-only step."""
 
     members: int                  # members after padding (the batch bucket)
-    keys: int                     # static keys: in all (flash-attn) or per member (padded SDPA)
+    keys: int                     # static keys: gathered in all (packed) or per member (padded); 0 = in place
     scratch: int                  # the pool slot no request owns
-
-
-def bucket(n: int) -> int | None:
-    return next((b for b in BUCKETS if b >= n), None)
-
-
-def key_width(n: int) -> int:
-    return max(MIN_KEY_WIDTH, 1 << max(0, int(n) - 1).bit_length())
 
 
 def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
@@ -68,28 +76,66 @@ def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
                     n_q=cat(m.n_q, one(bl)), cu_q=cu_q)
 
 
+class CudaCapture:
+    """Captures a forward as a CUDA graph and times calls with CUDA events (tests pass a fake
+    with the same two methods)."""
+
+    def __init__(self):
+        self.mempool = torch.cuda.graph_pool_handle()
+
+    def capture(self, fn):
+        """-> (graph, the captured call's output)."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):             # warm-up outside the graph (allocator, kernels)
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.mempool):
+            out = fn()
+        return graph, out
+
+    def time_ms(self, fn, what: str) -> float:
+        """Mean milliseconds of `fn` over TIMED_RUNS calls after one untimed call (`what`: graph
+        or eager, for fakes)."""
+        fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(TIMED_RUNS):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / TIMED_RUNS
+
+
 @dataclass
 class _Entry:
-    staging: Staging
-    captured: object                     # the PackedStep the graph was captured with
-    graph: object | None = None          # torch.cuda.CUDAGraph
-    out: torch.Tensor | None = None      # the captured forward's output
+    staging: Staging | None
+    captured: object | None               # the PackedStep the graph was captured with
+    graph: object | None = None           # torch.cuda.CUDAGraph
+    out: torch.Tensor | None = None       # the captured forward's output
+    decision: str = "plain"               # graph | eager | plain (no capture: plain calls)
+    graph_ms: float | None = None
+    eager_ms: float | None = None
+    steps: int = 0
+    dummies: int = 0
 
 
 class StepGraphs:
-    """Per (bucket, key width, block length): a staging buffer and, on CUDA, a captured graph.
-    `runner`: the engine's ModelRunner (prepare / forward)."""
+    """Per (bucket, key width, block length): a staging buffer and, on CUDA, a captured graph if
+    it measured faster. `runner`: the engine's ModelRunner (prepare / forward); `capturer`:
+    `CudaCapture` on CUDA with a fixed-size pool, None for plain calls."""
 
-    def __init__(self, runner):
+    def __init__(self, runner, capturer=None):
         self.runner = runner
         self.pool = runner.pool
-        self.capture = runner.device.type == "cuda" and self.pool.capacity is not None
-        self.flash = runner.backend == "flash_attn"
+        if capturer is None and runner.device.type == "cuda" and self.pool.capacity is not None:
+            capturer = CudaCapture()
+        self.capturer = capturer
+        self.buckets = batch_buckets(runner.config.max_num_seqs)
         self.entries: dict[tuple[int, int, int], _Entry] = {}
-        self.mempool = torch.cuda.graph_pool_handle() if self.capture else None
-        self.replays = 0                     # steps run through a bucket (the first of each included)
+        self.replays = 0                     # steps run padded (graph replays or plain calls)
         self.dummies = 0                     # dummy members they carried
-        self.replayed = False                # the last step ran as a CUDA-graph replay
         runner.model.rope.reserve(runner.max_model_len, runner.device, runner.dtype)
 
     def takes(self, batch) -> bool:
@@ -97,54 +143,78 @@ class StepGraphs:
         if any(p is not Phase.REUSE for _, p in batch):
             return False
         bl = batch[0][0].block_length
-        b = bucket(len(batch))
+        b = bucket(len(batch), self.buckets)
         if b is None or any(r.block_length != bl for r, _ in batch) or b * bl > self.runner.config.max_num_batched_tokens:
             return False
-        return self.flash or b * self._keys(batch) <= self.runner.key_budget
+        return self.runner.kernel is not None or b * self._keys(batch) <= self.runner.key_budget
 
     def _keys(self, batch) -> int:
-        """The static key count of the step's bucket (see the module docstring)."""
-        keys = [self.runner.policy.reuse_keys(r) for r, _ in batch]
-        dummies = (bucket(len(batch)) - len(batch)) * batch[0][0].block_length      # a block of keys each
-        return key_width(sum(keys) + dummies) if self.flash else key_width(max(keys))
-
-    def run(self, batch) -> tuple[object, torch.Tensor]:
-        """The step padded, through its graph -> (its PackedStep, the real rows' hidden states).
-
-        A replay runs the forward as captured: with the captured step's tensors, which alias the
-        bucket's staging buffer, now holding this step's metadata. Without CUDA the "replay" is
-        a plain call of the forward on that captured step, so a CPU run checks the same thing:
-        that a bucket's puts land where the captured step reads them."""
+        """The static keys of the step's bucket (see the module docstring)."""
         r = self.runner
-        spec = PadSpec(bucket(len(batch)), key_width(self._keys(batch)), self.pool.scratch)
+        if r.kernel is not None and r.in_place_keys and r.kernel.reads_in_place(r.model_config.n_heads,
+                                                                             r.model_config.kv_heads):
+            if all(self.pool.contiguous(req.slots) for req, _ in batch):
+                return 0
+        keys = [r.policy.reuse_keys(req) for req, _ in batch]
+        if r.kernel is None:
+            return key_width(max(keys))
+        dummies = (bucket(len(batch), self.buckets) - len(batch)) * batch[0][0].block_length   # a block each
+        return key_width(sum(keys) + dummies)
+
+    def run(self, batch) -> tuple[object, torch.Tensor, bool] | None:
+        """The step padded -> (its PackedStep, the real rows' hidden states, whether a graph was
+        replayed); None when the bucket runs eager (its graph was slower): the caller runs it.
+
+        A replay runs the forward as captured, with the captured step's tensors, which alias the
+        bucket's staging buffer, now holding this step's metadata. Without a capturer the
+        "replay" is a plain call of the forward on that captured step, so a CPU run checks the
+        same thing: that a bucket's puts land where the captured step reads them."""
+        r = self.runner
+        spec = PadSpec(bucket(len(batch), self.buckets), self._keys(batch), self.pool.scratch)
         key = (spec.members, spec.keys, batch[0][0].block_length)
         entry = self.entries.get(key)
         if entry is None:
-            sizing = Staging(r.device, buffered=True)
-            r.prepare(batch, spec, sizing)           # the same puts, to size the bucket's buffer once
-            staging = Staging(r.device, capacity=sizing.used, buffered=True)
-            p = r.prepare(batch, spec, staging)
-            entry = self.entries[key] = _Entry(staging, p)
-            if self.capture:
-                self._capture(entry, p)
-        else:
+            entry, p = self._first(key, batch, spec)
+        elif entry.decision != "eager":
             p = r.prepare(batch, spec, entry.staging)
-        self.replayed = entry.graph is not None
+        entry.steps += 1
+        if entry.decision == "eager":
+            return None
         if entry.graph is not None:
             entry.graph.replay()
             hidden = entry.out
         else:
             hidden = r.forward(entry.captured)
+        entry.dummies += spec.members - len(batch)
         self.replays += 1
         self.dummies += spec.members - len(batch)
-        return p, hidden[: int(p.meta.cu_q[-1])]
-    def _capture(self, entry: _Entry, p) -> None:
-        r = self.runner
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):             # warm-up outside the graph (allocator, kernels)
-            r.forward(p)
-        torch.cuda.current_stream().wait_stream(stream)
-        entry.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(entry.graph, pool=self.mempool):
-            entry.out = r.forward(p)
+        return p, hidden[: int(p.meta.cu_q[-1])], entry.graph is not None
+
+    def _first(self, key, batch, spec: PadSpec):
+        """A bucket's first step: its staging buffer, and with a capturer the graph, kept if faster."""
+        r, cap = self.runner, self.capturer
+        eager_ms = None
+        if cap is not None:                      # first, while nothing of the padded step is staged
+            unpadded = r.prepare(batch)
+            eager_ms = cap.time_ms(lambda: r.forward(unpadded), "eager")
+        sizing = Staging(r.device, buffered=True)
+        r.prepare(batch, spec, sizing)           # the same puts, to size the bucket's buffer once
+        staging = Staging(r.device, capacity=sizing.used, buffered=True)
+        p = r.prepare(batch, spec, staging)
+        entry = self.entries[key] = _Entry(staging, p)
+        if cap is not None:
+            graph, out = cap.capture(lambda: r.forward(p))
+            entry.graph_ms, entry.eager_ms = cap.time_ms(graph.replay, "graph"), eager_ms
+            if entry.graph_ms < eager_ms:
+                entry.graph, entry.out, entry.decision = graph, out, "graph"
+            else:                                # slower: this bucket runs eager, unpadded
+                entry.staging = entry.captured = None
+                entry.decision = "eager"
+        return entry, p
+
+    def report(self) -> list[dict]:
+        """Per bucket: batch size, static keys (0: read in place), block length, the decision
+        (graph | eager | plain), both timings in ms (None without a capturer), steps, dummies."""
+        return [{"batch": b, "keys": k, "block_length": bl, "decision": e.decision, "graph_ms": e.graph_ms,
+                 "eager_ms": e.eager_ms, "steps": e.steps, "dummies": e.dummies}
+                for (b, k, bl), e in sorted(self.entries.items())]

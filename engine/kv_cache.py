@@ -145,6 +145,17 @@ class KVPool:
         host = self.host.get(id(table))
         return host if host is not None else table.cpu().numpy()
 
+    def contiguous(self, table: torch.Tensor | None) -> bool:
+        """Whether a slot table is one run of consecutive slots (a packed kernel then reads the
+        request's keys where they lie, `engine.step_context`)."""
+        if table is None:
+            return False
+        pieces = self.pieces.get(id(table))
+        if pieces is not None:
+            return len(pieces) == 1
+        host = self.host_slots(table)
+        return bool(host.size) and bool((np.diff(host) == 1).all())
+
     def release(self, n: int, table: torch.Tensor | None = None) -> None:
         self.used -= n
         assert self.used >= 0

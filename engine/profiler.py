@@ -90,6 +90,7 @@ def measure_activation_peak(model: LLaDAModelLM, config: EngineConfig, backend: 
     scratch = KVPool(None, model.config, model.dtype, model.device)     # the profiled steps' caches
     # Eager steps: what a captured graph keeps is reserved on top (`profile_kv_pool`).
     runner = ModelRunner(model, dataclasses.replace(config, cuda_graphs=False), backend, scratch, max_model_len)
+    runner.in_place_keys = False      # gathered Reuse keys: the peak of a fragmented pool
     temp = 1.0 if config.sampling else 0.0
     budget = config.max_num_batched_tokens
     L = min(max_model_len, budget)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.attention import PACKED, PackedKernel
 from engine.cache_policy import POLICIES
 from engine.config import EngineConfig
 from engine.decoding import commit_mask, policy_columns
@@ -49,6 +50,10 @@ class ModelRunner:
         # that is more (a full Refresh step already gathers that many fresh keys). The profiler
         # measures chunks of exactly this bound, so a step never gathers more than it measured.
         self.key_budget = max(self.max_model_len, config.max_num_batched_tokens)
+        self.kernel = PackedKernel(backend) if backend in PACKED else None
+        # Reuse keys read in place from the pool where the kernel can (engine.step_context); the
+        # profiler turns it off to measure the gathered keys, the larger peak.
+        self.in_place_keys = True
         self.staging = Staging(self.device)
         self.graphs = StepGraphs(self) if config.graphs_enabled(self.device) and pool is not None else None
 
@@ -68,7 +73,7 @@ class ModelRunner:
         ids = host_tokens[np.minimum(np.repeat(m.offset, m.n_q) + pos, len(host_tokens) - 1)]
         p = PackedStep(real, m, fwd.put(ids), fwd.put(pos), int(m.length.max()) - 1,
                        StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
-                                   None if pad is None else pad.keys))
+                                   None if pad is None else pad.keys, self.kernel, self.in_place_keys))
         p.plan = _plan_commit(real, [r.decoding for r in reqs], host_tokens, self.model_config.mask_token_id, main,
                               in_pool)
         fwd.flush()
@@ -86,12 +91,11 @@ class ModelRunner:
     @torch.no_grad()
     def run(self, batch: list[tuple[Request, Phase]]) -> StepStats:
         reqs = [r for r, _ in batch]
-        graph = False
-        if self.graphs is not None and self.graphs.takes(batch):
-            p, hidden = self.graphs.run(batch)
-            graph = self.graphs.replayed
-        else:
-            p = self.prepare(batch)
+        padded = self.graphs.run(batch) if self.graphs is not None and self.graphs.takes(batch) else None
+        if padded is not None:
+            p, hidden, graph = padded
+        else:                                        # eager, unpadded (also a bucket whose graph was slower)
+            p, graph = self.prepare(batch), False
             hidden = self.forward(p)
         m, c = p.meta, p.plan
         segments = [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel)

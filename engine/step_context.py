@@ -4,18 +4,19 @@ without the global). Built once per step on the host, called once per layer.
 Per layer it does a fixed number of tensor ops whatever the batch size: one indexed write
 stores the fresh K/V of every request that stores (dual and sparse caches), then each phase
 group — Refresh sequences (keys = their own canvas) and Reuse sequences (keys = cache slots) —
-is one attention call whose keys are gathered with one indexed read straight into the layout
-the kernel takes. With flash-attn that is one varlen call per group over packed keys. The
-padded CPU path (`padded_attention`, one SDPA call per group) splits a group into chunks only
-when its padded keys would exceed `key_budget` rows, which bounds the transient memory (the
-profiler measures a full chunk); flash-attn needs no padding and is never split. The sparse
-Refresh-select of all selecting requests is one batched scoring per layer.
+is one attention call. With a packed varlen kernel (torch's varlen_attn or flash-attn) a Reuse
+group's keys are read where they lie: a request's slot table is one contiguous range of the
+pool, so the whole pool layer is the key tensor and cu_seqlens_k points at each member's range,
+the unread ranges between them being query-less segments (`_in_place`); members whose table is
+in pieces get their keys gathered into packed rows by one indexed read (a second call). The
+padded path (`padded_attention`, CPU) gathers every group's keys padded, split into chunks only
+where its padded keys would exceed `key_budget` rows (the profiler measures a full chunk). The
+sparse Refresh-select of all selecting requests is one batched scoring per layer.
 
 Nothing in the forward reads the device back: every index tensor, cu_seqlens included, is
 built on the host from the step's `StepMeta` columns (numpy, `engine.ragged`) and staged with
-the step's one host-to-device copy (`engine.staging`); rows are chosen with integer indices,
-never boolean masks; what derives from staged data on the device (the padding bias, int32
-cu_seqlens) is computed by `finalize`, the first thing of the forward.
+the step's one host-to-device copy (`engine.staging`); what derives from staged data on the
+device (the padding bias, int32 cu_seqlens) is computed by `finalize`, first in the forward.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.attention import flash_varlen, key_bias, padded_attention
+from engine.attention import PACKED, PackedKernel, key_bias, padded_attention
 from engine.cache_policy import CachePolicy, KeySpec
 from engine.kv_cache import KVPool
 from engine.ragged import padded, ragged
@@ -35,33 +36,42 @@ from engine.step_meta import StepMeta
 @dataclass
 class _Chunk:
     G: int
-    Lq: int                            # padded: query rows per member; flash: the longest
+    Lq: int                            # padded: query rows per member; packed: the longest
     members: np.ndarray                # the step's members in this chunk, in order
-    q_index: torch.Tensor | None       # packed query rows ([G*Lq] padded, [ΣLq] flash); None: q as it is
+    q_index: torch.Tensor | None       # packed query rows ([G*Lq] padded, [ΣLq] packed); None: q as it is
     kv_index: torch.Tensor | None      # keys from the pool: its rows, K slots then the same slots' V rows
     fresh_index: torch.Tensor | None   # keys from the step's own K/V: their packed rows
-    kmax: int                          # padded: keys per member; flash: the longest
+    kmax: int                          # padded: keys per member; packed: a bound on a member's keys
     keys_are_queries: bool = False     # the keys are the step's K/V at the query rows (a Refresh)
+    in_place: bool = False             # packed: the keys are the pool layer itself (`_in_place`)
     key_mask: torch.Tensor | None = None   # padded: [G, kmax] 1 = a real key (None: all are)
     q_rows: tuple | None = None            # padded, ragged Lq: (member, row) of each real output row
-    dst: torch.Tensor | None = None        # several chunks: the output row of each real query row
-    cu_q: torch.Tensor | None = None       # flash: packed query / key offsets (staged int64)
+    dst: torch.Tensor | None = None        # the output row of each real query row (None: in order)
+    cu_q: torch.Tensor | None = None       # packed: query / key offsets (staged int64)
     cu_k: torch.Tensor | None = None
     bias: torch.Tensor | None = None       # set by finalize: the additive SDPA mask of padding keys
-    cu_q32: torch.Tensor | None = None     # set by finalize: cu_seqlens as flash-attn takes them
+    cu_q32: torch.Tensor | None = None     # set by finalize: cu_seqlens as the kernels take them
     cu_k32: torch.Tensor | None = None
 
 
 class StepContext:
-    """`static_keys`: pad every member's keys to this many (padded path, always with a key mask)
-    or the group's packed keys to this many in all (flash), so a step's tensor shapes depend
-    only on its bucket (`engine.graphs`)."""
+    """`static_keys` (a CUDA graph's bucket, `engine.graphs`): pad every member's keys to this
+    many (padded path, always with a key mask), the group's gathered keys to this many in all
+    (packed), or 0: the packed Reuse group reads every member in place, with a static number of
+    segments; so a step's tensor shapes depend only on its bucket. `kernel`: the packed backend's
+    call (the runner makes one; made here if not given). `in_place`: False gathers every group's
+    keys (the profiler measures that worst case)."""
 
     def __init__(self, meta: StepMeta, policy: CachePolicy, pool: KVPool | None, backend: str, key_budget: int,
-                 staging: Staging, dtype: torch.dtype, static_keys: int | None = None):
+                 staging: Staging, dtype: torch.dtype, static_keys: int | None = None,
+                 kernel: PackedKernel | None = None, in_place: bool = True):
         self.meta, self.policy, self.pool, self.backend, self.dtype = meta, policy, pool, backend, dtype
         self.static_keys, self.key_budget = static_keys, key_budget
+        self.packed = backend in PACKED
+        self.kernel = kernel if kernel is not None or not self.packed else PackedKernel(backend)
         self.n_slots = pool.storage.shape[2] if pool is not None else 0
+        self.in_place = in_place and self.packed and pool is not None and self.kernel.reads_in_place(
+            pool.cfg.n_heads, pool.cfg.kv_heads)
         spec = policy.spec(meta)
         self._plan_stores(spec, staging)
         self.select_plan = policy.plan_select(meta, staging)
@@ -69,15 +79,17 @@ class StepContext:
         key_lens = spec.cached + spec.fresh
         for refresh in (True, False):
             members = np.flatnonzero(meta.refresh == refresh)
-            parts = [members] if backend == "flash_attn" or static_keys else _split(members, key_lens[members],
-                                                                                     key_budget)
-            for chunk in parts:
-                if chunk.size:
-                    self.chunks.append(self._chunk(chunk, spec, staging))
-        if len(self.chunks) > 1:                      # only then do rows need placing (`__call__`)
-            for ch in self.chunks:
+            if not members.size:
+                continue
+            if self.packed:
+                self.chunks += self._packed_chunks(members, spec, staging)
+            else:
+                parts = [members] if static_keys is not None else _split(members, key_lens[members], key_budget)
+                self.chunks += [self._chunk(part, spec, staging) for part in parts]
+        if len(self.chunks) > 1 or (self.chunks and self.chunks[0].in_place and self.chunks[0].q_index is not None):
+            for ch in self.chunks:                    # each chunk's rows go straight to their place
                 dst = ragged(meta.cu_q[ch.members], meta.n_q[ch.members])
-                square = backend != "flash_attn" and ch.q_rows is None    # [G, Lq] output, no reshape
+                square = not self.packed and ch.q_rows is None    # [G, Lq] output, no reshape
                 ch.dst = staging.put(dst.reshape(ch.G, ch.Lq) if square else dst)
 
     def _plan_stores(self, spec: KeySpec, staging: Staging) -> None:
@@ -89,6 +101,40 @@ class StepContext:
             src = ragged(m.cu_q[st], m.n_q[st])
             self.store_src = None if _identity(src, int(m.cu_q[-1])) else staging.put(src)
 
+    def _packed_chunks(self, members: np.ndarray, spec: KeySpec, staging: Staging) -> list[_Chunk]:
+        """A phase group under a packed kernel: Reuse members whose slot table is one contiguous
+        range in place (a CUDA graph's dummies too: they attend to nothing), the rest gathered."""
+        m, kc = self.meta, spec.cached[members]
+        if not (self.in_place and kc.all()) or self.static_keys:
+            return [self._chunk(members, spec, staging)]
+        first = m.slots[m.slot_base[members]]
+        dummy = first == self.pool.scratch
+        whole = _contiguous(m.slots, m.slot_base[members], kc) | dummy
+        if self.static_keys == 0:
+            assert whole.all(), "a graph's in-place step needs every slot table in one piece"
+        out = [self._in_place(members[whole], np.where(dummy, 0, kc)[whole], first[whole], staging)] if whole.any() else []
+        return out + ([self._chunk(members[~whole], spec, staging)] if not whole.all() else [])
+
+    def _in_place(self, members: np.ndarray, keys: np.ndarray, first: np.ndarray, staging: Staging) -> _Chunk:
+        """Reuse members read in place: ordered by where their range starts (members without keys,
+        a graph's dummies, last), each one a query-less segment up to its range, then itself."""
+        m = self.meta
+        order = np.argsort(np.where(keys > 0, first, np.iinfo(np.int64).max), kind="stable")
+        members, keys, first = members[order], keys[order], first[order]
+        ends = first + keys
+        start = np.where(keys > 0, first, np.max(ends, where=keys > 0, initial=0))
+        gaps = start - np.concatenate([[0], np.maximum.accumulate(start + keys)[:-1]])
+        assert (gaps >= 0).all(), "slot ranges of two requests overlap"
+        lq = m.n_q[members]
+        seg_q = np.stack([np.zeros_like(lq), lq], 1).reshape(-1)
+        seg_k = np.stack([gaps, keys], 1).reshape(-1)
+        q_idx = ragged(m.cu_q[members], lq)
+        # max_seqlen_k bounds every segment, query-less ones included (static: the pool's size)
+        kmax = self.n_slots if self.static_keys is not None else max(1, int(seg_k.max()))
+        return _Chunk(len(members), int(lq.max()), members,
+                      None if _identity(q_idx, int(m.cu_q[-1])) else staging.put(q_idx), None, None, kmax,
+                      in_place=True, cu_q=staging.put(_offsets(seg_q)), cu_k=staging.put(_offsets(seg_k)))
+
     def _chunk(self, chunk: np.ndarray, spec: KeySpec, staging: Staging) -> _Chunk:
         m = self.meta
         G, n_total = len(chunk), int(m.cu_q[-1])
@@ -99,13 +145,13 @@ class StepContext:
         keys = kc if from_pool else kf
         base = m.slot_base[chunk] if from_pool else starts
         Lq = int(lq.max())
-        if self.backend == "flash_attn":
+        if self.packed:
             q_idx = ragged(starts, lq)
             idx = ragged(base, keys)
             kmax = int(keys.max())
             if self.static_keys:                      # the packed keys padded to a static total with
                 # the last real key (never read: cu_k says where each member ends); max_seqlen_k
-                # must be static too, and any bound on a member's keys is valid for flash-attn
+                # must be static too, and any bound on a member's keys is valid for the kernels
                 idx = np.concatenate([idx, np.full(self.static_keys - idx.size, idx[-1] if idx.size else 0)])
                 kmax = self.key_budget
             ch = _Chunk(G, Lq, chunk, None if _identity(q_idx, n_total) else staging.put(q_idx), None, None, kmax,
@@ -144,7 +190,7 @@ class StepContext:
             pool[1, self.store_slots] = v if self.store_src is None else v[self.store_src]
         if self.select_plan is not None:
             self.policy.select(self.select_plan, pool, q, k, v)
-        if len(self.chunks) == 1:                     # every member, in packed order
+        if len(self.chunks) == 1 and self.chunks[0].dst is None:    # every member, in packed order
             return self._attend(self.chunks[0], q, k, v, pool).reshape(q.shape)
         # Each chunk writes its real rows straight to their packed positions: no concatenation
         # of the groups' outputs and no reorder afterwards.
@@ -154,18 +200,20 @@ class StepContext:
         return out
 
     def _attend(self, ch: _Chunk, q, k, v, pool) -> torch.Tensor:
-        """The chunk's query rows in packed order, attended: [ΣLq, Hq, D] ([G, Lq, Hq, D] when
-        the padded path has no padded query rows)."""
+        """The chunk's query rows in its member order, attended: [ΣLq, Hq, D] ([G, Lq, Hq, D]
+        when the padded path has no padded query rows)."""
         hkv, d = k.shape[1:]
         qq = q if ch.q_index is None else q[ch.q_index]
+        if ch.in_place:
+            return self.kernel(qq, pool[0], pool[1], ch.cu_q32, ch.cu_k32, ch.Lq, ch.kmax)
         if ch.kv_index is not None:                   # K and V of every member in one indexed read
             K, V = pool.view(-1, hkv, d)[ch.kv_index].view(2, -1, hkv, d).unbind(0)
         elif ch.keys_are_queries:
             K, V = (k, v) if ch.q_index is None else (k[ch.q_index], v[ch.q_index])
         else:
             K, V = k[ch.fresh_index], v[ch.fresh_index]
-        if self.backend == "flash_attn":
-            return flash_varlen(qq, ch.cu_q32, K, V, ch.cu_k32, ch.Lq, ch.kmax)
+        if self.packed:
+            return self.kernel(qq, K, V, ch.cu_q32, ch.cu_k32, ch.Lq, ch.kmax)
         o = padded_attention(qq.view(ch.G, ch.Lq, *q.shape[1:]), K.view(ch.G, ch.kmax, hkv, d),
                              V.view(ch.G, ch.kmax, hkv, d), ch.bias)
         return o if ch.q_rows is None else o[ch.q_rows]
@@ -179,6 +227,12 @@ def _offsets(lens: np.ndarray) -> np.ndarray:
     out = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(lens, out=out[1:])
     return out
+
+
+def _contiguous(slots: np.ndarray, base: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Per member: whether its first n slot-table entries are consecutive ascending slots."""
+    breaks = np.concatenate([[0], np.cumsum(np.diff(slots) != 1)])
+    return breaks[base + n - 1] == breaks[base]
 
 
 def _split(members: np.ndarray, key_lens: np.ndarray, budget: int) -> list[np.ndarray]:

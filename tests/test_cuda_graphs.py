@@ -6,7 +6,10 @@ alias the bucket's staging buffer, so these tests check what a replay relies on.
   dual and sparse caches (the dummies' keys and stores stay in the scratch slot);
 * replays read the new step's metadata: the same run with each bucket's buffer swapped for a
   fresh one after capture gives other tokens (so the equality above can fail);
-* bucket sizes, key widths and the padding rule.
+* bucket sizes (vLLM's: 1, 2, 4, 8, then every 8), key widths (at most 1/8 above) and the
+  padding rule;
+* a bucket keeps its graph only if it measured faster than eager (a fake capturer times them):
+  slower graphs leave every bucket eager and unpadded, and the tokens stay exact either way.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.graphs import BUCKETS, PadSpec, bucket, key_width
+from engine.graphs import PadSpec, StepGraphs, batch_buckets, bucket, key_width
 from engine.staging import Staging
 from tests.helpers import make_engine, random_prompts, tiny_model
 
@@ -23,8 +26,10 @@ F64 = torch.float64
 MODEL = tiny_model(F64, seed=4)
 
 
-def _run(cache: str, graphs: bool, sabotage: bool = False):
+def _run(cache: str, graphs: bool, sabotage: bool = False, capturer=None):
     eng = make_engine(MODEL, cache=cache, cuda_graphs=graphs)
+    if capturer is not None:
+        eng.runner.graphs = StepGraphs(eng.runner, capturer)
     prompts = random_prompts(6, [3, 11, 6, 1, 17, 8], seed=4)
     params = [SamplingParams(gen_length=g, steps=s, block_length=4)
               for g, s in [(8, 8), (12, 12), (8, 8), (16, 16), (8, 4), (12, 6)]]
@@ -50,7 +55,8 @@ def test_bucketed_steps_give_the_tokens_of_unpadded_ones(cache):
     assert got == want
     assert g.replays > len(g.entries) > 0                      # captured once per bucket, replayed after
     assert g.dummies > 0                                       # some steps really were padded
-    assert {k[0] for k in g.entries} <= set(BUCKETS)
+    assert {k[0] for k in g.entries} <= set(g.buckets)
+    assert all(row["decision"] == "plain" and row["graph_ms"] is None for row in g.report())
 
 
 def test_a_replay_reads_the_new_steps_metadata():
@@ -60,9 +66,27 @@ def test_a_replay_reads_the_new_steps_metadata():
 
 
 def test_buckets_and_key_widths():
-    assert [bucket(n) for n in (1, 2, 3, 5, 33, 64, 65)] == [1, 2, 4, 8, 64, 64, 128]
-    assert bucket(BUCKETS[-1] + 1) is None
-    assert [key_width(n) for n in (1, 16, 17, 100, 1024, 1025)] == [16, 16, 32, 128, 1024, 2048]
+    assert batch_buckets(64) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+    assert batch_buckets(20) == (1, 2, 4, 8, 16, 20) and batch_buckets(3) == (1, 2, 3)
+    b = batch_buckets(64)
+    assert [bucket(n, b) for n in (1, 2, 3, 5, 9, 17, 33, 64, 65)] == [1, 2, 4, 8, 16, 24, 40, 64, None]
+    assert [key_width(n) for n in (1, 16, 17, 100, 128, 129, 1000, 1025)] == [16, 16, 32, 112, 128, 144, 1024, 1152]
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 7, 8, 20, 64, 256, 300])
+def test_every_batch_lands_in_a_bucket_with_few_dummies(max_num_seqs):
+    """< 8 dummies per step from 9 requests on, under twice the batch below."""
+    buckets = batch_buckets(max_num_seqs)
+    assert buckets[-1] == max_num_seqs
+    for n in range(1, max_num_seqs + 1):
+        b = bucket(n, buckets)
+        assert b >= n and (b - n < 8 if n > 8 else b < 2 * n), (n, b)
+
+
+def test_key_widths_pad_at_most_an_eighth_beyond_small_sizes():
+    for n in range(1, 20000):
+        w = key_width(n)
+        assert w >= n and w - n < (n / 8 if n >= 128 else 16), (n, w)
 
 
 def test_padding_rule_uses_only_the_scratch_slot():
@@ -71,7 +95,7 @@ def test_padding_rule_uses_only_the_scratch_slot():
     original = eng.runner.run
 
     def run(batch):
-        p = eng.runner.prepare(batch, PadSpec(bucket(len(batch)) * 2, 64, eng.pool.scratch))
+        p = eng.runner.prepare(batch, PadSpec(bucket(len(batch), eng.runner.graphs.buckets) * 2, 64, eng.pool.scratch))
         real, m = p.meta, p.padded_meta
         n = len(m.n_q) - len(real.n_q)
         dummy_slots = m.slots[len(real.slots):]
@@ -103,3 +127,57 @@ def test_profiler_reserves_the_graph_pool():
     assert graphs.activation_peak_bytes == max(graphs.refresh_peak_bytes, graphs.reuse_peak_bytes) + graphs.reuse_peak_bytes
     free = graphs.budget_bytes - graphs.weights_bytes - graphs.activation_peak_bytes - graphs.guard_bytes
     assert graphs.kv_pool_tokens == free // graphs.bytes_per_token
+
+
+class FakeGraph:
+    """A captured forward replayed as a plain call writing into the captured output."""
+
+    def __init__(self, fn, out):
+        self.fn, self.out = fn, out
+
+    def replay(self):
+        self.out.copy_(self.fn())
+
+
+class FakeCapture:
+    """`engine.graphs.CudaCapture`'s two methods on a CPU: timings as given, per kind."""
+
+    def __init__(self, graph_ms: float, eager_ms: float):
+        self.ms = {"graph": graph_ms, "eager": eager_ms}
+        self.timed: list[str] = []
+
+    def capture(self, fn):
+        out = fn()
+        return FakeGraph(fn, out), out
+
+    def time_ms(self, fn, what: str) -> float:
+        fn()
+        self.timed.append(what)
+        return self.ms[what]
+
+
+@pytest.mark.parametrize("graph_ms, eager_ms, kept", [(5.0, 4.0, False), (3.0, 4.0, True)])
+def test_a_bucket_keeps_its_graph_only_if_it_measured_faster(graph_ms, eager_ms, kept):
+    want, _ = _run("dual", graphs=False)
+    cap = FakeCapture(graph_ms, eager_ms)
+    stats = []
+    got, eng = _run("dual", graphs=True, capturer=cap)
+    assert got == want                                         # exact whichever way each bucket ran
+    g = eng.runner.graphs
+    report = g.report()
+    assert report and all(r["decision"] == ("graph" if kept else "eager") for r in report)
+    assert all((r["graph_ms"], r["eager_ms"]) == (graph_ms, eager_ms) for r in report)
+    assert cap.timed == ["eager", "graph"] * len(report)       # once per bucket, at its first step
+    assert sum(r["steps"] for r in report) > len(report)       # later steps reuse the decision
+    if kept:
+        assert g.replays == sum(r["steps"] for r in report) and g.dummies > 0
+    else:                                                      # eager buckets run unpadded
+        assert g.replays == 0 and g.dummies == 0 and all(e.staging is None for e in g.entries.values())
+    eng2 = make_engine(MODEL, cache="dual", cuda_graphs=True)
+    eng2.runner.graphs = StepGraphs(eng2.runner, FakeCapture(graph_ms, eager_ms))
+    original = eng2.runner.run
+    eng2.runner.run = lambda batch: stats.append(original(batch)) or stats[-1]
+    eng2.generate(random_prompts(3, [4, 6, 5], seed=2), SamplingParams(gen_length=8, steps=8, block_length=4))
+    padded = [s for s in stats if s.padded_batch is not None]
+    assert all(s.graph == kept for s in padded) and bool(padded) == kept
+    assert all(s.padded_batch == 4 for s in padded)            # 3 requests run as the bucket of 4

@@ -7,7 +7,8 @@ q/k/v, int32 cu_seqlens on q's device, int max_seqlen, shapes) and computes with
   bf16;
 * a whole generation in bf16 makes one varlen call per phase group per layer, never split by
   the CPU key budget;
-* backend choice: flash-attn only with a half dtype and an importable package.
+* backend choice: flash-attn only with a half dtype and an importable package, and for auto
+  only where torch has no varlen_attn (tests/test_varlen_path.py).
 """
 from __future__ import annotations
 
@@ -102,6 +103,9 @@ def test_backend_choice(standin, monkeypatch):
     with pytest.raises(ValueError, match="float16/bfloat16"):
         resolve_backend("flash_attn", cpu, torch.float32)
     cuda = torch.device("cuda")
+    import torch.nn.attention.varlen as torch_varlen
+
+    monkeypatch.delattr(torch_varlen, "varlen_attn")                  # a torch before 2.10: flash-attn next
     assert resolve_backend("auto", cuda, BF16) == "flash_attn"
     assert resolve_backend("auto", cuda, torch.float32) == "sdpa"      # fp32 model: SDPA, with a reason
     monkeypatch.setitem(sys.modules, "flash_attn", None)              # found but not importable
@@ -110,23 +114,26 @@ def test_backend_choice(standin, monkeypatch):
         resolve_backend("flash_attn", cuda, BF16)
 
 
-@pytest.mark.parametrize("cache", ["dual", "sparse"])
-def test_bucketed_flash_steps_match_unpadded_ones(cache, standin):
-    """Graph steps on the flash path: the group's packed keys padded to a power of two in all,
+@pytest.mark.parametrize("cache, in_place", [("dual", True), ("sparse", True), ("dual", False), ("sparse", False)])
+def test_bucketed_flash_steps_match_unpadded_ones(cache, in_place, standin):
+    """Graph steps on the flash path: keys read in place from the pool (a static number of
+    segments, dummies attending to nothing) or gathered and padded to a static total with
     max_seqlen_k static; each bucketed step's hidden states match the unpadded step's (bf16)."""
     model = tiny_model(BF16, seed=6)
     eng = make_engine(model, cache=cache, attention_backend="flash_attn", cuda_graphs=True)
+    eng.runner.in_place_keys = in_place
     graphs, checked = eng.runner.graphs, []
     original = graphs.run
 
     def run(batch):
         saved = eng.pool.storage.clone()
-        p, hidden = original(batch)
+        p, hidden, replayed = original(batch)
         eng.pool.storage.copy_(saved)
         want = eng.runner.forward(eng.runner.prepare(batch))
         torch.testing.assert_close(hidden.float(), want.float(), rtol=0.02, atol=0.02)
         checked.append(len(p.padded_meta.n_q) - len(batch))
-        return p, hidden
+        assert not replayed                                    # no capture on a CPU: plain calls
+        return p, hidden, replayed
 
     graphs.run = run
     prompts = random_prompts(5, [4, 9, 6, 3, 7], seed=3)
@@ -134,3 +141,4 @@ def test_bucketed_flash_steps_match_unpadded_ones(cache, standin):
     assert all(o.finished for o in outs)
     assert checked and max(checked) > 0                        # padded steps among them
     assert all(c["lk"] for c in standin.calls)
+    assert {k[1] == 0 for k in graphs.entries} == {in_place}   # static keys: 0 = read in place

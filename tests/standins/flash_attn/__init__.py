@@ -39,10 +39,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     assert max(lq) <= max_seqlen_q and max(lk) <= max_seqlen_k, "max_seqlen smaller than a sequence"
     assert dropout_p == 0.0 and not causal
     calls.append(dict(dtype=q.dtype, batch=len(lq), lq=lq, lk=lk))
-    out = torch.empty_like(q)
+    out = torch.zeros_like(q)                       # a sequence without keys: zeros, as the kernel writes
     gqa = q.shape[1] != k.shape[1]
     for a, b, c, d in zip(cq, cq[1:], ck, ck[1:]):
-        if b > a:
+        if b > a and d > c:
             o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[c:d].transpose(0, 1),
                                                v[c:d].transpose(0, 1), scale=softmax_scale, enable_gqa=gqa)
             out[a:b] = o.transpose(0, 1)
