@@ -257,13 +257,21 @@ def test_attention_is_timed_through_the_engines_own_call(monkeypatch):
     for (qs, ks, vs, bias), s in zip(calls[::2], attn):
         assert qs == (1, s.a, SMALL.heads, SMALL.head_dim) and ks == vs == (1, s.b, SMALL.kv_heads, SMALL.head_dim)
         assert bias is None                                     # one group, every key real
-    # where the engine would use flash-attn varlen, that is what is timed: packed 3-D rows
+    # where the engine would use a packed varlen kernel, that is what is timed: packed 3-D rows
     packed = []
-    monkeypatch.setattr(attention, "resolve_backend", lambda name, dev, dtype=None: "flash_attn")
-    monkeypatch.setattr(attention, "flash_varlen", lambda q, cq, k, v, ck: packed.append((q.shape, cq, k.shape, ck)))
+
+    class Kernel:
+        def __init__(self, backend):
+            self.backend = backend
+
+        def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k):
+            packed.append((self.backend, q.shape, k.shape, tuple(cu_q.shape), max_q, max_k))
+
+    monkeypatch.setattr(attention, "resolve_backend", lambda name, dev, dtype=None: "varlen")
+    monkeypatch.setattr(attention, "PackedKernel", Kernel)
     fn = cal.engine_attention(8, 32, SMALL, torch.float32, "meta")
     fn()
-    assert packed == [((8, SMALL.heads, SMALL.head_dim), [0, 8], (32, SMALL.kv_heads, SMALL.head_dim), [0, 32])]
+    assert packed == [("varlen", (8, SMALL.heads, SMALL.head_dim), (32, SMALL.kv_heads, SMALL.head_dim), (2,), 8, 32)]
 
 
 def test_each_timed_size_frees_its_system_before_the_next(monkeypatch):

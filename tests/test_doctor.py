@@ -16,7 +16,7 @@ from dllm_bench.cli import app
 from dllm_bench.doctor import checks, generation, layer_timing, report
 from dllm_bench.doctor.checks import FAIL, OK, SKIP, WARN, Check
 
-ROWS = ("device", "torch", "flash-attn", "dtypes", "memory", "checkpoint", "generate", "generate bf16",
+ROWS = ("device", "torch", "attention", "dtypes", "memory", "checkpoint", "generate", "generate bf16",
         "layer timing")
 
 
@@ -124,7 +124,7 @@ def test_gpu_names_pick_their_built_in_profile():
         assert layer_timing.profile_for_gpu(name) == prof, name
 
 
-def test_on_a_faked_gpu_the_profile_memory_and_flash_rows(monkeypatch):
+def test_on_a_faked_gpu_the_profile_memory_and_attention_rows(monkeypatch):
     from dllm_bench.simulate import hardware
 
     cuda = torch.device("cuda:0")
@@ -150,12 +150,18 @@ def test_on_a_faked_gpu_the_profile_memory_and_flash_rows(monkeypatch):
     monkeypatch.setattr(dd, "free_device_memory", lambda d: (79 * 2**30, 80 * 2**30))
     assert checks.memory_check(cuda).status == OK
 
-    err = "OSError: flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi"
-    monkeypatch.setattr(checks, "flash_attn_error", lambda: err)
-    row = checks.flash_attn_check(cuda)
-    assert row.status == WARN and err in row.detail and "SDPA" in row.detail
+    import torch.nn.attention.varlen as torch_varlen
 
-    gpu = [Check("device", OK, "h100", {"type": "cuda"}), Check("flash-attn", WARN, err),
+    from engine import attention
+
+    err = "OSError: flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi"
+    monkeypatch.delattr(torch_varlen, "varlen_attn")                   # a torch before 2.10
+    monkeypatch.setattr(attention, "flash_attn_import_error", lambda: err)
+    row = checks.attention_check(cuda)
+    assert row.status == WARN and err in row.detail and "attention: padded SDPA" in row.detail
+    assert row.data["backend"] == "sdpa" and row.data["torch_varlen"] is False
+
+    gpu = [Check("device", OK, "h100", {"type": "cuda"}), Check("attention", WARN, err),
            Check("memory", OK, "", {"total": 80 * 2**30}), Check("layer timing", OK, "", {"profile": "h100"})]
     nxt = report.next_commands(gpu, None)
     assert nxt[0].startswith("dllm-bench doctor --model") and any("pip install" in x for x in nxt)

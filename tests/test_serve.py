@@ -210,6 +210,9 @@ def test_serve_tiny_end_to_end_writes_every_file_and_resumes(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert len(summary["points"]) == 2
     assert "Serving Benchmark Result" in r.stderr and "preset tiny" in r.stderr
+    # The engine's attention backend and why: said once by the run, never by its workers.
+    assert r.stderr.count("attention: padded SDPA (") == 1
+    assert not any("attention:" in f.read_text() for f in (run_dir / "logs").iterdir())
     # Same options again with --resume: every point is finished, nothing is re-run.
     r2 = _cli(*TINY, "--rps", "inf", "--result-dir", str(tmp_path), "--run-id", "e2e", "--resume")
     assert r2.returncode == 0, r2.stderr[-3000:]
@@ -220,6 +223,24 @@ def test_serve_tiny_end_to_end_writes_every_file_and_resumes(tmp_path):
         serve(run, result_dir=tmp_path, run_id="e2e", resume=True, as_json=False)
     with pytest.raises(UserError, match="no run 'nope'"):
         serve(run, result_dir=tmp_path, run_id="nope", resume=True, as_json=False)
+
+
+def test_the_attention_line_is_said_once_a_run_whatever_the_workers():
+    """Every engine point builds its engine in its own worker: the run prints the line once."""
+    from types import SimpleNamespace
+
+    from dllm_bench.serve.process import progress_handler
+
+    printed = []
+    progress = SimpleNamespace(console=SimpleNamespace(print=lambda text, **kw: printed.append(text)),
+                               update=lambda task, **kw: None)
+    said: set[str] = set()
+    line = "attention: torch varlen_attn (torch 2.11.0's FlashAttention varlen kernels)"
+    for task in range(3):                                    # three engine points, a worker each
+        on_event = progress_handler(progress, task, said)
+        on_event({"event": "built", "info": {"attention": line, "kv_pool_tokens": 64}})
+        on_event({"event": "built", "info": {"max_batch_size": 4}})       # a baseline says nothing
+    assert printed == [line]
 
 
 def _as_from_a_terminal() -> None:

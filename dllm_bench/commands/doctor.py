@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         device: str | None = typer.Option(None, "--device", help="cpu | cuda[:N] [cuda when present, else cpu]"),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     ) -> None:
-        """Check this machine for dllm-bench: device, torch/CUDA, flash-attn, dtypes, memory, a checkpoint,
+        """Check this machine for dllm-bench: device, torch/CUDA, attention kernel, dtypes, memory, a checkpoint,
         one request against the reference sampler, one LLaDA-8B layer against the simulator. Exit 1 if a
         check fails."""
         model_dir = _model_dir(model)

@@ -1,5 +1,5 @@
 """`dllm-bench doctor`: the first command on a new machine. Each check is a row (ok / warn / fail /
-skipped with the reason): the device, torch and CUDA, flash-attn, the dtypes, free memory, a
+skipped with the reason): the device, torch and CUDA, the attention kernel, the dtypes, free memory, a
 checkpoint's layout (`--model`), one request on the device against the float64 reference sampler,
 and one LLaDA-8B-shaped layer timed against the simulator's cost model for this hardware.
 

@@ -12,7 +12,7 @@ import torch
 from dllm_bench import device_defaults
 from dllm_bench.checkpoints.layout import check_layout, load_config
 from dllm_bench.units import format_size
-from engine.attention import flash_varlen
+from engine import attention
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skipped"
 STATUSES = (OK, WARN, FAIL, SKIP)
@@ -98,41 +98,27 @@ def torch_check(dev: torch.device) -> Check:
     return Check("torch", OK, ", ".join(parts), data)
 
 
-def flash_attn_error() -> str | None:
-    """None when the engine's flash path imports, else the exception's text. A wheel built for
-    another torch or CUDA is found by the import system and fails only here (undefined symbol)."""
-    try:
-        from flash_attn import flash_attn_varlen_func  # noqa: F401  (optional: CUDA builds)
-    except Exception as e:  # ImportError, or OSError from a mismatched binary
-        return f"{type(e).__name__}: {e}".splitlines()[0]
-    return None
-
-
-def flash_attn_check(dev: torch.device) -> Check:
-    err = flash_attn_error()
+def attention_check(dev: torch.device) -> Check:
+    """The kernel the engine attends with here in bfloat16 and why (the line a run prints once);
+    on CUDA one small call of it proves it runs: a wheel can import and lack this GPU's kernels."""
+    choice = attention.choose_backend("auto", dev, torch.bfloat16)
+    data = {"backend": choice.name, "why": choice.why, "torch_varlen": attention.torch_varlen() is not None,
+            "flash_attn_error": attention.flash_attn_import_error()}
     if dev.type != "cuda":
-        said = "flash-attn imports" if err is None else f"flash-attn does not import: {err}"
-        return Check("flash-attn", SKIP, f"no CUDA device: the engine attends with SDPA; {said}",
-                     {"importable": err is None, "error": err})
-    if err is not None:
-        return Check("flash-attn", WARN, f"not usable, the engine falls back to SDPA (slower at long canvases): "
-                     f"{err}; pip install -e '.[gpu]' (flash-attn built for torch {torch.__version__})",
-                     {"importable": False, "error": err})
-    import flash_attn  # optional (CUDA builds): imported only once flash_attn_error() saw it import
-
-    version = getattr(flash_attn, "__version__", "?")
-    # A wheel can import and still lack kernels for this GPU: one small call proves it runs here.
+        return Check("attention", SKIP, f"no CUDA device: {choice.line}", data)
+    if choice.name == "sdpa":
+        return Check("attention", WARN, f"{choice.line}: slower at long canvases; torch >= 2.10 has varlen_attn, "
+                     "or pip install -e '.[gpu]' for flash-attn", data)
     try:
         q = torch.randn(8, 2, 64, dtype=torch.bfloat16, device=dev)
-        out = flash_varlen(q, [0, 8], q, q, [0, 8])
+        out = attention.varlen_call(choice.name, q, [0, 8], q, q, [0, 8])
         torch.cuda.synchronize(dev)
         ok = bool(torch.isfinite(out).all())
     except Exception as e:  # a kernel missing for this architecture raises at the call
-        return Check("flash-attn", WARN, f"flash-attn {version} imports but a varlen call fails here: "
-                     f"{type(e).__name__}: {e}".splitlines()[0], {"importable": True, "runs": False, "version": version})
-    return Check("flash-attn", OK if ok else WARN, f"flash-attn {version}: flash_attn_varlen_func imports and runs "
-                 f"on {dev} (torch {torch.__version__})" + ("" if ok else ", but returned non-finite values"),
-                 {"importable": True, "runs": ok, "version": version})
+        return Check("attention", WARN, f"{choice.line}, but a call fails here: "
+                     f"{type(e).__name__}: {e}".splitlines()[0], {**data, "runs": False})
+    return Check("attention", OK if ok else WARN, f"{choice.line}: runs on {dev}"
+                 + ("" if ok else ", but returned non-finite values"), {**data, "runs": ok})
 
 
 def _matmul_runs(dtype: torch.dtype, dev: torch.device) -> str | None:

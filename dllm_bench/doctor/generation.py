@@ -3,7 +3,7 @@
 
 The engine in exact mode (cache=none) must reproduce the reference exactly in float64, on any
 device: a difference is a broken kernel, dtype path or install, never rounding. On a GPU the
-request runs a second time the way a GPU serves (bfloat16, flash-attn where it imports); a
+request runs a second time the way a GPU serves (bfloat16, the varlen kernel where there is one); a
 tiny model's near-ties may flip there, so that row warns rather than fails.
 """
 from __future__ import annotations

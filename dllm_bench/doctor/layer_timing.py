@@ -75,13 +75,17 @@ def _block(cfg, dtype: torch.dtype, dev: torch.device):
 
 
 def _attention(dev: torch.device, dtype: torch.dtype):
-    """The engine step's attention call for one sequence: flash-attn varlen where the engine would
-    use it, else its padded batch SDPA."""
-    if attention.resolve_backend("auto", dev, dtype) == "flash_attn":
+    """The engine step's attention call for one sequence: the packed varlen kernel where the
+    engine would use one (torch's varlen_attn or flash-attn), else its padded batch SDPA."""
+    backend = attention.resolve_backend("auto", dev, dtype)
+    if backend in attention.PACKED:
+        kernel = attention.PackedKernel(backend)
+
         def attn(layer, q, k, v):
             n = q.shape[0]
-            return attention.flash_varlen(q, [0, n], k, v, [0, n])
-        return attn, "flash-attn"
+            cu = torch.tensor([0, n], dtype=torch.int32, device=q.device)
+            return kernel(q, k, v, cu, cu, n, n)
+        return attn, attention.LABELS[backend]
     return (lambda layer, q, k, v: attention.padded_attention(q[None], k[None], v[None], None)[0]), "SDPA"
 
 

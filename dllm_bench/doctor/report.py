@@ -36,8 +36,8 @@ def next_commands(checks: list[Check], model: Path | None) -> list[str]:
         return out + ["on a GPU machine: docs/GPU.md"]
     d = str(model) if model is not None else "DIR"
     out = [] if model is not None else ["dllm-bench doctor --model /path/to/LLaDA-8B-Instruct"]
-    if c.get("flash-attn") is not None and c["flash-attn"].status == WARN:
-        out.append("pip install -e '.[gpu]'                                   # flash-attn for this torch")
+    if c.get("attention") is not None and c["attention"].status == WARN:
+        out.append("pip install -e '.[gpu]'                                   # flash-attn (or torch >= 2.10)")
     mem = c["memory"].data.get("total") if c.get("memory") is not None else None
     gib = f"{int(mem / 2**30)}GiB" if mem else "80GiB"
     prof = (c.get("layer timing").data.get("profile") if c.get("layer timing") is not None else None) or "mygpu"

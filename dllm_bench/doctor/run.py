@@ -34,7 +34,7 @@ def run_checks(dev: torch.device, model_dir: Path | None,
     steps: list[tuple[str, Callable[[], Check | list[Check]]]] = [
         ("device", lambda: ck.device_check(dev)),
         ("torch", lambda: ck.torch_check(dev)),
-        ("flash-attn", lambda: ck.flash_attn_check(dev)),
+        ("attention", lambda: ck.attention_check(dev)),
         ("dtypes", lambda: ck.dtype_check(dev)),
         ("checkpoint", lambda: ck.checkpoint_check(model_dir)),
         ("memory", memory),
@@ -48,6 +48,6 @@ def run_checks(dev: torch.device, model_dir: Path | None,
             checkpoint = rows[0]
         out += rows
     # The table reads in the order a user fixes things: the machine, then the model on it.
-    order = ["device", "torch", "flash-attn", "dtypes", "memory", "checkpoint"]
+    order = ["device", "torch", "attention", "dtypes", "memory", "checkpoint"]
     out.sort(key=lambda c: order.index(c.name) if c.name in order else len(order))
     return out, time.perf_counter() - t0

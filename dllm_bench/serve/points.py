@@ -232,6 +232,7 @@ def measure_points(run: ServeRun, planned: Sequence[PlannedPoint], run_dir: Path
     failures: list[str] = []
     interrupted = False
     user_error = None
+    said: set[str] = set()                     # the attention line: once a run (process.progress_handler)
     with cons.progress("arrived {task.fields[arrived]}", "{task.fields[tps]:.1f} tok/s", con=console,
                        status=True, transient=False) as progress:
         for i, pp in enumerate(todo):
@@ -249,7 +250,7 @@ def measure_points(run: ServeRun, planned: Sequence[PlannedPoint], run_dir: Path
                     out = measure_endpoint(run, pp.variant, pp.workload, progress_handler(progress, task))
                 else:
                     out = run_worker(worker_spec(run, pp.variant, pp.workload, pp.shape, part), log_path,
-                                     run.preset.threads, progress_handler(progress, task))
+                                     run.preset.threads, progress_handler(progress, task, said))
             except KeyboardInterrupt as e:
                 interrupted = True
                 out = getattr(e, "partial", None)

@@ -140,14 +140,20 @@ def run_worker(spec: dict, log_path: Path, threads: int, on_event) -> dict:
         raise WorkerFailed("internal", f"worker exited with code {proc.returncode} (log: {log_path})")
 
 
-def progress_handler(progress, task) -> Callable[[dict], None]:
-    """An on_event for run_worker that mirrors the worker's events onto one Rich progress task."""
+def progress_handler(progress, task, said: set[str] | None = None) -> Callable[[dict], None]:
+    """An on_event for run_worker that mirrors the worker's events onto one Rich progress task.
+    `said`: the run's lines said so far: a built engine's attention line is printed once a run,
+    not once a worker (each point builds its own engine)."""
     def on_event(ev: dict) -> None:
         e = ev.get("event")
         if e == "status":
             progress.update(task, status=ev.get("message", ""))
         elif e == "built":
             info = ev.get("info", {})
+            line = info.get("attention")
+            if line and said is not None and line not in said:
+                said.add(line)
+                progress.console.print(line, markup=False, highlight=False)
             b = info.get("max_batch_size")
             progress.update(task, status=f"B={b}" if b else f"KV pool {info.get('kv_pool_tokens')} tok")
         elif e == "progress":

@@ -118,6 +118,8 @@ def build_state(*, model: str | None, preset: str | None, served_model_name: str
                          memory_budget=opts.budget.bytes, engine_defaults=sp.engine_defaults(),
                          max_model_len=sp.max_model_len, use_cache=use_cache, sampling=sampling, log=log)
     engine = built.system
+    if "attention" in built.info:
+        log(built.info["attention"])
     block = opts.block_length
     log("warming up")
     warm_up(engine, [t for t in range(1, 9) if t != cfg.mask_token_id], block)

@@ -251,6 +251,7 @@ def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, d
         info.update(profile=None, profile_cached=False, kv_pool_tokens=None)
     system = make_system("engine", model, engine_config=cfg, label=variant.label)
     info["engine_config"] = cfg.to_dict()
+    info["attention"] = system.attention.line       # the command says it once per run (engine.attention)
     return BuiltSystem(system, info)
 
 
@@ -265,7 +266,7 @@ def _build_parallel_engine(variant, model_dir, dtype, device, memory_budget, def
     system = make_parallel_engine(cfg, threads=max(1, torch.get_num_threads() // n))
     prof = system.profile.to_dict() if system.profile is not None else None
     info.update(kind="engine", knobs=knobs, tensor_parallel_size=n, profile=prof, profile_cached=False,
-                kv_pool_tokens=system.pool.capacity, engine_config=cfg.to_dict(),
+                kv_pool_tokens=system.pool.capacity, engine_config=cfg.to_dict(), attention=system.attention.line,
                 scenario=f"continuous batching (phase-multiplexed) on {n} tensor-parallel ranks, KV pool per rank "
                          "profiled for the budget")
     return BuiltSystem(system, info)

@@ -66,7 +66,8 @@ def execute(runner: ModelRunner, plan: StepPlan) -> None:
         pool.grow_to(plan.n_slots)
     m = plan.meta
     fwd = runner.staging.begin()
-    ctx = StepContext(m, runner.policy, pool, runner.backend, runner.key_budget, fwd, runner.dtype)
+    ctx = StepContext(m, runner.policy, pool, runner.backend, runner.key_budget, fwd, runner.dtype, None, runner.kernel,
+                      runner.in_place_keys)
     p = PackedStep(m, m, fwd.put(plan.ids), fwd.put(ragged(m.q_start, m.n_q)), int(m.length.max()) - 1, ctx)
     rows = fwd.put(plan.rows)
     fwd.flush()

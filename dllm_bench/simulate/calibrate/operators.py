@@ -160,17 +160,20 @@ def op_plan(shape: ModelShape, device_type: str, max_elems: int = 1 << 25, spare
 
 
 def engine_attention(q_len: int, k_len: int, shape: ModelShape, dtype, device) -> Callable[[], object]:
-    """One attention call made as the engine's step makes it (engine.step_context): flash-attn
-    varlen over packed rows where the engine would pick it (CUDA with flash-attn importable),
-    else the padded batch SDPA over 4-D [G, L, H, D] operands, here one group. Timing a bare 3-D
-    SDPA instead measured another kernel (on CUDA the math fallback) than the one served."""
+    """One attention call made as the engine's step makes it (engine.step_context): a packed
+    varlen kernel over packed rows where the engine would pick one (CUDA: torch's varlen_attn or
+    flash-attn), else the padded batch SDPA over 4-D [G, L, H, D] operands, here one group.
+    Timing a bare 3-D SDPA instead measured another kernel (on CUDA the math fallback)."""
     dev = torch.device(device)
     q = torch.randn(1, q_len, shape.heads, shape.head_dim, dtype=dtype, device=dev)
     k = torch.randn(1, k_len, shape.kv_heads, shape.head_dim, dtype=dtype, device=dev)
     v = torch.randn_like(k)
     # Looked up at call time, so the engine's current attention is what is timed.
-    if attention.resolve_backend("auto", dev, dtype) == "flash_attn":
-        return lambda: attention.flash_varlen(q[0], [0, q_len], k[0], v[0], [0, k_len])
+    backend = attention.resolve_backend("auto", dev, dtype)
+    if backend in attention.PACKED:
+        kernel = attention.PackedKernel(backend)
+        cu_q, cu_k = (torch.tensor([0, n], dtype=torch.int32, device=dev) for n in (q_len, k_len))
+        return lambda: kernel(q[0], k[0], v[0], cu_q, cu_k, q_len, k_len)
     return lambda: attention.padded_attention(q, k, v, None)
 
 
