@@ -1,22 +1,17 @@
 """CUDA graphs for Reuse-only steps, padded to batch buckets, kept only where they are faster.
 
-A Reuse step (each request queries its current block against its cache) is the engine's
-commonest and lightest step: at a few requests its hundreds of small kernels cost about what
-launching them from Python does, so, as vLLM does for decode, such steps are captured once per
-shape and replayed. Shapes are made static by padding the batch to a bucket (1, 2, 4, 8, then
-every 8 up to max_num_seqs: vLLM's capture sizes) with dummy members, and the keys: a packed
-kernel reading the pool in place needs nothing more (the pool is the key tensor, the segment
-count follows the bucket); gathered keys are padded, in all (packed) or per member (padded
-SDPA), to `key_width`, at most 1/8 above. A dummy queries one block at position 0 and stores
-its K/V into the pool's scratch slot (`KVPool.scratch`); it attends to nothing (in place) or
-to that slot, so it changes no request's cache, and its rows are dropped before decoding.
-
-Graphs are never slower: at a bucket's first step its replay is timed against eager runs of
-the same step unpadded (what the bucket runs otherwise), with CUDA events after a warm-up, and
-the bucket keeps its graph only if the graph was faster (`StepGraphs.report()`). Each bucket
-owns a staging buffer: the same puts land at the same offsets every step, so a replay reads
-the new step's metadata where the graph was captured. Without CUDA (tests) padding and
-bucketing run the same way with plain calls, so float64 tests check padded steps' tokens.
+A Reuse step (each request queries its block against its cache) is the commonest, lightest
+step: at a few requests its hundreds of small kernels cost what launching them from Python
+does, so, as vLLM does for decode, such steps are captured once per shape and replayed. The
+batch is padded to a bucket (1, 2, 4, 8, then every 8 up to max_num_seqs: vLLM's capture
+sizes) with dummy members; keys read in place need nothing more (the pool is the key tensor),
+gathered keys are padded (in all, or per member for padded SDPA) to `key_width`, at most 1/8
+above. A dummy queries one block and stores its K/V into the pool's scratch slot; it attends to
+nothing (in place) or to that slot, and its rows are dropped. A bucket's first step times its
+replay against eager runs of the same step unpadded (what it runs otherwise) with CUDA events,
+and the bucket keeps the graph only if faster (`StepGraphs.report()`). Each bucket owns a
+staging buffer the same puts land in every step, so a replay reads the new step's metadata.
+Without CUDA (tests) the padding runs the same way with plain calls.
 """
 from __future__ import annotations
 
@@ -30,7 +25,7 @@ from engine.staging import Staging
 from engine.step_meta import CODES, StepMeta
 
 KEY_GRANULE = 16          # key widths below 128 are multiples of this
-TIMED_RUNS = 5            # replays and eager runs timed per bucket (after one warm-up each)
+TIMED_RUNS = 3            # replays and eager runs timed per bucket (after one warm-up each)
 
 
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:

@@ -1,22 +1,16 @@
 """StepContext: the attention callable of one packed engine step (nano-vllm's context object,
 without the global). Built once per step on the host, called once per layer.
 
-Per layer it does a fixed number of tensor ops whatever the batch size: one indexed write
-stores the fresh K/V of every request that stores (dual and sparse caches), then each phase
-group — Refresh sequences (keys = their own canvas) and Reuse sequences (keys = cache slots) —
-is one attention call. With a packed varlen kernel (torch's varlen_attn or flash-attn) a Reuse
-group's keys are read where they lie: a request's slot table is one contiguous range of the
-pool, so the whole pool layer is the key tensor and cu_seqlens_k points at each member's range,
-the unread ranges between them being query-less segments (`_in_place`); members whose table is
-in pieces get their keys gathered into packed rows by one indexed read (a second call). The
-padded path (`padded_attention`, CPU) gathers every group's keys padded, split into chunks only
-where its padded keys would exceed `key_budget` rows (the profiler measures a full chunk). The
-sparse Refresh-select of all selecting requests is one batched scoring per layer.
-
-Nothing in the forward reads the device back: every index tensor, cu_seqlens included, is
-built on the host from the step's `StepMeta` columns (numpy, `engine.ragged`) and staged with
-the step's one host-to-device copy (`engine.staging`); what derives from staged data on the
-device (the padding bias, int32 cu_seqlens) is computed by `finalize`, first in the forward.
+Per layer a fixed number of tensor ops whatever the batch: one indexed write stores the fresh
+K/V of every request that stores, then each phase group (Refresh: keys = its own canvas; Reuse:
+keys = cache slots) is one attention call. With a packed varlen kernel a Reuse group's keys are
+read in place: a request's slot table is one run of the pool, so the pool layer is the key
+tensor and cu_seqlens_k points at each member's run, the unread runs between them being
+query-less segments (`_in_place`); a table in pieces is gathered by one indexed read (a second
+call). The padded path (CPU) gathers every group's keys padded, split into chunks only where
+they would exceed `key_budget` rows. Nothing reads the device back: every index, cu_seqlens
+included, is built on the host from `StepMeta` (numpy) and staged in the step's one copy
+(`engine.staging`); what derives from staged data on the device is made by `finalize`.
 """
 from __future__ import annotations
 
@@ -105,6 +99,8 @@ class StepContext:
         """A phase group under a packed kernel: Reuse members whose slot table is one contiguous
         range in place (a CUDA graph's dummies too: they attend to nothing), the rest gathered."""
         m, kc = self.meta, spec.cached[members]
+        if self.static_keys == 0 and not (self.in_place and kc.all()):
+            raise AssertionError("static keys 0 (a graph's in-place step) on a group that is not read in place")
         if not (self.in_place and kc.all()) or self.static_keys:
             return [self._chunk(members, spec, staging)]
         first = m.slots[m.slot_base[members]]
@@ -129,11 +125,12 @@ class StepContext:
         seg_q = np.stack([np.zeros_like(lq), lq], 1).reshape(-1)
         seg_k = np.stack([gaps, keys], 1).reshape(-1)
         q_idx = ragged(m.cu_q[members], lq)
+        static = self.static_keys is not None         # a graph: the order is staged even when it is the identity
         # max_seqlen_k bounds every segment, query-less ones included (static: the pool's size)
-        kmax = self.n_slots if self.static_keys is not None else max(1, int(seg_k.max()))
+        kmax = self.n_slots if static else max(1, int(seg_k.max()))
         return _Chunk(len(members), int(lq.max()), members,
-                      None if _identity(q_idx, int(m.cu_q[-1])) else staging.put(q_idx), None, None, kmax,
-                      in_place=True, cu_q=staging.put(_offsets(seg_q)), cu_k=staging.put(_offsets(seg_k)))
+                      None if not static and _identity(q_idx, int(m.cu_q[-1])) else staging.put(q_idx), None, None,
+                      kmax, in_place=True, cu_q=staging.put(_offsets(seg_q)), cu_k=staging.put(_offsets(seg_k)))
 
     def _chunk(self, chunk: np.ndarray, spec: KeySpec, staging: Staging) -> _Chunk:
         m = self.meta
