@@ -231,7 +231,10 @@ def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, d
         cfg.memory_budget = default_budget(model, cfg)
         info["memory_budget"] = cfg.memory_budget
     if cfg.memory_budget is not None:
-        backend = resolve_backend(cfg.attention_backend, model.device, model.dtype)
+        try:
+            backend = resolve_backend(cfg.attention_backend, model.device, model.dtype)
+        except ValueError as e:  # a backend asked for by name that cannot run here
+            raise UserError(f"system {variant.label!r}: {e}") from None
         mml = cfg.max_model_len or model.config.max_sequence_length
         payload = {"model": fp, "engine": {k: v for k, v in cfg.to_dict().items()
                                            if k not in ("model", "kv_pool_tokens")},

@@ -33,7 +33,7 @@ from typing import Any
 
 from baselines import SYSTEMS
 from dllm_bench.errors import UserError
-from engine.config import CACHE_POLICIES, SCHEDULERS, SELECTIONS, EngineConfig
+from engine.config import BACKENDS, CACHE_POLICIES, SCHEDULERS, SELECTIONS, EngineConfig
 
 ENGINE = "engine"
 ENDPOINT = "endpoint"   # an OpenAI-compatible server measured over HTTP (`serve --endpoint`)
@@ -100,7 +100,7 @@ def _engine_knobs() -> dict[str, Callable[[str], Any]]:
         "retention": _float, "pool_window": _int, "delay_step": _int,
         "scheduler": _choice(SCHEDULERS), "max_num_logits": _int_or_none,
         "max_num_batched_tokens": _int, "max_num_seqs": _int, "cuda_graphs": _bool,
-        "tensor_parallel_size": _int,
+        "tensor_parallel_size": _int, "attention_backend": _choice(BACKENDS),
     }
 
 
