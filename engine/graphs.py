@@ -4,9 +4,9 @@ A Reuse step (each request queries its block against its cache) is the commonest
 step: at a few requests its hundreds of small kernels cost what launching them from Python
 does, so, as vLLM does for decode, such steps are captured once per shape and replayed. The
 batch is padded to a bucket (1, 2, 4, 8, then every 8 up to max_num_seqs: vLLM's capture
-sizes) with dummy members; keys read in place need nothing more (the pool is the key tensor),
-gathered keys are padded (in all, or per member for padded SDPA) to `key_width`, at most 1/8
-above. A dummy queries one block and stores its K/V into the pool's scratch slot; it attends to
+sizes) with dummy members; keys read in place need nothing more (the pool is the key tensor; a
+step with a slot table in pieces runs eager), gathered keys (where the kernel cannot read in
+place, or padded SDPA per member) are padded to `key_width`, at most 1/8 above. A dummy queries one block and stores its K/V into the pool's scratch slot; it attends to
 nothing (in place) or to that slot, and its rows are dropped. A bucket's first step times its
 replay against eager runs of the same step unpadded (what it runs otherwise) with CUDA events,
 and the bucket keeps the graph only if faster (`StepGraphs.report()`). Each bucket owns a
@@ -141,15 +141,20 @@ class StepGraphs:
         b = bucket(len(batch), self.buckets)
         if b is None or any(r.block_length != bl for r, _ in batch) or b * bl > self.runner.config.max_num_batched_tokens:
             return False
+        if self._in_place():   # a table in pieces (a fragmented pool): eager, not a graph per key width
+            return all(self.pool.contiguous(req.slots) for req, _ in batch)
         return self.runner.kernel is not None or b * self._keys(batch) <= self.runner.key_budget
+
+    def _in_place(self) -> bool:
+        r = self.runner
+        return r.kernel is not None and r.in_place_keys and r.kernel.reads_in_place(r.model_config.n_heads,
+                                                                                  r.model_config.kv_heads)
 
     def _keys(self, batch) -> int:
         """The static keys of the step's bucket (see the module docstring)."""
         r = self.runner
-        if r.kernel is not None and r.in_place_keys and r.kernel.reads_in_place(r.model_config.n_heads,
-                                                                             r.model_config.kv_heads):
-            if all(self.pool.contiguous(req.slots) for req, _ in batch):
-                return 0
+        if self._in_place():
+            return 0
         keys = [r.policy.reuse_keys(req) for req, _ in batch]
         if r.kernel is None:
             return key_width(max(keys))

@@ -99,15 +99,16 @@ class StepContext:
         """A phase group under a packed kernel: Reuse members whose slot table is one contiguous
         range in place (a CUDA graph's dummies too: they attend to nothing), the rest gathered."""
         m, kc = self.meta, spec.cached[members]
-        if self.static_keys == 0 and not (self.in_place and kc.all()):
-            raise AssertionError("static keys 0 (a graph's in-place step) on a group that is not read in place")
-        if not (self.in_place and kc.all()) or self.static_keys:
+        from_pool = self.in_place and bool(kc.all())
+        if not from_pool or self.static_keys:
+            if self.static_keys == 0:
+                raise AssertionError("a graph's in-place step (static keys 0) on a group not read in place")
             return [self._chunk(members, spec, staging)]
         first = m.slots[m.slot_base[members]]
         dummy = first == self.pool.scratch
         whole = _contiguous(m.slots, m.slot_base[members], kc) | dummy
-        if self.static_keys == 0:
-            assert whole.all(), "a graph's in-place step needs every slot table in one piece"
+        if self.static_keys == 0 and not whole.all():
+            raise AssertionError("a graph's in-place step needs every slot table in one piece")
         out = [self._in_place(members[whole], np.where(dummy, 0, kc)[whole], first[whole], staging)] if whole.any() else []
         return out + ([self._chunk(members[~whole], spec, staging)] if not whole.all() else [])
 
@@ -117,8 +118,7 @@ class StepContext:
         m = self.meta
         order = np.argsort(np.where(keys > 0, first, np.iinfo(np.int64).max), kind="stable")
         members, keys, first = members[order], keys[order], first[order]
-        ends = first + keys
-        start = np.where(keys > 0, first, np.max(ends, where=keys > 0, initial=0))
+        start = np.where(keys > 0, first, np.max(first + keys, where=keys > 0, initial=0))
         gaps = start - np.concatenate([[0], np.maximum.accumulate(start + keys)[:-1]])
         assert (gaps >= 0).all(), "slot ranges of two requests overlap"
         lq = m.n_q[members]

@@ -142,8 +142,6 @@ def register(app: typer.Typer) -> None:
         else:
             sysobj = make_system(system, load_model(model, dtype, device), engine_config=engine_cfg, batch=batch,
                                  knobs=knobs)
-        if system == "engine":                      # the engine's attention backend and why, once
-            console.console().print(sysobj.attention.line, markup=False, highlight=False)
         t0 = time.perf_counter()
         try:
             outs = run_all(sysobj, prompts, params, show_progress=not json_out)
@@ -152,6 +150,8 @@ def register(app: typer.Typer) -> None:
         finally:
             if tensor_parallel_size > 1:
                 sysobj.close()
+        if system == "engine":                      # the engine's attention backend and why, once
+            console.console().print(sysobj.attention.line, markup=False, highlight=False)
         texts = [tok.decode(o.token_ids, skip_special_tokens=True) if tok is not None else None for o in outs]
         if json_out:
             doc = dict(
