@@ -137,7 +137,7 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
         return None
     try:
         return tuple(torch.cuda.get_device_capability(device))
-    except (RuntimeError, AssertionError):
+    except Exception:  # a faked CUDA (tests) has no device to ask
         return None
 
 
