@@ -141,6 +141,13 @@ def test_each_phase_mix_is_the_one_asked_for(fixed_peaks, system, phase, batch, 
         assert check(s), s
         assert s["work"]["flops"] > 0
     assert doc["kind"] == ("engine" if system.startswith("engine") else "baseline")
+    engine = system.startswith("engine")
+    assert (doc["attention"] or "").startswith("attention: padded SDPA" if engine else "")
+    if "cuda_graphs" in system:                    # the buckets the steps ran in: plain calls on a CPU
+        buckets = {b["batch"]: b for b in doc["graph_buckets"]}         # the warm-up request's too
+        assert buckets[4]["steps"] > 0 and {b["decision"] for b in buckets.values()} == {"plain"}
+    else:
+        assert not doc["graph_buckets"]
 
 
 @pytest.fixture

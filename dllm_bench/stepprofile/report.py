@@ -24,6 +24,12 @@ def show(doc: dict, con: Console) -> None:
         f"refresh / {comp['reuse']:.1f} reuse, {comp['query_rows']:.0f} query rows, {comp['key_tokens']:.0f} key "
         f"tokens, {comp['logit_rows']:.0f} logit rows; CUDA-graph replays {doc['graph_replays']['profiled']}/"
         f"{doc['steps']} profiled, {doc['graph_replays']['unprofiled']}/{doc['unprofiled_steps']} unprofiled")
+    if doc.get("attention"):
+        say(doc["attention"])
+    for b in doc.get("graph_buckets") or []:
+        times = "" if b["graph_ms"] is None else f": graph {b['graph_ms']:.3f} ms, eager {b['eager_ms']:.3f} ms"
+        say(f"CUDA-graph bucket {b['batch']} (block {b['block_length']}, keys {b['keys'] or 'in place'}): "
+            f"{b['decision']}{times}, {b['steps']} steps")
     t = Table(title="time per step", title_justify="left")
     for c, j in (("category", "left"), ("ms", "right"), ("share", "right")):
         t.add_column(c, justify=j)

@@ -79,7 +79,10 @@ def profile_step(opts: StepProfileOptions, log: Callable[[str], None] = lambda m
     bound = (opts.warmup + 2 * opts.steps + 2) * (2 * (spb + 1) + s.gen_length)
     m = measure(system, prompts, params, opts.phase, opts.steps, opts.warmup, shape, recorder, is_cuda(p.device),
                 bound)
-    return document(s, built.info, pk, m, shape)
+    doc = document(s, built.info, pk, m, shape)
+    graphs = getattr(getattr(system, "runner", None), "graphs", None)   # the engine's CUDA-graph buckets
+    doc["graph_buckets"] = graphs.report() if graphs is not None else None
+    return doc
 
 
 def check_capacity(system, info: dict, s: StepProfileSetup) -> None:

@@ -65,7 +65,7 @@ def document(s: StepProfileSetup, info: dict, peaks: dict, m: Measured, shape) -
         "dtype": p.dtype, "threads": p.threads, "batch": o.batch, "phase": o.phase, "prompt_len": s.prompt_len,
         "gen_length": s.gen_length, "block_length": s.block_length, "steps": n, "warmup": o.warmup,
         "memory_budget": s.run.memory_budget, "scenario": info.get("scenario"),
-        "kv_pool_tokens": info.get("kv_pool_tokens"), "peaks": peaks,
+        "kv_pool_tokens": info.get("kv_pool_tokens"), "attention": info.get("attention"), "peaks": peaks,
         "step": {"wall_ms": wall, "unprofiled_wall_ms": fmean(r["wall_ms"] for r in m.plain) if m.plain else None,
                  "categories_ms": cats, "busy_ms": fmean(x["busy_ms"] for x in steps)},
         "composition": {k: fmean(x[k] for x in steps) for k in ROW_FIELDS},
