@@ -178,6 +178,7 @@ def test_a_bucket_keeps_its_graph_only_if_it_measured_faster(graph_ms, eager_ms,
     original = eng2.runner.run
     eng2.runner.run = lambda batch: stats.append(original(batch)) or stats[-1]
     eng2.generate(random_prompts(3, [4, 6, 5], seed=2), SamplingParams(gen_length=8, steps=8, block_length=4))
-    padded = [s for s in stats if s.padded_batch is not None]
+    padded = [s for s in stats if s.padded_requests > s.refresh + s.reuse]
     assert all(s.graph == kept for s in padded) and bool(padded) == kept
-    assert all(s.padded_batch == 4 for s in padded)            # 3 requests run as the bucket of 4
+    assert all(s.padded_requests == 4 for s in padded)         # 3 requests run as the bucket of 4
+    assert not any(s.graph for s in stats if s.padded_requests == s.refresh + s.reuse)
