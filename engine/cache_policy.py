@@ -1,10 +1,11 @@
 """What each KV cache policy stores, selects and reads, per request and phase.
 
 `StepContext` asks the policy of the engine (`POLICIES[config.cache]`) for the key spec of
-every scheduled request (as columns over the step's `StepMeta`) — how many of its keys come from its cache slots and how many are this
-step's fresh K/V — and for what it stores; it then reads and writes the cache of all requests
-of a layer with one indexed op each. The sparse policy's selection runs in the layer, on that step's
-own queries and keys, for all selecting requests at once (`SparseCache.select`).
+every scheduled request (as columns over the step's `StepMeta`) — how many of its keys come
+from its cache slots and how many are this step's fresh K/V — and for what it stores; it then
+reads and writes the cache of all requests of a layer with one indexed op each. The sparse
+policy's selection runs in the layer, on that step's own queries and keys, for all selecting
+requests at once (`SparseCache.select`).
 
 * none (exact LLaDA): keys = the request's own fresh canvas K/V, nothing cached.
 * dual (Fast-dLLM): the block-start Refresh stores every position's K/V; a Reuse step overwrites
@@ -12,6 +13,9 @@ own queries and keys, for all selecting requests at once (`SparseCache.select`).
 * sparse (dLLM-Serve): the Refresh at `delay_step` selects and packs the retained context K/V
   into the request's first slots; a Reuse step writes its fresh block K/V into the block slots
   that follow them and attends over [retained ; block], all read from the pool.
+* auto: each member by its own mode (`StepMeta.cache`, chosen at admission by
+  `engine.cache_mode`): the dual and sparse specs computed for every member, each member's
+  taken from its mode's, so a step mixes both with the same ops.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import numpy as np
 import torch
 
 from engine import sparse
+from engine.cache_mode import CODES
 from engine.config import EngineConfig
 from engine.ragged import padded, ragged
 from engine.request import Phase
@@ -131,4 +136,20 @@ class SelectPlan:
     slots: torch.Tensor          # the members' slot tables, concatenated
 
 
-POLICIES: dict[str, type[CachePolicy]] = {"none": NoCache, "dual": DualCache, "sparse": SparseCache}
+class AutoCache(SparseCache):
+    """Dual and sparse members in one step (`cache=auto`). Both keep the block's slots in the
+    request's table and read all of its slots in a Reuse step (dual: L of them, sparse: the
+    retained ones then the block), so only where the block's slots start and whether the block
+    start's Refresh stores differ, per member; selection is the sparse members' (only they
+    reach Refresh-select)."""
+
+    def spec(self, m):
+        dual, sparse_ = DualCache.spec(self, m), SparseCache.spec(self, m)
+        is_dual = m.cache == CODES["dual"]
+        return KeySpec(*(np.where(is_dual, d, s) for d, s in
+                         ((dual.cached, sparse_.cached), (dual.fresh, sparse_.fresh),
+                          (dual.store_from, sparse_.store_from))))
+
+
+POLICIES: dict[str, type[CachePolicy]] = {"none": NoCache, "dual": DualCache, "sparse": SparseCache,
+                                          "auto": AutoCache}

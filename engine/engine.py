@@ -191,6 +191,9 @@ class LLMEngine:
     def stats(self) -> dict:
         c = self.counters.stats()
         c.update(
+            # requests admitted per cache mode (`cache=auto` chooses per request: engine.cache_mode)
+            requests_dual=self.scheduler.served["dual"],
+            requests_sparse=self.scheduler.served["sparse"],
             kv_pool_tokens=self.pool.capacity,
             kv_pool_bytes=self.pool.capacity_bytes,
             peak_kv_tokens=self.pool.peak_used,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.cache_mode import CODES as CACHE_CODES
 from engine.request import Phase
 from engine.staging import Staging
 from engine.step_meta import CODES, StepMeta
@@ -68,7 +69,8 @@ def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
                     phase=cat(m.phase, one(CODES[Phase.REUSE])), slot_base=cat(m.slot_base, slot_base),
                     slot_len=cat(m.slot_len, one(bl)), slots=cat(m.slots, one(spec.scratch).repeat(bl)),
                     refresh=cat(m.refresh, np.zeros(n, dtype=bool)), q_start=cat(m.q_start, one(0)),
-                    n_q=cat(m.n_q, one(bl)), cu_q=cu_q)
+                    n_q=cat(m.n_q, one(bl)), cu_q=cu_q,
+                    cache=None if m.cache is None else cat(m.cache, one(CACHE_CODES["dual"])))
 
 
 class CudaCapture:

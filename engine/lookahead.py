@@ -59,13 +59,13 @@ def planned_block_steps(req: Request) -> int:
 def planned_costs(req: Request, cache: str, delay_step: int, blocks: dict | None = None) -> np.ndarray:
     """Query tokens of each of `req`'s remaining steps, from its cursor on, as the plan sees them
     (`planned_block_steps` per block, each step costed by its phase). `blocks`: a memo of one
-    block's costs per (steps, canvas, block length)."""
+    block's costs per (steps, canvas, block length, cache mode)."""
     n, i = planned_block_steps(req), req.step_in_block
 
     def cost(k: int) -> int:
         return req.query_cost(phase_at(k, cache, delay_step))
 
-    key = (n, req.length, req.block_length)
+    key = (n, req.length, req.block_length, cache)
     block = blocks.get(key) if blocks is not None else None
     if block is None:
         block = np.array([cost(k) for k in range(n)], dtype=np.int64)
@@ -163,8 +163,12 @@ class Lookahead:
         self.stalled = 0                    # last step: requests past their plan that did not fit
         self._blocks: dict = {}             # planned_costs' memo
 
+    def _mode(self, req: Request) -> str:
+        """The request's own cache mode (`cache=auto`: chosen at admission), else the planner's."""
+        return req.cache or self.cache
+
     def _place(self, req: Request) -> Plan:
-        costs = planned_costs(req, self.cache, self.delay_step, self._blocks)
+        costs = planned_costs(req, self._mode(req), self.delay_step, self._blocks)
         plan = Plan(self.ledger.place(costs, self.now, self.budget), costs, (req.block, req.step_in_block))
         self.ledger.add(plan.slots, costs)
         self.plans[id(req)] = plan
@@ -172,7 +176,7 @@ class Lookahead:
 
     def admits(self, req: Request) -> bool:
         """Whether the request's first step (a Refresh) fits this step's planned load."""
-        first = req.query_cost(phase_at(req.step_in_block, self.cache, self.delay_step))
+        first = req.query_cost(phase_at(req.step_in_block, self._mode(req), self.delay_step))
         return self.ledger.at(self.now) + first <= self.budget
 
     def admit(self, req: Request) -> None:

@@ -4,9 +4,11 @@ is left of the budget to the KV pool.
 KV pool = budget − weights − measured activation peak − guard band. The worst steps are
 (a) the token budget full of Refresh queries whose every generated position is a candidate
 (so the logit budget is full too, or — monolithic — every query row gets logits), at T > 0
-when requests may sample (the float64 Gumbel noise is then in the peak), and (b) the token budget full of Reuse queries plus
-the largest single Reuse attention (cache at max_model_len). Knowing the logit budget is what
-frees memory: a monolithic profile must hold [query tokens × vocab] logits.
+when requests may sample (the float64 Gumbel noise is then in the peak), and (b) the token
+budget full of Reuse queries plus the largest single Reuse attention (cache at max_model_len).
+Knowing the logit budget is what frees memory: a monolithic profile must hold [query tokens ×
+vocab] logits. `cache=auto` serves requests dual or sparse, so each worst step is measured in
+both modes and the larger peak kept.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.cache_mode import AUTO
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, bytes_per_token, kv_need
 from engine.memory import MemoryMeter
@@ -42,8 +45,10 @@ class MemoryProfile:
     retention: float
 
     def requests_that_fit(self, prompt_len: int, gen_length: int, block_length: int, capped: bool = True) -> int:
-        """Concurrent requests of this shape the KV pool admits (and max_num_seqs, if capped)."""
-        need = kv_need(self.cache, prompt_len + gen_length, block_length, self.retention)
+        """Concurrent requests of this shape the KV pool admits (and max_num_seqs, if capped);
+        auto: as many as it admits at the most (sparse, once memory binds)."""
+        mode = "sparse" if self.cache == AUTO else self.cache
+        need = kv_need(mode, prompt_len + gen_length, block_length, self.retention)
         by_kv = self.kv_pool_tokens // need if need else self.max_num_seqs
         return min(by_kv, self.max_num_seqs) if capped else by_kv
 
@@ -67,16 +72,18 @@ def default_budget(model: LLaDAModelLM, config: EngineConfig) -> int:
     raise ValueError("a memory budget is needed to profile on CPU (e.g. --memory-budget 4GiB)")
 
 
-def _synthetic(n_tokens: int, prompt_len: int, block_length: int, model: LLaDAModelLM, temperature: float) -> Request:
+def _synthetic(n_tokens: int, prompt_len: int, block_length: int, model: LLaDAModelLM, temperature: float,
+               cache: str) -> Request:
     gen = n_tokens - prompt_len
     params = SamplingParams(gen_length=gen, steps=gen // block_length, block_length=block_length, temperature=temperature)
-    return Request(f"profile-{n_tokens}", [0] * prompt_len, params, model.config.mask_token_id, model.device)
+    return Request(f"profile-{n_tokens}", [0] * prompt_len, params, model.config.mask_token_id, model.device,
+                   cache=cache)
 
 
 def _measure(runner: ModelRunner, batch: list[tuple[Request, Phase]], config: EngineConfig) -> int:
     pool = runner.pool
     for req, _ in batch:  # caches live in the pool, outside the activation measurement
-        need = kv_need(config.cache, req.length, req.params.block_length, config.retention)
+        need = kv_need(req.cache, req.length, req.params.block_length, config.retention)
         req.slots, req.kv_pool, req.kv_tokens = pool.reserve(need), pool, need
     with MemoryMeter(runner.model.device) as meter:
         runner.run(batch)
@@ -86,31 +93,43 @@ def _measure(runner: ModelRunner, batch: list[tuple[Request, Phase]], config: En
 
 
 def measure_activation_peak(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int):
-    """(refresh_peak, reuse_peak) in bytes for the worst admissible steps."""
+    """(refresh_peak, reuse_peak) in bytes for the worst admissible steps (auto: the larger of
+    the dual and the sparse mode's)."""
     scratch = KVPool(None, model.config, model.dtype, model.device)     # the profiled steps' caches
     # Eager steps: what a captured graph keeps is reserved on top (`profile_kv_pool`).
     runner = ModelRunner(model, dataclasses.replace(config, cuda_graphs=False), backend, scratch, max_model_len)
     runner.in_place_keys = False      # gathered Reuse keys: the peak of a fragmented pool
+    modes = ("dual", "sparse") if config.cache == AUTO else (config.cache,)
+    peaks = [_peaks(runner, model, config, max_model_len, mode) for mode in modes]
+    return max(p[0] for p in peaks), max(p[1] for p in peaks)
+
+
+def _peaks(runner: ModelRunner, model: LLaDAModelLM, config: EngineConfig, max_model_len: int,
+           mode: str) -> tuple[int, int]:
     temp = 1.0 if config.sampling else 0.0
     budget = config.max_num_batched_tokens
     L = min(max_model_len, budget)
+
+    def synthetic(n_tokens: int, prompt_len: int, block_length: int) -> Request:
+        return _synthetic(n_tokens, prompt_len, block_length, model, temp, mode)
+
     # (a) Refresh: canvases of max length filling the token budget; every generated position is
     # a candidate (one block spanning the whole generation), so the logit rows are maximal.
     n = max(1, min(config.max_num_seqs, budget // L))
-    refresh_phase = {"dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}.get(config.cache, Phase.REFRESH)
-    batch = [(_synthetic(L, 1, L - 1, model, temp), refresh_phase) for _ in range(n)]
+    refresh_phase = {"dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}.get(mode, Phase.REFRESH)
+    batch = [(synthetic(L, 1, L - 1), refresh_phase) for _ in range(n)]
     rest = budget - n * L
     if rest >= 2 and n < config.max_num_seqs:
-        batch.append((_synthetic(rest, 1, rest - 1, model, temp), refresh_phase))
+        batch.append((synthetic(rest, 1, rest - 1), refresh_phase))
     refresh_peak = _measure(runner, batch, config)
-    if config.cache == "none":
+    if mode == "none":
         return refresh_peak, 0
     # (b) Reuse: the token budget full of short Reuse queries, plus the largest single Reuse.
     bl = min(32, max(1, L // 2))
     n_reuse = max(1, min(config.max_num_seqs, budget // bl))
-    many = [(_synthetic(2 * bl, bl, bl, model, temp), Phase.REUSE) for _ in range(n_reuse)]
+    many = [(synthetic(2 * bl, bl, bl), Phase.REUSE) for _ in range(n_reuse)]
     big_bl = min(bl, L - 1)
-    one = [(_synthetic(L, L - big_bl, big_bl, model, temp), Phase.REUSE)]
+    one = [(synthetic(L, L - big_bl, big_bl), Phase.REUSE)]
     reuse_peak = _measure(runner, many, config) + _measure(runner, one, config)
     return refresh_peak, reuse_peak
 

@@ -61,6 +61,7 @@ class RequestOutput:
     text: str | None = None
     steps_per_block: list[int] = field(default_factory=list)   # forwards each finished block took
     block_times: list[float] = field(default_factory=list)     # when each block was committed (ITL)
+    cache: str | None = None                                   # the cache mode it was served in (none/dual/sparse)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -79,6 +80,9 @@ class Request:
     mask_id: int
     device: torch.device | str = "cpu"
     arrival_time: float = field(default_factory=time.perf_counter)
+    # Its cache mode (none | dual | sparse), fixed for its life: the engine's policy, or under
+    # `cache=auto` chosen at admission (None until then; engine.cache_mode).
+    cache: str | None = None
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.prompt_ids)
@@ -133,8 +137,9 @@ class Request:
     def is_finished(self) -> bool:
         return self.block >= self.num_blocks
 
-    def phase(self, cache: str, delay_step: int) -> Phase:
-        return phase_at(self.step_in_block, cache, delay_step)
+    def phase(self, delay_step: int) -> Phase:
+        """Its phase at this step, under its own cache mode."""
+        return phase_at(self.step_in_block, self.cache, delay_step)
 
     def query_cost(self, phase: Phase) -> int:
         return self.length if phase is not Phase.REUSE else self.block_length
@@ -205,4 +210,5 @@ class Request:
             finished=self.status is Status.FINISHED,
             steps_per_block=list(self.block_steps),
             block_times=list(self.block_times),
+            cache=self.cache,
         )

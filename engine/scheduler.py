@@ -15,14 +15,21 @@ coincide are staggered when a request is admitted instead of stalling at the col
 runs each step is what the plan says, admission is FCFS when the head's first step fits the
 planned load.
 
-Liveness: `add_request` rejects anything that could never fit on its own, and the oldest
-running request always fits an empty step, so every admitted request finishes and the head of
-the queue is admitted as soon as the running set leaves room for it.
+Cache modes: every request is charged, reserved and phased by its own mode (`Request.cache`):
+the engine's policy, or under `cache=auto` dual or sparse as `engine.cache_mode` chooses when
+it is admitted, so one step may mix dual and sparse members.
+
+Liveness: `add_request` rejects anything that could never fit on its own (auto: in its sparse
+mode, the smaller), and the oldest running request always fits an empty step, so every
+admitted request finishes and the head of the queue is admitted as soon as the running set
+leaves room for it.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from itertools import islice
 
+from engine.cache_mode import AUTO, admission_mode
 from engine.canvas import CanvasPool
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, kv_need
@@ -37,12 +44,27 @@ class Scheduler:
         self.running: list[Request] = []
         self.stalled = 0            # running requests the last schedule() left out
         self.deferred = 0           # lookahead: running requests the last step's plan had wait
+        self.served = Counter()     # requests admitted per cache mode
         self.plan = (Lookahead(config.max_num_batched_tokens, config.cache, config.delay_step)
                      if config.scheduler == "lookahead" else None)
 
-    def kv_need(self, req: Request) -> int:
+    def kv_need(self, req: Request, mode: str | None = None) -> int:
+        """Its whole-life KV slots in `mode` (default: its own; a waiting auto request: sparse,
+        the least it can run with)."""
         c = self.config
-        return kv_need(c.cache, req.length, req.params.block_length, c.retention)
+        mode = mode or req.cache or (c.cache if c.cache != AUTO else "sparse")
+        return kv_need(mode, req.length, req.params.block_length, c.retention)
+
+    def admission_mode(self, req: Request) -> str | None:
+        """The mode the head of the queue `req` is admitted in now, or None if the KV pool cannot
+        take it (it waits). A fixed policy: its own mode if it fits; auto: `engine.cache_mode`."""
+        c, pool = self.config, self.pool
+        if c.cache != AUTO:
+            return c.cache if pool.can_reserve(self.kv_need(req, c.cache)) else None
+        free = None if pool.capacity is None else pool.capacity - pool.used
+        room = max(0, c.max_num_seqs - len(self.running) - 1)       # who could be admitted with it
+        behind = (self.kv_need(r, "sparse") for r in islice(self.waiting, 1, 1 + room))
+        return admission_mode(free, self.kv_need(req, "dual"), self.kv_need(req, "sparse"), behind)
 
     def cost(self, req: Request, phase: Phase) -> int:
         if self.config.scheduler == "request":
@@ -64,7 +86,7 @@ class Scheduler:
         tokens = 0
         self.stalled = 0
         for req in self.running:
-            phase = req.phase(c.cache, c.delay_step)
+            phase = req.phase(c.delay_step)
             cost = self.cost(req, phase)
             if len(batch) >= c.max_num_seqs or tokens + cost > c.max_num_batched_tokens:
                 self.stalled = len(self.running) - len(batch)
@@ -73,16 +95,14 @@ class Scheduler:
             tokens += cost
         while self.waiting:
             req = self.waiting[0]
-            need = self.kv_need(req)
             cost = self.admission_cost(req)
-            if (
-                len(batch) >= c.max_num_seqs
-                or tokens + cost > c.max_num_batched_tokens
-                or not self.pool.can_reserve(need)
-            ):
+            if len(batch) >= c.max_num_seqs or tokens + cost > c.max_num_batched_tokens:
                 break
-            self._admit(need, now)
-            batch.append((req, req.phase(c.cache, c.delay_step)))
+            mode = self.admission_mode(req)
+            if mode is None:
+                break
+            self._admit(mode, now)
+            batch.append((req, req.phase(c.delay_step)))
             tokens += cost
         return batch
 
@@ -90,22 +110,28 @@ class Scheduler:
         """lookahead: the running requests the plan has in this step, then FCFS admission while
         the head's first step fits the planned load (its later steps are placed around it)."""
         c, plan = self.config, self.plan
-        batch = [(r, r.phase(c.cache, c.delay_step)) for r in plan.due(self.running)]
+        batch = [(r, r.phase(c.delay_step)) for r in plan.due(self.running)]
         self.stalled, self.deferred = plan.stalled, len(self.running) - len(batch) - plan.stalled
         while self.waiting:
             req = self.waiting[0]
-            need = self.kv_need(req)
-            if len(self.running) >= c.max_num_seqs or not self.pool.can_reserve(need) or not plan.admits(req):
+            if len(self.running) >= c.max_num_seqs or not plan.admits(req):
                 break
-            self._admit(need, now)
+            mode = self.admission_mode(req)
+            if mode is None:
+                break
+            self._admit(mode, now)
             plan.admit(req)
-            batch.append((req, req.phase(c.cache, c.delay_step)))
+            batch.append((req, req.phase(c.delay_step)))
         plan.tick()
         return batch
 
-    def _admit(self, need: int, now: float) -> Request:
-        """The head of the queue starts running: its whole-life KV reserved, its canvas placed."""
+    def _admit(self, mode: str, now: float) -> Request:
+        """The head of the queue starts running in cache mode `mode`: its whole-life KV reserved,
+        its canvas placed."""
         req = self.waiting.popleft()
+        req.cache = mode
+        self.served[mode] += 1
+        need = self.kv_need(req)
         req.slots, req.kv_pool = self.pool.reserve(need), self.pool
         if self.canvases is not None:
             self.canvases.place(req)

@@ -13,6 +13,7 @@ from itertools import chain
 
 import numpy as np
 
+from engine.cache_mode import CODES as CACHE_CODES
 from engine.request import Phase, Request
 
 CODES = {Phase.REFRESH: 0, Phase.REFRESH_STORE: 1, Phase.REFRESH_SELECT: 2, Phase.REUSE: 3}
@@ -35,24 +36,27 @@ class StepMeta:
     q_start: np.ndarray       # canvas position of the first query: 0 (Refresh*) or the block start
     n_q: np.ndarray           # queries: the canvas (Refresh*) or the block (Reuse)
     cu_q: np.ndarray          # [B + 1] packed query offsets
+    # Each member's cache mode (engine.cache_mode.CODES): what a mixed (`cache=auto`) step's
+    # policy reads; None (a step built without it) = every member in the engine's policy.
+    cache: np.ndarray | None = None
 
     @classmethod
     def of(cls, batch: list[tuple[Request, Phase]], offsets: np.ndarray, host_slots) -> StepMeta:
         """`host_slots(table)`: a request's slot table as a host array (`KVPool.host_slots`)."""
         cols = np.fromiter(chain.from_iterable(
             (r.length, r.block_length, r.prompt_len + r.block * r.block_length, r.kv_tokens,
-             r.commit_count, CODES[p]) for r, p in batch), dtype=np.int64, count=6 * len(batch)
-        ).reshape(-1, 6).T
+             r.commit_count, CODES[p], CACHE_CODES.get(r.cache, 0)) for r, p in batch), dtype=np.int64,
+            count=7 * len(batch)).reshape(-1, 7).T
         tables = [_EMPTY if r.slots is None else host_slots(r.slots) for r, _ in batch]
         slot_len = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
         slots = np.concatenate(tables) if tables else _EMPTY
-        length, block_len, block_start, _, _, phase = cols
+        length, block_len, block_start, _, _, phase, cache = cols
         refresh = phase != CODES[Phase.REUSE]
         n_q = np.where(refresh, length, block_len)
         cu_q = np.zeros(len(batch) + 1, dtype=np.int64)
         np.cumsum(n_q, out=cu_q[1:])
-        return cls(offsets, *cols, np.cumsum(slot_len) - slot_len, slot_len, slots, refresh,
-                   np.where(refresh, 0, block_start), n_q, cu_q)
+        return cls(offsets, *cols[:6], np.cumsum(slot_len) - slot_len, slot_len, slots, refresh,
+                   np.where(refresh, 0, block_start), n_q, cu_q, cache)
 
     def has(self, phase: Phase) -> np.ndarray:
         return self.phase == CODES[phase]

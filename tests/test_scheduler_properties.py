@@ -48,7 +48,7 @@ def fake_run(self, batch) -> StepStats:
 @st.composite
 def workloads(draw, max_requests: int, max_prompt: int, blocks=(1, 2, 4, 8)):
     config = dict(
-        cache=draw(st.sampled_from(["none", "dual", "sparse"])),
+        cache=draw(st.sampled_from(["none", "dual", "sparse", "auto"])),
         scheduler=draw(st.sampled_from(["phase", "phase", "request"])),
         max_num_batched_tokens=draw(st.integers(12, 96)),
         max_num_seqs=draw(st.integers(1, 4)),
@@ -75,7 +75,9 @@ def expected_possible(cfg: dict, r: dict) -> bool:
     ctx = length - r["block"]
     need = {"none": 0, "dual": length,
             # ⌊r·L_ctx⌋ retained (as Sparse-dLLM rounds), then one block of slots for the fresh block
-            "sparse": min(ctx, math.floor(cfg["retention"] * ctx)) + r["block"]}[cfg["cache"]]
+            "sparse": min(ctx, math.floor(cfg["retention"] * ctx)) + r["block"]}
+    # auto: a request runs whenever it fits in one of its modes (sparse never needs more)
+    need = need[cfg["cache"]] if cfg["cache"] != "auto" else min(need["dual"], need["sparse"])
     pool = cfg["kv_pool_tokens"]
     return length <= cfg["max_num_batched_tokens"] and (pool is None or need <= pool)
 

@@ -1,0 +1,179 @@
+"""`cache=auto` (engine.cache_mode): every request served dual while the KV pool holds it, sparse
+when memory binds, its mode chosen at admission and kept for its life.
+
+* the rule alone (a pure function), case by case;
+* float64: with a pool that holds everyone, auto is the dual engine (tokens and NFE); with a pool
+  too small for everyone as dual, the modes are the ones the rule gives (worked out by hand
+  below) and every request's tokens equal the same request's alone in its mode, through steps
+  that mix dual and sparse members (Refresh-store beside Refresh-select, Reuse beside Reuse,
+  padded bucket steps), under the phase and the look-ahead scheduler;
+* a property test: the pool is never over-committed, each admission follows the rule's
+  meaning (recomputed here from the needs, not by calling it), and every request finishes.
+"""
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine import SamplingParams
+from engine.cache_mode import admission_mode
+from engine.request import Phase
+from tests.helpers import make_engine, random_prompts, run_alone, tiny_model
+from tests.test_engine_exact import _mixed_workload
+from tests.test_scheduler_properties import MODEL, fake_run
+
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(F64)
+
+
+# ---------------------------------------------------------------- the rule
+@pytest.mark.parametrize("free, dual, sparse, behind, mode", [
+    (None, 30, 12, [99, 99], "dual"),        # an unbounded pool never binds
+    (100, 30, 12, [20, 20, 30], "dual"),     # 30 + 70 = 100: everyone queued still fits as sparse
+    (100, 30, 12, [20, 20, 31], "sparse"),   # one slot short: this one goes sparse
+    (12, 30, 12, [], "sparse"),              # dual does not fit, sparse does
+    (11, 30, 12, [], None),                  # neither: it waits
+    (30, 30, 12, [], "dual"),                # nobody behind: dual if it fits at all
+    (30, 30, 30, [5], "dual"),               # retention 1: sparse would save nothing
+    (29, 30, 30, [], None),
+])
+def test_admission_rule(free, dual, sparse, behind, mode):
+    assert admission_mode(free, dual, sparse, iter(behind)) == mode
+
+
+# ---------------------------------------------------------------- float64 tokens
+def test_auto_with_room_for_everyone_is_the_dual_engine(model):
+    prompts, params = _mixed_workload()
+    kw = dict(retention=0.5, max_num_logits=5)
+    dual = make_engine(model, cache="dual", **kw).generate(prompts, params)
+    eng = make_engine(model, cache="auto", **kw)
+    auto = eng.generate(prompts, params)
+    assert [(o.token_ids, o.nfe) for o in auto] == [(o.token_ids, o.nfe) for o in dual]
+    assert {o.cache for o in auto} == {"dual"} and {o.cache for o in dual} == {"dual"}
+    st_ = eng.stats()
+    assert (st_["requests_dual"], st_["requests_sparse"]) == (len(prompts), 0)
+
+
+def test_modes_follow_the_rule_and_each_request_equals_itself_alone(model):
+    """Five requests at once, block 8, gen 16, retention 0.5, a pool of 60 slots. Canvases
+    21, 25, 19, 28, 23: dual needs = the canvas, sparse needs ⌊0.5·(L-8)⌋ + 8 = 14, 16, 13, 18, 15.
+    r0: 21 + (16+13+18+15) = 83 > 60 -> sparse (free 46); r1: 25 + 46 > 46 -> sparse (30);
+    r2: 19 + 33 > 30 -> sparse (17); r3: neither 28 nor 18 fits 17 -> waits, and r4 behind it.
+    When r0-r2 finish (together): r3: 28 + 15 <= 60 -> dual; r4: 23 <= 32 -> dual."""
+    prompts = random_prompts(5, [5, 9, 3, 12, 7], seed=1)
+    sp = SamplingParams(gen_length=16, steps=8, block_length=8)
+    kw = dict(retention=0.5, dtype="float64")
+    eng = make_engine(model, cache="auto", kv_pool_tokens=60, **kw)
+    outs = eng.generate(prompts, sp)
+    assert [o.cache for o in outs] == ["sparse", "sparse", "sparse", "dual", "dual"]
+    assert [o.kv_tokens for o in outs] == [14, 16, 13, 28, 23]
+    assert outs[3].admitted_time >= max(o.finished_time for o in outs[:3])
+    assert eng.pool.peak_used <= 60 and eng.pool.used == 0
+    for o, p in zip(outs, prompts, strict=True):
+        assert o.token_ids == run_alone(model, p, sp, cache=o.cache, **kw)
+
+
+def _record_steps(eng) -> list[list[tuple[str, Phase]]]:
+    steps, original = [], eng.scheduler.schedule
+
+    def schedule(now):
+        batch = original(now)
+        steps.append([(r.cache, p) for r, p in batch])
+        return batch
+    eng.scheduler.schedule = schedule
+    return steps
+
+
+@pytest.mark.parametrize("delay_step, scheduler, cuda_graphs", [
+    (0, "phase", False), (1, "phase", True), (1, "lookahead", False)])
+def test_mixed_dual_and_sparse_steps_are_batch_invariant(model, delay_step, scheduler, cuda_graphs):
+    """The mixed workload (temperatures, random remasking, block lengths 2-8) in a pool of 62
+    with 5 sequences: the first two go dual, the others sparse, all in the same steps. At
+    delay_step 0 the block-start Refresh stores (dual) and selects (sparse) in one step;
+    `cuda_graphs` pads Reuse-only steps to buckets (plain calls on a CPU)."""
+    prompts, params = _mixed_workload()
+    kw = dict(retention=0.5, max_num_logits=5, delay_step=delay_step)
+    eng = make_engine(model, cache="auto", kv_pool_tokens=62, max_num_seqs=5, scheduler=scheduler,
+                      cuda_graphs=cuda_graphs, **kw)
+    steps = _record_steps(eng)
+    outs = eng.generate(prompts, params)
+    assert [o.cache for o in outs] == ["dual", "dual", "sparse", "sparse", "sparse"]
+    assert any({c for c, p in s if p is Phase.REUSE} == {"dual", "sparse"} for s in steps)
+    if delay_step == 0:
+        assert any({p for _, p in s} >= {Phase.REFRESH_STORE, Phase.REFRESH_SELECT} for s in steps)
+    for o, p, sp in zip(outs, prompts, params, strict=True):
+        assert o.token_ids == run_alone(model, p, sp, cache=o.cache, **kw)
+
+
+# ---------------------------------------------------------------- properties
+def _needs(req, retention: float) -> tuple[int, int]:
+    ctx = req.length - req.block_length
+    return req.length, min(ctx, math.floor(retention * ctx)) + req.block_length
+
+
+@st.composite
+def auto_workloads(draw):
+    cfg = dict(cache="auto", scheduler=draw(st.sampled_from(["phase", "lookahead"])),
+               max_num_batched_tokens=draw(st.integers(40, 96)), max_num_seqs=draw(st.integers(1, 5)),
+               kv_pool_tokens=draw(st.one_of(st.none(), st.integers(20, 160))),
+               retention=draw(st.sampled_from([0.25, 0.5, 1.0])), delay_step=draw(st.integers(0, 2)))
+    reqs = [dict(prompt=draw(st.integers(1, 20)), block=(b := draw(st.sampled_from([2, 4, 8]))),
+                 gen=b * draw(st.integers(1, 3)), arrival=draw(st.integers(0, 8))) for _ in range(draw(st.integers(1, 8)))]
+    return cfg, reqs
+
+
+@settings(max_examples=150, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(auto_workloads())
+def test_auto_never_overcommits_follows_its_rule_and_finishes_everyone(w):
+    cfg, reqs = w
+    eng = make_engine(MODEL, **cfg)
+    eng.runner.run = types.MethodType(fake_run, eng.runner)
+    sched, pool, r = eng.scheduler, eng.pool, cfg["retention"]
+    admit = sched._admit
+
+    def checked_admit(mode, now):
+        head, free = sched.waiting[0], None if pool.capacity is None else pool.capacity - pool.used
+        room = max(0, cfg["max_num_seqs"] - len(sched.running) - 1)
+        behind = sum(_needs(q, r)[1] for q in list(sched.waiting)[1:1 + room])
+        dual, sparse = _needs(head, r)
+        if mode == "sparse":       # dual would have left too little for those behind, and sparse saves
+            assert free is not None and dual + behind > free and sparse < dual and sparse <= free
+        else:
+            assert free is None or dual <= free and (dual + behind <= free or sparse >= dual)
+        return admit(mode, now)
+    sched._admit = checked_admit
+    prompts = random_prompts(len(reqs), [q["prompt"] for q in reqs], seed=len(reqs))
+    order = sorted(range(len(reqs)), key=lambda i: reqs[i]["arrival"])
+    added, outs, step = [], {}, 0
+    while order or eng.has_unfinished():
+        while order and reqs[order[0]]["arrival"] <= step:
+            i = order.pop(0)
+            q = reqs[i]
+            sp = SamplingParams(gen_length=q["gen"], steps=q["gen"], block_length=q["block"])
+            try:
+                added.append(eng.add_request(prompts[i], sp, request_id=f"r{i}"))
+            except ValueError:     # can never run: its canvas over the token budget, or not even sparse fits
+                L = q["prompt"] + q["gen"]
+                assert L > cfg["max_num_batched_tokens"] or min(
+                    L, min(L - q["block"], math.floor(r * (L - q["block"]))) + q["block"]) > cfg["kv_pool_tokens"]
+        outs.update({o.request_id: o for o in eng.step()})
+        assert pool.capacity is None or pool.used <= pool.capacity
+        assert pool.used == sum(q.kv_tokens for q in sched.running)
+        step += 1
+        assert step < 2000, "did not drain"
+    assert set(outs) == set(added) and all(o.finished for o in outs.values())
+    assert pool.used == 0
+    st_ = eng.stats()
+    assert st_["requests_dual"] + st_["requests_sparse"] == len(added)
+    if pool.capacity is None:
+        assert st_["requests_sparse"] == 0
