@@ -65,7 +65,7 @@ class PhaseClock:
             refresh = [p.is_refresh for _, p in batch]
             self._phase = "refresh" if all(refresh) else "reuse" if not any(refresh) else "mixed"
             f = sum(layer_flops(self.cfg, r.length if p.is_refresh else r.params.block_length,
-                                keys_of(r, p, eng.config.cache)) for r, p in batch)
+                                keys_of(r, p, r.cache)) for r, p in batch)
             self.flops[self._phase] += f
             return run(batch)
 

@@ -57,10 +57,13 @@ def test_cache_rows_differ_from_the_full_engine_only_in_cache_or_selection():
     eff = {r.key: ab.effective_configs([r], d)[0]["config"] for r in rows}
     assert ab.config_diff(full, eff["cache-none"]) == {"cache"} and eff["cache-none"]["cache"] == "none"
     assert ab.config_diff(full, eff["cache-dual"]) == {"cache"} and eff["cache-dual"]["cache"] == "dual"
+    assert ab.config_diff(full, eff["cache-auto"]) == {"cache"} and eff["cache-auto"]["cache"] == "auto"
+    # Every ladder rung is the paper's sparse engine, never the engine system's default (auto).
+    assert [e["config"]["cache"] for e in ab.effective_configs(rungs[1:], d)] == ["sparse"] * (len(rungs) - 1)
     assert ab.config_diff(full, eff["cache-sparse-head"]) == set()
     assert ab.config_diff(full, eff["cache-sparse-uniform"]) == {"selection"}
     # The sparse-head row IS the last rung: same label, so it is measured once.
-    assert parse_system(rows[2].spec).label == parse_system(rungs[-1].spec).label
+    assert parse_system(rows[3].spec).label == parse_system(rungs[-1].spec).label
     assert len({parse_system(r.spec).label for r in rungs + rows}) == len(rungs) + len(rows) - 1
     assert ab.check_ladder_configs([eff[r.key] for r in rows], rows, reference=full) == []
 

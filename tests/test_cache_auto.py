@@ -114,6 +114,29 @@ def test_mixed_dual_and_sparse_steps_are_batch_invariant(model, delay_step, sche
         assert o.token_ids == run_alone(model, p, sp, cache=o.cache, **kw)
 
 
+# ---------------------------------------------------------------- the profiler
+def test_auto_is_profiled_for_the_worst_step_of_either_mode(monkeypatch):
+    from engine import profiler
+    from engine.config import EngineConfig
+    from tests.test_memory import _warm
+
+    model = tiny_model(torch.float32, vocab_size=1024, embedding_size=1024)
+    _warm(model)
+
+    def measure(cache: str) -> tuple[int, int]:
+        cfg = EngineConfig(cache=cache, max_num_batched_tokens=64, max_num_logits=8, device="cpu", retention=0.5)
+        return profiler.measure_activation_peak(model, cfg, "sdpa", 64)
+    dual, sparse = measure("dual"), measure("sparse")
+    assert measure("auto") == (max(dual[0], sparse[0]), max(dual[1], sparse[1]))
+    seen = []
+
+    def peaks(runner, model, config, max_model_len, mode):
+        seen.append(mode)
+        return {"dual": (10, 50), "sparse": (30, 20)}[mode]
+    monkeypatch.setattr(profiler, "_peaks", peaks)
+    assert measure("auto") == (30, 50) and seen == ["dual", "sparse"]
+
+
 # ---------------------------------------------------------------- properties
 def _needs(req, retention: float) -> tuple[int, int]:
     ctx = req.length - req.block_length

@@ -78,7 +78,7 @@ def _measured_steps(eng) -> list[tuple[int, int, int]]:
     return peaks
 
 
-@pytest.mark.parametrize("cache", ["none", "sparse", "dual"])
+@pytest.mark.parametrize("cache", ["none", "sparse", "dual", "auto"])
 def test_full_step_within_profiled_bound(cache):
     model = tiny_model(F32, vocab_size=2048, embedding_size=2048)
     _warm(model)

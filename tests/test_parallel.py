@@ -1,7 +1,7 @@
 """Tensor parallelism (engine.parallel) on CPU: gloo, 2 processes x 1 thread, float64.
 
-* TP = 2 gives exactly TP = 1's tokens for the none, dual and sparse caches (head-centric and
-  uniform selection), on a mixed batch (different prompt and generation lengths, blocks, steps),
+* TP = 2 gives exactly TP = 1's tokens for the none, dual, sparse (head-centric and uniform
+  selection) and auto caches (dual and sparse requests in one step), on a mixed batch (different prompt and generation lengths, blocks, steps),
   under the logit budget's chunking (requests straddling chunks) and monolithic logits, greedy
   and sampled (Gumbel noise, random remasking);
 * a checkpoint loads shard-wise: each rank holds exactly its slices, half the bytes of every
@@ -45,6 +45,8 @@ CASES = {
     "sparse-uniform-max": dict(cache="sparse", selection="uniform", score_query="max", retention=0.3),
     "sparse-head-chunked": dict(cache="sparse", max_num_logits=3),
     "dual-monolithic": dict(cache="dual", max_num_logits=None),
+    # cache=auto in a pool too small for everyone as dual: the modes reach the workers in the plan
+    "auto-mixed": dict(cache="auto", retention=0.5, kv_pool_tokens=60),
 }
 
 
@@ -97,6 +99,9 @@ def test_tp2_gives_tp1_tokens(cluster, ckpt, case):
     ref, out, stats = _both(cluster, ckpt, GREEDY, **CASES[case])
     assert [o.token_ids for o in out] == [o.token_ids for o in ref]
     assert [o.logits_rows for o in out] == [o.logits_rows for o in ref]
+    assert [o.cache for o in out] == [o.cache for o in ref]
+    if case == "auto-mixed":
+        assert stats["requests_dual"] > 0 and stats["requests_sparse"] > 0
     if CASES[case].get("max_num_logits") == 3:
         assert stats["max_logits_rows_in_step"] == 3
 

@@ -18,8 +18,10 @@ engine, rung 3): `scheduler=lookahead`, the look-ahead budget-aware scheduler th
 proposes (engine.lookahead, docs/SCHEDULER.md). It is not part of the paper's Fig. 8, so the
 report's ladder claims leave it out.
 
-Cache-policy rows (the full engine, rung 3, with only cache/selection switched): `cache=none`
-(exact LLaDA: every step recomputes the canvas), `cache=dual` (Fast-dLLM's dual cache),
+Every engine rung names `cache=sparse` (the paper's system), never the `engine` system's default
+(`cache=auto`). Cache-policy rows (the full engine, rung 3, with only cache/selection switched):
+`cache=none` (exact LLaDA: every step recomputes the canvas), `cache=dual` (Fast-dLLM's dual
+cache), `cache=auto` (dual per request while the KV pool holds it, sparse when memory binds),
 `cache=sparse,selection=head` (= rung 3, measured once) and `cache=sparse,selection=uniform`.
 
 This module holds the ladder's definition and checks only. Points run through the serve
@@ -115,6 +117,9 @@ def cache_rows(max_num_logits: int) -> list[Rung]:
              ("cache",), "cache", "no KV cache: every step runs the whole canvas"),
         Rung("cache-dual", "cache=dual (Fast-dLLM)", _engine_spec(**full, cache="dual", selection="head"),
              ("cache",), "cache", "prefix+suffix KV stored at each block's Refresh, reused dense"),
+        Rung("cache-auto", "cache=auto (the engine system's default)",
+             _engine_spec(**full, cache="auto", selection="head"), ("cache",), "cache",
+             "each request dual while the KV pool holds it, head-centric sparse when memory binds"),
         Rung("cache-sparse-head", "cache=sparse, head (dLLM-Serve)",
              _engine_spec(**full, cache="sparse", selection="head"), (), "cache",
              "the full engine (= the logit-budget rung)"),

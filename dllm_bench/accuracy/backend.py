@@ -24,6 +24,7 @@ from dllm_bench.accuracy.points import SCORE_QUERIES, SELECTIONS, SYSTEMS, Point
 from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, model_dir
 from dllm_bench.device_defaults import resolve_device_options
 from dllm_bench.errors import UserError
+from dllm_bench.step_budgets import AUTO, engine_budgets
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.build import check_tensor_parallel, make_parallel_engine, make_system
 from dllm_bench.systems.spec import retention_knobs
@@ -63,17 +64,29 @@ class EngineRanks:
 
 
 def point_system(point: Point, model: LLaDAModelLM | None, *, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 8192, max_num_logits: int | None = 1024, batch: int = 32,
+                 max_num_batched_tokens: int | None = None, max_num_logits: int | str | None = AUTO, batch: int = 32,
                  pool_window: int = 3, delay_step: int = 1, memory_budget: int | None = None,
-                 decoding: str = "fixed", cuda_graphs: bool | None = None, ranks: EngineRanks | None = None) -> Any:
+                 decoding: str = "fixed", cuda_graphs: bool | None = None, ranks: EngineRanks | None = None,
+                 longest_canvas: int | None = None, block_length: int = 32) -> Any:
     """A fresh serving system for `point` over an already-loaded model (systems.build.make_system),
     or, an engine point given `ranks`, a tensor-parallel engine on ranks of its own (the model
     is then not needed: each rank loads its shard; close it to stop them).
     `memory_budget`: the run's one budget (measured once; per rank with `ranks`), so every
     point's engine gets the same KV pool rather than whatever the previous point's engine left
     free. `decoding`: the policy its requests ask for; a baseline gets it through its knobs
-    (Fast-dLLM's threshold / factor), or runs fixed (dllm_bench.systems.decoding)."""
+    (Fast-dLLM's threshold / factor), or runs fixed (dllm_bench.systems.decoding). The engine's
+    token and logit budgets (None / AUTO: not given) are 8192 and 1024 on a CPU and scale with
+    the GPU on CUDA (dllm_bench.step_budgets; at least `longest_canvas`, default the model's length)."""
     if point.system == "engine":
+        if model is not None:
+            b = engine_budgets(model, tokens=max_num_batched_tokens, logits=max_num_logits, max_num_seqs=max_num_seqs,
+                               block_length=block_length,
+                               longest_canvas=longest_canvas or model.config.max_sequence_length,
+                               budget_bytes=memory_budget)
+            max_num_batched_tokens, max_num_logits = b.max_num_batched_tokens, b.max_num_logits
+        else:       # ranks: each loads its shard; nothing here knows the GPU's share
+            max_num_batched_tokens = max_num_batched_tokens or 8192
+            max_num_logits = 1024 if max_num_logits == AUTO else max_num_logits
         cfg = EngineConfig(cache=point.cache or "none", selection=point.selection or "head",
                            retention=point.retention, score_query=point.score_query, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
@@ -144,7 +157,9 @@ class PointBackend:
         threads, system = torch.get_num_threads(), None     # spawned ranks set this process's to their share
         try:
             system = point_system(self.point, self.model, decoding=self.decoding,
-                                  ranks=self.ranks if self.tensor_parallel_size > 1 else None, **self.system_kw)
+                                  ranks=self.ranks if self.tensor_parallel_size > 1 else None,
+                                  longest_canvas=max(map(len, ids), default=0) + params.gen_length,
+                                  block_length=params.block_length, **self.system_kw)
             t0 = time.perf_counter()
             with console.progress(enabled=self.show_progress) as prog:
                 task = prog.add_task(label, total=len(ids))

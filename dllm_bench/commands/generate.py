@@ -15,6 +15,7 @@ from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenize
 from dllm_bench.commands.serve_flags import CudaGraphs
 from dllm_bench.device_defaults import cuda_graphs_on, resolve_device_options
 from dllm_bench.errors import UserError
+from dllm_bench.step_budgets import AUTO, engine_budgets
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.build import make_parallel_engine, make_system
 from engine import EngineConfig, SamplingParams
@@ -66,10 +67,15 @@ def register(app: typer.Typer) -> None:
         dtype: str | None = typer.Option(None, help="float64 | float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)"),
         device: str = typer.Option("auto", help="auto | cpu | cuda"),
         system: str = typer.Option("engine", help="engine | llada | fast-dllm | dllm-cache | sparse-dllm"),
-        cache: str = typer.Option("none", help="Engine cache policy: none (exact LLaDA) | dual | sparse."),
+        cache: str = typer.Option("none", help="Engine cache policy: none (exact LLaDA) | dual | sparse | auto "
+                                  "(dual per request while the KV pool holds it, else sparse)."),
         retention: float = typer.Option(0.5, help="Engine sparse cache: fraction of context kept per head."),
         selection: str = typer.Option("head", help="Engine sparse cache: head | uniform."),
-        max_num_logits: int = typer.Option(1024, help="Engine logit budget (rows per chunk)."),
+        max_num_logits: int | None = typer.Option(None, help="Engine logit budget (rows per chunk) [CPU: 1024; "
+                                                  "CUDA: scaled with the GPU, max_num_seqs x block]."),
+        max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens",
+                                                          help="Engine token budget (query tokens per step) [CPU: "
+                                                               "8192; CUDA: scaled with the GPU and the model]."),
         no_logit_budget: bool = typer.Option(False, "--no-logit-budget", help="Engine: monolithic full-sequence logits."),
         scheduler: str = typer.Option("phase", help="Engine scheduler: phase | request | lookahead."),
         cuda_graphs: CudaGraphs = None,
@@ -111,9 +117,13 @@ def register(app: typer.Typer) -> None:
                               seed, dec.decoding)
         opts = resolve_device_options(device, dtype)
         dtype, device = opts.dtype, str(opts.device)
+        if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
+            raise UserError(f"--max-num-batched-tokens must be >= 1, got {max_num_batched_tokens}")
+        given_logits = None if no_logit_budget else (AUTO if max_num_logits is None else max_num_logits)
         try:
             engine_cfg = EngineConfig(cache=cache, retention=retention, selection=selection, dtype=dtype,
-                                      max_num_logits=None if no_logit_budget else max_num_logits,
+                                      max_num_logits=1024 if given_logits == AUTO else given_logits,
+                                      max_num_batched_tokens=max_num_batched_tokens or EngineConfig.max_num_batched_tokens,
                                       scheduler=scheduler, device=device,
                                       cuda_graphs=cuda_graphs_on(cuda_graphs, device))
         except ValueError as e:
@@ -140,8 +150,17 @@ def register(app: typer.Typer) -> None:
             sysobj = make_parallel_engine(
                 dataclasses.replace(engine_cfg, model=str(path), tensor_parallel_size=tensor_parallel_size), threads)
         else:
-            sysobj = make_system(system, load_model(model, dtype, device), engine_config=engine_cfg, batch=batch,
-                                 knobs=knobs)
+            mdl = load_model(model, dtype, device)
+            if system == "engine":   # on CUDA the step budgets scale with the GPU unless given
+                b = engine_budgets(mdl, tokens=max_num_batched_tokens, logits=given_logits,
+                                   max_num_seqs=engine_cfg.max_num_seqs, block_length=block_length,
+                                   longest_canvas=max(map(len, prompts)) + gen_length,
+                                   cpu=(engine_cfg.max_num_batched_tokens, engine_cfg.max_num_logits))
+                engine_cfg = dataclasses.replace(engine_cfg, max_num_batched_tokens=b.max_num_batched_tokens,
+                                                 max_num_logits=b.max_num_logits)
+                if b.tokens_rule and not json_out:
+                    console.console().print(b.describe(), style="dim", highlight=False)
+            sysobj = make_system(system, mdl, engine_config=engine_cfg, batch=batch, knobs=knobs)
         t0 = time.perf_counter()
         try:
             outs = run_all(sysobj, prompts, params, show_progress=not json_out)
@@ -156,10 +175,12 @@ def register(app: typer.Typer) -> None:
         if json_out:
             doc = dict(
                 outputs=[dict(tokens=o.token_ids, text=t, nfe=o.nfe, tpf=o.tokens_per_forward,
-                              steps_per_block=o.steps_per_block, prompt_tokens=len(o.prompt_ids))
+                              steps_per_block=o.steps_per_block, prompt_tokens=len(o.prompt_ids), cache=o.cache)
                          for o, t in zip(outs, texts)],
                 model=str(path), system=system, dtype=dtype, elapsed_s=elapsed,
                 cuda_graphs=engine_cfg.cuda_graphs if system == "engine" else None,
+                step_budgets=dict(max_num_batched_tokens=engine_cfg.max_num_batched_tokens,
+                                  max_num_logits=engine_cfg.max_num_logits) if system == "engine" else None,
                 params=dict(gen_length=params.gen_length, steps=params.steps, block_length=params.block_length,
                             temperature=params.temperature, remasking=params.remasking, seed=params.seed,
                             decoding=params.decoding),

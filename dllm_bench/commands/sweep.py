@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
         points: str | None = typer.Option(None, "--points",
                                           help="lengths to sweep, tokens as sent, comma list (default: the paper's 100-600 / 128-512 scaled by the preset)"),
         fixed_len: int | None = typer.Option(None, "--fixed-len", help="the other length, tokens (default: paper 256 output / 300 input, scaled)"),
-        systems: str | None = typer.Option(None, "--systems", help="systems (serve's spec syntax) (default: engine,sparse-dllm)"),
+        systems: str | None = typer.Option(None, "--systems", help="systems (serve's spec syntax) (default: engine:cache=sparse,sparse-dllm, the paper's pair)"),
         scheduler: str | None = typer.Option(None, "--scheduler",
                                              help="engine scheduler(s), comma list of phase | request | lookahead: each engine system without scheduler= swept once per scheduler (default: the engine's, phase)"),
         baseline_batch: BaselineBatch = "max-fit",

@@ -9,17 +9,20 @@ from rich.table import Table
 
 from baselines import SYSTEMS
 from dllm_bench.console import console
-from dllm_bench.systems.spec import ENGINE_KNOBS
+from dllm_bench.systems.spec import ENGINE_DEFAULTS, ENGINE_KNOBS, PAPER_ENGINE
 from engine import EngineConfig
 
 
 def system_rows() -> list[dict]:
-    defaults = EngineConfig()
+    defaults = EngineConfig(**ENGINE_DEFAULTS)
     rows = [dict(name="engine", kind="continuous batching (dLLM-Serve design)",
                  knobs={k: getattr(defaults, k) for k in ENGINE_KNOBS},
                  source="this repository: engine/ (paper: dLLM-Serve, arXiv 2512.17077; authors' code chosen-ox/dLLM-Serve aefbf0a)",
-                 notes="exact LLaDA with cache=none; dual = Fast-dLLM dual cache; sparse = head-centric or uniform "
-                       "retention; cuda_graphs None = on for CUDA")]
+                 notes="cache=auto (default): each request dual (Fast-dLLM's cache, one Refresh per block) while the "
+                       f"KV pool holds it, head-centric sparse KV when memory binds; {PAPER_ENGINE} = the paper's "
+                       "dLLM-Serve (every request sparse: head-centric or uniform retention); dual = Fast-dLLM dual "
+                       "cache; none = exact LLaDA; cuda_graphs None = on for CUDA; on CUDA the token and logit "
+                       "budgets scale with the GPU unless given")]
     for name, spec in SYSTEMS.items():
         up = spec.upstream
         rows.append(dict(name=name, kind="request-level static batching", knobs=dict(spec.knobs) | {"batch": "profiled"},

@@ -20,7 +20,6 @@ from dllm_bench.systems.spec import (
     engine_knobs,
     parse_systems,
 )
-from engine.config import EngineConfig
 from engine.decoding import Decoding
 
 # The engine with each cache that serves it (dual: Fast-dLLM's; sparse: dLLM-Serve's), and
@@ -52,9 +51,10 @@ class Config:
     def point(self, retention: float) -> Point:
         """The accuracy point this configuration is scored as (dllm_bench.accuracy.evaluate)."""
         if self.system == "engine":
-            cache = self.variant.knob_dict.get("cache", EngineConfig.cache)   # the engine's default: sparse
-            sel = self.variant.knob_dict.get("selection", "head") if cache == "sparse" else None
-            r = float(self.variant.knob_dict.get("retention", retention)) if cache == "sparse" else 1.0
+            cache = engine_knobs(self.variant, {})["cache"]       # the engine system's default: auto
+            sparse = cache in ("sparse", "auto")                 # auto serves sparse once memory binds
+            sel = self.variant.knob_dict.get("selection", "head") if sparse else None
+            r = float(self.variant.knob_dict.get("retention", retention)) if sparse else 1.0
             return Point(self.label, "engine", "dense" if cache == "none" else "sparse", cache, sel, r)
         r = baseline_retention(self.system, self.variant.knob_dict, retention)
         return Point(self.label, self.system, "baseline", retention=r)

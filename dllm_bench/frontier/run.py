@@ -29,6 +29,7 @@ from dllm_bench.frontier import configs, output, pareto
 from dllm_bench.frontier import rows as frows
 from dllm_bench.frontier.measure import ConcurrentBackend, measure
 from dllm_bench.results import atomic_write_csv, atomic_write_json, create_run
+from dllm_bench.step_budgets import AUTO, engine_budgets
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.build import make_system
 from dllm_bench.systems.spec import retention_knobs
@@ -157,12 +158,20 @@ def resolve(o: FrontierOptions) -> Plan:
     return Plan(task, models, paths, cfgs, docs, metadata, limit, gen, block, knobs)
 
 
-def _builder(cfg: configs.Config, model, o: FrontierOptions, budget: int | None):
+def _builder(cfg: configs.Config, model, o: FrontierOptions, budget: int | None, block_length: int = 32):
     """A fresh system of `cfg` at the run's concurrency (the engine's running cap, a baseline's
-    static batch)."""
+    static batch). The engine's token and logit budgets: ENGINE_DEFAULTS on a CPU, scaled with the
+    GPU on CUDA (dllm_bench.step_budgets), a variant's knobs winning."""
     def build():
         if cfg.system == "engine":
-            knobs = cfg.engine_knobs({**ENGINE_DEFAULTS, "retention": o.retention, "max_num_seqs": o.concurrency})
+            own = cfg.variant.knob_dict
+            b = engine_budgets(model, tokens=own.get("max_num_batched_tokens"), logits=own.get("max_num_logits", AUTO),
+                               max_num_seqs=o.concurrency, block_length=block_length,
+                               longest_canvas=model.config.max_sequence_length, budget_bytes=budget,
+                               cpu=(ENGINE_DEFAULTS["max_num_batched_tokens"], ENGINE_DEFAULTS["max_num_logits"]))
+            knobs = cfg.engine_knobs({"max_num_batched_tokens": b.max_num_batched_tokens,
+                                      "max_num_logits": b.max_num_logits, "retention": o.retention,
+                                      "max_num_seqs": o.concurrency})
             try:
                 ec = EngineConfig(**knobs, sampling=False, device=str(model.device), memory_budget=budget)
             except ValueError as e:
@@ -195,7 +204,7 @@ def frontier(o: FrontierOptions, *, result_dir: Path, run_id: str | None, as_jso
                                        block_length=plan.block_length, steps=plan.gen_length, seed=o.seed,
                                        decoding=cfg.decoding, show_progress=not as_json, concurrency=o.concurrency,
                                        label=f"{Path(m).name} r{r} [{i + 1}/{len(plan.configs)}] {cfg.label}",
-                                       build=_builder(cfg, mdl, o, dev.budget.bytes))
+                                       build=_builder(cfg, mdl, o, dev.budget.bytes, plan.block_length))
                 x = meas[(cfg.slug, m, r)] = measure(be, plan.task, plan.docs, plan.limit, plan.metadata,
                                                      o.num_fewshot)
                 frows.write_point(run_dir, cfg, m, meas, o.repeats)

@@ -15,6 +15,7 @@ from dllm_bench.console import md_table, num
 from dllm_bench.repeats import Spread, compare, point_spread
 from dllm_bench.report.claims import PAPER, Claims, mark, single, spread_text, verdict
 from dllm_bench.report.sections import _figures, _repeats, _x
+from dllm_bench.systems.spec import PAPER_ENGINE
 
 
 def serve_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
@@ -51,7 +52,9 @@ def serve_table(df) -> tuple[str, dict]:
         bl = [r for r in recs if r["is_baseline"] and num(r.get("output_throughput")) is not None]
         best = max(bl, key=lambda r: num(r["output_throughput"])) if bl else None
         eng = [r for r in recs if not r["is_baseline"] and r["system"] not in served]   # served is not the engine
-        eng_row = next((r for r in eng if r["system"] == "engine"), eng[0] if eng else None)
+        # The paper's claims are about its system: engine:cache=sparse when the run has it.
+        eng_row = next((r for r in eng if r["system"] == PAPER_ENGINE),
+                       next((r for r in eng if r["system"] == "engine"), eng[0] if eng else None))
         sd_row = next((r for r in recs if r.get(name_col) == "sparse-dllm"), None)
         for r in recs:
             x = compare(r, best, "output_throughput")[0] if best is not None and r is not best else None

@@ -93,7 +93,10 @@ class ServeRun:
     def fingerprint(self) -> dict:
         """What a resumed run must share with the original for its points to be comparable."""
         p = self.preset
-        return {"model": str(self.model_dir), "preset": p.to_dict() | {"rps": None}, "seed": self.seed,
+        # Budgets scaled with a measured GPU follow its free memory: what must match is "auto".
+        auto = {k: "auto" for k, rule in (("max_num_batched_tokens", p.tokens_rule), ("max_num_logits", p.logits_rule))
+                if rule.startswith("auto")}
+        return {"model": str(self.model_dir), "preset": p.to_dict() | {"rps": None, **auto}, "seed": self.seed,
                 "arrivals": self.arrivals, "burstiness": self.burstiness, "num_prompts": self.num_prompts,
                 "duration": self.duration, "dataset_path": self.dataset_path, "time_scale": self.time_scale,
                 "burstgpt_model": self.burstgpt_model, "memory_budget": self._budget_key(),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dllm_bench import inputs
-from dllm_bench.device_defaults import cuda_graphs_on, resolve_budget
+from dllm_bench.device_defaults import cuda_graphs_on, gpu_identity, is_cuda, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.metric_options import metric_options
 from dllm_bench.serve.config import ServeRun
@@ -139,7 +139,8 @@ class ServeOptions:
 
 
 # ---------------------------------------------------------------- option resolution
-def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = True) -> ServeRun:
+def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = True,
+                gpu: str | None = None) -> ServeRun:
     """Every option checked (cheap ones first) and the workloads built: any problem is a
     UserError before a run directory exists. `weights=False`: the model is simulated by its
     shape, so its config is all it needs. A count is refused up front when its requests would not
@@ -150,7 +151,10 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
     device starts from the GPU preset; a CPU preset on CUDA runs in bfloat16; the budget (`auto`,
     or none given and none in the preset) is free memory x 0.9 on CUDA, measured here, once, for
     every system of the run; the engine's CUDA graphs are on for a CUDA device unless
-    --no-cuda-graphs (resolved to true/false into the preset, so config.json says what ran)."""
+    --no-cuda-graphs (resolved to true/false into the preset, so config.json says what ran); a
+    preset's "auto" token and logit budgets are scaled with the GPU's budget and the model
+    (dllm_bench.step_budgets) once the workloads are known. `gpu`: the GPU a simulated run models
+    (a hardware profile's name, its budget given); a measured run on CUDA names its own device."""
     o = opts
     rps, num_prompts, duration, burstiness = o.rps, o.num_prompts, o.duration, o.burstiness
     dataset_path, device, dtype, seed = o.dataset_path, o.device, o.dtype, o.seed
@@ -258,5 +262,9 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
         use_cache=not o.no_profile_cache, repeats=o.repeats, options=opts, max_concurrency=o.max_concurrency,
         metric_options=reporting, decoding=decoding, trace_steps=o.trace_steps)
     build_workloads(run)
+    if sp.auto_budgets:
+        gpu = gpu or ((gpu_identity(sp.device) or {}).get("name") if is_cuda(sp.device) else None)
+        longest = max((r.prompt_len + r.gen_length for wl in run.workloads.values() for r in wl), default=1)
+        run.preset = sp.with_step_budgets(info, longest, gpu, budget)
     return run
 

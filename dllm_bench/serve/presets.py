@@ -44,6 +44,12 @@ vocabulary (126464) on a 4-layer d=256 body, livebench at length_scale 0.125, so
 [tokens x 126464] logit tensor dominates every step (its LM head is ~128x LLaDA-8B's share).
 Budget 1 GiB: float32 weights ~273 MB leave room for only a few full-sequence logit tensors.
 
+`paper` — the paper's Table 3 on a GPU (LLaDA-8B, bfloat16, budget free memory x 0.9): its token
+and logit budgets are "auto", scaled with the GPU's memory and the model when the run is
+resolved (dllm_bench.step_budgets: ~4,000 tokens on a 24 GB card, ~16,384 on a 48 GB one, as the
+paper ran; the logit budget max_num_seqs x block); the preset line says what was chosen and
+why. `--max-num-batched-tokens` / `--max-num-logits` (or a variant's knob) win.
+
 `trained` — a trained checkpoint (`synth-cot`, its seeds, `tiny-math`, or a `dllm-bench train`
 output) serving its own task: `--dataset task` draws the test split's questions in the accuracy
 command's prompt format (dllm_bench.serve.task_prompts), every request decodes the model's answer
@@ -60,6 +66,14 @@ from typing import Any
 from dllm_bench.device_defaults import default_dtype, is_cuda
 from dllm_bench.errors import UserError
 from dllm_bench.serve.task_prompts import TASK_DATASET, training_config
+from dllm_bench.step_budgets import (
+    AUTO,
+    FALLBACK_LOGITS,
+    FALLBACK_TOKENS,
+    activation_bytes_per_token,
+    step_budgets,
+)
+from engine.config import DTYPES
 
 # What a trained checkpoint (committed, or made by `dllm-bench train`) starts from: its own task.
 TRAINED_PRESET = "trained"
@@ -83,8 +97,10 @@ class ServePreset:
     gen_cap: int                     # max gen_length (tokens, rounded down to a block multiple)
     block_length: int
     memory_budget: str | None        # "1GiB"...; None = the device default (CUDA: free x 0.9)
-    max_num_batched_tokens: int      # engine token budget per step
-    max_num_logits: int | None       # engine logit budget (rows per step); None = monolithic
+    # Engine token budget per step and logit budget (rows per step; None = monolithic); "auto":
+    # scaled with the GPU and the model when the run is resolved (dllm_bench.step_budgets).
+    max_num_batched_tokens: int | str
+    max_num_logits: int | str | None
     max_num_seqs: int = 64
     retention: float = 0.5           # engine retention and Sparse-dLLM keep_ratio (Table 3)
     max_prompt_len: int | None = None
@@ -103,6 +119,9 @@ class ServePreset:
     rps: str = "0.5"
     baseline_knobs: dict = field(default_factory=lambda: {k: dict(v) for k, v in PAPER_BASELINE_KNOBS.items()})
     note: str = ""
+    # Why the two budgets are what they are, once an "auto" was resolved (with_step_budgets).
+    tokens_rule: str = ""
+    logits_rule: str = ""
 
     steps_rule = "steps = gen_length (one token per step)"
 
@@ -119,19 +138,45 @@ class ServePreset:
             return default_dtype(device)
         return self.dtype
 
+    @property
+    def auto_budgets(self) -> bool:
+        """Whether a step budget is still "auto" (to be scaled with the GPU: with_step_budgets)."""
+        return AUTO in (self.max_num_batched_tokens, self.max_num_logits)
+
+    def with_step_budgets(self, model_info: dict, longest_canvas: int, gpu: str | None = None,
+                          budget_bytes: int | None = None) -> ServePreset:
+        """The preset with its "auto" budgets chosen (dllm_bench.step_budgets) for a run of
+        canvases up to `longest_canvas` on `gpu` with `budget_bytes` (None: a CPU), and why."""
+        if not self.auto_budgets:
+            return self
+        b = step_budgets(tokens=self.max_num_batched_tokens, logits=self.max_num_logits,
+                         max_num_seqs=self.max_num_seqs, block_length=self.block_length,
+                         longest_canvas=longest_canvas, gpu=gpu, budget_bytes=budget_bytes,
+                         weights_bytes=model_info["weights_bytes"],
+                         activation_per_token=activation_bytes_per_token(
+                             model_info["d_model"], model_info["mlp_hidden_size"], DTYPES[self.dtype].itemsize))
+        return replace(self, max_num_batched_tokens=b.max_num_batched_tokens, max_num_logits=b.max_num_logits,
+                       tokens_rule=b.tokens_rule, logits_rule=b.logits_rule)
+
     def engine_defaults(self) -> dict:
-        """The engine knobs this preset sets (a variant's or a flag's own values win)."""
-        return {"max_num_batched_tokens": self.max_num_batched_tokens, "max_num_logits": self.max_num_logits,
+        """The engine knobs this preset sets (a variant's or a flag's own values win); a budget
+        never resolved for a GPU (with_step_budgets) is the CPU's "auto": the paper's RTX 4090's."""
+        tokens = FALLBACK_TOKENS if self.max_num_batched_tokens == AUTO else self.max_num_batched_tokens
+        logits = FALLBACK_LOGITS if self.max_num_logits == AUTO else self.max_num_logits
+        return {"max_num_batched_tokens": tokens, "max_num_logits": logits,
                 "max_num_seqs": self.max_num_seqs, "retention": self.retention, "cuda_graphs": self.cuda_graphs,
                 "tensor_parallel_size": self.tensor_parallel_size}
 
     def describe(self) -> str:
-        """One line stating the preset (printed at the start and the end of a run)."""
-        logits = "monolithic" if self.max_num_logits is None else f"{self.max_num_logits} rows"
+        """One line stating the preset (printed at the start and the end of a run), with why
+        each step budget is what it is when one was "auto"."""
+        logits = ("monolithic" if self.max_num_logits is None else
+                  "auto" if self.max_num_logits == AUTO else f"{self.max_num_logits} rows")
+        why_t, why_l = (f" ({r})" if r else "" for r in (self.tokens_rule, self.logits_rule))
         gen = f"gen_length {self.gen_length} for every request" if self.gen_length else f"gen cap {self.gen_cap}"
         return (f"preset {self.name}: model {self.model}, {self.dataset} x{self.length_scale:g} "
                 f"lengths, {self.num_prompts} prompts, block {self.block_length}, {gen}, {self.steps_rule}, memory budget {self.memory_budget or 'device default'}, "
-                f"token budget {self.max_num_batched_tokens}, logit budget {logits}, retention "
+                f"token budget {self.max_num_batched_tokens}{why_t}, logit budget {logits}{why_l}, retention "
                 f"{self.retention:g}, {self.dtype} on {self.device}, {self.threads} threads"
                 + (f", engine on {self.tensor_parallel_size} ranks (tensor parallel; baselines on one device)"
                    if self.tensor_parallel_size > 1 else ""))
@@ -170,10 +215,10 @@ PRESETS: dict[str, ServePreset] = {p.name: p for p in [
         threads=1, note="tests and smoke runs: seconds per system"),
     ServePreset(
         "paper", model="llada-8b", dataset="livebench", num_prompts=200, length_scale=1.0, gen_cap=256, gen_length=256,
-        block_length=32, memory_budget=None, max_num_batched_tokens=4000, max_num_logits=2048,
+        block_length=32, memory_budget=None, max_num_batched_tokens=AUTO, max_num_logits=AUTO,
         threads=8, dtype="bfloat16", device="cuda", rps="0.1,0.25,0.5,1.0",
-        note="the paper's Table 3 on a GPU: pass --model /path/to/LLaDA-8B-Instruct (RTX 4090 "
-             "token budget; use --max-num-batched-tokens 16384 on an L40S)"),
+        note="the paper's Table 3 on a GPU: pass --model /path/to/LLaDA-8B-Instruct (token and logit budgets "
+             "scaled with the GPU: ~4,000 tokens on an RTX 4090, ~16,384 on an L40S, as the paper ran)"),
 ]}
 
 DEFAULT_PRESET = "cpu-default"

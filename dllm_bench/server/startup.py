@@ -19,7 +19,7 @@ import torch
 
 from dllm_bench import inputs
 from dllm_bench.checkpoints.load import load_config, load_tokenizer
-from dllm_bench.device_defaults import MemoryBudget, cuda_graphs_on, resolve_budget
+from dllm_bench.device_defaults import MemoryBudget, cuda_graphs_on, gpu_identity, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import ServePreset, preset_for
 from dllm_bench.serve.workload import model_info
@@ -85,12 +85,18 @@ def resolve_server_options(*, model: str | None, preset: str | None, knobs: dict
     sp = replace(sp, cuda_graphs=cuda_graphs_on(cuda_graphs, device))
     model_dir = inputs.checkpoint_dir(sp.model)
     budget = resolve_budget(sp.memory_budget if memory_budget is None else memory_budget, device)
-    weights = model_info(model_dir, dtype)["weights_bytes"]
+    info = model_info(model_dir, dtype)
+    weights = info["weights_bytes"]
     if budget.bytes is not None and budget.bytes <= weights:
         raise UserError(f"--memory-budget {format_size(budget.bytes)} does not even hold the weights "
                         f"({format_size(weights)} in {dtype})")
-    return ServerOptions(sp, variant, model_dir, device, dtype, budget, threads or sp.threads,
-                         block_length or sp.block_length)
+    block = block_length or sp.block_length
+    if sp.auto_budgets:     # scaled with the GPU (dllm_bench.step_budgets); a request may be a whole canvas
+        gpu = gpu_identity(device)
+        scale = budget.bytes if budget.bytes is not None or gpu is None else resolve_budget("auto", device).bytes
+        sp = replace(sp, dtype=dtype, block_length=block).with_step_budgets(
+            info, sp.max_model_len or info["max_sequence_length"], gpu and gpu["name"], scale)
+    return ServerOptions(sp, variant, model_dir, device, dtype, budget, threads or sp.threads, block)
 
 
 def build_state(*, model: str | None, preset: str | None, served_model_name: str | None,
@@ -114,6 +120,9 @@ def build_state(*, model: str | None, preset: str | None, served_model_name: str
     tokenizer = load_tokenizer(model_dir)
     log(f"{opts.dtype} on {opts.device}, memory budget {opts.budget.detail}, "
         f"CUDA graphs {'on' if sp.cuda_graphs else 'off'}")
+    if sp.tokens_rule or sp.logits_rule:
+        log(f"token budget {sp.max_num_batched_tokens} ({sp.tokens_rule}), logit budget "
+            f"{sp.max_num_logits} ({sp.logits_rule})")
     built = build_system(opts.variant, model_dir=model_dir, dtype=opts.dtype, device=opts.device,
                          memory_budget=opts.budget.bytes, engine_defaults=sp.engine_defaults(),
                          max_model_len=sp.max_model_len, use_cache=use_cache, sampling=sampling, log=log)

@@ -49,8 +49,9 @@ def engine_plan(shape: ModelShape, budget: float, max_num_batched_tokens: int, m
 def engine_plans(shape: ModelShape, config, length: int, block_length: int) -> dict[str, dict]:
     """The plan with config's logit budget and monolithic (every query row), each with the
     requests of `length` tokens its KV pool holds and the concurrency that allows
-    (config: an engine.EngineConfig with its memory_budget set)."""
-    need = kv_need(config.cache, length, block_length, config.retention)
+    (config: an engine.EngineConfig with its memory_budget set; `cache=auto` holds the most once
+    memory binds, as sparse)."""
+    need = kv_need("sparse" if config.cache == "auto" else config.cache, length, block_length, config.retention)
     out = {}
     for label, rows in (("logit budget", config.max_num_logits), ("monolithic", None)):
         plan = engine_plan(shape, config.memory_budget, config.max_num_batched_tokens, rows)

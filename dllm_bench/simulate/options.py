@@ -1,7 +1,8 @@
 """A simulate run's options: serve's ServeOptions replayed on a hardware profile. The model is
 simulated by its shape when it has no weights here (`llada-8b`), a GPU profile's budget is its
-memory x 0.9 unless given, and each system gets its implementation profile. Used by `simulate`
-and by `serve`'s GPU projection (dllm_bench.serve.projection)."""
+memory x 0.9 unless given (a preset's "auto" token and logit budgets scaled with it, as on a real
+GPU), and each system gets its implementation profile. Used by `simulate` and by `serve`'s GPU
+projection (dllm_bench.serve.projection)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -47,7 +48,10 @@ def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_
     opts = replace(opts, memory_budget=budget_on(hw, opts.memory_budget, sp.memory_budget), model=str(model_dir),
                    preset=sp.name, dataset_path=None, arrivals=None, time_scale=1.0, burstgpt_model=None,
                    max_prompt_len=None, threads=None, device="cpu", num_warmups=0, no_profile_cache=False)
-    run = resolve_run(opts, weights=loadable, wall_clock=False)  # simulated seconds cost no wall time
+    # simulated seconds cost no wall time; a GPU profile's memory scales "auto" step budgets as
+    # a measured run's GPU does (dllm_bench.step_budgets)
+    gpu = f"{hw.name} (simulated)" if hw.kind == "gpu" else None
+    run = resolve_run(opts, weights=loadable, wall_clock=False, gpu=gpu)
     names = [v.name for v in run.systems]
     parallel = [v.label for v in run.systems
                 if not v.is_baseline and engine_knobs(v, run.engine_defaults).get("tensor_parallel_size", 1) > 1]

@@ -3,7 +3,7 @@ state the real scheduler or static batch hands over, never from token values.
 
 * `engine_forward`: one packed engine step (engine.runner.ModelRunner's work): per request, a
   Refresh queries its whole canvas, a Reuse its block against the cache (dual: every position,
-  sparse: the kept ones); logits only for the block's still-masked rows, in chunks of the logit
+  sparse: the kept ones; each request in its own mode, so `cache=auto` steps mix both); logits only for the block's still-masked rows, in chunks of the logit
   budget (monolithic: every query row).
 * `baseline_forward`: one static-batch forward of a baseline policy (baselines/*.py), padded to
   the batch's canvas, with the StepResult the real policy reports for it.
@@ -42,9 +42,9 @@ def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, sha
                 kv_write += req.kv_tokens - blk          # the retained tokens; the block slots follow
         else:
             # dual and sparse alike: the block's K/V are written into their slots, then every key
-            # (dual: the canvas; sparse: retained + block) is read from the pool.
+            # the request reserved (dual: the canvas; sparse: retained + block) is read from the pool.
             q = blk
-            k = L if config.cache == "dual" else req.kv_tokens
+            k = req.kv_tokens
             kv_read += k
             cached += k
             kv_write += blk

@@ -27,7 +27,7 @@ from dllm_bench.checkpoints.store import cache_root
 from dllm_bench.device_defaults import gpu_identity
 from dllm_bench.errors import UserError
 from dllm_bench.results import atomic_write_json
-from dllm_bench.systems.spec import SystemVariant, baseline_knobs, engine_knobs
+from dllm_bench.systems.spec import ENGINE_DEFAULTS, SystemVariant, baseline_knobs, engine_knobs
 from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
 from engine.engine import LLMEngine, resolve_device
@@ -112,12 +112,12 @@ def make_system(name: str, model: Any, *, engine_config: EngineConfig | None = N
                 knobs: Mapping[str, Any] | None = None, max_model_len: int | None = None,
                 label: str | None = None) -> Any:
     """THE constructor of a serving system over a loaded model: the engine (`engine_config`,
-    default EngineConfig(sampling=False) on the model's device) or the baseline `name` at static
+    default EngineConfig(sampling=False, the system's ENGINE_DEFAULTS) on the model's device) or the baseline `name` at static
     batch `batch` with its `knobs`. Both expose add_request/step/has_unfinished/generate/stats.
     A configuration the system rejects is a UserError naming `label` (default `name`)."""
     try:
         if name == "engine":
-            cfg = engine_config or EngineConfig(sampling=False, device=str(model.device))
+            cfg = engine_config or EngineConfig(sampling=False, device=str(model.device), **ENGINE_DEFAULTS)
             return LLMEngine(cfg, model=model)
         return make_baseline(name, model, max_batch_size=batch, max_model_len=max_model_len, **dict(knobs or {}))
     except ValueError as e:

@@ -14,9 +14,12 @@ an "=" continues the knobs of the spec before it, and a token without "=" starts
 written with dashes (`max-num-logits`); `none` (any case) is None where a knob allows it.
 
 Systems and their knobs:
-* `engine` — the dLLM-Serve engine; knobs are EngineConfig fields (ENGINE_KNOBS). It serves with
-  `sampling=False` (serving workloads are greedy) and a KV pool sized by the offline profiler
-  for the memory budget; the profile is cached on disk (dllm_bench.systems.build.profile_cache_dir).
+* `engine` — the dLLM-Serve engine; knobs are EngineConfig fields (ENGINE_KNOBS), defaulting to
+  ENGINE_DEFAULTS where the serving system's default differs from the library's: `cache=auto`
+  (each request dual while the KV pool holds it, sparse when memory binds; the paper's system
+  is `engine:cache=sparse`). It serves with `sampling=False` (serving workloads are greedy) and
+  a KV pool sized by the offline profiler for the memory budget; the profile is cached on disk
+  (dllm_bench.systems.build.profile_cache_dir).
 * every name in `baselines.SYSTEMS` (llada, fast-dllm, dllm-cache, sparse-dllm) — static-batch
   baselines; knobs are that system's knobs plus `batch`. Without `batch` the static batch is the
   largest that fits the memory budget, measured (`baselines.profile_max_batch`, as the paper's
@@ -105,6 +108,11 @@ def _engine_knobs() -> dict[str, Callable[[str], Any]]:
 
 
 ENGINE_KNOBS = tuple(_engine_knobs())
+# The `engine` system's defaults where they differ from EngineConfig's (the library's, which
+# tests and the paper's mechanisms build on): it serves with the dual cache while memory allows.
+ENGINE_DEFAULTS: dict[str, Any] = {"cache": "auto"}
+# The paper's dLLM-Serve (head-centric sparse KV for every request): what reproductions name.
+PAPER_ENGINE = "engine:cache=sparse"
 
 
 def _by_default(default: Any) -> Callable[[str], Any]:
@@ -315,9 +323,10 @@ def apply_baseline_batch(variants: list[SystemVariant], mode: str) -> list[Syste
 
 # ---------------------------------------------------------------- resolved configuration
 def engine_knobs(variant: SystemVariant, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """EngineConfig overrides for an engine variant: run-wide defaults, then the variant's."""
+    """EngineConfig overrides for an engine variant: the system's defaults (ENGINE_DEFAULTS),
+    run-wide defaults, then the variant's."""
     base = {k: v for k, v in defaults.items() if k in ENGINE_KNOBS}
-    return {**base, **variant.knob_dict}
+    return {**ENGINE_DEFAULTS, **base, **variant.knob_dict}
 
 
 def baseline_knobs(variant: SystemVariant, defaults: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

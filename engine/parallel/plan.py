@@ -2,7 +2,8 @@
 executes the same step over its shard (vLLM's driver/worker split).
 
 The plan is host data only — the step's `StepMeta` columns (slot tables included: the driver's
-KV pool allocates, every rank's pool has the same slots over its own heads), the packed input
+KV pool allocates, every rank's pool has the same slots over its own heads; each member's cache
+mode too, which `cache=auto` chose on the driver at admission), the packed input
 ids, the candidate rows to decode and, for requests sampling at T > 0, their generator states —
 so a worker needs no request, canvas or scheduler. It rebuilds the step's attention context from
 the meta exactly as the driver's runner did, runs the forward (its collectives meet the

@@ -41,8 +41,9 @@ def setup(hw: Hardware, engine: dict | None = None) -> SimSetup:
     cfg = LLaDAConfig.from_pretrained(resolve_sim_model("llada-8b")[0])
     base = {k: dict(v) for k, v in PAPER_BASELINE_KNOBS.items()}
     base["sparse-dllm"]["keep_ratio"] = 0.5
-    eng = dict(max_num_batched_tokens=TOKENS.get(hw.name, 16384), max_num_logits=2048, max_num_seqs=512,
-               retention=0.5) | (engine or {})
+    # The paper's dLLM-Serve: every request sparse (not the `engine` system's default, cache=auto).
+    eng = dict(cache="sparse", max_num_batched_tokens=TOKENS.get(hw.name, 16384), max_num_logits=2048,
+               max_num_seqs=512, retention=0.5) | (engine or {})
     impls = {n: default_impl(n, "gpu") for n in ("engine", "llada", *BASELINES)}
     return SimSetup(cfg, ModelShape.from_config(cfg, 2), hw, "bfloat16", impls, hw.memory_bytes * UTIL,
                     engine_defaults=eng, baseline_defaults=base)
