@@ -29,7 +29,9 @@ TPF_PERCENTILES = (50, 90)      # per-request tokens per forward: its distributi
 STAT_KEYS = ("forwards", "steps", "query_tokens", "logits_rows", "max_logits_rows_in_step",
              "peak_kv_bytes", "kv_pool_bytes", "peak_memory_bytes", "memory_budget_bytes", "within_budget",
              "peak_measured_in", "http_overhead_median_ms", "http_overhead_max_ms",
-             "mean_batch_size")
+             "mean_batch_size", "requests_dual", "requests_sparse")
+# Only the engine reports these (requests admitted per cache mode): absent, not None, elsewhere.
+ENGINE_ONLY_STATS = ("requests_dual", "requests_sparse")
 
 # Columns of the ratio table: "higher is better" metrics are divided by the best baseline,
 # "lower is better" ones divide the best baseline, so every ratio > 1 means better (the
@@ -183,6 +185,8 @@ def compute_metrics(records: Iterable[Any], duration_s: float, *, rejected: int 
     # dLLM counters. forwards/logits come from the system (exact counters, CI-comparable).
     stats = dict(stats or {})
     for k in STAT_KEYS:
+        if k in ENGINE_ONLY_STATS and k not in stats:
+            continue
         v = stats.get(k)
         m[k] = int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else v
     if m["logits_rows"] is None and df["logits_rows"].notna().any():

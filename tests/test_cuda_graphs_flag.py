@@ -17,6 +17,7 @@ from engine.config import EngineConfig
 from tests.test_cuda_defaults import AUTO, cuda  # noqa: F401  (the fixture)
 from tests.test_inputs import cli  # noqa: F401  (the fixture)
 from tests.test_serve import RUN_DEFAULTS
+from tests.test_step_budgets import stand_in_model
 
 
 def test_the_default_is_on_for_cuda_only_and_a_flag_wins(cuda):  # noqa: F811
@@ -33,7 +34,8 @@ def test_engine_knob_parses_booleans_and_overrides_the_runs_value():
     off = parse_system("engine:cuda_graphs=false")
     assert off.knob_dict == {"cuda_graphs": False} and off.label == "engine:cuda_graphs=False"
     assert parse_system("engine:cuda-graphs=on").knob_dict == {"cuda_graphs": True}
-    assert engine_knobs(off, {"cuda_graphs": True, "retention": 0.5}) == {"cuda_graphs": False, "retention": 0.5}
+    assert engine_knobs(off, {"cuda_graphs": True, "retention": 0.5}) == {"cache": "auto", "cuda_graphs": False,
+                                                                            "retention": 0.5}
     assert engine_knobs(parse_system("engine"), {"cuda_graphs": True})["cuda_graphs"] is True
     with pytest.raises(UserError, match="knob cuda_graphs: expected true/false"):
         parse_system("engine:cuda_graphs=sometimes")
@@ -49,7 +51,7 @@ def _generate_config(cli, monkeypatch, *args):  # noqa: F811
     def fake_make_system(name, model, *, engine_config, **kw):
         seen["config"] = engine_config
         raise UserError("stop before the engine is built")
-    monkeypatch.setattr(generate, "load_model", lambda spec, dtype, device: None)
+    monkeypatch.setattr(generate, "load_model", lambda spec, dtype, device: stand_in_model(device))
     monkeypatch.setattr(generate, "make_system", fake_make_system)
     assert "stop before" in cli("generate", "--prompt-ids", "1,2,3", *args)
     return seen["config"]

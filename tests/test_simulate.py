@@ -101,14 +101,15 @@ def _real(model, variant, wl):
 
 
 RECORD_KEYS = ("request_id", "prompt_len", "output_len", "nfe", "logits_rows", "kv_tokens", "kv_bytes",
-               "arrival_time", "admitted_time", "first_token_time", "finished_time")
+               "arrival_time", "admitted_time", "first_token_time", "finished_time", "cache")
 STAT_KEYS = ("steps", "forwards", "query_tokens", "logits_rows", "max_logits_rows_in_step", "batch_sizes",
              "step_composition", "refresh_steps", "reuse_steps", "peak_kv_tokens", "stalled_requests",
-             "deferred_requests")
+             "deferred_requests", "requests_dual", "requests_sparse")
 
 
-@pytest.mark.parametrize("spec", ["engine", "engine:cache=dual", "engine:max-num-logits=none", "engine:scheduler=lookahead",
-                                  "engine:scheduler=lookahead,retention=0.25,max_num_batched_tokens=110", "llada", "fast-dllm",
+@pytest.mark.parametrize("spec", ["engine", "engine:cache=sparse", "engine:cache=dual", "engine:max-num-logits=none",
+                                  "engine:scheduler=lookahead",
+                                  "engine:scheduler=lookahead,retention=0.25,max_num_batched_tokens=110,cache=sparse", "llada", "fast-dllm",
                                   "fast-dllm:fast_dllm_cache=prefix", "dllm-cache", "sparse-dllm"])
 def test_simulated_schedule_is_the_real_one(spec):
     torch.manual_seed(0)
@@ -127,10 +128,13 @@ def test_simulated_schedule_is_the_real_one(spec):
             assert a[k] == pytest.approx(b[k], abs=1e-9), (k, a["request_id"])
     assert sim["duration"] == pytest.approx(real["duration"], abs=1e-9)
     # The KV pool really limited admission (queueing happened), so the test can see a wrong pool.
-    if spec == "engine":
+    if spec in ("engine", "engine:cache=sparse"):
         assert any(r["admitted_time"] > r["arrival_time"] + 1e-9 for r in real["records"])
+    # The engine's default (cache=auto) served both modes: the simulator chose each one as it did.
+    if spec == "engine":
+        assert real["stats"]["requests_dual"] > 0 and real["stats"]["requests_sparse"] > 0
     # The plan made requests wait (collisions staggered), so the test sees the planner's steps.
-    if spec == "engine:scheduler=lookahead,retention=0.25,max_num_batched_tokens=110":
+    if spec == "engine:scheduler=lookahead,retention=0.25,max_num_batched_tokens=110,cache=sparse":
         assert real["stats"]["deferred_requests"] > 0
 
 

@@ -150,17 +150,17 @@ def register(app: typer.Typer) -> None:
             sysobj = make_parallel_engine(
                 dataclasses.replace(engine_cfg, model=str(path), tensor_parallel_size=tensor_parallel_size), threads)
         else:
-            mdl = load_model(model, dtype, device)
+            mdl, budgets = load_model(model, dtype, device), None
             if system == "engine":   # on CUDA the step budgets scale with the GPU unless given
-                b = engine_budgets(mdl, tokens=max_num_batched_tokens, logits=given_logits,
-                                   max_num_seqs=engine_cfg.max_num_seqs, block_length=block_length,
-                                   longest_canvas=max(map(len, prompts)) + gen_length,
-                                   cpu=(engine_cfg.max_num_batched_tokens, engine_cfg.max_num_logits))
-                engine_cfg = dataclasses.replace(engine_cfg, max_num_batched_tokens=b.max_num_batched_tokens,
-                                                 max_num_logits=b.max_num_logits)
-                if b.tokens_rule and not json_out:
-                    console.console().print(b.describe(), style="dim", highlight=False)
+                budgets = engine_budgets(mdl, tokens=max_num_batched_tokens, logits=given_logits,
+                                         max_num_seqs=engine_cfg.max_num_seqs, block_length=block_length,
+                                         longest_canvas=max(map(len, prompts)) + gen_length,
+                                         cpu=(engine_cfg.max_num_batched_tokens, engine_cfg.max_num_logits))
+                engine_cfg = dataclasses.replace(engine_cfg, max_num_batched_tokens=budgets.max_num_batched_tokens,
+                                                 max_num_logits=budgets.max_num_logits)
             sysobj = make_system(system, mdl, engine_config=engine_cfg, batch=batch, knobs=knobs)
+            if budgets is not None and budgets.tokens_rule and not json_out:
+                console.console().print(budgets.describe(), style="dim", highlight=False)
         t0 = time.perf_counter()
         try:
             outs = run_all(sysobj, prompts, params, show_progress=not json_out)

@@ -111,7 +111,7 @@ def register(app: typer.Typer) -> None:
         max_num_logits: int = typer.Option(1024, help="Logit rows per chunk for the budgeted profile."),
         max_num_seqs: int = typer.Option(256, help="Concurrent requests cap."),
         max_model_len: int = typer.Option(1024, help="Longest canvas (prompt + generation)."),
-        cache: str = typer.Option("sparse", help="none | dual | sparse"),
+        cache: str = typer.Option("sparse", help="none | dual | sparse | auto (the worst step of dual and sparse)"),
         retention: float = typer.Option(0.5, help="Sparse cache retention."),
         prompt_len: int = typer.Option(256, help="Request shape for the 'requests that fit' column."),
         gen_length: int = typer.Option(256, help="Request shape for the 'requests that fit' column."),

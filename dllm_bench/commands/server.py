@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         served_model_name: str | None = typer.Option(None, "--served-model-name", help="the model name clients send (default: --model)"),
         host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
         port: int = typer.Option(8000, "--port", help="TCP port"),
-        cache: str | None = typer.Option(None, "--cache", help="KV cache policy: none | dual | sparse [sparse]"),
+        cache: str | None = typer.Option(None, "--cache", help="KV cache policy: none | dual | sparse | auto [auto]"),
         selection: str | None = typer.Option(None, "--selection", help="sparse selection: head | uniform"),
         retention: float | None = typer.Option(None, "--retention", help="sparse KV retention [preset]"),
         scheduler: str | None = typer.Option(None, "--scheduler", help="phase | request | lookahead"),

@@ -32,7 +32,8 @@ ARRIVAL_FIELDS = ("arrival", "arrival_offset", "offset", "arrival_s", "timestamp
 TIME_FIELDS = ("arrival_time", "admitted_time", "first_token_time", "finished_time")
 # Cumulative stats() counters: a point reports their increase over the run, so a system object
 # reused across points does not leak counts from earlier points. Peaks/sizes are taken as-is.
-COUNTER_STATS = ("steps", "forwards", "query_tokens", "logits_rows", "batched_requests")
+COUNTER_STATS = ("steps", "forwards", "query_tokens", "logits_rows", "batched_requests", "requests_dual",
+                 "requests_sparse")
 
 ProgressFn = Callable[[int, int, float], None]  # (arrived, finished, live output tok/s)
 
@@ -130,8 +131,8 @@ def _record(out: Any, t0: float, arrival: float | None, start: float | None, kee
     elif rec["arrival_time"] is None and start is not None:
         rec["arrival_time"] = start - t0
     rec["itl"] = inter_token_latencies(_get(out, "block_times"))
-    for k in ("nfe", "logits_rows", "kv_tokens", "kv_bytes", "steps_per_block"):
-        rec[k] = _get(out, k)
+    for k in ("nfe", "logits_rows", "kv_tokens", "kv_bytes", "steps_per_block", "cache"):
+        rec[k] = _get(out, k)   # cache: the engine's mode for this request (dual / sparse / none)
     # TPF (tokens per forward): what parallel decoding buys, per request
     rec["tpf"] = rec["output_len"] / rec["nfe"] if rec["nfe"] and rec["output_len"] is not None else None
     if keep_token_ids:

@@ -149,6 +149,8 @@ SECTIONS: list[Section] = [
                             ("P90 TPF per request:", "p90_tpf", 1),
                             ("Mean forwards per block:", "mean_steps_per_block", 1),
                             ("Mean realised batch size:", "mean_batch_size", 1),
+                            ("Requests served with dual cache:", "requests_dual", 1),
+                            ("Requests served with sparse KV:", "requests_sparse", 1),
                             ("Logits rows computed:", "logits_rows", 1),
                             ("Max logits rows in a step:", "max_logits_rows_in_step", 1),
                             ("Peak KV (MiB):", "peak_kv_bytes", 1 / MIB),
