@@ -65,6 +65,12 @@ def gpu_identity(device: str | torch.device | None) -> dict | None:
             "total_memory": int(torch.cuda.get_device_properties(dev).total_memory)}
 
 
+def gpu_name(device: str | torch.device | None) -> str | None:
+    """The name of a CUDA device (None on CPU): what a run scaled for its memory says it ran on."""
+    dev = resolve_device(device)
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+
+
 def free_device_memory(device: str | torch.device) -> tuple[int, int]:
     """(free, total) bytes of a CUDA device, after this process's cached blocks are returned:
     memory an earlier engine freed is still held by the caching allocator and not "free"."""

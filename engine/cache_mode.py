@@ -27,6 +27,6 @@ def admission_mode(free: int | None, dual_need: int, sparse_need: int, behind: I
     is chosen only where it reserves less than dual (at retention 1 it does not)."""
     if free is None or sparse_need >= dual_need and dual_need <= free:
         return "dual"
-    if dual_need + sum(behind) <= free:
+    if dual_need <= free and dual_need + sum(behind) <= free:
         return "dual"
     return "sparse" if sparse_need <= free else None

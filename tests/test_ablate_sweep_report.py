@@ -23,9 +23,9 @@ def _engine_defaults(preset: str) -> dict:
     engine_defaults after ablation_settings' overrides)."""
     sp = PRESETS[preset]
     st = ab.ablation_settings(sp.name, sp.num_prompts)
-    ml = st["max_num_logits"]
-    return {"max_num_batched_tokens": st["max_num_batched_tokens"] or sp.max_num_batched_tokens,
-            "max_num_logits": int(ml) if ml else sp.max_num_logits, "max_num_seqs": sp.max_num_seqs,
+    ml, own = st["max_num_logits"], sp.engine_defaults()      # a preset's "auto" as on a CPU
+    return {"max_num_batched_tokens": st["max_num_batched_tokens"] or own["max_num_batched_tokens"],
+            "max_num_logits": int(ml) if ml else own["max_num_logits"], "max_num_seqs": sp.max_num_seqs,
             "retention": sp.retention}
 
 

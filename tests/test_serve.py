@@ -89,7 +89,7 @@ def test_bad_specs_are_user_errors(text, msg):
 def test_run_defaults_then_variant_knobs():
     eng = parse_system("engine:retention=0.3")
     assert engine_knobs(eng, {"retention": 0.5, "max_num_logits": 256, "unrelated": 1}) == {
-        "retention": 0.3, "max_num_logits": 256}
+        "cache": "auto", "retention": 0.3, "max_num_logits": 256}      # cache: the engine system's default
     assert set(engine_knobs(eng, {})) <= set(ENGINE_KNOBS)
     dc = parse_system("dllm-cache:gen_interval=5,batch=2")
     knobs = baseline_knobs(dc, {"dllm-cache": {"prompt_interval": 100, "gen_interval": 7}})

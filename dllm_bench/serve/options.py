@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dllm_bench import inputs
-from dllm_bench.device_defaults import cuda_graphs_on, gpu_identity, is_cuda, resolve_budget
+from dllm_bench.device_defaults import cuda_graphs_on, gpu_name, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.metric_options import metric_options
 from dllm_bench.serve.config import ServeRun
@@ -263,7 +263,7 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
         metric_options=reporting, decoding=decoding, trace_steps=o.trace_steps)
     build_workloads(run)
     if sp.auto_budgets:
-        gpu = gpu or ((gpu_identity(sp.device) or {}).get("name") if is_cuda(sp.device) else None)
+        gpu = gpu or gpu_name(sp.device)
         longest = max((r.prompt_len + r.gen_length for wl in run.workloads.values() for r in wl), default=1)
         run.preset = sp.with_step_budgets(info, longest, gpu, budget)
     return run

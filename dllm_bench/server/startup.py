@@ -19,7 +19,7 @@ import torch
 
 from dllm_bench import inputs
 from dllm_bench.checkpoints.load import load_config, load_tokenizer
-from dllm_bench.device_defaults import MemoryBudget, cuda_graphs_on, gpu_identity, resolve_budget
+from dllm_bench.device_defaults import MemoryBudget, cuda_graphs_on, gpu_name, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import ServePreset, preset_for
 from dllm_bench.serve.workload import model_info
@@ -92,10 +92,10 @@ def resolve_server_options(*, model: str | None, preset: str | None, knobs: dict
                         f"({format_size(weights)} in {dtype})")
     block = block_length or sp.block_length
     if sp.auto_budgets:     # scaled with the GPU (dllm_bench.step_budgets); a request may be a whole canvas
-        gpu = gpu_identity(device)
+        gpu = gpu_name(device)
         scale = budget.bytes if budget.bytes is not None or gpu is None else resolve_budget("auto", device).bytes
         sp = replace(sp, dtype=dtype, block_length=block).with_step_budgets(
-            info, sp.max_model_len or info["max_sequence_length"], gpu and gpu["name"], scale)
+            info, sp.max_model_len or info["max_sequence_length"], gpu, scale)
     return ServerOptions(sp, variant, model_dir, device, dtype, budget, threads or sp.threads, block)
 
 

@@ -18,7 +18,7 @@ from dllm_bench import inputs, speed_gauge
 from dllm_bench.checkpoints.load import load_config
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.console import progress
-from dllm_bench.device_defaults import default_dtype, gpu_identity, resolve_budget
+from dllm_bench.device_defaults import default_dtype, gpu_name, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import model_info, preset_requests
@@ -114,7 +114,7 @@ def plan(*, preset: str | None, model: str | None, device: str | None, dtype: st
     g = max(r.gen_length for r in wl)
     length = max(len(r.prompt_ids) for r in wl) + g      # the longest canvas any timed batch pads to
     if dev.type == "cuda":     # "auto" step budgets scaled with this GPU, as serve scales them
-        p = p.with_step_budgets(model_info(model_dir, p.dtype), length, (gpu_identity(dev) or {}).get("name"), budget)
+        p = p.with_step_budgets(model_info(model_dir, p.dtype), length, gpu_name(dev), budget)
     by_variant = {}
     for v in variants:
         knobs = engine_knobs(v, p.engine_defaults())
