@@ -200,3 +200,51 @@ def test_auto_never_overcommits_follows_its_rule_and_finishes_everyone(w):
     assert st_["requests_dual"] + st_["requests_sparse"] == len(added)
     if pool.capacity is None:
         assert st_["requests_sparse"] == 0
+
+
+# ---------------------------------------------------------------- reported by serve
+def test_serve_point_reports_each_requests_mode(tmp_path):
+    """A serve point of the `engine` system (its default: cache=auto) on the tiny preset, in a
+    budget whose KV pool holds about 200 of the workload's 285 dual slots: requests.jsonl says
+    each request's mode (a dual one reserved its whole canvas), the point's stats count them
+    (the warm-up request left out) and the result block shows the counts."""
+    import json
+
+    from dllm_bench.metrics import summarize
+    from dllm_bench.serve import worker
+    from dllm_bench.serve.options import ServeOptions, resolve_run
+    from dllm_bench.serve.process import worker_spec
+    from dllm_bench.serve.summary import format_summary
+    from dllm_bench.serve.workload import workload_shape
+    from tests.test_serve import RUN_DEFAULTS
+
+    run = resolve_run(ServeOptions(**{**RUN_DEFAULTS, "systems": "engine", "rps": "inf", "num_prompts": 6,
+                                      "num_warmups": 1, "memory_budget": "2060KiB"}))
+    spec = worker_spec(run, run.systems[0], next(iter(run.workloads.values())), workload_shape(run))
+    assert worker.run(spec, tmp_path / "out.json") == 0
+    result = json.loads((tmp_path / "out.json").read_text())["result"]
+    recs = result["records"]
+    modes = [r["cache"] for r in recs]
+    assert len(modes) == 6 and set(modes) <= {"dual", "sparse"}
+    assert all((r["kv_tokens"] == r["prompt_len"] + r["output_len"]) == (r["cache"] == "dual") for r in recs)
+    st_ = result["stats"]
+    assert (st_["requests_dual"], st_["requests_sparse"]) == (modes.count("dual"), modes.count("sparse"))
+    text = format_summary(summarize(result))
+    assert f"{'Requests served with dual cache:':<40} {modes.count('dual'):<10}" in text
+    assert f"{'Requests served with sparse KV:':<40} {modes.count('sparse'):<10}" in text
+
+
+def test_the_engine_systems_default_is_auto_and_the_paper_system_is_named():
+    from dllm_bench.ablate import ladder
+    from dllm_bench.commands.systems import system_rows
+    from dllm_bench.simulate.hardware import load
+    from dllm_bench.simulate.paper.setting import setup
+    from dllm_bench.sweep.lengths import DEFAULT_SYSTEMS as SWEEP
+    from dllm_bench.systems.spec import PAPER_ENGINE, engine_knobs, parse_system
+
+    assert system_rows()[0]["knobs"]["cache"] == "auto" and PAPER_ENGINE in system_rows()[0]["notes"]
+    assert engine_knobs(parse_system("engine"), {})["cache"] == "auto"
+    assert engine_knobs(parse_system(PAPER_ENGINE), {})["cache"] == "sparse"
+    assert all("cache=sparse" in r.spec for r in ladder.ladder(64)[1:] + ladder.beyond_rungs(64))
+    assert SWEEP.split(",")[0] == PAPER_ENGINE
+    assert engine_knobs(parse_system("engine"), setup(load("l40s")).engine_defaults)["cache"] == "sparse"
