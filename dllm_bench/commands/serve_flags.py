@@ -29,10 +29,10 @@ Model = Annotated[str | None, typer.Option(
     "--model", help="model preset (dllm-bench models list) or LLaDA checkpoint dir [preset]")]
 Preset = Annotated[str | None, typer.Option(
     "--preset", help=f"serve preset: {', '.join(PRESETS)} (default {DEFAULT_PRESET}, or the one for --model)")]
-MaxNumBatchedTokens = Annotated[int | None, typer.Option("--max-num-batched-tokens",
-                                                         help="engine token budget per step [preset]")]
-MaxNumLogits = Annotated[str | None, typer.Option("--max-num-logits",
-                                                  help="engine logit budget (rows per step), or none [preset]")]
+MaxNumBatchedTokens = Annotated[int | None, typer.Option(
+    "--max-num-batched-tokens", help="engine token budget per step [preset; paper: scaled with the GPU]")]
+MaxNumLogits = Annotated[str | None, typer.Option(
+    "--max-num-logits", help="engine logit budget (rows per step), or none [preset; paper: max-num-seqs x block]")]
 MaxNumSeqs = Annotated[int | None, typer.Option("--max-num-seqs", help="engine max concurrent requests [preset]")]
 Retention = Annotated[float | None, typer.Option(
     "--retention", help="sparse KV retention (engine and sparse-dllm keep_ratio) [preset]")]
