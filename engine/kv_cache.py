@@ -31,10 +31,11 @@ def retained_tokens(context_len: int, retention: float) -> int:
 
 
 def kv_need(cache: str, length: int, block_length: int, retention: float) -> int:
-    """Token slots a request needs for its whole life under a cache policy."""
+    """Token slots a request needs for its whole life under a cache policy; `auto`: the least it
+    can be admitted with (sparse; dual where the pool allows, engine.cache_mode)."""
     if cache == "dual":
         return length
-    if cache == "sparse":
+    if cache in ("sparse", "auto"):
         return retained_tokens(length - block_length, retention) + block_length
     return 0
 

@@ -47,8 +47,7 @@ class MemoryProfile:
     def requests_that_fit(self, prompt_len: int, gen_length: int, block_length: int, capped: bool = True) -> int:
         """Concurrent requests of this shape the KV pool admits (and max_num_seqs, if capped);
         auto: as many as it admits at the most (sparse, once memory binds)."""
-        mode = "sparse" if self.cache == AUTO else self.cache
-        need = kv_need(mode, prompt_len + gen_length, block_length, self.retention)
+        need = kv_need(self.cache, prompt_len + gen_length, block_length, self.retention)
         by_kv = self.kv_pool_tokens // need if need else self.max_num_seqs
         return min(by_kv, self.max_num_seqs) if capped else by_kv
 

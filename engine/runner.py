@@ -13,6 +13,7 @@ padded to a batch bucket, captured as CUDA graphs on a GPU (`engine.graphs`).
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,7 +115,8 @@ class ModelRunner:
         spec = self.policy.spec(m)
         return StepStats(int(m.cu_q[-1]), res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
                          decisions, key_tokens=int(spec.cached.sum() + spec.fresh.sum()),
-                         padded_requests=len(p.padded_meta.n_q), graph=graph, cache={self.config.cache: len(batch)})
+                         padded_requests=len(p.padded_meta.n_q), graph=graph,
+                         cache=dict(Counter(r.cache or self.config.cache for r in reqs)))   # auto: per request
 
 
 @dataclass

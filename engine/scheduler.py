@@ -52,8 +52,7 @@ class Scheduler:
         """Its whole-life KV slots in `mode` (default: its own; a waiting auto request: sparse,
         the least it can run with)."""
         c = self.config
-        mode = mode or req.cache or (c.cache if c.cache != AUTO else "sparse")
-        return kv_need(mode, req.length, req.params.block_length, c.retention)
+        return kv_need(mode or req.cache or c.cache, req.length, req.params.block_length, c.retention)
 
     def admission_mode(self, req: Request) -> str | None:
         """The mode the head of the queue `req` is admitted in now, or None if the KV pool cannot

@@ -51,7 +51,7 @@ def engine_plans(shape: ModelShape, config, length: int, block_length: int) -> d
     requests of `length` tokens its KV pool holds and the concurrency that allows
     (config: an engine.EngineConfig with its memory_budget set; `cache=auto` holds the most once
     memory binds, as sparse)."""
-    need = kv_need("sparse" if config.cache == "auto" else config.cache, length, block_length, config.retention)
+    need = kv_need(config.cache, length, block_length, config.retention)
     out = {}
     for label, rows in (("logit budget", config.max_num_logits), ("monolithic", None)):
         plan = engine_plan(shape, config.memory_budget, config.max_num_batched_tokens, rows)

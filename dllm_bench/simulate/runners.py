@@ -17,6 +17,7 @@ when its slowest row's plan does (its finished rows ride along, as in Fast-dLLM)
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -80,7 +81,7 @@ class CostRunner:
             n_ref = sum(1 for _, p in batch if p.is_refresh)
             cap = self.config.max_num_logits
             st = StepStats(fw.query_tokens, fw.rows, fw.rows if cap is None else min(fw.rows, cap),
-                           n_ref, len(batch) - n_ref)
+                           n_ref, len(batch) - n_ref, cache=dict(Counter(req.cache for req, _ in batch)))
         self.clock.advance(self.cost(fw))
         return st
 
