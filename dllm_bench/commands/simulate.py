@@ -4,6 +4,7 @@ experiments and prints published vs simulated numbers with the error of each cel
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
@@ -35,6 +36,8 @@ from dllm_bench.commands.serve_flags import (
     TensorParallelSize,
     goodput_pairs,
 )
+from dllm_bench import console as cons
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
 from dllm_bench.serve.options import ServeOptions
 from dllm_bench.simulate import hardware as hwmod
@@ -50,8 +53,9 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate", context_settings=GOODPUT_CONTEXT)
     def simulate_cmd(
         ctx: typer.Context,
-        hardware: str = typer.Option("cpu", "--hardware", help="profile name (cpu, rtx4090, l40s, a100-80g, h100, h200) "
-                                     "or a file written by `dllm-bench calibrate`"),
+        hardware: str | None = typer.Option(None, "--hardware", help="profile name (cpu, rtx4090, l40s, a100-80g, h100, "
+                                            "h200) or a file written by `dllm-bench calibrate` or `--fit` [cpu]; with "
+                                            "--fit the base profile whose operators the fit starts from"),
         impl: str | None = typer.Option(None, "--impl", help="implementation per system, e.g. fast-dllm=engine "
                                         "(engine | hf-eager | hf-fast-dllm | hf-dllm-cache | dllm-bench)"),
         paper: str | None = typer.Option(None, "--paper", help=f"replay the paper ({' | '.join(REPLAYS)}) on "
@@ -101,12 +105,37 @@ def register(app: typer.Typer) -> None:
         as_json: AsJson = False,
         tensor_parallel_size: TensorParallelSize = None,
         validate_runs: str | None = typer.Option(None, "--validate", help="measured serve runs of the same workload "
-                                                 "(run ids or dirs, comma-separated: the repeats): print and write "
-                                                 "each cell's error with the measured spread, and again at each "
-                                                 "point's measured machine speed when it read the speed gauge"),
+                                                 "(run ids or dirs, comma-separated: the repeats): each system "
+                                                 "simulated as measured (its recorded knobs, KV pool or batch, this "
+                                                 "project's implementation); print and write each cell's error with "
+                                                 "the measured spread"),
+        fit_runs: str | None = typer.Option(None, "--fit", help="measured serve runs (run ids or dirs, comma-"
+                                            "separated): fit a profile's step terms to them on --hardware's "
+                                            "operators, print each cell's residual and write the profile (--name)"),
+        name: str | None = typer.Option(None, "--name", help="with --fit: the profile's name (simulate --hardware NAME)"),
+        out: str | None = typer.Option(None, "--out", help="with --fit: the profile's file "
+                                       "[~/.cache/dllm-bench/hardware/NAME.json]"),
+        fit_evidence: str = typer.Option("auto", "--fit-evidence", help="with --fit: auto (each point's finest: "
+                                         "steps.jsonl, else block times, else totals) | steps | blocks | totals"),
+        leave_one_out: bool = typer.Option(True, "--leave-one-out/--no-leave-one-out", help="with --fit: also "
+                                           "predict each system from a fit to the others"),
     ) -> None:
         """Simulate `serve` on a hardware profile: the real schedulers, a calibrated cost model."""
         goodput = goodput_pairs(ctx, goodput)
+        if fit_runs is not None:
+            from dllm_bench.simulate.fit.run import fit_command
+
+            if hardware is None or not name:
+                raise UserError("--fit needs --hardware BASE (the profile whose operators it starts from: a calibrate "
+                                "file of that GPU, or a built-in one) and --name NAME")
+            if out is not None:
+                inputs.out_file(Path(out), "--out")
+            runs = validate.measured_runs([v.strip() for v in fit_runs.split(",") if v.strip()], result_dir, "--fit")
+            fit_command(runs, hardware, name, Path(out) if out else None, fit_evidence, leave_one_out, cons.console())
+            return
+        if name is not None or out is not None:
+            raise UserError("--name and --out apply to --fit only")
+        hardware = hardware or "cpu"
         if paper is not None:
             if paper not in REPLAYS:
                 raise UserError(f"--paper must be one of {', '.join(REPLAYS)}, got {paper!r}")
@@ -118,13 +147,10 @@ def register(app: typer.Typer) -> None:
             raise UserError("--paper-prompt-len and --paper-batch apply to --paper replays only")
         measured = None
         if validate_runs is not None:
-            names = [v.strip() for v in validate_runs.split(",") if v.strip()]
-            if not names:
-                raise UserError("--validate needs at least one measured run")
-            measured = validate.measured_runs(names, result_dir)
+            measured = validate.measured_runs([v.strip() for v in validate_runs.split(",") if v.strip()], result_dir)
         hw = hwmod.load(hardware)
         opts = ServeOptions.pick(locals())
-        run, setup = simulation(opts, hw, impl, steps_per_block, result_dir)
+        run, setup = simulation(opts, hw, impl, steps_per_block, result_dir, measured=measured)
         code = simulate_serve(run, setup, result_dir=result_dir, run_id=run_id, as_json=as_json,
                               validate_against=measured)
         if code:

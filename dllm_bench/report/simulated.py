@@ -10,6 +10,7 @@ from dllm_bench.console import num
 from dllm_bench.report.claims import Claims
 from dllm_bench.report.sections import _figures
 from dllm_bench.report.serving import serve_claims, serve_table
+from dllm_bench.simulate.hardware import validation_label
 
 
 def hardware_line(hw: dict) -> str:
@@ -33,7 +34,8 @@ def simulated_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: 
            f"Run `{run_dir.name}` (`dllm-bench simulate`): the real schedulers on a virtual clock with the "
            f"cost model of the hardware profile {hardware_line(hw)}"
            + (f", from `{cfg['hardware_file']}`" if cfg.get("hardware_file") else "")
-           + f"; implementations {cfg.get('impls', {})}. Every row below is **simulated**.\n\n"]
+           + f"; implementations {cfg.get('impls', {})}. Every row below is **simulated** "
+           f"({validation_label(hw.get('kind', ''), name, hw.get('validation'))}).\n\n"]
     if df.empty:
         return "".join(out) + "_(the run has no simulated points)_\n"
     table, per_ds = serve_table(df)

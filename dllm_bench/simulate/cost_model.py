@@ -12,8 +12,9 @@ forward-wide LM-head rows, KV traffic and implementation extras. Each term is a 
 * LM head over R rows: a GEMM (d → V) plus the implementation's softmax bytes per vocab entry
 * KV traffic:  (c_copy·read + write) tokens · kv bytes per token / (BW·u_m)
 * elementwise:  (M·e_impl·layers + extra bytes) / (BW·u_m)
-* host:  c_step + c_fwd + c_seq·n_seq + c_sl·n_seq·layers  (serial with the device time: every
-  system here synchronises each step, upstream HF code each layer)
+* host:  c_step + c_seq·n_seq + c_sl·n_seq·layers + c_row·rows, plus the terms a fit to measured
+  serve runs adds (per Refresh canvas, per logit row, a graph replay, a graph capture, a point's
+  first step): serial with the device time (every system here synchronises each step)
 
 Summing per-operator rooflines (kernels run one after another) rather than taking one max per
 phase is the pessimistic, eager-execution choice; docs/SIMULATE.md discusses it.
@@ -130,6 +131,10 @@ class Forward:
     n_seq: int = 1                # sequences in the forward (host loops run over them)
     softmax_rows: int = 0         # rows whose full-vocabulary softmax the decoder computes
     lm_chunk: int = 0             # rows per LM-head call (the logit budget); 0 = one call
+    refresh: int = 0              # sequences whose whole canvas is recomputed (Refresh)
+    graph: bool = False           # replayed through a CUDA graph (engine.graphs), padded to its bucket
+    capture: bool = False         # ... and this replay captures a graph not seen before
+    first: bool = False           # a point's first forward (what a one-request warm-up left cold)
 
     @property
     def query_tokens(self) -> int:
@@ -186,7 +191,8 @@ class Efficiency:
 
 @dataclass(frozen=True)
 class HostCost:
-    """Host time per step for one implementation (fitted per machine)."""
+    """What a step costs beyond its operators, for one implementation (fitted per machine:
+    `calibrate` fits c_step, c_seq, c_row; `simulate --fit` the rest from serve runs)."""
 
     c_step: float = 0.0
     c_seq: float = 0.0
@@ -195,9 +201,20 @@ class HostCost:
     wake_s: float = 0.0           # extra time of a system's work after a long idle gap ...
     wake_tau_s: float = 0.1       # ... approached as 1 - exp(-gap / tau)
     c_add: float = 0.0            # per request handed to the system (add_request), outside its steps
+    c_refresh: float = 0.0        # per Refresh canvas (selection, KV store, attention beyond the roofline)
+    c_logit: float = 0.0          # per logit row (decoding beyond the LM head's GEMM)
+    c_graph: float = 0.0          # a step replayed through a CUDA graph, over an eager one (< 0: cheaper)
+    c_capture: float = 0.0        # per CUDA graph captured during a point
+    c_start: float = 0.0          # a point's first step, over any other
 
     def time(self, n_seq: int, layers: int, rows: int = 0) -> float:
         return self.c_step + self.c_seq * n_seq + self.c_sl * n_seq * layers + self.c_row * rows
+
+    def step_time(self, fw: Forward, layers: int) -> float:
+        """`time` plus the terms that depend on what kind of step `fw` is; never below 0."""
+        t = (self.time(fw.n_seq, layers, fw.query_tokens) + self.c_refresh * fw.refresh + self.c_logit * fw.rows
+             + self.c_graph * fw.graph + self.c_capture * fw.capture + self.c_start * fw.first)
+        return max(0.0, t)
 
     def wake(self, gap: float) -> float:
         """What a step costs more after the system idled `gap` seconds: caches and predictors
@@ -275,6 +292,6 @@ class CostModel:
         parts["kv"] = kvb / bw
         nbytes += sb + rb + kvb
         t_dev = sum(parts.values())
-        t_host = self.host.time(fw.n_seq, m.layers, fw.query_tokens)
+        t_host = self.host.step_time(fw, m.layers)
         parts["host"] = t_host
         return StepCost(t_dev + t_host, t_dev, t_host, flops, nbytes, parts)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +54,9 @@ class Hardware:
     # next arrival); measured by calibrate where requests are short, empty (0) otherwise
     sleep_overshoot: tuple[tuple[float, float], ...] = ()
     link: Link | None = None          # between two of these GPUs (None: tensor parallelism not modelled)
+    # How far the profile is off a measured run: written by `simulate --fit` (dllm_bench.simulate.fit):
+    # {"device", "date", "runs", "within", "leave_one_out", "cells", ...}; empty: never checked
+    validation: dict = field(default_factory=dict)
     path: str = ""
 
     def _host_entry(self, impl: str, system: str) -> HostCost | None:
@@ -77,6 +80,22 @@ class Hardware:
         d = asdict(self)
         d.pop("path")
         return d
+
+    def validation_label(self, short: bool = False) -> str:
+        return validation_label(self.kind, self.name, self.validation, short)
+
+
+def validation_label(kind: str, name: str, validation: dict | None, short: bool = False) -> str:
+    """What every simulated figure on a profile says about its accuracy: how far it was off the
+    measured run it was fitted or checked against, or that it never was (`short`: without the
+    held-out error, for a table's title)."""
+    v = validation or {}
+    if not isinstance(v.get("within"), (int, float)):
+        return "not validated on real hardware" if kind == "gpu" else "not validated against a measured run"
+    text = f"validated on {v.get('device') or name}, {v.get('date') or 'undated'} within {v['within']:.0%}"
+    if isinstance(v.get("leave_one_out"), (int, float)) and not short:
+        text += f" ({v.get('how', 'fitted to')} that run; {v['leave_one_out']:.0%} with each system left out of the fit)"
+    return text
 
 
 def cache_dir() -> Path:
@@ -176,16 +195,33 @@ def from_dict(d: dict, where: str) -> Hardware:
     for k, h in d.get("host", {}).items():
         if not isinstance(h, dict):
             raise UserError(f"{where}: host[{k!r}] must be an object")
-        host[k] = HostCost(*(_num(h, c, f"{where} host[{k!r}]", positive=False, default=0.0)
-                             for c in ("c_step", "c_seq", "c_sl", "c_row", "wake_s")),
-                           wake_tau_s=_num(h, "wake_tau_s", f"{where} host[{k!r}]", default=0.1),
-                           c_add=_num(h, "c_add", f"{where} host[{k!r}]", positive=False, default=0.0))
+        host[k] = _host(h, f"{where} host[{k!r}]")
+    if not isinstance(d.get("validation", {}), dict):
+        raise UserError(f"{where}: 'validation' must be an object")
     return Hardware(name=name, kind=kind, peak_flops=_num(d, "peak_flops", where), bandwidth=_num(d, "bandwidth", where),
                     memory_bytes=_num(d, "memory_bytes", where), efficiency=eff, host=host,
                     description=str(d.get("description", "")), datasheet=dict(d.get("datasheet") or {}),
                     sources=list(d.get("sources") or []), fit=dict(d.get("fit") or {}), impl=_impl(d, where),
                     sleep_overshoot=_overshoots(d.get("sleep_overshoot", []), f"{where}: 'sleep_overshoot'"),
-                    link=_link(d.get("link"), where))
+                    link=_link(d.get("link"), where), validation=dict(d.get("validation") or {}))
+
+
+SIGNED = ("c_graph",)      # a graph replay may cost less than an eager step
+
+
+def _host(h: dict, where: str) -> HostCost:
+    vals = {}
+    for f in fields(HostCost):
+        if f.name == "wake_tau_s":
+            vals[f.name] = _num(h, f.name, where, default=f.default)
+        elif f.name in SIGNED:
+            v = h.get(f.name, f.default)
+            if not _real(v):
+                raise UserError(f"{where}: {f.name!r} must be a number, got {v!r}")
+            vals[f.name] = float(v)
+        else:
+            vals[f.name] = _num(h, f.name, where, positive=False, default=f.default)
+    return HostCost(**vals)
 
 
 def load(spec: str, flag: str = "--hardware") -> Hardware:

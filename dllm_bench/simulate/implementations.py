@@ -64,6 +64,16 @@ def default_impl(system: str, hardware_kind: str, measured: str = "") -> str:
     return MEASURED_HOST if hardware_kind == "cpu" else GPU_DEFAULT.get(system, "hf-eager")
 
 
+# What each implementation is, in the words every simulated table names it with.
+KINDS = {"engine": "a nano-vllm-style engine", "hf-eager": "upstream HF code", "hf-fast-dllm": "upstream HF code",
+         "hf-dllm-cache": "upstream HF code", "dllm-bench": "this project's code, as serve measures it"}
+
+
+def implementations_line(impls: dict[str, str]) -> str:
+    """`implementation per system: engine = dllm-bench (this project's code, ...), ...`."""
+    return "implementation per system: " + ", ".join(f"{s} = {i} ({KINDS.get(i, i)})" for s, i in impls.items())
+
+
 def get_impl(name: str) -> ImplProfile:
     try:
         return IMPLEMENTATIONS[name]

@@ -13,7 +13,8 @@ from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.simulate.hardware import Hardware
-from dllm_bench.simulate.implementations import default_impl, parse_impl_overrides
+from dllm_bench.simulate.fit.measured import pins
+from dllm_bench.simulate.implementations import MEASURED_HOST, default_impl, parse_impl_overrides
 from dllm_bench.simulate.run import make_setup
 from dllm_bench.simulate.simulator import SimSetup, resolve_sim_model
 from dllm_bench.simulate.steps_per_block import StepsPlan
@@ -36,13 +37,16 @@ def budget_on(hw: Hardware, memory_budget: str | None, preset_budget: str | None
 
 
 def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_per_block: str | None = None,
-               results_root: Path | None = None) -> tuple[ServeRun, SimSetup]:
+               results_root: Path | None = None, measured: list[Path] | None = None) -> tuple[ServeRun, SimSetup]:
     """The run and the simulator's setup for `opts` on `hw`: the options resolved as serve resolves
     them (device cpu: the run's dtype is the preset's, no warm-ups on a virtual clock), `impl`
     overrides per system (`fast-dllm=engine`). An engine with `tensor_parallel_size` N runs on N of
     `hw`'s GPUs, each with the budget (dllm_bench.simulate.parallel); baselines on one. Systems that
     decode in parallel (--decoding, a Fast-dLLM threshold knob) need `steps_per_block`
-    (dllm_bench.simulate.steps_per_block; a run id is looked up under `results_root`)."""
+    (dllm_bench.simulate.steps_per_block; a run id is looked up under `results_root`). `measured`
+    (serve runs to validate against): every system that ran there is simulated as it ran (its
+    recorded knobs and KV pool or static batch, dllm_bench.simulate.fit.measured.pins) in this
+    project's implementation, the code `serve` measured, unless `impl` names another."""
     sp = preset_for(opts.preset, opts.model)
     model_dir, loadable = resolve_sim_model(sp.model)
     opts = replace(opts, memory_budget=budget_on(hw, opts.memory_budget, sp.memory_budget), model=str(model_dir),
@@ -58,10 +62,13 @@ def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_
     if parallel and hw.link is None:
         raise UserError(f"{parallel[0]!r} runs tensor-parallel but hardware profile {hw.name!r} has no 'link' "
                         "between GPUs (bandwidth, latency) to charge its all-reduces to")
-    impls = {n: default_impl(n, hw.kind, hw.impl) for n in names} | parse_impl_overrides(impl, names)
+    measured_impl = MEASURED_HOST if measured else hw.impl
+    impls = {n: default_impl(n, hw.kind, measured_impl) for n in names} | parse_impl_overrides(impl, names)
     plan = steps_plan(run, steps_per_block, results_root)
     setup = make_setup(run, hw, impls, loadable)
     setup.decoding, setup.steps_plan = run.decoding, plan
+    if measured:
+        setup.pinned = pins(measured)
     return run, setup
 
 

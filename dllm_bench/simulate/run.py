@@ -26,7 +26,7 @@ from dllm_bench.serve.workload import repeat_workloads, shape_of, workload_shape
 from dllm_bench.simulate import drift, validate
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.hardware import Hardware
-from dllm_bench.simulate.implementations import MEASURED_HOST
+from dllm_bench.simulate.implementations import MEASURED_HOST, implementations_line
 from dllm_bench.simulate.simulator import DTYPE_BYTES, SimSetup, simulate_point
 from dllm_bench.systems.build import build_system
 from engine.engine import DTYPES
@@ -57,6 +57,13 @@ def _real_capacity(run):
                              use_cache=run.use_cache, model=model)
         return {k: built.info.get(k) for k in keep if built.info.get(k) is not None}
     return capacity
+
+
+def _pinned(pin: dict) -> str:
+    info, knobs = pin.get("info", {}), pin.get("knobs", {})
+    what = [f"KV pool {info['kv_pool_tokens']} tokens"] if "kv_pool_tokens" in info else []
+    what += [f"static batch B={info['max_batch_size']}"] if "max_batch_size" in info else []
+    return ", ".join(what + [f"{k}={v}" for k, v in knobs.items()])
 
 
 def _simulate_one(run, setup: SimSetup, pp: PlannedPoint, run_dir: Path, console) -> dict:
@@ -113,6 +120,7 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
     console = cons.console()
     hw = setup.hardware
     config = {"simulated": True, "hardware": hw.to_dict(), "hardware_file": hw.path, "impls": setup.impls,
+              "validation_label": hw.validation_label(), "pinned": setup.pinned,
               "preset": run.preset.to_dict(), "model_dir": str(run.model_dir), "model": run.model_info,
               "systems": [v.to_dict() for v in run.systems], "datasets": run.datasets, "rps": run.rps,
               "arrivals": run.arrivals, "burstiness": run.burstiness, "seed": run.seed,
@@ -127,6 +135,13 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
         raise UserError(str(e)) from None
     console.print(f"[bold]dllm-bench simulate[/bold] on {hw.name} ({hw.description}) → {run_dir}", highlight=False)
     console.print(run.preset.describe(), markup=False, highlight=False)
+    label = hw.validation_label()
+    console.print(f"{hw.name}: {label}; {implementations_line({v.label: setup.impls[v.name] for v in run.systems})}",
+                  markup=False, highlight=False)
+    for v in run.systems:
+        pin = setup.pinned.get(v.label)
+        if pin:
+            console.print(f"{v.label}: simulated as measured ({_pinned(pin)})", markup=False, highlight=False)
     for v in run.systems:
         if setup.impls[v.name] == MEASURED_HOST and not hw.host_fitted(MEASURED_HOST, v.name):
             console.print(f"[yellow]warning: {hw.name} has no host time fitted for {v.name} (dllm-bench calibrate "
@@ -143,7 +158,8 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
     for c in comparisons(points, baseline_labels):
         if len(c["summaries"]) > 1:
             print_comparison(c["summaries"], c["baselines"], console,
-                             title=f"simulated on {hw.name}: {c['dataset']} @ {fmt_rps(c['rps'])} rps — vs best baseline")
+                             title=f"simulated on {hw.name} ({hw.validation_label(short=True)}): {c['dataset']} @ {fmt_rps(c['rps'])} rps — "
+                                   "vs best baseline")
     for line in scenario_lines(points):
         console.print(line, markup=False, highlight=False)
     plots: list[str] = []

@@ -2,7 +2,8 @@
 
 * `CostRunner` is an `engine.step.Runner`: `LLMEngine(config, runner=CostRunner(...))` keeps the
   engine's Scheduler, KV pool accounting and logit budget, and each step is charged the cost of
-  the work `work.engine_forward` reads off the scheduled batch. With `inner` (a real
+  the work `work.engine_forward` reads off the scheduled batch (with `graphs`, a Reuse-only step
+  padded to its CUDA-graph bucket, the first of each graph a capture). With `inner` (a real
   ModelRunner) it also runs the model: the test that proves the simulator's schedule is the
   engine's own.
 * `CostPolicy` is a `baselines.static_batch.Policy`: `StaticBatchSystem` keeps its FCFS static
@@ -19,13 +20,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from baselines.static_batch import Batch, Policy, StepResult
 from dllm_bench.simulate.clock import VirtualClock
 from dllm_bench.simulate.cost_model import Forward, ModelShape
-from dllm_bench.simulate.work import baseline_forward, engine_forward
+from dllm_bench.simulate.work import baseline_forward, engine_forward, graph_key, padded
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.kv_cache import KVPool, bytes_per_token
@@ -63,12 +65,16 @@ class AccountingPool(KVPool):
 
 
 class CostRunner:
+    """`graphs`: the engine replays Reuse-only steps through CUDA graphs (a GPU's default)."""
+
     def __init__(self, model_config, config: EngineConfig, shape: ModelShape, cost: Cost, clock: VirtualClock,
-                 dtype: torch.dtype = torch.bfloat16, inner=None):
+                 dtype: torch.dtype = torch.bfloat16, inner=None, graphs: bool = False):
         self.model_config, self.dtype, self.device = model_config, dtype, torch.device("cpu")
         self.config, self.shape, self.cost, self.clock, self.inner = config, shape, cost, clock, inner
         self.model = getattr(inner, "model", None)
+        self.graphs, self.captured = graphs, set()
         self.last: list = []
+        self.forwards = 0
 
     def run(self, batch) -> StepStats:
         fw, charged = engine_forward(batch, self.config, self.shape)
@@ -82,6 +88,12 @@ class CostRunner:
             cap = self.config.max_num_logits
             st = StepStats(fw.query_tokens, fw.rows, fw.rows if cap is None else min(fw.rows, cap),
                            n_ref, len(batch) - n_ref, cache=dict(Counter(req.cache for req, _ in batch)))
+        key = graph_key(batch, self.config) if self.graphs else None
+        if key is not None:                    # the counters above are the real rows, as the engine's
+            fw = replace(padded(fw, key), capture=key not in self.captured)
+            self.captured.add(key)
+        fw = replace(fw, first=not self.forwards)
+        self.forwards += 1
         self.clock.advance(self.cost(fw))
         return st
 
@@ -111,6 +123,7 @@ class CostPolicy(Policy):
             raise ValueError("parallel decoding (threshold / factor) ends blocks by token values: the simulator needs "
                              "the forwards per block (--steps-per-block)")
         self.last: list = []
+        self.forwards = 0
         self._bytes = real.kv_token_bytes()
         # A static batch repeats the same few forwards: memoise (cost, result) on what decides them.
         self._memo: dict = {}
@@ -123,9 +136,12 @@ class CostPolicy(Policy):
     def step(self, batch: Batch) -> StepResult:
         key = self._key(batch)
         hit = self._memo.get(key)
-        if hit is None:
+        if hit is None or not self.forwards:
             fw, res = baseline_forward(self.name, self.knobs, batch, self.shape)
-            hit = self._memo[key] = (self.cost(fw), res)
+            hit = (self.cost(replace(fw, first=not self.forwards)), res)
+            if self.forwards:                  # the first forward's cost is its own
+                self._memo[key] = hit
+        self.forwards += 1
         self.last = batch.reqs
         self.clock.advance(hit[0])
         return hit[1]

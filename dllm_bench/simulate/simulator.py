@@ -87,6 +87,9 @@ class SimSetup:
     speed: float = 1.0                     # every step's cost x this: a machine slower than its profile
     decoding: str = "fixed"                # --decoding (dllm_bench.systems.decoding): what each system runs
     steps_plan: StepsPlan | None = None    # forwards per block of parallel-decoded requests (--steps-per-block)
+    # system label -> {"knobs": {...}, "info": {...}}: a measured point's recorded knobs and capacity
+    # (KV pool, static batch) that replace the run's defaults (dllm_bench.simulate.fit.measured)
+    pinned: dict = field(default_factory=dict)
 
     def cost_model(self, system: str, ranks: int = 1) -> CostModel | ParallelCostModel:
         """`ranks` > 1: an engine on that many of the profile's GPUs (dllm_bench.simulate.parallel)."""
@@ -127,7 +130,7 @@ class SimSetup:
 
 def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
 
-    knobs = engine_knobs(variant, setup.engine_defaults)
+    knobs = {**engine_knobs(variant, setup.engine_defaults), **setup.pinned.get(variant.label, {}).get("knobs", {})}
     try:
         cfg = EngineConfig(dtype=setup.dtype, device="cpu", sampling=False, **knobs)
         n = cfg.tensor_parallel_size
@@ -146,8 +149,9 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
     cfg.kv_pool_tokens = info["kv_pool_tokens"]
     # a rank's view of the model (its KV heads): the pool counts one GPU's bytes
     model_config = setup.model_config if n == 1 else RankConfig.of(setup.model_config, n)
+    graphs = cfg.cuda_graphs if cfg.cuda_graphs is not None else setup.hardware.kind == "gpu"
     runner = CostRunner(model_config, cfg, setup.shape, setup.step_cost(variant.name, n), clock,
-                        TORCH_DTYPES[setup.dtype])
+                        TORCH_DTYPES[setup.dtype], graphs=graphs)
     engine = cost_engine(cfg, runner)
     info.update(kind="engine", knobs=knobs, engine_config=cfg.to_dict(), tensor_parallel_size=n)
     return VirtualTimed(engine, clock, lambda: runner.last, setup.wake_cost(variant.name), setup.add_cost(variant.name))
@@ -156,7 +160,8 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
 def _baseline(variant, setup: SimSetup, clock: VirtualClock, info: dict, max_len: int):
 
     knobs = {**baseline_knobs(variant, setup.baseline_defaults),
-             **resolve_decoding(variant.name, setup.decoding, variant.knob_dict).knobs}
+             **resolve_decoding(variant.name, setup.decoding, variant.knob_dict).knobs,
+             **setup.pinned.get(variant.label, {}).get("knobs", {})}
     model = ShapeModel(setup.model_config, TORCH_DTYPES[setup.dtype])
     fixed, kind = variant.static_batch
     if fixed is not None:
@@ -206,6 +211,7 @@ def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[
                             "hardware": setup.hardware.name, "memory_budget": setup.memory_budget}
     if setup.real_capacity is not None:
         info.update(setup.real_capacity(variant))
+    info.update(setup.pinned.get(variant.label, {}).get("info", {}))
     if variant.is_baseline:
         return _baseline(variant, setup, clock, info, max_len), info
     return _engine(variant, setup, clock, info), info

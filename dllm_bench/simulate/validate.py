@@ -25,19 +25,22 @@ KEYS = ["dataset", "system", "rps"]
 GOAL, NOISE, MISSED = "goal", "within noise", "missed"
 
 
-def measured_runs(values: Sequence[str], result_dir: Path | None) -> list[Path]:
-    """`--validate` run ids (under the runs root) or run directories: finished, measured runs."""
+def measured_runs(values: Sequence[str], result_dir: Path | None, flag: str = "--validate") -> list[Path]:
+    """`--validate` (or `--fit`) run ids (under the runs root) or run directories: finished,
+    measured runs."""
     root = results.results_root(result_dir)
     out = []
+    if not values:
+        raise UserError(f"{flag} needs at least one measured run")
     for v in values:
         p = Path(v)
         d = p if p.is_dir() else root / v
         if not d.is_dir():
-            raise UserError(f"--validate: no run {v!r} (neither a directory nor a run id under {root})")
+            raise UserError(f"{flag}: no run {v!r} (neither a directory nor a run id under {root})")
         if not results.load_points(d):
-            raise UserError(f"--validate: {d} has no finished points")
+            raise UserError(f"{flag}: {d} has no finished points")
         if results.load_config(d).get("config", {}).get("simulated"):
-            raise UserError(f"--validate: {d} is a simulated run; give measured serve runs")
+            raise UserError(f"{flag}: {d} is a simulated run; give measured serve runs")
         out.append(d)
     return out
 

@@ -3,8 +3,10 @@ state the real scheduler or static batch hands over, never from token values.
 
 * `engine_forward`: one packed engine step (engine.runner.ModelRunner's work): per request, a
   Refresh queries its whole canvas, a Reuse its block against the cache (dual: every position,
-  sparse: the kept ones; each request in its own mode, so `cache=auto` steps mix both); logits only for the block's still-masked rows, in chunks of the logit
-  budget (monolithic: every query row).
+  sparse: the kept ones; each request in its own mode, so `cache=auto` steps mix both); logits
+  only for the block's still-masked rows, in chunks of the logit budget (monolithic: every query
+  row). With CUDA graphs a Reuse-only step runs padded to its batch bucket (engine.graphs: dummy
+  members of one block each), which `graph_key` names.
 * `baseline_forward`: one static-batch forward of a baseline policy (baselines/*.py), padded to
   the batch's canvas, with the StepResult the real policy reports for it.
 
@@ -14,9 +16,12 @@ propose the mask id (engine.unmask.proposal_argmax).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from baselines.static_batch import Batch, StepResult
 from dllm_bench.simulate.cost_model import Forward, LayerPass, ModelShape, Seg
 from engine.config import EngineConfig
+from engine.graphs import bucket, key_width
 from engine.request import Phase, Request
 
 
@@ -52,9 +57,35 @@ def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, sha
         r = q if config.max_num_logits is None else cand
         charged.append(r)
         rows += r
+    n_ref = sum(1 for _, p in batch if p is not reuse)
     fw = Forward((LayerPass(shape.layers, tuple(segs)),), rows=rows, kv_read=kv_read, kv_write=kv_write,
-                 cached_key_layers=cached * shape.layers, n_seq=len(batch), softmax_rows=rows, lm_chunk=config.max_num_logits or 0)
+                 cached_key_layers=cached * shape.layers, n_seq=len(batch), softmax_rows=rows,
+                 lm_chunk=config.max_num_logits or 0, refresh=n_ref)
     return fw, charged
+
+
+def graph_key(batch: list[tuple[Request, Phase]], config: EngineConfig) -> tuple[int, int, int] | None:
+    """(bucket, key width, block length) of the CUDA graph a step replays (engine.graphs.StepGraphs.takes:
+    Reuse only, one block length, the padded batch within the token budget), or None: it runs eagerly.
+    The key width is the padded-SDPA one (every member's keys to the next power of two)."""
+    if not batch or any(p is not Phase.REUSE for _, p in batch):
+        return None
+    bl = batch[0][0].params.block_length
+    b = bucket(len(batch))
+    if b is None or any(r.params.block_length != bl for r, _ in batch) or b * bl > config.max_num_batched_tokens:
+        return None
+    keys = [req.kv_tokens for req, _ in batch]          # what each Reuse reads: its reserved keys
+    return b, key_width(max(keys)), bl
+
+
+def padded(fw: Forward, key: tuple[int, int, int]) -> Forward:
+    """`fw` as its graph replays it: dummy members (one block of queries over one block of keys,
+    written to the pool's scratch slot) up to the bucket; their rows are dropped before decoding."""
+    b, _, bl = key
+    extra = b - fw.n_seq
+    (p,) = fw.passes
+    return replace(fw, passes=(LayerPass(p.layers, p.segs + (Seg(bl, bl),) * extra),), kv_write=fw.kv_write + extra * bl,
+                   graph=True)
 
 
 def _kept(batch: Batch, keep_ratio: float) -> int:
@@ -74,12 +105,12 @@ def baseline_forward(name: str, knobs: dict, batch: Batch, shape: ModelShape) ->
         return (LayerPass(every, (Seg(q, k),) * B),)
 
     if name == "llada":
-        return Forward(uniform(L, L), rows=B * L, n_seq=B, softmax_rows=B * L), StepResult(B * L, L, True)
+        return Forward(uniform(L, L), rows=B * L, n_seq=B, softmax_rows=B * L, refresh=B), StepResult(B * L, L, True)
     if name == "fast-dllm":
         dual = knobs.get("fast_dllm_cache", "dual") == "dual"
         if i == 0:
             keep = L if dual else s
-            return (Forward(uniform(L, L), rows=B * L, kv_write=B * keep, n_seq=B, softmax_rows=B * L),
+            return (Forward(uniform(L, L), rows=B * L, kv_write=B * keep, n_seq=B, softmax_rows=B * L, refresh=B),
                     StepResult(B * L, L, True))
         q0, q1 = s, (e if dual else L)
         q = q1 - q0
@@ -93,7 +124,7 @@ def baseline_forward(name: str, knobs: dict, batch: Batch, shape: ModelShape) ->
     if name == "sparse-dllm":
         if i <= 1:
             kept = _kept(batch, knobs.get("keep_ratio", 0.5)) if i == 1 else 0
-            return (Forward(uniform(L, L), rows=B * L, kv_write=B * kept, n_seq=B, softmax_rows=B * L),
+            return (Forward(uniform(L, L), rows=B * L, kv_write=B * kept, n_seq=B, softmax_rows=B * L, refresh=B),
                     StepResult(B * L, L, True))
         kept = _kept(batch, knobs.get("keep_ratio", 0.5))
         fw = Forward(uniform(blk, kept + blk), rows=B * blk, kv_read=B * kept, n_seq=B, softmax_rows=B * blk)
@@ -128,5 +159,5 @@ def _dllm_cache(knobs: dict, batch: Batch, shape: ModelShape) -> tuple[Forward, 
     # Cached K, V and the two deltas of every token are read back in every layer; in layers 1..
     # the L - q keys not recomputed come from the (pre-RoPE) cache.
     fw = Forward(tuple(passes), rows=B * L, kv_read=2 * B * L, n_seq=B, softmax_rows=B * G,
-                 cached_key_layers=B * (L - q) * (shape.layers - 1))
+                 cached_key_layers=B * (L - q) * (shape.layers - 1), refresh=B if rp and rg else 0)
     return fw, StepResult(B * L, L, rp and rg)

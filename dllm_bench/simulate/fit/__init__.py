@@ -1,0 +1,1 @@
+"""`simulate --fit`: a hardware profile fitted to measured serve runs (docs/SIMULATE.md)."""

@@ -1,0 +1,142 @@
+"""A measured serve run as the fit and the validation read it: per point, the system as it ran
+(its recorded knobs and engine config, its KV pool or static batch), its requests as they
+arrived (lengths and arrival times from requests.jsonl: no workload regenerated), and the
+evidence of its time, finest first:
+
+* steps: `steps.jsonl` (one object per forward, its wall time), where the run recorded it;
+* blocks: every request's block-completion times (first_token_time + its ITLs), which every serve
+  run records: they split the run into segments of known length;
+* totals: the point's duration and mean E2EL (summary.json).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dllm_bench import results
+from dllm_bench.errors import UserError
+from dllm_bench.systems.spec import ENGINE_KNOBS, SystemVariant
+from workloads.serving import ServingRequest
+
+EVIDENCE = ("steps", "blocks", "totals")
+FILLER_TOKEN = 100        # prompt ids are never read by a replay: only lengths decide a schedule
+
+
+@dataclass
+class MeasuredPoint:
+    run_dir: Path
+    name: str                          # the point's directory name
+    label: str                         # the system as labelled in the run (e.g. engine:cuda_graphs=False)
+    system: str
+    dataset: str
+    rps: float
+    knobs: dict                        # pinned: the recorded knobs (engine: its EngineConfig knobs)
+    info: dict                         # pinned: its KV pool or static batch
+    requests: list[ServingRequest]
+    block_times: dict[str, list[float]]   # request id -> when each of its blocks was committed
+    arrivals: dict[str, float]
+    duration: float
+    mean_e2el: float                   # seconds
+    block_length: int
+    steps: list[dict] | None = None
+    device: str = ""
+    date: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def variant(self) -> SystemVariant:
+        return SystemVariant(self.system, (), self.label)
+
+    @property
+    def evidence(self) -> str:
+        return "steps" if self.steps else "blocks" if self.block_times else "totals"
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.gen_length for r in self.requests)
+
+
+def _pins(s: dict) -> tuple[dict, dict]:
+    """(knobs, capacity info) a point ran with, from its summary.json."""
+    if s.get("system_name", "engine") == "engine" and s.get("engine_config"):
+        cfg = s["engine_config"]
+        knobs = {k: cfg[k] for k in ENGINE_KNOBS if k in cfg}
+        info = {"kv_pool_tokens": cfg.get("kv_pool_tokens") or s.get("kv_pool_tokens"),
+                "scenario": "as measured: the KV pool the run profiled"}
+        return knobs, {k: v for k, v in info.items() if v is not None}
+    info = {"max_batch_size": s.get("max_batch_size"), "scenario_kind": s.get("scenario_kind") or "max-fit",
+            "scenario": f"as measured: static batch B={s.get('max_batch_size')}"}
+    return dict(s.get("knobs") or {}), {k: v for k, v in info.items() if v is not None}
+
+
+def pins(run_dirs: list[Path]) -> dict[str, dict]:
+    """label -> {"knobs", "info"} of the first point of each system in the runs: what `simulate
+    --validate` pins each simulated system to, so it is compared with what was measured rather than
+    with the defaults of today's code."""
+    out: dict[str, dict] = {}
+    for d in run_dirs:
+        for s in results.load_points(d):
+            if s.get("system") not in out and s.get("system_name") != "endpoint":
+                knobs, info = _pins(s)
+                out[s["system"]] = {"knobs": knobs, "info": info}
+    return out
+
+
+def _jsonl(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError) as e:
+        raise UserError(f"--fit: {path} is not a readable JSON-lines file ({e})") from None
+
+
+def _point(run_dir: Path, cfg: dict, s: dict) -> MeasuredPoint | str:
+    """The point, or why it cannot be replayed."""
+    name = s["_point"]
+    if s.get("system_name") == "endpoint":
+        return "an --endpoint point (its server's model is not ours to replay)"
+    if (s.get("decoding") or "fixed") != "fixed":
+        return f"decoding {s['decoding']}: its forwards per block depend on token values"
+    recs = _jsonl(run_dir / "points" / name / "requests.jsonl")
+    done = [r for r in recs if r.get("status", "finished") == "finished" and r.get("first_token_time") is not None]
+    if not done or len(done) < len(recs) or s.get("interrupted"):
+        return "not every request finished"
+    knobs, info = _pins(s)
+    reqs, blocks, arrivals = [], {}, {}
+    for r in done:
+        rid, n, g = r["request_id"], int(r["prompt_len"]), int(r["output_len"])
+        reqs.append(ServingRequest(rid, [FILLER_TOKEN] * n, n, g, float(r["arrival_time"]), g, "measured", n, g))
+        t = [float(r["first_token_time"])]
+        for gap in r.get("itl") or []:
+            t.append(t[-1] + float(gap))
+        blocks[rid], arrivals[rid] = t, float(r["arrival_time"])
+    steps_path = run_dir / "points" / name / "steps.jsonl"
+    env = results.load_config(run_dir).get("environment") or {}
+    created = str(results.load_config(run_dir).get("created_utc") or "")
+    return MeasuredPoint(run_dir, name, s["system"], s.get("system_name") or s["system"].split(":")[0], s["dataset"],
+                         float(s["rps"]), knobs, info, reqs, blocks, arrivals, float(s["duration_s"]),
+                         float(s["mean_e2el_ms"]) / 1e3, int(cfg.get("preset", {}).get("block_length") or 32),
+                         _jsonl(steps_path) if steps_path.is_file() else None,
+                         device=env.get("cuda_device") or "", date=created[:10])
+
+
+def load(run_dirs: list[Path], console=None) -> list[MeasuredPoint]:
+    """Every point of the runs that a replay can reproduce (the others named on `console`)."""
+    out = []
+    for d in run_dirs:
+        cfg = results.load_config(d).get("config", {})
+        if cfg.get("simulated"):
+            raise UserError(f"--fit: {d} is a simulated run; give measured serve runs")
+        for s in results.load_points(d):
+            p = _point(d, cfg, s)
+            if isinstance(p, str):
+                if console is not None:
+                    console.print(f"{d.name}/{s['_point']}: left out ({p})", markup=False, highlight=False)
+                continue
+            if not math.isfinite(p.duration) or p.duration <= 0:
+                continue
+            out.append(p)
+    if not out:
+        raise UserError("--fit: no point of the given runs can be replayed (every request finished, fixed decoding)")
+    return out
