@@ -41,9 +41,11 @@ class Projection:
     command: str
     points: list[dict] = field(default_factory=list)
     comparisons: list[dict] = field(default_factory=list)
+    validation: str = ""          # Hardware.validation_label: how far the profile is off a measured run
 
     def to_dict(self) -> dict:
         return {"simulated": True, "hardware": self.hardware, "hardware_description": self.description,
+                "validation": self.validation,
                 "preset": self.preset, "num_prompts": self.num_prompts, "command": self.command,
                 "points": self.points,
                 "comparisons": [{k: v for k, v in c.items() if k != "summaries"} for c in self.comparisons]}
@@ -112,17 +114,19 @@ def project(run: ServeRun, hardware: str = HARDWARE, preset: str = PRESET,
                          kv_pool_tokens=out["info"].get("kv_pool_tokens"))
             points.append({**extra, **s, "system": v.label, "dataset": ds})
     comps = comparisons(points, {v.label for v in sim.systems if v.is_baseline})
-    return Projection(hw.name, hw.description, sim.preset.name, n, command(opts, hw.name), points, comps)
+    return Projection(hw.name, hw.description, sim.preset.name, n, command(opts, hw.name), points, comps,
+                      hw.validation_label())
 
 
 def print_projection(proj: Projection, console: Console) -> None:
     """The block under the measured table: labelled as simulated, with the command behind it."""
     console.print(f"[bold]GPU projection — simulated, not measured[/bold]: the same comparison on the {proj.hardware} "
                   f"hardware profile ({proj.description}), preset {proj.preset}, {proj.num_prompts} requests per point "
-                  "(dllm_bench.simulate: the real schedulers on a virtual clock)", highlight=False)
+                  f"(dllm_bench.simulate: the real schedulers on a virtual clock); {proj.hardware}: {proj.validation}",
+                  highlight=False)
     for c in proj.comparisons:
         print_comparison(c["summaries"], c["baselines"], console,
-                         title=f"SIMULATED on {proj.hardware} ({proj.preset}): {c['dataset']} @ "
+                         title=f"SIMULATED on {proj.hardware} ({proj.preset}; {proj.validation}): {c['dataset']} @ "
                                f"{fmt_rps(c['rps'])} rps — vs best baseline")
     console.print(f"reproduce: {proj.command}", markup=False, highlight=False)
 

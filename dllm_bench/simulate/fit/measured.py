@@ -59,16 +59,16 @@ class MeasuredPoint:
 
 
 def _pins(s: dict) -> tuple[dict, dict]:
-    """(knobs, capacity info) a point ran with, from its summary.json."""
-    if s.get("system_name", "engine") == "engine" and s.get("engine_config"):
-        cfg = s["engine_config"]
+    """(knobs, capacity info) a point ran with, from its summary.json (what it recorded of them)."""
+    if (s.get("system_name") or str(s.get("system", "")).split(":")[0]) == "engine":
+        cfg = s.get("engine_config") or s.get("knobs") or {}
         knobs = {k: cfg[k] for k in ENGINE_KNOBS if k in cfg}
-        info = {"kv_pool_tokens": cfg.get("kv_pool_tokens") or s.get("kv_pool_tokens"),
-                "scenario": "as measured: the KV pool the run profiled"}
-        return knobs, {k: v for k, v in info.items() if v is not None}
-    info = {"max_batch_size": s.get("max_batch_size"), "scenario_kind": s.get("scenario_kind") or "max-fit",
-            "scenario": f"as measured: static batch B={s.get('max_batch_size')}"}
-    return dict(s.get("knobs") or {}), {k: v for k, v in info.items() if v is not None}
+        pool = (s.get("engine_config") or {}).get("kv_pool_tokens") or s.get("kv_pool_tokens")
+        return knobs, ({"kv_pool_tokens": pool, "scenario": "as measured: the KV pool the run profiled"} if pool else {})
+    b = s.get("max_batch_size")
+    info = {"max_batch_size": b, "scenario_kind": s.get("scenario_kind") or "max-fit",
+            "scenario": f"as measured: static batch B={b}"} if b else {}
+    return dict(s.get("knobs") or {}), info
 
 
 def pins(run_dirs: list[Path]) -> dict[str, dict]:

@@ -21,6 +21,8 @@ from dllm_bench.simulate.fit.terms import HOST_TERMS, Terms, device_model, profi
 from dllm_bench.simulate.hardware import Hardware
 
 ROUNDS = 3
+EVIDENCE_TEXT = {"steps": "per-step times (steps.jsonl)", "blocks": "block-completion times (requests.jsonl)",
+                 "totals": "totals (duration, mean E2EL)"}
 METRICS = (("output_throughput", "tok/s", 1.0), ("mean_e2el_ms", "mean E2E s", 1e-3))
 
 
@@ -129,7 +131,7 @@ def fit_command(runs: list[Path], base_spec: str, name: str, out: Path | None, e
     say(f"fitting {name!r} to {len(points)} measured points, from the operators of {base.name} ({base.description})")
     f = fit(points, base, name, evidence)
     for p in points:
-        say(f"  {p.label} @ {fmt_rps(p.rps)} rps ({p.dataset}): fitted on its {f.evidence[p.name]}")
+        say(f"  {p.label} @ {fmt_rps(p.rps)} rps ({p.dataset}): fitted on its {EVIDENCE_TEXT[f.evidence[p.name]]}")
     say("\n" + terms_table(f) + "\n")
     say(table(f.cells, "The fitted profile against every measured point (each replayed as it ran):") + "\n")
     if held_out:

@@ -133,4 +133,5 @@ def solve(rows: list[Rows], columns: list[str], prior: Terms | None = None, lam:
         b = np.concatenate([b, lam * np.array(prior.vector(columns)) / scale])
     lo = np.array([1e-3 if c == "device" else -np.inf if c.endswith("c_graph") else 0.0 for c in columns])
     res = lsq_linear(A, b, bounds=(lo, np.full(len(columns), np.inf)))
-    return Terms.from_vector(columns, res.x * scale)
+    z = np.where(np.abs(res.x) < 1e-6, 0.0, res.x)      # a term the solver drove to its bound is 0, not 1e-29
+    return Terms.from_vector(columns, z * scale)
