@@ -8,6 +8,8 @@ from pathlib import Path
 
 import typer
 
+from dllm_bench import console as cons
+from dllm_bench import inputs
 from dllm_bench.commands.serve_flags import (
     GOODPUT_CONTEXT,
     AsJson,
@@ -36,8 +38,6 @@ from dllm_bench.commands.serve_flags import (
     TensorParallelSize,
     goodput_pairs,
 )
-from dllm_bench import console as cons
-from dllm_bench import inputs
 from dllm_bench.errors import UserError
 from dllm_bench.serve.options import ServeOptions
 from dllm_bench.simulate import hardware as hwmod

@@ -12,8 +12,8 @@ from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.presets import preset_for
-from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.fit.measured import pins
+from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.implementations import MEASURED_HOST, default_impl, parse_impl_overrides
 from dllm_bench.simulate.run import make_setup
 from dllm_bench.simulate.simulator import SimSetup, resolve_sim_model
