@@ -34,13 +34,17 @@ def median_time(fn: Callable[[], object], repeats: int, sync: Callable[[], None]
     return float(np.median(ts))
 
 
-def device_median_time(fn: Callable[[], object], repeats: int, device) -> float:
+def device_median_time(fn: Callable[[], object], repeats: int, device, warmup: int = 1,
+                       events: bool | None = None) -> float:
     """`median_time` on `device`, on a GPU by CUDA events recorded around each call: the device's
-    own time, without the launch and synchronisation latency a host clock adds to a short call."""
+    own time, without the launch and synchronisation latency a host clock adds to a short call;
+    after `warmup` untimed calls (a GPU's first calls of a shape choose kernels and allocate).
+    `events`: force (or refuse) the events path whatever the device (tests fake CUDA's events)."""
     dev = torch.device(device)
-    if dev.type != "cuda":
+    if not (dev.type == "cuda" if events is None else events):
         return median_time(fn, repeats, device_sync(dev))
-    fn()
+    for _ in range(warmup):
+        fn()
     ts = []
     for _ in range(repeats):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

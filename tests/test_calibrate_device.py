@@ -113,11 +113,11 @@ def test_a_profile_naming_an_unknown_implementation_is_refused(tmp_path):
 
 def test_default_sizes_follow_the_presets_concurrency_and_device():
     from dllm_bench.serve.presets import PRESETS
-    from dllm_bench.simulate.calibrate.run import default_sizes
+    from dllm_bench.simulate.calibrate.plan import default_sizes
 
     assert default_sizes(PRESETS["cpu-default"], "cpu") == (1, 2)           # 2 requests per point
     assert default_sizes(PRESETS["tiny"], "cpu") == (1, 4, 2, 8)
-    assert default_sizes(PRESETS["paper"], "cuda") == (1, 4, 16, 64, 2, 8, 32)
+    assert default_sizes(PRESETS["paper"], "cuda") == (1, 2, 4, 8, 16, 32, 64)   # ascending: stop at saturation
     assert default_sizes(PRESETS["paper"], "cpu") == (1, 4, 2, 8)
 
 
@@ -141,7 +141,7 @@ from dllm_bench.simulate import bounds  # noqa: E402
 
 GiB = 2**30
 LLADA_8B = ModelShape(d=4096, layers=32, heads=32, kv_heads=32, head_dim=128, ffn=12288, vocab=126464, wbytes=2)
-PAPER_SIZES = (1, 4, 16, 64, 2, 8, 32)
+PAPER_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PAPER_LEN = 900 + 256                    # livebench's longest paper prompt plus gen_length 256
 
 
@@ -154,7 +154,7 @@ def test_every_size_is_bounded_by_the_budget_at_llada_8b_numbers():
     per_request = PAPER_LEN * (LLADA_8B.kv_bytes_per_token + LLADA_8B.vocab * 18)
     assert 64 * per_request > 150e9
     cap = bounds.host_cap("fast-dllm", LLADA_8B, h100, PAPER_LEN, 4000, 2048)
-    assert 16 <= cap < 32 and bounds.bounded_sizes(PAPER_SIZES, cap) == (1, 4, 16, 2, 8)
+    assert 16 <= cap < 32 and bounds.bounded_sizes(PAPER_SIZES, cap) == (1, 2, 4, 8, 16)
     assert bounds.bounded_sizes(PAPER_SIZES, bounds.host_cap("fast-dllm", LLADA_8B, rtx4090, PAPER_LEN, 4000, 2048)) == (1,)
     for system in ("dllm-cache", "sparse-dllm"):
         assert bounds.host_cap(system, LLADA_8B, h100, PAPER_LEN, 4000, 2048) < 64
@@ -198,7 +198,10 @@ def test_calibrate_on_cuda_plans_bf16_and_sizes_that_fit(tmp_path, monkeypatch):
     assert pl.preset.dtype == "bfloat16" and pl.device.type == "cuda" and pl.shape == LLADA_8B
     assert pl.budget == bounds.device_budget(79 * GiB)
     by_name = {v.name: s for v, s in pl.sizes.items()}
-    assert by_name["engine"] == PAPER_SIZES and by_name["fast-dllm"] == (1, 4, 16, 2, 8)
+    # up to the largest batch the budget admits, that batch included: where a baseline serves
+    cap = bounds.host_cap("fast-dllm", LLADA_8B, pl.budget, PAPER_LEN, 4000, 2048)
+    assert pl.mode.name == "gpu" and pl.mode.events and not pl.mode.gauge
+    assert by_name["engine"] == PAPER_SIZES and by_name["fast-dllm"] == (1, 2, 4, 8, 16, cap) and cap > 16
     assert pl.spare == bounds.spare_bytes(LLADA_8B, pl.budget)
     # a CPU preset on a GPU is profiled in bf16 too, unless --dtype says otherwise
     assert cmd.plan(preset="tiny", model=None, device="cuda", dtype=None, systems="engine", sizes=(1,)
@@ -237,7 +240,8 @@ def test_calibrate_on_cuda_loads_the_model_in_bf16_after_stating_the_plan(tmp_pa
                       console=Console(file=out, width=400))
     assert e.value.args == (torch.bfloat16, torch.device("cuda"))
     text = out.getvalue()
-    assert "NVIDIA H100" in text and "bfloat16 on cuda" in text and "fast-dllm at 1, 4, 16, 2, 8" in text
+    assert "NVIDIA H100" in text and "bfloat16 on cuda" in text and "fast-dllm at 1, 2, 4, 8, 16, 1" in text
+    assert "each batch warmed 16 steps, then 48 timed" in " ".join(text.split())
 
 
 def test_attention_is_timed_through_the_engines_own_call(monkeypatch):

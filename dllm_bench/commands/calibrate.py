@@ -27,8 +27,9 @@ def register(app: typer.Typer) -> None:
                                          "[bfloat16 on CUDA, else the preset's]"),
         repeats: int = typer.Option(5, "--repeats", help="timings per operator (median)"),
         sizes: str | None = typer.Option(None, "--sizes", help="concurrent requests per host-time run, in order "
-                                         "[powers of 2 up to the preset's concurrency, at most 8 on a CPU and "
-                                         "64 on a GPU: 1,2 for cpu-default]"),
+                                         "[powers of 2 up to the preset's concurrency, at most 8 on a CPU (1,2 for "
+                                         "cpu-default); on a GPU ascending to 64 and the largest batch the budget "
+                                         "admits, stopping where rows/s saturate]"),
     ) -> None:
         """Profile this machine's CPU or GPU (GEMMs, attention, host time per system) and write a hardware
         profile."""

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from dllm_bench.simulate import bounds
+from dllm_bench.simulate.calibrate.mode import Timer, mode_for
 from dllm_bench.simulate.cost_model import Efficiency, ModelShape, attention_time, gemm_time
-from dllm_bench.timing import device_median_time, device_sync, median_time
 from engine import attention
 
 
@@ -122,17 +122,20 @@ def peaks_from(ops: list[OpSample], peak: float, bw: float, wbytes: int) -> tupl
 PEAK_SIZES = {"cpu": (1024, 16 << 20), "cuda": (8192, 256 << 20)}
 
 
-def measure_peaks(dtype, repeats: int, device="cpu", spare: float | None = None) -> tuple[float, float]:
-    """`spare`: the bytes the operands may take (`bounds.spare_bytes`); None = unbounded."""
+def measure_peaks(dtype, repeats: int, device="cpu", spare: float | None = None,
+                  timer: Timer | None = None) -> tuple[float, float]:
+    """`spare`: the bytes the operands may take (`bounds.spare_bytes`); None = unbounded.
+    `timer`: how the device is timed (mode.Mode.timer; the device's mode by default)."""
     dev = torch.device(device)
+    timed = timer or mode_for(dev).timer(dev)
     n, copy_elems = PEAK_SIZES.get(dev.type, PEAK_SIZES["cpu"])
     if spare is not None:
         n, copy_elems = bounds.peak_sizes(n, copy_elems, torch.empty(0, dtype=dtype).element_size(), spare)
     a, b = torch.randn(n, n, dtype=dtype, device=dev), torch.randn(n, n, dtype=dtype, device=dev)
-    flops = 2 * n**3 / device_median_time(lambda: a @ b, repeats, dev)
+    flops = 2 * n**3 / timed(lambda: a @ b, repeats)
     x = torch.randn(copy_elems, dtype=torch.float32, device=dev).to(dtype)
     y = torch.empty_like(x)
-    bw = 2 * x.numel() * x.element_size() / device_median_time(lambda: y.copy_(x), repeats, dev)
+    bw = 2 * x.numel() * x.element_size() / timed(lambda: y.copy_(x), repeats)
     return flops, bw
 
 
@@ -179,13 +182,13 @@ def engine_attention(q_len: int, k_len: int, shape: ModelShape, dtype, device) -
 
 def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25,
                 cold_bytes: int = COLD_BYTES, device="cpu", tick: Callable[[], None] | None = None,
-                spare: float | None = None) -> list[OpSample]:
+                spare: float | None = None, timer: Timer | None = None) -> list[OpSample]:
     """GEMM and attention timings (`op_plan`, bounded by `spare`; `tick` after each). GEMMs cycle
     through enough weight copies to exceed `cold_bytes` (a last-level cache or a GPU's L2 several
     times over), so a small-M GEMM pays for reading its weights from memory as it does inside a
     forward. Attention is the engine's own call (`engine_attention`)."""
     dev = torch.device(device)
-    sync = device_sync(dev)
+    timed = timer or mode_for(dev).timer(dev)
     tick = tick or (lambda: None)
     out: list[OpSample] = []
     weights: dict[tuple[int, int], Iterator] = {}
@@ -198,10 +201,10 @@ def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25
                 weights[b, c] = itertools.cycle([w] + [w.clone() for _ in range(copies - 1)])
                 del w
             x, ws = torch.randn(a, b, dtype=dtype, device=dev), weights[b, c]
-            t = median_time(lambda x=x, ws=ws: x @ next(ws), repeats, sync)
+            t = timed(lambda x=x, ws=ws: x @ next(ws), repeats)
         else:
             weights.clear()
-            t = median_time(engine_attention(a, b, shape, dtype, dev), repeats, sync)
+            t = timed(engine_attention(a, b, shape, dtype, dev), repeats)
         out.append(OpSample(kind, a, b, c, t))
         tick()
     return out
