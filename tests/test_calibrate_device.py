@@ -241,7 +241,7 @@ def test_calibrate_on_cuda_loads_the_model_in_bf16_after_stating_the_plan(tmp_pa
     assert e.value.args == (torch.bfloat16, torch.device("cuda"))
     text = out.getvalue()
     assert "NVIDIA H100" in text and "bfloat16 on cuda" in text and "fast-dllm at 1, 2, 4, 8, 16, 1" in text
-    assert "each batch warmed 16 steps, then 48 timed" in " ".join(text.split())
+    assert "each batch warmed 8 steps, then 32 timed" in " ".join(text.split())
 
 
 def test_attention_is_timed_through_the_engines_own_call(monkeypatch):

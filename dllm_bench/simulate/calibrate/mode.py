@@ -41,7 +41,7 @@ class Mode:
 
 
 CPU = Mode("cpu", events=False, gauge=True, warm_steps=None, timed_steps=None, saturate=False)
-GPU = Mode("gpu", events=True, gauge=False, warm_steps=16, timed_steps=48, saturate=True)
+GPU = Mode("gpu", events=True, gauge=False, warm_steps=8, timed_steps=32, saturate=True)
 
 
 def mode_for(device) -> Mode:
