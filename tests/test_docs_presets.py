@@ -13,7 +13,7 @@ import typer
 
 from dllm_bench.cli import app
 from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS, ServePreset
-from dllm_bench.simulate.calibrate.run import default_sizes
+from dllm_bench.simulate.calibrate.plan import default_sizes
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "SERVE.md"
 NOT_DEFAULTS = {"name", "note"}          # the row's key, and free text

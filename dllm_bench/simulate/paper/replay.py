@@ -9,9 +9,10 @@ import pandas as pd
 
 from dllm_bench.console import console, md_table
 from dllm_bench.simulate.hardware import load
+from dllm_bench.simulate.implementations import implementations_line
 from dllm_bench.simulate.paper.checks import holdout, holdout_summary, ordering
 from dllm_bench.simulate.paper.published import ENGINE_POINTS, FIT_POINT, point_label
-from dllm_bench.simulate.paper.setting import DEFAULT, LOG, Declared, fit_u, scaled
+from dllm_bench.simulate.paper.setting import DEFAULT, LOG, Declared, fit_u, impls, scaled
 from dllm_bench.simulate.paper.tables import GPU_OF, TABLES
 
 REPLAYS = (*TABLES, "holdout")
@@ -47,16 +48,18 @@ def replay(name: str, as_json: bool, declared: Declared = DEFAULT) -> None:
         hw = scaled(load(GPU_OF[name]), u)
         con.print(f"u = {u:.3f} (compute and bandwidth efficiency of every system); GPU {hw.name}", highlight=False)
         df = TABLES[name](hw, declared)
-        title = f"simulated on {hw.name}, u = {u:.3f} fitted on {point_label(FIT_POINT)} dLLM-Serve"
+        title = (f"simulated on {hw.name} ({hw.validation_label()}), u = {u:.3f} fitted on {point_label(FIT_POINT)} "
+                 "dLLM-Serve")
         notes = []
         if name == "table4":
             extra["ordering"] = ordering(df)
     if as_json:
-        doc = dict(replay=name, u=u, declared=declared.describe(), cells=_records(df),
+        doc = dict(replay=name, u=u, declared=declared.describe(), impls=impls(), cells=_records(df),
                    **{k: _records(v) for k, v in extra.items()})
         sys.stdout.write(json.dumps(doc) + "\n")
         return
-    sys.stdout.write(f"# paper {name}: {title}; declared inputs: {declared.describe()}\n\n")
+    sys.stdout.write(f"# paper {name}: {title}; {implementations_line(impls())}; declared inputs: "
+                     f"{declared.describe()}\n\n")
     sys.stdout.write(md_table(df, _floats(df)))
     for note in notes:
         sys.stdout.write(f"\n{note}\n")

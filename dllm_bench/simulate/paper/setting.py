@@ -36,6 +36,11 @@ def scaled(hw: Hardware, u: float) -> Hardware:
     return replace(hw, efficiency=hw.efficiency.scaled(u))
 
 
+def impls() -> dict[str, str]:
+    """The paper's systems as their upstream code runs them (the paper measured that code)."""
+    return {n: default_impl(n, "gpu") for n in ("engine", "llada", *BASELINES)}
+
+
 def setup(hw: Hardware, engine: dict | None = None) -> SimSetup:
     """LLaDA-8B on `hw` with the paper's knobs (the engine's overridable by `engine`)."""
     cfg = LLaDAConfig.from_pretrained(resolve_sim_model("llada-8b")[0])
@@ -44,8 +49,7 @@ def setup(hw: Hardware, engine: dict | None = None) -> SimSetup:
     # The paper's dLLM-Serve: every request sparse (not the `engine` system's default, cache=auto).
     eng = dict(cache="sparse", max_num_batched_tokens=TOKENS.get(hw.name, 16384), max_num_logits=2048,
                max_num_seqs=512, retention=0.5) | (engine or {})
-    impls = {n: default_impl(n, "gpu") for n in ("engine", "llada", *BASELINES)}
-    return SimSetup(cfg, ModelShape.from_config(cfg, 2), hw, "bfloat16", impls, hw.memory_bytes * UTIL,
+    return SimSetup(cfg, ModelShape.from_config(cfg, 2), hw, "bfloat16", impls(), hw.memory_bytes * UTIL,
                     engine_defaults=eng, baseline_defaults=base)
 
 
