@@ -201,6 +201,7 @@ def test_simulate_validate_on_the_committed_h100_run_meets_the_goal_and_says_so(
     cells = pd.DataFrame(json.loads(out)["validation"]["cells"])
     assert len(cells) == 4
     assert (cells["output_throughput_err"].abs() <= 0.10).all() and (cells["mean_e2el_ms_err"].abs() <= 0.10).all()
+    assert "implementation per system: engine = dllm-bench" in (tmp_path / "v" / "validation.md").read_text()
     # the report's section of this simulated run carries the label too
     from dllm_bench.report.claims import Claims
     from dllm_bench.report.simulated import simulated_section
@@ -229,3 +230,32 @@ def test_fit_cli_writes_a_profile_simulate_reads_and_refuses_bad_input(tmp_path,
         code, _, err = _cli(monkeypatch, capsys, "simulate", *bad)
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and msg in lines[0], err[-2000:]
+
+
+def test_a_points_steps_jsonl_is_its_evidence_when_it_matches_the_replay(tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(H100_RUN, run)
+    for p in (run / "points").iterdir():
+        if p.name != "livebench__fast-dllm__rpsinf":
+            shutil.rmtree(p)
+    (point,) = measured.load([run])
+    rep = replay.replay(point, hardware.load("h100"))
+    steps = [{"step": i, "t_s": s, "wall_ms": c * 1e3, "requests": fw.n_seq, "padded_requests": fw.n_seq,
+              "refresh": fw.refresh, "reuse": fw.n_seq - fw.refresh, "query_rows": fw.query_tokens,
+              "key_tokens": fw.kv_read, "logit_rows": fw.rows, "graph": fw.graph}
+             for i, (fw, s, c) in enumerate(zip(rep.forwards, rep.starts, rep.costs))]
+    path = run / "points" / "livebench__fast-dllm__rpsinf" / "steps.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in steps))
+    (point,) = measured.load([run])
+    assert point.evidence == "steps"
+    rep = replace(rep, point=point)
+    cols = solve.columns_for([rep])
+    dev = terms.device_model(BASE, replay.setup_for(point, BASE).shape)
+    assert solve.observe(rep, solve.features(rep, dev, cols)).evidence == "steps"
+    # steps of another schedule (a run whose steps are not the replay's) fall back to block times
+    path.write_text("".join(json.dumps(s) + "\n" for s in steps[:-5]))
+    (point,) = measured.load([run])
+    rep = replace(rep, point=point)
+    assert solve.observe(rep, solve.features(rep, dev, cols)).evidence == "blocks"

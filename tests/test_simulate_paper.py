@@ -145,3 +145,5 @@ def test_replay_json_carries_the_cells_and_table4s_ordering(short, capsys):
     assert doc["replay"] == "table4" and 0 < doc["u"] < 4 and len(doc["cells"]) == 3 * (3 * 2 + 1)
     assert {r["dataset"] for r in doc["ordering"]} == {"livebench", "burstgpt", "osc"}
     assert all(r["fits"] in ("yes", "no", None) for r in doc["cells"])
+    # the paper measured its systems' upstream code: that is what its replays simulate
+    assert doc["impls"]["fast-dllm"] == "hf-fast-dllm" and doc["impls"]["sparse-dllm"] == "hf-eager"

@@ -135,9 +135,8 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
         raise UserError(str(e)) from None
     console.print(f"[bold]dllm-bench simulate[/bold] on {hw.name} ({hw.description}) → {run_dir}", highlight=False)
     console.print(run.preset.describe(), markup=False, highlight=False)
-    label = hw.validation_label()
-    console.print(f"{hw.name}: {label}; {implementations_line({v.label: setup.impls[v.name] for v in run.systems})}",
-                  markup=False, highlight=False)
+    what = f"{hw.name}: {hw.validation_label()}; " + implementations_line({v.label: setup.impls[v.name] for v in run.systems})
+    console.print(what, markup=False, highlight=False)
     for v in run.systems:
         pin = setup.pinned.get(v.label)
         if pin:
@@ -158,8 +157,8 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
     for c in comparisons(points, baseline_labels):
         if len(c["summaries"]) > 1:
             print_comparison(c["summaries"], c["baselines"], console,
-                             title=f"simulated on {hw.name} ({hw.validation_label(short=True)}): {c['dataset']} @ {fmt_rps(c['rps'])} rps — "
-                                   "vs best baseline")
+                             title=f"simulated on {hw.name} ({hw.validation_label(short=True)}): {c['dataset']} @ "
+                                   f"{fmt_rps(c['rps'])} rps — vs best baseline")
     for line in scenario_lines(points):
         console.print(line, markup=False, highlight=False)
     plots: list[str] = []
@@ -179,12 +178,13 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
             code = 1
         else:
             floor = validate.reproducibility([results.metrics_frame(d) for d in validate_against])
-            validation = validate.write(run_dir, df, validate_against, floor)
+            validation = validate.write(run_dir, df, validate_against, floor, what)
             console.print(validate.as_markdown(df, floor), markup=False, highlight=False)
             console.print(f"validation: {run_dir / 'validation.md'}", markup=False, highlight=False)
     console.print(f"results: {run_dir}", markup=False, highlight=False)
     if as_json:
         doc = {"run_id": run_dir.name, "run_dir": str(run_dir), "simulated": True, "hardware": hw.name,
+               "hardware_validation": hw.validation_label(), "impls": setup.impls,
                "points": points, "plots": plots, "validation": validation}
         sys.stdout.write(json.dumps(results._clean(doc), default=results._default, allow_nan=False) + "\n")
     return code

@@ -207,13 +207,15 @@ def _at_speed_markdown(df: pd.DataFrame, mark: dict) -> str:
             + f"\n\n{int(df['speed'].notna().sum())} cells. {_tally(counts(df, '_at_speed'))}.\n")
 
 
-def write(sim_dir: Path, df: pd.DataFrame, measured_dirs: Sequence[Path], floor: pd.DataFrame | None = None) -> dict:
-    """validation.csv and validation.md in the simulated run's directory; the JSON part."""
+def write(sim_dir: Path, df: pd.DataFrame, measured_dirs: Sequence[Path], floor: pd.DataFrame | None = None,
+          what: str = "") -> dict:
+    """validation.csv and validation.md in the simulated run's directory; the JSON part. `what`:
+    a line on what was simulated (the profile, its validation, each system's implementation)."""
     results.atomic_write_csv(sim_dir / "validation.csv", df)
     text = as_markdown(df, floor)
     runs = ", ".join(f"`{d.name}`" for d in measured_dirs)
-    results.atomic_write_bytes(sim_dir / "validation.md",
-                               f"# Simulated `{sim_dir.name}` vs measured {runs}\n\n{text}".encode())
+    head = f"# Simulated `{sim_dir.name}` vs measured {runs}\n\n" + (f"{what}\n\n" if what else "")
+    results.atomic_write_bytes(sim_dir / "validation.md", f"{head}{text}".encode())
     return {"measured_runs": [str(d) for d in measured_dirs], "counts": counts(df),
             "counts_at_measured_speed": counts(df, "_at_speed") if "speed" in df else None,
             "counts_measured_vs_measured": counts(floor) if floor is not None and not floor.empty else None,
