@@ -19,8 +19,8 @@ from rich.console import Console
 from dllm_bench import speed_gauge
 from dllm_bench.simulate import drift
 from dllm_bench.simulate.calibrate import host as host_time
-from dllm_bench.simulate.calibrate import run as cmd
 from dllm_bench.simulate.calibrate import mode as timing
+from dllm_bench.simulate.calibrate import run as cmd
 from dllm_bench.simulate.calibrate.clocks import open_clocks
 from dllm_bench.simulate.cost_model import (
     CostModel,

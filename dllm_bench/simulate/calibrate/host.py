@@ -19,11 +19,11 @@ import torch
 from baselines import make_policy
 from baselines.static_batch import Batch, Policy, StaticBatchSystem, StepResult
 from dllm_bench.simulate.calibrate.mode import CPU, Mode
-from dllm_bench.timing import device_sync
 from dllm_bench.simulate.clock import VirtualClock
 from dllm_bench.simulate.cost_model import CostModel, Forward, HostCost, ModelShape
 from dllm_bench.simulate.runners import CostRunner
 from dllm_bench.simulate.work import baseline_forward
+from dllm_bench.timing import device_sync
 from engine.engine import LLMEngine
 
 

@@ -50,6 +50,11 @@ class MeasuredPoint:
         return SystemVariant(self.system, (), self.label)
 
     @property
+    def key(self) -> str:
+        """The point among several runs' (two runs name their points alike)."""
+        return f"{self.run_dir.name}/{self.name}"
+
+    @property
     def evidence(self) -> str:
         return "steps" if self.steps else "blocks" if self.block_times else "totals"
 

@@ -53,14 +53,14 @@ def fit(points: list[measured_mod.MeasuredPoint], base: Hardware, name: str, evi
         reps = new
         if same:
             break
-    return Fit(terms, prof, cols, {r.point.name: rows[i].evidence for i, r in enumerate(reps)},
+    return Fit(terms, prof, cols, {r.point.key: rows[i].evidence for i, r in enumerate(reps)},
                cells=[_cell(r) for r in reps])
 
 
 def _cell(r: Replay) -> dict:
     p = r.point
     meas = {"output_throughput": p.tokens / p.duration, "mean_e2el_ms": p.mean_e2el * 1e3}
-    out = {"system": p.label, "dataset": p.dataset, "rps": p.rps, "point": p.name}
+    out = {"system": p.label, "dataset": p.dataset, "rps": p.rps, "point": p.key}
     for m, _, _ in METRICS:
         sim = float(r.summary.get(m) or 0.0)
         out.update({f"{m}_meas": meas[m], f"{m}_sim": sim, f"{m}_err": sim / meas[m] - 1})
@@ -131,7 +131,7 @@ def fit_command(runs: list[Path], base_spec: str, name: str, out: Path | None, e
     say(f"fitting {name!r} to {len(points)} measured points, from the operators of {base.name} ({base.description})")
     f = fit(points, base, name, evidence)
     for p in points:
-        say(f"  {p.label} @ {fmt_rps(p.rps)} rps ({p.dataset}): fitted on its {EVIDENCE_TEXT[f.evidence[p.name]]}")
+        say(f"  {p.label} @ {fmt_rps(p.rps)} rps ({p.dataset}): fitted on its {EVIDENCE_TEXT[f.evidence[p.key]]}")
     say("\n" + terms_table(f) + "\n")
     say(table(f.cells, "The fitted profile against every measured point (each replayed as it ran):") + "\n")
     if held_out:
