@@ -92,6 +92,8 @@ class CostRunner:
         if key is not None:                    # the counters above are the real rows, as the engine's
             fw = replace(padded(fw, key), capture=key not in self.captured)
             self.captured.add(key)
+            if self.inner is None:
+                st = replace(st, graph=True, padded_requests=key[0])
         fw = replace(fw, first=not self.forwards)
         self.forwards += 1
         self.clock.advance(self.cost(fw))

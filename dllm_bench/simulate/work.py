@@ -21,7 +21,7 @@ from dataclasses import replace
 from baselines.static_batch import Batch, StepResult
 from dllm_bench.simulate.cost_model import Forward, LayerPass, ModelShape, Seg
 from engine.config import EngineConfig
-from engine.graphs import bucket, key_width
+from engine.graphs import batch_buckets, bucket, key_width
 from engine.request import Phase, Request
 
 
@@ -67,11 +67,12 @@ def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, sha
 def graph_key(batch: list[tuple[Request, Phase]], config: EngineConfig) -> tuple[int, int, int] | None:
     """(bucket, key width, block length) of the CUDA graph a step replays (engine.graphs.StepGraphs.takes:
     Reuse only, one block length, the padded batch within the token budget), or None: it runs eagerly.
-    The key width is the padded-SDPA one (every member's keys to the next power of two)."""
+    The key width is the padded-SDPA one (every member's keys to `key_width` of the longest); a bucket
+    whose graph measured slower than eager on the GPU is not known here and counts as a graph."""
     if not batch or any(p is not Phase.REUSE for _, p in batch):
         return None
     bl = batch[0][0].params.block_length
-    b = bucket(len(batch))
+    b = bucket(len(batch), batch_buckets(config.max_num_seqs))
     if b is None or any(r.params.block_length != bl for r, _ in batch) or b * bl > config.max_num_batched_tokens:
         return None
     keys = [req.kv_tokens for req, _ in batch]          # what each Reuse reads: its reserved keys
