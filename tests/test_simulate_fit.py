@@ -113,7 +113,8 @@ def test_the_fit_recovers_the_terms_from_totals_and_block_times(tmp_path):
     _close(f.terms, truth, 0.02, cols)
 
 
-def test_graph_padding_is_the_engines(monkeypatch):
+@pytest.mark.parametrize("cache", ["sparse", "auto"])
+def test_graph_padding_is_the_engines(cache):
     # The real engine on this CPU with cuda_graphs=True pads exactly as on a GPU (plain calls for
     # replays): the simulator pads the same steps to the same buckets.
     from dllm_bench.serve.loadgen import run_open_loop
@@ -128,7 +129,8 @@ def test_graph_padding_is_the_engines(monkeypatch):
     model = tiny_model(torch.float32)
     wl = build_workload("livebench", num_prompts=7, rps=float("inf"), seed=1, vocab_size=298, special_ids=[],
                         length_scale=0.05, block_length=8, gen_cap=16)
-    knobs = dict(max_num_batched_tokens=200, max_num_logits=20, max_num_seqs=8, retention=0.5, cuda_graphs=True)
+    knobs = dict(max_num_batched_tokens=200, max_num_logits=20, max_num_seqs=8, retention=0.5, cuda_graphs=True,
+                 cache=cache)
     eng = LLMEngine(EngineConfig(dtype="float32", device="cpu", sampling=False, kv_pool_tokens=400,
                                  attention_backend="sdpa", **knobs), model=model)
     clock = VirtualClock()
