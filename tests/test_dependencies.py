@@ -12,7 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("dllm_bench", "engine", "baselines", "workloads")
 # Modules whose distribution is not found by import name (not installed here) -> distribution.
-NOT_INSTALLED = {"flash_attn": "flash-attn"}
+NOT_INSTALLED = {"flash_attn": "flash-attn", "pynvml": "nvidia-ml-py"}
 # Imported directly as part of FastAPI's own API (request models, responses): their versions come
 # with the fastapi pin, which requires them.
 VIA = {"pydantic": "fastapi", "starlette": "fastapi"}
