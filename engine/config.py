@@ -33,6 +33,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192     # query tokens per step
     max_num_seqs: int = 64
     max_model_len: int | None = None       # None = the checkpoint's max_sequence_length
+    # A Refresh of a canvas longer than max_num_batched_tokens runs in chunks of this many tokens
+    # (engine.chunking); None = sized by the profiler from the activation budget (no profile:
+    # half the token budget).
+    refresh_chunk_tokens: int | None = None
     # --- logit-aware activation budgeting ---
     max_num_logits: int | None = 1024      # None = monolithic full-sequence logits (an HF forward)
     # --- KV cache ---
@@ -77,6 +81,7 @@ class EngineConfig:
         check(self.kv_pool_tokens is None or self.kv_pool_tokens >= 0, "kv_pool_tokens must be >= 0")
         check(0 <= self.guard_fraction < 1, "guard_fraction must be in [0, 1)")
         check(self.max_model_len is None or self.max_model_len > 0, "max_model_len must be positive")
+        check(self.refresh_chunk_tokens is None or self.refresh_chunk_tokens > 0, "refresh_chunk_tokens must be positive")
 
     def graphs_enabled(self, device) -> bool:
         return self.cuda_graphs if self.cuda_graphs is not None else torch.device(device).type == "cuda"

@@ -10,6 +10,7 @@ import torch
 
 from engine.attention import choose_backend
 from engine.canvas import CanvasPool
+from engine.chunking import serves_long
 from engine.config import DTYPES, EngineConfig
 from engine.counters import StepCounters
 from engine.kv_cache import KVPool
@@ -62,8 +63,9 @@ class LLMEngine:
         self.pool = KVPool(capacity, self.model_config, self.dtype, self.device)
         self.canvases = CanvasPool(self.device)
         self.scheduler = Scheduler(config, self.pool, self.canvases)
+        chunk = config.refresh_chunk_tokens or (self.profile.refresh_chunk_tokens if self.profile else None)
         self.runner = runner if runner is not None else ModelRunner(self.model, config, self.backend, self.pool,
-                                                                    self.max_model_len)
+                                                                    self.max_model_len, chunk)
         self._ids = itertools.count()
         self.counters = StepCounters()
         self.batch_sizes, self.step_log = self.counters.batch_sizes, self.counters.step_log
@@ -93,11 +95,15 @@ class LLMEngine:
         length = len(prompt_ids) + params.gen_length
         if length > self.max_model_len:
             raise ValueError(f"prompt + gen_length = {length} exceeds max_model_len {self.max_model_len}")
-        if length > self.config.max_num_batched_tokens:
+        if length > self.config.max_num_batched_tokens and not serves_long(self.config):
             raise ValueError(
                 f"prompt + gen_length = {length} exceeds max_num_batched_tokens "
-                f"{self.config.max_num_batched_tokens}: its Refresh step could never be scheduled"
+                f"{self.config.max_num_batched_tokens}: its Refresh step could never be scheduled "
+                f"(a longer canvas is refreshed in chunks under scheduler=phase on one device only)"
             )
+        if params.block_length > self.config.max_num_batched_tokens and self.config.cache != "none":
+            raise ValueError(f"block_length {params.block_length} exceeds max_num_batched_tokens "
+                             f"{self.config.max_num_batched_tokens}: its Reuse steps could never be scheduled")
         req = Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt_ids=prompt_ids,

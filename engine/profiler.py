@@ -8,7 +8,9 @@ when requests may sample (the float64 Gumbel noise is then in the peak), and (b)
 budget full of Reuse queries plus the largest single Reuse attention (cache at max_model_len).
 Knowing the logit budget is what frees memory: a monolithic profile must hold [query tokens ×
 vocab] logits. `cache=auto` serves requests dual or sparse, so each worst step is measured in
-both modes and the larger peak kept.
+both modes and the larger peak kept. When max_model_len exceeds the token budget, a longer
+canvas's chunked Refresh (engine.chunking) is measured there too, its chunk the largest whose
+peak stays within the steps' above (the pool keeps what chunking frees).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import chunking
 from engine.cache_mode import AUTO
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, bytes_per_token, kv_need
@@ -43,6 +46,11 @@ class MemoryProfile:
     max_num_seqs: int
     cache: str
     retention: float
+    # A Refresh longer than the token budget (engine.chunking; 0/None when max_model_len fits one
+    # step): its chunk, its measured peak at max_model_len, and the Reuse step with that many keys.
+    refresh_chunk_tokens: int | None = None
+    long_refresh_peak_bytes: int = 0
+    long_reuse_peak_bytes: int = 0
 
     def requests_that_fit(self, prompt_len: int, gen_length: int, block_length: int, capped: bool = True) -> int:
         """Concurrent requests of this shape the KV pool admits (and max_num_seqs, if capped);
@@ -133,15 +141,62 @@ def _peaks(runner: ModelRunner, model: LLaDAModelLM, config: EngineConfig, max_m
     return refresh_peak, reuse_peak
 
 
+def _scratch_request(n_tokens: int, block: int, model: LLaDAModelLM, config: EngineConfig, mode: str,
+                     scratch: KVPool) -> Request:
+    """A synthetic request whose slot table points every entry at the pool's scratch slot: its
+    cache writes and gathers keep their real sizes without the pool holding its cache."""
+    req = _synthetic(n_tokens, n_tokens - block, block, model, 1.0 if config.sampling else 0.0, mode)
+    need = kv_need(mode, n_tokens, block, config.retention)
+    req.slots = torch.full((max(need, 1),), scratch.scratch, dtype=torch.long, device=model.device)
+    req.kv_pool, req.kv_tokens = scratch, need
+    return req
+
+
+def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int,
+                         activation_peak: int) -> tuple[int, int, int] | None:
+    """(chunk, chunked Refresh peak, what a Reuse with its keys at max_model_len adds to one at
+    the token budget) for canvases beyond the token budget, or None when none can run; each the
+    largest over the cache modes served. Measured at their real sizes on scratch slots."""
+    T = config.max_num_batched_tokens
+    if max_model_len <= T or not chunking.serves_long(config):
+        return None
+    scratch = KVPool(None, model.config, model.dtype, model.device)
+    runner = ModelRunner(model, dataclasses.replace(config, cuda_graphs=False), backend, scratch, max_model_len)
+    runner.in_place_keys = False      # gathered Reuse keys, as measure_activation_peak
+    bl = min(32, T)
+    chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else \
+        [c for c in (chunking.MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
+    peaks: dict[int, int] = dict.fromkeys(chunks, 0)
+    growth = 0
+    for mode in ("dual", "sparse") if config.cache == AUTO else (config.cache,):
+        req = _scratch_request(max_model_len, bl, model, config, mode, scratch)
+        phase = {"dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}.get(mode, Phase.REFRESH)
+        state, cache, per_chunk = chunking.measure_moments(model, req, phase, scratch.storage, config, chunks, backend)
+        peaks = {c: max(peaks[c], state + max(cache, per_chunk[c])) for c in chunks}
+        if mode != "none":
+            reuse = []
+            for r in (_scratch_request(T, bl, model, config, mode, scratch), req):
+                with MemoryMeter(model.device) as meter:
+                    runner.run([(r, Phase.REUSE)])
+                reuse.append(meter.peak_bytes)
+            growth = max(growth, reuse[1] - reuse[0])
+    chunk = chunking.choose_chunk(peaks, activation_peak)
+    return chunk, peaks[chunk], growth
+
+
 def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int) -> MemoryProfile:
     budget = default_budget(model, config)
     wb = weights_bytes(model)
     refresh_peak, reuse_peak = measure_activation_peak(model, config, backend, max_model_len)
     peak = max(refresh_peak, reuse_peak)
+    chunk, long_refresh, growth = measure_long_context(model, config, backend, max_model_len, peak) or (None, 0, 0)
+    # The Reuse step measured above, its single long Reuse's keys at max_model_len instead.
+    long_reuse = reuse_peak + growth if growth else 0
+    peak = max(peak, long_refresh, long_reuse)
     if config.graphs_enabled(model.device) and config.cache != "none":
         # Captured Reuse graphs keep their intermediates in one graph memory pool beside the
         # eager steps' allocations; its peak is that of the largest Reuse step, measured above.
-        peak += reuse_peak
+        peak += max(reuse_peak, long_reuse)
     guard = int(budget * config.guard_fraction)
     free = budget - wb - peak - guard
     if free < 0:
@@ -156,7 +211,8 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
         reuse_peak_bytes=reuse_peak, guard_bytes=guard, kv_pool_bytes=tokens * bpt, kv_pool_tokens=tokens,
         bytes_per_token=bpt, max_num_logits=config.max_num_logits,
         max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
-        cache=config.cache, retention=config.retention,
+        cache=config.cache, retention=config.retention, refresh_chunk_tokens=chunk,
+        long_refresh_peak_bytes=long_refresh, long_reuse_peak_bytes=long_reuse,
     )
 
 

@@ -9,23 +9,27 @@ them — is built before the forward from host arrays and staged in one copy
 (`engine.staging`), so the forward and the decode never read the device; the engine reads the
 decisions back once. Only per-request random streams (Gumbel noise at T > 0, random remasking)
 are drawn request by request, as the randomness contract requires. Reuse-only steps may run
-padded to a batch bucket, captured as CUDA graphs on a GPU (`engine.graphs`).
+padded to a batch bucket, captured as CUDA graphs on a GPU (`engine.graphs`). A Refresh whose
+canvas exceeds the token budget runs in chunks (`engine.chunking`), before the packed forward of
+the others, and only its block's rows join the decode.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from engine import chunking
 from engine.attention import PACKED, PackedKernel
 from engine.cache_policy import POLICIES
 from engine.config import EngineConfig
 from engine.decoding import commit_mask, policy_columns
 from engine.graphs import PadSpec, StepGraphs, pad_meta
 from engine.kv_cache import KVPool
-from engine.logits import RowSegment, decode_rows
+from engine.logits import DecodeResult, RowSegment, decode_rows
 from engine.models.llada import LLaDAModelLM
 from engine.ragged import padded, ragged
 from engine.regions import DECODE, in_region
@@ -39,7 +43,7 @@ from engine.unmask import random_confidence
 
 class ModelRunner:
     def __init__(self, model: LLaDAModelLM, config: EngineConfig, backend: str, pool: KVPool | None = None,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, refresh_chunk: int | None = None):
         self.model, self.config, self.backend, self.pool = model, config, backend, pool
         self.model_config, self.dtype, self.device = model.config, model.dtype, model.device
         # A tensor-parallel rank's model (engine.parallel.model) brings its own decode of its
@@ -56,6 +60,11 @@ class ModelRunner:
         # profiler turns it off to measure the gathered keys, the larger peak.
         self.in_place_keys = True
         self.staging = Staging(self.device)
+        # A Refresh longer than the token budget: its chunk (the profile's choice) and the staging
+        # of its step's decode plan (the packed forward's staging is flushed by then).
+        self.refresh_chunk = refresh_chunk or chunking.default_chunk(config)
+        self.long_possible = self.max_model_len > config.max_num_batched_tokens
+        self.long_staging = Staging(self.device)
         self.graphs = StepGraphs(self) if config.graphs_enabled(self.device) and pool is not None else None
 
     def prepare(self, batch: list[tuple[Request, Phase]], pad: PadSpec | None = None,
@@ -92,17 +101,22 @@ class ModelRunner:
     @torch.no_grad()
     def run(self, batch: list[tuple[Request, Phase]]) -> StepStats:
         reqs = [r for r, _ in batch]
-        padded = self.graphs.run(batch) if self.graphs is not None and self.graphs.takes(batch) else None
-        if padded is not None:
-            p, hidden, graph = padded
-        else:                                        # eager, unpadded (also a bucket whose graph was slower)
-            p, graph = self.prepare(batch), False
-            hidden = self.forward(p)
-        m, c = p.meta, p.plan
-        segments = [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel)
-                    for i, r in enumerate(reqs) if r.params.temperature > 0]
-        res = self.decode_rows(self.model.lm_head, hidden, c.rows, segments, self.config.max_num_logits,
-                          self.model_config.mask_token_id, entropy=c.entropy)
+        budget = self.config.max_num_batched_tokens
+        if self.long_possible and any(r.length > budget and p is not Phase.REUSE for r, p in batch):
+            m, c, res, queries, keys = self._run_long(batch)
+            n_ref, padded, graph = sum(p is not Phase.REUSE for _, p in batch), len(batch), False
+        else:
+            step = self.graphs.run(batch) if self.graphs is not None and self.graphs.takes(batch) else None
+            if step is not None:
+                p, hidden, graph = step
+            else:                                    # eager, unpadded (also a bucket whose graph was slower)
+                p, graph = self.prepare(batch), False
+                hidden = self.forward(p)
+            m, c = p.meta, p.plan
+            res = self._decode(reqs, hidden, c)
+            spec = self.policy.spec(m)
+            queries, n_ref, padded = int(m.cu_q[-1]), int(m.refresh.sum()), len(p.padded_meta.n_q)
+            keys = int(spec.cached.sum() + spec.fresh.sum())
         conf = res.conf
         for i, r in enumerate(reqs):
             if r.params.remasking == "random":
@@ -111,12 +125,61 @@ class ModelRunner:
                 conf[a : a + n] = random_confidence(n, r.gens.remask).to(conf)
         monolithic = self.config.max_num_logits is None
         decisions = _choose(conf, res.x0, res.entropy, c, (m.n_q if monolithic else c.counts).tolist())
-        n_ref = int(m.refresh.sum())
-        spec = self.policy.spec(m)
-        return StepStats(int(m.cu_q[-1]), res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
-                         decisions, key_tokens=int(spec.cached.sum() + spec.fresh.sum()),
-                         padded_requests=len(p.padded_meta.n_q), graph=graph,
+        return StepStats(queries, res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
+                         decisions, key_tokens=keys, padded_requests=padded, graph=graph,
                          cache=dict(Counter(r.cache or self.config.cache for r in reqs)))   # auto: per request
+
+    def _decode(self, reqs: list[Request], hidden: torch.Tensor, c: CommitPlan, rows: torch.Tensor | None = None):
+        """The candidates' proposals under the logit budget (`rows`: their hidden rows, default
+        the plan's)."""
+        segments = [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel)
+                    for i, r in enumerate(reqs) if r.params.temperature > 0]
+        return self.decode_rows(self.model.lm_head, hidden, c.rows if rows is None else rows, segments,
+                                self.config.max_num_logits, self.model_config.mask_token_id, entropy=c.entropy)
+
+    def _run_long(self, batch: list[tuple[Request, Phase]]) -> tuple:
+        """A step with Refreshes longer than the token budget: each chunked and its candidates
+        decoded at once (only their proposals stay alive), then the packed forward and decode of
+        the others; the proposals joined in batch order. The commit plan presents a long member
+        as its block's queries. -> (StepMeta, CommitPlan, DecodeResult, the step's query tokens,
+        the keys its members attended)."""
+        budget = self.config.max_num_batched_tokens
+        reqs = [r for r, _ in batch]
+        host_tokens, offsets, in_pool = _canvases(reqs)
+        host_slots = self.pool.host_slots if self.pool is not None else _host_slots
+        long = [i for i, (r, p) in enumerate(batch) if p is not Phase.REUSE and r.length > budget]
+        m = StepMeta.of([(r, Phase.REUSE if i in long else p) for i, (r, p) in enumerate(batch)], offsets, host_slots)
+        c = _plan_commit(m, [r.decoding for r in reqs], host_tokens, self.model_config.mask_token_id,
+                         self.long_staging.begin(), in_pool)
+        self.long_staging.flush()
+        storage = self.pool.storage if self.pool is not None else None
+        parts: dict[int, DecodeResult] = {}
+        decodes: list[DecodeResult] = []
+        for i in long:
+            r, p = batch[i]
+            hidden = chunking.refresh_rows(self.model, r, p, storage, self.config, self.refresh_chunk, self.backend)
+            a, n = int(c.seg_start[i]), int(c.counts[i])
+            one = _member_plan(c, i)
+            parts[i] = self._decode([r], hidden, one, c.rows[a : a + n] - int(m.cu_q[i]))
+            decodes.append(parts[i])
+            del hidden
+        short = [i for i in range(len(batch)) if i not in parts]
+        queries = keys = sum(reqs[i].length for i in long)
+        if short:
+            ps = self.prepare([batch[i] for i in short])
+            # Entropies for all or none: the step's plan says whether any member decodes by them.
+            res = self._decode([reqs[i] for i in short], self.forward(ps),
+                               dataclasses.replace(ps.plan, entropy=c.entropy))
+            decodes.append(res)
+            queries += int(ps.meta.cu_q[-1])
+            spec = self.policy.spec(ps.meta)
+            keys += int(spec.cached.sum() + spec.fresh.sum())
+            for j, i in enumerate(short):
+                a, n = int(ps.plan.seg_start[j]), int(ps.plan.counts[j])
+                parts[i] = _rows_of(res, a, n)
+        joined = _joined([parts[i] for i in range(len(batch))], sum(d.rows_materialized for d in decodes),
+                         max(d.max_rows_at_once for d in decodes))
+        return m, c, joined, queries, keys
 
 
 @dataclass
@@ -210,3 +273,20 @@ def _canvases(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, bool]:
         return pool.host, np.fromiter((r.canvas_offset for r in reqs), dtype=np.int64, count=len(reqs)), True
     lens = np.fromiter((r.length for r in reqs), dtype=np.int64, count=len(reqs))
     return np.concatenate([r.host_canvas for r in reqs]), np.cumsum(lens) - lens, False
+
+
+def _member_plan(c: CommitPlan, i: int) -> CommitPlan:
+    """The part of a commit plan `_decode` reads, for member i alone (its candidates from 0)."""
+    return dataclasses.replace(c, seg_start=np.zeros(1, dtype=np.int64), counts=c.counts[i : i + 1])
+
+
+def _rows_of(res: DecodeResult, a: int, n: int) -> DecodeResult:
+    ent = None if res.entropy is None else res.entropy[a : a + n]
+    return DecodeResult(res.x0[a : a + n], res.conf[a : a + n], res.rows_materialized, res.max_rows_at_once, ent)
+
+
+def _joined(parts: list[DecodeResult], rows: int, at_once: int) -> DecodeResult:
+    """Per-member proposals in batch order as one result of a step whose decodes materialized
+    `rows` logits rows, at most `at_once` at a time."""
+    ent = None if parts[0].entropy is None else torch.cat([p.entropy for p in parts])
+    return DecodeResult(torch.cat([p.x0 for p in parts]), torch.cat([p.conf for p in parts]), rows, at_once, ent)

@@ -23,6 +23,9 @@ Liveness: `add_request` rejects anything that could never fit on its own (auto: 
 mode, the smaller), and the oldest running request always fits an empty step, so every
 admitted request finishes and the head of the queue is admitted as soon as the running set
 leaves room for it.
+
+A Refresh longer than the token budget (`phase` only) is charged over several steps and runs
+chunked once its credit covers its canvas (engine.chunking.RefreshCredit; waits are deferred).
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from itertools import islice
 
 from engine.cache_mode import AUTO, admission_mode
 from engine.canvas import CanvasPool
+from engine.chunking import RefreshCredit, is_long
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, kv_need
 from engine.lookahead import Lookahead
@@ -47,6 +51,7 @@ class Scheduler:
         self.served = Counter()     # requests admitted per cache mode
         self.plan = (Lookahead(config.max_num_batched_tokens, config.cache, config.delay_step)
                      if config.scheduler == "lookahead" else None)
+        self.credit = RefreshCredit(config.max_num_batched_tokens)    # Refreshes longer than the budget
 
     def kv_need(self, req: Request, mode: str | None = None) -> int:
         """Its whole-life KV slots in `mode` (default: its own; a waiting auto request: sparse,
@@ -68,6 +73,8 @@ class Scheduler:
     def cost(self, req: Request, phase: Phase) -> int:
         if self.config.scheduler == "request":
             return req.length
+        if is_long(req, phase, self.config.max_num_batched_tokens):
+            return self.credit.cost(req)               # this step's grant toward its chunked Refresh
         return req.query_cost(phase)
 
     def admission_cost(self, req: Request) -> int:
@@ -81,28 +88,68 @@ class Scheduler:
         if self.plan is not None:
             return self._schedule_planned(now)
         c = self.config
+        T = c.max_num_batched_tokens
         batch: list[tuple[Request, Phase]] = []
+        accruing: list[tuple[Request, Phase]] = []      # long Refreshes charged, not run this step
         tokens = 0
         self.stalled = 0
-        for req in self.running:
+        self.credit.begin()
+        for i, req in enumerate(self.running):
             phase = req.phase(c.delay_step)
+            if is_long(req, phase, T):
+                if len(batch) >= c.max_num_seqs or tokens >= T:
+                    self.stalled = len(self.running) - len(batch) - len(accruing)
+                    return self._no_idle(batch, accruing)
+                runs = self.credit.grant(req, T - tokens, self._demand_after(i))
+                tokens += self.credit.cost(req)
+                (batch if runs else accruing).append((req, phase))
+                continue
             cost = self.cost(req, phase)
-            if len(batch) >= c.max_num_seqs or tokens + cost > c.max_num_batched_tokens:
-                self.stalled = len(self.running) - len(batch)
-                return batch            # strict FCFS: nobody overtakes a running request
+            if len(batch) >= c.max_num_seqs or tokens + cost > T:
+                self.stalled = len(self.running) - len(batch) - len(accruing)
+                return self._no_idle(batch, accruing)   # strict FCFS: nobody overtakes a running request
             batch.append((req, phase))
             tokens += cost
         while self.waiting:
             req = self.waiting[0]
-            cost = self.admission_cost(req)
-            if len(batch) >= c.max_num_seqs or tokens + cost > c.max_num_batched_tokens:
+            long = req.length > T                       # its first step is a Refresh
+            cost = 1 if long else self.admission_cost(req)    # a long one needs any room at all
+            if len(batch) + len(accruing) >= c.max_num_seqs or tokens + cost > T:
                 break
             mode = self.admission_mode(req)
             if mode is None:
                 break
             self._admit(mode, now)
-            batch.append((req, req.phase(c.delay_step)))
-            tokens += cost
+            phase = req.phase(c.delay_step)
+            if long:
+                runs = self.credit.grant(req, T - tokens, self._demand_after(-1, waiting=True))
+                tokens += self.credit.cost(req)
+                (batch if runs else accruing).append((req, phase))
+            else:
+                batch.append((req, phase))
+                tokens += cost
+        return self._no_idle(batch, accruing)
+
+    def _demand_after(self, i: int, waiting: bool = False) -> int:
+        """What the requests behind the i-th running one (`waiting`: the i-th waiting one) ask of
+        this step, the head of the queue included (long ones: their share)."""
+        c, T = self.config, self.config.max_num_batched_tokens
+        demand = 0
+        for req in ([] if waiting else self.running[i + 1:]):
+            phase = req.phase(c.delay_step)
+            demand += self.credit.share if is_long(req, phase, T) else self.cost(req, phase)
+        nxt = i + 1 if waiting else 0
+        if nxt < len(self.waiting):
+            head = self.waiting[nxt]
+            demand += self.credit.share if head.length > T else self.admission_cost(head)
+        return demand
+
+    def _no_idle(self, batch: list, accruing: list) -> list[tuple[Request, Phase]]:
+        """A step nothing else runs in runs the oldest accruing long Refresh at once."""
+        if not batch and accruing:
+            self.credit.run_now(accruing[0][0])
+            batch, accruing = accruing[:1], accruing[1:]
+        self.deferred = len(accruing)
         return batch
 
     def _schedule_planned(self, now: float) -> list[tuple[Request, Phase]]:
@@ -143,6 +190,7 @@ class Scheduler:
 
     def finish(self, req: Request) -> None:
         self.running.remove(req)
+        self.credit.drop(req)
         if self.plan is not None:
             self.plan.drop(req)
         self.pool.release(req.kv_tokens, req.slots)

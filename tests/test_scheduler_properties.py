@@ -1,7 +1,8 @@
 """Scheduler invariants on random workloads (issue "mechanisms"), checked at every step:
 
 * token budget: Σ per-step costs as the scheduler charges them <= max_num_batched_tokens, and the
-  forward's real query tokens too; batch size <= max_num_seqs;
+  forward's real query tokens too, except a Refresh longer than the budget (engine.chunking),
+  charged its grants over several steps and run whole in one; batch size <= max_num_seqs;
 * logit budget: no LM-head call and no step materializes more than max_num_logits rows;
 * KV pool: used <= capacity, used == Σ reservations of the running requests, 0 at the end;
 * liveness: every admitted request finishes (after exactly `steps` forwards); whenever the
@@ -23,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import SamplingParams
+from engine.chunking import is_long
 from engine.models.llada import LLaDAModelLM
 from engine.runner import StepStats
 from tests.helpers import MASK, make_engine, random_prompts, tiny_model
@@ -79,7 +81,9 @@ def expected_possible(cfg: dict, r: dict) -> bool:
     # auto: a request runs whenever it fits in one of its modes (sparse never needs more)
     need = need[cfg["cache"]] if cfg["cache"] != "auto" else min(need["dual"], need["sparse"])
     pool = cfg["kv_pool_tokens"]
-    return length <= cfg["max_num_batched_tokens"] and (pool is None or need <= pool)
+    # Longer than the token budget: refreshed in chunks under the phase scheduler only.
+    fits_steps = length <= cfg["max_num_batched_tokens"] or cfg["scheduler"] == "phase"
+    return fits_steps and (pool is None or need <= pool)
 
 
 def check_workload(cfg: dict, reqs: list[dict], fake: bool) -> None:
@@ -111,9 +115,15 @@ def _drive(eng, cfg: dict, reqs: list[dict]) -> None:
         batch = original(now)
         assert bool(batch) == busy                                       # no idle step
         assert len(batch) <= cfg["max_num_seqs"]
+        T = cfg["max_num_batched_tokens"]
+        long = [is_long(r, p, T) for r, p in batch]
         costs = [sched.cost(r, p) for r, p in batch]
-        assert sum(costs) <= cfg["max_num_batched_tokens"]
-        charged.append(sum(costs))
+        # Long Refreshes are charged their grants (run or accruing), the others their cost.
+        grants = sum(sched.credit.granted.values())
+        assert sum(c for c, lg in zip(costs, long) if not lg) + grants <= T
+        assert cfg["scheduler"] == "phase" or not any(long)
+        # What the forward will really compute: a long Refresh runs its whole canvas.
+        charged.append(sum(r.length if lg else c for (r, _), c, lg in zip(batch, costs, long)))
         if cfg["scheduler"] == "request":
             assert costs == [r.length for r, _ in batch]                 # whole canvas, every phase
         assert pool.capacity is None or pool.used <= pool.capacity
@@ -142,8 +152,8 @@ def _drive(eng, cfg: dict, reqs: list[dict]) -> None:
         outs.update({o.request_id: o for o in eng.step()})
         step += 1
         assert step <= bound, "engine did not drain"
-    # The forwards' real query tokens: what was charged (phase) or less (request: Reuse computes
-    # only its block but is charged the canvas).
+    # The forwards' real query tokens: the batch's costs, a long Refresh its canvas (phase), or
+    # less (request: Reuse computes only its block but is charged the canvas).
     queries = [q for _, _, q in eng.step_log]
     assert len(queries) == len([c for c in charged if c])
     assert all(q == c if cfg["scheduler"] == "phase" else q <= c
@@ -175,7 +185,9 @@ def test_scheduler_invariants_real_model(w):
 
 
 def test_impossible_request_does_not_block_queue():
-    eng = make_engine(MODEL, cache="dual", max_num_batched_tokens=32, kv_pool_tokens=24)
+    # Under the request-level scheduler a canvas beyond the token budget can never run (every
+    # step costs it); the phase scheduler refreshes it in chunks (tests/test_chunked_refresh.py).
+    eng = make_engine(MODEL, cache="dual", max_num_batched_tokens=32, kv_pool_tokens=24, scheduler="request")
     sp = SamplingParams(gen_length=8, steps=8, block_length=4)
     ok1 = eng.add_request(random_prompts(1, 8)[0], sp)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):

@@ -1,0 +1,222 @@
+"""A Refresh longer than the step's token budget, computed in chunks along its tokens.
+
+A Refresh queries the whole canvas. Run as one packed forward, its FFN intermediate and its
+projections are materialised for every token at once, so a canvas longer than
+`max_num_batched_tokens` could never run. `refresh_rows` runs it layer by layer instead: first
+the RoPE'd K/V of every chunk of the layer (into one layer's buffer; the cache policy stores or
+selects them exactly as the packed step does), then each chunk's queries against all of those
+keys, its attention output, residual and SwiGLU MLP, written back into the canvas's hidden
+states. Every chunk attends to the whole canvas and every token goes through the operations of
+the unchunked Refresh (float64 tokens are identical). What lives at once: the canvas's hidden
+states and one layer's K/V (linear in the canvas), plus one chunk's projections, attention and
+FFN intermediate (linear in the chunk, which the profiler sizes to the activation budget).
+
+`RefreshCredit` is the scheduler's account of such a Refresh: it is charged over as many steps
+as its canvas needs (tokens of each step's budget toward its length), the other requests' work
+running alongside, and runs in the step its credit covers its canvas.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine import sparse
+from engine.attention import flash_varlen, padded_attention
+from engine.config import EngineConfig
+from engine.memory import MemoryMeter
+from engine.models.llada import LLaDAModelLM, rms_norm
+from engine.request import Phase, Request
+
+# Chunk sizes the profiler chooses from (powers of two up to the token budget), and a long
+# Refresh's share of a contended step (the rest is left to the requests behind it).
+MIN_CHUNK = 32
+NEAR_BEST = 1.1
+SHARE = 0.5
+
+
+def serves_long(config: EngineConfig) -> bool:
+    """Whether canvases longer than the token budget are admitted: only the phase scheduler
+    charges a Refresh apart from its Reuse steps, and only one device runs the chunked layers."""
+    return config.scheduler == "phase" and config.tensor_parallel_size == 1
+
+
+def is_long(req: Request, phase: Phase, budget: int) -> bool:
+    return phase.is_refresh and req.length > budget
+
+
+def default_chunk(config: EngineConfig) -> int:
+    """Without a profile (no memory budget): half the token budget."""
+    return config.refresh_chunk_tokens or max(1, config.max_num_batched_tokens // 2)
+
+
+class LongRefresh:
+    """The state of one chunked Refresh (the canvas's hidden states, one layer's K/V) and its
+    moments: a chunk's K/V, the layer's cache write, a chunk's attention and FFN."""
+
+    def __init__(self, model: LLaDAModelLM, req: Request, phase: Phase, config: EngineConfig, backend: str):
+        cfg = model.config
+        self.model, self.req, self.config, self.backend = model, req, config, backend
+        self.L, self.hkv, self.hd = req.length, cfg.kv_heads, cfg.head_dim
+        self.positions = torch.arange(self.L, device=model.device)
+        self.h = model.embed(req.canvas)                           # [L, d]: updated in place, layer by layer
+        self.kv = self.h.new_empty(2, self.L, self.hkv, self.hd)  # one layer's K/V of the whole canvas
+        self.s, self.e = req.block_range
+        self.store = phase is Phase.REFRESH_STORE and req.slots is not None
+        self.keep = req.kv_tokens - req.block_length if phase is Phase.REFRESH_SELECT and req.slots is not None else 0
+
+    def _rot(self, a: int, b: int):
+        return self.model.rope.at(self.positions[a:b], self.h.dtype, top=b - 1)
+
+    def kv_pass(self, blk, a: int, b: int) -> None:
+        """Tokens [a, b)'s RoPE'd K/V of this layer into the layer buffer."""
+        n = rms_norm(self.h[a:b], blk.attn_norm.weight, blk.eps)
+        self.kv[0, a:b] = self._rot(a, b)(blk.k_proj(n).view(-1, self.hkv, self.hd))
+        self.kv[1, a:b] = blk.v_proj(n).view(-1, self.hkv, self.hd)
+
+    def cache(self, i: int, blk, storage: torch.Tensor | None) -> None:
+        """What the cache policy keeps of layer i (`storage`: the pool's [layers, 2, ...] tensor)."""
+        slots = self.req.slots
+        if self.store:
+            storage[i, 0, slots[: self.L]] = self.kv[0]
+            storage[i, 1, slots[: self.L]] = self.kv[1]
+        if self.keep > 0:
+            s, e = self.s, self.e
+            q = self._rot(s, e)(blk.q_proj(rms_norm(self.h[s:e], blk.attn_norm.weight, blk.eps))
+                                .view(-1, blk.n_heads, self.hd))
+            _select(q, self.kv, s, e, self.keep, slots, storage[i], self.config)
+
+    def chunk_pass(self, blk, a: int, b: int) -> None:
+        """Tokens [a, b) through the rest of the layer: queries against every key, attention
+        output, residual, MLP; their hidden states replaced (their K/V are already taken)."""
+        x = self.h[a:b]
+        q = self._rot(a, b)(blk.q_proj(rms_norm(x, blk.attn_norm.weight, blk.eps)).view(-1, blk.n_heads, self.hd))
+        o = _attend(q, self.kv, self.backend).reshape(b - a, -1)
+        del q
+        x = x + blk.attn_out(o)
+        del o
+        self.h[a:b] = x + blk.mlp(x)
+
+    def block_rows(self) -> torch.Tensor:
+        return self.model.final_norm(self.h[self.s : self.e])
+
+
+@torch.no_grad()
+def refresh_rows(model: LLaDAModelLM, req: Request, phase: Phase, storage: torch.Tensor | None,
+                 config: EngineConfig, chunk: int, backend: str = "sdpa") -> torch.Tensor:
+    """The chunked Refresh of `req`'s whole canvas -> the final-normed hidden states of its
+    current block [block_length, d]. `phase` says what the cache gets: REFRESH_STORE stores every
+    position's K/V into the request's slots (dual), REFRESH_SELECT packs the retained context
+    K/V into its first slots (sparse); `storage`: the KV pool's [layers, 2, slots, Hkv, D]."""
+    run = LongRefresh(model, req, phase, config, backend)
+    bounds = [(a, min(a + chunk, req.length)) for a in range(0, req.length, chunk)]
+    for i, blk in enumerate(model.blocks):
+        for a, b in bounds:
+            run.kv_pass(blk, a, b)
+        run.cache(i, blk, storage)
+        for a, b in bounds:
+            run.chunk_pass(blk, a, b)
+    return run.block_rows()
+
+
+@torch.no_grad()
+def measure_moments(model: LLaDAModelLM, req: Request, phase: Phase, storage: torch.Tensor | None,
+                    config: EngineConfig, chunks: list[int], backend: str) -> tuple[int, int, dict[int, int]]:
+    """Measured bytes of a chunked Refresh of `req`: (its state, what the cache write adds,
+    {chunk: what a chunk's K/V pass or attention + FFN adds at most}), each at its real size on
+    the first layer (every layer has the same shapes). Its peak is state + the largest addition."""
+    with MemoryMeter(model.device) as m:
+        run = LongRefresh(model, req, phase, config, backend)
+    state = m.peak_bytes
+    blk = model.blocks[0]
+    for a in range(0, req.length, max(chunks)):
+        run.kv_pass(blk, a, min(a + max(chunks), req.length))
+    with MemoryMeter(model.device) as m:
+        run.cache(0, blk, storage)
+    cache = m.peak_bytes
+    per_chunk = {}
+    for c in chunks:
+        with MemoryMeter(model.device) as m:
+            run.kv_pass(blk, 0, c)
+        kv = m.peak_bytes
+        with MemoryMeter(model.device) as m:
+            run.chunk_pass(blk, 0, c)
+        per_chunk[c] = max(kv, m.peak_bytes)
+    return state, cache, per_chunk
+
+
+def _attend(q: torch.Tensor, kv: torch.Tensor, backend: str) -> torch.Tensor:
+    """One chunk's queries [C, Hq, D] against the whole canvas's keys: the call the packed step
+    makes for a Refresh member, with fewer query rows."""
+    if backend == "flash_attn":
+        return flash_varlen(q, [0, q.shape[0]], kv[0], kv[1], [0, kv.shape[1]])
+    return padded_attention(q[None], kv[0][None], kv[1][None], None)[0]
+
+
+def _select(q_block: torch.Tensor, kv: torch.Tensor, s: int, e: int, keep: int, slots: torch.Tensor,
+            pool: torch.Tensor, config: EngineConfig) -> None:
+    """The sparse Refresh-select of one layer (`SparseCache.select` for one member): the block's
+    queries score the context (every position outside [s, e)), ⌊r·L_ctx⌋ tokens kept per KV head
+    and packed into the request's first slots; K and V gathered and packed one after the other."""
+    L = kv.shape[1]
+    ctx = torch.cat([torch.arange(0, s, device=kv.device), torch.arange(e, L, device=kv.device)])
+    kc = kv[0][ctx].transpose(0, 1)[None]                              # [1, Hkv, Lc, D]
+    idx = sparse.select_many(q_block[None], kc, [(L - (e - s), keep, None)], keep, config.selection,
+                             config.pool_window, config.score_query)   # [1, Hkv, keep]
+    pool[0, slots[:keep]] = sparse.pack(kc, idx)[0].transpose(0, 1)
+    del kc
+    vc = kv[1][ctx].transpose(0, 1)[None]
+    pool[1, slots[:keep]] = sparse.pack(vc, idx)[0].transpose(0, 1)
+
+
+class RefreshCredit:
+    """Tokens of the step budget accrued toward each long Refresh (keyed by request).
+
+    At its place in FCFS order a long Refresh is granted what the step has left, capped at
+    `SHARE` of the budget when the requests behind it need the rest (so their Reuse steps keep
+    running); it runs in the step its credit reaches its canvas length, or at once in a step
+    nothing else would run (no idle step). The budget therefore holds on average over the steps
+    it accrues in, and the step that runs it takes as long as its canvas."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.share = max(1, int(budget * SHARE))
+        self.credit: dict[int, int] = {}
+        self.granted: dict[int, int] = {}      # this step's grants
+
+    def begin(self) -> None:
+        if self.granted:
+            self.granted = {}
+
+    def grant(self, req: Request, room: int, demand_after: int) -> bool:
+        """Charge this step's grant toward `req`'s Refresh (room > 0 left in the step, the
+        requests behind it asking for `demand_after`); True if it runs in this step."""
+        have = self.credit.get(id(req), 0)
+        g = min(room, req.length - have, max(min(room, self.share), room - demand_after))
+        self.granted[id(req)] = g
+        if have + g >= req.length:
+            self.credit.pop(id(req), None)
+            return True
+        self.credit[id(req)] = have + g
+        return False
+
+    def run_now(self, req: Request) -> None:
+        """The step would be empty without it: it runs now, whatever it has accrued."""
+        self.credit.pop(id(req), None)
+
+    def cost(self, req: Request) -> int:
+        """What it was charged in this step."""
+        return self.granted.get(id(req), 0)
+
+    def drop(self, req: Request) -> None:
+        self.credit.pop(id(req), None)
+
+
+def choose_chunk(peaks: dict[int, int], activation_budget: int) -> int:
+    """The largest measured chunk whose chunked Refresh peak (`measure_moments`: state plus the
+    largest addition) stays within `activation_budget`. When none does (the canvas's own state
+    is over it), the largest whose peak is within `NEAR_BEST` of the smallest chunk's: smaller
+    chunks would save little memory at many more kernel launches."""
+    fits = [c for c, p in peaks.items() if p <= activation_budget]
+    if fits:
+        return max(fits)
+    best = min(peaks.values())
+    return max(c for c, p in peaks.items() if p <= best * NEAR_BEST)

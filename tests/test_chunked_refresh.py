@@ -1,0 +1,149 @@
+"""A Refresh longer than the token budget, in chunks (engine.chunking; issue "long contexts").
+
+* float64 tokens of chunked Refreshes equal the unchunked engine's (the same engine with a token
+  budget that holds the canvas), for the none / dual / sparse caches, GQA and MHA, chunk sizes
+  that do and do not divide the canvas, sampling, random remasking and a parallel policy, with
+  short requests decoded in the same steps; cache=none also equals LLaDA's sampler;
+* a request 4x longer than max_num_batched_tokens completes under a memory budget with every
+  step's measured peak within the profiled activation peak, the long Refresh's own included;
+* the scheduler charges a long Refresh over several steps while a short request's Reuse steps
+  keep running in every step; the schedulers that cannot (request, lookahead) refuse it.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from engine import SamplingParams
+from engine.memory import MemoryMeter
+from engine.reference import reference_generate
+from tests.helpers import make_engine, random_prompts, tiny_model
+
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def gqa():
+    return tiny_model(F64)
+
+
+@pytest.fixture(scope="module")
+def mha():
+    return tiny_model(F64, n_kv_heads=4, seed=1)
+
+
+def _workload():
+    """Two long canvases (61 and 45 tokens) and a short one, in one engine."""
+    prompts = random_prompts(3, [45, 33, 5], seed=7)
+    params = [SamplingParams(gen_length=16, steps=8, block_length=8, seed=1),
+              SamplingParams(gen_length=12, steps=6, block_length=4, temperature=0.8, remasking="random", seed=2),
+              SamplingParams(gen_length=8, steps=8, block_length=4, seed=3)]
+    return prompts, params
+
+
+@pytest.mark.parametrize("cache,selection", [("none", "head"), ("dual", "head"), ("sparse", "head"),
+                                             ("sparse", "uniform")])
+@pytest.mark.parametrize("model_name", ["gqa", "mha"])
+def test_chunked_equals_unchunked(request, model_name, cache, selection):
+    model = request.getfixturevalue(model_name)
+    prompts, params = _workload()
+    kw = dict(cache=cache, selection=selection, retention=0.5, max_num_logits=5)
+    whole = make_engine(model, max_num_batched_tokens=128, **kw).generate(prompts, params)
+    for budget, chunk in ((24, 5), (32, 7), (24, 16), (40, 64)):      # 5 and 7 divide neither canvas
+        eng = make_engine(model, max_num_batched_tokens=budget, refresh_chunk_tokens=chunk, **kw)
+        out = eng.generate(prompts, params)
+        assert [o.token_ids for o in out] == [o.token_ids for o in whole], (budget, chunk)
+        assert [o.nfe for o in out] == [sp.steps for sp in params]
+        assert max(q for _, _, q in eng.step_log) > budget               # a chunked Refresh ran
+
+
+def test_chunked_parallel_decoding_and_entropy(gqa):
+    prompts = random_prompts(2, [40, 6], seed=5)
+    params = [SamplingParams(gen_length=16, steps=16, block_length=8, decoding="entropy:0.5", seed=1),
+              SamplingParams(gen_length=8, steps=8, block_length=4, decoding="threshold:0.3", seed=2)]
+    kw = dict(cache="sparse", retention=0.5, max_num_logits=4)
+    whole = make_engine(gqa, max_num_batched_tokens=128, **kw).generate(prompts, params)
+    out = make_engine(gqa, max_num_batched_tokens=24, refresh_chunk_tokens=9, **kw).generate(prompts, params)
+    assert [o.token_ids for o in out] == [o.token_ids for o in whole]
+    assert [o.steps_per_block for o in out] == [o.steps_per_block for o in whole]
+
+
+def test_chunked_none_equals_llada_sampler(gqa):
+    prompt = random_prompts(1, 50, seed=9)[0]
+    params = SamplingParams(gen_length=12, steps=6, block_length=4, temperature=0.5, seed=4)
+    ref, _ = reference_generate(gqa, prompt, params)
+    out = make_engine(gqa, cache="none", max_num_batched_tokens=16, refresh_chunk_tokens=6).generate([prompt], params)
+    assert out[0].token_ids == ref
+
+
+def test_long_request_within_profiled_activation_budget():
+    """A canvas 4x the token budget on the tiny preset's shape (float32, its vocabulary), under a
+    memory budget: the profiler sizes the chunk and reserves the chunked peak; every step's
+    measured peak stays within it."""
+    model = tiny_model(torch.float32, vocab_size=512, embedding_size=512, mask_token_id=511, eos_token_id=510,
+                       pad_token_id=510)
+    budget_tokens, length = 64, 256
+    make_engine(model, cache="none").generate(random_prompts(1, 4), SamplingParams(gen_length=4, steps=1,
+                                                                                    block_length=4))   # RoPE table
+    eng = make_engine(model, cache="sparse", retention=0.5, max_num_batched_tokens=budget_tokens, max_num_logits=16,
+                      memory_budget=64 * 2**20, max_model_len=length)
+    prof = eng.profile
+    assert prof.refresh_chunk_tokens is not None and prof.refresh_chunk_tokens <= budget_tokens
+    assert prof.activation_peak_bytes >= prof.long_refresh_peak_bytes > 0
+    params = SamplingParams(gen_length=32, steps=8, block_length=16, temperature=1.0, seed=3)
+    eng.add_request(random_prompts(1, length - 32, seed=2)[0], params)
+    peaks, queries = [], []
+    while eng.has_unfinished():
+        batch = eng.scheduler.schedule(time.perf_counter())
+        with MemoryMeter() as m:
+            st = eng.runner.run(batch)
+        eng.commit(batch, st.decisions)
+        for req in eng.advance(batch, time.perf_counter()):
+            eng.scheduler.finish(req)
+            out = req.output()
+        peaks.append(m.peak_bytes)
+        queries.append(st.query_tokens)
+    assert out.finished and len(out.token_ids) == 32 and out.nfe == 8
+    assert max(queries) == length                       # the Refreshes ran whole, in chunks
+    assert max(peaks) <= prof.activation_peak_bytes, (max(peaks), prof.to_dict())
+    assert max(peaks) >= 0.5 * prof.long_refresh_peak_bytes   # the bound is not vacuous
+
+
+def test_reuse_work_runs_while_a_long_refresh_accrues(gqa):
+    eng = make_engine(gqa, cache="dual", max_num_batched_tokens=16, refresh_chunk_tokens=8)
+    short = eng.add_request(random_prompts(1, 4, seed=1)[0], SamplingParams(gen_length=16, steps=16, block_length=4))
+    long = eng.add_request(random_prompts(1, 60, seed=2)[0], SamplingParams(gen_length=4, steps=2, block_length=4))
+    ran = {short: [], long: []}
+    outs = {}
+    while eng.has_unfinished():
+        batch = eng.scheduler.schedule(time.perf_counter())
+        names = {r.request_id for r, _ in batch}
+        for rid in ran:
+            ran[rid].append(rid in names)
+        if eng.scheduler.credit.credit:
+            assert eng.scheduler.deferred == 1          # a planned wait, not a stall
+        st = eng.runner.run(batch)
+        eng.commit(batch, st.decisions)
+        for req in eng.advance(batch, time.perf_counter()):
+            eng.scheduler.finish(req)
+            outs[req.request_id] = req.output()
+    assert outs[short].nfe == 16 and outs[long].nfe == 2
+    first_short_end = ran[short].index(False) if False in ran[short] else len(ran[short])
+    assert first_short_end == 16                        # the short request ran in every step until done
+    assert sum(ran[long][:16]) >= 1                     # the long one ran in between, after accruing
+    assert ran[long].index(True) > 0
+
+
+@pytest.mark.parametrize("scheduler", ["request", "lookahead"])
+def test_schedulers_without_chunking_refuse_long_canvases(gqa, scheduler):
+    eng = make_engine(gqa, scheduler=scheduler, max_num_batched_tokens=16)
+    with pytest.raises(ValueError, match="refreshed in chunks under scheduler=phase"):
+        eng.add_request(random_prompts(1, 20)[0], SamplingParams(gen_length=4, steps=4, block_length=4))
+
+
+def test_block_longer_than_budget_refused(gqa):
+    eng = make_engine(gqa, cache="dual", max_num_batched_tokens=16)
+    with pytest.raises(ValueError, match="Reuse steps could never be scheduled"):
+        eng.add_request(random_prompts(1, 4)[0], SamplingParams(gen_length=32, steps=4, block_length=32))
