@@ -38,6 +38,7 @@ COMMAND_MODULES = [
     "dllm_bench.commands.generate",
     "dllm_bench.commands.profile",
     "dllm_bench.commands.profile_step",
+    "dllm_bench.commands.memory",
     "dllm_bench.commands.systems",
     "dllm_bench.commands.train",
     "dllm_bench.commands.accuracy",

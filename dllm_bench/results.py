@@ -39,7 +39,7 @@ import torch
 from dllm_bench.errors import UserError
 from dllm_bench.repeats import aggregate_points
 
-KINDS = ("serve", "accuracy", "ablate", "sweep", "simulate", "frontier")
+KINDS = ("serve", "accuracy", "ablate", "sweep", "simulate", "frontier", "memory")
 RESULTS_ENV = "DLLM_BENCH_RESULTS_DIR"
 
 

@@ -16,8 +16,23 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
-def _is_cpu_tensor(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_meta
+def _is_cpu_tensor(t, device_type: str = "cpu") -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == device_type and not t.is_meta
+
+
+def _tensors(obj):
+    """The tensors in an op's (nested) arguments or outputs: tree_flatten's leaves that are
+    tensors, without its per-leaf cost (the meter runs on every op of a step)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+    elif obj is not None and not isinstance(obj, (int, float, bool, str, torch.dtype, torch.device)):
+        yield from (t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor))
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -25,10 +40,16 @@ def _storage_key(t: torch.Tensor) -> int:
 
 
 class _LiveBytes(TorchDispatchMode):
-    def __init__(self) -> None:
+    """`tag(tensor) -> str`: a label kept per storage (what it is, e.g. by its shape) and, with
+    it, `at_peak`: every live storage's (bytes, label) at the moment of the peak (`LiveTracker`)."""
+
+    def __init__(self, device_type: str = "cpu", tag=None) -> None:
         super().__init__()
+        self.device_type, self.tag = device_type, tag
         self.refs: dict[int, int] = {}
         self.sizes: dict[int, int] = {}
+        self.tags: dict[int, str] = {}
+        self.at_peak: dict[int, tuple[int, str]] = {}
         self.current = 0
         self.peak = 0
 
@@ -37,11 +58,20 @@ class _LiveBytes(TorchDispatchMode):
         # Storages of the inputs: an output that aliases one of them (a view or an in-place
         # result) is not an allocation. Without this check, a view of a tensor from before the
         # meter (e.g. `kv[layer, 0]` of the KV pool) counted its whole storage as new bytes.
-        inputs = {_storage_key(t) for t in tree_flatten((args, kwargs))[0] if _is_cpu_tensor(t)}
-        for t in tree_flatten(out)[0]:
-            if _is_cpu_tensor(t):
+        dev = self.device_type
+        inputs = {_storage_key(t) for t in _tensors((args, kwargs)) if _is_cpu_tensor(t, dev)}
+        for t in _tensors(out):
+            if _is_cpu_tensor(t, dev):
                 self._track(t, inputs)
         return out
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+        if self.tag is not None:
+            self._snapshot()
+
+    def _snapshot(self) -> None:
+        self.at_peak = {k: (n, self.tags[k]) for k, n in self.sizes.items()}
 
     def _track(self, t: torch.Tensor, inputs: set[int]) -> None:
         st = t.untyped_storage()
@@ -54,7 +84,12 @@ class _LiveBytes(TorchDispatchMode):
             self.refs[key] = 0
             self.sizes[key] = st.nbytes()
             self.current += st.nbytes()
-            self.peak = max(self.peak, self.current)
+            if self.tag is not None:
+                self.tags[key] = self.tag(t)
+            if self.current > self.peak:
+                self.peak = self.current
+                if self.tag is not None:
+                    self._snapshot()
         self.refs[key] += 1
         weakref.finalize(t, self._release, key)
 
@@ -65,6 +100,7 @@ class _LiveBytes(TorchDispatchMode):
         if n <= 1:
             del self.refs[key]
             self.current -= self.sizes.pop(key)
+            self.tags.pop(key, None)
         else:
             self.refs[key] = n - 1
 
@@ -103,3 +139,36 @@ class MemoryMeter:
 
 def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class LiveTracker:
+    """Every storage allocated on `device` while entered, until freed: the live bytes, their peak
+    (`reset_peak` starts a new one, e.g. per step) and, with `tag`, what was live at the peak by
+    label. Unlike `MemoryMeter` it counts on any device type (a CUDA run's breakdown, beside the
+    allocator's own peak) and is meant to span a whole run."""
+
+    def __init__(self, device: torch.device | str = "cpu", tag=None):
+        self._mode = _LiveBytes(torch.device(device).type, tag)
+
+    def __enter__(self) -> LiveTracker:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+
+    @property
+    def current_bytes(self) -> int:
+        return self._mode.current
+
+    @property
+    def peak_bytes(self) -> int:
+        return self._mode.peak
+
+    def reset_peak(self) -> None:
+        self._mode.reset_peak()
+
+    def at_peak(self) -> dict[int, tuple[int, str]]:
+        """storage key -> (bytes, label) of every storage live at the peak."""
+        return dict(self._mode.at_peak)
+

@@ -152,7 +152,7 @@ def test_block_longer_than_budget_refused(gqa):
         eng.add_request(random_prompts(1, 4)[0], SamplingParams(gen_length=32, steps=4, block_length=32))
 
 
-def test_chunked_flash_path_matches_sdpa(standin):
+def test_chunked_flash_path_matches_sdpa(standin):  # noqa: F811  (the imported fixture)
     """On the flash-attn path each chunk is one varlen call over the whole canvas's keys (the
     stand-in checks flash-attn's contracts); its rows match the SDPA path's in bf16."""
     model = tiny_model(torch.bfloat16, seed=3)

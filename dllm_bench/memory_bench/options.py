@@ -1,0 +1,170 @@
+"""The options of a `dllm-bench memory` run, as given (`MemoryOptions`) and checked (`resolve`):
+every bad input is one UserError before a model is loaded or a run directory exists."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dllm_bench import inputs
+from dllm_bench.checkpoints.load import load_shape
+from dllm_bench.checkpoints.presets import param_count
+from dllm_bench.console import console
+from dllm_bench.device_defaults import MemoryBudget, resolve_budget, resolve_device_options
+from dllm_bench.errors import UserError
+from dllm_bench.serve.presets import ServePreset, preset_for
+from dllm_bench.systems.spec import BATCH_KNOB, ENGINE, SystemVariant, parse_systems
+from dllm_bench.units import format_size, parse_size
+from engine.config import DTYPES
+from engine.models.llada import LLaDAConfig
+from engine.sampling import SamplingParams
+
+DEFAULT_SYSTEMS = "engine,llada,fast-dllm,dllm-cache,sparse-dllm"
+TARGET_MODEL, TARGET_BUDGET, TARGET_PRESET = "llada-8b", "24GiB", "paper"
+
+
+@dataclass
+class MemoryOptions:
+    model: str = "tiny"
+    systems: str | None = None
+    memory_budget: str | None = None       # None: auto (CUDA), required on CPU
+    length: int | None = None              # the per-step profile's canvas (None: 2 x the token budget)
+    max_length: int | None = None          # the search's cap (None: 4 x the trained length)
+    resolution: int | None = None          # the search's step (None: the block length)
+    gen_length: int | None = None          # None: one block
+    block_length: int | None = None        # None: the serve preset's
+    steps_per_block: int = 4
+    derive: str | None = None              # "llada-8b:24GiB": the measured per-token bytes scaled to it
+    search: bool = True
+    device: str = "auto"
+    dtype: str | None = None
+    threads: int | None = None
+    seed: int = 0
+    run_id: str | None = None
+    result_dir: str | None = None
+    json_out: bool = False
+
+
+@dataclass
+class Target:
+    """The model a run's measurements are derived to: its shape, dtype and budget."""
+
+    name: str
+    config: LLaDAConfig
+    dtype: str
+    budget: int
+    engine_knobs: dict = field(default_factory=dict)   # its serve preset's token / logit budgets
+
+
+@dataclass
+class MemoryRun:
+    """A checked run: what every measurement shares."""
+
+    opts: MemoryOptions
+    model_dir: str
+    config: LLaDAConfig
+    device: Any
+    dtype: str
+    budget: MemoryBudget
+    variants: list[SystemVariant]
+    preset: ServePreset
+    block_length: int
+    gen_length: int
+    steps: int
+    length: int
+    max_length: int
+    resolution: int
+    target: Target | None
+
+    @property
+    def trained_length(self) -> int:
+        return self.config.max_sequence_length
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(gen_length=self.gen_length, steps=self.steps, block_length=self.block_length,
+                              seed=self.opts.seed)
+
+    def to_dict(self) -> dict:
+        return {"model": self.opts.model, "model_dir": self.model_dir, "device": str(self.device),
+                "dtype": self.dtype, "memory_budget": self.budget.to_dict(),
+                "systems": [v.to_dict() for v in self.variants], "preset": self.preset.name,
+                "block_length": self.block_length, "gen_length": self.gen_length, "steps": self.steps,
+                "length": self.length, "max_length": self.max_length, "resolution": self.resolution,
+                "trained_length": self.trained_length, "search": self.opts.search,
+                "derive": None if self.target is None else {"model": self.target.name, "budget": self.target.budget,
+                                                            "dtype": self.target.dtype}}
+
+
+def _positive(name: str, v: int | None) -> None:
+    if v is not None and v <= 0:
+        raise UserError(f"{name} must be positive, got {v}")
+
+
+def weights_of(cfg: LLaDAConfig, dtype: str) -> int:
+    """The weights' bytes from the shape alone (before anything is loaded)."""
+    n = param_count(cfg.d_model, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.mlp_hidden_size, cfg.padded_vocab)
+    return n * DTYPES[dtype].itemsize
+
+
+def parse_target(spec: str) -> Target:
+    """`--derive MODEL[:BUDGET]`: a preset's shape (llada-8b) in bfloat16 at a budget (24GiB)."""
+    name, _, budget = spec.partition(":")
+    name = name.strip() or TARGET_MODEL
+    cfg = load_shape(name)
+    size = parse_size(budget.strip() or TARGET_BUDGET, "--derive budget")
+    if size <= weights_of(cfg, "bfloat16"):
+        raise UserError(f"--derive {spec}: {format_size(size)} does not hold {name}'s bfloat16 weights "
+                        f"({format_size(weights_of(cfg, 'bfloat16'))})")
+    p = preset_for(TARGET_PRESET, None)
+    return Target(name, cfg, "bfloat16", size, {"max_num_batched_tokens": p.max_num_batched_tokens,
+                                                 "max_num_logits": p.max_num_logits})
+
+
+def resolve(opts: MemoryOptions) -> MemoryRun:
+    for name, v in (("--length", opts.length), ("--max-length", opts.max_length), ("--resolution", opts.resolution),
+                    ("--gen-length", opts.gen_length), ("--block-length", opts.block_length),
+                    ("--steps-per-block", opts.steps_per_block), ("--threads", opts.threads)):
+        _positive(name, v)
+    inputs.run_id(opts.run_id)
+    if opts.result_dir is not None:
+        inputs.result_dir(opts.result_dir)
+    dev = resolve_device_options(opts.device if opts.device == "auto" else inputs.device(opts.device), opts.dtype,
+                                 "none")
+    budget = resolve_budget(opts.memory_budget, dev.device, required=True)
+    path = inputs.checkpoint_dir(opts.model)
+    cfg = load_shape(str(path))
+    weights = weights_of(cfg, dev.dtype)
+    if budget.bytes <= weights:
+        raise UserError(f"memory budget {format_size(budget.bytes)} does not hold the weights of {opts.model} "
+                        f"({format_size(weights)} in {dev.dtype})")
+    variants = parse_systems(opts.systems or DEFAULT_SYSTEMS)
+    for v in variants:
+        if v.is_endpoint:
+            raise UserError("memory measures systems in this process: --systems cannot name an endpoint")
+        if BATCH_KNOB in v.knob_dict:
+            raise UserError(f"system {v.label!r}: memory runs one request at a time (no batch knob)")
+        if v.name == ENGINE and v.knob_dict.get("tensor_parallel_size", 1) != 1:
+            raise UserError(f"system {v.label!r}: memory measures one device (tensor_parallel_size=1)")
+    preset = preset_for(None, opts.model, str(dev.device))
+    block = opts.block_length or preset.block_length
+    gen = opts.gen_length or block
+    if gen % block:
+        raise UserError(f"--gen-length {gen} must be a multiple of --block-length {block}")
+    steps = opts.steps_per_block * (gen // block)
+    tokens = max(int(dict(v.knobs).get("max_num_batched_tokens", preset.max_num_batched_tokens))
+                 for v in variants if v.name == ENGINE) if any(v.name == ENGINE for v in variants) \
+        else preset.max_num_batched_tokens
+    length = opts.length or 2 * tokens
+    resolution = opts.resolution or block
+    max_length = opts.max_length or 4 * cfg.max_sequence_length
+    if length <= gen:
+        raise UserError(f"--length {length} must exceed the generated tokens ({gen}): a prompt of one token at least")
+    if max_length <= gen + resolution:
+        raise UserError(f"--max-length {max_length} leaves no length to search above --gen-length {gen}")
+    beyond = [n for n, v in (("--length", length), ("--max-length", max_length if opts.search else 0))
+              if v > cfg.max_sequence_length]
+    if beyond:
+        console().print(f"warning: {' and '.join(beyond)} exceed {opts.model}'s trained length "
+                        f"({cfg.max_sequence_length} tokens): memory is measured there, quality is not")
+    target = parse_target(opts.derive) if opts.derive else None
+    return MemoryRun(opts, str(path), cfg, dev.device, dev.dtype, budget, variants, preset, block, gen, steps,
+                     length, max_length, resolution, target)
