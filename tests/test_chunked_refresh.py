@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from dllm_bench.checkpoints.load import load_model
 from engine import EngineConfig, SamplingParams
 from engine.chunking import refresh_rows
 from engine.memory import MemoryMeter
@@ -82,11 +83,10 @@ def test_chunked_none_equals_llada_sampler(gqa):
 
 
 def test_long_request_within_profiled_activation_budget():
-    """A canvas 4x the token budget on the tiny preset's shape (float32, its vocabulary), under a
-    memory budget: the profiler sizes the chunk and reserves the chunked peak; every step's
-    measured peak stays within it."""
-    model = tiny_model(torch.float32, vocab_size=512, embedding_size=512, mask_token_id=511, eos_token_id=510,
-                       pad_token_id=510)
+    """A canvas 4x the token budget on the tiny preset (float32), under a memory budget: the
+    profiler sizes the chunk and reserves the chunked peak; every step's measured peak stays
+    within it."""
+    model = load_model("tiny", "float32", "cpu")
     budget_tokens, length = 64, 256
     make_engine(model, cache="none").generate(random_prompts(1, 4), SamplingParams(gen_length=4, steps=1,
                                                                                     block_length=4))   # RoPE table

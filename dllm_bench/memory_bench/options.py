@@ -160,11 +160,13 @@ def resolve(opts: MemoryOptions) -> MemoryRun:
         raise UserError(f"--length {length} must exceed the generated tokens ({gen}): a prompt of one token at least")
     if max_length <= gen + resolution:
         raise UserError(f"--max-length {max_length} leaves no length to search above --gen-length {gen}")
-    beyond = [n for n, v in (("--length", length), ("--max-length", max_length if opts.search else 0))
-              if v > cfg.max_sequence_length]
-    if beyond:
-        console().print(f"warning: {' and '.join(beyond)} exceed {opts.model}'s trained length "
-                        f"({cfg.max_sequence_length} tokens): memory is measured there, quality is not")
     target = parse_target(opts.derive) if opts.derive else None
+    # Lengths asked for beyond what the model was trained on (the search's default cap goes there
+    # on purpose, and its table shows the trained length beside every answer): one warning.
+    beyond = [n for n, v in (("--length", opts.length), ("--max-length", opts.max_length if opts.search else None))
+              if v is not None and v > cfg.max_sequence_length]
+    if beyond:
+        console().print(f"warning: {' and '.join(beyond)} beyond {opts.model}'s trained length "
+                        f"({cfg.max_sequence_length} tokens): memory is measured there, quality is not")
     return MemoryRun(opts, str(path), cfg, dev.device, dev.dtype, budget, variants, preset, block, gen, steps,
                      length, max_length, resolution, target)
