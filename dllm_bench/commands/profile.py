@@ -195,10 +195,16 @@ def register(app: typer.Typer) -> None:
             t.add_column(k, justify="right")
         rows = [("weights (MiB)", "weights_bytes", MiB), ("activation peak (MiB)", "activation_peak_bytes", MiB),
                 ("  refresh step (MiB)", "refresh_peak_bytes", MiB), ("  reuse step (MiB)", "reuse_peak_bytes", MiB),
+                ("  chunked Refresh at max-model-len (MiB)", "long_refresh_peak_bytes", MiB),
+                ("  its chunk (tokens)", "refresh_chunk_tokens", 1),
                 ("guard (MiB)", "guard_bytes", MiB), ("KV pool (MiB)", "kv_pool_bytes", MiB),
                 ("KV pool (token slots)", "kv_pool_tokens", 1)]
+        long = any(d.get("refresh_chunk_tokens") for d in doc.values())    # max-model-len beyond the token budget
         for label, key, div in rows:
-            t.add_row(label, *[f"{d[key] / div:,.0f}" if key in d else d.get("error", "")[:40] for d in doc.values()])
+            if key in ("long_refresh_peak_bytes", "refresh_chunk_tokens") and not long:
+                continue
+            t.add_row(label, *[f"{(d[key] or 0) / div:,.0f}" if key in d else d.get("error", "")[:40]
+                               for d in doc.values()])
         t.add_row(f"requests that fit ({prompt_len}+{gen_length})", *[f"{d.get('requests_that_fit', 0):,}" for d in doc.values()])
         out = console(stderr=False)
         out.print(t)
