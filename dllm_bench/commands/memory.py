@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
                                           "step [2 x the engine's token budget]"),
         max_length: int | None = typer.Option(None, "--max-length", help="the longest canvas the search tries "
                                               "[4 x the model's trained length]"),
-        resolution: int | None = typer.Option(None, "--resolution", help="search grid in tokens [block length]"),
+        resolution: int | None = typer.Option(None, "--resolution", help="search grid in tokens [the trained length / 32, at least a block]"),
         gen_length: int | None = typer.Option(None, "--gen-length", help="generated tokens of each request "
                                               "[one block]"),
         block_length: int | None = typer.Option(None, "--block-length", help="[the model's serve preset's]"),

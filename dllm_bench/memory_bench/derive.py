@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from dllm_bench.memory_bench.options import MemoryRun, Target, weights_of
 from dllm_bench.memory_bench.trace import Trace, tagger
@@ -35,6 +34,8 @@ class Derived:
     max_length: int | None         # None: fewer than two measured lengths, or no length fits
     bytes_per_token: float | None  # the fitted slope at the target
     lengths: list[int]             # the measured lengths the fit used
+    # The request at --length, its steps scaled: peak over average of its KV and transients.
+    dynamic_peak_to_average: float | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -102,9 +103,14 @@ def derive(system: str, traces: list[Trace], model: LLaDAModelLM, run: MemoryRun
     """The longest canvas of `system` at the target from its complete measured traces;
     `reservation` and `guard` (the engine): held beside its KV, the transients inside them."""
     done = sorted({t.length: t for t in traces if t.complete and t.steps}.values(), key=lambda t: t.length)
-    if len(done) < 2:
-        return Derived(system, None, None, [t.length for t in done])
     scale = scaler(model.config, run.dtype, target)
+    at = next((t for t in done if t.length == run.length), None)
+    ratio = None
+    if at is not None:
+        dyn = [k + r for k, r in _step_parts(at, scale)]
+        ratio = max(dyn) / (sum(dyn) / len(dyn)) if sum(dyn) else None
+    if len(done) < 2:
+        return Derived(system, None, None, [t.length for t in done], ratio)
     xs = [t.length for t in done]
     kv, rest = zip(*[(max(k for k, _ in p), max(r for _, r in p)) for p in (_step_parts(t, scale) for t in done)])
     both = [max(k + r for k, r in _step_parts(t, scale)) for t in done]
@@ -116,12 +122,10 @@ def derive(system: str, traces: list[Trace], model: LLaDAModelLM, run: MemoryRun
         (bk, ak), (br, ar) = _fit(xs, list(kv)), _fit(xs, list(rest))
         b = bk + br
         peak = lambda n: weights + ak + bk * n + max(reservation, ar + br * n) + guard   # noqa: E731
-    return Derived(system, _longest(peak, target.budget), b, xs)
+    return Derived(system, _longest(peak, target.budget), b, xs, ratio)
 
 
 def target_dtype_note(run: MemoryRun, target: Target) -> str:
     return (f"derived: {run.opts.model} ({run.dtype}) measured per category, scaled to {target.name} "
             f"({target.dtype}) at {target.budget / 2**30:.0f} GiB")
 
-
-__all__ = ["Derived", "derive", "engine_reservation", "scaler", "torch"]

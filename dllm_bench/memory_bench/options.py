@@ -154,7 +154,7 @@ def resolve(opts: MemoryOptions) -> MemoryRun:
                  for v in variants if v.name == ENGINE) if any(v.name == ENGINE for v in variants) \
         else preset.max_num_batched_tokens
     length = opts.length or 2 * tokens
-    resolution = opts.resolution or block
+    resolution = opts.resolution or max(block, cfg.max_sequence_length // 32)
     max_length = opts.max_length or 4 * cfg.max_sequence_length
     if length <= gen:
         raise UserError(f"--length {length} must exceed the generated tokens ({gen}): a prompt of one token at least")

@@ -76,9 +76,11 @@ def goals(doc: dict) -> list[str]:
                          f"{'beyond' if a > tokens else 'within'} it")
     for name, s in by.items():
         st = s["profile"].get("stats") or {}
+        derived = (s.get("derived") or {}).get("dynamic_peak_to_average")
         if st:
             lines.append(f"{name} peak-to-average over {st['steps']} steps at {s['profile']['length']:,} tokens: "
                          f"{st['peak_to_average']:.2f} allocated, {st['dynamic_peak_to_average'] or 0:.2f} dynamic"
+                         + (f", {derived:.2f} dynamic derived" if derived else "")
                          + (" (goal <= 1.5)" if name.split(":")[0] == "engine" else ""))
     return lines
 
