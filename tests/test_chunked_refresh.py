@@ -166,3 +166,21 @@ def test_chunked_flash_path_matches_sdpa(standin):  # noqa: F811  (the imported 
     assert (got.float() - want.float()).abs().max() < 0.15
     assert len(standin.calls) == 5 * model.config.n_layers           # ceil(45 / 10) chunks per layer
     assert all(c["lk"] == [45] for c in standin.calls)
+
+
+def test_profiler_sizes_the_chunk_to_the_activation_peak():
+    """With max_model_len 4x the token budget the profiler measures the chunked Refresh at that
+    length and picks a chunk within the ordinary worst step's peak: the pool is what a canvas of
+    the token budget leaves, and larger than an engine whose token budget holds the whole canvas
+    (the unchunked way to serve it) gets."""
+    model = load_model("tiny", "float32", "cpu")
+    model.rope.reserve(4096, model.device, model.dtype)     # not grown inside the first profile
+    kw = dict(cache="sparse", max_num_logits=16, memory_budget=16 * 2**20)
+    short = make_engine(model, max_num_batched_tokens=64, max_model_len=64, **kw).profile
+    chunked = make_engine(model, max_num_batched_tokens=64, max_model_len=256, **kw).profile
+    whole = make_engine(model, max_num_batched_tokens=256, max_model_len=256, **kw).profile
+    assert short.refresh_chunk_tokens is None and short.long_refresh_peak_bytes == 0
+    assert chunked.refresh_chunk_tokens in (32, 64)
+    assert 0 < chunked.long_refresh_peak_bytes <= chunked.activation_peak_bytes
+    assert chunked.activation_peak_bytes == short.activation_peak_bytes < whole.activation_peak_bytes
+    assert chunked.kv_pool_tokens == short.kv_pool_tokens > whole.kv_pool_tokens

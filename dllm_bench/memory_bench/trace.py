@@ -125,9 +125,10 @@ def measure(variant: SystemVariant, model: LLaDAModelLM, run: MemoryRun, length:
                 tracker.reset_peak()
                 if cuda:
                     torch.cuda.reset_peak_memory_stats(run.device)
+                before = _kv_used(system)     # a request admitted or finished in the step held its KV during it
                 system.step()
                 live = torch.cuda.max_memory_allocated(run.device) - start - weights if cuda else tracker.peak_bytes
-                step = _step_memory(len(trace.steps), system, tracker.at_peak(), live, weights)
+                step = _step_memory(len(trace.steps), system, tracker.at_peak(), live, weights, before)
                 trace.steps.append(step)
                 if stop_over_budget and step.total > budget:
                     break
@@ -145,7 +146,7 @@ def measure(variant: SystemVariant, model: LLaDAModelLM, run: MemoryRun, length:
     return trace
 
 
-def _step_memory(i: int, system, at_peak: dict, live: int, weights: int) -> StepMemory:
+def _step_memory(i: int, system, at_peak: dict, live: int, weights: int, used_before: int | None) -> StepMemory:
     kv_keys = _cache_keys(system)
     kv = logits = ffn = attention = 0
     parts: dict[str, int] = {}
@@ -161,7 +162,7 @@ def _step_memory(i: int, system, at_peak: dict, live: int, weights: int) -> Step
     # On CUDA the allocator's peak covers what the tracker cannot see (rounding, workspaces).
     attention += max(0, live - kv - logits - ffn - attention)
     used = _kv_used(system)
-    kv_used = kv if used is None else used
+    kv_used = kv if used is None else max(used, used_before or 0)
     kv_dtype = next((k.split("/")[1] for k in parts), "")
     if kv_used:
         parts[f"kv/{_kv_dtype(system, kv_dtype)}"] = kv_used
