@@ -1,19 +1,16 @@
 """A Refresh longer than the step's token budget, computed in chunks along its tokens.
 
-A Refresh queries the whole canvas. Run as one packed forward, its FFN intermediate and its
-projections are materialised for every token at once, so a canvas longer than
-`max_num_batched_tokens` could never run. `refresh_rows` runs it layer by layer instead: first
-the RoPE'd K/V of every chunk of the layer (into one layer's buffer; the cache policy stores or
-selects them exactly as the packed step does), then each chunk's queries against all of those
-keys, its attention output, residual and SwiGLU MLP, written back into the canvas's hidden
-states. Every chunk attends to the whole canvas and every token goes through the operations of
-the unchunked Refresh (float64 tokens are identical). What lives at once: the canvas's hidden
-states and one layer's K/V (linear in the canvas), plus one chunk's projections, attention and
-FFN intermediate (linear in the chunk, which the profiler sizes to the activation budget).
+Run as one packed forward, a Refresh materialises its projections and FFN intermediate for the
+whole canvas at once. `refresh_rows` runs it layer by layer instead: the RoPE'd K/V of every
+chunk of the layer first (into one layer's buffer; the cache policy stores or selects them as
+the packed step does), then each chunk's queries against all of those keys, its attention
+output, residual and MLP, written back into the canvas's hidden states. Every token goes through
+the unchunked Refresh's operations (float64 tokens are identical). Alive at once: the hidden
+states and one layer's K/V (linear in the canvas), one chunk's transients (linear in the chunk,
+which the profiler sizes to the activation budget).
 
-`RefreshCredit` is the scheduler's account of such a Refresh: it is charged over as many steps
-as its canvas needs (tokens of each step's budget toward its length), the other requests' work
-running alongside, and runs in the step its credit covers its canvas.
+`RefreshCredit`: the scheduler charges such a Refresh over as many steps as its canvas needs,
+the others' work running alongside; it runs in the step its credit covers its canvas.
 """
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ def plot_steps(doc: dict, path: Path) -> Path:
     axes[0][0].set_ylabel("allocated (MiB)")
     axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"memory over one request's steps · {doc['model']} · budget {doc['budget_bytes'] / MiB:,.0f} MiB",
-                 fontsize=10)
+                 fontsize=10, y=1.06)
     return save_png(fig, path)
 
 
