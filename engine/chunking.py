@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from engine import sparse
-from engine.attention import flash_varlen, padded_attention
+from engine.attention import PACKED, PackedKernel, padded_attention
 from engine.config import EngineConfig
 from engine.memory import MemoryMeter
 from engine.models.llada import LLaDAModelLM, rms_norm
@@ -57,6 +57,7 @@ class LongRefresh:
         self.h = model.embed(req.canvas)                           # [L, d]: updated in place, layer by layer
         self.kv = self.h.new_empty(2, self.L, self.hkv, self.hd)  # one layer's K/V of the whole canvas
         self.s, self.e = req.block_range
+        self.kernel = PackedKernel(backend) if backend in PACKED else None
         self.store = phase is Phase.REFRESH_STORE and req.slots is not None
         self.keep = req.kv_tokens - req.block_length if phase is Phase.REFRESH_SELECT and req.slots is not None else 0
 
@@ -86,7 +87,7 @@ class LongRefresh:
         output, residual, MLP; their hidden states replaced (their K/V are already taken)."""
         x = self.h[a:b]
         q = self._rot(a, b)(blk.q_proj(rms_norm(x, blk.attn_norm.weight, blk.eps)).view(-1, blk.n_heads, self.hd))
-        o = _attend(q, self.kv, self.backend).reshape(b - a, -1)
+        o = _attend(q, self.kv, self.kernel).reshape(b - a, -1)
         del q
         x = x + blk.attn_out(o)
         del o
@@ -140,12 +141,14 @@ def measure_moments(model: LLaDAModelLM, req: Request, phase: Phase, storage: to
     return state, cache, per_chunk
 
 
-def _attend(q: torch.Tensor, kv: torch.Tensor, backend: str) -> torch.Tensor:
+def _attend(q: torch.Tensor, kv: torch.Tensor, kernel: PackedKernel | None) -> torch.Tensor:
     """One chunk's queries [C, Hq, D] against the whole canvas's keys: the call the packed step
-    makes for a Refresh member, with fewer query rows."""
-    if backend == "flash_attn":
-        return flash_varlen(q, [0, q.shape[0]], kv[0], kv[1], [0, kv.shape[1]])
-    return padded_attention(q[None], kv[0][None], kv[1][None], None)[0]
+    makes for a Refresh member (one varlen segment, or padded SDPA), with fewer query rows."""
+    if kernel is None:
+        return padded_attention(q[None], kv[0][None], kv[1][None], None)[0]
+    n, L = q.shape[0], kv.shape[1]
+    cu = lambda k: torch.tensor([0, k], dtype=torch.int32, device=q.device)   # noqa: E731
+    return kernel(q, kv[0], kv[1], cu(n), cu(L), n, L)
 
 
 def _select(q_block: torch.Tensor, kv: torch.Tensor, s: int, e: int, keep: int, slots: torch.Tensor,

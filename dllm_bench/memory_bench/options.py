@@ -12,7 +12,7 @@ from dllm_bench.console import console
 from dllm_bench.device_defaults import MemoryBudget, resolve_budget, resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import ServePreset, preset_for
-from dllm_bench.systems.spec import BATCH_KNOB, ENGINE, SystemVariant, parse_systems
+from dllm_bench.systems.spec import BATCH_KNOB, ENGINE, SystemVariant, engine_knobs, parse_systems
 from dllm_bench.units import format_size, parse_size
 from engine.config import DTYPES
 from engine.models.llada import LLaDAConfig
@@ -114,9 +114,8 @@ def parse_target(spec: str) -> Target:
     if size <= weights_of(cfg, "bfloat16"):
         raise UserError(f"--derive {spec}: {format_size(size)} does not hold {name}'s bfloat16 weights "
                         f"({format_size(weights_of(cfg, 'bfloat16'))})")
-    p = preset_for(TARGET_PRESET, None)
-    return Target(name, cfg, "bfloat16", size, {"max_num_batched_tokens": p.max_num_batched_tokens,
-                                                 "max_num_logits": p.max_num_logits})
+    d = preset_for(TARGET_PRESET, None).engine_defaults()     # "auto" budgets: the paper's RTX 4090's
+    return Target(name, cfg, "bfloat16", size, {k: d[k] for k in ("max_num_batched_tokens", "max_num_logits")})
 
 
 def resolve(opts: MemoryOptions) -> MemoryRun:
@@ -150,9 +149,9 @@ def resolve(opts: MemoryOptions) -> MemoryRun:
     if gen % block:
         raise UserError(f"--gen-length {gen} must be a multiple of --block-length {block}")
     steps = opts.steps_per_block * (gen // block)
-    tokens = max(int(dict(v.knobs).get("max_num_batched_tokens", preset.max_num_batched_tokens))
-                 for v in variants if v.name == ENGINE) if any(v.name == ENGINE for v in variants) \
-        else preset.max_num_batched_tokens
+    budgets = [engine_knobs(v, preset.engine_defaults())["max_num_batched_tokens"] for v in variants
+               if v.name == ENGINE] or [preset.engine_defaults()["max_num_batched_tokens"]]
+    tokens = max(budgets)
     length = opts.length or 2 * tokens
     resolution = opts.resolution or max(block, cfg.max_sequence_length // 32)
     max_length = opts.max_length or 4 * cfg.max_sequence_length
