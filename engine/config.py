@@ -32,7 +32,8 @@ class EngineConfig:
                                            # lookahead: phase costs, future Refreshes planned within the budget
     max_num_batched_tokens: int = 8192     # query tokens per step
     max_num_seqs: int = 64
-    max_model_len: int | None = None       # None = the checkpoint's max_sequence_length
+    max_model_len: int | None = None       # None = the checkpoint's max_sequence_length; set above
+                                           # max_num_batched_tokens: longer canvases too (engine.chunking)
     # A Refresh of a canvas longer than max_num_batched_tokens runs in chunks of this many tokens
     # (engine.chunking); None = sized by the profiler from the activation budget (no profile:
     # half the token budget).

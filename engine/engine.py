@@ -99,7 +99,8 @@ class LLMEngine:
             raise ValueError(
                 f"prompt + gen_length = {length} exceeds max_num_batched_tokens "
                 f"{self.config.max_num_batched_tokens}: its Refresh step could never be scheduled "
-                f"(a longer canvas is refreshed in chunks under scheduler=phase on one device only)"
+                f"(a longer canvas is refreshed in chunks when max_model_len is set above the token budget, "
+                f"under scheduler=phase on one device)"
             )
         if params.block_length > self.config.max_num_batched_tokens and self.config.cache != "none":
             raise ValueError(f"block_length {params.block_length} exceeds max_num_batched_tokens "

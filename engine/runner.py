@@ -63,7 +63,7 @@ class ModelRunner:
         # A Refresh longer than the token budget: its chunk (the profile's choice) and the staging
         # of its step's decode plan (the packed forward's staging is flushed by then).
         self.refresh_chunk = refresh_chunk or chunking.default_chunk(config)
-        self.long_possible = self.max_model_len > config.max_num_batched_tokens
+        self.long_possible = chunking.serves_long(config)
         self.long_staging = Staging(self.device)
         self.graphs = StepGraphs(self) if config.graphs_enabled(self.device) and pool is not None else None
 

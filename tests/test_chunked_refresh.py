@@ -56,7 +56,7 @@ def test_chunked_equals_unchunked(request, model_name, cache, selection):
     kw = dict(cache=cache, selection=selection, retention=0.5, max_num_logits=5)
     whole = make_engine(model, max_num_batched_tokens=128, **kw).generate(prompts, params)
     for budget, chunk in ((24, 5), (32, 7), (24, 16), (40, 64)):      # 5 and 7 divide neither canvas
-        eng = make_engine(model, max_num_batched_tokens=budget, refresh_chunk_tokens=chunk, **kw)
+        eng = make_engine(model, max_num_batched_tokens=budget, max_model_len=128, refresh_chunk_tokens=chunk, **kw)
         out = eng.generate(prompts, params)
         assert [o.token_ids for o in out] == [o.token_ids for o in whole], (budget, chunk)
         assert [o.nfe for o in out] == [sp.steps for sp in params]
@@ -69,7 +69,8 @@ def test_chunked_parallel_decoding_and_entropy(gqa):
               SamplingParams(gen_length=8, steps=8, block_length=4, decoding="threshold:0.3", seed=2)]
     kw = dict(cache="sparse", retention=0.5, max_num_logits=4)
     whole = make_engine(gqa, max_num_batched_tokens=128, **kw).generate(prompts, params)
-    out = make_engine(gqa, max_num_batched_tokens=24, refresh_chunk_tokens=9, **kw).generate(prompts, params)
+    out = make_engine(gqa, max_num_batched_tokens=24, max_model_len=64, refresh_chunk_tokens=9,
+                      **kw).generate(prompts, params)
     assert [o.token_ids for o in out] == [o.token_ids for o in whole]
     assert [o.steps_per_block for o in out] == [o.steps_per_block for o in whole]
 
@@ -78,7 +79,8 @@ def test_chunked_none_equals_llada_sampler(gqa):
     prompt = random_prompts(1, 50, seed=9)[0]
     params = SamplingParams(gen_length=12, steps=6, block_length=4, temperature=0.5, seed=4)
     ref, _ = reference_generate(gqa, prompt, params)
-    out = make_engine(gqa, cache="none", max_num_batched_tokens=16, refresh_chunk_tokens=6).generate([prompt], params)
+    out = make_engine(gqa, cache="none", max_num_batched_tokens=16, max_model_len=64,
+                      refresh_chunk_tokens=6).generate([prompt], params)
     assert out[0].token_ids == ref
 
 
@@ -115,7 +117,7 @@ def test_long_request_within_profiled_activation_budget():
 
 
 def test_reuse_work_runs_while_a_long_refresh_accrues(gqa):
-    eng = make_engine(gqa, cache="dual", max_num_batched_tokens=16, refresh_chunk_tokens=8)
+    eng = make_engine(gqa, cache="dual", max_num_batched_tokens=16, max_model_len=64, refresh_chunk_tokens=8)
     short = eng.add_request(random_prompts(1, 4, seed=1)[0], SamplingParams(gen_length=16, steps=16, block_length=4))
     long = eng.add_request(random_prompts(1, 60, seed=2)[0], SamplingParams(gen_length=4, steps=2, block_length=4))
     ran = {short: [], long: []}
@@ -139,15 +141,23 @@ def test_reuse_work_runs_while_a_long_refresh_accrues(gqa):
     assert ran[long].index(True) > 0
 
 
+def test_long_canvases_need_max_model_len_above_the_budget(gqa):
+    """Left to the checkpoint's length, an engine admits canvases up to its token budget as it
+    always did (and its profile reserves nothing for longer ones)."""
+    eng = make_engine(gqa, max_num_batched_tokens=16)
+    with pytest.raises(ValueError, match="when max_model_len is set above the token budget"):
+        eng.add_request(random_prompts(1, 20)[0], SamplingParams(gen_length=4, steps=4, block_length=4))
+
+
 @pytest.mark.parametrize("scheduler", ["request", "lookahead"])
 def test_schedulers_without_chunking_refuse_long_canvases(gqa, scheduler):
-    eng = make_engine(gqa, scheduler=scheduler, max_num_batched_tokens=16)
-    with pytest.raises(ValueError, match="refreshed in chunks under scheduler=phase"):
+    eng = make_engine(gqa, scheduler=scheduler, max_num_batched_tokens=16, max_model_len=64)
+    with pytest.raises(ValueError, match="under scheduler=phase on one device"):
         eng.add_request(random_prompts(1, 20)[0], SamplingParams(gen_length=4, steps=4, block_length=4))
 
 
 def test_block_longer_than_budget_refused(gqa):
-    eng = make_engine(gqa, cache="dual", max_num_batched_tokens=16)
+    eng = make_engine(gqa, cache="dual", max_num_batched_tokens=16, max_model_len=64)
     with pytest.raises(ValueError, match="Reuse steps could never be scheduled"):
         eng.add_request(random_prompts(1, 4)[0], SamplingParams(gen_length=32, steps=4, block_length=32))
 

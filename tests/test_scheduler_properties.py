@@ -58,6 +58,8 @@ def workloads(draw, max_requests: int, max_prompt: int, blocks=(1, 2, 4, 8)):
         kv_pool_tokens=draw(st.one_of(st.none(), st.integers(0, 40), st.integers(40, 200))),
         retention=draw(st.sampled_from([0.25, 0.5, 1.0])),
         delay_step=draw(st.integers(0, 2)),
+        # Set above the token budget: canvases longer than it too, refreshed in chunks (phase).
+        max_model_len=draw(st.sampled_from([None, 200])),
     )
     reqs = []
     for _ in range(draw(st.integers(1, max_requests))):
@@ -81,8 +83,10 @@ def expected_possible(cfg: dict, r: dict) -> bool:
     # auto: a request runs whenever it fits in one of its modes (sparse never needs more)
     need = need[cfg["cache"]] if cfg["cache"] != "auto" else min(need["dual"], need["sparse"])
     pool = cfg["kv_pool_tokens"]
-    # Longer than the token budget: refreshed in chunks under the phase scheduler only.
-    fits_steps = length <= cfg["max_num_batched_tokens"] or cfg["scheduler"] == "phase"
+    # Longer than the token budget: refreshed in chunks when max_model_len is above it (phase).
+    mml = cfg["max_model_len"]
+    chunked = cfg["scheduler"] == "phase" and mml is not None and mml > cfg["max_num_batched_tokens"]
+    fits_steps = length <= cfg["max_num_batched_tokens"] or chunked
     return fits_steps and (pool is None or need <= pool)
 
 
@@ -185,9 +189,7 @@ def test_scheduler_invariants_real_model(w):
 
 
 def test_impossible_request_does_not_block_queue():
-    # Under the request-level scheduler a canvas beyond the token budget can never run (every
-    # step costs it); the phase scheduler refreshes it in chunks (tests/test_chunked_refresh.py).
-    eng = make_engine(MODEL, cache="dual", max_num_batched_tokens=32, kv_pool_tokens=24, scheduler="request")
+    eng = make_engine(MODEL, cache="dual", max_num_batched_tokens=32, kv_pool_tokens=24)
     sp = SamplingParams(gen_length=8, steps=8, block_length=4)
     ok1 = eng.add_request(random_prompts(1, 8)[0], sp)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
