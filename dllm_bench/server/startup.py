@@ -34,7 +34,9 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DEFAULT_MAX_WAITING = 256
 
 
-def check_port(host: str, port: int) -> None:
+def open_listener(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the engine is built (a taken port fails in seconds, not
+    after minutes of loading) and kept, so `--port 0` serves on the port it printed."""
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be in [0, 65535], got {port}")
     try:
@@ -42,12 +44,14 @@ def check_port(host: str, port: int) -> None:
     except socket.gaierror as e:
         raise UserError(f"--host {host!r}: {e}") from None
     family, _, _, _, addr = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError as e:
-            raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(addr)
+    except OSError as e:
+        s.close()
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return s
 
 
 @dataclass
@@ -152,7 +156,8 @@ def start(*, host: str, port: int, log_level: str, api_key: str | None, model: s
 
     if log_level not in LOG_LEVELS:
         raise UserError(f"--log-level must be {', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]}, got {log_level!r}")
-    check_port(host, port)
+    sock = open_listener(host, port)
+    port = sock.getsockname()[1]
     api_key = resolve_api_key(api_key)
     console = Console(stderr=True)
     state, info = build_state(
@@ -169,4 +174,4 @@ def start(*, host: str, port: int, log_level: str, api_key: str | None, model: s
     if warning:
         console.print(warning, style="yellow", markup=False, highlight=False)
     sys.stderr.flush()
-    uvicorn.run(create_app(state), host=host, port=port, log_level=log_level)
+    uvicorn.Server(uvicorn.Config(create_app(state), log_level=log_level)).run(sockets=[sock])
