@@ -25,7 +25,7 @@ from dllm_bench.serve.presets import ServePreset, preset_for
 from dllm_bench.serve.workload import model_info
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.build import build_system, warm_up
-from dllm_bench.systems.spec import SystemVariant, parse_system
+from dllm_bench.systems.spec import SystemVariant, make_variant
 from dllm_bench.units import format_size
 from engine.config import DTYPES
 
@@ -80,8 +80,8 @@ def resolve_server_options(*, model: str | None, preset: str | None, knobs: dict
         if v is not None and v < 1:
             raise UserError(f"{name} must be >= 1, got {v}")
     given = {k: v for k, v in knobs.items() if v is not None}
-    # Through the --systems grammar: the same value parsers, checks and canonical label.
-    variant = parse_system("engine" + (":" + ",".join(f"{k}={v}" for k, v in given.items()) if given else ""))
+    # The --systems knobs' own parsers, checks and canonical label, one value per flag.
+    variant = make_variant("engine", given.items())
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     device = inputs.device(device or sp.device)

@@ -9,7 +9,7 @@ from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.stepprofile.phases import check_feasible
-from dllm_bench.systems.spec import BATCH_KNOB, SystemVariant, engine_knobs, parse_system, parse_systems
+from dllm_bench.systems.spec import BATCH_KNOB, SystemVariant, engine_knobs, parse_systems, with_knob
 from engine.config import EngineConfig
 from workloads.datasets import PRESETS as LENGTHS
 from workloads.datasets import scale_lengths
@@ -85,7 +85,7 @@ def resolve(o: StepProfileOptions) -> StepProfileSetup:
         if variant.batch is not None and variant.batch != o.batch:
             raise UserError(f"--system {variant.label!r}: the static batch is --batch ({o.batch}), not batch=")
         if variant.batch is None and o.batch != MAX_FIT:
-            variant = parse_system(f"{variant.label}{',' if variant.knobs else ':'}{BATCH_KNOB}={o.batch}")
+            variant = with_knob(variant, BATCH_KNOB, o.batch)
     elif o.batch == MAX_FIT:
         raise UserError(f"--batch {MAX_FIT} is a baseline's largest static batch; give the engine a number")
     run = resolve_run(ServeOptions(

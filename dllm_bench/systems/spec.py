@@ -254,19 +254,30 @@ def parse_system(text: str) -> SystemVariant:
     names = system_names()
     if name not in names:
         raise UserError(f"unknown system {name!r}; systems: {', '.join(names)}")
-    parsers = knob_parsers(name)
-    knobs: dict[str, Any] = {}
+    pairs = []
     for item in (p.strip() for p in rest.split(",")) if rest.strip() else ():
         key, eq, raw = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not eq or not key or not raw.strip():
+        if not eq or not key.strip() or not raw.strip():
             raise UserError(f"system {text!r}: expected key=value, got {item!r}")
+        pairs.append((key, raw))
+    return make_variant(name, pairs, text)
+
+
+def make_variant(name: str, pairs, spec_text: str | None = None) -> SystemVariant:
+    """A variant from (knob, text) pairs, each text one value through the knob's own parser: a
+    flag's value (`server --cache`, `profile-step --batch`) is never spliced into a spec, so a
+    comma or '=' in it is a bad value, not another knob."""
+    parsers = knob_parsers(name)
+    text = spec_text or name
+    knobs: dict[str, Any] = {}
+    for key, raw in pairs:
+        key = key.strip().replace("-", "_")
         if key not in parsers:
             raise UserError(f"system {name!r} has no knob {key!r}; its knobs: {', '.join(parsers)}")
         if key in knobs:
             raise UserError(f"system {text!r}: knob {key!r} given twice")
         try:
-            knobs[key] = parsers[key](raw.strip())
+            knobs[key] = parsers[key](str(raw).strip())
         except ValueError as e:
             raise UserError(f"system {text!r}: knob {key}: {e}") from None
     _validate(name, knobs, text)
@@ -305,6 +316,11 @@ def parse_systems(text: str | None) -> list[SystemVariant]:
     return out
 
 
+def with_knob(v: SystemVariant, key: str, value: Any) -> SystemVariant:
+    """v with one more knob, checked as if the spec had named it."""
+    return make_variant(v.name, [(k, _fmt_value(x)) for k, x in v.knobs] + [(key, value)])
+
+
 def apply_baseline_batch(variants: list[SystemVariant], mode: str) -> list[SystemVariant]:
     """`--baseline-batch`: every baseline given without a batch runs at the largest static batch
     that fits the budget (max-fit, as given), at its upstream batch (upstream), or both side by
@@ -316,7 +332,7 @@ def apply_baseline_batch(variants: list[SystemVariant], mode: str) -> list[Syste
         if not v.is_baseline or v.is_endpoint or v.batch is not None or mode == "max-fit":
             out.append(v)
             continue
-        up = parse_system(f"{v.label}{',' if v.knobs else ':'}{BATCH_KNOB}={UPSTREAM}")
+        up = with_knob(v, BATCH_KNOB, UPSTREAM)
         out += [v, up] if mode == "both" else [up]
     return out
 

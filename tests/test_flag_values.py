@@ -1,0 +1,31 @@
+"""A flag that carries one value is that value, checked by the knob's own parser: it is never
+spliced into a `--systems` spec, so a comma or '=' inside it cannot smuggle in another knob."""
+from __future__ import annotations
+
+import pytest
+
+from dllm_bench.errors import UserError
+from dllm_bench.systems.spec import make_variant, parse_system, with_knob
+
+
+def test_a_value_with_a_comma_is_a_bad_value_not_a_second_knob():
+    with pytest.raises(UserError, match="knob cache: expected one of"):
+        make_variant("engine", [("cache", "sparse,max_num_seqs=1")])
+    with pytest.raises(UserError, match="knob max_num_seqs"):
+        make_variant("engine", [("max_num_seqs", "4,cache=none")])
+
+
+def test_one_value_per_flag_gives_the_spec_s_variant():
+    assert make_variant("engine", [("cache", "dual"), ("max_num_seqs", 4)]) == parse_system("engine:cache=dual,max_num_seqs=4")
+    v = parse_system("fast-dllm:threshold=0.9")
+    assert with_knob(v, "batch", 3) == parse_system("fast-dllm:threshold=0.9,batch=3")
+    with pytest.raises(UserError, match="knob 'batch' given twice"):
+        with_knob(with_knob(v, "batch", 3), "batch", 4)
+
+
+def test_the_server_options_take_each_knob_as_one_value():
+    from dllm_bench.server.startup import resolve_server_options
+
+    with pytest.raises(UserError, match="knob cache"):
+        resolve_server_options(model="tiny", preset=None, knobs={"cache": "sparse,max_num_seqs=1"},
+                               memory_budget=None, dtype=None, device=None)
