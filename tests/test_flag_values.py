@@ -29,3 +29,10 @@ def test_the_server_options_take_each_knob_as_one_value():
     with pytest.raises(UserError, match="knob cache"):
         resolve_server_options(model="tiny", preset=None, knobs={"cache": "sparse,max_num_seqs=1"},
                                memory_budget=None, dtype=None, device=None)
+
+
+@pytest.mark.parametrize("spec", ["fast-dllm:threshold=nan", "fast-dllm:factor=inf", "fast-dllm:threshold=1e309",
+                                  "engine:retention=inf", "dllm-cache:transfer_ratio=nan"])
+def test_a_non_finite_knob_is_refused_when_parsed(spec):
+    with pytest.raises(UserError, match="finite"):
+        parse_system(spec)

@@ -30,6 +30,7 @@ Systems and their knobs:
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -66,9 +67,12 @@ def _int(v: str) -> int:
 
 def _float(v: str) -> float:
     try:
-        return float(v)
+        f = float(v)
     except ValueError:
         raise ValueError(f"expected a number, got {v!r}") from None
+    if not math.isfinite(f):
+        raise ValueError(f"expected a finite number, got {v!r}")
+    return f
 
 
 def _int_or_none(v: str) -> int | None:
@@ -134,9 +138,10 @@ def _by_default(default: Any) -> Callable[[str], Any]:
         except ValueError:
             pass
         try:
-            return float(v)
+            float(v)
         except ValueError:
             return v
+        return _float(v)
     return parse_any
 
 
