@@ -1,21 +1,12 @@
-"""dLLM-Cache (maomaocun/dLLM-cache, cache_hook_LLaDA.py + utils/generate_function.py).
+"""dLLM-Cache (maomaocun/dLLM-cache, cache_hook_LLaDA.py + utils/generate_function.py): adaptive
+feature caching as a static-batch baseline.
 
-Every step feeds the whole canvas, but each layer recomputes only part of it. Per layer and
-segment (prompt = [0, prompt_len) of the padded canvas, gen = the rest) it caches K, V, the
-attention delta (after attn_out) and the MLP delta (after ff_out); a layer's output is always
-x_in + attn delta + mlp delta with the *current* x_in. At the t-th forward of a generation
-(t counted across blocks, never reset) a layer refreshes the prompt if (t-1) % prompt_interval
-== 0 and the gen part if (t-1) % gen_interval == 0; layer 0 always refreshes both. With
-0 < transfer_ratio <= 1 the gen part is also partially updated every step ("V-verify"): V is
-recomputed for all gen tokens, the int(G * ratio) tokens whose V moved most (lowest cosine
-similarity to the previous step's V) get fresh Q/K, attention and MLP.
-
-Sampler (its own generate): logits over the whole canvas, decisions on logits[:, prompt_len:];
-argmax of exp(logits) at T = 0, noise in the logits dtype at T > 0, softmax in the logits dtype.
-K is cached after RoPE, equivalent to upstream's pre-RoPE cache (RoPE is elementwise per
-absolute position, re-applied at the same positions). Cached slices are views that later
-in-place updates write through, as upstream's scatter_ does; nothing reads the aliased parts.
-Not implemented: CFG (upstream's cfg_interval_steps), rejected at add_request.
+Every step feeds the whole canvas, but each layer recomputes only part of it: the prompt segment
+every `prompt_interval` forwards, the generated segment every `gen_interval` forwards and, with
+0 < transfer_ratio <= 1, the generated tokens whose V moved most in between ("V-verify"); the
+rest comes from cached K, V and per-layer attention/MLP deltas. The exact refresh rule, the
+sampler and the upstream equivalences are in `DLLMCache`; its knobs in docs/SERVE.md
+("Systems and variants").
 """
 from __future__ import annotations
 
@@ -44,6 +35,21 @@ TASK_DEFAULTS = {
 
 
 class DLLMCache(Policy):
+    """Per layer and segment (prompt = [0, prompt_len) of the padded canvas, gen = the rest) caches
+    K, V, the attention delta (after attn_out) and the MLP delta (after ff_out); a layer's output is
+    always x_in + attn delta + mlp delta with the *current* x_in. At the t-th forward of a
+    generation (t counted across blocks, never reset) a layer refreshes the prompt if
+    (t-1) % prompt_interval == 0 and the gen part if (t-1) % gen_interval == 0; layer 0 always
+    refreshes both; V-verify in between: `_verify`.
+
+    Sampler (upstream's own generate): logits over the whole canvas, decisions on
+    logits[:, prompt_len:]; argmax of exp(logits) at T = 0, noise and softmax in the logits dtype.
+    K is cached after RoPE, equivalent to upstream's pre-RoPE cache (RoPE is elementwise per
+    absolute position, re-applied at the same positions). Cached slices are views that later
+    in-place updates write through, as upstream's scatter_ does; nothing reads the aliased parts.
+    CFG (upstream's cfg_interval_steps) is not implemented: rejected at add_request.
+    """
+
     name = "dllm-cache"
 
     def __init__(self, model: LLaDAModelLM, prompt_interval: int = 50, gen_interval: int = 7, transfer_ratio: float = 0.25):
@@ -126,7 +132,7 @@ class DLLMCache(Policy):
 
     def _verify(self, blk, c: dict, h: torch.Tensor, batch: Batch):
         """V-verify: fresh V for all gen tokens; fresh K and RoPE'd Q for the int(G * ratio)
-        least similar ones (per row; topk order). Updates the gen K/V cache; returns (idx, q_sel)."""
+        least similar ones (cosine to the cached V; per row; topk order). Updates the gen K/V cache; returns (idx, q_sel)."""
         P, B = batch.prompt_len, batch.size
         n_normed = rms_norm(h[:, P:], blk.attn_norm.weight, blk.eps)
         G = n_normed.shape[1]

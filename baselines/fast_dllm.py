@@ -1,29 +1,13 @@
-"""Fast-dLLM (NVlabs/Fast-dLLM llada/generate.py): block-wise approximate KV cache.
+"""Fast-dLLM (NVlabs/Fast-dLLM llada/generate.py): block-wise approximate KV cache, as a
+static-batch baseline.
 
 Per block: one full forward over the whole canvas that refreshes the cache (its logits also
-decide step 0 of the block), then window forwards against the cache until the block has no
-MASK left:
-* dual (default, generate_with_dual_cache): K/V of all L positions are kept; a window forward
-  queries only the current block, overwrites the block's K/V in place and attends over the
-  full length (prefix and suffix stale since the block start).
-* prefix (generate_with_prefix_cache): K/V of [0, block_start) are kept; a window forward
-  queries the current block *and every later block* with fresh K/V for them.
-Confidence is softmax(logits.float64)[x0]. threshold=None (default) commits the linear
-schedule's count each step; a threshold turns on parallel decoding: the most confident
-candidate always, every other one whose confidence reaches the threshold.
-
-NFE semantics (NVlabs/Fast-dLLM@24cc59e generate.py): 1 full forward + window forwards while the block still has a MASK,
-so zero schedule entries (S > block_length) are skipped. The "no MASK left?" test runs before
-each window forward, as in the newer upstream generate.py: the pinned snapshot tests after it,
-which crashes at S = 1 without a threshold and spends one idle window forward when the full
-step already completed the block; tokens are the same.
-
-Caching K after RoPE is equivalent to upstream's pre-RoPE cache: RoPE is elementwise per
-absolute position and upstream re-applies it at the same positions 0..L-1 every forward.
-In a batch, a row whose block is complete (threshold mode) rides along without committing
-until every row's block is complete: its tokens are unaffected (the next block refreshes).
-If the model itself predicts the MASK id (only a random test model does), a block ends after
-S forwards (threshold None; upstream would index past its schedule) or max(S, block_length).
+decide step 0 of the block), then window forwards against the cache until the block has no MASK
+left. `dual` (default, generate_with_dual_cache) keeps every position's K/V and queries only the
+block; `prefix` (generate_with_prefix_cache) keeps [0, block_start) and queries the block and
+everything after it. Decisions use softmax(logits.float64) confidences: the linear schedule, or
+parallel decoding with `threshold` / `factor`. Upstream equivalences and NFE semantics are in
+`FastDLLM`; knobs in docs/SERVE.md ("Systems and variants").
 """
 from __future__ import annotations
 
@@ -37,6 +21,22 @@ CACHES = ("dual", "prefix")
 
 
 class FastDLLM(Policy):
+    """dual: a window forward queries only the current block, overwrites the block's K/V in place
+    and attends over the full length (prefix and suffix stale since the block start). prefix: a
+    window forward queries the current block *and every later block* with fresh K/V for them.
+    threshold: the most confident candidate always, every other one reaching the threshold.
+
+    NFE (NVlabs/Fast-dLLM@24cc59e generate.py): 1 full forward + window forwards while the block
+    still has a MASK, so zero schedule entries (S > block_length) are skipped. The "no MASK left?"
+    test runs before each window forward (`block_done`), as in the newer upstream generate.py; the
+    pinned snapshot tests after it, which crashes at S = 1 without a threshold and spends one idle
+    window forward when the full step already completed the block; tokens are the same.
+    K is cached after RoPE, equivalent to upstream's pre-RoPE cache (RoPE is elementwise per
+    absolute position, re-applied at the same positions 0..L-1 every forward). In a batch, a row
+    whose block is complete (threshold mode) rides along without committing until every row's is:
+    its tokens are unaffected (the next block refreshes).
+    """
+
     name = "fast-dllm"
 
     def __init__(self, model: LLaDAModelLM, cache: str = "dual", threshold: float | None = None,
@@ -104,7 +104,8 @@ class FastDLLM(Policy):
         if not bool(batch.block_masked().any()):
             return True
         # Guard, only reachable when the model commits the MASK id itself (a random test model):
-        # upstream would index past the schedule (threshold None) or could loop forever.
+        # upstream would index past the schedule (threshold None) or could loop forever; here the
+        # block ends after S forwards (threshold None) or max(S, block_length).
         parallel = self.threshold is not None or self.factor is not None
         cap = max(batch.params.steps_per_block, batch.params.block_length) if parallel else batch.params.steps_per_block
         return batch.step_in_block >= cap

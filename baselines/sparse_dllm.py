@@ -1,22 +1,12 @@
-"""Sparse-dLLM (OpenMOSS/Sparse-dLLM, llada_generate.py + modeling_llada.py CustomCache):
-dynamic cache eviction with delayed selection, a new cache per block.
+"""Sparse-dLLM (OpenMOSS/Sparse-dLLM, llada_generate.py + modeling_llada.py CustomCache): dynamic
+cache eviction with delayed selection, a new cache per block, as a static-batch baseline.
 
-Step i of a block: state 0 (i = 0) a plain full forward; state 1 (i = 1) a full forward that,
-in every layer, scores the context (everything outside the current block) and keeps a subset
-of its post-RoPE K/V — the step's own attention still uses everything (eviction is delayed by
-one step); state 2 (i >= 2) forwards only the block, with RoPE at its absolute positions,
-against [kept K/V ; fresh block K/V]. The cache is never updated again inside the block.
-
-Selection per layer (CustomCache.filter_cache): q̄ = mean of the block's queries per head; a
-raw dot q̄·K (no 1/sqrt(d), no softmax) per head and context token; mean over heads (one
-score per token, shared by all heads; with GQA keys are repeated to the query heads, as
-upstream); max_pool1d(kernel_size, stride 1, padding k//2) along the context sequence (the
-block removed, so its two neighbours are adjacent); keep the top int(L_ctx * keep_ratio),
-gathered in importance order. Token decisions as LLaDA's sampler (softmax in the logits dtype).
-
-Batching: upstream is batch-1. Here each row selects from its own context (left padding
-excluded), so rows may keep different counts; the kept cache is right-padded to the largest
-and the padding masked.
+Step i of a block: i = 0 a plain full forward; i = 1 a full forward that, in every layer, scores
+the context (everything outside the current block) and keeps a subset of its post-RoPE K/V, the
+step's own attention still using everything (eviction delayed by one step); i >= 2 forwards only
+the block, with RoPE at its absolute positions, against [kept K/V ; fresh block K/V]. The cache
+is never updated again inside the block. The selection rule is `importance`'s; batching (upstream
+is batch-1) is `SparseDLLM`'s. Knobs: docs/SERVE.md ("Systems and variants").
 """
 from __future__ import annotations
 
@@ -29,7 +19,14 @@ from engine.models.llada import LLaDAModelLM
 
 
 def importance(q_block: torch.Tensor, k_ctx: torch.Tensor, kernel_size: int | None) -> torch.Tensor:
-    """q_block [Lb, Hq, D], k_ctx [Lc, Hkv, D] -> pooled per-token importance [Lc]."""
+    """q_block [Lb, Hq, D], k_ctx [Lc, Hkv, D] -> pooled per-token importance [Lc].
+
+    As upstream's CustomCache.filter_cache: q̄ = mean of the block's queries per head; a raw dot
+    q̄·K (no 1/sqrt(d), no softmax) per head and context token; mean over heads (one score per
+    token, shared by all heads; with GQA keys repeated to the query heads); max_pool1d(kernel_size,
+    stride 1, padding k//2) along the context (the block removed, so its two neighbours are
+    adjacent). The caller keeps the top int(L_ctx * keep_ratio), gathered in importance order.
+    """
     rep = q_block.shape[1] // k_ctx.shape[1]
     k = k_ctx.repeat_interleave(rep, dim=1) if rep > 1 else k_ctx
     q_mean = q_block.mean(0)                                          # [Hq, D]
@@ -41,6 +38,10 @@ def importance(q_block: torch.Tensor, k_ctx: torch.Tensor, kernel_size: int | No
 
 
 class SparseDLLM(Policy):
+    """Token decisions as LLaDA's sampler (softmax in the logits dtype). Upstream is batch-1; here
+    each row selects from its own context (left padding excluded), so rows may keep different
+    counts: the kept cache is right-padded to the largest and the padding masked."""
+
     name = "sparse-dllm"
 
     def __init__(self, model: LLaDAModelLM, keep_ratio: float = 0.5, kernel_size: int | None = 3):

@@ -1,19 +1,11 @@
-"""`make bench-engine`: engine throughput against the plain reference sampler, MFU against this
-machine's measured matmul peak, host overhead and operator calls per step, from one run.
+"""`make bench-engine`: the engine's throughput, MFU, host work and operator calls per step.
 
-Shape (fixed unless overridden): a random-weight preset in float32, 8 prompts of 64 tokens,
-gen 64, block 16, steps 64 (one token per step), greedy. The reference sampler (LLaDA's
-`generate`, engine.reference.reference_generate) decodes the prompts one after another; the engine decodes them
-concurrently with cache=none (exact: its tokens must equal the reference's), dual (Fast-dLLM)
-and sparse (dLLM-Serve). Ratios are generated tokens/s over the reference's.
-
-Then (benchmarks/engine_efficiency.py): MFU of the sparse engine at saturation on --mfu-preset
-in float32 and bfloat16 (FLOPs from the step shapes: GEMMs, attention, LM-head rows; peak: an
-n x n matmul in the same dtype and thread count, measured here), per phase; host time per step
-with a near-zero model (LLaDA-8B's 32 layers, d = 8, vocabulary 64) at 1, 8, 32, 64 requests split into the
-layers, the LM head + logit decode and the rest (CPU time of the stepping thread, median of 32
-steps); the operator count and host syncs per step at 1, 8, 64 requests, and the graph breaks
-torch.compile finds in the step's model forward (0: the forward captures whole).
+From one run: generated tokens/s of the engine (cache=none, which must reproduce the reference's
+tokens exactly, dual and sparse) over LLaDA's own sampler (engine.reference) decoding the same
+prompts one after another; then (benchmarks/engine_efficiency.py) the sparse engine's MFU at
+saturation against this machine's measured matmul peak, host time per step with a near-zero
+model, and operator calls, host syncs and torch.compile graph breaks per step. Ratios, not
+absolute speeds, are the result. Sections, options and how to read them: docs/PERFORMANCE.md.
 """
 from __future__ import annotations
 

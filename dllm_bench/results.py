@@ -1,18 +1,12 @@
 """Run directories under results/runs/<run-id>/ and crash-safe writes.
 
-Layout (one layout for single runs and sweeps; a single `serve` is a sweep of one rps):
-
-    <run-id>/config.json          kind, every knob, versions, machine (written at creation)
-    <run-id>/points/<point>/summary.json    one (dataset, system, rps) point; written LAST,
-    <run-id>/points/<point>/requests.jsonl  so its presence means "point finished" (--resume)
-    <run-id>/points/<point>__r<i>/...       repeat i > 0 of a point (--repeats; workload seed + i)
-    <run-id>/summary.json         all finished points and `aggregate` (median, min-max over repeats)
-    <run-id>/metrics.csv          one row per point (pandas)
-    <run-id>/requests.jsonl       every request of every point, tagged with its point
-    <run-id>/plots/*.png
-
-Every file is written atomically (temp file in the same dir, fsync, os.replace) so a crash or
-Ctrl-C leaves either the old file or the new one, never a truncated one.
+One layout for single runs and sweeps (a single `serve` is a sweep of one rps): config.json at
+creation; per point (dataset, system, rps; repeat i > 0 as `<point>__r<i>`, workload seed + i)
+its requests.jsonl and then its summary.json, written LAST so that its presence means "point
+finished" (--resume); the run's summary.json (with `aggregate`: median, min-max over repeats),
+metrics.csv, requests.jsonl and plots/. The full layout: docs/CONTRACTS.md ("A serving run's
+directory"). Every file is written atomically (temp file in the same dir, fsync, os.replace), so
+a crash or Ctrl-C leaves either the old file or the new one, never a truncated one.
 """
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
 """What each KV cache policy stores, selects and reads, per request and phase.
 
-`StepContext` asks the policy of the engine (`POLICIES[config.cache]`) for the key spec of
-every scheduled request (as columns over the step's `StepMeta`) — how many of its keys come
-from its cache slots and how many are this step's fresh K/V — and for what it stores; it then
-reads and writes the cache of all requests of a layer with one indexed op each. The sparse
-policy's selection runs in the layer, on that step's own queries and keys, for all selecting
-requests at once (`SparseCache.select`).
-
-* none (exact LLaDA): keys = the request's own fresh canvas K/V, nothing cached.
-* dual (Fast-dLLM): the block-start Refresh stores every position's K/V; a Reuse step overwrites
-  the block's slots with its fresh K/V in place and attends over all L cached slots.
-* sparse (dLLM-Serve): the Refresh at `delay_step` selects and packs the retained context K/V
-  into the request's first slots; a Reuse step writes its fresh block K/V into the block slots
-  that follow them and attends over [retained ; block], all read from the pool.
-* auto: each member by its own mode (`StepMeta.cache`, chosen at admission by
-  `engine.cache_mode`): the dual and sparse specs computed for every member, each member's
-  taken from its mode's, so a step mixes both with the same ops.
+`StepContext` asks the policy of the engine (`POLICIES[config.cache]`) for the key spec of every
+scheduled request (as columns over the step's `StepMeta`): how many of its keys come from its
+cache slots and how many are this step's fresh K/V, and where it stores; it then reads and
+writes the cache of all requests of a layer with one indexed op each. The sparse policy's
+selection runs in the layer, on that step's own queries and keys, for all selecting requests at
+once (`SparseCache.select`). Policies: none (exact LLaDA), dual (Fast-dLLM), sparse (dLLM-Serve)
+and auto (each request by the mode chosen at its admission), one class each below; the
+mechanisms: docs/MECHANISMS.md, the `cache` knob: docs/SERVE.md ("Systems and variants").
 """
 from __future__ import annotations
 
@@ -59,10 +51,13 @@ class CachePolicy:
 
 
 class NoCache(CachePolicy):
-    pass
+    """Exact LLaDA: keys = the request's own fresh canvas K/V, nothing cached."""
 
 
 class DualCache(CachePolicy):
+    """Fast-dLLM's dual cache: the block-start Refresh stores every position's K/V; a Reuse step
+    overwrites the block's slots with its fresh K/V in place and attends over all L cached slots."""
+
     def spec(self, m):
         # Reuse: the block's K/V overwrite their slots, then all L cached slots are read.
         reuse = ~m.refresh
@@ -71,6 +66,10 @@ class DualCache(CachePolicy):
 
 
 class SparseCache(CachePolicy):
+    """dLLM-Serve's head-centric sparse KV: the Refresh at `delay_step` selects and packs the
+    retained context K/V into the request's first slots; a Reuse step writes its fresh block K/V
+    into the block slots that follow them and attends over [retained ; block], all from the pool."""
+
     def reuse_keys(self, req) -> int:
         return req.kv_tokens
 

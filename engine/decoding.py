@@ -1,23 +1,13 @@
 """Decoding policies: how many of a block's still-masked positions a request commits per step.
 
-* `fixed` — LLaDA's linear transfer schedule (`engine.unmask.transfer_schedule`): a block of
-  n masked tokens commits them over the request's steps per block, whatever the confidences.
-  The paper's "Execution Parity" mode and the presets' default.
-* `threshold:τ` (0 < τ ≤ 1) — Fast-dLLM's confidence-aware parallel decoding: the most
-  confident candidate always, and every other candidate whose confidence reaches τ
-  (NVlabs/Fast-dLLM, llada/generate.py, `get_transfer_index` with `threshold`).
-* `factor:f` (f > 0) — Fast-dLLM's factor rule (`get_transfer_index_dynamic`): with the
-  candidates sorted by confidence c(1) ≥ c(2) ≥ …, the (i+1)-th is taken while
-  c(i+1) ≥ 1 − f/(i+2), the first always; upstream's quirk is kept: when only the last
-  candidate fails, all are taken.
-* `entropy:γ` (γ ≥ 0) — an entropy-bounded rule: candidates in confidence order while the sum
-  of their predictive entropies stays ≤ γ, the first always.
-
-Every policy takes at least one token per step while a block has masked positions, so a block
-ends after at most block_length steps. A request's block ends when it has no masked position
-left (`fixed`: after its steps per block, when the schedule has committed them all). Requests
-of one step may follow different policies: the choice is made per row on the device, in one
-pass over the step's [requests x block] table (`commit_mask`), without reading anything back.
+`fixed` is LLaDA's linear transfer schedule (`engine.unmask.transfer_schedule`), whatever the
+confidences: the paper's "Execution Parity" mode and the presets' default. `threshold:τ` and
+`factor:f` are Fast-dLLM's confidence-aware parallel decoding, `entropy:γ` an entropy-bounded
+rule (the rules: `Decoding`; docs/FRONTIER.md, "Decoding policies"). Every policy takes at least
+one token per step while a block has masked positions, so a block ends after at most
+block_length steps; a request's block ends when it has no masked position left. Requests of one
+step may follow different policies: the choice is made per row on the device, in one pass over
+the step's [requests x block] table (`commit_mask`), without reading anything back.
 """
 from __future__ import annotations
 
@@ -32,6 +22,15 @@ CODE = {k: i for i, k in enumerate(KINDS)}
 
 @dataclass(frozen=True)
 class Decoding:
+    """fixed: a block of n masked tokens committed over the request's steps per block, the
+    schedule's count each step.
+    threshold:τ (0 < τ ≤ 1): the most confident candidate always, and every other whose confidence
+    reaches τ (NVlabs/Fast-dLLM llada/generate.py, `get_transfer_index` with `threshold`).
+    factor:f (f > 0): candidates sorted c(1) ≥ c(2) ≥ …, the (i+1)-th taken while
+    c(i+1) ≥ 1 − f/(i+2), the first always (`get_transfer_index_dynamic`).
+    entropy:γ (γ ≥ 0): candidates in confidence order while the sum of their predictive entropies
+    stays ≤ γ, the first always."""
+
     kind: str = "fixed"
     value: float = 0.0
 
@@ -90,7 +89,8 @@ def commit_mask(conf: torch.Tensor, entropy: torch.Tensor | None, counts: torch.
     v = values.view(torch.float64).to(conf.dtype)[:, None]
     take = r < torch.minimum(k, counts)[:, None]                                     # fixed
     take = torch.where(kinds[:, None] == CODE["threshold"], first | (conf >= v), take)
-    # factor: leading ranks that pass 1 - f/(i+2) (the first always passes)
+    # factor: leading ranks that pass 1 - f/(i+2) (the first always passes); upstream's quirk is
+    # kept: when only the last candidate fails, all are taken
     passed = (first | (conf >= 1 - v / (r + 2).to(conf.dtype))) & real
     lead = passed.to(torch.int64).cumprod(1).sum(1)
     kf = torch.where(lead >= counts - 1, counts, lead)

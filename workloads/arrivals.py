@@ -1,22 +1,13 @@
 """Arrival-time generators for the serving benchmark.
 
-Every generator returns a float64 numpy array of absolute arrival offsets in seconds, non-decreasing,
-with the first request at t = 0 (as in `vllm bench serve`, which sends the first request at once and
-then sleeps one sampled gap per request). Runs are bounded by `num_prompts` (count), `duration`
-(keep arrivals with offset < duration) or both (whichever bound is hit first).
-
-Conventions follow vLLM's `--request-rate` / `--burstiness` (vllm-project/vllm
-@def9ce85ba1079af970a58ed3d42dd861ae35d58, vllm/benchmarks/serve.py):
-  * rps = inf           -> every request at t = 0 (needs `num_prompts`),
-  * gamma(burstiness=k) -> gaps ~ Gamma(shape=k, scale=1/(rps*k)); mean gap 1/rps for every k,
-                           coefficient of variation 1/sqrt(k): k = 1 is Poisson, k < 1 burstier,
-                           k = inf gives constant gaps 1/rps.
-We do not apply vLLM's rescaling of the cumulated delays to land the last arrival on
-num_prompts/rps: the raw renewal process is what the statistical tests check.
-
-Randomness comes from `np.random.default_rng([seed, _ARRIVAL_STREAM])`, a stream separate from the
-length and prompt streams of the dataset code, so the same seed gives the same arrival times for
-every dataset (handy when comparing datasets at one rate).
+Every generator returns a float64 numpy array of absolute arrival offsets in seconds,
+non-decreasing, with the first request at t = 0 (as `vllm bench serve` sends the first request at
+once, then sleeps one sampled gap per request). Runs are bounded by `num_prompts` (count),
+`duration` (keep arrivals with offset < duration) or both (whichever bound is hit first); rps =
+inf puts every request at t = 0. Rates and burstiness follow vLLM's `--request-rate` /
+`--burstiness` (`gamma_arrivals`). Randomness comes from `np.random.default_rng([seed,
+_ARRIVAL_STREAM])`, a stream separate from the dataset code's length and prompt streams, so a
+seed gives the same arrival times for every dataset (handy when comparing datasets at one rate).
 """
 from __future__ import annotations
 
@@ -106,7 +97,12 @@ def poisson_arrivals(rps: float, *, num_prompts: int | None = None, duration: fl
 
 def gamma_arrivals(rps: float, burstiness: float = 1.0, *, num_prompts: int | None = None,
                    duration: float | None = None, seed: int = 0) -> np.ndarray:
-    """Gamma renewal process (vLLM's definition): shape = burstiness, scale = 1/(rps*burstiness)."""
+    """Gamma renewal process (vLLM's definition, vllm-project/vllm@def9ce85ba1079af970a58ed3d42dd861ae35d58
+    vllm/benchmarks/serve.py): gaps ~ Gamma(shape=k, scale=1/(rps*k)) with k = burstiness, so the
+    mean gap is 1/rps for every k and the coefficient of variation 1/sqrt(k): k = 1 is Poisson,
+    k < 1 burstier, k = inf constant gaps 1/rps. vLLM's rescaling of the cumulated delays to land
+    the last arrival on num_prompts/rps is not applied: the statistical tests check the raw
+    renewal process."""
     rps = _check_rate(rps)
     try:
         k = float(burstiness)

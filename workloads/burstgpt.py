@@ -1,23 +1,11 @@
 """BurstGPT: replay of a real trace CSV, and a synthetic length model from its published statistics.
 
-Real trace (HPMLL/BurstGPT, CC-BY-4.0; not bundled, the data files are Git LFS objects): v1 header
-`Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type`; Timestamp = seconds from
-0:00 of the first day, Model in {ChatGPT, GPT-4}, Log Type in {Conversation log, API log}. The v3
-files add `Session ID, Elapsed time`, so columns are read by name, never by position (vLLM's loader
-reads positions and breaks on v3). Failed requests are rows with `Response tokens == 0` (1.8% of
-BurstGPT_1) and are dropped, as vLLM does.
-
-Synthetic model (the trace itself could not be obtained):
-  * request tokens ~ log-normal with median 400 and mean 620 (mu = ln 400, sigma = sqrt(2 ln 1.55)
-    = 0.936), clipped to [1, 4096]. Sources: mean request ~622 (third-party MLPerf KV-cache
-    benchmark doc, not re-verified); the paper (arXiv 2401.17644) calls request lengths Zipf-like.
-  * response tokens ~ Normal(100 + 0.17 * request, sd = 0.6 * that mean), rounded, clipped to
-    [1, 2000]. Source: README Fig. 4 (conversation logs) — response mean rises roughly linearly to
-    ~450 at 2000 request tokens, 90% band ~10-700.
-  * Known gaps, stated rather than hidden: the model's response mean is ~205 tokens, above the
-    ~126 the third-party doc reports over the whole trace (that figure includes API logs and is
-    unverified); ChatGPT's bimodal response lengths and the spike of long answers to very short
-    (< 50 token) requests are not modelled.
+The real trace (HPMLL/BurstGPT, CC-BY-4.0) is not bundled: its data files are Git LFS objects.
+`load_burstgpt_csv` reads a downloaded copy by column name (v1 and v3 files differ in columns)
+and drops failed requests, as vLLM does. Since the trace itself could not be obtained here,
+`synthetic_lengths` samples request and response lengths from the statistics published with it
+(a log-normal request, a response rising linearly with the request); its sources and known gaps
+are in its docstring. `--dataset burstgpt` / `--dataset-path`: docs/SERVE.md ("Options").
 """
 from __future__ import annotations
 
@@ -32,7 +20,7 @@ BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "
 _REQUIRED = ("Timestamp", "Request tokens", "Response tokens")
 BURSTGPT_MODELS = ("ChatGPT", "GPT-4")
 
-# Synthetic length model constants (see module docstring for where each comes from).
+# Synthetic length model constants (`synthetic_lengths` says where each comes from).
 REQUEST_MEDIAN = 400.0
 REQUEST_MEAN = 620.0
 REQUEST_CLIP = (1, 4096)
@@ -43,7 +31,17 @@ RESPONSE_CLIP = (1, 2000)
 
 
 def synthetic_lengths(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Sample n (request, response) token counts at full scale from the published statistics."""
+    """Sample n (request, response) token counts at full scale from the published statistics.
+
+    Request tokens ~ log-normal with median 400 and mean 620 (mu = ln 400, sigma = sqrt(2 ln 1.55)
+    = 0.936), clipped to [1, 4096]: mean request ~622 (a third-party MLPerf KV-cache benchmark doc,
+    not re-verified); the paper (arXiv 2401.17644) calls request lengths Zipf-like. Response tokens
+    ~ Normal(100 + 0.17 * request, sd = 0.6 * that mean), rounded, clipped to [1, 2000]: BurstGPT's
+    README Fig. 4 (conversation logs), a mean rising roughly linearly to ~450 at 2000 request
+    tokens, 90% band ~10-700. Known gaps: the model's response mean is ~205 tokens, above the ~126
+    the third-party doc reports over the whole trace (API logs included, unverified); ChatGPT's
+    bimodal response lengths and the long answers to very short (< 50 token) requests are not
+    modelled."""
     sigma = float(np.sqrt(2.0 * np.log(REQUEST_MEAN / REQUEST_MEDIAN)))
     req = rng.lognormal(np.log(REQUEST_MEDIAN), sigma, size=n)
     req = np.clip(np.rint(req), *REQUEST_CLIP).astype(np.int64)
@@ -72,6 +70,12 @@ def _numeric(df: pd.DataFrame, col: str, where: str) -> np.ndarray:
 
 def load_burstgpt_csv(path: str | Path, model_filter: str | None = None) -> pd.DataFrame:
     """Read a BurstGPT CSV by column name and return the usable rows, sorted by time.
+
+    v1 header `Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type` (Timestamp =
+    seconds from 0:00 of the first day, Model in {ChatGPT, GPT-4}, Log Type in {Conversation log,
+    API log}); v3 files add `Session ID, Elapsed time`, so columns are read by name, never by
+    position (vLLM's loader reads positions and breaks on v3). Failed requests are the rows with
+    `Response tokens == 0` (1.8% of BurstGPT_1), dropped as vLLM does.
 
     Returns a DataFrame with columns `timestamp` (float s), `model` (str, '' if absent),
     `request_tokens`, `response_tokens` (int64) and `line` (1-based line in the CSV, header = 1),

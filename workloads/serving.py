@@ -1,18 +1,13 @@
 """Serving workloads: a list of ServingRequest (prompt, lengths, arrival, dLLM gen_length).
 
-Entry point `build_workload` combines an arrival process (workloads.arrivals) with a dataset: a synthetic
-length preset (datasets.PRESETS, or the vLLM-like `random`), or a file replay (`dataset_path`: a
-BurstGPT CSV, or JSONL). Everything is seeded: the same arguments give the same workload.
-
-Length scaling: CPU runs cannot afford paper lengths (a single LLaDA-8B-shaped request takes tens
-of seconds on 2 cores), so `length_scale` multiplies every prompt and output token count (rounded,
-at least 1 token) before the caps are applied. Real prompt text from a JSONL file is never cut by
-the scale (only its output length is scaled); it is only cut to `max_prompt_len`. `gen_cap` and
-`max_prompt_len` are absolute token counts applied after scaling.
-
-gen_length: a dLLM decodes a fixed-size canvas, so a trace's output length is mapped to a
-`gen_length` (see gen_length_for); `fixed_gen_length` instead gives every request the same
-gen_length, as the paper's Table 3 does (256 tokens for all workloads).
+Entry point `build_workload` combines an arrival process (workloads.arrivals) with a dataset: a
+synthetic length preset (datasets.PRESETS, or the vLLM-like `random`), or a file replay
+(`dataset_path`: a BurstGPT CSV, or JSONL). Everything is seeded: the same arguments give the
+same workload. CPU runs cannot afford paper lengths, so `length_scale` shrinks every token count
+before the caps (rules in `build_workload`). A dLLM decodes a fixed-size canvas, so a trace's
+output length is mapped to a `gen_length` (`gen_length_for`), or `fixed_gen_length` gives every
+request the same one, as the paper's Table 3 does (256 tokens for all workloads). The options:
+docs/SERVE.md ("Options").
 """
 from __future__ import annotations
 
@@ -127,6 +122,10 @@ def build_workload(dataset: str, *, num_prompts: int | None = None, duration: fl
     rps/burstiness/seed drive 'poisson'/'gamma' arrivals and are unused by 'trace' (except seed,
     which also seeds lengths and prompt ids). fixed_gen_length (a block multiple) overrides the
     output_len -> gen_length mapping and gen_cap for every request.
+    length_scale multiplies every prompt and output token count (rounded, at least 1 token) before
+    the caps (a single LLaDA-8B-shaped request takes tens of seconds on 2 CPU cores); real prompt
+    text from a JSONL file is never cut by the scale (only its output length is scaled), only by
+    `max_prompt_len`. `gen_cap` and `max_prompt_len` are absolute token counts, applied after it.
     """
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")

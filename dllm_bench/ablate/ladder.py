@@ -1,35 +1,12 @@
-"""`dllm-bench ablate` (paper §6.6, Fig. 8): the engine's components switched on one at a time
-over the same arrival sequence and memory budget, plus the full engine under each cache policy.
+"""`dllm-bench ablate` (paper §6.6, Fig. 8): the ladder's definition and checks.
 
-The ladder (each rung = the previous one with ONE component switched; docs/ABLATE.md):
-
-  0 baseline    `sparse-dllm`: Sparse-dLLM, a request-level static batch (the paper's baseline)
-  1 +engine     `engine:scheduler=request,max_num_logits=none,cache=sparse,selection=head`:
-                continuous batching over packed varlen batches, head-centric dense KV cache, but
-                a request-level scheduler (every step charged the whole canvas) and monolithic
-                full-sequence logits
-  2 +scheduler  `scheduler=phase`: the phase-multiplexed scheduler (Reuse steps cost their block)
-  3 +logits     `max_num_logits=<L>`: logit-aware activation budgeting. The profiler gives the
-                memory it frees to the KV pool, so the pool grows as a consequence; the configs
-                still differ only in max_num_logits.
-
-Beyond the paper, one more rung after the ladder (`beyond_rungs`, compared with the full
-engine, rung 3): `scheduler=lookahead`, the look-ahead budget-aware scheduler the paper's §7
-proposes (engine.lookahead, docs/SCHEDULER.md). It is not part of the paper's Fig. 8, so the
-report's ladder claims leave it out.
-
-Every engine rung names `cache=sparse` (the paper's system), never the `engine` system's default
-(`cache=auto`). Cache-policy rows (the full engine, rung 3, with only cache/selection switched):
-`cache=none` (exact LLaDA: every step recomputes the canvas), `cache=dual` (Fast-dLLM's dual
-cache), `cache=auto` (dual per request while the KV pool holds it, sparse when memory binds),
-`cache=sparse,selection=head` (= rung 3, measured once) and `cache=sparse,selection=uniform`.
-
-This module holds the ladder's definition and checks only. Points run through the serve
-machinery (dllm_bench.serve.points.measure_points, shared with `dllm-bench sweep`): one fresh
-`dllm_bench.serve.worker` process per (dataset, system), each replaying exactly the same
-workload under exactly the same memory budget; results in the serve layout (results.write_point,
-metrics.csv, summary.json) under a run of kind "ablate". Tables and figures of a run:
-dllm_bench.ablate.tables.
+From Sparse-dLLM, each rung switches ONE EngineConfig field over the rung before it (engine,
+then phase scheduler, then logit budget), over the same arrivals and memory budget; every engine
+rung names `cache=sparse` (the paper's system), never the `engine` default `cache=auto`. Beyond
+the paper: `beyond_rungs` (the §7 look-ahead scheduler, kept out of the Fig. 8 claims) and
+cache-policy rows (the full engine with only cache/selection switched). Points run through
+serve's worker machinery (dllm_bench.serve.points.measure_points) into a run of kind "ablate";
+tables and figures: dllm_bench.ablate.tables. The rungs, budgets and output: docs/ABLATE.md.
 """
 from __future__ import annotations
 

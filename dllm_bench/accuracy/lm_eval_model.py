@@ -1,27 +1,12 @@
 """lm-eval 0.4.13 integration: the `dllm_bench` model, pluggable generation backends, offline tasks.
 
 A backend is `Callable[[list[str], dict], list[str]]`: prompts + lm-eval gen_kwargs (`until`,
-`max_gen_toks`, `temperature`, ...) -> one completion per prompt. `make_backend(model_args)` picks
-the factory in `BACKENDS` named by `model_args["backend"]`, else by the part of
-`model_args["model"]` before ":" (e.g. `model=oracle:gsm8k`); a `model` that is a preset name or
-a checkpoint directory selects the `engine` backend (dllm_bench.accuracy.backend.engine_backend):
-`--model_args model=tiny-math,retention=0.1,selection=head` (sparse cache at r = 0.1, head-centric;
-no retention = the dense, exact-LLaDA engine; `system=sparse-dllm` etc. for baselines).
-
-The `lm_eval` entry-point group declared in pyproject.toml is NOT scanned by lm-eval 0.4.13 (its
-registry only knows names registered by imported code). `make install` therefore writes
-`dllm_bench_lm_eval.pth`, which imports dllm_bench.accuracy.lm_eval_hook at start-up: when lm-eval is
-imported the hook registers this model lazily and adds our task directory, so a bare
-`lm_eval --model dllm_bench --tasks dllm_gsm8k ...` works. Without the .pth, run lm-eval through
-this module, which imports (= registers) the model and adds `--include_path`:
-
-    python -m dllm_bench.accuracy.lm_eval_model --model dllm_bench --model_args model=oracle:gsm8k \
-        --tasks dllm_gsm8k,dllm_synth --limit 5
-    python -m dllm_bench.accuracy.lm_eval_model --model dllm_bench --model_args model=oracle:humaneval \
-        --tasks dllm_humaneval --confirm_run_unsafe_code --limit 5
-
-(all `lm-eval run` flags work; set HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 to be sure nothing is
-fetched). From Python: `run_lm_eval("dllm_gsm8k", backend, limit=5)`.
+`max_gen_toks`, `temperature`, ...) -> one completion per prompt; `make_backend(model_args)` picks
+one from `BACKENDS` (an oracle, or the engine/baselines on a preset or checkpoint). lm-eval does
+not discover third-party models, so either the .pth hook `make install` writes
+(dllm_bench.accuracy.lm_eval_hook) registers this model when lm-eval is imported, or lm-eval runs
+through this module (`main`), which registers it and adds our task directory. From Python:
+`run_lm_eval("dllm_gsm8k", backend, limit=5)`. `--model_args`, tasks: docs/ACCURACY.md ("lm-eval").
 """
 from __future__ import annotations
 
@@ -112,8 +97,12 @@ BACKENDS: dict[str, BackendFactory] = {"oracle": _oracle_backend, "engine": _eng
 
 
 def make_backend(model_args: dict) -> Backend:
-    """The backend for `model_args` (see module docstring); ValueError for an unknown one.
-    Without `backend=`, a model that is a preset name or a checkpoint directory runs on the engine."""
+    """The backend for `model_args`; ValueError for an unknown one. The factory in `BACKENDS` named
+    by `model_args["backend"]`, else by the part of `model_args["model"]` before ":" (e.g.
+    `model=oracle:gsm8k`); without `backend=`, a model that is a preset name or a checkpoint
+    directory runs on the engine (`model=tiny-math,retention=0.1,selection=head`: sparse cache at
+    r = 0.1, head-centric; no retention = the dense, exact-LLaDA engine; `system=sparse-dllm` etc.
+    for baselines)."""
     model = str(model_args.get("model", ""))
     name = str(model_args.get("backend") or model.partition(":")[0])
     factory = BACKENDS.get(name)
@@ -211,7 +200,11 @@ def run_lm_eval(task: str | list[str], backend: Backend | dict | str, limit: int
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m dllm_bench.accuracy.lm_eval_model <lm-eval run flags>`: lm-eval's CLI with our model
-    registered and our task directory on the include path."""
+    registered and our task directory on the include path (the way without `make install`'s .pth:
+    lm-eval 0.4.13 scans no entry points, so pyproject's `lm_eval` group alone registers nothing).
+    Every `lm-eval run` flag works, e.g. `--model dllm_bench --model_args model=oracle:humaneval
+    --tasks dllm_humaneval --confirm_run_unsafe_code --limit 5`; set HF_DATASETS_OFFLINE=1
+    HF_HUB_OFFLINE=1 to be sure nothing is fetched."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--include_path" not in args and not any(a.startswith("--include_path=") for a in args):
         args += ["--include_path", str(TASKS_DIR)]

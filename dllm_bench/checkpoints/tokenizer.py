@@ -4,15 +4,9 @@ LLaDA-8B's tokenizer can't be downloaded here, so presets ship their own: a byte
 (digits split one by one, as arithmetic needs) trained on a small corpus generated in code,
 with LLaDA's special tokens and its Llama-3-layout chat template, saved as a
 `PreTrainedTokenizerFast` (tokenizer.json + tokenizer_config.json) that
-`transformers.AutoTokenizer.from_pretrained(dir)` loads with no network.
-
-Two id layouts:
-* vocab >= LLaDA's 126,464: the special tokens sit at LLaDA's real ids (BOS 126080, ...); the
-  ids no learned token uses are `<|reserved_N|>` fillers in the BPE vocab, so ids stay dense
-  0..V-1 (a BPE merge can never produce a filler, so the text never encodes to one).
-* small vocab: learned tokens first, the special tokens at the end, in LLaDA's relative order.
-This module is the only place in the repo that knows LLaDA's ids; everything else reads them
-from config.json / the tokenizer.
+`transformers.AutoTokenizer.from_pretrained(dir)` loads with no network. Where the special
+tokens sit for each vocabulary size: `special_token_ids`. This module is the only place in the
+repo that knows LLaDA's ids; everything else reads them from config.json / the tokenizer.
 """
 from __future__ import annotations
 
@@ -76,7 +70,10 @@ class SpecialIds:
 
 
 def special_token_ids(vocab_size: int) -> dict[str, int]:
-    """Where each special token goes for a vocab of this size (see the module docstring)."""
+    """Where each special token goes for a vocab of this size. Vocab >= LLaDA's 126,464: at LLaDA's
+    real ids (BOS 126080, ...), the ids no learned token uses filled by `<|reserved_N|>` tokens in
+    the BPE vocab, so ids stay dense 0..V-1 (a BPE merge never produces a filler, so no text
+    encodes to one). Smaller vocab: learned tokens first, the specials at the end in LLaDA's order."""
     if vocab_size >= LLADA_VOCAB_SIZE:
         return dict(LLADA_SPECIAL_IDS)
     names = sorted(LLADA_SPECIAL_IDS, key=LLADA_SPECIAL_IDS.get)

@@ -1,28 +1,13 @@
 """Scale similarity: the dimensionless ratios that decide which serving system wins, computed
-from a model shape, a request shape and a machine (docs/SCALING.md).
+from a model shape, a request shape and a machine (`dllm-bench models similarity`).
 
 A CPU scale model answers the paper's question for LLaDA-8B on a GPU only where it keeps these
-ratios (as a wind-tunnel model keeps the Reynolds number):
-
-* LM head vs body: FLOPs of one logit row / linear FLOPs of one query token, = V / (13·L·d) for
-  LLaDA's shape (f = 3d, no GQA). It decides how much a logit budget can save in time.
-* logit row vs KV token: bytes of one logit row / KV bytes of one token. It decides how much a
-  logit budget frees for the KV pool (memory, hence concurrency).
-* prompt / block and blocks per request: how many Reuse steps a Refresh pays for.
-* attention share: attention FLOPs / linear FLOPs of one query token at the mean context,
-  = 4·ctx·d / (2·per-layer weights): where sparse attention can save time at all.
-* batch capacity: requests whose KV (and, for the static-batch baselines, their full-sequence
-  logits) fit the memory left after the weights — the baselines' largest static batch and the
-  engine's concurrency.
-* dLLM-Cache's step share: the linear work of its average step over a full forward. Its first
-  layer recomputes everything at every step (maomaocun/dLLM-cache since 1ef9d03), so the share
-  falls with depth: ~0.15 for LLaDA-8B's 32 layers, 1.0 for a one-layer model, where dLLM-Cache
-  degenerates into plain LLaDA and a comparison with it measures nothing of its cache.
-* Reuse-step arithmetic intensity vs the machine's ridge point: whether a Reuse forward is
-  weight-bandwidth-bound (batching is free) or compute-bound.
-
-Everything is computed from the config fields (`Preset`), nothing is typed in; the machines'
-peaks are public measured matmul/bandwidth figures (datasheet where no measurement exists).
+ratios, as a wind-tunnel model keeps the Reynolds number: LM head vs body, logit row vs KV
+token, prompt / block, attention share, the baselines' largest static batch and the engine's
+concurrency, dLLM-Cache's step share, and the Reuse forward's arithmetic intensity against the
+machine's ridge point. Everything is computed from the config fields (`Preset`), nothing is typed
+in; the machines' peaks are public measured matmul/bandwidth figures (datasheet where no
+measurement exists). Each ratio's formula and what it decides: docs/SCALING.md.
 """
 from __future__ import annotations
 
@@ -141,9 +126,11 @@ def dllm_cache_step_share(p: Preset, shape: RequestShape, prompt_interval: int =
                           gen_interval: int = 7, transfer_ratio: float = 0.25) -> float:
     """dLLM-Cache's mean linear work per step / a full forward's, over one request's
     steps (= gen_length, the step counter global across blocks as upstream). Layer 0 always
-    recomputes the whole canvas; any other layer at step t: everything at t = 1 or when both
-    intervals hit, the gen part when the gen interval hits, else V for every gen token plus the
-    int(G·ratio) least-similar gen tokens in full (and the prompt when its interval hits)."""
+    recomputes the whole canvas (maomaocun/dLLM-cache since 1ef9d03), so the share falls with
+    depth (~0.15 for LLaDA-8B's 32 layers, 1.0 for one layer, where dLLM-Cache is plain LLaDA);
+    any other layer at step t: everything at t = 1 or when both intervals hit, the gen part when
+    the gen interval hits, else V for every gen token plus the int(G·ratio) least-similar gen
+    tokens in full (and the prompt when its interval hits)."""
     P, G = shape.prompt_len, float(shape.gen_length)
     d, kv = p.d_model, p.n_kv_heads * p.head_dim
     v_share = d * kv / (2 * d * d + 2 * d * kv + 3 * d * p.mlp_hidden_size)

@@ -1,18 +1,13 @@
 """Open-loop, wall-clock benchmark loop for ONE serving system (engine or baseline).
 
-Open loop means arrivals never wait for the system: request i "arrives" at t0 + offset_i
-whatever the system is doing, exactly like vLLM's client firing at the configured rate. The
-system runs in this thread, so a request whose time passes during a long step() is handed over
-right after that step; its arrival_time is still t0 + offset_i, so that wait is charged to the
-system as queueing, as a real client would see it.
-
-`max_concurrency` caps the requests in flight (handed over and not finished), vLLM's
-`--max-concurrency`: arrivals keep their times, and one that finds every slot taken waits in
-arrival order for a free one. As in vLLM, its latencies count from when it got the slot
-(`start_time`: the later of its arrival and the moment the request before it in that slot
-finished); the wait is its client-side queue time (start_time - arrival_time).
-
-Times in the returned records are seconds since t0 (the benchmark start).
+Open loop: request i "arrives" at t0 + offset_i whatever the system is doing, as vLLM's client
+fires at the configured rate. The system runs in this thread, so a request whose time passes
+during a long step() is handed over right after it, still with arrival_time t0 + offset_i: that
+wait is charged to the system as queueing, as a real client would see it. `max_concurrency`
+caps the requests in flight as vLLM's `--max-concurrency` does: one that finds every slot taken
+waits in arrival order; its latencies count from `start_time` (the later of its arrival and the
+finish of the request before it in that slot) and the wait is its client-side queue time.
+Times in the returned records are seconds since t0. Conventions: docs/SERVE.md.
 """
 from __future__ import annotations
 

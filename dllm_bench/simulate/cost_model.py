@@ -1,23 +1,13 @@
 """Per-forward cost model: a forward's work (what the system computes) -> its duration on a
-hardware profile under an implementation profile (docs/SIMULATE.md, "Cost model").
+hardware profile under an implementation profile.
 
-Work is described without token values: a forward is one or more `LayerPass`es (a set of
-layers that all see the same query segments; dLLM-Cache's partial layers need several) plus the
-forward-wide LM-head rows, KV traffic and implementation extras. Each term is a roofline:
-
-* per GEMM (QKV, O, gate+up, down) on the step's real M:  max(F / (P·u_c(M)), B / (BW·u_m)) + c_op,
-  u_c(M) interpolated (log M) in the calibrated per-M table when there is one: small-M GEMMs
-  reach a far smaller share of the peak than large ones, which one scalar cannot follow
-* attention (no S×S tensor in memory):  max(Σq·k·4·d / (P·u_c·u_attn), Σ(2q+2k)·d·w / (BW·u_m))
-* LM head over R rows: a GEMM (d → V) plus the implementation's softmax bytes per vocab entry
-* KV traffic:  (c_copy·read + write) tokens · kv bytes per token / (BW·u_m)
-* elementwise:  (M·e_impl·layers + extra bytes) / (BW·u_m)
-* host:  c_step + c_seq·n_seq + c_sl·n_seq·layers + c_row·rows, plus the terms a fit to measured
-  serve runs adds (per Refresh canvas, per logit row, a graph replay, a graph capture, a point's
-  first step): serial with the device time (every system here synchronises each step)
-
-Summing per-operator rooflines (kernels run one after another) rather than taking one max per
-phase is the pessimistic, eager-execution choice; docs/SIMULATE.md discusses it.
+Work is described without token values: a forward is one or more `LayerPass`es (a set of layers
+that all see the same query segments; dLLM-Cache's partial layers need several) plus the
+forward-wide LM-head rows, KV traffic and implementation extras. Each term (GEMMs on the step's
+real M with a per-M compute efficiency, attention with no S×S tensor in memory, LM head, KV
+traffic, elementwise, host) is a roofline, and the terms add rather than overlap: kernels run
+one after another, the pessimistic, eager-execution choice; host time is serial with the device
+time (every system here synchronises each step). The formulas: docs/SIMULATE.md ("Cost model").
 """
 from __future__ import annotations
 

@@ -1,18 +1,14 @@
 """A machine whose speed drifts: what calibrate and validation do about it, in one place.
 
 A shared virtual machine changes speed by up to 1.5x within minutes, and a calibration describes
-the state it was taken in. Three things keep that out of a profile and out of a validation, all
-reading the speed gauge (dllm_bench.speed_gauge):
-
-* state rescaling: the profile describes the machine at the median of the calibration's
-  readings; operator times are moved to that state and each batch's step times rescaled to it,
-  and a batch during which the gauge moved is timed again (`bracketed`);
-* idle gaps: where a request is short, one request alone after idle gaps gives the wake cost
-  (`fit_wake`), the hand-over cost and how late an idle sleep returns (`fit_overshoot`);
-* validation at the measured speed: each measured point's gauge over the calibration's is the
-  factor `simulate --validate` re-simulates that point at (`measured_speeds`).
-
-On a machine whose speed holds (a dedicated GPU) every factor here is ~1 and nothing changes.
+the state it was taken in. Reading the speed gauge (dllm_bench.speed_gauge), three things keep
+that out of a profile and out of a validation: the profile describes the machine at the median
+of the calibration's readings, operator and step times are rescaled to that state and a batch
+during which the gauge moved is timed again (`bracketed`); where a request is short, a request
+alone after idle gaps gives the wake and hand-over costs and the idle sleep's lateness
+(`fit_wake`, `fit_overshoot`); `simulate --validate` re-simulates each measured point at its own
+gauge reading over the calibration's (`measured_speeds`). On a machine whose speed holds (a
+dedicated GPU) every factor here is ~1. Thresholds: docs/SIMULATE.md (`dllm-bench calibrate`).
 """
 from __future__ import annotations
 

@@ -3,17 +3,11 @@
 A cost model commits no tokens, so it cannot know when a block whose policy reads confidences
 (threshold, factor, entropy) is complete. `--steps-per-block` gives it that, per request
 (engine.request.Request.planned_steps; Fast-dLLM's static batch ends a block when its slowest
-row's plan does, as its rows ride along):
-
-* declared: `4` (every block takes 4 forwards) or `2,3,4` (each block of each request draws one of
-  the values, uniformly);
-* recorded: a `requests.jsonl` of a serve, simulate or frontier run (its `steps_per_block`
-  fields), a directory holding one (a run, or a frontier point `points/<configuration>/`), or a
-  run id under the results root: each request draws one recorded request's whole list, so the
-  blocks of one request stay as correlated as they were measured.
-
-Draws are seeded by the run's seed and the request id, so every system of a run replays the same
-plan for the same request, and a rerun the same plans.
+row's plan does, as its rows ride along): declared values (`4`, or `2,3,4` drawn per block), or
+the recorded `steps_per_block` of a serve, simulate or frontier run, each request drawing one
+recorded request's whole list so its blocks stay as correlated as they were measured. Draws are
+seeded by the run's seed and the request id: every system of a run, and a rerun, replays the
+same plan for the same request. Spec forms: `parse`; the option: docs/SIMULATE.md.
 """
 from __future__ import annotations
 
@@ -55,7 +49,10 @@ class StepsPlan:
 
 
 def parse(spec: str, root: Path | None = None) -> StepsPlan:
-    """`--steps-per-block N[,M...] | FILE | DIR | RUN_ID` (see the module docstring)."""
+    """`--steps-per-block N[,M...] | FILE | DIR | RUN_ID`: `4` (every block takes 4 forwards) or
+    `2,3,4` (each block of each request draws one of the values, uniformly); else a recorded plan
+    (`recorded`): a `requests.jsonl` of a serve, simulate or frontier run, a directory holding one
+    (a run, or a frontier point `points/<configuration>/`), or a run id under the results root."""
     text = spec.strip()
     try:
         values = [int(v) for v in text.split(",")]

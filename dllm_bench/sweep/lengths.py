@@ -4,17 +4,10 @@ grows. Every point is a `random`-style workload with FIXED lengths (every reques
 prompt length and gen_length), all requests at t=0 (saturation), run through serve's worker
 machinery (dllm_bench.serve.points.measure_points); run directory of kind "sweep".
 
-Ranges (docs/ABLATE.md). The paper sweeps input 100-600 tokens (output fixed) and output
-128-512 tokens. A preset scales them:
-* input lengths x `length_scale` (serve-126k 0.125: 100..600 -> 12..75 tokens; cpu-default 1);
-* output lengths must be whole blocks (gen_length is a block multiple, steps = gen_length), so
-  they scale by `max(length_scale, block_length / 128)` — the paper's shortest output is then
-  at least one block — and are rounded up to a block multiple (serve-126k: x0.25 ->
-  32, 64, 128 tokens = 1..4 blocks of 32, the paper's 4..16 blocks / 4);
-* the fixed other length: output 256 (Table 3's generation length) and input 300 (the paper
-  does not state it; the middle of its input sweep), scaled the same way;
-* GPU presets (the paper's) sweep the paper's whole grids (6 input / 4 output points); CPU
-  presets sweep 3 points of each grid (the two ends and the middle) to keep a run short.
+The paper sweeps input 100-600 tokens (output 256) and output 128-512 tokens; a preset scales
+them by its `length_scale`, outputs kept whole blocks (the rule: `plan_sweep`). GPU presets sweep
+the paper's whole grids, CPU presets the two ends and the middle of each. The grids per preset:
+docs/SWEEP.md.
 """
 from __future__ import annotations
 
@@ -105,8 +98,14 @@ def _ints(text: str, flag: str) -> list[int]:
 
 def plan_sweep(vary: str, *, length_scale: float, block_length: int, device: str = "cpu",
                points: str | None = None, fixed: int | None = None) -> SweepPlan:
-    """The (input_len, gen_length) points of a sweep for a preset (module docstring's rule).
-    `points` (comma list, in tokens as sent) and `fixed` override the scaled defaults."""
+    """The (input_len, gen_length) points of a sweep for a preset. Input lengths scale by
+    `length_scale` (serve-126k 0.125: 100..600 -> 12..75 tokens); output lengths must be whole
+    blocks (gen_length a block multiple, steps = gen_length), so they scale by
+    max(length_scale, block_length / 128) (the paper's shortest output is at least one block) and
+    round up to a block multiple (serve-126k: x0.25 -> 32, 64, 128 = 1..4 blocks of 32, the
+    paper's 4..16 blocks / 4). The fixed other length (output 256, Table 3; input 300, the middle
+    of the paper's input sweep, which it does not state) scales the same way. `points` (comma
+    list, in tokens as sent) and `fixed` override the scaled defaults."""
     vary = parse_vary(vary)
     s_in, s_out = float(length_scale), output_scale(length_scale, block_length)
     gpu = str(device).startswith("cuda")

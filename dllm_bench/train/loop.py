@@ -1,24 +1,14 @@
 """Train a tiny LLaDA-architecture masked-diffusion model on a generated task (`synth`,
-`synth-cot`), on CPU, and save it as an HF-layout LLaDA checkpoint the engine loads unchanged (`dllm-bench train`).
+`synth-cot`) on CPU and save it as an HF-layout LLaDA checkpoint the engine loads unchanged
+(`dllm-bench train`).
 
-Pieces (the tokenizer in dllm_bench.train.tokenizer, batches and the batched forward in
-dllm_bench.train.batches, the held-out probe and curve plot in dllm_bench.train.curve; the rest below):
-
-* a task tokenizer: byte-level BPE trained on the task's text (digits split one by one, names and
-  items end up as single tokens), learned tokens first and LLaDA's special tokens at the top of
-  the vocab in LLaDA's relative order (the small-vocab layout of dllm_bench.checkpoints.tokenizer);
-* the model: `engine.models.llada.LLaDAModelLM` itself, trained through its own blocks with a
-  batched, padding-masked attention (so the saved weights mean exactly what the engine computes);
-* the objective, as LLaDA's SFT trains (Nie et al. 2025, Alg. 2 / eq. 5): per sequence
-  t ~ U(eps, 1); every token of the *answer region* (answer + EOS, EOS-padded to a fixed window)
-  is masked with probability t, prompt tokens never; cross-entropy on the masked tokens weighted
-  1/t, normalised by the answer-region length. `objective="plain"` (unweighted CE over masked
-  tokens, t ~ U(t_min, 1); lower variance for short windows) exists as an option only;
-* a seeded data stream (the task's train split; the held-out probe uses its dev split), AdamW
-  with warmup + cosine decay, a learning curve (probe accuracy on the dev split every `eval_every`
-  steps, greedy LLaDA low-confidence decoding with one token per step), CSV + PNG;
-* the budget: `steps` (deterministic: the same seed, steps and thread count give the same
-  weights) and a wall-clock cap `minutes` (a safety stop; the step count reached is recorded).
+The model is `engine.models.llada.LLaDAModelLM` itself, trained through its own blocks with a
+batched, padding-masked attention, so the saved weights mean exactly what the engine computes.
+The objective is LLaDA's SFT loss (`diffusion_loss`); a seeded data stream (the task's train
+split), AdamW with warmup + cosine decay, a learning curve on the dev split (CSV + PNG), a step
+budget (the same seed, steps and thread count give the same weights) and a wall-clock safety cap
+`minutes`. Tokenizer: dllm_bench.train.tokenizer; batches: dllm_bench.train.batches; probe and
+curve: dllm_bench.train.curve. Options and results: docs/ACCURACY.md ("`dllm-bench train`").
 """
 from __future__ import annotations
 
@@ -202,9 +192,11 @@ def diffusion_loss(model: LLaDAModelLM, ids, valid, region, mask_id: int, object
                    eps: float = 1e-3, t_min: float = 0.1, generator: torch.Generator | None = None):
     """The masked-diffusion loss of one batch -> (loss, stats).
 
-    llada: t ~ U(eps, 1) per sequence, mask each answer-region token with probability t,
-    sum over masked tokens of CE / t, divided by the answer-region length, mean over the batch
-    (LLaDA SFT). plain: t ~ U(t_min, 1), mean CE over all masked tokens of the batch."""
+    llada (LLaDA's SFT, Nie et al. 2025, Alg. 2 / eq. 5): t ~ U(eps, 1) per sequence, mask each
+    answer-region token (answer + EOS, EOS-padded to a fixed window; prompt tokens never) with
+    probability t, sum over masked tokens of CE / t, divided by the answer-region length, mean
+    over the batch. plain (an option only; lower variance for short windows): t ~ U(t_min, 1),
+    mean CE over all masked tokens of the batch."""
     B = ids.shape[0]
     lo = eps if objective == "llada" else t_min
     t = torch.rand(B, 1, generator=generator) * (1 - lo) + lo

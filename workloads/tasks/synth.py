@@ -1,33 +1,14 @@
-"""`synth`: a GSM8K-format synthetic task family that a ~1M-parameter masked-diffusion model can
-learn on a CPU in minutes, and whose answers hinge on a few specific context tokens (so dropping
-KV entries, retention r << 1, visibly costs accuracy).
+"""`synth`: a GSM8K-format synthetic task family that a ~1M-parameter masked-diffusion model learns
+on a CPU in minutes, whose answers hinge on a few context tokens (so dropping KV costs accuracy).
 
-Each example:
-
-    context  = K facts "<Name> has <d> <item>." (K distinct names, one shared item, d in 1..9);
-               with the default ops (mark-*) the asked facts say "found" / "won" instead of
-               "has" and only they use digits (the distractors' values are spelled out)
-    query    = recall one value | add two values | subtract two values, the facts picked by
-               their marker verb (default ops mark-*) or by the person's name (ops recall/add/sub)
-    answer   = "#### N" (recall) | "a + b = N\n#### N" (add/sub): each recalled value once
-
-e.g. (K=4) question: "Ann has three marbles. Bob found 7 marbles. Cy has two marbles. Dee won 5
-marbles. How many marbles were found and won together?"  answer: "7 + 5 = 12\n#### 12"
-
-* Learnable (measured, docs/ACCURACY.md): name-keyed (associative) recall stayed at chance (1/K)
-  for a 0.9M model after 48k examples, even at K = 2, and so did a lookup keyed by the verb next
-  to the value; a needle recognisable by its own form (the only digits in the context) is one
-  attention hop. So name-keyed ops are an option, not the default. The
-  operands are written out before the result, so the arithmetic is one visible step, and no
-  recalled value is written twice (see `_worked_answer`).
-* KV-sensitive: the answer depends on 1-2 facts (one digit token each) at random positions among
-  K-1 distractors; K=16 gives ~105 prompt tokens with the digit-splitting BPE of `dllm-bench
-  train` (K=32: ~200), answers <= 12 tokens. Retention 0.1 keeps ~10 of them: the needed digits
-  survive only if the selection finds them, and the two facts of add/sub sit at different
-  positions, which per-head selection can serve from different heads.
-* Knobs: `context_facts` (K: length), `ops`, `max_value` (operand range; keep <= 9).
-* Splits: train / dev / test by a stable hash of the question text (`splits.split_of`), so they
-  are disjoint for every seed, n and knob setting; generation asserts it.
+Each example: K facts "<Name> has <d> <item>." (one shared item); the question recalls one value
+or adds/subtracts two, the asked facts picked by a marker verb ("found", "won"; the default ops
+mark-*, whose facts are the only digits in the context) or by the person's name (ops recall/add/
+sub); the answer is "#### N", or "a + b = N\n#### N" for add/sub. K=16 gives ~105 prompt tokens
+and answers <= 12 tokens, so at retention 0.1 the needed digits survive only if the selection
+finds them. Knobs: `context_facts` (K), `ops`, `max_value` (keep <= 9). Splits: train / dev /
+test by a stable hash of the question text (`splits.split_of`). Why this shape: the comments
+below; the task and its models: docs/ACCURACY.md ("Tasks and models").
 """
 from __future__ import annotations
 
@@ -64,7 +45,7 @@ MARKERS: tuple[str, str] = ("found", "won")      # verbs of the asked facts (dis
 # by its form, so finding it is one attention hop (learned in minutes); what retention tests is
 # whether the KV selection keeps it.
 WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-DEFAULT_CONTEXT_FACTS = 16                # ~105 prompt tokens; what tiny-math is evaluated at
+DEFAULT_CONTEXT_FACTS = 16                # ~105 prompt tokens (K=32: ~200); what tiny-math is evaluated at
 DEFAULT_MAX_VALUE = 9
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"   # same as GSM8K (lm-eval's gsm8k doc_to_text)
 
@@ -127,7 +108,10 @@ def _candidate(rng: random.Random, k: int, ops: tuple[str, ...], max_value: int)
 
 def _marked(rng: random.Random, k: int, op: str, item: str, names: list[str], values: list[int]) -> dict:
     """A marker-keyed question: the asked facts say "found" / "won" (digits), the others "has"
-    (values spelled out). add lists its operands in context order, sub is larger - smaller."""
+    (values spelled out). add lists its operands in context order, sub is larger - smaller; the two
+    facts sit at different positions, which per-head selection can serve from different heads.
+    E.g. (K=4) "Ann has three marbles. Bob found 7 marbles. Cy has two marbles. Dee won 5 marbles.
+    How many marbles were found and won together?" -> "7 + 5 = 12\n#### 12"."""
     verbs = ["has"] * k
     if op == "mark-recall":
         i, verb = rng.randrange(k), rng.choice(MARKERS)

@@ -1,33 +1,14 @@
 """`synth-cot`: a GSM8K-shaped task with long worked answers, learnable by a ~1M-parameter
-masked-diffusion model on a CPU, whose every answer step depends on a different, specific
-context token (what KV selection can break).
+masked-diffusion model on a CPU, whose every answer step needs a different context token.
 
-Each example:
-
-    context  = K facts "<Name> has <word> <item>." (values spelled out), of which `needles` (3 by
-               default) at random positions are events with a digit value and a marker verb:
-               "<Name> found 7 <item>." (markers found/won/got add, lost/gave take away)
-    question = "How many <item> are there after the ones found, lost and won?" (the markers in
-               context order)
-    answer   = a worked chain over the needles in context order, one step per needle after the
-               first, each needle's marker written right before its value:
-               "found 7 - lost 3 = 4. 4 + won 5 = 9.\n#### 9"   (27 tokens with `dllm-bench
-               train`'s digit-splitting BPE; 4 needles: ~36)
-
-Why this shape (docs/ACCURACY.md has the measurements on `synth`):
-
-* Every needle value is written once in the answer; only computed running totals repeat (the
-  result of one step is the first operand of the next). A second copy of a recalled value lets a
-  model trained with random masking copy it instead of learning to recall it.
-* Needles are recognisable by form (the only digits in the context) and each is keyed by the
-  marker written before it both in the context and in the answer ("lost 3"): a lookup a small
-  model learns (an induction-style match of the preceding token), unlike name-keyed recall.
-* The step order is the context order and the question lists the markers in that order, so
-  later steps need later needles: at retention r the answer survives only if the selection keeps
-  each step's needle for the queries of that step.
-* Running totals stay in 0..needles*max_value (the subtracted value never exceeds the total).
-
-Splits: train / dev / test by a stable hash of the question text (`splits.split_of`).
+Each example: K facts "<Name> has <word> <item>." (values spelled out), of which `needles` (3 by
+default) at random positions are events with a digit value and a marker verb ("<Name> found 7
+<item>."; found/won/got add, lost/gave take away); the question lists the markers in context
+order; the answer is a worked chain over the needles in that order, e.g. "found 7 - lost 3 = 4.
+4 + won 5 = 9.\n#### 9" (27 tokens with `dllm-bench train`'s BPE; 4 needles: ~36). So at
+retention r the answer survives only if the selection keeps each step's needle for the queries
+of that step. Why this shape: `worked_answer`. Splits: train / dev / test by a stable hash of
+the question text (`splits.split_of`); the task and its models: docs/ACCURACY.md.
 """
 from __future__ import annotations
 
@@ -55,7 +36,16 @@ def _sign(marker: str) -> str:
 
 
 def worked_answer(events: list[tuple[str, int]]) -> tuple[str, int]:
-    """(answer text, N) for the needles' (marker, value) in context order."""
+    """(answer text, N) for the needles' (marker, value) in context order: one step per needle after
+    the first, each needle's marker written right before its value.
+
+    Every needle value is written once; only computed running totals repeat (a step's result is
+    the next one's first operand): a second copy of a recalled value lets a model trained with
+    random masking copy it instead of learning to recall it. Needles are recognisable by form (the
+    only digits in the context) and keyed by the marker before them in both context and answer
+    ("lost 3"): a lookup a small model learns (an induction-style match of the preceding token),
+    unlike name-keyed recall. Steps follow context order, as the question lists the markers, so
+    later steps need later needles."""
     (m0, total), steps = events[0], []
     first = f"{m0} {total}"
     for marker, v in events[1:]:
@@ -76,7 +66,7 @@ def _candidate(rng: random.Random, k: int, needles: int, max_value: int) -> dict
     where = sorted(rng.sample(range(k), needles))
     markers = [rng.choice(ADD_MARKERS)]              # the chain starts from something there
     markers += rng.sample([m for m in MARKERS if m != markers[0]], needles - 1)
-    values, total = [], 0
+    values, total = [], 0       # totals stay in 0..needles*max_value: a take never exceeds the total
     for m in markers:
         hi = max_value if m in ADD_MARKERS else min(max_value, total)
         if hi < 1:                                  # nothing left to take away: make it a gain
