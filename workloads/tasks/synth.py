@@ -32,8 +32,8 @@ ITEMS: tuple[str, ...] = (
 )
 # Two ways to point at a fact. By its person's name (associative recall, ops recall/add/sub:
 # "does Bob have"), or by a marker verb written in the fact itself (ops mark-*: "Bob found 7
-# marbles." among "X has N marbles." distractors; "how many were found"). Measured here
-# (docs/ACCURACY.md): name-keyed recall stayed at chance (1/K) after 48k examples even with K = 2,
+# marbles." among "X has N marbles." distractors; "how many were found"). When this task was
+# built, name-keyed recall stayed at chance (1/K) after 48k examples even with K = 2,
 # while a marker-keyed lookup (a fixed key next to the value, any position) is learned in minutes;
 # so the marker-keyed ops are the default. Either way the needed fact sits at a random position.
 NAME_OPS: tuple[str, ...] = ("recall", "add", "sub")
