@@ -9,7 +9,7 @@ import torch
 CACHE_POLICIES = ("none", "dual", "sparse", "auto")
 SELECTIONS = ("head", "uniform")
 SCORE_QUERIES = ("mean", "max")
-SCHEDULERS = ("phase", "request", "lookahead")
+SCHEDULERS = ("phase", "request", "lookahead")   # engine.schedulers.POLICIES' names
 # The one dtype-name table of the repository (CLI names -> torch dtypes).
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = ("auto", "sdpa", "varlen", "flash_attn")
@@ -21,7 +21,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "auto"                   # auto = cuda when available
     attention_backend: str = "auto"        # auto = on CUDA torch varlen_attn, else flash-attn, else SDPA
-    # Reuse-only steps padded to batch buckets and captured as CUDA graphs (engine.graphs):
+    # Reuse-only steps padded to batch buckets and captured as CUDA graphs (engine.graphs.enabled):
     # None = on for CUDA; True on a CPU runs the same padding with plain calls (tests).
     cuda_graphs: bool | None = None
     # Ranks of one engine (engine.parallel.ParallelEngine): heads, MLP and vocabulary split
@@ -83,9 +83,6 @@ class EngineConfig:
         check(0 <= self.guard_fraction < 1, "guard_fraction must be in [0, 1)")
         check(self.max_model_len is None or self.max_model_len > 0, "max_model_len must be positive")
         check(self.refresh_chunk_tokens is None or self.refresh_chunk_tokens > 0, "refresh_chunk_tokens must be positive")
-
-    def graphs_enabled(self, device) -> bool:
-        return self.cuda_graphs if self.cuda_graphs is not None else torch.device(device).type == "cuda"
 
     def to_dict(self) -> dict:
         return asdict(self)

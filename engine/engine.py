@@ -13,6 +13,7 @@ from engine.canvas import CanvasPool
 from engine.chunking import serves_long
 from engine.config import DTYPES, EngineConfig
 from engine.counters import StepCounters
+from engine.graphs import StepGraphs
 from engine.kv_cache import KVPool
 from engine.models.llada import LLaDAModelLM, load_llada
 from engine.ragged import padded, to_device
@@ -124,6 +125,12 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def capture_graphs(self, block_length: int, prompt_len: int = 1) -> int:
+        """At warm-up rather than in the first served steps: every batch bucket's CUDA graph for
+        Reuse steps of `block_length` (engine.graphs.StepGraphs.capture_all); 0 without graphs."""
+        graphs = getattr(self.runner, "graphs", None)
+        return graphs.capture_all(block_length, prompt_len) if isinstance(graphs, StepGraphs) else 0
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:

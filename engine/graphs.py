@@ -1,32 +1,56 @@
 """CUDA graphs for Reuse-only steps, padded to batch buckets, kept only where they are faster.
 
-A Reuse step (each request queries its block against its cache) is the commonest, lightest
-step: at a few requests its hundreds of small kernels cost what launching them from Python
+At a few requests a Reuse step's hundreds of small kernels cost what launching them from Python
 does, so, as vLLM does for decode, such steps are captured once per shape and replayed. The
-batch is padded to a bucket (1, 2, 4, 8, then every 8 up to max_num_seqs: vLLM's capture
-sizes) with dummy members; keys read in place need nothing more (the pool is the key tensor; a
-step with a slot table in pieces runs eager), gathered keys (where the kernel cannot read in
-place, or padded SDPA per member) are padded to `key_width`, at most 1/8 above. A dummy queries one block and stores its K/V into the pool's scratch slot; it attends to
-nothing (in place) or to that slot, and its rows are dropped. A bucket's first step times its
-replay against eager runs of the same step unpadded (what it runs otherwise) with CUDA events,
-and the bucket keeps the graph only if faster (`StepGraphs.report()`). Each bucket owns a
-staging buffer the same puts land in every step, so a replay reads the new step's metadata.
-Without CUDA (tests) the padding runs the same way with plain calls.
+batch is padded to a bucket (1, 2, 4, 8, then every 8 up to max_num_seqs: vLLM's capture sizes)
+with dummy members (`PadSpec`, `pad_meta`): each queries one block, stores its K/V into the KV
+pool's scratch slot (`KVPool.scratch`) and attends to nothing (keys read in place) or to that
+slot; gathered keys are padded to `key_width`. A bucket's first step, or `capture_all` at
+warm-up, times the replay against eager runs unpadded and keeps the graph only if faster. Each
+bucket owns a staging buffer the same puts land in, so a replay reads the new step's metadata.
+What else graphs need is decided here too: whether they are on (`enabled`, `eager`), the RoPE
+table reserved to max_model_len, the profiler's memory reserve (`memory_reserve`). Without CUDA
+(tests) the padding runs the same way with plain calls.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from engine.cache_mode import AUTO
 from engine.cache_mode import CODES as CACHE_CODES
-from engine.request import Phase
+from engine.config import EngineConfig
+from engine.kv_cache import kv_need
+from engine.request import Phase, Request
+from engine.sampling import SamplingParams
 from engine.staging import Staging
 from engine.step_meta import CODES, StepMeta
 
 KEY_GRANULE = 16          # key widths below 128 are multiples of this
 TIMED_RUNS = 3            # replays and eager runs timed per bucket (after one warm-up each)
+
+
+def enabled(config: EngineConfig, device) -> bool:
+    """Whether steps run bucketed: `cuda_graphs`, or by default on a CUDA device (True on a CPU
+    runs the same padding with plain calls)."""
+    return config.cuda_graphs if config.cuda_graphs is not None else torch.device(device).type == "cuda"
+
+
+def eager(config: EngineConfig) -> EngineConfig:
+    """`config` without graphs: the profiler's measured steps (what a graph keeps is reserved
+    on top, `memory_reserve`) and tensor-parallel ranks (a captured step cannot hold the
+    collectives of a changing plan)."""
+    return dataclasses.replace(config, cuda_graphs=False)
+
+
+def memory_reserve(config: EngineConfig, device, reuse_peak: int) -> int:
+    """Bytes the profiler keeps from the KV pool for captured graphs: they hold their
+    intermediates in one graph memory pool beside the eager steps' allocations, its peak that
+    of the largest Reuse step (`reuse_peak`, measured eager)."""
+    return reuse_peak if enabled(config, device) and config.cache != "none" else 0
 
 
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
@@ -163,6 +187,48 @@ class StepGraphs:
         dummies = (bucket(len(batch), self.buckets) - len(batch)) * batch[0][0].block_length   # a block each
         return key_width(sum(keys) + dummies)
 
+    def _spec(self, batch) -> tuple[PadSpec, tuple[int, int, int]]:
+        spec = PadSpec(bucket(len(batch), self.buckets), self._keys(batch), self.pool.scratch)
+        return spec, (spec.members, spec.keys, batch[0][0].block_length)
+
+    def capture(self, batch) -> bool:
+        """Decide `batch`'s bucket now (staging buffer; on CUDA the graph captured and timed), as
+        its first served step would; counts no step. True if the bucket was new."""
+        if not self.takes(batch):
+            return False
+        spec, key = self._spec(batch)
+        if key in self.entries:
+            return False
+        self._first(key, batch, spec)
+        return True
+
+    def capture_all(self, block_length: int, prompt_len: int = 1) -> int:
+        """Every bucket for Reuse steps of `block_length` before serving (warm-up), on synthetic
+        requests of one block after a `prompt_len` prompt, in the engine's cache mode (auto:
+        dual). Keys read in place: their graphs serve every such step; gathered keys: the key
+        width of this canvas (others are captured at their first step). Their caches take pool
+        slots only meanwhile; buckets stop where the free pool cannot hold them. -> buckets decided."""
+        r, c = self.runner, self.runner.config
+        mode = "dual" if c.cache == AUTO else c.cache
+        params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
+        need = kv_need(mode, prompt_len + block_length, block_length, c.retention)
+        if mode == "none" or need == 0:
+            return 0                              # no Reuse step to capture
+        new = 0
+        for b in self.buckets:
+            if b * block_length > c.max_num_batched_tokens or not self.pool.can_reserve(b * need):
+                break
+            reqs = [Request(f"graph-{b}-{i}", [0] * prompt_len, params, r.model_config.mask_token_id, r.device,
+                            cache=mode) for i in range(b)]
+            for req in reqs:
+                req.slots, req.kv_pool, req.kv_tokens = self.pool.reserve(need), self.pool, need
+            try:
+                new += self.capture([(req, Phase.REUSE) for req in reqs])
+            finally:
+                for req in reqs:
+                    self.pool.release(need, req.slots)
+        return new
+
     def run(self, batch) -> tuple[object, torch.Tensor, bool] | None:
         """The step padded -> (its PackedStep, the real rows' hidden states, whether a graph was
         replayed); None when the bucket runs eager (its graph was slower): the caller runs it.
@@ -172,8 +238,7 @@ class StepGraphs:
         "replay" is a plain call of the forward on that captured step, so a CPU run checks the
         same thing: that a bucket's puts land where the captured step reads them."""
         r = self.runner
-        spec = PadSpec(bucket(len(batch), self.buckets), self._keys(batch), self.pool.scratch)
-        key = (spec.members, spec.keys, batch[0][0].block_length)
+        spec, key = self._spec(batch)
         entry = self.entries.get(key)
         if entry is None:
             entry, p = self._first(key, batch, spec)

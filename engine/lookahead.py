@@ -1,46 +1,14 @@
 """Look-ahead, budget-aware planning (the paper's §7 "Budgeting-Aware Scheduling", built).
 
 The phase scheduler is greedy: a batch that fits the token budget now can exceed it k steps
-later, when several running requests reach a block start (a Refresh, charged the whole canvas)
-together; the one that arrives last in FCFS order then stalls, and with it every running
-request behind it. The look-ahead scheduler plans instead. Every running request's remaining
-steps are placed on a ledger of future steps (`Ledger`: planned query tokens per step), each
-step costed by its phase exactly as the phase scheduler charges it (a Refresh its canvas, a
-Reuse its block). The ledger never holds more than `max_num_batched_tokens` in any step, so
-Refreshes that would coincide are staggered when a request is planned, never at the collision:
-
-* admission (FCFS): the head of the queue is admitted when its first step (a Refresh) fits
-  this step's planned load (and the KV pool and `max_num_seqs` allow it, as under `phase`);
-* placement: its remaining steps are placed in order, each at the earliest step after the
-  previous one whose planned load leaves room for it. Where a later Refresh (a block start, or
-  the sparse cache's delayed selection step) would collide with Refreshes already planned,
-  the request waits planned steps before it (its block start is shifted); nobody already
-  planned moves. Greedy placement gives the request its earliest possible finish given the
-  plans before it (each step at the earliest slot by induction).
-
-So under the fixed transfer schedule every request runs exactly the steps planned when it was
-admitted: no step exceeds the budget, no running request ever stalls (is left out of a step
-its plan had it in), every request finishes (a request alone fits an empty step), and
-admission stays FCFS. Planned waits are counted apart from stalls (`Scheduler.deferred`).
-
-Uncertain block ends (parallel decoding: a block ends when no masked position is left). A
-block is planned at its longest (`planned_block_steps`). Each step the planner checks every
-running request's cursor against the one its plan expects. A request whose block ended early
-is re-placed from its actual cursor with the same greedy rule: its old plan (from the planned
-start of its next block on) is still a feasible placement of the new remainder, so every step
-of the new one is placed no later, and nobody else's plan moves. Hence, as long as no block
-takes more steps than planned: no step exceeds the budget, no running request stalls, and
-every request finishes no later than its plan at admission said; only "exactly the planned
-steps" is lost, since an early block end moves its request's next block start as early as the
-other plans leave room for ("shifting a block start by planned steps"), at worst to where it
-was planned. The price is what the longest-block plan over-reserves: Reuse steps a block will
-not take hold their block's tokens on the ledger until the early end frees them. A block that runs longer
-than planned (a plan that under-estimates) needs an unplanned step: it is placed only where
-the planned load leaves room, so the budget still holds and nobody else waits, but the
-request itself may stall (counted as a stall). Planned waits and freed steps are also taken
-back: a request waiting on its plan runs now when this step has room for its next step, and its
-remainder is re-placed (again no later than planned), so a request that leaves early (abort,
-early finish) frees its planned steps for the others.
+later, when several running requests reach a Refresh together, and the last in FCFS order then
+stalls. Here every running request's remaining steps are placed on a ledger of future steps
+(`Ledger`: planned query tokens per step, each step costed by its phase as the phase scheduler
+charges it) that never holds more than the budget in any step, so Refreshes that would coincide
+are staggered when a request is placed (its block start shifted: a planned wait), never at the
+collision. Admission stays FCFS: the head is admitted when its first step fits this step's load.
+A block of uncertain length (parallel decoding) is planned at its longest and re-placed, never
+later, when it ends early. The algorithm and its guarantees: docs/SCHEDULER.md.
 """
 from __future__ import annotations
 
@@ -152,8 +120,8 @@ class Plan:
 
 
 class Lookahead:
-    """The plan of the `lookahead` scheduler (module docstring); `Scheduler` keeps the queue,
-    the KV pool and admission bookkeeping, and asks this for who runs each step."""
+    """The plan of the `lookahead` policy (engine.schedulers.LookaheadPolicy asks it who runs
+    each step; `Scheduler` keeps the queue, the KV pool and admission bookkeeping)."""
 
     def __init__(self, budget: int, cache: str, delay_step: int):
         self.budget, self.cache, self.delay_step = budget, cache, delay_step

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import chunking
+from engine import chunking, graphs
 from engine.cache_mode import AUTO
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, bytes_per_token, kv_need
@@ -104,7 +104,7 @@ def measure_activation_peak(model: LLaDAModelLM, config: EngineConfig, backend: 
     the dual and the sparse mode's)."""
     scratch = KVPool(None, model.config, model.dtype, model.device)     # the profiled steps' caches
     # Eager steps: what a captured graph keeps is reserved on top (`profile_kv_pool`).
-    runner = ModelRunner(model, dataclasses.replace(config, cuda_graphs=False), backend, scratch, max_model_len)
+    runner = ModelRunner(model, graphs.eager(config), backend, scratch, max_model_len)
     runner.in_place_keys = False      # gathered Reuse keys: the peak of a fragmented pool
     modes = ("dual", "sparse") if config.cache == AUTO else (config.cache,)
     peaks = [_peaks(runner, model, config, max_model_len, mode) for mode in modes]
@@ -161,7 +161,7 @@ def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str
     if max_model_len <= T or not chunking.serves_long(config):
         return None
     scratch = KVPool(None, model.config, model.dtype, model.device)
-    runner = ModelRunner(model, dataclasses.replace(config, cuda_graphs=False), backend, scratch, max_model_len)
+    runner = ModelRunner(model, graphs.eager(config), backend, scratch, max_model_len)
     runner.in_place_keys = False      # gathered Reuse keys, as measure_activation_peak
     bl = min(32, T)
     chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else \
@@ -193,10 +193,7 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
     # The Reuse step measured above, its single long Reuse's keys at max_model_len instead.
     long_reuse = reuse_peak + growth if growth else 0
     peak = max(peak, long_refresh, long_reuse)
-    if config.graphs_enabled(model.device) and config.cache != "none":
-        # Captured Reuse graphs keep their intermediates in one graph memory pool beside the
-        # eager steps' allocations; its peak is that of the largest Reuse step, measured above.
-        peak += max(reuse_peak, long_reuse)
+    peak += graphs.memory_reserve(config, model.device, max(reuse_peak, long_reuse))
     guard = int(budget * config.guard_fraction)
     free = budget - wb - peak - guard
     if free < 0:

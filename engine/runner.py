@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine import chunking
+from engine import chunking, graphs
 from engine.attention import PACKED, PackedKernel
 from engine.cache_policy import POLICIES
 from engine.config import EngineConfig
@@ -65,7 +65,7 @@ class ModelRunner:
         self.refresh_chunk = refresh_chunk or chunking.default_chunk(config)
         self.long_possible = chunking.serves_long(config)
         self.long_staging = Staging(self.device)
-        self.graphs = StepGraphs(self) if config.graphs_enabled(self.device) and pool is not None else None
+        self.graphs = StepGraphs(self) if graphs.enabled(config, self.device) and pool is not None else None
 
     def prepare(self, batch: list[tuple[Request, Phase]], pad: PadSpec | None = None,
                 fwd_staging: Staging | None = None) -> PackedStep:

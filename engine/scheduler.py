@@ -1,31 +1,15 @@
-"""The phase-multiplexed scheduler.
+"""The scheduler: the queues, admission and KV accounting around a scheduling policy.
 
-Each step: running requests keep their place (FCFS) and are charged by phase — a Refresh step
-its whole canvas, a Reuse step only its block — then waiting requests are admitted FCFS while
-the step stays within `max_num_batched_tokens` and `max_num_seqs` and the KV pool can reserve
-their whole-life need. Because each request refreshes at its own block boundaries, cheap Reuse
-steps of many requests fill the budget around the few expensive Refresh steps.
-
-The `request` policy (the ablation's "off") is what a phase-unaware, request-level system
-does: every request is charged its whole canvas every step, whatever its phase.
-
-The `lookahead` policy (the paper's §7 future work; engine.lookahead, docs/SCHEDULER.md) plans
-every running request's remaining steps on a ledger of future steps, so Refreshes that would
-coincide are staggered when a request is admitted instead of stalling at the collision: who
-runs each step is what the plan says, admission is FCFS when the head's first step fits the
-planned load.
-
-Cache modes: every request is charged, reserved and phased by its own mode (`Request.cache`):
-the engine's policy, or under `cache=auto` dual or sparse as `engine.cache_mode` chooses when
-it is admitted, so one step may mix dual and sparse members.
+Who runs each step and what it is charged is the policy's (engine.schedulers: phase, request,
+lookahead, chosen by `EngineConfig.scheduler`); the scheduler admits the head of the queue when
+the policy asks (`admit_head`): in its cache mode (`Request.cache`: the engine's policy, or
+under `cache=auto` dual or sparse as `engine.cache_mode` chooses), its whole-life KV reserved
+and its canvas placed, so one step may mix dual and sparse members.
 
 Liveness: `add_request` rejects anything that could never fit on its own (auto: in its sparse
 mode, the smaller), and the oldest running request always fits an empty step, so every
 admitted request finishes and the head of the queue is admitted as soon as the running set
 leaves room for it.
-
-A Refresh longer than the token budget (`phase` only) is charged over several steps and runs
-chunked once its credit covers its canvas (engine.chunking.RefreshCredit; waits are deferred).
 """
 from __future__ import annotations
 
@@ -34,11 +18,12 @@ from itertools import islice
 
 from engine.cache_mode import AUTO, admission_mode
 from engine.canvas import CanvasPool
-from engine.chunking import RefreshCredit, is_long
+from engine.chunking import RefreshCredit
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, kv_need
 from engine.lookahead import Lookahead
 from engine.request import Phase, Request, Status
+from engine.schedulers import POLICIES, SchedulingPolicy
 
 
 class Scheduler:
@@ -47,11 +32,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stalled = 0            # running requests the last schedule() left out
-        self.deferred = 0           # lookahead: running requests the last step's plan had wait
+        self.deferred = 0           # running requests the last step had wait by plan (ledger or credit)
         self.served = Counter()     # requests admitted per cache mode
-        self.plan = (Lookahead(config.max_num_batched_tokens, config.cache, config.delay_step)
-                     if config.scheduler == "lookahead" else None)
-        self.credit = RefreshCredit(config.max_num_batched_tokens)    # Refreshes longer than the budget
+        self.policy: SchedulingPolicy = POLICIES[config.scheduler](config)
 
     def kv_need(self, req: Request, mode: str | None = None) -> int:
         """Its whole-life KV slots in `mode` (default: its own; a waiting auto request: sparse,
@@ -71,105 +54,31 @@ class Scheduler:
         return admission_mode(free, self.kv_need(req, "dual"), self.kv_need(req, "sparse"), behind)
 
     def cost(self, req: Request, phase: Phase) -> int:
-        if self.config.scheduler == "request":
-            return req.length
-        if is_long(req, phase, self.config.max_num_batched_tokens):
-            return self.credit.cost(req)               # this step's grant toward its chunked Refresh
-        return req.query_cost(phase)
+        """The query tokens `req` is charged for a step in `phase` (the policy's rule)."""
+        return self.policy.cost(req, phase)
 
-    def admission_cost(self, req: Request) -> int:
-        """What the request's first step costs (a Refresh, whatever the policy)."""
-        return req.length
+    @property
+    def plan(self) -> Lookahead | None:
+        """The look-ahead ledger (scheduler=lookahead), else None."""
+        return self.policy.plan
+
+    @property
+    def credit(self) -> RefreshCredit:
+        """Long Refreshes' accrued budget (empty under lookahead)."""
+        return self.policy.credit
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
     def schedule(self, now: float) -> list[tuple[Request, Phase]]:
-        if self.plan is not None:
-            return self._schedule_planned(now)
-        c = self.config
-        T = c.max_num_batched_tokens
-        batch: list[tuple[Request, Phase]] = []
-        accruing: list[tuple[Request, Phase]] = []      # long Refreshes charged, not run this step
-        tokens = 0
-        self.stalled = 0
-        self.credit.begin()
-        for i, req in enumerate(self.running):
-            phase = req.phase(c.delay_step)
-            if is_long(req, phase, T):
-                if len(batch) >= c.max_num_seqs or tokens >= T:
-                    self.stalled = len(self.running) - len(batch) - len(accruing)
-                    return self._no_idle(batch, accruing)
-                runs = self.credit.grant(req, T - tokens, self._demand_after(i))
-                tokens += self.credit.cost(req)
-                (batch if runs else accruing).append((req, phase))
-                continue
-            cost = self.cost(req, phase)
-            if len(batch) >= c.max_num_seqs or tokens + cost > T:
-                self.stalled = len(self.running) - len(batch) - len(accruing)
-                return self._no_idle(batch, accruing)   # strict FCFS: nobody overtakes a running request
-            batch.append((req, phase))
-            tokens += cost
-        while self.waiting:
-            req = self.waiting[0]
-            long = req.length > T                       # its first step is a Refresh
-            cost = 1 if long else self.admission_cost(req)    # a long one needs any room at all
-            if len(batch) + len(accruing) >= c.max_num_seqs or tokens + cost > T:
-                break
-            mode = self.admission_mode(req)
-            if mode is None:
-                break
-            self._admit(mode, now)
-            phase = req.phase(c.delay_step)
-            if long:
-                runs = self.credit.grant(req, T - tokens, self._demand_after(-1, waiting=True))
-                tokens += self.credit.cost(req)
-                (batch if runs else accruing).append((req, phase))
-            else:
-                batch.append((req, phase))
-                tokens += cost
-        return self._no_idle(batch, accruing)
+        """This step's batch, as the policy chooses it (admitting through `admit_head`)."""
+        return self.policy.schedule(self, now)
 
-    def _demand_after(self, i: int, waiting: bool = False) -> int:
-        """What the requests behind the i-th running one (`waiting`: the i-th waiting one) ask of
-        this step, the head of the queue included (long ones: their share)."""
-        c, T = self.config, self.config.max_num_batched_tokens
-        demand = 0
-        for req in ([] if waiting else self.running[i + 1:]):
-            phase = req.phase(c.delay_step)
-            demand += self.credit.share if is_long(req, phase, T) else self.cost(req, phase)
-        nxt = i + 1 if waiting else 0
-        if nxt < len(self.waiting):
-            head = self.waiting[nxt]
-            demand += self.credit.share if head.length > T else self.admission_cost(head)
-        return demand
-
-    def _no_idle(self, batch: list, accruing: list) -> list[tuple[Request, Phase]]:
-        """A step nothing else runs in runs the oldest accruing long Refresh at once."""
-        if not batch and accruing:
-            self.credit.run_now(accruing[0][0])
-            batch, accruing = accruing[:1], accruing[1:]
-        self.deferred = len(accruing)
-        return batch
-
-    def _schedule_planned(self, now: float) -> list[tuple[Request, Phase]]:
-        """lookahead: the running requests the plan has in this step, then FCFS admission while
-        the head's first step fits the planned load (its later steps are placed around it)."""
-        c, plan = self.config, self.plan
-        batch = [(r, r.phase(c.delay_step)) for r in plan.due(self.running)]
-        self.stalled, self.deferred = plan.stalled, len(self.running) - len(batch) - plan.stalled
-        while self.waiting:
-            req = self.waiting[0]
-            if len(self.running) >= c.max_num_seqs or not plan.admits(req):
-                break
-            mode = self.admission_mode(req)
-            if mode is None:
-                break
-            self._admit(mode, now)
-            plan.admit(req)
-            batch.append((req, req.phase(c.delay_step)))
-        plan.tick()
-        return batch
+    def admit_head(self, now: float) -> Request | None:
+        """Admit the head of the queue in the cache mode it gets now, or None if the KV pool
+        cannot take it (it waits)."""
+        mode = self.admission_mode(self.waiting[0])
+        return None if mode is None else self._admit(mode, now)
 
     def _admit(self, mode: str, now: float) -> Request:
         """The head of the queue starts running in cache mode `mode`: its whole-life KV reserved,
@@ -190,9 +99,7 @@ class Scheduler:
 
     def finish(self, req: Request) -> None:
         self.running.remove(req)
-        self.credit.drop(req)
-        if self.plan is not None:
-            self.plan.drop(req)
+        self.policy.finished(req)
         self.pool.release(req.kv_tokens, req.slots)
         req.slots = None
         if self.canvases is not None:

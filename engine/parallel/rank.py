@@ -7,9 +7,9 @@ address every rank's pool alike.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
+from engine import graphs
 from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
 from engine.kv_cache import KVPool
@@ -30,9 +30,8 @@ class RankBuild:
 
 
 def rank_config(config: EngineConfig) -> EngineConfig:
-    """The engine config every rank runs: no CUDA graphs (a captured step cannot hold the
-    collectives of a changing plan here)."""
-    return dataclasses.replace(config, cuda_graphs=False)
+    """The engine config every rank runs: no CUDA graphs (`engine.graphs.eager`)."""
+    return graphs.eager(config)
 
 
 def build_rank(tp: TPGroup, config: EngineConfig) -> RankBuild:
