@@ -258,3 +258,12 @@ class StaticBatchSystem:
             peak_kv_tokens=self.peak_kv_tokens, peak_kv_bytes=self.peak_kv_bytes,
         )
         return c
+
+    def close(self) -> None:
+        """Nothing to stop (the engine's interface: an engine over several ranks stops them)."""
+
+    def __enter__(self) -> StaticBatchSystem:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -31,7 +31,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 class LLMEngine:
-    """`runner`: any `engine.step.Runner` in place of the `ModelRunner` over `model` (e.g. a
+    """One device's engine (`engine.open` builds it, or one over several ranks, from a config).
+    `runner`: any `engine.step.Runner` in place of the `ModelRunner` over `model` (e.g. a
     simulator's cost model); the scheduler, KV pool and logit budget stay the engine's own. An
     injected runner without a model cannot be memory-profiled: give `kv_pool_tokens` (or no
     budget on CPU)."""
@@ -39,8 +40,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, model: LLaDAModelLM | None = None, runner: Runner | None = None):
         self.config = config
         if config.tensor_parallel_size > 1 and runner is None:
-            raise ValueError("tensor_parallel_size > 1 is an engine over several ranks: build "
-                             "engine.parallel.ParallelEngine, not LLMEngine")
+            raise ValueError("tensor_parallel_size > 1 is an engine over several ranks: build it with "
+                             "engine.open(config)")
         if model is None and runner is None:
             device = resolve_device(config.device)
             model = load_llada(config.model, DTYPES[config.dtype], device)
@@ -216,6 +217,16 @@ class LLMEngine:
         if self.profile is not None:
             c["profile"] = self.profile.to_dict()
         return c
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Nothing to stop on one device (an engine over several ranks stops them here)."""
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def run_to_completion(system, prompts, params, progress=None) -> list[RequestOutput]:

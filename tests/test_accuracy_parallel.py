@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import engine
 from dllm_bench.accuracy import backend as acc_backend
 from dllm_bench.accuracy.run import AccuracyOptions, accuracy
 from dllm_bench.errors import UserError
@@ -31,12 +32,13 @@ def _samples(run_dir, point):
 def builds(monkeypatch):
     """Each tensor-parallel engine built, with the workers alive when it was asked for."""
     seen = []
-    real = acc_backend.make_parallel_engine
+    real = engine.open
 
-    def spy(cfg, threads=None):
-        seen.append((cfg.tensor_parallel_size, cfg.cache, cfg.selection, _workers(os.getpid())))
-        return real(cfg, threads)
-    monkeypatch.setattr(acc_backend, "make_parallel_engine", spy)
+    def spy(cfg, model=None, runner=None, **kw):
+        if cfg.tensor_parallel_size > 1:
+            seen.append((cfg.tensor_parallel_size, cfg.cache, cfg.selection, _workers(os.getpid())))
+        return real(cfg, model, runner, **kw)
+    monkeypatch.setattr(engine, "open", spy)
     return seen
 
 

@@ -215,13 +215,14 @@ def test_accuracy_points_engine_is_built_for_the_runs_budget():
 
 def test_lm_eval_backend_defaults_to_bf16_and_auto_on_cuda(cuda, monkeypatch):
     from dllm_bench.accuracy import backend
+    from dllm_bench.systems import inprocess
 
     seen = {}
 
     def fake_load(spec, dtype, device):
         seen.update(dtype=dtype, device=device)
         return SimpleNamespace(config=SimpleNamespace(eos_token_id=None))
-    monkeypatch.setattr(backend, "load_model", fake_load)
+    monkeypatch.setattr(inprocess, "load_model", fake_load)
     b = backend.engine_backend({"model": "tiny-math", "retention": "0.5"})
     assert seen == {"dtype": "bfloat16", "device": "cuda"} and b.system_kw["memory_budget"] == AUTO
     b = backend.engine_backend({"model": "tiny-math", "memory_budget": "none", "dtype": "float32"})
@@ -229,7 +230,7 @@ def test_lm_eval_backend_defaults_to_bf16_and_auto_on_cuda(cuda, monkeypatch):
 
 
 def test_generate_on_cuda_loads_bf16(cuda, cli, monkeypatch):  # noqa: F811
-    from dllm_bench.commands import generate
+    from dllm_bench.systems import inprocess as generate  # where generate's systems are built
 
     seen = {}
 

@@ -44,7 +44,7 @@ def test_engine_knob_parses_booleans_and_overrides_the_runs_value():
 # ---------------------------------------------------------------- generate
 def _generate_config(cli, monkeypatch, *args):  # noqa: F811
     """The EngineConfig `generate ARGS` hands to make_system (stopped there: no model is built)."""
-    from dllm_bench.commands import generate
+    from dllm_bench.systems import inprocess as generate  # where generate's systems are built
 
     seen = {}
 
@@ -244,16 +244,16 @@ def test_accuracy_cli_records_the_flag_and_builds_the_engine_with_it(tmp_path, m
     (one tiny-math point of one sample)."""
     import json
 
-    from dllm_bench.accuracy import backend
     from dllm_bench.cli import main
+    from dllm_bench.systems import inprocess  # where accuracy's systems are built
 
     built = []
-    real = backend.make_system
+    real = inprocess.make_system
 
     def spy(name, model, *, engine_config=None, **kw):
         built.append(engine_config)
         return real(name, model, engine_config=engine_config, **kw)
-    monkeypatch.setattr(backend, "make_system", spy)
+    monkeypatch.setattr(inprocess, "make_system", spy)
     monkeypatch.setattr("sys.argv", ["dllm-bench", "accuracy", "--model", "tiny-math", "--task", "synth",
                                      "--limit", "1", "--retention", "0.5", "--selection", "head", "--no-r1",
                                      "--cuda-graphs", "--result-dir", str(tmp_path), "--run-id", "g", "--json"])

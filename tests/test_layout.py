@@ -20,8 +20,8 @@ D = "dllm_bench."
 LAYERS: tuple[tuple[str, ...], ...] = (
     (D + "commands", D + "cli"),
     (D + "report",),
-    tuple(D + p for p in ("ablate", "accuracy", "benchgpu", "doctor", "frontier", "memory_bench", "regression",
-                          "scaling", "server", "simulate", "stepprofile", "sweep", "train")),
+    tuple(D + p for p in ("ablate", "accuracy", "benchgpu", "doctor", "frontier", "generate", "memory_bench",
+                          "profiling", "regression", "scaling", "server", "simulate", "stepprofile", "sweep", "train")),
     (D + "serve",),
     (D + "systems", D + "checkpoints", D + "inputs"),
     ("dllm_bench", *(D + m for m in ("console", "device_defaults", "errors", "metric_options", "metrics",

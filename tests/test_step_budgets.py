@@ -156,8 +156,8 @@ def test_server_on_cuda_scales_its_budgets(gpu):
 
 
 def test_generate_on_cuda_scales_unless_given(gpu, cli, monkeypatch):  # noqa: F811
-    from dllm_bench.commands import generate
     from dllm_bench.errors import UserError
+    from dllm_bench.systems import inprocess as generate  # where generate's systems are built
 
     seen = {}
 

@@ -5,12 +5,12 @@ dllm_bench.accuracy.lm_eval_model).
 
 All samples of a point go through ONE system instance at once (LLMEngine.generate: every request
 added, then stepped until all finish; the engine batches them continuously, baselines in static
-batches). Decoding is greedy (temperature 0). With tensor parallelism (`EngineRanks`) an engine
-point runs on ranks started for it and stopped after it; baselines stay on one device.
+batches). Decoding is greedy (temperature 0). With tensor parallelism an engine point runs on
+ranks started for it and stopped after it (a GPU's memory is a fresh process's at every point);
+baselines stay on one device.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -21,84 +21,43 @@ import torch
 
 from dllm_bench import console
 from dllm_bench.accuracy.points import SCORE_QUERIES, SELECTIONS, SYSTEMS, Point, model_training_info
-from dllm_bench.checkpoints.load import encode_prompt, load_model, load_tokenizer, model_dir
+from dllm_bench.checkpoints.load import encode_prompt, load_tokenizer, model_dir
 from dllm_bench.device_defaults import resolve_device_options
-from dllm_bench.errors import UserError
-from dllm_bench.step_budgets import AUTO, engine_budgets
+from dllm_bench.step_budgets import AUTO
 from dllm_bench.systems import decoding as system_decoding
-from dllm_bench.systems.build import check_tensor_parallel, make_parallel_engine, make_system
+from dllm_bench.systems.inprocess import InProcess
 from dllm_bench.systems.spec import retention_knobs
 from engine import EngineConfig, SamplingParams
 from engine.decoding import Decoding
-from engine.models.llada import LLaDAConfig, LLaDAModelLM
-from engine.parallel.cluster import launched_by_torchrun
+from engine.models.llada import LLaDAModelLM
 
 
-@dataclass(frozen=True)
-class EngineRanks:
-    """Where a tensor-parallel run's engine points run: `size` ranks, each loading its shard of
-    `model_dir` in `dtype` on `device` (rank r on cuda:r), with `threads` torch threads per rank
-    on a CPU. Every point gets ranks of its own, stopped when the point ends (a GPU's memory is
-    a fresh process's at every point; nothing of one point outlives it). Checked when made, so a
-    size that cannot run is one UserError before anything is spawned."""
-    model_dir: str
-    size: int
-    dtype: str
-    device: str
-    threads: int = 1
-
-    def __post_init__(self) -> None:
-        if launched_by_torchrun():
-            # torchrun's processes are one group for the whole command; a point's ranks end with it.
-            raise UserError("accuracy starts fresh tensor-parallel ranks for every engine point itself: "
-                            "run it without torchrun")
-        check_tensor_parallel(self.model_dir, self.size, self.device)
-
-    def engine(self, cfg: EngineConfig) -> Any:
-        return make_parallel_engine(dataclasses.replace(cfg, model=self.model_dir, dtype=self.dtype,
-                                                        device=self.device, tensor_parallel_size=self.size),
-                                    self.threads)
-
-    def eos_id(self) -> int | None:
-        return LLaDAConfig.from_pretrained(self.model_dir).eos_token_id
-
-
-def point_system(point: Point, model: LLaDAModelLM | None, *, max_num_seqs: int = 64,
+def point_system(point: Point, model: LLaDAModelLM | InProcess, *, max_num_seqs: int = 64,
                  max_num_batched_tokens: int | None = None, max_num_logits: int | str | None = AUTO, batch: int = 32,
                  pool_window: int = 3, delay_step: int = 1, memory_budget: int | None = None,
-                 decoding: str = "fixed", cuda_graphs: bool | None = None, ranks: EngineRanks | None = None,
+                 decoding: str = "fixed", cuda_graphs: bool | None = None,
                  longest_canvas: int | None = None, block_length: int = 32) -> Any:
-    """A fresh serving system for `point` over an already-loaded model (systems.build.make_system),
-    or, an engine point given `ranks`, a tensor-parallel engine on ranks of its own (the model
-    is then not needed: each rank loads its shard; close it to stop them).
-    `memory_budget`: the run's one budget (measured once; per rank with `ranks`), so every
+    """A fresh serving system for `point` over a loaded model or a checkpoint's systems
+    (dllm_bench.systems.inprocess: there an engine may run over several ranks of its own; close
+    it to stop them). `memory_budget`: the run's one budget (measured once; per rank), so every
     point's engine gets the same KV pool rather than whatever the previous point's engine left
     free. `decoding`: the policy its requests ask for; a baseline gets it through its knobs
     (Fast-dLLM's threshold / factor), or runs fixed (dllm_bench.systems.decoding). The engine's
     token and logit budgets (None / AUTO: not given) are 8192 and 1024 on a CPU and scale with
     the GPU on CUDA (dllm_bench.step_budgets; at least `longest_canvas`, default the model's length)."""
+    src = model if isinstance(model, InProcess) else InProcess.over(model)
     if point.system == "engine":
-        if model is not None:
-            b = engine_budgets(model, tokens=max_num_batched_tokens, logits=max_num_logits, max_num_seqs=max_num_seqs,
-                               block_length=block_length,
-                               longest_canvas=longest_canvas or model.config.max_sequence_length,
-                               budget_bytes=memory_budget)
-            max_num_batched_tokens, max_num_logits = b.max_num_batched_tokens, b.max_num_logits
-        else:       # ranks: each loads its shard; nothing here knows the GPU's share
-            max_num_batched_tokens = max_num_batched_tokens or 8192
-            max_num_logits = 1024 if max_num_logits == AUTO else max_num_logits
+        b = src.budgets(tokens=max_num_batched_tokens, logits=max_num_logits, max_num_seqs=max_num_seqs,
+                        block_length=block_length, longest_canvas=longest_canvas, budget_bytes=memory_budget)
         cfg = EngineConfig(cache=point.cache or "none", selection=point.selection or "head",
                            retention=point.retention, score_query=point.score_query, max_num_seqs=max_num_seqs,
-                           max_num_batched_tokens=max_num_batched_tokens, max_num_logits=max_num_logits,
-                           pool_window=pool_window, delay_step=delay_step, sampling=False,
-                           device=ranks.device if ranks else str(model.device), attention_backend="auto",
+                           max_num_batched_tokens=b.max_num_batched_tokens, max_num_logits=b.max_num_logits,
+                           pool_window=pool_window, delay_step=delay_step, sampling=False, attention_backend="auto",
                            memory_budget=memory_budget, cuda_graphs=cuda_graphs)
-        if ranks is not None:
-            return ranks.engine(cfg)
-        return make_system("engine", model, engine_config=cfg, label=point.name)
+        return src.engine(cfg, label=point.name)
     knobs = dict(retention_knobs(point.retention).get(point.system, {}))
     knobs.update(system_decoding.resolve(point.system, decoding).knobs)
-    return make_system(point.system, model, batch=batch, knobs=knobs, label=point.name)
+    return src.baseline(point.system, batch=batch, knobs=knobs, label=point.name)
 
 
 def decode_completion(tok, token_ids: Sequence[int], eos_id: int | None) -> str:
@@ -116,7 +75,8 @@ class PointBackend:
     Shape: gen_length = the given one, else max_gen_toks rounded up to a block multiple; steps
     = the given one, else gen_length (one token per step). `decoding`: the policy asked for
     (`decoded` is what the point's system runs: fixed where it has no such rule upstream).
-    `ranks`: an engine point runs tensor-parallel on them (`model` may then be None)."""
+    `source`: the checkpoint's systems (dllm_bench.systems.inprocess; default: over `model`,
+    which may then be None), where an engine point may run over several ranks of its own."""
     model: Any
     tok: Any
     point: Point
@@ -129,11 +89,15 @@ class PointBackend:
     show_progress: bool = False
     label: str = ""
     decoding: str = "fixed"
-    ranks: EngineRanks | None = None
+    source: InProcess | None = None
     outputs: list = field(default_factory=list)      # RequestOutputs of every call
     by_prompt: dict = field(default_factory=dict)    # prompt text -> its RequestOutput
     stats: list = field(default_factory=list)        # system.stats() of every call
     elapsed_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.source is None:
+            self.source = InProcess.over(self.model)
 
     def params_for(self, max_gen_toks: int | None) -> SamplingParams:
         b = self.block_length
@@ -148,7 +112,7 @@ class PointBackend:
     @property
     def tensor_parallel_size(self) -> int:
         """The ranks this point's system runs on: a baseline always one device."""
-        return self.ranks.size if self.ranks is not None and self.point.system == "engine" else 1
+        return self.source.tensor_parallel_size if self.point.system == "engine" else 1
 
     def __call__(self, prompts: list[str], gen_kwargs: dict) -> list[str]:
         params = self.params_for(gen_kwargs.get("max_gen_toks"))
@@ -156,8 +120,7 @@ class PointBackend:
         label = self.label or self.point.name
         threads, system = torch.get_num_threads(), None     # spawned ranks set this process's to their share
         try:
-            system = point_system(self.point, self.model, decoding=self.decoding,
-                                  ranks=self.ranks if self.tensor_parallel_size > 1 else None,
+            system = point_system(self.point, self.source, decoding=self.decoding,
                                   longest_canvas=max(map(len, ids), default=0) + params.gen_length,
                                   block_length=params.block_length, **self.system_kw)
             t0 = time.perf_counter()
@@ -167,12 +130,12 @@ class PointBackend:
             self.elapsed_s += time.perf_counter() - t0
             self.stats.append(system.stats())
         finally:
-            if hasattr(system, "close"):        # a tensor-parallel engine: its ranks stop here
+            if system is not None:              # an engine over several ranks: they stop here
                 system.close()
             torch.set_num_threads(threads)
         self.outputs.extend(outs)
         self.by_prompt.update(zip(prompts, outs, strict=True))
-        eos = self.model.config.eos_token_id if self.model is not None else self.ranks.eos_id()
+        eos = self.source.config.eos_token_id
         return [decode_completion(self.tok, o.token_ids, eos) for o in outs]
 
 
@@ -234,20 +197,19 @@ def engine_backend(model_args: dict) -> PointBackend:
     window = model_training_info(path).get("config", {}).get("window")
     opts = resolve_device_options(_arg(model_args, "device", str, "auto"), _arg(model_args, "dtype", str),
                                   _arg(model_args, "memory_budget", str, "auto"))
-    ranks = None
-    if tp > 1:
-        ranks = EngineRanks(str(path), tp, opts.dtype, str(opts.device), max(1, torch.get_num_threads() // tp))
-    model = None if ranks else load_model(spec, opts.dtype, str(opts.device))
+    source = InProcess(str(path), opts.dtype, str(opts.device), tp, in_turn=True)
+    if source.needs_model(system):
+        source.model    # noqa: B018 - loaded now: a checkpoint that cannot load fails here, not at the first call
     kw: dict[str, Any] = {"memory_budget": opts.budget.bytes}
     if _arg(model_args, "max_num_seqs", int):
         kw["max_num_seqs"] = _arg(model_args, "max_num_seqs", int)
     if _arg(model_args, "batch", int):
         kw["batch"] = _arg(model_args, "batch", int)
     gen_length = _arg(model_args, "gen_length", int, window)
-    return PointBackend(model, tok, point, gen_length=gen_length,
+    return PointBackend(None, tok, point, gen_length=gen_length,
                         block_length=_arg(model_args, "block_length", int, min(32, gen_length or 32)),
                         steps=_arg(model_args, "steps", int), seed=_arg(model_args, "seed", int, 0),
                         chat=_arg(model_args, "chat", bool, False), system_kw=kw,
-                        show_progress=_arg(model_args, "progress", bool, False), decoding=decoding, ranks=ranks)
+                        show_progress=_arg(model_args, "progress", bool, False), decoding=decoding, source=source)
 
 

@@ -21,14 +21,16 @@ import typer
 from dllm_bench import inputs
 from dllm_bench.accuracy import points as acc
 from dllm_bench.accuracy import report
-from dllm_bench.accuracy.backend import EngineRanks, PointBackend
+from dllm_bench.accuracy.backend import PointBackend
 from dllm_bench.accuracy.evaluate import eval_lm_eval_point, eval_synth_point
 from dllm_bench.accuracy.protocol import UPSTREAM_RULE, load_dev_choice
-from dllm_bench.checkpoints.load import load_model, load_tokenizer
+from dllm_bench.checkpoints.load import load_tokenizer
 from dllm_bench.device_defaults import DeviceOptions, cuda_graphs_on, resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.results import create_run
 from dllm_bench.systems import decoding as system_decoding
+from dllm_bench.systems.build import rank_threads as rank_threads_of
+from dllm_bench.systems.inprocess import InProcess
 from engine import SamplingParams
 from workloads.tasks import generated, synth
 from workloads.tasks.local import load_local
@@ -171,9 +173,10 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
         raise UserError(f"--split must be dev or test, got {split!r}")
     paths = [inputs.checkpoint_dir(m, tokenizer=True, why="accuracy needs text prompts") for m in models]
     infos = [acc.model_training_info(p) for p in paths]
-    # The process's threads shared out among an engine point's ranks (baselines keep them all).
-    rank_threads = max(1, torch.get_num_threads() // tp)
-    ranks = [EngineRanks(str(p), tp, dtype, str(dev_opts.device), rank_threads) if tp > 1 else None for p in paths]
+    # Each checkpoint's systems (a size that cannot run is one error here, before anything runs);
+    # the process's threads are shared out among an engine point's ranks (baselines keep them all).
+    sources = [InProcess(str(p), dtype, str(dev_opts.device), tp, in_turn=True) for p in paths]
+    rank_threads = rank_threads_of(tp)
     tcfg = infos[0].get("config", {})
     task = task or tcfg.get("task") or DEFAULT_TASK
     if task not in acc.TASKS:
@@ -247,18 +250,13 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
     extra = {"task": task, "model": model, "models": models, "split": knobs["split"], "decoding": decoding}
     if chosen:
         extra["dev_choice"] = chosen
-    for m, tok, rk in zip(models, toks, ranks, strict=True):
-        mdl = None
+    for m, tok, src in zip(models, toks, sources, strict=True):
         label = m if len(models) > 1 else ""
         dense_acc = None
         for i, p in enumerate(points):
-            if mdl is None and (rk is None or p.system != "engine"):
-                # A tensor-parallel engine's ranks load their own shards: the whole model only
-                # for the points on one device.
-                mdl = load_model(m, dtype, str(dev_opts.device))
-            backend = PointBackend(mdl, tok, p, gen_length=gen_length, block_length=block_length, steps=steps,
+            backend = PointBackend(None, tok, p, gen_length=gen_length, block_length=block_length, steps=steps,
                                    seed=o.seed, chat=o.chat, system_kw=system_kw, show_progress=not as_json,
-                                   decoding=decoding, ranks=rk,
+                                   decoding=decoding, source=src,
                                    label=f"{label + ' ' if label else ''}[{i + 1}/{len(points)}] {p.name}")
             try:
                 if task in acc.GENERATED:
@@ -280,7 +278,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
                            f"{report.pct(res.accuracy)}% [{report.pct(res.ci_low)}, {report.pct(res.ci_high)}]  "
                            f"({res.elapsed_s:.1f}s){decoding_text(res) if decoding != 'fixed' else ''}"
                            f"{ranks_text(res) if tp > 1 else ''}", err=True)
-        del mdl
+        src.release()
     plot = None
     if sum(1 for r in results if r.point.retention < 1.0) >= 2:
         plot = report.plot_fig6(results, run_dir / "fig6_accuracy_vs_retention.png",

@@ -61,7 +61,7 @@ class ConcurrentBackend(PointBackend):
         self.outputs.extend(outs)
         self.by_prompt.update(zip(prompts, outs, strict=True))
         self.stats.append(res["stats"])
-        eos = self.model.config.eos_token_id
+        eos = self.source.config.eos_token_id
         return [decode_completion(self.tok, o.token_ids, eos) for o in outs]
 
     def serving(self) -> dict:

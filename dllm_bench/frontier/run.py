@@ -22,16 +22,16 @@ import typer
 
 from dllm_bench import console, inputs
 from dllm_bench.accuracy import points as acc
-from dllm_bench.checkpoints.load import load_model, load_tokenizer
+from dllm_bench.checkpoints.load import load_tokenizer
 from dllm_bench.device_defaults import resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.frontier import configs, output, pareto
 from dllm_bench.frontier import rows as frows
 from dllm_bench.frontier.measure import ConcurrentBackend, measure
 from dllm_bench.results import atomic_write_csv, atomic_write_json, create_run
-from dllm_bench.step_budgets import AUTO, engine_budgets
+from dllm_bench.step_budgets import AUTO
 from dllm_bench.systems import decoding as system_decoding
-from dllm_bench.systems.build import make_system
+from dllm_bench.systems.inprocess import InProcess
 from dllm_bench.systems.spec import retention_knobs
 from engine import EngineConfig, SamplingParams
 from workloads.tasks import generated, synth
@@ -158,27 +158,26 @@ def resolve(o: FrontierOptions) -> Plan:
     return Plan(task, models, paths, cfgs, docs, metadata, limit, gen, block, knobs)
 
 
-def _builder(cfg: configs.Config, model, o: FrontierOptions, budget: int | None, block_length: int = 32):
+def _builder(cfg: configs.Config, src: InProcess, o: FrontierOptions, budget: int | None, block_length: int = 32):
     """A fresh system of `cfg` at the run's concurrency (the engine's running cap, a baseline's
     static batch). The engine's token and logit budgets: ENGINE_DEFAULTS on a CPU, scaled with the
     GPU on CUDA (dllm_bench.step_budgets), a variant's knobs winning."""
     def build():
         if cfg.system == "engine":
             own = cfg.variant.knob_dict
-            b = engine_budgets(model, tokens=own.get("max_num_batched_tokens"), logits=own.get("max_num_logits", AUTO),
-                               max_num_seqs=o.concurrency, block_length=block_length,
-                               longest_canvas=model.config.max_sequence_length, budget_bytes=budget,
-                               cpu=(ENGINE_DEFAULTS["max_num_batched_tokens"], ENGINE_DEFAULTS["max_num_logits"]))
+            b = src.budgets(tokens=own.get("max_num_batched_tokens"), logits=own.get("max_num_logits", AUTO),
+                            max_num_seqs=o.concurrency, block_length=block_length, budget_bytes=budget,
+                            cpu=(ENGINE_DEFAULTS["max_num_batched_tokens"], ENGINE_DEFAULTS["max_num_logits"]))
             knobs = cfg.engine_knobs({"max_num_batched_tokens": b.max_num_batched_tokens,
                                       "max_num_logits": b.max_num_logits, "retention": o.retention,
                                       "max_num_seqs": o.concurrency})
             try:
-                ec = EngineConfig(**knobs, sampling=False, device=str(model.device), memory_budget=budget)
+                ec = EngineConfig(**knobs, sampling=False, memory_budget=budget)
             except ValueError as e:
                 raise UserError(f"system {cfg.variant.label!r}: {e}") from None
-            return make_system("engine", model, engine_config=ec, label=cfg.label)
+            return src.engine(ec, label=cfg.label)
         knobs = cfg.baseline_knobs(retention_knobs(o.retention))
-        return make_system(cfg.system, model, batch=o.concurrency, knobs=knobs, label=cfg.label)
+        return src.baseline(cfg.system, batch=o.concurrency, knobs=knobs, label=cfg.label)
     return build
 
 
@@ -196,15 +195,15 @@ def frontier(o: FrontierOptions, *, result_dir: Path, run_id: str | None, as_jso
               f"{len(plan.models)} model(s) x {o.repeats} repeat(s) · {plan.limit} questions · concurrency "
               f"{o.concurrency} → {run_dir}", highlight=False)
     meas: frows.Measurements = {}
-    for m, tok in zip(plan.models, toks, strict=True):
-        mdl = load_model(m, dev.dtype, str(dev.device))
+    for m, path, tok in zip(plan.models, plan.paths, toks, strict=True):
+        src = InProcess(str(path), dev.dtype, str(dev.device))
         for r in range(o.repeats):
             for i, cfg in enumerate(plan.configs):
-                be = ConcurrentBackend(mdl, tok, cfg.point(o.retention), gen_length=plan.gen_length,
+                be = ConcurrentBackend(None, tok, cfg.point(o.retention), gen_length=plan.gen_length,
                                        block_length=plan.block_length, steps=plan.gen_length, seed=o.seed,
                                        decoding=cfg.decoding, show_progress=not as_json, concurrency=o.concurrency,
                                        label=f"{Path(m).name} r{r} [{i + 1}/{len(plan.configs)}] {cfg.label}",
-                                       build=_builder(cfg, mdl, o, dev.budget.bytes, plan.block_length))
+                                       source=src, build=_builder(cfg, src, o, dev.budget.bytes, plan.block_length))
                 x = meas[(cfg.slug, m, r)] = measure(be, plan.task, plan.docs, plan.limit, plan.metadata,
                                                      o.num_fewshot)
                 frows.write_point(run_dir, cfg, m, meas, o.repeats)
@@ -212,7 +211,7 @@ def frontier(o: FrontierOptions, *, result_dir: Path, run_id: str | None, as_jso
                     con.print(f"  {Path(m).name} r{r} {cfg.label}: {x.result.correct}/{x.result.n} correct, "
                               f"{x.serving['output_throughput']:.1f} tok/s, TPF {x.serving['mean_tpf']:.2f}",
                               markup=False, highlight=False)
-        del mdl
+        src.release()
     rows = pareto.mark_front([frows.row(c, plan.models, meas, o.repeats) for c in plan.configs])
     verdicts = pareto.verdicts(rows, plan.task)
     title = (f"{plan.task} ({o.split}) · {', '.join(Path(m).name for m in plan.models)} · n={rows[0]['n']} · "

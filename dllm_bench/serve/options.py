@@ -238,7 +238,7 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
     mb = resolve_budget(sp.memory_budget, sp.device, required=True)
     budget = mb.bytes
     model_dir = inputs.checkpoint_dir(sp.model, weights=weights)
-    if weights and sp.tensor_parallel_size > 1:     # before a worker spawns ranks the model cannot split into
+    if weights:     # before a worker spawns ranks the model cannot split into
         from dllm_bench.systems.build import check_tensor_parallel
 
         check_tensor_parallel(model_dir, sp.tensor_parallel_size, sp.device)

@@ -136,8 +136,7 @@ def run(spec: dict, out_path: Path) -> int:
         peak, how = meter.peak_bytes, "run"
     result["stats"] = step_stats_summary({**(result.get("stats") or {}), "peak_measured_in": how,
                                           **budget_held(system, peak, spec.get("memory_budget"))})
-    if hasattr(system, "close"):              # a tensor-parallel engine's ranks (engine.parallel)
-        system.close()
+    system.close()                            # an engine over several ranks stops them
     try:  # the whole process (Python, torch, weights...): a sanity number, not the budgeted bytes
         import resource  # Unix only: elsewhere the figure is None
 

@@ -30,7 +30,7 @@ from dllm_bench.results import atomic_write_json
 from dllm_bench.systems.spec import ENGINE_DEFAULTS, SystemVariant, baseline_knobs, engine_knobs
 from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
-from engine.engine import LLMEngine, resolve_device
+from engine.engine import resolve_device
 from engine.models.llada import load_llada
 from engine.profiler import MemoryProfile, default_budget, profile_kv_pool
 from engine.profiler import weights_bytes as weight_bytes
@@ -108,48 +108,49 @@ def cached_profile(kind: str, payload: Mapping, compute: Callable[[], dict],
 
 
 # ---------------------------------------------------------------- building
+def rank_threads(n: int) -> int:
+    """Torch threads per rank of an engine over `n` ranks: this process's shared out (on a CPU
+    the ranks are n processes on the same cores)."""
+    return max(1, torch.get_num_threads() // n)
+
+
 def make_system(name: str, model: Any, *, engine_config: EngineConfig | None = None, batch: int = 1,
                 knobs: Mapping[str, Any] | None = None, max_model_len: int | None = None,
                 label: str | None = None) -> Any:
-    """THE constructor of a serving system over a loaded model: the engine (`engine_config`,
-    default EngineConfig(sampling=False, the system's ENGINE_DEFAULTS) on the model's device) or the baseline `name` at static
-    batch `batch` with its `knobs`. Both expose add_request/step/has_unfinished/generate/stats.
-    A configuration the system rejects is a UserError naming `label` (default `name`)."""
+    """THE constructor of a serving system: the engine (`engine_config`, default
+    EngineConfig(sampling=False, the system's ENGINE_DEFAULTS) on the model's device, through
+    `engine.open`: over `tensor_parallel_size` ranks each rank loads its shard of
+    `engine_config.model` and `model` is None) or the baseline `name` at static batch `batch`
+    with its `knobs` over the loaded `model`. Both expose add_request/step/has_unfinished/
+    generate/stats and close() (a context manager). A configuration the system rejects is a
+    UserError naming `label` (default `name`); a rank failing later is a RankFailure."""
+    who = repr(label or name)
     try:
         if name == "engine":
             cfg = engine_config or EngineConfig(sampling=False, device=str(model.device), **ENGINE_DEFAULTS)
-            return LLMEngine(cfg, model=model)
+            n = cfg.tensor_parallel_size
+            check_tensor_parallel(cfg.model, n, cfg.device)
+            who += f" at --tensor-parallel-size {n}" if n > 1 else ""
+            return engine.open(cfg, model=model, threads=rank_threads(n))
         return make_baseline(name, model, max_batch_size=batch, max_model_len=max_model_len, **dict(knobs or {}))
     except ValueError as e:
-        raise UserError(f"system {(label or name)!r}: {e}") from None
+        raise UserError(f"system {who}: {e}") from None
 
 
 def check_tensor_parallel(model_dir: str | os.PathLike, n: int, device: str) -> None:
     """UserError unless `n` ranks can run the checkpoint at `model_dir` on `device`: its heads,
-    MLP and vocabulary split into n, and one GPU per rank. Cheap (config only), so a command
-    checks it before it spawns anything or writes a run directory."""
+    MLP and vocabulary split into n, and one GPU per rank (nothing to check for one rank).
+    Cheap (config only), so a command checks it before it spawns anything or writes a run
+    directory."""
     from engine.models.llada import LLaDAConfig
     from engine.parallel.sharding import check_divisible
 
+    if n == 1:
+        return
     if resolve_device(device).type == "cuda" and n > torch.cuda.device_count():
         raise UserError(f"--tensor-parallel-size {n} needs {n} GPUs, this machine has {torch.cuda.device_count()}")
     try:
         check_divisible(LLaDAConfig.from_pretrained(model_dir), n)
-    except ValueError as e:
-        raise UserError(f"system 'engine' at --tensor-parallel-size {n}: {e}") from None
-
-
-def make_parallel_engine(config: EngineConfig, threads: int | None = None) -> Any:
-    """The engine over `config.tensor_parallel_size` ranks (engine.parallel, docs/PARALLEL.md):
-    rank 0 in this process, the others spawned (or torchrun's), each loading only its shard of
-    `config.model`. Close it (`.close()`) to stop the ranks. A shape that does not split, more
-    ranks than GPUs or a budget too small is a UserError; a rank failing later is a RankFailure."""
-    from engine.parallel import ParallelEngine
-
-    n = config.tensor_parallel_size
-    check_tensor_parallel(config.model, n, config.device)
-    try:
-        return ParallelEngine(config, threads=threads or 1)
     except ValueError as e:
         raise UserError(f"system 'engine' at --tensor-parallel-size {n}: {e}") from None
 
@@ -180,11 +181,13 @@ def build_system(variant: SystemVariant, *, model_dir: str | os.PathLike, dtype:
                  max_model_len: int | None = None, cache_dir: str | os.PathLike | None = None,
                  use_cache: bool = True, model: Any = None, sampling: bool = False,
                  log: Callable[[str], None] = lambda msg: None) -> BuiltSystem:
-    """Load the model (unless given) and build the engine or a baseline for `variant`.
+    """Load the model (unless given, or the engine runs on several ranks: each loads its shard)
+    and build the engine or a baseline for `variant`.
 
     Engine: EngineConfig(sampling, memory_budget, knobs) with `kv_pool_tokens` from the
     (cached) offline profile; `sampling=False` (greedy only, as serving workloads are) leaves
-    the Gumbel noise out of the profiled peak. Baseline: `baselines.make_system` at batch B = the largest static
+    the Gumbel noise out of the profiled peak. On several ranks each rank profiles its own
+    memory (nothing cached). Baseline: `baselines.make_system` at batch B = the largest static
     batch whose measured peak fits the budget (cached), or the variant's `batch=N`.
     Returns the system and an `info` dict (what was built and why) for the results.
     """
@@ -192,21 +195,38 @@ def build_system(variant: SystemVariant, *, model_dir: str | os.PathLike, dtype:
     info: dict[str, Any] = {"system": variant.name, "label": variant.label, "dtype": dtype,
                             "device": str(dev), "memory_budget": memory_budget,
                             "torch_threads": torch.get_num_threads()}
-    if not variant.is_baseline and engine_knobs(variant, dict(engine_defaults or {})).get("tensor_parallel_size", 1) > 1:
-        return _build_parallel_engine(variant, model_dir, dtype, str(dev), memory_budget, dict(engine_defaults or {}),
-                                      max_model_len, sampling, info, log)
-    if model is None:
-        log("loading model")
-        model = load_llada(model_dir, DTYPES[dtype], dev)
-    fp = model_fingerprint(model_dir)
-    if not variant.is_baseline:
-        return _build_engine(variant, model, model_dir, fp, dtype, str(dev), memory_budget,
-                             dict(engine_defaults or {}), max_model_len, cache_dir, use_cache, sampling,
-                             info, log)
-    if shape is None:
-        raise ValueError("a baseline is profiled for a workload shape: pass shape")
-    return _build_baseline(variant, model, fp, dtype, str(dev), memory_budget, shape,
-                           dict(baseline_defaults or {}), max_model_len, cache_dir, use_cache, info, log)
+    if variant.is_baseline:
+        if shape is None:
+            raise ValueError("a baseline is profiled for a workload shape: pass shape")
+        model = model if model is not None else _load(model_dir, dtype, dev, log)
+        return _build_baseline(variant, model, model_fingerprint(model_dir), dtype, str(dev), memory_budget, shape,
+                               dict(baseline_defaults or {}), max_model_len, cache_dir, use_cache, info, log)
+    cfg, knobs = _engine_config(variant, model_dir, dtype, str(dev), memory_budget, dict(engine_defaults or {}),
+                                max_model_len, sampling)
+    n = cfg.tensor_parallel_size
+    check_tensor_parallel(model_dir, n, str(dev))
+    scenario = "continuous batching (phase-multiplexed), KV pool profiled for the budget"
+    if n == 1:      # one device: the whole model here, its profile cached
+        model = model if model is not None else _load(model_dir, dtype, dev, log)
+        cfg = _profiled(variant, cfg, model, model_dir, cache_dir, use_cache, info, log)
+    else:           # each rank loads its shard and profiles its own memory; threads shared out
+        model = None
+        log(f"starting {n} tensor-parallel ranks (each loads and profiles its shard)")
+        scenario = (f"continuous batching (phase-multiplexed) on {n} tensor-parallel ranks, KV pool per rank "
+                    "profiled for the budget")
+        info["tensor_parallel_size"] = n
+    system = make_system("engine", model, engine_config=cfg, label=variant.label)
+    if n > 1:
+        info.update(profile=system.profile.to_dict() if system.profile is not None else None, profile_cached=False,
+                    kv_pool_tokens=system.pool.capacity)
+    info.update(kind="engine", knobs=knobs, scenario=scenario, engine_config=cfg.to_dict(),
+                attention=system.attention.line)     # the command says it once per run (engine.attention)
+    return BuiltSystem(system, info)
+
+
+def _load(model_dir, dtype: str, device: torch.device, log: Callable[[str], None]) -> Any:
+    log("loading model")
+    return load_llada(model_dir, DTYPES[dtype], device)
 
 
 def _engine_config(variant, model_dir, dtype, device, memory_budget, defaults, max_model_len,
@@ -220,59 +240,37 @@ def _engine_config(variant, model_dir, dtype, device, memory_budget, defaults, m
         raise UserError(f"system {variant.label!r}: {e}") from None
 
 
-def _build_engine(variant, model, model_dir, fp, dtype, device, memory_budget, defaults,
-                  max_model_len, cache_dir, use_cache, sampling, info, log) -> BuiltSystem:
-    cfg, knobs = _engine_config(variant, model_dir, dtype, device, memory_budget, defaults, max_model_len, sampling)
-    info.update(kind="engine", knobs=knobs,
-                scenario="continuous batching (phase-multiplexed), KV pool profiled for the budget")
-    if memory_budget is None and model.device.type == "cuda":
+def _profiled(variant, cfg: EngineConfig, model, model_dir, cache_dir, use_cache, info, log) -> EngineConfig:
+    """`cfg` with the KV pool its (cached) offline profile sizes for the budget; none without a
+    budget on a CPU (unbounded)."""
+    if cfg.memory_budget is None and model.device.type == "cuda":
         # The engine's own default (free memory now), made explicit: a cached profile keyed by
         # "no budget" would hand one GPU state's pool to another.
         cfg.memory_budget = default_budget(model, cfg)
         info["memory_budget"] = cfg.memory_budget
-    if cfg.memory_budget is not None:
-        try:
-            backend = resolve_backend(cfg.attention_backend, model.device, model.dtype)
-        except ValueError as e:  # a backend asked for by name that cannot run here
-            raise UserError(f"system {variant.label!r}: {e}") from None
-        mml = cfg.max_model_len or model.config.max_sequence_length
-        payload = {"model": fp, "engine": {k: v for k, v in cfg.to_dict().items()
-                                           if k not in ("model", "kv_pool_tokens")},
-                   "backend": backend, "max_model_len": mml}
-        log("profiling the engine's KV pool")
-
-        def compute() -> dict:
-            try:
-                return profile_kv_pool(model, cfg, backend, mml).to_dict()
-            except ValueError as e:  # budget too small for weights + activations
-                raise UserError(f"system {variant.label!r}: {e}") from None
-        prof, hit = cached_profile("engine", payload, compute, cache_dir, use_cache, device=device)
-        profile = MemoryProfile(**prof)
-        cfg.kv_pool_tokens = profile.kv_pool_tokens
-        info.update(profile=prof, profile_cached=hit, kv_pool_tokens=profile.kv_pool_tokens)
-    else:
+    if cfg.memory_budget is None:
         info.update(profile=None, profile_cached=False, kv_pool_tokens=None)
-    system = make_system("engine", model, engine_config=cfg, label=variant.label)
-    info["engine_config"] = cfg.to_dict()
-    info["attention"] = system.attention.line       # the command says it once per run (engine.attention)
-    return BuiltSystem(system, info)
+        return cfg
+    try:
+        backend = resolve_backend(cfg.attention_backend, model.device, model.dtype)
+    except ValueError as e:  # a backend asked for by name that cannot run here
+        raise UserError(f"system {variant.label!r}: {e}") from None
+    mml = cfg.max_model_len or model.config.max_sequence_length
+    payload = {"model": model_fingerprint(model_dir),
+               "engine": {k: v for k, v in cfg.to_dict().items() if k not in ("model", "kv_pool_tokens")},
+               "backend": backend, "max_model_len": mml}
+    log("profiling the engine's KV pool")
 
-
-def _build_parallel_engine(variant, model_dir, dtype, device, memory_budget, defaults, max_model_len, sampling,
-                           info, log) -> BuiltSystem:
-    """The engine on `tensor_parallel_size` ranks: no model loaded here (each rank loads its
-    shard) and no cached profile (each rank profiles its own memory); the process's torch
-    threads are shared out among the ranks."""
-    cfg, knobs = _engine_config(variant, model_dir, dtype, device, memory_budget, defaults, max_model_len, sampling)
-    n = cfg.tensor_parallel_size
-    log(f"starting {n} tensor-parallel ranks (each loads and profiles its shard)")
-    system = make_parallel_engine(cfg, threads=max(1, torch.get_num_threads() // n))
-    prof = system.profile.to_dict() if system.profile is not None else None
-    info.update(kind="engine", knobs=knobs, tensor_parallel_size=n, profile=prof, profile_cached=False,
-                kv_pool_tokens=system.pool.capacity, engine_config=cfg.to_dict(), attention=system.attention.line,
-                scenario=f"continuous batching (phase-multiplexed) on {n} tensor-parallel ranks, KV pool per rank "
-                         "profiled for the budget")
-    return BuiltSystem(system, info)
+    def compute() -> dict:
+        try:
+            return profile_kv_pool(model, cfg, backend, mml).to_dict()
+        except ValueError as e:  # budget too small for weights + activations
+            raise UserError(f"system {variant.label!r}: {e}") from None
+    prof, hit = cached_profile("engine", payload, compute, cache_dir, use_cache, device=str(model.device))
+    profile = MemoryProfile(**prof)
+    cfg.kv_pool_tokens = profile.kv_pool_tokens
+    info.update(profile=prof, profile_cached=hit, kv_pool_tokens=profile.kv_pool_tokens)
+    return cfg
 
 
 def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, defaults,

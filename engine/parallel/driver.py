@@ -30,7 +30,7 @@ class DriverRunner(ModelRunner):
 
 
 class ParallelEngine(LLMEngine):
-    """An engine over `config.tensor_parallel_size` ranks. `cluster`: ranks already running
+    """An engine over `config.tensor_parallel_size` ranks (built by `engine.open`). `cluster`: ranks already running
     (several engines in turn); by default its own, spawned here or joined from torchrun, and
     stopped by `close()`."""
 
@@ -66,9 +66,3 @@ class ParallelEngine(LLMEngine):
         self.cluster.send(Close())
         if self.own_cluster:
             self.cluster.close()
-
-    def __enter__(self) -> ParallelEngine:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
