@@ -4,7 +4,8 @@ code, served by `baselines.static_batch.StaticBatchSystem` behind the engine's i
 `SYSTEMS[name]` holds each system's facts: its knobs with their defaults, the sampling shape its
 upstream evaluation uses, the upstream source it re-implements (repository + pinned commit), the
 static batch that code runs, which knob is its KV retention, which parallel-decoding rules it has
-(and the knob of each), the memory its Refresh step holds and whether it reuses a cache at all. Code elsewhere reads these
+(and the knob of each), the memory its Refresh step holds, whether it reuses a cache at all and
+which implementation profile its upstream code is (the simulator's). Code elsewhere reads these
 instead of comparing system names.
 `make_system(name, model, max_batch_size, **knobs)` builds a ready StaticBatchSystem.
 """
@@ -44,6 +45,7 @@ class SystemSpec:
     decoding_knobs: dict = field(default_factory=dict)   # parallel-decoding rule -> its knob (engine.decoding)
     refresh_peak: RefreshPeak | None = None   # its Refresh memory per token (`models similarity`)
     reuses: bool = True                # it has cache-reusing forwards (a Reuse phase), not only full ones
+    upstream_impl: str = "hf-eager"    # the implementation profile of its upstream code (simulate.implementations)
 
 
 SYSTEMS: dict[str, SystemSpec] = {
@@ -53,6 +55,7 @@ SYSTEMS: dict[str, SystemSpec] = {
         dict(repo="ML-GSAI/LLaDA", commit="b7e6c3565f194352da44b38dd12b6970597309f3", files=["generate.py"]),
         "no cache: S full forwards per block, full-sequence logits",
         upstream_batch=1,   # eval_llada.py generate_until: one request at a time
+        refresh_peak=RefreshPeak(kv_copies=0, logit_copies=3),   # logits, softmax, a temporary (generate.py)
         reuses=False,
     ),
     "fast-dllm": SystemSpec(
@@ -66,6 +69,7 @@ SYSTEMS: dict[str, SystemSpec] = {
         # generate.py's get_transfer_index (threshold) and get_transfer_index_dynamic (factor)
         decoding_knobs=dict(threshold="threshold", factor="factor"),
         refresh_peak=RefreshPeak(kv_copies=1, logit_copies=1, fp64_logit_copies=2),
+        upstream_impl="hf-fast-dllm",
     ),
     "dllm-cache": SystemSpec(
         "dllm-cache", DLLMCache, dict(prompt_interval=50, gen_interval=7, transfer_ratio=0.25),
@@ -76,6 +80,7 @@ SYSTEMS: dict[str, SystemSpec] = {
         knob_args=dict(prompt_interval="prompt_interval", gen_interval="gen_interval", transfer_ratio="transfer_ratio"),
         upstream_batch=2,   # scripts/run_LLaDA_*_Instruct.sh: --batch_size 2 (per GPU)
         refresh_peak=RefreshPeak(kv_copies=2, logit_copies=2),
+        upstream_impl="hf-dllm-cache",
     ),
     "sparse-dllm": SystemSpec(
         "sparse-dllm", SparseDLLM, dict(keep_ratio=0.5, kernel_size=3),

@@ -21,6 +21,7 @@ import torch
 from dllm_bench.checkpoints.load import load_model
 from dllm_bench.results import atomic_write_csv
 from dllm_bench.systems.build import make_system
+from dllm_bench.systems.spec import ENGINE
 from engine import EngineConfig, SamplingParams
 
 TABLE_DIR = Path(__file__).resolve().parent.parent / "results" / "regression"
@@ -81,7 +82,7 @@ def _digest(tokens: list[int]) -> str:
 
 
 def _system(name: str, kind: str, knobs: dict, model):
-    if kind == "engine":
+    if kind == ENGINE:
         return make_system(kind, model, engine_config=EngineConfig(dtype="float64", **{**ENGINE_BASE, **knobs}),
                            label=name)
     knobs = dict(knobs)

@@ -259,3 +259,23 @@ def test_cat_caches_move_each_cached_token_three_times():
     one = CostModel(LLADA_8B, 1e15, bw, Efficiency(), replace(get_impl("hf-eager"), kv_copy=1),
                     HostCost()).step(sparse)
     assert three.parts["kv"] - one.parts["kv"] == pytest.approx(2 * sparse.kv_read * LLADA_8B.kv_bytes_per_token / bw)
+
+
+def test_every_registry_baseline_is_simulated_from_its_facts():
+    """A baseline in baselines.SYSTEMS has a cost description (keyed by its policy), an upstream
+    implementation profile and a Refresh peak: the simulator reads these, never its name."""
+    from baselines import SYSTEMS
+    from dllm_bench.simulate.implementations import default_impl, get_impl
+    from dllm_bench.simulate.memory import baseline_bytes_per_token
+    from dllm_bench.simulate.work import WORK, baseline_work
+
+    for name, spec in SYSTEMS.items():
+        assert baseline_work(name) is WORK[spec.policy]
+        assert get_impl(default_impl(name, "gpu")).name == spec.upstream_impl
+        peak = spec.refresh_peak
+        assert baseline_bytes_per_token(name, LLADA_8B) == (
+            peak.kv_copies * LLADA_8B.kv_bytes_per_token
+            + LLADA_8B.vocab * (peak.logit_copies * LLADA_8B.wbytes + peak.fp64_logit_copies * 8))
+    assert default_impl("engine", "gpu") == "engine"
+    with pytest.raises(ValueError, match="no cost description"):
+        baseline_work("no-such-system")

@@ -70,3 +70,23 @@ def test_stalled_steps_are_counted():
     assert sum(stalls) > 0
     assert eng.counters["stalled_requests"] == sum(stalls)
     assert eng.counters["stalled_steps"] == sum(1 for s in stalls if s)
+
+
+def test_engine_open_is_the_one_constructor():
+    """engine.open builds one device's engine from the config (a context manager, like the one
+    over several ranks), and refuses a loaded model for several ranks (each loads its shard)."""
+    import engine
+    from tests.helpers import tiny_model
+
+    model = tiny_model()
+    cfg = EngineConfig(dtype="float64", device="cpu")
+    params = SamplingParams(gen_length=8, steps=8, block_length=4)
+    prompts = random_prompts(2, 6, seed=3)
+    with engine.open(cfg, model=model) as eng:
+        assert type(eng) is LLMEngine
+        got = [o.token_ids for o in eng.generate(prompts, params)]
+    assert got == [o.token_ids for o in LLMEngine(cfg, model=model).generate(prompts, params)]
+    with pytest.raises(ValueError, match="give no loaded model"):
+        engine.open(EngineConfig(dtype="float64", device="cpu", tensor_parallel_size=2), model=model)
+    with pytest.raises(ValueError, match=r"engine\.open"):
+        LLMEngine(EngineConfig(dtype="float64", device="cpu", tensor_parallel_size=2), model=model)

@@ -18,7 +18,7 @@ from dllm_bench.serve.options import ServeOptions, check_counts, resolve_run
 from dllm_bench.serve.points import PlannedPoint, measure_points, record_repeats, resume_id
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import repeat_workloads, shape_of
-from dllm_bench.systems.spec import parse_system
+from dllm_bench.systems.spec import ENGINE, parse_system
 from workloads.serving import describe
 
 
@@ -52,7 +52,7 @@ def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_
     eff = ab.effective_configs(rungs + beyond + crows, run.engine_defaults, run.baseline_defaults,
                                model_dir=str(run.model_dir), dtype=p.dtype, device=p.device,
                                memory_budget=run.memory_budget, max_model_len=p.max_model_len)
-    eng = [e["config"] if e["system"] == "engine" else None for e in eff]
+    eng = [e["config"] if e["system"] == ENGINE else None for e in eff]
     problems = ab.check_ladder_configs(eng, rungs + beyond + crows, reference=eng[len(rungs) - 1])
     if problems:  # a programming error in the ladder, never the user's
         raise RuntimeError("ablation ladder is inconsistent: " + "; ".join(problems))

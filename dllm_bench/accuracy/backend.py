@@ -23,10 +23,12 @@ from dllm_bench import console
 from dllm_bench.accuracy.points import SCORE_QUERIES, SELECTIONS, SYSTEMS, Point, model_training_info
 from dllm_bench.checkpoints.load import encode_prompt, load_tokenizer, model_dir
 from dllm_bench.device_defaults import resolve_device_options
+from dllm_bench.errors import UserError
 from dllm_bench.step_budgets import AUTO
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.inprocess import InProcess
-from dllm_bench.systems.spec import retention_knobs
+from dllm_bench.systems.options import check_engine_only
+from dllm_bench.systems.spec import ENGINE, retention_knobs
 from engine import EngineConfig, SamplingParams
 from engine.decoding import Decoding
 from engine.models.llada import LLaDAModelLM
@@ -46,7 +48,7 @@ def point_system(point: Point, model: LLaDAModelLM | InProcess, *, max_num_seqs:
     token and logit budgets (None / AUTO: not given) are 8192 and 1024 on a CPU and scale with
     the GPU on CUDA (dllm_bench.step_budgets; at least `longest_canvas`, default the model's length)."""
     src = model if isinstance(model, InProcess) else InProcess.over(model)
-    if point.system == "engine":
+    if point.system == ENGINE:
         b = src.budgets(tokens=max_num_batched_tokens, logits=max_num_logits, max_num_seqs=max_num_seqs,
                         block_length=block_length, longest_canvas=longest_canvas, budget_bytes=memory_budget)
         cfg = EngineConfig(cache=point.cache or "none", selection=point.selection or "head",
@@ -112,7 +114,7 @@ class PointBackend:
     @property
     def tensor_parallel_size(self) -> int:
         """The ranks this point's system runs on: a baseline always one device."""
-        return self.source.tensor_parallel_size if self.point.system == "engine" else 1
+        return self.source.ranks_of(self.point.system)
 
     def __call__(self, prompts: list[str], gen_kwargs: dict) -> list[str]:
         params = self.params_for(gen_kwargs.get("max_gen_toks"))
@@ -183,9 +185,11 @@ def engine_backend(model_args: dict) -> PointBackend:
     tp = _arg(model_args, "tensor_parallel_size", int, 1)
     if tp < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
-    if tp > 1 and system != "engine":
-        raise ValueError(f"tensor_parallel_size applies to the engine only, not to system {system!r}")
-    role = "baseline" if system != "engine" else ("dense" if cache == "none" else "sparse")
+    try:
+        check_engine_only(tp, system)
+    except UserError as e:
+        raise ValueError(str(e)) from None
+    role = "baseline" if system != ENGINE else ("dense" if cache == "none" else "sparse")
     point = Point(f"{system}:{cache}:{selection}:{score_query}:r{retention:g}", system, role, cache, selection,
                   retention, score_query)
     path = model_dir(spec)

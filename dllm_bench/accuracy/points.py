@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dllm_bench.systems.spec import ENGINE, baseline_registry
 from workloads.tasks import generated
 from workloads.tasks.scoring import extract_strict
 
@@ -72,7 +73,7 @@ def plan_points(systems: Sequence[str], selections: Sequence[str], retentions: S
     """The dense reference first, then the sweep of every requested system."""
     pts = [Point("dense", "engine", "dense", cache="none", retention=1.0)]
     for s in systems:
-        if s == "engine":
+        if s == ENGINE:
             if include_r1:
                 pts.append(Point("sparse-r1.0", "engine", "sparse", "sparse", "head", 1.0))
             for q in score_queries:
@@ -81,9 +82,9 @@ def plan_points(systems: Sequence[str], selections: Sequence[str], retentions: S
                     for r in retentions:
                         if r < 1.0 or not include_r1:
                             pts.append(Point(f"{name}-r{r:g}", "engine", "sparse", "sparse", sel, float(r), q))
-        elif s == "sparse-dllm":
+        elif baseline_registry()[s].retention_knob:   # a baseline with KV retention sweeps it too
             for r in retentions:
-                pts.append(Point(f"sparse-dllm-r{r:g}", "sparse-dllm", "baseline", None, "uniform", float(r)))
+                pts.append(Point(f"{s}-r{r:g}", s, "baseline", None, "uniform", float(r)))
         else:
             pts.append(Point(s, s, "baseline"))
     return pts

@@ -13,6 +13,8 @@ import json
 import statistics
 from pathlib import Path
 
+from dllm_bench.systems.spec import ENGINE
+
 UPSTREAM_RULE = "mean"
 
 
@@ -21,7 +23,7 @@ def dev_choice(points: list[dict]) -> dict[str, dict]:
     from a run's point rows (summary.json "points")."""
     acc: dict[str, dict[str, list[float]]] = {}
     for p in points:
-        if p.get("system") == "engine" and p.get("role") == "sparse" and float(p["retention"]) < 1.0:
+        if p.get("system") == ENGINE and p.get("role") == "sparse" and float(p["retention"]) < 1.0:
             acc.setdefault(p["selection"], {}).setdefault(p.get("score_query") or "mean", []).append(p["accuracy"])
     out = {}
     for sel, by_rule in acc.items():

@@ -14,6 +14,7 @@ import pandas as pd
 from dllm_bench.accuracy import seeds
 from dllm_bench.accuracy.points import Point, PointResult
 from dllm_bench.results import atomic_write_csv, atomic_write_json, atomic_write_jsonl
+from dllm_bench.systems.spec import ENGINE, SPARSE_BASELINE
 
 SERIES = ("head", "uniform", "head-max", "uniform-max")
 
@@ -36,15 +37,16 @@ def analyse(results: Sequence[PointResult]) -> dict:
     out: dict = {"dense_accuracy": dense.accuracy, "n": dense.n, "target_95": 0.95 * dense.accuracy}
     for sel in SERIES:
         at = {f"{r.point.retention:g}": r.accuracy for r in results
-              if r.point.system == "engine" and r.point.role == "sparse" and r.point.series == sel
+              if r.point.system == ENGINE and r.point.role == "sparse" and r.point.series == sel
               and r.point.retention < 1.0}
         if at:
             out[sel] = {"accuracy_by_retention": at,
                         "min_retention_95pct_dense": min_retention_reaching(results, dense.accuracy, sel)}
-    sd = {f"{r.point.retention:g}": r.accuracy for r in results if r.point.system == "sparse-dllm"}
+    sd = {f"{r.point.retention:g}": r.accuracy for r in results if r.point.system == SPARSE_BASELINE}
     if sd:
-        out["sparse-dllm"] = {"accuracy_by_retention": sd,
-                              "min_retention_95pct_dense": min_retention_reaching(results, dense.accuracy, "uniform", "sparse-dllm")}
+        out[SPARSE_BASELINE] = {"accuracy_by_retention": sd,
+                                "min_retention_95pct_dense": min_retention_reaching(results, dense.accuracy, "uniform",
+                                                                                    SPARSE_BASELINE)}
     return out
 
 
@@ -68,12 +70,12 @@ def plot_fig6(results: Sequence[PointResult], path: Path, title: str) -> Path:
               "uniform": ("tab:orange", "s", "uniform (Sparse-dLLM selection)"),
               "head-max": ("tab:purple", "D", "head-centric, max-query score"),
               "uniform-max": ("tab:brown", "v", "uniform, max-query score"),
-              "sparse-dllm": ("tab:green", "^", "Sparse-dLLM baseline system")}
+              SPARSE_BASELINE: ("tab:green", "^", "Sparse-dLLM baseline system")}
     xs_all = []
     for key, (color, marker, label) in styles.items():
         pts = sorted((r for r in results if r.point.retention < 1.0 and (
-            (key == "sparse-dllm" and r.point.system == "sparse-dllm") or
-            (key != "sparse-dllm" and r.point.system == "engine" and r.point.role == "sparse"
+            (key == SPARSE_BASELINE and r.point.system == SPARSE_BASELINE) or
+            (key != SPARSE_BASELINE and r.point.system == ENGINE and r.point.role == "sparse"
              and r.point.series == key))), key=lambda r: r.point.retention)
         if not pts:
             continue
@@ -186,7 +188,7 @@ def print_table(results: Sequence[PointResult], summary: dict, task: str, model:
         t.add_column(c, justify=j, no_wrap=True)
     for r in pooled:
         p, sp = r.point, spread[r.point.name]
-        sysname = p.system if p.system != "engine" else f"engine:{p.cache}"
+        sysname = p.system if p.system != ENGINE else f"engine:{p.cache}"
         cells = [p.name, sysname, f"{p.retention:g}", f"{r.correct}/{r.n}", pct(r.accuracy),
                  f"{pct(r.ci_low)}-{pct(r.ci_high)}"]
         if several:
@@ -197,7 +199,7 @@ def print_table(results: Sequence[PointResult], summary: dict, task: str, model:
         t.add_row(*cells, style="bold" if p.role == "dense" else None)
     con.print(t)
     analysis = summary.get("analysis", {})
-    for sel in ("head", "uniform", "head-max", "uniform-max", "sparse-dllm"):
+    for sel in ("head", "uniform", "head-max", "uniform-max", SPARSE_BASELINE):
         a = analysis.get(sel)
         if a:
             m = a["min_retention_95pct_dense"]

@@ -10,10 +10,8 @@ bars (one per point, over finished samples) go to stderr.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import typer
@@ -31,6 +29,7 @@ from dllm_bench.results import create_run
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.build import rank_threads as rank_threads_of
 from dllm_bench.systems.inprocess import InProcess
+from dllm_bench.systems.options import RunOptions, parallel_only
 from engine import SamplingParams
 from workloads.tasks import generated, synth
 from workloads.tasks.local import load_local
@@ -47,9 +46,9 @@ RULES = {"mean": "the block's queries averaged, then each context token scored (
 
 
 @dataclass(frozen=True)
-class AccuracyOptions:
+class AccuracyOptions(RunOptions):
     """The options of `dllm-bench accuracy` as given (names are the CLI parameters'); None = the
-    task's or the model's default."""
+    task's or the model's default. The run options (device, dtype, ...) are RunOptions'."""
     task: str | None = None
     model: str | None = None
     split: str = "test"
@@ -66,22 +65,13 @@ class AccuracyOptions:
     synth_facts: int | None = None
     data: str | None = None
     num_fewshot: int | None = None
-    dtype: str | None = None
     device: str = "auto"
     memory_budget: str = "auto"
-    threads: int | None = None
     max_num_seqs: int = 64
     batch: int = 32
     r1: bool = True
     chat: bool = False
-    cuda_graphs: bool | None = None
     decoding: str = "fixed"
-    tensor_parallel_size: int | None = None
-
-    @classmethod
-    def pick(cls, values: Mapping[str, Any]) -> AccuracyOptions:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
 
 
 def _floats(spec: str, flag: str) -> list[float]:
@@ -126,10 +116,10 @@ def protocol_lines(score_queries: list[str], chosen: dict | None) -> list[str]:
     return lines
 
 
-def ranks_text(res) -> str:
-    """Where a point ran, in a tensor-parallel run's lines."""
-    n = res.tensor_parallel_size
-    return f" · {n} ranks" if n > 1 else " · one device (baseline)"
+def ranks_text(res, tp: int) -> str:
+    """Where a point ran, in a tensor-parallel run's lines (nothing in a one-device run's)."""
+    n = res.tensor_parallel_size or 1
+    return parallel_only(tp, parallel_only(n, f" · {n} ranks", " · one device (baseline)"))
 
 
 def decoding_text(res) -> str:
@@ -230,8 +220,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
                  max_num_seqs=o.max_num_seqs, batch=o.batch, cuda_graphs=system_kw["cuda_graphs"],
                  chat=o.chat, temperature=0.0, remasking="low_confidence", decoding=decoding,
                  tensor_parallel_size=tp, points=[p.name for p in points])
-    if tp > 1:
-        knobs["threads_per_rank"] = rank_threads
+    knobs.update(parallel_only(tp, {"threads_per_rank": rank_threads}, {}))
     if o.data is not None:
         knobs.update(data=str(o.data), data_rows=len(rows), split=split)
     elif task in acc.GENERATED:
@@ -266,8 +255,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
             except ValueError as e:     # a request that can never run (too long for the model, ...)
                 raise UserError(f"{p.name}: {e}") from None
             res.model = label
-            if tp > 1:
-                res.tensor_parallel_size = backend.tensor_parallel_size
+            res.tensor_parallel_size = parallel_only(tp, backend.tensor_parallel_size, None)
             if p.role == "dense":
                 dense_acc = res.accuracy
             results.append(res)
@@ -277,7 +265,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
                 typer.echo(f"  {label + ' ' if label else ''}{p.name:>16}: {res.correct}/{res.n} = "
                            f"{report.pct(res.accuracy)}% [{report.pct(res.ci_low)}, {report.pct(res.ci_high)}]  "
                            f"({res.elapsed_s:.1f}s){decoding_text(res) if decoding != 'fixed' else ''}"
-                           f"{ranks_text(res) if tp > 1 else ''}", err=True)
+                           f"{ranks_text(res, tp)}", err=True)
         src.release()
     plot = None
     if sum(1 for r in results if r.point.retention < 1.0) >= 2:
@@ -288,10 +276,10 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
     if decoding != "fixed":
         protocol.append(f"decoding {decoding}: the engine runs it, Fast-dLLM under its threshold/factor rule; "
                         "a system without the rule upstream runs fixed (its rows say decoding fixed)")
-    if tp > 1:
-        protocol.append(f"tensor parallelism: every engine point (the dense reference too) on {tp} ranks of its own, "
-                        f"{rank_threads} thread(s) each on a CPU, started for the point and stopped after it; "
-                        "baselines on one device")
+    protocol.extend(parallel_only(tp, [
+        f"tensor parallelism: every engine point (the dense reference too) on {tp} ranks of its own, "
+        f"{rank_threads} thread(s) each on a CPU, started for the point and stopped after it; baselines on one device"],
+        []))
     if as_json:
         typer.echo(json.dumps({"run_dir": str(run_dir), "task": task, "model": model, "models": models,
                                "split": knobs["split"], "n": results[0].n, "metric": results[0].metric,

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dllm_bench.systems.spec import ENGINE
+
 BIG_STEP_ROWS = 2000  # the goal's "steps of >= 2,000 rows"
 
 
@@ -127,7 +129,7 @@ def graphs_vs_eager(entries: Sequence[Mapping]) -> list[dict]:
     """Per profiled engine batch: eager ms / graph ms (> 1: graphs faster)."""
     ms: dict[tuple[int, bool], float] = {}
     for e in entries:
-        if e.get("system") == "engine" and e.get("cuda_graphs") is not None and e.get("step_ms"):
+        if e.get("system") == ENGINE and e.get("cuda_graphs") is not None and e.get("step_ms"):
             ms[(int(e["batch"]), bool(e["cuda_graphs"]))] = float(e["step_ms"])
     out = []
     for b in sorted({b for b, _ in ms}):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from dllm_bench.benchgpu import derive as dv
 from dllm_bench.benchgpu.record import OK, Bench
 from dllm_bench.results import fmt_rps
+from dllm_bench.systems.spec import ENGINE
 
 MET, NOT_MET = "met", "not met"
 
@@ -145,7 +146,7 @@ def graphs_speedup(max_batch: int | None, target: float) -> Callable[[Bench], tu
 
 def one_request_ms(target: float) -> Callable[[Bench], tuple[str, str]]:
     def check(bench: Bench) -> tuple[str, str]:
-        one = next((e for e in _profiles(bench) if e.get("system") == "engine" and e.get("batch") == 1
+        one = next((e for e in _profiles(bench) if e.get("system") == ENGINE and e.get("batch") == 1
                     and e.get("cuda_graphs")), None)
         if one is None or one.get("step_ms") is None:
             raise Missing("no engine profile at batch 1 with CUDA graphs (or no step time in it)")

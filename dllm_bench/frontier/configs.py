@@ -14,6 +14,7 @@ from dllm_bench.accuracy.points import Point
 from dllm_bench.errors import UserError
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.spec import (
+    ENGINE,
     SystemVariant,
     baseline_knobs,
     baseline_retention,
@@ -50,7 +51,7 @@ class Config:
 
     def point(self, retention: float) -> Point:
         """The accuracy point this configuration is scored as (dllm_bench.accuracy.evaluate)."""
-        if self.system == "engine":
+        if self.system == ENGINE:
             cache = engine_knobs(self.variant, {})["cache"]       # the engine system's default: auto
             sparse = cache in ("sparse", "auto")                 # auto serves sparse once memory binds
             sel = self.variant.knob_dict.get("selection", "head") if sparse else None

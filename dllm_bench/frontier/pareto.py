@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from dllm_bench.repeats import Spread, ratio
+from dllm_bench.systems.spec import DECODING_BASELINE, ENGINE
 
 ENGINE_VS_FAST_DLLM = 1.0      # x Fast-dLLM's throughput at each of its accuracy levels
 PARALLEL_VS_FIXED = 2.0        # x the engine's fixed throughput ...
@@ -46,8 +47,8 @@ def _check(r: Spread, target: float) -> tuple[bool, str]:
 
 def engine_vs_fast_dllm(rows: Sequence[Mapping], target: float = ENGINE_VS_FAST_DLLM) -> dict:
     """For each Fast-dLLM point: the fastest engine point at least as accurate, and the ratio."""
-    engine = [r for r in rows if r["system_name"] == "engine"]
-    levels = sorted((r for r in rows if r["system_name"] == "fast-dllm"), key=lambda r: r["accuracy"])
+    engine = [r for r in rows if r["system_name"] == ENGINE]
+    levels = sorted((r for r in rows if r["system_name"] == DECODING_BASELINE), key=lambda r: r["accuracy"])
     if not engine or not levels:
         return {"goal": _goal1(target), "met": None, "text": "needs engine and fast-dllm points", "levels": []}
     out = []
@@ -85,7 +86,7 @@ def parallel_vs_fixed(rows: Sequence[Mapping], target: float = PARALLEL_VS_FIXED
     goal = (f"the engine's best point ≥ {target:g}x the tok/s of fixed at ≤ {max_loss * 100:g} accuracy point "
             "lost (stated for synth-cot)")
     variants = []
-    for fx in (r for r in rows if r["system_name"] == "engine" and r["decoding"] == "fixed"):
+    for fx in (r for r in rows if r["system_name"] == ENGINE and r["decoding"] == "fixed"):
         same = [r for r in rows if r["system"] == fx["system"] and r["accuracy"] >= fx["accuracy"] - max_loss - 1e-12]
         best = max(same, key=lambda r: r["tps"])
         x = ratio(spread(best), spread(fx))

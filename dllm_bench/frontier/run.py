@@ -11,10 +11,8 @@ spread over the configurations rather than landing on one.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import torch
@@ -32,7 +30,8 @@ from dllm_bench.results import atomic_write_csv, atomic_write_json, create_run
 from dllm_bench.step_budgets import AUTO
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.inprocess import InProcess
-from dllm_bench.systems.spec import retention_knobs
+from dllm_bench.systems.options import RunOptions
+from dllm_bench.systems.spec import ENGINE, retention_knobs
 from engine import EngineConfig, SamplingParams
 from workloads.tasks import generated, synth
 from workloads.tasks.local import load_local
@@ -52,7 +51,7 @@ LIMIT, CONCURRENCY, REPEATS, THREADS = 200, 8, 3, 1
 
 
 @dataclass(frozen=True)
-class FrontierOptions:
+class FrontierOptions(RunOptions):
     """The options of `dllm-bench frontier` as given (CLI parameter names); None = the task's
     or the model's default."""
     task: str | None = None
@@ -67,16 +66,10 @@ class FrontierOptions:
     seed: int = 0
     data: str | None = None
     num_fewshot: int | None = None
-    dtype: str | None = None
     device: str = "auto"
     memory_budget: str = "auto"
     threads: int | None = THREADS
     seeds: int = 3
-
-    @classmethod
-    def pick(cls, values: Mapping[str, Any]) -> FrontierOptions:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
 
 
 @dataclass
@@ -163,7 +156,7 @@ def _builder(cfg: configs.Config, src: InProcess, o: FrontierOptions, budget: in
     static batch). The engine's token and logit budgets: ENGINE_DEFAULTS on a CPU, scaled with the
     GPU on CUDA (dllm_bench.step_budgets), a variant's knobs winning."""
     def build():
-        if cfg.system == "engine":
+        if cfg.system == ENGINE:
             own = cfg.variant.knob_dict
             b = src.budgets(tokens=own.get("max_num_batched_tokens"), logits=own.get("max_num_logits", AUTO),
                             max_num_seqs=o.concurrency, block_length=block_length, budget_bytes=budget,

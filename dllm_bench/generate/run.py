@@ -88,7 +88,7 @@ def generate(o: GenerateOptions, *, show_progress: bool = True) -> dict:
         raise UserError(f"--system must be one of {', '.join(system_names())}, got {o.system!r}")
     setup = resolve(o, memory_budget="none")
     setup.apply_threads()
-    check_engine_only(setup, [o.system])
+    check_engine_only(setup.tensor_parallel_size, o.system)
     if not o.prompt and not o.prompt_ids:
         raise UserError("give at least one --prompt or --prompt-ids")
     if o.batch <= 0:

@@ -12,6 +12,7 @@ from dllm_bench.console import console
 from dllm_bench.device_defaults import MemoryBudget, resolve_budget, resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import ServePreset, preset_for
+from dllm_bench.systems.options import check_one_device, variant_ranks
 from dllm_bench.systems.spec import BATCH_KNOB, ENGINE, SystemVariant, engine_knobs, parse_systems
 from dllm_bench.units import format_size, parse_size
 from engine.config import DTYPES
@@ -141,8 +142,7 @@ def resolve(opts: MemoryOptions) -> MemoryRun:
             raise UserError("memory measures systems in this process: --systems cannot name an endpoint")
         if BATCH_KNOB in v.knob_dict:
             raise UserError(f"system {v.label!r}: memory runs one request at a time (no batch knob)")
-        if v.name == ENGINE and v.knob_dict.get("tensor_parallel_size", 1) != 1:
-            raise UserError(f"system {v.label!r}: memory measures one device (tensor_parallel_size=1)")
+        check_one_device(variant_ranks(v), v.label, "memory")
     preset = preset_for(None, opts.model, str(dev.device))
     block = opts.block_length or preset.block_length
     gen = opts.gen_length or block

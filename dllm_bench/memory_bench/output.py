@@ -10,6 +10,7 @@ import pandas as pd
 from dllm_bench import results
 from dllm_bench.console import print_df
 from dllm_bench.plots import plt, save_png
+from dllm_bench.systems.spec import DECODING_BASELINE, ENGINE
 
 MiB = 2**20
 PARTS = ("weights", "kv", "logits", "ffn", "attention")
@@ -60,8 +61,8 @@ def goals(doc: dict) -> list[str]:
     token budget), and every system's peak-to-average over the request's steps."""
     by = {s["system"]: s for s in doc["systems"]}
     lines = []
-    engines = [s for s in doc["systems"] if s["system"].split(":")[0] == "engine"]
-    fast = next((s for s in doc["systems"] if s["system"].split(":")[0] == "fast-dllm"), None)
+    engines = [s for s in doc["systems"] if s["system"].split(":")[0] == ENGINE]
+    fast = next((s for s in doc["systems"] if s["system"].split(":")[0] == DECODING_BASELINE), None)
     for e in engines:
         for key, label in (("search", "measured"), ("derived", "derived")):
             a = (e.get(key) or {}).get("max_length")
@@ -81,7 +82,7 @@ def goals(doc: dict) -> list[str]:
             lines.append(f"{name} peak-to-average over {st['steps']} steps at {s['profile']['length']:,} tokens: "
                          f"{st['peak_to_average']:.2f} allocated, {st['dynamic_peak_to_average'] or 0:.2f} dynamic"
                          + (f", {derived:.2f} dynamic derived" if derived else "")
-                         + (" (goal <= 1.5)" if name.split(":")[0] == "engine" else ""))
+                         + (" (goal <= 1.5)" if name.split(":")[0] == ENGINE else ""))
     return lines
 
 

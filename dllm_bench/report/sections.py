@@ -18,6 +18,7 @@ from dllm_bench.console import md_table, num
 from dllm_bench.repeats import Spread, ratio
 from dllm_bench.report.claims import PAPER, Claims, mark, single, spread_text, trend_verdict, verdict
 from dllm_bench.sweep import lengths as sw
+from dllm_bench.systems.spec import ENGINE, SPARSE_BASELINE
 
 
 def _x(v: float | None, d: int = 2) -> str:
@@ -98,11 +99,11 @@ def accuracy_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: P
         if dev_pair[0] != dev_pair[1]:
             pairs.append((*dev_pair, f"rules chosen on dev: head {dev_pair[0]}, uniform {dev_pair[1]}"))
     for head_rule, uni_rule, tag in pairs:
-        head = acc_at("engine", "head", head_rule)
+        head = acc_at(ENGINE, "head", head_rule)
         # Uniform = the engine's uniform selection; else the Sparse-dLLM system (uniform by design).
-        uni_sys = "engine" if acc_at("engine", "uniform", uni_rule) else "sparse-dllm"
-        uni = acc_at("engine", "uniform", uni_rule) or (acc_at("sparse-dllm", "uniform", "mean") if uni_rule == "mean" else {})
-        uni_rule_used = uni_rule if uni_sys == "engine" else "mean"
+        uni_sys = ENGINE if acc_at(ENGINE, "uniform", uni_rule) else SPARSE_BASELINE
+        uni = acc_at(ENGINE, "uniform", uni_rule) or (acc_at(SPARSE_BASELINE, "uniform", "mean") if uni_rule == "mean" else {})
+        uni_rule_used = uni_rule if uni_sys == ENGINE else "mean"
         common = sorted(set(head) & set(uni))
         # the paper's points: r = 10 % (and 20 % for the halving claim), else the lowest swept r
         start = common.index(0.1) if 0.1 in common else 0

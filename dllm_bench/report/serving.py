@@ -15,7 +15,7 @@ from dllm_bench.console import md_table, num
 from dllm_bench.repeats import Spread, compare, point_spread
 from dllm_bench.report.claims import PAPER, Claims, mark, single, spread_text, verdict
 from dllm_bench.report.sections import _figures, _repeats, _x
-from dllm_bench.systems.spec import PAPER_ENGINE
+from dllm_bench.systems.spec import ENGINE, PAPER_ENGINE, SPARSE_BASELINE
 
 
 def serve_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
@@ -42,7 +42,7 @@ def serve_table(df) -> tuple[str, dict]:
     (engine, best baseline, sparse-dllm) rows as dicts."""
 
     if "is_baseline" not in df.columns:
-        df["is_baseline"] = df["system"] != "engine"
+        df["is_baseline"] = df["system"] != ENGINE
     df["is_baseline"] = df["is_baseline"].fillna(True).astype(bool)
     name_col = "system_name" if "system_name" in df.columns else "system"
     served = endpoint_labels(df)
@@ -54,8 +54,8 @@ def serve_table(df) -> tuple[str, dict]:
         eng = [r for r in recs if not r["is_baseline"] and r["system"] not in served]   # served is not the engine
         # The paper's claims are about its system: engine:cache=sparse when the run has it.
         eng_row = next((r for r in eng if r["system"] == PAPER_ENGINE),
-                       next((r for r in eng if r["system"] == "engine"), eng[0] if eng else None))
-        sd_row = next((r for r in recs if r.get(name_col) == "sparse-dllm"), None)
+                       next((r for r in eng if r["system"] == ENGINE), eng[0] if eng else None))
+        sd_row = next((r for r in recs if r.get(name_col) == SPARSE_BASELINE), None)
         for r in recs:
             x = compare(r, best, "output_throughput")[0] if best is not None and r is not best else None
             rows.append({"dataset": ds, "rps": "inf" if math.isinf(float(rps)) else f"{float(rps):g}",
@@ -159,7 +159,7 @@ def _jitter(df) -> dict:
             j = jitter_gains(g, bls, rps)
         except Exception:  # noqa: BLE001 - a section never fails the report
             continue
-        j = j[j["system"] == "engine"] if (j["system"] == "engine").any() else \
+        j = j[j["system"] == ENGINE] if (j["system"] == ENGINE).any() else \
             j[~j["system"].isin(set(bls) | endpoint_labels(df))]
         if len(j):
             out[ds] = (rps, num(j["std_gain"].iloc[0]), num(j["span_gain"].iloc[0]))

@@ -149,8 +149,8 @@ def dllm_cache_step_share(p: Preset, shape: RequestShape, prompt_interval: int =
     return total / steps
 
 
-# The baselines whose Refresh peak the registry models (baselines.registry.RefreshPeak).
-BASELINE_PEAKS: dict[str, RefreshPeak] = {n: s.refresh_peak for n, s in SYSTEMS.items() if s.refresh_peak}
+# The cache-reusing baselines' Refresh peaks (baselines.registry.RefreshPeak).
+BASELINE_PEAKS: dict[str, RefreshPeak] = {n: s.refresh_peak for n, s in SYSTEMS.items() if s.refresh_peak and s.reuses}
 
 
 def peak_bytes_per_token(peak: RefreshPeak, c: Costs, dtype_bytes: int) -> float:

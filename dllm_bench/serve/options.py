@@ -7,8 +7,7 @@ default: saturation throughput) with dataclasses.replace.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.task_prompts import TASK_DATASET
 from dllm_bench.serve.workload import build_workloads, model_info
 from dllm_bench.systems import decoding as system_decoding
+from dllm_bench.systems.options import RunOptions
 from dllm_bench.systems.spec import apply_baseline_batch, parse_systems
 from dllm_bench.units import comma_list, format_size
 from engine.config import DTYPES
@@ -86,7 +86,7 @@ def check_gen_length(gen_length: int | None, block_length: int) -> None:
 
 # ---------------------------------------------------------------- the options
 @dataclass(frozen=True)
-class ServeOptions:
+class ServeOptions(RunOptions):
     """Every option of a serving run as given on the command line; None = the preset's value
     (dllm_bench.serve.presets). Field names are the CLI parameters' names (`--num-prompts` ->
     num_prompts), so a command builds one with ServeOptions.pick(locals())."""
@@ -101,7 +101,6 @@ class ServeOptions:
     arrivals: str | None = None
     time_scale: float = 1.0
     burstgpt_model: str | None = None
-    memory_budget: str | None = None
     model: str | None = None
     preset: str | None = None
     max_num_batched_tokens: int | None = None
@@ -113,9 +112,6 @@ class ServeOptions:
     gen_length: int | None = None
     block_length: int | None = None
     max_prompt_len: int | None = None
-    threads: int | None = None
-    dtype: str | None = None
-    device: str | None = None
     seed: int = 0
     repeats: int = 1
     max_duration: float | None = None
@@ -125,17 +121,8 @@ class ServeOptions:
     percentile_metrics: str | None = None       # which of ttft,tpot,itl,e2el get percentiles
     metric_percentiles: str | None = None       # which percentiles, e.g. 50,90,99
     goodput: tuple[str, ...] | None = None      # SLO pairs METRIC:MS
-    cuda_graphs: bool | None = None
     decoding: str = "fixed"                     # engine.decoding policy (dllm_bench.systems.decoding)
-    tensor_parallel_size: int | None = None     # the engine's ranks (engine.parallel); baselines: one device
     trace_steps: bool = False                   # steps.jsonl per point (dllm_bench.serve.trace)
-
-    @classmethod
-    def pick(cls, values: Mapping[str, Any]) -> ServeOptions:
-        """The options among a command's parameters (the others, e.g. --run-id, are the
-        command's own); the ones a command does not expose keep their defaults."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
 
 
 # ---------------------------------------------------------------- option resolution

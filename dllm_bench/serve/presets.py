@@ -73,6 +73,7 @@ from dllm_bench.step_budgets import (
     activation_bytes_per_token,
     step_budgets,
 )
+from dllm_bench.systems.options import parallel_only
 from engine.config import DTYPES
 
 # What a trained checkpoint (committed, or made by `dllm-bench train`) starts from: its own task.
@@ -178,8 +179,8 @@ class ServePreset:
                 f"lengths, {self.num_prompts} prompts, block {self.block_length}, {gen}, {self.steps_rule}, memory budget {self.memory_budget or 'device default'}, "
                 f"token budget {self.max_num_batched_tokens}{why_t}, logit budget {logits}{why_l}, retention "
                 f"{self.retention:g}, {self.dtype} on {self.device}, {self.threads} threads"
-                + (f", engine on {self.tensor_parallel_size} ranks (tensor parallel; baselines on one device)"
-                   if self.tensor_parallel_size > 1 else ""))
+                + parallel_only(self.tensor_parallel_size,
+                                f", engine on {self.tensor_parallel_size} ranks (tensor parallel; baselines on one device)"))
 
 
 # Requests of the scale-similar default: at its paper-length shapes a request costs ~25-80 s of

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dllm_bench.device_defaults import GPU_MEMORY_UTILIZATION as UTILIZATION
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.memory import CONTEXT_BYTES, baseline_max_batch, engine_kv_tokens, weights_bytes
+from dllm_bench.systems.spec import ENGINE
 
 MAX_WEIGHT_COPIES = 64     # calibrate.measure_ops cycles at most this many copies of a GEMM's weight
 SCORE_BYTES = 4            # a float32 score element, if attention falls back to a kernel that stores them
@@ -66,7 +67,7 @@ def host_cap(system: str, shape: ModelShape, budget: float, length: int, max_num
     the budget: a baseline's largest static batch, the engine's KV pool over full-length
     requests (sparse retention stores less: this is its dense bound). 0: not even one."""
     try:
-        if system == "engine":
+        if system == ENGINE:
             return engine_kv_tokens(shape, budget, max_num_batched_tokens, max_num_logits) // length
         return baseline_max_batch(system, shape, budget, length)
     except ValueError:

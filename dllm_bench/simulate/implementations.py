@@ -30,8 +30,10 @@ our engine".
 """
 from __future__ import annotations
 
+from baselines import SYSTEMS
 from dllm_bench.errors import UserError
 from dllm_bench.simulate.cost_model import ImplProfile
+from dllm_bench.systems.spec import ENGINE
 
 IMPLEMENTATIONS: dict[str, ImplProfile] = {p.name: p for p in [
     ImplProfile("engine", elem_d=56, elem_f=6, softmax_bytes_per_entry=6, rope_bytes_per_key_d=0, kv_copy=3,
@@ -52,8 +54,6 @@ MEASURED_HOST = "dllm-bench"
 
 # Which implementation each system runs by default on a built-in GPU profile (upstream code) and
 # on a CPU profile (this repository's code, which is what `serve` measures there).
-GPU_DEFAULT = {"engine": "engine", "llada": "hf-eager", "dllm-cache": "hf-dllm-cache", "sparse-dllm": "hf-eager",
-               "fast-dllm": "hf-fast-dllm"}
 
 
 def default_impl(system: str, hardware_kind: str, measured: str = "") -> str:
@@ -61,7 +61,9 @@ def default_impl(system: str, hardware_kind: str, measured: str = "") -> str:
     calibrate` predicts this repository's code there, as `serve` would measure it)."""
     if measured:
         return measured
-    return MEASURED_HOST if hardware_kind == "cpu" else GPU_DEFAULT.get(system, "hf-eager")
+    if hardware_kind == "cpu":
+        return MEASURED_HOST
+    return SYSTEMS[system].upstream_impl if system in SYSTEMS else ENGINE
 
 
 # What each implementation is, in the words every simulated table names it with.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from baselines.registry import SYSTEMS
 from dllm_bench.simulate.cost_model import ModelShape
 from engine.kv_cache import kv_need
 
@@ -70,11 +71,11 @@ def engine_kv_tokens(shape: ModelShape, budget: float, max_num_batched_tokens: i
 
 
 def baseline_bytes_per_token(system: str, shape: ModelShape) -> float:
-    w, V = shape.wbytes, shape.vocab
-    cache = {"llada": 0, "fast-dllm": shape.kv_bytes_per_token, "sparse-dllm": shape.kv_bytes_per_token,
-             "dllm-cache": shape.kv_bytes_per_token + 2 * shape.layers * shape.d * w}[system]
-    logits = V * (w + 8 + 8) if system == "fast-dllm" else V * 3 * w
-    return cache + logits
+    """A static batch's live bytes per token at its Refresh forward: the registry's KV and logit
+    copies (baselines.registry.RefreshPeak), as `models similarity` counts them."""
+    peak = SYSTEMS[system].refresh_peak
+    logits = shape.vocab * (peak.logit_copies * shape.wbytes + peak.fp64_logit_copies * 8)
+    return peak.kv_copies * shape.kv_bytes_per_token + logits
 
 
 def _baseline_free(shape: ModelShape, budget: float) -> float:

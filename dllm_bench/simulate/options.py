@@ -20,7 +20,7 @@ from dllm_bench.simulate.simulator import SimSetup, resolve_sim_model
 from dllm_bench.simulate.steps_per_block import StepsPlan
 from dllm_bench.simulate.steps_per_block import parse as parse_steps
 from dllm_bench.systems.decoding import resolve as resolve_decoding
-from dllm_bench.systems.spec import engine_knobs
+from dllm_bench.systems.options import parallel_labels
 
 # The share of a GPU's memory a run may use when no budget is given: the engine's
 # gpu_memory_utilization default (vLLM's).
@@ -57,8 +57,7 @@ def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_
     gpu = f"{hw.name} (simulated)" if hw.kind == "gpu" else None
     run = resolve_run(opts, weights=loadable, wall_clock=False, gpu=gpu)
     names = [v.name for v in run.systems]
-    parallel = [v.label for v in run.systems
-                if not v.is_baseline and engine_knobs(v, run.engine_defaults).get("tensor_parallel_size", 1) > 1]
+    parallel = parallel_labels(run.systems, run.engine_defaults)
     if parallel and hw.link is None:
         raise UserError(f"{parallel[0]!r} runs tensor-parallel but hardware profile {hw.name!r} has no 'link' "
                         "between GPUs (bandwidth, latency) to charge its all-reduces to")

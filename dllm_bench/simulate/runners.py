@@ -27,7 +27,7 @@ import torch
 from baselines.static_batch import Batch, Policy, StepResult
 from dllm_bench.simulate.clock import VirtualClock
 from dllm_bench.simulate.cost_model import Forward, ModelShape
-from dllm_bench.simulate.work import baseline_forward, engine_forward, graph_key, padded
+from dllm_bench.simulate.work import baseline_work, engine_forward, graph_key, padded
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.kv_cache import KVPool, bytes_per_token
@@ -120,6 +120,7 @@ class CostPolicy(Policy):
         super().__init__(real.model)
         self.real, self.shape, self.cost, self.clock = real, shape, cost, clock
         self.name, self.knobs = real.name, dict(real.knobs)
+        self.work = baseline_work(real.name)
         self.parallel = any(self.knobs.get(k) is not None for k in ("threshold", "factor"))
         if self.parallel and not planned:
             raise ValueError("parallel decoding (threshold / factor) ends blocks by token values: the simulator needs "
@@ -131,15 +132,13 @@ class CostPolicy(Policy):
         self._memo: dict = {}
 
     def _key(self, batch: Batch) -> tuple:
-        t = batch.forwards if self.name == "dllm-cache" else 0
-        pads = tuple(batch.pads) if self.name == "sparse-dllm" else ()
-        return (batch.size, batch.length, batch.prompt_len, batch.block, batch.step_in_block, t, pads)
+        return (batch.size, batch.length, batch.prompt_len, batch.block, batch.step_in_block, *self.work.memo_key(batch))
 
     def step(self, batch: Batch) -> StepResult:
         key = self._key(batch)
         hit = self._memo.get(key)
         if hit is None or not self.forwards:
-            fw, res = baseline_forward(self.name, self.knobs, batch, self.shape)
+            fw, res = self.work.forward(self.knobs, batch, self.shape)
             hit = (self.cost(replace(fw, first=not self.forwards)), res)
             if self.forwards:                  # the first forward's cost is its own
                 self._memo[key] = hit
@@ -151,25 +150,14 @@ class CostPolicy(Policy):
     def block_done(self, batch: Batch) -> bool:
         if self.parallel:             # the slowest row's planned forwards for this block
             return batch.step_in_block >= max(r.planned_steps[batch.block % len(r.planned_steps)] for r in batch.reqs)
-        if self.name == "fast-dllm":  # ends when no MASK is left (a schedule's zero tail is skipped)
+        if self.work.ends_when_unmasked:
             i = batch.step_in_block
             if all(sum(s[:i]) >= sum(s) for s in batch.schedules):
                 return True
         return super().block_done(batch)
 
     def kv_row_tokens(self, batch: Batch) -> list[int]:
-        s, e = batch.block_range
-        if self.name == "fast-dllm":
-            held = batch.length if self.knobs.get("fast_dllm_cache", "dual") == "dual" else s
-            return [max(0, held - p) for p in batch.pads]
-        if self.name == "sparse-dllm":
-            if batch.step_in_block >= 2:   # called after the step: the kept set exists from step 1 on
-                r = self.knobs.get("keep_ratio", 0.5)
-                return [int(((s - p) + (batch.length - e)) * r) for p in batch.pads]
-            return [0] * batch.size
-        if self.name == "dllm-cache":
-            return [batch.row_length(i) for i in range(batch.size)]
-        return [0] * batch.size
+        return self.work.kv_row_tokens(self.knobs, batch)
 
     def kv_token_bytes(self) -> int:
         return self._bytes

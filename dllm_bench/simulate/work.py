@@ -18,6 +18,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from baselines.dllm_cache import DLLMCache
+from baselines.fast_dllm import FastDLLM
+from baselines.llada import LLaDASampler
+from baselines.registry import SYSTEMS
+from baselines.sparse_dllm import SparseDLLM
 from baselines.static_batch import Batch, StepResult
 from dllm_bench.simulate.cost_model import Forward, LayerPass, ModelShape, Seg
 from engine.config import EngineConfig
@@ -97,42 +102,106 @@ def _kept(batch: Batch, keep_ratio: float) -> int:
 
 def baseline_forward(name: str, knobs: dict, batch: Batch, shape: ModelShape) -> tuple[Forward, StepResult]:
     """One forward of baseline `name` (knobs as the policy holds them) on static batch `batch`."""
-    B, L, i = batch.size, batch.length, batch.step_in_block
-    s, e = batch.block_range
-    blk = e - s
-    every = shape.layers
+    return baseline_work(name).forward(knobs, batch, shape)
 
-    def uniform(q: int, k: int) -> tuple[LayerPass, ...]:
-        return (LayerPass(every, (Seg(q, k),) * B),)
 
-    if name == "llada":
-        return Forward(uniform(L, L), rows=B * L, n_seq=B, softmax_rows=B * L, refresh=B), StepResult(B * L, L, True)
-    if name == "fast-dllm":
+def _uniform(batch: Batch, shape: ModelShape, q: int, k: int) -> tuple[LayerPass, ...]:
+    return (LayerPass(shape.layers, (Seg(q, k),) * batch.size),)
+
+
+def _full(batch: Batch, shape: ModelShape, kv_write: int = 0) -> tuple[Forward, StepResult]:
+    """A forward of the whole canvas, every row a Refresh."""
+    B, L = batch.size, batch.length
+    return (Forward(_uniform(batch, shape, L, L), rows=B * L, kv_write=kv_write, n_seq=B, softmax_rows=B * L,
+                    refresh=B), StepResult(B * L, L, True))
+
+
+class BaselineWork:
+    """What one baseline computes per forward and holds in KV (its policy in baselines/*.py):
+    `forward`, `kv_row_tokens` (each row's cached tokens after a step), `memo_key` (what besides
+    the batch's shape decides a forward) and `ends_when_unmasked` (a block ends when no MASK is
+    left rather than after its scheduled steps)."""
+    ends_when_unmasked = False
+
+    def forward(self, knobs: dict, batch: Batch, shape: ModelShape) -> tuple[Forward, StepResult]:
+        return _full(batch, shape)
+
+    def kv_row_tokens(self, knobs: dict, batch: Batch) -> list[int]:
+        return [0] * batch.size
+
+    def memo_key(self, batch: Batch) -> tuple:
+        return ()
+
+
+class FastDLLMWork(BaselineWork):
+    ends_when_unmasked = True   # a schedule's zero tail is skipped
+
+    def forward(self, knobs, batch, shape):
+        B, L, i = batch.size, batch.length, batch.step_in_block
+        s, e = batch.block_range
+        blk = e - s
         dual = knobs.get("fast_dllm_cache", "dual") == "dual"
         if i == 0:
-            keep = L if dual else s
-            return (Forward(uniform(L, L), rows=B * L, kv_write=B * keep, n_seq=B, softmax_rows=B * L, refresh=B),
-                    StepResult(B * L, L, True))
+            return _full(batch, shape, kv_write=B * (L if dual else s))
         q0, q1 = s, (e if dual else L)
         q = q1 - q0
         held = L if dual else s
         k = L if dual else s + q
         # Every key is RoPE'd in every layer; the block's own (dual: written in place) are fresh.
         cached = held - blk if dual else held
-        fw = Forward(uniform(q, k), rows=B * q, kv_read=B * held, kv_write=B * blk if dual else 0,
-                     cached_key_layers=B * cached * every, n_seq=B, softmax_rows=B * q)
+        fw = Forward(_uniform(batch, shape, q, k), rows=B * q, kv_read=B * held, kv_write=B * blk if dual else 0,
+                     cached_key_layers=B * cached * shape.layers, n_seq=B, softmax_rows=B * q)
         return fw, StepResult(B * q, q, False)
-    if name == "sparse-dllm":
+
+    def kv_row_tokens(self, knobs, batch):
+        held = batch.length if knobs.get("fast_dllm_cache", "dual") == "dual" else batch.block_range[0]
+        return [max(0, held - p) for p in batch.pads]
+
+
+class SparseDLLMWork(BaselineWork):
+    def forward(self, knobs, batch, shape):
+        B, i = batch.size, batch.step_in_block
+        s, e = batch.block_range
+        blk = e - s
         if i <= 1:
-            kept = _kept(batch, knobs.get("keep_ratio", 0.5)) if i == 1 else 0
-            return (Forward(uniform(L, L), rows=B * L, kv_write=B * kept, n_seq=B, softmax_rows=B * L, refresh=B),
-                    StepResult(B * L, L, True))
+            return _full(batch, shape, kv_write=B * _kept(batch, knobs.get("keep_ratio", 0.5)) if i == 1 else 0)
         kept = _kept(batch, knobs.get("keep_ratio", 0.5))
-        fw = Forward(uniform(blk, kept + blk), rows=B * blk, kv_read=B * kept, n_seq=B, softmax_rows=B * blk)
+        fw = Forward(_uniform(batch, shape, blk, kept + blk), rows=B * blk, kv_read=B * kept, n_seq=B,
+                     softmax_rows=B * blk)
         return fw, StepResult(B * blk, blk, False)
-    if name == "dllm-cache":
+
+    def kv_row_tokens(self, knobs, batch):
+        if batch.step_in_block < 2:   # called after the step: the kept set exists from step 1 on
+            return [0] * batch.size
+        s, e = batch.block_range
+        r = knobs.get("keep_ratio", 0.5)
+        return [int(((s - p) + (batch.length - e)) * r) for p in batch.pads]
+
+    def memo_key(self, batch):
+        return tuple(batch.pads)
+
+
+class DLLMCacheWork(BaselineWork):
+    def forward(self, knobs, batch, shape):
         return _dllm_cache(knobs, batch, shape)
-    raise ValueError(f"no cost description for baseline {name!r}")
+
+    def kv_row_tokens(self, knobs, batch):
+        return [batch.row_length(i) for i in range(batch.size)]
+
+    def memo_key(self, batch):
+        return (batch.forwards,)
+
+
+# Each registry policy's cost description (baselines.registry.SYSTEMS[name].policy).
+WORK: dict[type, BaselineWork] = {LLaDASampler: BaselineWork(), FastDLLM: FastDLLMWork(),
+                                  SparseDLLM: SparseDLLMWork(), DLLMCache: DLLMCacheWork()}
+
+
+def baseline_work(name: str) -> BaselineWork:
+    work = WORK.get(SYSTEMS[name].policy) if name in SYSTEMS else None
+    if work is None:
+        raise ValueError(f"no cost description for baseline {name!r}")
+    return work
 
 
 def _dllm_cache(knobs: dict, batch: Batch, shape: ModelShape) -> tuple[Forward, StepResult]:

@@ -9,6 +9,7 @@ from dllm_bench.errors import UserError
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.stepprofile.phases import check_feasible
+from dllm_bench.systems.options import check_one_device
 from dllm_bench.systems.spec import BATCH_KNOB, SystemVariant, engine_knobs, parse_systems, with_knob
 from engine.config import EngineConfig
 from workloads.datasets import PRESETS as LENGTHS
@@ -94,8 +95,7 @@ def resolve(o: StepProfileOptions) -> StepProfileSetup:
         num_prompts=1 if o.batch == MAX_FIT else o.batch, rps="inf", num_warmups=0,
         no_profile_cache=o.no_profile_cache, seed=o.seed))
     knobs = {} if variant.is_baseline else engine_knobs(variant, run.engine_defaults)
-    if knobs.get("tensor_parallel_size", 1) > 1:
-        raise UserError("--system: profile-step runs one device (tensor_parallel_size 1)")
+    check_one_device(knobs.get("tensor_parallel_size", 1), variant.label, "profile-step")
     check_feasible(variant.name, knobs.get("cache", EngineConfig.cache), o.phase, o.batch)
     p = run.preset
     gen = p.gen_length or p.gen_cap // p.block_length * p.block_length

@@ -27,7 +27,7 @@ from dllm_bench.checkpoints.store import cache_root
 from dllm_bench.device_defaults import gpu_identity
 from dllm_bench.errors import UserError
 from dllm_bench.results import atomic_write_json
-from dllm_bench.systems.spec import ENGINE_DEFAULTS, SystemVariant, baseline_knobs, engine_knobs
+from dllm_bench.systems.spec import ENGINE, ENGINE_DEFAULTS, SystemVariant, baseline_knobs, engine_knobs
 from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
 from engine.engine import resolve_device
@@ -126,7 +126,7 @@ def make_system(name: str, model: Any, *, engine_config: EngineConfig | None = N
     UserError naming `label` (default `name`); a rank failing later is a RankFailure."""
     who = repr(label or name)
     try:
-        if name == "engine":
+        if name == ENGINE:
             cfg = engine_config or EngineConfig(sampling=False, device=str(model.device), **ENGINE_DEFAULTS)
             n = cfg.tensor_parallel_size
             check_tensor_parallel(cfg.model, n, cfg.device)

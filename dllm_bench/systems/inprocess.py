@@ -12,6 +12,7 @@ from dllm_bench.checkpoints.load import load_model
 from dllm_bench.errors import UserError
 from dllm_bench.step_budgets import AUTO, StepBudgets, engine_budgets
 from dllm_bench.systems.build import check_tensor_parallel, make_system
+from dllm_bench.systems.spec import ENGINE
 from engine.config import DTYPES, EngineConfig
 from engine.models.llada import LLaDAConfig, LLaDAModelLM
 from engine.parallel.cluster import launched_by_torchrun
@@ -53,9 +54,13 @@ class InProcess:
             self.loaded = load_model(self.model_dir, self.dtype, self.device)
         return self.loaded
 
+    def ranks_of(self, system: str) -> int:
+        """The ranks `system` runs on: the engine the run's, a baseline always one device."""
+        return self.tensor_parallel_size if system == ENGINE else 1
+
     def needs_model(self, system: str) -> bool:
         """Whether `system` runs over the whole model here (all but an engine over several ranks)."""
-        return system != "engine" or self.tensor_parallel_size == 1
+        return self.ranks_of(system) == 1
 
     @property
     def config(self) -> LLaDAConfig:

@@ -21,6 +21,7 @@ from dllm_bench.device_defaults import DeviceOptions, cuda_graphs_on, default_dt
 from dllm_bench.errors import UserError
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.build import rank_threads
+from dllm_bench.systems.spec import ENGINE, SystemVariant, engine_knobs
 from engine.config import DTYPES
 
 
@@ -104,12 +105,21 @@ def resolve(o: RunOptions, *, device: str | None = None, dtype: str | Callable[[
     return RunSetup(dev, kind, budget, t, cuda_graphs_on(o.cuda_graphs, dev), n, dec)
 
 
-def check_engine_only(setup: RunSetup, systems: list[str]) -> None:
+def check_engine_only(tensor_parallel_size: int, system: str) -> None:
     """--tensor-parallel-size splits the engine only: a command running one system refuses it for
     a baseline."""
-    other = [s for s in systems if s != "engine"]
-    if setup.tensor_parallel_size > 1 and other and len(systems) == 1:
-        raise UserError(f"--tensor-parallel-size applies to the engine only, not to system {other[0]!r}")
+    if tensor_parallel_size > 1 and system != ENGINE:
+        raise UserError(f"--tensor-parallel-size applies to the engine only, not to system {system!r}")
+
+
+def variant_ranks(variant: SystemVariant, engine_defaults: Mapping[str, Any] | None = None) -> int:
+    """The ranks a --systems variant runs on: an engine its tensor_parallel_size, a baseline one."""
+    return 1 if variant.is_baseline else engine_knobs(variant, dict(engine_defaults or {})).get("tensor_parallel_size", 1)
+
+
+def parallel_labels(variants, engine_defaults: Mapping[str, Any] | None = None) -> list[str]:
+    """The labels of the variants that run over several ranks."""
+    return [v.label for v in variants if variant_ranks(v, engine_defaults) > 1]
 
 
 def check_one_device(tensor_parallel_size: int, label: str, command: str) -> None:

@@ -48,6 +48,11 @@ UPSTREAM = "upstream"
 # `upstream_batch`, each with the upstream file it is read from).
 UPSTREAM_BATCH = {name: spec.upstream_batch for name, spec in SYSTEMS.items() if spec.upstream_batch is not None}
 BASELINE_BATCH_MODES = ("max-fit", UPSTREAM, "both")
+# The paper's comparators, named by their registry facts: the baseline whose KV retention is a
+# knob (Sparse-dLLM: the sparse-attention reference) and the one with parallel-decoding rules
+# (Fast-dLLM: the decoding reference).
+SPARSE_BASELINE = next(name for name, spec in SYSTEMS.items() if spec.retention_knob)
+DECODING_BASELINE = next(name for name, spec in SYSTEMS.items() if spec.decoding_knobs)
 
 
 # ---------------------------------------------------------------- knob value parsers

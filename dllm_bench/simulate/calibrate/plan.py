@@ -22,7 +22,7 @@ from dllm_bench.simulate import bounds
 from dllm_bench.simulate.calibrate.mode import Mode, mode_for
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.simulator import DTYPE_BYTES, TORCH_DTYPES
-from dllm_bench.systems.spec import baseline_knobs, engine_knobs, parse_systems
+from dllm_bench.systems.spec import baseline_knobs, engine_knobs, parse_systems, retention_knobs
 from engine.config import EngineConfig
 from engine.sampling import SamplingParams
 
@@ -144,7 +144,8 @@ def knobs(v, pl: Plan):
     p = pl.preset
     if v.is_baseline:
         knobs = {k: dict(x) for k, x in p.baseline_knobs.items()}
-        knobs.setdefault("sparse-dllm", {})["keep_ratio"] = p.retention
+        for name, r in retention_knobs(p.retention).items():
+            knobs.setdefault(name, {}).update(r)
         return baseline_knobs(v, knobs)
     cuda_budget = {"memory_budget": pl.budget} if pl.device.type == "cuda" and pl.budget else {}
     return EngineConfig(dtype=p.dtype, device=str(pl.device), sampling=False, **cuda_budget,

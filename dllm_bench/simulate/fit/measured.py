@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dllm_bench import results
 from dllm_bench.errors import UserError
-from dllm_bench.systems.spec import ENGINE_KNOBS, SystemVariant
+from dllm_bench.systems.spec import ENGINE, ENGINE_KNOBS, SystemVariant
 from workloads.serving import ServingRequest
 
 EVIDENCE = ("steps", "blocks", "totals")
@@ -65,7 +65,7 @@ class MeasuredPoint:
 
 def _pins(s: dict) -> tuple[dict, dict]:
     """(knobs, capacity info) a point ran with, from its summary.json (what it recorded of them)."""
-    if (s.get("system_name") or str(s.get("system", "")).split(":")[0]) == "engine":
+    if (s.get("system_name") or str(s.get("system", "")).split(":")[0]) == ENGINE:
         cfg = s.get("engine_config") or s.get("knobs") or {}
         knobs = {k: cfg[k] for k in ENGINE_KNOBS if k in cfg}
         pool = (s.get("engine_config") or {}).get("kv_pool_tokens") or s.get("kv_pool_tokens")

@@ -20,17 +20,18 @@ from dataclasses import dataclass, field, replace
 from dllm_bench.simulate.cost_model import CostModel, Forward, HostCost
 from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.implementations import MEASURED_HOST, get_impl
+from dllm_bench.systems.spec import ENGINE as SYSTEM_ENGINE
 
 HOST_TERMS = ("c_step", "c_seq", "c_refresh", "c_logit", "c_graph", "c_capture", "c_start")
 # A term's typical size: the unit the prior's pull is measured in (seconds, or x for the scale).
 SCALES = {"device": 1.0, "c_step": 10e-3, "c_seq": 1e-3, "c_refresh": 10e-3, "c_logit": 10e-6, "c_graph": 10e-3,
           "c_capture": 1.0, "c_start": 1.0}
-ENGINE, STATIC = "engine", "static-batch"
+ENGINE, STATIC = SYSTEM_ENGINE, "static-batch"
 
 
 def family(system: str) -> str:
     """The code whose host time a system shares: the engine's loop, or the baselines' static batch."""
-    return ENGINE if system == "engine" else STATIC
+    return ENGINE if system == SYSTEM_ENGINE else STATIC
 
 
 def host_features(fw: Forward) -> dict[str, float]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from baselines import SYSTEMS
 from dllm_bench.errors import UserError
 from dllm_bench.metrics import summarize
 from dllm_bench.serve.presets import PAPER_BASELINE_KNOBS
@@ -23,7 +24,7 @@ from dllm_bench.simulate.paper.published import (
     TRACE,
 )
 from dllm_bench.simulate.simulator import SimSetup, resolve_sim_model, simulate_point
-from dllm_bench.systems.spec import parse_system
+from dllm_bench.systems.spec import ENGINE, parse_system, retention_knobs
 from engine.models.llada import LLaDAConfig
 from workloads.serving import build_workload
 
@@ -38,14 +39,15 @@ def scaled(hw: Hardware, u: float) -> Hardware:
 
 def impls() -> dict[str, str]:
     """The paper's systems as their upstream code runs them (the paper measured that code)."""
-    return {n: default_impl(n, "gpu") for n in ("engine", "llada", *BASELINES)}
+    return {n: default_impl(n, "gpu") for n in (ENGINE, *SYSTEMS)}
 
 
 def setup(hw: Hardware, engine: dict | None = None) -> SimSetup:
     """LLaDA-8B on `hw` with the paper's knobs (the engine's overridable by `engine`)."""
     cfg = LLaDAConfig.from_pretrained(resolve_sim_model("llada-8b")[0])
     base = {k: dict(v) for k, v in PAPER_BASELINE_KNOBS.items()}
-    base["sparse-dllm"]["keep_ratio"] = 0.5
+    for name, r in retention_knobs(0.5).items():
+        base.setdefault(name, {}).update(r)
     # The paper's dLLM-Serve: every request sparse (not the `engine` system's default, cache=auto).
     eng = dict(cache="sparse", max_num_batched_tokens=TOKENS.get(hw.name, 16384), max_num_logits=2048,
                max_num_seqs=512, retention=0.5) | (engine or {})

@@ -25,6 +25,7 @@ from dllm_bench.simulate.paper.published import (
     TRACE,
 )
 from dllm_bench.simulate.paper.setting import DEFAULT, Declared, fits, run, workload
+from dllm_bench.systems.spec import ENGINE
 
 
 def rel_err(sim: float, pub: float) -> float:
@@ -32,7 +33,7 @@ def rel_err(sim: float, pub: float) -> float:
 
 
 def _scenarios(sysname: str, declared: Declared) -> list[tuple[str, str]]:
-    if sysname == "engine":
+    if sysname == ENGINE:
         return [("engine", "engine")]
     out = [("batch 1", f"{sysname}:batch=1"), ("max-fit", sysname)]
     if sysname in declared.batch:
