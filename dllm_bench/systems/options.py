@@ -1,11 +1,11 @@
 """Where and how a run's systems run, the options every command that runs one shares: device,
 dtype, memory budget, torch threads, CUDA graphs, tensor-parallel size and the decoding policy.
 
-`RunOptions` holds them as given (None: the command's default, e.g. its serve preset's); each
-command's own options class extends it (`ServeOptions(RunOptions)`, ...) and is built from the
-CLI's parameters by `pick`. `resolve` checks them once, before anything is loaded or written,
-into a `RunSetup` (device_defaults.DeviceOptions plus the rest): the device defaults of
-dllm_bench.device_defaults, one memory budget measured once for every system of the run.
+`RunOptions` holds them as given (None: the command's default, e.g. its serve preset's); a
+command's options class extends it (ServeOptions: serve, ablate, sweep, simulate; Accuracy-,
+Frontier-, Generate-, ProfileOptions) and is built from the CLI's parameters by `pick`.
+`resolve` checks them once, before anything is loaded or written, into a `RunSetup`
+(device_defaults.DeviceOptions plus the rest): the device defaults of dllm_bench.device_defaults.
 """
 from __future__ import annotations
 
