@@ -36,3 +36,11 @@ def test_the_server_options_take_each_knob_as_one_value():
 def test_a_non_finite_knob_is_refused_when_parsed(spec):
     with pytest.raises(UserError, match="finite"):
         parse_system(spec)
+
+
+def test_a_variant_s_parallel_size_the_model_cannot_split_is_refused_when_options_resolve():
+    """resolve_run runs before a run directory exists: the check cannot come after the header."""
+    from dllm_bench.serve.options import ServeOptions, resolve_run
+
+    with pytest.raises(UserError, match="does not divide n_heads"):
+        resolve_run(ServeOptions(systems="engine,engine:tensor_parallel_size=3", preset="tiny", num_prompts=2))

@@ -20,7 +20,7 @@ from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.task_prompts import TASK_DATASET
 from dllm_bench.serve.workload import build_workloads, model_info
 from dllm_bench.systems import decoding as system_decoding
-from dllm_bench.systems.options import RunOptions
+from dllm_bench.systems.options import RunOptions, variant_ranks
 from dllm_bench.systems.spec import apply_baseline_batch, parse_systems
 from dllm_bench.units import comma_list, format_size
 from engine.config import DTYPES
@@ -225,10 +225,11 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
     mb = resolve_budget(sp.memory_budget, sp.device, required=True)
     budget = mb.bytes
     model_dir = inputs.checkpoint_dir(sp.model, weights=weights)
-    if weights:     # before a worker spawns ranks the model cannot split into
+    if weights:     # before a worker spawns ranks the model cannot split into, each variant's own size too
         from dllm_bench.systems.build import check_tensor_parallel
 
-        check_tensor_parallel(model_dir, sp.tensor_parallel_size, sp.device)
+        for n in sorted({variant_ranks(v, sp.engine_defaults()) for v in variants} | {sp.tensor_parallel_size}):
+            check_tensor_parallel(model_dir, n, sp.device)
     info = model_info(model_dir, sp.dtype)
     if budget is not None and budget <= info["weights_bytes"]:
         raise UserError(f"--memory-budget {format_size(budget)} does not even hold the weights "
