@@ -127,11 +127,12 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
-    def capture_graphs(self, block_length: int, prompt_len: int = 1) -> int:
+    def capture_graphs(self, block_length: int, prompt_len: int = 1, max_batch: int | None = None) -> int:
         """At warm-up rather than in the first served steps: every batch bucket's CUDA graph for
-        Reuse steps of `block_length` (engine.graphs.StepGraphs.capture_all); 0 without graphs."""
+        Reuse steps of `block_length` up to `max_batch` requests (engine.graphs.StepGraphs.capture_all);
+        0 without graphs."""
         graphs = getattr(self.runner, "graphs", None)
-        return graphs.capture_all(block_length, prompt_len) if isinstance(graphs, StepGraphs) else 0
+        return graphs.capture_all(block_length, prompt_len, max_batch) if isinstance(graphs, StepGraphs) else 0
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:

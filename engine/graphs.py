@@ -202,12 +202,14 @@ class StepGraphs:
         self._first(key, batch, spec)
         return True
 
-    def capture_all(self, block_length: int, prompt_len: int = 1) -> int:
+    def capture_all(self, block_length: int, prompt_len: int = 1, max_batch: int | None = None) -> int:
         """Every bucket for Reuse steps of `block_length` before serving (warm-up), on synthetic
         requests of one block after a `prompt_len` prompt, in the engine's cache mode (auto:
         dual). Keys read in place: their graphs serve every such step; gathered keys: the key
         width of this canvas (others are captured at their first step). Their caches take pool
-        slots only meanwhile; buckets stop where the free pool cannot hold them. -> buckets decided."""
+        slots only meanwhile; buckets stop where the free pool cannot hold them, or past the one
+        that holds `max_batch` requests (a run that never batches more need not wait for more
+        captures). -> buckets decided."""
         r, c = self.runner, self.runner.config
         mode = "dual" if c.cache == AUTO else c.cache
         params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
@@ -215,8 +217,9 @@ class StepGraphs:
         if mode == "none" or need == 0:
             return 0                              # no Reuse step to capture
         new = 0
+        last = (bucket(max_batch, self.buckets) if max_batch is not None else None) or self.buckets[-1]
         for b in self.buckets:
-            if b * block_length > c.max_num_batched_tokens or not self.pool.can_reserve(b * need):
+            if b > last or b * block_length > c.max_num_batched_tokens or not self.pool.can_reserve(b * need):
                 break
             reqs = [Request(f"graph-{b}-{i}", [0] * prompt_len, params, r.model_config.mask_token_id, r.device,
                             cache=mode) for i in range(b)]

@@ -52,6 +52,14 @@ def test_warm_up_capture_stops_at_the_token_budget_and_leaves_the_pool_empty():
     assert eng.capture_graphs(4, prompt_len=3) == 0                   # already decided
 
 
+def test_warm_up_capture_stops_at_the_bucket_holding_the_run_s_largest_batch():
+    eng = make_engine(MODEL, cache="dual", max_num_seqs=24, cuda_graphs=True)
+    assert eng.capture_graphs(4, prompt_len=3, max_batch=3) == 3      # 1, 2, 4 (the one holding 3)
+    assert sorted(k[0] for k in eng.runner.graphs.entries) == [1, 2, 4]
+    assert eng.capture_graphs(4, prompt_len=3, max_batch=100) == 3    # past max_num_seqs: the rest, 8, 16, 24
+    assert sorted(k[0] for k in eng.runner.graphs.entries) == [1, 2, 4, 8, 16, 24]
+
+
 def test_nothing_to_capture_without_graphs_or_reuse_steps():
     assert make_engine(MODEL, cache="dual", cuda_graphs=False).capture_graphs(4) == 0
     eng = make_engine(MODEL, cache="none", cuda_graphs=True)
@@ -64,13 +72,13 @@ def test_warm_up_captures_before_its_requests():
     calls = []
 
     class System:
-        def capture_graphs(self, block_length, prompt_len):
-            calls.append(("capture", block_length, prompt_len))
+        def capture_graphs(self, block_length, prompt_len, max_batch):
+            calls.append(("capture", block_length, prompt_len, max_batch))
 
         def generate(self, prompts, params):
             calls.append(("generate", len(prompts), params.block_length))
 
-    warm_up(System(), [1, 2, 3], 4, n=2)
-    assert calls == [("capture", 4, 3), ("generate", 2, 4)]
+    warm_up(System(), [1, 2, 3], 4, n=2, max_batch=32)
+    assert calls == [("capture", 4, 3, 32), ("generate", 2, 4)]
     warm_up(System(), [1, 2, 3], 4, n=0)                              # no warm-up asked: nothing
     assert len(calls) == 2

@@ -95,7 +95,8 @@ def run(spec: dict, out_path: Path) -> int:
     n_warm = int(spec.get("num_warmups", 0))
     if n_warm:
         emit("status", message=f"warming up ({n_warm} request{'s' if n_warm > 1 else ''})")
-        warm_up(system, spec["workload"][0]["prompt_ids"][:8], int(spec["sampling"]["block_length"]), n_warm)
+        most = min(len(spec["workload"]), spec.get("max_concurrency") or len(spec["workload"]))
+        warm_up(system, spec["workload"][0]["prompt_ids"][:8], int(spec["sampling"]["block_length"]), n_warm, most)
 
     steps_rule = spec["sampling"].get("steps", "gen_length")
     block = int(spec["sampling"]["block_length"])

@@ -328,13 +328,14 @@ def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, def
     return BuiltSystem(system, info)
 
 
-def warm_up(system: Any, prompt_ids: list[int], block_length: int, n: int = 1) -> None:
+def warm_up(system: Any, prompt_ids: list[int], block_length: int, n: int = 1, max_batch: int | None = None) -> None:
     """n one-block requests through a system before it is measured or serves (first-call
-    costs are not serving); an engine with CUDA graphs captures its buckets first."""
+    costs are not serving); an engine with CUDA graphs captures its buckets first (those up to
+    `max_batch` requests: a point of 32 requests never steps more)."""
     if n <= 0:
         return
     capture = getattr(system, "capture_graphs", None)
     if capture is not None:
-        capture(block_length, len(prompt_ids))
+        capture(block_length, len(prompt_ids), max_batch)
     params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
     system.generate([list(prompt_ids)] * n, params)
