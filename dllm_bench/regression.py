@@ -37,10 +37,11 @@ CONFIGS: list[tuple[str, str, dict]] = [
     ("engine-sparse-head", "engine", dict(cache="sparse", selection="head", retention=0.3)),
     ("engine-sparse-uniform", "engine", dict(cache="sparse", selection="uniform", retention=0.3)),
     ("engine-sparse-head-request-sched", "engine", dict(cache="sparse", selection="head", retention=0.3, scheduler="request")),
-    # cache=auto (the engine system's default): the pool holds everyone as dual; then a pool that
-    # does not, so dual and sparse requests share steps.
-    ("engine-auto", "engine", dict(cache="auto", retention=0.3)),
-    ("engine-auto-tight-pool", "engine", dict(cache="auto", retention=0.3, kv_pool_tokens=60)),
+    # cache=auto (the engine system's default) at a CPU's ridge: the pool holds everyone as dual;
+    # then a pool that does not at a ridge where every step is weight-bound, so the requests a
+    # sparse pool holds more of go sparse and dual and sparse requests share steps.
+    ("engine-auto", "engine", dict(cache="auto", retention=0.3, ridge_rows=8)),
+    ("engine-auto-tight-pool", "engine", dict(cache="auto", retention=0.3, kv_pool_tokens=60, ridge_rows=10**6)),
     ("llada", "llada", dict(batch=2)),
     ("fast-dllm-dual", "fast-dllm", dict(batch=2)),
     ("fast-dllm-prefix", "fast-dllm", dict(batch=2, fast_dllm_cache="prefix")),

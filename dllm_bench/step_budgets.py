@@ -16,10 +16,11 @@ limits a step (capped at the token budget). On a CPU there is no device memory t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from dllm_bench.ridge import device_ridge
 from dllm_bench.units import format_size
 from engine.config import EngineConfig
 from engine.profiler import default_budget, weights_bytes
@@ -43,6 +44,7 @@ class StepBudgets:
     max_num_logits: int | None
     tokens_rule: str          # why: "auto: ...", "given" or "auto on CPU: ..."
     logits_rule: str
+    ridge_rows: int | None = None   # engine_budgets: the device's ridge (dllm_bench.ridge), what cache=auto weighs
 
     def describe(self) -> str:
         logits = "monolithic" if self.max_num_logits is None else f"{self.max_num_logits} rows"
@@ -89,14 +91,16 @@ def engine_budgets(model, *, tokens: int | None, logits: int | str | None, max_n
     """The budgets of an engine a command builds over a loaded `model` (generate, accuracy,
     frontier): on CUDA `step_budgets` for the engine's memory budget (`budget_bytes`, or the
     engine's own default: (free + weights) x 0.9); on a CPU the given values, else `cpu` (the
-    command's own defaults: nothing scales). `tokens` None / `logits` AUTO: not given."""
+    command's own defaults: nothing scales). `tokens` None / `logits` AUTO: not given. With the
+    device's ridge (measured on CUDA)."""
+    ridge = device_ridge(model.device, model.dtype).rows
     if model.device.type != "cuda":
         return StepBudgets(cpu[0] if tokens in (None, AUTO) else int(tokens),
-                           cpu[1] if logits == AUTO else logits, "", "")
+                           cpu[1] if logits == AUTO else logits, "", "", ridge)
     budget = default_budget(model, EngineConfig(memory_budget=budget_bytes, device=str(model.device)))
     c = model.config
-    return step_budgets(tokens=tokens, logits=logits, max_num_seqs=max_num_seqs, block_length=block_length,
-                        longest_canvas=longest_canvas, gpu=torch.cuda.get_device_name(model.device),
-                        budget_bytes=budget, weights_bytes=weights_bytes(model),
-                        activation_per_token=activation_bytes_per_token(c.d_model, c.mlp_hidden_size,
-                                                                        model.dtype.itemsize))
+    b = step_budgets(tokens=tokens, logits=logits, max_num_seqs=max_num_seqs, block_length=block_length,
+                     longest_canvas=longest_canvas, gpu=torch.cuda.get_device_name(model.device),
+                     budget_bytes=budget, weights_bytes=weights_bytes(model),
+                     activation_per_token=activation_bytes_per_token(c.d_model, c.mlp_hidden_size, model.dtype.itemsize))
+    return replace(b, ridge_rows=ridge)

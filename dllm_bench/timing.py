@@ -1,6 +1,6 @@
 """Timing an operation on a device: wait for the device before each start and stop, take the
 median of a few calls after an untimed one (calibrate's operators, the speed gauge, doctor's
-layer timing); `device_median_time` times a GPU call by CUDA events (the peaks)."""
+layer timing); `device_median_time` times a GPU call by CUDA events (the peaks, `peak_rates`)."""
 from __future__ import annotations
 
 import time
@@ -55,3 +55,18 @@ def device_median_time(fn: Callable[[], object], repeats: int, device, warmup: i
         stop.synchronize()
         ts.append(start.elapsed_time(stop) / 1e3)
     return float(np.median(ts))
+
+
+def peak_rates(n: int, copy_elems: int, dtype, device, repeats: int,
+               timed: Callable[[Callable[[], object], int], float] | None = None) -> tuple[float, float]:
+    """FLOP/s of an n x n x n GEMM in `dtype` and bytes/s of a `copy_elems` copy (read + write)
+    on `device`: the device's peaks (calibrate, the ridge of `cache=auto`). `timed(fn, repeats)`
+    times a call (calibrate's mode); None = device_median_time."""
+    dev = torch.device(device)
+    timed = timed or (lambda fn, r: device_median_time(fn, r, dev))
+    a, b = torch.randn(n, n, dtype=dtype, device=dev), torch.randn(n, n, dtype=dtype, device=dev)
+    flops = 2 * n**3 / timed(lambda: a @ b, repeats)
+    x = torch.randn(copy_elems, dtype=torch.float32, device=dev).to(dtype)
+    y = torch.empty_like(x)
+    bw = 2 * x.numel() * x.element_size() / timed(lambda: y.copy_(x), repeats)
+    return flops, bw

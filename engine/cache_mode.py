@@ -1,32 +1,88 @@
 """`cache=auto`: each request's cache mode, chosen once at its admission.
 
-The dual cache (Fast-dLLM's: one Refresh per block, every canvas token cached) does the least
-work per generated token; head-centric sparse KV (retained tokens + one block of slots, a
-Refresh then a Refresh-select at `delay_step`) holds the most requests in a KV pool. So an auto
-engine serves a request dual while the pool can afford it and sparse when memory binds: the
-head of the queue goes dual when, after its dual reservation, the pool could still reserve the
-sparse needs of the requests queued behind it that `max_num_seqs` would let in with it; else
-sparse if its sparse need fits now; else it waits (FCFS, as every admission). A request keeps
-its mode for its life (its slot table and phases follow from it).
+Per block a dual request (Fast-dLLM's cache: one Refresh per block) computes L + (S-1)·B query
+rows, a sparse one (head-centric sparse KV: a Refresh, then a Refresh-select at `delay_step`)
+2L + (S-2)·B: sparse holds about twice the requests in a KV pool at the price of a second
+full-canvas Refresh per block. Twice the requests pay only while a step is bound by reading the
+weights (and cached keys), i.e. while its query rows are below the device's ridge
+(`EngineConfig.ridge_rows`: peak FLOP/s / bandwidth x bytes per weight / 2); past it a step's
+time grows with its rows. `best_mix` weighs that on a roofline: the mix of dual and sparse
+requests of the head's shape that the pool holds (at most as many as run and wait, and
+`max_num_seqs`) committing the most tokens per unit of step time. `admission_mode` follows the
+mix: pure dual (the head waits until its dual need fits), pure sparse, or dual up to the mix's
+dual count and sparse beyond. A request keeps its mode for its life.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np  # noqa: F401  (step_time broadcasts numpy arrays)
 
 AUTO = "auto"
 # Per-member codes of a step's `StepMeta.cache` column (a mixed step holds several modes).
 CODES = {"none": 0, "dual": 1, "sparse": 2}
+SPARSE_MARGIN = 0.05
 
 
-def admission_mode(free: int | None, dual_need: int, sparse_need: int, behind: Iterable[int]) -> str | None:
-    """The mode the head of the queue is admitted in, or None (it waits).
+def refreshes(mode: str, steps_per_block: int, delay_step: int) -> int:
+    """Full-canvas Refreshes per block: dual 1, sparse delay_step + 1 (none: every step)."""
+    s = steps_per_block
+    return 1 if mode == "dual" else min(s, delay_step + 1) if mode == "sparse" else s
 
-    `free`: KV slots free now (None: an unbounded pool); `dual_need` / `sparse_need`: the
-    head's whole-life reservation in each mode; `behind`: the sparse needs of the requests
-    queued behind it that could be admitted with it (at most `max_num_seqs` running). Sparse
-    is chosen only where it reserves less than dual (at retention 1 it does not)."""
-    if free is None or sparse_need >= dual_need and dual_need <= free:
+
+@dataclass(frozen=True)
+class Shape:
+    """A request as the mix sees it: canvas L, block B, steps per block S, its KV need in each
+    mode (dual: L; sparse: retained + B), and the model on the device: `ridge` rows,
+    `kv_per_weight` and `pair_per_row` (`LLaDAConfig`'s: a cached key's bytes per weight byte, an
+    attention pair's FLOPs per query row's)."""
+
+    length: int
+    block: int
+    steps: int
+    delay_step: int
+    dual_need: int
+    sparse_need: int
+    ridge: float
+    kv_per_weight: float = 0.0
+    pair_per_row: float = 0.0
+
+
+def step_time(n_dual, n_sparse, s: Shape):
+    """Roofline time of a step in query rows, and the tokens it commits, for `n_dual` +
+    `n_sparse` requests of shape `s` (numpy-broadcast). Their Reuse steps share one read of the
+    weights and of their cached keys: the ridge x (1 + keys x kv_per_weight) rows, or their rows
+    when more; each Refresh of a canvas adds what its rows (and its L x L attention) take past
+    that (Refreshes of different requests in different steps)."""
+    S = s.steps
+    k_d, k_s = refreshes("dual", S, s.delay_step), refreshes("sparse", S, s.delay_step)
+    reuse = (n_dual * (S - k_d) + n_sparse * (S - k_s)) * s.block / S
+    keys = (n_dual * (S - k_d) * s.dual_need + n_sparse * (S - k_s) * s.sparse_need) / S
+    base = np.maximum(s.ridge * (1 + keys * s.kv_per_weight), reuse)
+    extra = (n_dual * k_d + n_sparse * k_s) / S * np.maximum(0.0, reuse + s.length * (1 + s.length * s.pair_per_row) - base)
+    return base + extra, (n_dual + n_sparse) * s.block / S
+
+
+@lru_cache(maxsize=1024)
+def preferred_mode(capacity: int, count: int, s: Shape) -> str:
+    """dual or sparse: which fills `capacity` KV slots with requests of shape `s` (at most
+    `count` of them) committing more tokens per unit of step time (`step_time`). Sparse must win
+    by SPARSE_MARGIN: the roofline leaves out work only sparse does (scoring, top-k, packing the
+    retained keys) and a sparse request holds its slots through twice the Refreshes."""
+    n_dual, n_sparse = min(count, capacity // s.dual_need), min(count, capacity // s.sparse_need)
+    if s.sparse_need >= s.dual_need or n_sparse == 0:
         return "dual"
-    if dual_need <= free and dual_need + sum(behind) <= free:
+    if n_dual == 0:
+        return "sparse"
+    t_dual, tok_dual = step_time(n_dual, 0, s)
+    t_sparse, tok_sparse = step_time(0, n_sparse, s)
+    return "sparse" if tok_sparse / t_sparse > (1 + SPARSE_MARGIN) * tok_dual / t_dual else "dual"
+
+
+def admission_mode(free: int | None, dual_need: int, sparse_need: int, preferred: str) -> str | None:
+    """The mode the head of the queue is admitted in, or None (it waits): its `preferred_mode`
+    once that need fits `free` KV slots (None: an unbounded pool, where dual always fits)."""
+    if free is None:
         return "dual"
-    return "sparse" if sparse_need <= free else None
+    return preferred if (dual_need if preferred == "dual" else sparse_need) <= free else None

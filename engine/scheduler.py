@@ -14,9 +14,8 @@ leaves room for it.
 from __future__ import annotations
 
 from collections import Counter, deque
-from itertools import islice
 
-from engine.cache_mode import AUTO, admission_mode
+from engine.cache_mode import AUTO, Shape, admission_mode, preferred_mode
 from engine.canvas import CanvasPool
 from engine.chunking import RefreshCredit
 from engine.config import EngineConfig
@@ -48,10 +47,13 @@ class Scheduler:
         c, pool = self.config, self.pool
         if c.cache != AUTO:
             return c.cache if pool.can_reserve(self.kv_need(req, c.cache)) else None
-        free = None if pool.capacity is None else pool.capacity - pool.used
-        room = max(0, c.max_num_seqs - len(self.running) - 1)       # who could be admitted with it
-        behind = (self.kv_need(r, "sparse") for r in islice(self.waiting, 1, 1 + room))
-        return admission_mode(free, self.kv_need(req, "dual"), self.kv_need(req, "sparse"), behind)
+        if pool.capacity is None:
+            return "dual"
+        dual, sparse = self.kv_need(req, "dual"), self.kv_need(req, "sparse")
+        count = min(c.max_num_seqs, len(self.running) + len(self.waiting))
+        shape = Shape(req.length, req.block_length, req.steps_per_block, c.delay_step, dual, sparse,
+                      c.ridge_rows, pool.cfg.kv_per_weight, pool.cfg.pair_per_row)
+        return admission_mode(pool.capacity - pool.used, dual, sparse, preferred_mode(pool.capacity, count, shape))
 
     def cost(self, req: Request, phase: Phase) -> int:
         """The query tokens `req` is charged for a step in `phase` (the policy's rule)."""

@@ -1,14 +1,16 @@
-"""`cache=auto` (engine.cache_mode): every request served dual while the KV pool holds it, sparse
-when memory binds, its mode chosen at admission and kept for its life.
+"""`cache=auto` (engine.cache_mode): each request served in the mode whose pool full of requests
+like it commits more tokens per unit of step time on the device's roofline (dual unless sparse's
+extra requests ride on a weight-bound step), its mode chosen at admission and kept for its life.
 
-* the rule alone (a pure function), case by case;
+* the rule alone (pure functions), worked by hand, and on LLaDA-8B's shape at H100 pools;
 * float64: with a pool that holds everyone, auto is the dual engine (tokens and NFE); with a pool
   too small for everyone as dual, the modes are the ones the rule gives (worked out by hand
   below) and every request's tokens equal the same request's alone in its mode, through steps
   that mix dual and sparse members (Refresh-store beside Refresh-select, Reuse beside Reuse,
   padded bucket steps), under the phase and the look-ahead scheduler;
-* a property test: the pool is never over-committed, each admission follows the rule's
-  meaning (recomputed here from the needs, not by calling it), and every request finishes.
+* a property test: the pool is never over-committed, each admission's mode fits, at a ridge of
+  0 (every step compute-bound) the mode is dual exactly when a dual request fits the pool, and
+  every request finishes.
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import SamplingParams
-from engine.cache_mode import admission_mode
+from engine.cache_mode import Shape, admission_mode, preferred_mode, step_time
+from engine.kv_cache import kv_need
+from engine.models.llada import LLaDAConfig
 from engine.request import Phase
 from tests.helpers import make_engine, random_prompts, run_alone, tiny_model
 from tests.test_engine_exact import _mixed_workload
@@ -36,18 +40,56 @@ def model():
 
 
 # ---------------------------------------------------------------- the rule
-@pytest.mark.parametrize("free, dual, sparse, behind, mode", [
-    (None, 30, 12, [99, 99], "dual"),        # an unbounded pool never binds
-    (100, 30, 12, [20, 20, 30], "dual"),     # 30 + 70 = 100: everyone queued still fits as sparse
-    (100, 30, 12, [20, 20, 31], "sparse"),   # one slot short: this one goes sparse
-    (12, 30, 12, [], "sparse"),              # dual does not fit, sparse does
-    (11, 30, 12, [], None),                  # neither: it waits
-    (30, 30, 12, [], "dual"),                # nobody behind: dual if it fits at all
-    (30, 30, 30, [5], "dual"),               # retention 1: sparse would save nothing
-    (29, 30, 30, [], None),
+def test_step_time_by_hand():
+    """Canvas 40, block 8, 8 steps per block, delay 1 (dual 1 Refresh per block, sparse 2), no
+    key or attention term. 3 dual: Reuse rows 3·7·8/8 = 21, 3 tokens per step. Ridge 100: the
+    step costs the ridge, 100, and 21 + 40 < 100 leaves every Refresh free. Ridge 10: the Reuse
+    rows cost 21, each Refresh adds its 40 rows 3/8 of the steps: 21 + 15 = 36. 5 sparse: Reuse
+    rows 5·6·8/8 = 30; ridge 10: 30 + 10/8·40 = 80."""
+    shape = Shape(40, 8, 8, 1, 40, 24, ridge=100)
+    assert step_time(3, 0, shape) == (100, 3)
+    small = Shape(40, 8, 8, 1, 40, 24, ridge=10)
+    assert step_time(3, 0, small) == (36, 3) and step_time(0, 5, small) == (80, 5)
+
+
+def test_preferred_mode_by_hand():
+    """A pool of 120 slots holds 3 dual (40 each) or 5 sparse (24) requests of that shape. At a
+    ridge of 100 both steps cost 100 rows: 5 tokens per step beat 3 -> sparse. At a ridge of 10
+    dual commits 3/36 = 0.083 tokens per row, sparse 5/80 = 0.0625 -> dual. With 3 requests in
+    all, both modes hold all three, dual's step is no dearer -> dual; with a pool of 30 no dual
+    request fits -> sparse; at retention 1 (sparse need = dual need) -> dual."""
+    assert preferred_mode(120, 10, Shape(40, 8, 8, 1, 40, 24, ridge=100)) == "sparse"
+    assert preferred_mode(120, 10, Shape(40, 8, 8, 1, 40, 24, ridge=10)) == "dual"
+    assert preferred_mode(120, 3, Shape(40, 8, 8, 1, 40, 24, ridge=100)) == "dual"
+    assert preferred_mode(30, 10, Shape(40, 8, 8, 1, 40, 24, ridge=10)) == "sparse"
+    assert preferred_mode(120, 10, Shape(40, 8, 8, 1, 40, 40, ridge=100)) == "dual"
+
+
+@pytest.mark.parametrize("free, dual, sparse, preferred, mode", [
+    (None, 30, 12, "sparse", "dual"),      # an unbounded pool never binds
+    (30, 30, 12, "dual", "dual"),
+    (29, 30, 12, "dual", None),            # it waits for its dual need rather than go sparse
+    (12, 30, 12, "sparse", "sparse"),
+    (11, 30, 12, "sparse", None),
 ])
-def test_admission_rule(free, dual, sparse, behind, mode):
-    assert admission_mode(free, dual, sparse, iter(behind)) == mode
+def test_admission_rule(free, dual, sparse, preferred, mode):
+    assert admission_mode(free, dual, sparse, preferred) == mode
+
+
+@pytest.mark.parametrize("pool, count, canvas, mode", [
+    (7544, 32, 869, "dual"),     # 22 GiB on an H100: 8 dual requests already past the ridge
+    (3708, 32, 869, "sparse"),   # 20 GiB: 4 dual leave the step weight-bound, 8 sparse fill it
+    (3708, 4, 869, "dual"),      # ... but with 4 requests in all, the pool holds them dual
+    (1816, 32, 600, "sparse"),   # 19 GiB: 3 dual against 5 sparse
+])
+def test_llada_8b_on_an_h100(pool, count, canvas, mode):
+    """LLaDA-8B (gen 256, block 32, 32 steps per block, retention 0.5) at the H100 profile's ridge
+    of 262 rows, in the pools `simulate --preset paper --hardware h100` profiles at 22, 20 and 19
+    GiB: the modes whose runs are the faster there (docs/SERVE.md, "The engine's cache")."""
+    c = LLaDAConfig()
+    shape = Shape(canvas, 32, 32, 1, kv_need("dual", canvas, 32, 0.5), kv_need("sparse", canvas, 32, 0.5),
+                  262, c.kv_per_weight, c.pair_per_row)
+    assert preferred_mode(pool, count, shape) == mode
 
 
 # ---------------------------------------------------------------- float64 tokens
@@ -63,20 +105,29 @@ def test_auto_with_room_for_everyone_is_the_dual_engine(model):
     assert (st_["requests_dual"], st_["requests_sparse"]) == (len(prompts), 0)
 
 
-def test_modes_follow_the_rule_and_each_request_equals_itself_alone(model):
-    """Five requests at once, block 8, gen 16, retention 0.5, a pool of 60 slots. Canvases
-    21, 25, 19, 28, 23: dual needs = the canvas, sparse needs ⌊0.5·(L-8)⌋ + 8 = 14, 16, 13, 18, 15.
-    r0: 21 + (16+13+18+15) = 83 > 60 -> sparse (free 46); r1: 25 + 46 > 46 -> sparse (30);
-    r2: 19 + 33 > 30 -> sparse (17); r3: neither 28 nor 18 fits 17 -> waits, and r4 behind it.
-    When r0-r2 finish (together): r3: 28 + 15 <= 60 -> dual; r4: 23 <= 32 -> dual."""
+@pytest.mark.parametrize("ridge, modes", [(10**6, ["sparse", "sparse", "sparse", "dual", "dual"]),
+                                          (0, ["dual"] * 5)])
+def test_modes_follow_the_rule_and_each_request_equals_itself_alone(model, ridge, modes):
+    """Five requests at once, block 8, gen 16 in 8 steps (4 per block), retention 0.5, a pool
+    of 60 slots. Canvases 21, 25, 19, 28, 23: dual needs = the canvas, sparse needs
+    ⌊0.5·(L-8)⌋ + 8 = 14, 16, 13, 18, 15. A pool of 60 holds 2, 2, 3, 2, 2 dual requests of
+    each one's shape, 4, 3, 4, 3, 4 sparse ones. Ridge 10^6: every step is bound by reading the
+    weights (and keys: both pools read about as many), so more requests win: r0-r2 sparse
+    (free 46, 30, 17), r3's 18 does not fit 17 -> it waits, r4 behind it. When r0-r2 finish
+    only r3 and r4 are left: 2 of each shape fit dual, as many as sparse, dual's steps are the
+    cheaper -> both dual. Ridge 0: every step is compute-bound, dual's fewer rows per token win
+    whatever fits: r0, r1 dual (free 14), r2's 19 waits for them."""
     prompts = random_prompts(5, [5, 9, 3, 12, 7], seed=1)
     sp = SamplingParams(gen_length=16, steps=8, block_length=8)
     kw = dict(retention=0.5, dtype="float64")
-    eng = make_engine(model, cache="auto", kv_pool_tokens=60, **kw)
+    eng = make_engine(model, cache="auto", kv_pool_tokens=60, ridge_rows=ridge, **kw)
     outs = eng.generate(prompts, sp)
-    assert [o.cache for o in outs] == ["sparse", "sparse", "sparse", "dual", "dual"]
-    assert [o.kv_tokens for o in outs] == [14, 16, 13, 28, 23]
-    assert outs[3].admitted_time >= max(o.finished_time for o in outs[:3])
+    assert [o.cache for o in outs] == modes
+    assert [o.kv_tokens for o in outs] == [kv_need(m, len(p) + 16, 8, 0.5) for m, p in zip(modes, prompts)]
+    if ridge:
+        assert outs[3].admitted_time >= max(o.finished_time for o in outs[:3])
+    else:
+        assert outs[2].admitted_time >= min(o.finished_time for o in outs[:2])
     assert eng.pool.peak_used <= 60 and eng.pool.used == 0
     for o, p in zip(outs, prompts, strict=True):
         assert o.token_ids == run_alone(model, p, sp, cache=o.cache, **kw)
@@ -97,16 +148,17 @@ def _record_steps(eng) -> list[list[tuple[str, Phase]]]:
     (0, "phase", False), (1, "phase", True), (1, "lookahead", False)])
 def test_mixed_dual_and_sparse_steps_are_batch_invariant(model, delay_step, scheduler, cuda_graphs):
     """The mixed workload (temperatures, random remasking, block lengths 2-8) in a pool of 62
-    with 5 sequences: the first two go dual, the others sparse, all in the same steps. At
+    with 5 sequences at a ridge of 10^6 (weight-bound steps): each request's mode is the one
+    whose pool holds more requests of its shape, so they alternate, all in the same steps. At
     delay_step 0 the block-start Refresh stores (dual) and selects (sparse) in one step;
     `cuda_graphs` pads Reuse-only steps to buckets (plain calls on a CPU)."""
     prompts, params = _mixed_workload()
     kw = dict(retention=0.5, max_num_logits=5, delay_step=delay_step)
     eng = make_engine(model, cache="auto", kv_pool_tokens=62, max_num_seqs=5, scheduler=scheduler,
-                      cuda_graphs=cuda_graphs, **kw)
+                      cuda_graphs=cuda_graphs, ridge_rows=10**6, **kw)
     steps = _record_steps(eng)
     outs = eng.generate(prompts, params)
-    assert [o.cache for o in outs] == ["dual", "dual", "sparse", "sparse", "sparse"]
+    assert {o.cache for o in outs} == {"dual", "sparse"}
     assert any({c for c, p in s if p is Phase.REUSE} == {"dual", "sparse"} for s in steps)
     if delay_step == 0:
         assert any({p for _, p in s} >= {Phase.REFRESH_STORE, Phase.REFRESH_SELECT} for s in steps)
@@ -138,20 +190,21 @@ def test_auto_is_profiled_for_the_worst_step_of_either_mode(monkeypatch):
 
 
 # ---------------------------------------------------------------- properties
-def _needs(req, retention: float) -> tuple[int, int]:
-    ctx = req.length - req.block_length
-    return req.length, min(ctx, math.floor(retention * ctx)) + req.block_length
-
-
 @st.composite
 def auto_workloads(draw):
     cfg = dict(cache="auto", scheduler=draw(st.sampled_from(["phase", "lookahead"])),
                max_num_batched_tokens=draw(st.integers(40, 96)), max_num_seqs=draw(st.integers(1, 5)),
                kv_pool_tokens=draw(st.one_of(st.none(), st.integers(20, 160))),
-               retention=draw(st.sampled_from([0.25, 0.5, 1.0])), delay_step=draw(st.integers(0, 2)))
+               retention=draw(st.sampled_from([0.25, 0.5, 1.0])), delay_step=draw(st.integers(0, 2)),
+               ridge_rows=draw(st.sampled_from([0, 16, 10**6])))
     reqs = [dict(prompt=draw(st.integers(1, 20)), block=(b := draw(st.sampled_from([2, 4, 8]))),
                  gen=b * draw(st.integers(1, 3)), arrival=draw(st.integers(0, 8))) for _ in range(draw(st.integers(1, 8)))]
     return cfg, reqs
+
+
+def _needs(length: int, block: int, retention: float) -> tuple[int, int]:
+    ctx = length - block
+    return length, min(ctx, math.floor(retention * ctx)) + block
 
 
 @settings(max_examples=150, deadline=None, database=None, derandomize=True,
@@ -166,13 +219,12 @@ def test_auto_never_overcommits_follows_its_rule_and_finishes_everyone(w):
 
     def checked_admit(mode, now):
         head, free = sched.waiting[0], None if pool.capacity is None else pool.capacity - pool.used
-        room = max(0, cfg["max_num_seqs"] - len(sched.running) - 1)
-        behind = sum(_needs(q, r)[1] for q in list(sched.waiting)[1:1 + room])
-        dual, sparse = _needs(head, r)
-        if mode == "sparse":       # dual would have left too little for those behind, and sparse saves
-            assert free is not None and dual + behind > free and sparse < dual and sparse <= free
-        else:
-            assert free is None or dual <= free and (dual + behind <= free or sparse >= dual)
+        dual, sparse = _needs(head.length, head.block_length, r)
+        assert free is None or (dual if mode == "dual" else sparse) <= free      # it fits now
+        if free is None or sparse >= dual:                                       # sparse would save nothing
+            assert mode == "dual"
+        if cfg["ridge_rows"] == 0:            # compute-bound: dual whenever one dual request fits the pool
+            assert mode == ("dual" if pool.capacity is None or dual <= pool.capacity else "sparse")
         return admit(mode, now)
     sched._admit = checked_admit
     prompts = random_prompts(len(reqs), [q["prompt"] for q in reqs], seed=len(reqs))
@@ -187,8 +239,7 @@ def test_auto_never_overcommits_follows_its_rule_and_finishes_everyone(w):
                 added.append(eng.add_request(prompts[i], sp, request_id=f"r{i}"))
             except ValueError:     # can never run: its canvas over the token budget, or not even sparse fits
                 L = q["prompt"] + q["gen"]
-                assert L > cfg["max_num_batched_tokens"] or min(
-                    L, min(L - q["block"], math.floor(r * (L - q["block"]))) + q["block"]) > cfg["kv_pool_tokens"]
+                assert L > cfg["max_num_batched_tokens"] or min(_needs(L, q["block"], r)) > cfg["kv_pool_tokens"]
         outs.update({o.request_id: o for o in eng.step()})
         assert pool.capacity is None or pool.used <= pool.capacity
         assert pool.used == sum(q.kv_tokens for q in sched.running)
@@ -198,53 +249,3 @@ def test_auto_never_overcommits_follows_its_rule_and_finishes_everyone(w):
     assert pool.used == 0
     st_ = eng.stats()
     assert st_["requests_dual"] + st_["requests_sparse"] == len(added)
-    if pool.capacity is None:
-        assert st_["requests_sparse"] == 0
-
-
-# ---------------------------------------------------------------- reported by serve
-def test_serve_point_reports_each_requests_mode(tmp_path):
-    """A serve point of the `engine` system (its default: cache=auto) on the tiny preset, in a
-    budget whose KV pool holds about 200 of the workload's 285 dual slots: requests.jsonl says
-    each request's mode (a dual one reserved its whole canvas), the point's stats count them
-    (the warm-up request left out) and the result block shows the counts."""
-    import json
-
-    from dllm_bench.metrics import summarize
-    from dllm_bench.serve import worker
-    from dllm_bench.serve.options import ServeOptions, resolve_run
-    from dllm_bench.serve.process import worker_spec
-    from dllm_bench.serve.summary import format_summary
-    from dllm_bench.serve.workload import workload_shape
-    from tests.test_serve import RUN_DEFAULTS
-
-    run = resolve_run(ServeOptions(**{**RUN_DEFAULTS, "systems": "engine", "rps": "inf", "num_prompts": 6,
-                                      "num_warmups": 1, "memory_budget": "2060KiB"}))
-    spec = worker_spec(run, run.systems[0], next(iter(run.workloads.values())), workload_shape(run))
-    assert worker.run(spec, tmp_path / "out.json") == 0
-    result = json.loads((tmp_path / "out.json").read_text())["result"]
-    recs = result["records"]
-    modes = [r["cache"] for r in recs]
-    assert len(modes) == 6 and set(modes) <= {"dual", "sparse"}
-    assert all((r["kv_tokens"] == r["prompt_len"] + r["output_len"]) == (r["cache"] == "dual") for r in recs)
-    st_ = result["stats"]
-    assert (st_["requests_dual"], st_["requests_sparse"]) == (modes.count("dual"), modes.count("sparse"))
-    text = format_summary(summarize(result))
-    assert f"{'Requests served with dual cache:':<40} {modes.count('dual'):<10}" in text
-    assert f"{'Requests served with sparse KV:':<40} {modes.count('sparse'):<10}" in text
-
-
-def test_the_engine_systems_default_is_auto_and_the_paper_system_is_named():
-    from dllm_bench.ablate import ladder
-    from dllm_bench.commands.systems import system_rows
-    from dllm_bench.simulate.hardware import load
-    from dllm_bench.simulate.paper.setting import setup
-    from dllm_bench.sweep.lengths import DEFAULT_SYSTEMS as SWEEP
-    from dllm_bench.systems.spec import PAPER_ENGINE, engine_knobs, parse_system
-
-    assert system_rows()[0]["knobs"]["cache"] == "auto" and PAPER_ENGINE in system_rows()[0]["notes"]
-    assert engine_knobs(parse_system("engine"), {})["cache"] == "auto"
-    assert engine_knobs(parse_system(PAPER_ENGINE), {})["cache"] == "sparse"
-    assert all("cache=sparse" in r.spec for r in ladder.ladder(64)[1:] + ladder.beyond_rungs(64))
-    assert SWEEP.split(",")[0] == PAPER_ENGINE
-    assert engine_knobs(parse_system("engine"), setup(load("l40s")).engine_defaults)["cache"] == "sparse"

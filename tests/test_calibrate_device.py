@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from dllm_bench import inputs
+from dllm_bench import inputs, ridge
 from dllm_bench.errors import UserError
 from dllm_bench.simulate import hardware
 from dllm_bench.simulate.calibrate import operators as cal
@@ -20,6 +20,7 @@ from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.implementations import default_impl
 from dllm_bench.speed_gauge import SpeedGauge
 from dllm_bench.timing import device_sync, median_time
+from tests.standins.peaks import fake_peaks
 
 SMALL = ModelShape(d=64, layers=2, heads=4, kv_heads=4, head_dim=16, ffn=128, vocab=512, wbytes=4)
 
@@ -180,6 +181,7 @@ def _fake_gpu(monkeypatch, free: float, name: str = "NVIDIA H100 80GB HBM3"):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(free), int(80 * GiB)))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(ridge, "peak_rates", fake_peaks)   # the ridge's peaks, not timed on a fake GPU
 
 
 def _llada_8b_dir(tmp_path, monkeypatch):

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from dllm_bench import device_defaults as dd
-from dllm_bench import inputs
+from dllm_bench import inputs, ridge
 from dllm_bench.errors import UserError
+from tests.standins.peaks import fake_peaks
 from tests.test_inputs import cli  # noqa: F401  (the fixture)
 from tests.test_serve import RUN_DEFAULTS
 
@@ -32,9 +33,11 @@ class FakeCuda:
     def __init__(self):
         self.cached = 0
         self.empty_calls = 0
+        self.measures = 0
         self.name = H100
 
     def mem_get_info(self, device=None):
+        self.measures += 1
         return FREE - self.cached, TOTAL
 
     def empty_cache(self):
@@ -51,6 +54,7 @@ def cuda(monkeypatch) -> FakeCuda:
     monkeypatch.setattr(torch.cuda, "empty_cache", fake.empty_cache)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: fake.name)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(total_memory=TOTAL))
+    monkeypatch.setattr(ridge, "peak_rates", fake_peaks)   # the ridge's peaks, not timed on a fake GPU
     return fake
 
 
@@ -112,7 +116,9 @@ def test_serve_paper_preset_without_a_budget_gives_every_system_the_auto_budget(
     cuda.cached = 3 * GIB                       # whatever happens later is not re-measured
     specs = [worker_spec(run, v, wl, shape) for v in run.systems]
     assert {(s["memory_budget"], s["dtype"], s["device"]) for s in specs} == {(AUTO, "bfloat16", "cuda")}
-    assert cuda.empty_calls == 1                # measured once, for the whole run
+    assert cuda.measures == 1                   # measured once, for the whole run
+    assert run.preset.ridge_rows == 262 and run.preset.ridge_rule.startswith(f"measured on {H100}")
+    assert {s["engine_defaults"]["ridge_rows"] for s in specs} == {262}        # the run's ridge, once
 
 
 def test_serve_checkpoint_dir_on_cuda_takes_the_gpu_preset(cuda):

@@ -12,12 +12,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dllm_bench import ridge
 from dllm_bench import step_budgets as sb
 from dllm_bench.checkpoints.presets import param_count
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.simulate.simulator import resolve_sim_model
 from dllm_bench.systems.spec import engine_knobs, parse_system
 from engine.models.llada import LLaDAConfig
+from tests.standins.peaks import fake_peaks
 from tests.test_inputs import cli  # noqa: F401  (the fixture)
 
 MiB, GiB = 2**20, 2**30
@@ -47,6 +49,7 @@ def gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: state["card"].name)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device=None: SimpleNamespace(total_memory=state["card"].total))
+    monkeypatch.setattr(ridge, "peak_rates", fake_peaks)   # the ridge's peaks, not timed on a fake GPU
     pick("80GB")
     return pick
 
@@ -125,6 +128,7 @@ def test_on_a_cpu_nothing_changes():
     paper = _paper(device="cpu", memory_budget="20GiB")      # the paper preset on a CPU: the 4090's values
     assert (paper.preset.max_num_batched_tokens, paper.preset.max_num_logits) == (4000, 2048)
     assert "auto on a CPU" in paper.preset.describe()
+    assert run.engine_defaults["ridge_rows"] == ridge.CPU_RIDGE_ROWS and "ridge 8 rows (a CPU" in run.preset.describe()
 
 
 def test_the_simulator_chooses_as_a_measured_gpu_with_the_same_budget(gpu):
@@ -140,6 +144,12 @@ def test_the_simulator_chooses_as_a_measured_gpu_with_the_same_budget(gpu):
     assert sim.preset.max_num_batched_tokens == measured.preset.max_num_batched_tokens
     assert sim.preset.max_num_logits == measured.preset.max_num_logits
     assert "on l40s (simulated)" in sim.preset.describe()
+    # the ridge cache=auto weighs: the profile's peaks x bf16 (269 TFLOP/s / 0.734 TB/s), as a
+    # measured GPU's own peaks (an H100's stand-in: 262); a CPU profile: a measured CPU's constant
+    assert sim.engine_defaults["ridge_rows"] == 366 and "l40s's peaks" in sim.preset.describe()
+    assert measured.engine_defaults["ridge_rows"] == 262 and "ridge 262 rows (measured on" in measured.preset.describe()
+    cpu, _ = simulation(ServeOptions(preset="tiny", model="tiny", systems="engine", num_prompts=2), load("cpu"))
+    assert cpu.engine_defaults["ridge_rows"] == ridge.CPU_RIDGE_ROWS
 
 
 def test_server_on_cuda_scales_its_budgets(gpu):
@@ -153,6 +163,7 @@ def test_server_on_cuda_scales_its_budgets(gpu):
     d = opts.preset.engine_defaults()
     assert d["max_num_batched_tokens"] == sb.MAX_TOKENS      # a tiny model: its activations are small
     assert d["max_num_logits"] == 64 * 32 and opts.preset.tokens_rule.startswith("auto: ")
+    assert d["ridge_rows"] == 262
 
 
 def test_generate_on_cuda_scales_unless_given(gpu, cli, monkeypatch):  # noqa: F811
@@ -170,8 +181,10 @@ def test_generate_on_cuda_scales_unless_given(gpu, cli, monkeypatch):  # noqa: F
     card.free -= 16031162368            # LLaDA-8B's bf16 weights are on the card once it is loaded
     cli("generate", "--prompt-ids", "1,2,3")
     assert (seen["config"].max_num_batched_tokens, seen["config"].max_num_logits) == (4096, 64 * 32)
+    assert seen["config"].ridge_rows == 262
     cli("generate", "--prompt-ids", "1,2,3", "--max-num-batched-tokens", "1000", "--max-num-logits", "7")
     assert (seen["config"].max_num_batched_tokens, seen["config"].max_num_logits) == (1000, 7)
     cli("generate", "--prompt-ids", "1,2,3", "--device", "cpu")
     assert (seen["config"].max_num_batched_tokens, seen["config"].max_num_logits) == (8192, 1024)
+    assert seen["config"].ridge_rows == ridge.CPU_RIDGE_ROWS
 

@@ -96,7 +96,8 @@ def cache_rows(max_num_logits: int) -> list[Rung]:
              ("cache",), "cache", "prefix+suffix KV stored at each block's Refresh, reused dense"),
         Rung("cache-auto", "cache=auto (the engine system's default)",
              _engine_spec(**full, cache="auto", selection="head"), ("cache",), "cache",
-             "each request dual while the KV pool holds it, head-centric sparse when memory binds"),
+             "each request dual while the KV pool holds it, head-centric sparse when memory binds and steps "
+             "are weight-bound"),
         Rung("cache-sparse-head", "cache=sparse, head (dLLM-Serve)",
              _engine_spec(**full, cache="sparse", selection="head"), (), "cache",
              "the full engine (= the logit-budget rung)"),

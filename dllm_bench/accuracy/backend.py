@@ -55,7 +55,8 @@ def point_system(point: Point, model: LLaDAModelLM | InProcess, *, max_num_seqs:
                            retention=point.retention, score_query=point.score_query, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=b.max_num_batched_tokens, max_num_logits=b.max_num_logits,
                            pool_window=pool_window, delay_step=delay_step, sampling=False, attention_backend="auto",
-                           memory_budget=memory_budget, cuda_graphs=cuda_graphs)
+                           memory_budget=memory_budget, cuda_graphs=cuda_graphs,
+                           ridge_rows=b.ridge_rows or EngineConfig.ridge_rows)
         return src.engine(cfg, label=point.name)
     knobs = dict(retention_knobs(point.retention).get(point.system, {}))
     knobs.update(system_decoding.resolve(point.system, decoding).knobs)

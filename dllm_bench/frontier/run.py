@@ -163,7 +163,7 @@ def _builder(cfg: configs.Config, src: InProcess, o: FrontierOptions, budget: in
                             cpu=(ENGINE_DEFAULTS["max_num_batched_tokens"], ENGINE_DEFAULTS["max_num_logits"]))
             knobs = cfg.engine_knobs({"max_num_batched_tokens": b.max_num_batched_tokens,
                                       "max_num_logits": b.max_num_logits, "retention": o.retention,
-                                      "max_num_seqs": o.concurrency})
+                                      "max_num_seqs": o.concurrency, "ridge_rows": b.ridge_rows})
             try:
                 ec = EngineConfig(**knobs, sampling=False, memory_budget=budget)
             except ValueError as e:

@@ -123,7 +123,8 @@ def generate(o: GenerateOptions, *, show_progress: bool = True) -> dict:
                               block_length=o.block_length, longest_canvas=max(map(len, prompts)) + o.gen_length,
                               cpu=(cfg.max_num_batched_tokens, cfg.max_num_logits))
         cfg = dataclasses.replace(cfg, max_num_batched_tokens=budgets.max_num_batched_tokens,
-                                  max_num_logits=budgets.max_num_logits)
+                                  max_num_logits=budgets.max_num_logits,
+                                  ridge_rows=budgets.ridge_rows or cfg.ridge_rows)
         system = src.engine(cfg)
         if budgets.tokens_rule and show_progress:
             console.console().print(budgets.describe(), style="dim", highlight=False)

@@ -93,9 +93,12 @@ class ServeRun:
     def fingerprint(self) -> dict:
         """What a resumed run must share with the original for its points to be comparable."""
         p = self.preset
-        # Budgets scaled with a measured GPU follow its free memory: what must match is "auto".
-        auto = {k: "auto" for k, rule in (("max_num_batched_tokens", p.tokens_rule), ("max_num_logits", p.logits_rule))
+        # Budgets scaled with a measured GPU follow its free memory, its ridge its measured peaks:
+        # what must match is "auto".
+        auto = {k: "auto" for k, rule in (("max_num_batched_tokens", p.tokens_rule), ("max_num_logits", p.logits_rule),
+                                          ("ridge_rows", p.ridge_rule.replace("measured", "auto", 1)))
                 if rule.startswith("auto")}
+        auto |= {"ridge_rule": ""} if "ridge_rows" in auto else {}
         return {"model": str(self.model_dir), "preset": p.to_dict() | {"rps": None, **auto}, "seed": self.seed,
                 "arrivals": self.arrivals, "burstiness": self.burstiness, "num_prompts": self.num_prompts,
                 "duration": self.duration, "dataset_path": self.dataset_path, "time_scale": self.time_scale,

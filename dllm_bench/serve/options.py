@@ -15,6 +15,7 @@ from dllm_bench import inputs
 from dllm_bench.device_defaults import cuda_graphs_on, gpu_name, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.metric_options import metric_options
+from dllm_bench.ridge import AUTO, Ridge, device_ridge
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.task_prompts import TASK_DATASET
@@ -127,7 +128,7 @@ class ServeOptions(RunOptions):
 
 # ---------------------------------------------------------------- option resolution
 def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = True,
-                gpu: str | None = None) -> ServeRun:
+                gpu: str | None = None, ridge: Ridge | None = None) -> ServeRun:
     """Every option checked (cheap ones first) and the workloads built: any problem is a
     UserError before a run directory exists. `weights=False`: the model is simulated by its
     shape, so its config is all it needs. A count is refused up front when its requests would not
@@ -140,8 +141,10 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
     every system of the run; the engine's CUDA graphs are on for a CUDA device unless
     --no-cuda-graphs (resolved to true/false into the preset, so config.json says what ran); a
     preset's "auto" token and logit budgets are scaled with the GPU's budget and the model
-    (dllm_bench.step_budgets) once the workloads are known. `gpu`: the GPU a simulated run models
-    (a hardware profile's name, its budget given); a measured run on CUDA names its own device."""
+    (dllm_bench.step_budgets) once the workloads are known, and its "auto" ridge (what cache=auto
+    weighs: dllm_bench.ridge) measured on CUDA, once. `gpu` / `ridge`: the GPU a simulated run
+    models (a hardware profile's name and the ridge of its peaks); a measured run on CUDA names and
+    measures its own device."""
     o = opts
     rps, num_prompts, duration, burstiness = o.rps, o.num_prompts, o.duration, o.burstiness
     dataset_path, device, dtype, seed = o.dataset_path, o.device, o.dtype, o.seed
@@ -254,5 +257,7 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
         gpu = gpu or gpu_name(sp.device)
         longest = max((r.prompt_len + r.gen_length for wl in run.workloads.values() for r in wl), default=1)
         run.preset = sp.with_step_budgets(info, longest, gpu, budget)
+    if run.preset.ridge_rows == AUTO:
+        run.preset = run.preset.with_ridge(ridge or device_ridge(sp.device, DTYPES[sp.dtype]))
     return run
 

@@ -192,18 +192,19 @@ def resume_id(kind: str, fingerprint: Mapping, root: Path, run_id: str | None) -
 def keep_run_budget(run: ServeRun, run_dir: Path) -> None:
     """An `auto` budget is the one measured when the run started, as its config.json records
     it: a resumed run sizes its remaining points for the same bytes as the finished ones, and
-    with the same step budgets where they were scaled with it."""
-    if not run.budget_is_auto:
-        return
+    with the same step budgets where they were scaled with it; a measured ridge is the run's too."""
     config = results.load_config(run_dir).get("config", {})
-    stored = config.get("memory_budget")
-    if isinstance(stored, int) and stored > 0:
-        run.memory_budget = stored
     preset = config.get("preset") or {}
-    keep = {k: preset[k] for k, rule in (("max_num_batched_tokens", "tokens_rule"), ("max_num_logits", "logits_rule"))
-            if str(getattr(run.preset, rule)).startswith("auto") and k in preset}
+    rules = [("ridge_rows", "ridge_rule", "measured")]
+    if run.budget_is_auto:
+        stored = config.get("memory_budget")
+        if isinstance(stored, int) and stored > 0:
+            run.memory_budget = stored
+        rules += [("max_num_batched_tokens", "tokens_rule", "auto"), ("max_num_logits", "logits_rule", "auto")]
+    keep = {k: preset[k] for k, rule, auto in rules if str(getattr(run.preset, rule)).startswith(auto) and k in preset}
+    keep |= {rule: preset.get(rule, "") for k, rule, _ in rules if k in keep}
     if keep:
-        run.preset = replace(run.preset, **keep, **{r: preset.get(r, "") for r in ("tokens_rule", "logits_rule")})
+        run.preset = replace(run.preset, **keep)
 
 
 def record_repeats(run_dir: Path, seed: int, repeats: int) -> None:

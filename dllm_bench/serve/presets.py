@@ -65,6 +65,7 @@ from typing import Any
 
 from dllm_bench.device_defaults import default_dtype, is_cuda
 from dllm_bench.errors import UserError
+from dllm_bench.ridge import CPU_RIDGE_ROWS, Ridge
 from dllm_bench.serve.task_prompts import TASK_DATASET, training_config
 from dllm_bench.step_budgets import (
     AUTO,
@@ -123,6 +124,10 @@ class ServePreset:
     # Why the two budgets are what they are, once an "auto" was resolved (with_step_budgets).
     tokens_rule: str = ""
     logits_rule: str = ""
+    # The device's ridge in query rows (what `cache=auto` weighs: dllm_bench.ridge): "auto" is
+    # measured on CUDA, a simulated GPU's profile peaks, CPU_RIDGE_ROWS on a CPU (with_ridge).
+    ridge_rows: int | str = AUTO
+    ridge_rule: str = ""
 
     steps_rule = "steps = gen_length (one token per step)"
 
@@ -159,6 +164,12 @@ class ServePreset:
         return replace(self, max_num_batched_tokens=b.max_num_batched_tokens, max_num_logits=b.max_num_logits,
                        tokens_rule=b.tokens_rule, logits_rule=b.logits_rule)
 
+    def with_ridge(self, ridge: Ridge) -> ServePreset:
+        """The preset with its "auto" ridge set (a given number stays)."""
+        if self.ridge_rows != AUTO:
+            return self
+        return replace(self, ridge_rows=ridge.rows, ridge_rule=ridge.rule)
+
     def engine_defaults(self) -> dict:
         """The engine knobs this preset sets (a variant's or a flag's own values win); a budget
         never resolved for a GPU (with_step_budgets) is the CPU's "auto": the paper's RTX 4090's."""
@@ -166,7 +177,8 @@ class ServePreset:
         logits = FALLBACK_LOGITS if self.max_num_logits == AUTO else self.max_num_logits
         return {"max_num_batched_tokens": tokens, "max_num_logits": logits,
                 "max_num_seqs": self.max_num_seqs, "retention": self.retention, "cuda_graphs": self.cuda_graphs,
-                "tensor_parallel_size": self.tensor_parallel_size}
+                "tensor_parallel_size": self.tensor_parallel_size,
+                "ridge_rows": CPU_RIDGE_ROWS if self.ridge_rows == AUTO else self.ridge_rows}
 
     def describe(self) -> str:
         """One line stating the preset (printed at the start and the end of a run), with why
@@ -177,7 +189,8 @@ class ServePreset:
         gen = f"gen_length {self.gen_length} for every request" if self.gen_length else f"gen cap {self.gen_cap}"
         return (f"preset {self.name}: model {self.model}, {self.dataset} x{self.length_scale:g} "
                 f"lengths, {self.num_prompts} prompts, block {self.block_length}, {gen}, {self.steps_rule}, memory budget {self.memory_budget or 'device default'}, "
-                f"token budget {self.max_num_batched_tokens}{why_t}, logit budget {logits}{why_l}, retention "
+                f"token budget {self.max_num_batched_tokens}{why_t}, logit budget {logits}{why_l}, "
+                f"ridge {self.ridge_rows} rows{f' ({self.ridge_rule})' if self.ridge_rule else ''}, retention "
                 f"{self.retention:g}, {self.dtype} on {self.device}, {self.threads} threads"
                 + parallel_only(self.tensor_parallel_size,
                                 f", engine on {self.tensor_parallel_size} ranks (tensor parallel; baselines on one device)"))

@@ -21,6 +21,7 @@ from dllm_bench import inputs
 from dllm_bench.checkpoints.load import load_config, load_tokenizer
 from dllm_bench.device_defaults import MemoryBudget, cuda_graphs_on, gpu_name, resolve_budget
 from dllm_bench.errors import UserError
+from dllm_bench.ridge import device_ridge
 from dllm_bench.serve.presets import ServePreset, preset_for
 from dllm_bench.serve.workload import model_info
 from dllm_bench.systems import decoding as system_decoding
@@ -100,6 +101,7 @@ def resolve_server_options(*, model: str | None, preset: str | None, knobs: dict
         scale = budget.bytes if budget.bytes is not None or gpu is None else resolve_budget("auto", device).bytes
         sp = replace(sp, dtype=dtype, block_length=block).with_step_budgets(
             info, sp.max_model_len or info["max_sequence_length"], gpu, scale)
+    sp = sp.with_ridge(device_ridge(device, DTYPES[dtype]))     # what cache=auto weighs (dllm_bench.ridge)
     return ServerOptions(sp, variant, model_dir, device, dtype, budget, threads or sp.threads, block)
 
 
@@ -127,6 +129,7 @@ def build_state(*, model: str | None, preset: str | None, served_model_name: str
     if sp.tokens_rule or sp.logits_rule:
         log(f"token budget {sp.max_num_batched_tokens} ({sp.tokens_rule}), logit budget "
             f"{sp.max_num_logits} ({sp.logits_rule})")
+    log(f"ridge {sp.ridge_rows} rows ({sp.ridge_rule})")
     built = build_system(opts.variant, model_dir=model_dir, dtype=opts.dtype, device=opts.device,
                          memory_budget=opts.budget.bytes, engine_defaults=sp.engine_defaults(),
                          max_model_len=sp.max_model_len, use_cache=use_cache, sampling=sampling, log=log)

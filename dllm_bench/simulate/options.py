@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dllm_bench.errors import UserError
+from dllm_bench.ridge import from_peaks
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.presets import preset_for
@@ -21,6 +22,7 @@ from dllm_bench.simulate.steps_per_block import StepsPlan
 from dllm_bench.simulate.steps_per_block import parse as parse_steps
 from dllm_bench.systems.decoding import resolve as resolve_decoding
 from dllm_bench.systems.options import parallel_labels
+from engine.config import DTYPES
 
 # The share of a GPU's memory a run may use when no budget is given: the engine's
 # gpu_memory_utilization default (vLLM's).
@@ -55,7 +57,11 @@ def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_
     # simulated seconds cost no wall time; a GPU profile's memory scales "auto" step budgets as
     # a measured run's GPU does (dllm_bench.step_budgets)
     gpu = f"{hw.name} (simulated)" if hw.kind == "gpu" else None
-    run = resolve_run(opts, weights=loadable, wall_clock=False, gpu=gpu)
+    # ... and its peaks set the "auto" ridge cache=auto weighs, as a measured GPU's do (a CPU
+    # profile: a measured CPU run's constant, dllm_bench.ridge)
+    dtype = opts.dtype or sp.dtype
+    ridge = from_peaks(hw.peak_flops, hw.bandwidth, DTYPES[dtype].itemsize, f"{hw.name}'s peaks") if gpu else None
+    run = resolve_run(opts, weights=loadable, wall_clock=False, gpu=gpu, ridge=ridge)
     names = [v.name for v in run.systems]
     parallel = parallel_labels(run.systems, run.engine_defaults)
     if parallel and hw.link is None:

@@ -16,7 +16,7 @@ written with dashes (`max-num-logits`); `none` (any case) is None where a knob a
 Systems and their knobs:
 * `engine` — the dLLM-Serve engine; knobs are EngineConfig fields (ENGINE_KNOBS), defaulting to
   ENGINE_DEFAULTS where the serving system's default differs from the library's: `cache=auto`
-  (each request dual while the KV pool holds it, sparse when memory binds; the paper's system
+  (each request dual while the KV pool holds it, sparse when memory binds and steps are weight-bound; the paper's system
   is `engine:cache=sparse`). It serves with `sampling=False` (serving workloads are greedy) and
   a KV pool sized by the offline profiler for the memory budget; the profile is cached on disk
   (dllm_bench.systems.build.profile_cache_dir).
@@ -112,7 +112,7 @@ def _engine_knobs() -> dict[str, Callable[[str], Any]]:
         "retention": _float, "pool_window": _int, "delay_step": _int,
         "scheduler": _choice(SCHEDULERS), "max_num_logits": _int_or_none,
         "max_num_batched_tokens": _int, "max_num_seqs": _int, "cuda_graphs": _bool,
-        "tensor_parallel_size": _int, "attention_backend": _choice(BACKENDS),
+        "tensor_parallel_size": _int, "attention_backend": _choice(BACKENDS), "ridge_rows": _int,
     }
 
 

@@ -55,6 +55,31 @@ class LLaDAConfig:
         return self.n_kv_heads or self.n_heads
 
     @property
+    def weights_per_forward(self) -> int:
+        """Parameters a forward reads: the blocks' matrices and the LM head (the embedding is a
+        gather, the norms negligible)."""
+        d, kv, f = self.d_model, self._model_kv_heads * self.head_dim, self.mlp_hidden_size
+        return self.n_layers * (d * (d + 2 * kv) + d * d + 3 * d * f) + d * self.padded_vocab
+
+    @property
+    def _model_kv_heads(self) -> int:
+        """The whole model's KV heads (a tensor-parallel rank's `kv_heads` are its share): the
+        ratios below are the model's, the same on every rank."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def kv_per_weight(self) -> float:
+        """Bytes of one token's K and V (every layer) per byte of the weights a forward reads:
+        what a step reading cached keys adds to its weight read, per key (engine.cache_mode)."""
+        return 2 * self.n_layers * self._model_kv_heads * self.head_dim / self.weights_per_forward
+
+    @property
+    def pair_per_row(self) -> float:
+        """FLOPs of attention for one (query, key) pair in every layer (QK^T and PV) per FLOP of
+        a query row through the weights (engine.cache_mode)."""
+        return 2 * self.n_layers * self.d_model / self.weights_per_forward
+
+    @property
     def padded_vocab(self) -> int:
         # LLaDA's embedding (and LM head) may be larger than the tokenizer vocab.
         return self.embedding_size or self.vocab_size

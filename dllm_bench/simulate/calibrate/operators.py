@@ -26,6 +26,7 @@ import torch
 from dllm_bench.simulate import bounds
 from dllm_bench.simulate.calibrate.mode import Timer, mode_for
 from dllm_bench.simulate.cost_model import Efficiency, ModelShape, attention_time, gemm_time
+from dllm_bench.timing import peak_rates
 from engine import attention
 
 
@@ -131,12 +132,7 @@ def measure_peaks(dtype, repeats: int, device="cpu", spare: float | None = None,
     n, copy_elems = PEAK_SIZES.get(dev.type, PEAK_SIZES["cpu"])
     if spare is not None:
         n, copy_elems = bounds.peak_sizes(n, copy_elems, torch.empty(0, dtype=dtype).element_size(), spare)
-    a, b = torch.randn(n, n, dtype=dtype, device=dev), torch.randn(n, n, dtype=dtype, device=dev)
-    flops = 2 * n**3 / timed(lambda: a @ b, repeats)
-    x = torch.randn(copy_elems, dtype=torch.float32, device=dev).to(dtype)
-    y = torch.empty_like(x)
-    bw = 2 * x.numel() * x.element_size() / timed(lambda: y.copy_(x), repeats)
-    return flops, bw
+    return peak_rates(n, copy_elems, dtype, dev, repeats, timed)
 
 
 GEMM_M = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)

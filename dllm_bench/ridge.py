@@ -1,0 +1,46 @@
+"""The device's ridge in query rows (`EngineConfig.ridge_rows`, what `cache=auto` weighs:
+engine.cache_mode): the rows at which a GEMM through the weights stops being bound by reading
+them, peak FLOP/s / bandwidth x bytes per weight / 2 (an H100 in bf16 ~260, an RTX 4090 ~180,
+an L40S ~370). A measured CUDA run measures its device's peaks once (an 8192^3 GEMM in the
+serving dtype and a 256 MiB copy: ~0.1 s); a simulated GPU takes its hardware profile's peaks,
+so a simulated and a measured run weigh alike. A CPU, measured or simulated, gets CPU_RIDGE_ROWS
+(this machine's float32 profile gives ~7.5: a few rows, below any request's Reuse block, so auto
+serves dual wherever one dual request fits its pool)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm_bench.device_defaults import gpu_name, resolve_device
+from dllm_bench.timing import peak_rates
+
+AUTO = "auto"
+CPU_RIDGE_ROWS = 8
+PEAK_GEMM, PEAK_COPY = 8192, 64 << 20      # elements of the copy (256 MiB in float32)
+
+
+@dataclass(frozen=True)
+class Ridge:
+    rows: int
+    rule: str                 # why: "measured on <gpu>: ...", "<profile>'s peaks: ...", "a CPU: ..."
+
+
+def ridge_rows(peak_flops: float, bandwidth: float, dtype_bytes: int) -> int:
+    return max(1, round(peak_flops / bandwidth * dtype_bytes / 2))
+
+
+def from_peaks(peak_flops: float, bandwidth: float, dtype_bytes: int, where: str) -> Ridge:
+    rows = ridge_rows(peak_flops, bandwidth, dtype_bytes)
+    return Ridge(rows, f"{where}: {peak_flops / 1e12:.0f} TFLOP/s / {bandwidth / 1e12:.2f} TB/s")
+
+
+def device_ridge(device, dtype: torch.dtype) -> Ridge:
+    """The ridge of `device` ("auto" too) for weights in `dtype`: measured on CUDA, CPU_RIDGE_ROWS
+    elsewhere."""
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return Ridge(CPU_RIDGE_ROWS, "a CPU: a few rows")
+    flops, bw = peak_rates(PEAK_GEMM, PEAK_COPY, dtype, dev, repeats=5)
+    torch.cuda.empty_cache()
+    return from_peaks(flops, bw, dtype.itemsize, f"measured on {gpu_name(dev)}")
