@@ -4,8 +4,11 @@ Only rows that can be committed this step need logits: the still-masked position
 request's current block. Those hidden rows are gathered across the whole batch and pushed
 through the LM head in chunks of at most `max_num_logits` rows — a request may straddle two
 chunks, so the bound is hard — and each chunk is decoded (argmax / Gumbel, confidence) and
-freed before the next. `max_num_logits=None` is the monolithic path: logits for every query
-row of the batch, as an HF forward materializes them (the ablation's "off").
+freed before the next. A greedy chunk is read four times and written twice, all in its own
+dtype (argmax, then the confidence's shift, exp and float32-accumulated sum in place:
+`engine.unmask.confidence_at`); Gumbel scores in float64 exist only for rows with T > 0.
+`max_num_logits=None` is the monolithic path: logits for every query row of the batch, as an HF
+forward materializes them (the ablation's "off").
 """
 from __future__ import annotations
 
@@ -56,7 +59,8 @@ def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
         a, b = max(seg.start, c0), min(seg.start + seg.count, c1)
         if a < b:  # consecutive draws from the request's generator: chunk splits do not matter
             x0[a - c0 : b - c0] = gumbel_argmax(logits[a - c0 : b - c0], seg.temperature, seg.gen, mask_id)
-    return x0, confidence_at(logits, x0), entropy_of(logits) if entropy else None
+    ent = entropy_of(logits) if entropy else None
+    return x0, confidence_at(logits, x0, inplace=True), ent    # the chunk is consumed: read last
 
 
 @in_region(DECODE)

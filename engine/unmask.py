@@ -80,14 +80,19 @@ def gumbel_scores(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return noisy.div_(noise)
 
 
-def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """softmax(logits)[x0] from the *clean* logits, computed as 1 / Σ exp(l − l[x0]): one pass
-    over the row and no [R, V] probability tensor kept. dtype None = at least float32 (a bf16
-    softmax ties too often)."""
+def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype: torch.dtype | None = None,
+                  inplace: bool = False) -> torch.Tensor:
+    """softmax(logits)[x0] from the *clean* logits, as 1 / Σ exp(l − l[x0]) (the log-sum-exp
+    shifted by the proposal's own logit): no [R, V] probability tensor. The shifted logits and
+    their exp stay in the logits' dtype (in the logits themselves when `inplace`: the caller's
+    chunk is consumed) and the sum accumulates in `dtype`, None = at least float32. So a bf16
+    chunk is read three times and written twice in bf16, never copied to float32 (a bf16
+    softmax's own output would tie too often; bf16 terms summed in float32 do not), and float32 /
+    float64 logits give exactly the values a copy in their dtype gave."""
     dt = dtype or torch.promote_types(logits.dtype, torch.float32)
-    lf = logits.to(dt)
-    sel = lf.gather(-1, x0[:, None])
-    return (lf - sel).exp_().sum(-1).reciprocal_()
+    sel = logits.gather(-1, x0[:, None])
+    shifted = logits.sub_(sel) if inplace else logits - sel
+    return shifted.exp_().sum(-1, dtype=dt).reciprocal_()
 
 
 def entropy_of(logits: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

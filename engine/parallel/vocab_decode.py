@@ -80,16 +80,18 @@ class VocabParallelDecode:
             c = _argmax(scores, mask_id - self.start if owns_mask else None)
             col[a - c0 : b - c0] = c
             key[a - c0 : b - c0] = scores.gather(1, c[:, None])[:, 0]
-        lf = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        m = lf.amax(-1, keepdim=True)
-        cols = [key, (col + self.start).to(torch.float64), lf.gather(1, col[:, None])[:, 0].double(),
+        # As engine.unmask.confidence_at: shifted and exponentiated in the logits' dtype, in place
+        # (the chunk is consumed), summed in at least float32; entropy adds one [rows, V/N] temporary.
+        dt = torch.promote_types(logits.dtype, torch.float32)
+        m = logits.amax(-1, keepdim=True)
+        cols = [key, (col + self.start).to(torch.float64), logits.gather(1, col[:, None])[:, 0].double(),
                 m[:, 0].double()]
-        shifted = lf - m                                # the one [rows, V/N] temporary (two with entropy)
+        shifted = logits.sub_(m)
         if entropy:
             e = shifted.exp()
-            cols += [e.sum(-1).double(), (e * shifted).sum(-1).double()]
+            cols += [e.sum(-1, dtype=dt).double(), (e * shifted).sum(-1, dtype=dt).double()]
         else:
-            cols.append(shifted.exp_().sum(-1).double())
+            cols.append(shifted.exp_().sum(-1, dtype=dt).double())
         return torch.stack(cols, dim=1)
 
 
