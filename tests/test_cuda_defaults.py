@@ -179,7 +179,9 @@ def test_server_model_dir_on_cuda_is_paper_knobs_bf16_budget_auto(cuda):
     assert opts.preset.name == "paper"
     scaled = ("max_num_batched_tokens", "max_num_logits")     # scaled with the GPU (tests/test_step_budgets.py)
     assert opts.preset.engine_defaults() == {**PRESETS["paper"].engine_defaults(), "cuda_graphs": True,
-                                             **{k: opts.preset.engine_defaults()[k] for k in scaled}}
+                                             **{k: opts.preset.engine_defaults()[k] for k in scaled},
+                                             "ridge_rows": 262}    # measured on the (fake) H100
+
     assert opts.preset.tokens_rule.startswith("auto: ") and H100 in opts.preset.tokens_rule
     assert (opts.device, opts.dtype, opts.budget.bytes) == ("cuda", "bfloat16", AUTO)
     assert resolve_server_options(model="tiny", preset=None, knobs=KNOBS, memory_budget="auto", dtype=None,
