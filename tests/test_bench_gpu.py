@@ -87,14 +87,15 @@ def test_goal_verdicts_on_measured_points(measured):
     verdict = {g: r["verdict"] for g, r in rows.items()}
     got = [verdict[g.text] for g in goals.GOALS]
     assert got == [goals.NOT_MET, goals.NOT_MET, goals.MET, goals.NOT_MET,   # 0.76x, 212 tok/s, dual 1.08x, sparse 0.91x
-                   goals.MET, goals.MET,                                       # 22 GiB: 1.77x; P99 2.09x lower
+                   goals.MET, goals.MET, goals.MET,                            # 22 GiB: 1.77x; P99 2.09x lower; TTFT 4.2x
                    goals.NOT_MET, goals.MET,                                   # TTFT: 9.4 s vs 4.3 s; 1.3 s vs 6.3 s
                    goals.NOT_MET,                                              # 17,253 rows/s, 1,912 rows per forward
                    goals.NOT_MET, goals.NOT_MET, goals.NOT_MET]                # B=32 0.97x; B=1 1.11x; 12.6 ms
     assert rows[goals.GOALS[0].text]["measured"].startswith("0.76x: 212.5 vs fast-dllm 278.6")
     assert "the engine's default is engine:cache=sparse" in rows[goals.GOALS[3].text]["measured"]
     assert rows[goals.GOALS[5].text]["measured"].startswith("2.09x lower: 3.37 s vs sparse-dllm 7.04 s")
-    assert rows[goals.GOALS[9].text]["measured"] == "B=1: 1.11x, B=8: 1.05x, B=32: 0.97x"
+    assert rows[goals.GOALS[6].text]["measured"].startswith("4.16x lower: 0.31 s vs sparse-dllm 1.29 s")
+    assert rows[goals.GOALS[10].text]["measured"] == "B=1: 1.11x, B=8: 1.05x, B=32: 0.97x"
 
 
 def test_goals_say_why_they_are_not_measured(tmp_path):
@@ -148,7 +149,8 @@ def test_profile_documents_are_read_by_their_figures():
 
 # ------------------------------------------------------------------ plan, estimates, budget
 def test_only_and_the_plan_order():
-    assert [s.name for s in plan.select(None)] == list(plan.NAMES)
+    assert [s.name for s in plan.select(None)] == list(plan.DEFAULT)
+    assert plan.DEFAULT == ("checkpoint", "doctor", "serve-full", "serve-22g", "profile")  # what the goals read
     assert [s.name for s in plan.select("memory, doctor")] == ["doctor", "memory"]
     for bad, msg in (("doctor,nope", r"unknown step\(s\) nope"), (" , ", "names no step")):
         with pytest.raises(UserError, match=msg):
@@ -162,9 +164,10 @@ def test_the_gpu_plan_sizes_serve_22g_to_the_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "check_model", lambda model, scale: None)
     bench, steps = prepare(Options(model="llada-8b", out=tmp_path / "a"), NO_COMMANDS)
     total = sum(s.estimate(bench) for s in steps)
-    assert bench.small_prompts in GPU.small_prompts and len(steps) == len(plan.STEPS)
-    # The largest count that fits, unless even the smallest does not.
-    assert total <= 600 - run.MARGIN_S or bench.small_prompts == GPU.small_prompts[-1]
+    assert bench.small_prompts in GPU.small_prompts and [s.name for s in steps] == list(plan.DEFAULT)
+    # The default run fits 10 minutes with the margin, the checkpoint made on the machine included.
+    made = next(s for s in steps if s.name == "checkpoint").estimate(bench)
+    assert total - made + est.GPU_COSTS.make_s <= 600 - run.MARGIN_S
     roomy, _ = prepare(Options(model="llada-8b", out=tmp_path / "b", time_budget_s=3600), NO_COMMANDS)
     assert roomy.small_prompts == GPU.small_prompts[0]
     assert prepare(Options(model="llada-8b", out=tmp_path / "c", time_budget_s=0), NO_COMMANDS)[0].time_budget_s is None
@@ -201,7 +204,7 @@ def test_engine_default_cache_variant_is_not_served_twice():
 
 # ------------------------------------------------------------------ sub-command arguments
 def test_profile_entries_and_arguments(tmp_path, measured):
-    entries = profile.entries(measured)
+    entries = profile.engine_entries(measured) + profile.baseline_entries(measured)
     assert [(s, g, b) for s, g, b, _ in entries] == [
         ("engine", True, 1), ("engine", False, 1), ("engine", True, 8), ("engine", False, 8),
         ("engine", True, 32), ("engine", False, 32), ("fast-dllm", None, 18), ("sparse-dllm", None, 32)]
@@ -217,7 +220,7 @@ def test_profile_entries_and_arguments(tmp_path, measured):
     assert args[args.index("--preset") + 1] == "paper"
     assert "--phase" not in profile._args(measured, "fast-dllm", None, 18)
     del measured.records["serve-full"]
-    assert profile.entries(measured)[-1][2:] == (32, "no serve-full max-fit: the saturation request count")
+    assert profile.baseline_entries(measured)[-1][2:] == (32, "no serve-full max-fit: the saturation request count")
 
 
 def _fake_cli(monkeypatch, module, docs):
@@ -246,10 +249,12 @@ def test_the_profile_step_keeps_each_document_and_stops_at_the_budget(tmp_path, 
         eager = system.endswith("cuda_graphs=false")
         return 0, json.dumps({"steps": 5, "step": {"unprofiled_wall_ms": batch * (2.0 if eager else 1.0)}})
     calls = _fake_cli(monkeypatch, profile, docs)
-    rec = StepRecord("profile", 1.0)
+    rec, base = StepRecord("profile", 1.0), StepRecord("profile-baselines", 1.0)
     profile.run(measured, rec)
-    rows = {r["label"]: r for r in rec.data["entries"]}
-    assert len(calls) == 8 and rec.status == FAILED and rec.detail.startswith("7/8 profiles; sparse-dllm-b32: exit 1")
+    profile.run_baselines(measured, base)
+    rows = {r["label"]: r for r in rec.data["entries"] + base.data["entries"]}
+    assert len(calls) == 8 and rec.status == OK and rec.detail == "6/6 profiles"
+    assert base.status == FAILED and base.detail.startswith("1/2 profiles; sparse-dllm-b32: exit 1")
     assert rows["engine-graphs-b8"]["step_ms"] == 8.0 and rows["engine-eager-b8"]["step_ms"] == 16.0
     assert json.loads((tmp_path / rows["fast-dllm-b18"]["file"]).read_text())["steps"] == 5
     assert [g["speedup"] for g in dv.graphs_vs_eager(rec.data["entries"])] == [2.0, 2.0, 2.0]
@@ -293,7 +298,7 @@ def test_the_checkpoint_step_checks_a_given_directory(tmp_path):
 def test_serve_estimates_and_missing_commands_fail_in_one_line(tmp_path):
     bench = _bench(tmp_path, scale=CPU)
     assert serve.estimate_full(bench) > serve.estimate_small(bench) / 2 > 0
-    for name in ("profile", "memory"):
+    for name in ("profile", "profile-baselines", "memory"):
         rec = StepRecord(name, 1.0)
         next(s for s in plan.STEPS if s.name == name).run(bench, rec)
         assert rec.status == FAILED and "is not in this build" in rec.detail
@@ -341,9 +346,9 @@ def test_the_command_registers_with_its_options():
 
 @pytest.mark.slow
 def test_bench_gpu_end_to_end_on_the_cpu(tmp_path):
-    """Every step at the toy scale: the checkpoint made, doctor, both serve steps with every
-    point, the profile and memory steps run (or, in a build without their commands, recorded as
-    such), and summary.md / bench.json hold them all."""
+    """Every default step at the toy scale: the checkpoint made, doctor, both serve steps with
+    every point, the engine's profile run (or, in a build without profile-step, recorded as such),
+    and summary.md / bench.json hold them all."""
     out = tmp_path / "bench"
     env = {**os.environ, "DLLM_BENCH_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "bench-gpu", "--model", "tiny", "--out", str(out),
@@ -351,7 +356,7 @@ def test_bench_gpu_end_to_end_on_the_cpu(tmp_path):
     assert r.returncode in (0, 1), r.stderr[-3000:]
     doc = json.loads((out / "bench.json").read_text())
     steps = {s["name"]: s for s in doc["steps"]}
-    assert list(steps) == list(plan.NAMES) and doc["scale"]["name"] == "cpu"
+    assert list(steps) == list(plan.DEFAULT) and doc["scale"]["name"] == "cpu"
     assert all(s["seconds"] is not None for s in steps.values())
     assert steps["checkpoint"]["status"] == OK and steps["checkpoint"]["data"]["made_now"]
     assert steps["doctor"]["status"] == OK and (out / "doctor.json").is_file()
@@ -362,16 +367,16 @@ def test_bench_gpu_end_to_end_on_the_cpu(tmp_path):
         assert (out / "runs" / name / "summary.json").is_file()
         if s["data"]["traced"]:
             assert all(p["trace"] and (out / p["trace"]).is_file() for p in s["data"]["points"])
-    for name in ("profile", "memory"):
+    for name in ("profile",):
         s = steps[name]
         assert s["status"] == OK or "is not in this build" in s["detail"], s["detail"]
     text = (out / "summary.md").read_text()
     assert "## Goals" in text and "## Steps" in text and "## Doctor" in text and "best baseline" in text
     assert r.returncode == (0 if all(s["status"] == OK for s in steps.values()) else 1)
-    serving = [g for g in goals.GOALS[:9]]
+    serving = [g for g in goals.GOALS[:10]]
     assert all(f"| {g.text}" in text for g in serving)
     assert "not measured: serve" not in text  # every serving goal has its measurement
-    assert "[6/6] memory" in r.stderr and "plan:" in r.stderr
+    assert "[5/5] profile" in r.stderr and "plan:" in r.stderr
 
 
 def test_results_paths_are_relative(tmp_path):

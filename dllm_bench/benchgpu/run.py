@@ -24,7 +24,7 @@ from dllm_bench.checkpoints.presets import PRESETS
 from dllm_bench.console import console
 from dllm_bench.errors import UserError
 from dllm_bench.results import make_run_id, results_root
-from dllm_bench.systems import spec
+from dllm_bench.systems.spec import ENGINE_DEFAULTS
 from engine.config import EngineConfig
 
 MARGIN_S = 20.0  # of the budget kept for the parent's own work between steps
@@ -69,7 +69,7 @@ def serving_cache() -> str:
     """The cache the `engine` system serves with when none is named: the serving system's own
     default where it sets one (systems.spec.ENGINE_DEFAULTS), else EngineConfig's."""
     default = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "cache")
-    return getattr(spec, "ENGINE_DEFAULTS", {}).get("cache", default)
+    return ENGINE_DEFAULTS.get("cache", default)
 
 
 def engine_aliases(systems: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:

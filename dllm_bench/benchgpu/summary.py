@@ -76,8 +76,8 @@ def _serving(bench: Bench) -> str:
 
 
 def _profile(bench: Bench) -> str:
-    rec = bench.records.get("profile")
-    entries = rec.data.get("entries", []) if rec is not None else []
+    entries = [e for step in ("profile", "profile-baselines") if (rec := bench.records.get(step)) is not None
+               for e in rec.data.get("entries", [])]
     if not entries:
         return ""
     speed = {g["batch"]: g["speedup"] for g in dv.graphs_vs_eager(entries)}

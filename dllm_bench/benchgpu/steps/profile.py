@@ -1,6 +1,7 @@
-"""Step `profile`: `dllm-bench profile-step --json` of the engine in Reuse-only steps (the ones
-CUDA graphs replay) at each of the scale's batches with graphs on and off, and of each baseline at its largest static batch (serve-full's
-max-fit B; the saturation request count if serve-full did not run). Each document is kept under
+"""Steps `profile` and `profile-baselines`: `dllm-bench profile-step --json` of the engine in
+Reuse-only steps (the ones CUDA graphs replay) at each of the scale's batches with graphs on and
+off; of each baseline at its largest static batch (serve-full's max-fit B; the saturation request
+count if serve-full did not run). Each document is kept under
 profile/; an invocation that fails is recorded and the others still run, and one that no longer
 fits the time budget is left out. A build without `profile-step` fails the step in one line."""
 from __future__ import annotations
@@ -17,20 +18,30 @@ from dllm_bench.results import atomic_write_json
 COMMAND = "profile-step"
 
 
-def entries(bench: Bench) -> list[tuple[str, bool | None, int, str]]:
-    """(system, CUDA graphs or None for a baseline, batch, where the batch comes from)."""
-    out: list[tuple[str, bool | None, int, str]] = [
-        (ENGINE, graphs, b, "scale") for b in bench.scale.profile_batches for graphs in (True, False)]
+Entry = tuple[str, bool | None, int, str]
+
+
+def engine_entries(bench: Bench) -> list[Entry]:
+    """(system, CUDA graphs or None for a baseline, batch, where the batch comes from): the
+    engine at each of the scale's batches, graphs on and off (step `profile`, the goals')."""
+    return [(ENGINE, graphs, b, "scale") for b in bench.scale.profile_batches for graphs in (True, False)]
+
+
+def baseline_entries(bench: Bench) -> list[Entry]:
+    """Each baseline at serve-full's max-fit batch (step `profile-baselines`: no goal reads it,
+    so it runs only when named, outside the default run's 10 minutes)."""
     fits = {p["system"]: p.get("max_batch_size") for p in bench.data("serve-full").get("points", [])}
-    for name in BASELINES:
-        b = fits.get(name)
-        out.append((name, None, int(b), "serve-full max-fit") if b else
-                   (name, None, bench.scale.full_prompts, "no serve-full max-fit: the saturation request count"))
-    return out
+    return [(name, None, int(fits[name]), "serve-full max-fit") if fits.get(name) else
+            (name, None, bench.scale.full_prompts, "no serve-full max-fit: the saturation request count")
+            for name in BASELINES]
 
 
 def estimate(bench: Bench) -> float:
-    return len(entries(bench)) * bench.costs.profile_s
+    return len(engine_entries(bench)) * bench.costs.profile_s
+
+
+def estimate_baselines(bench: Bench) -> float:
+    return len(baseline_entries(bench)) * bench.costs.profile_s
 
 
 def label(system: str, graphs: bool | None, batch: int) -> str:
@@ -55,12 +66,20 @@ def _args(bench: Bench, system: str, graphs: bool | None, batch: int) -> list[st
 
 
 def run(bench: Bench, rec: StepRecord) -> None:
+    _run(bench, rec, engine_entries(bench))
+
+
+def run_baselines(bench: Bench, rec: StepRecord) -> None:
+    _run(bench, rec, baseline_entries(bench))
+
+
+def _run(bench: Bench, rec: StepRecord, entries: list[Entry]) -> None:
     if not bench.commands.has(COMMAND):
         rec.fail(f"`dllm-bench {COMMAND}` is not in this build: no step profile")
         return
     one = bench.costs.profile_s
     rows = []
-    for system, graphs, batch, source in entries(bench):
+    for system, graphs, batch, source in entries:
         name = label(system, graphs, batch)
         row = {"label": name, "system": system, "cuda_graphs": graphs, "batch": batch, "batch_from": source,
                "status": NOT_RUN, "file": None}
