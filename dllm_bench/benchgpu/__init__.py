@@ -1,7 +1,8 @@
 """`dllm-bench bench-gpu`: the one run to make on a CUDA machine (docs/GPU.md, "bench-gpu").
 
 It makes the random-weight LLaDA-8B checkpoint, then runs `doctor`, `serve` at saturation on
-the whole GPU and at the RTX 4090's budget, the step profile and the memory report, each as a
+the whole GPU and at the RTX 4090's budget and the engine's step profile (the baselines' profiles
+and the memory report when --only names them), each as a
 `dllm-bench` sub-command in its own process (a crash stays in its step), and writes one results
 directory whose summary.md sets every goal of the engine on a GPU beside its measured value.
 
