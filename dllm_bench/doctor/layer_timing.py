@@ -71,6 +71,7 @@ def _block(cfg, dtype: torch.dtype, dev: torch.device):
         for name, p in blk.named_parameters():
             # Small weights keep activations finite; the values do not change the time.
             p.fill_(1.0) if name.endswith("norm.weight") else p.uniform_(-0.02, 0.02)
+    blk.fuse()                   # as a loaded model runs it (LLaDABlock.fuse)
     return blk.eval()
 
 

@@ -191,24 +191,61 @@ class LLaDABlock(nn.Module):
         self.ff_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)
         self.up_proj = nn.Linear(d, cfg.mlp_hidden_size, bias=False)
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, d, bias=False)
+        self._qkv = self._gate_up = None
+
+    def fuse(self) -> None:
+        """One GEMM for q, k and v and one for gate and up (fewer launches, wider GEMMs): each
+        group's weights concatenated by output rows, and each projection's weight re-pointed at
+        its rows of the fused tensor, so the memory is the same, the checkpoint's names and
+        state dict are unchanged and `q_proj` & co. still work alone. A tensor-parallel block
+        fuses its own rank's slices. Moving or casting the block (`_apply`) fuses again."""
+        with torch.no_grad():
+            self._qkv = _fused(self.q_proj, self.k_proj, self.v_proj)
+            self._gate_up = _fused(self.ff_proj, self.up_proj)
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        groups = ((self._qkv, (self.q_proj, self.k_proj, self.v_proj)), (self._gate_up, (self.ff_proj, self.up_proj)))
+        if self._qkv is not None and not all(m.weight.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+                                             for t, ms in groups for m in ms):
+            self.fuse()          # the weights moved or were cast: they are no longer views of the fused ones
+        return out
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding):
         """Normed input -> RoPE'd q [N, Hq, D], RoPE'd k [N, Hkv, D], v [N, Hkv, D]."""
         n = rms_norm(x, self.attn_norm.weight, self.eps)
-        q = self.q_proj(n).view(-1, self.n_heads, self.head_dim)
-        k = self.k_proj(n).view(-1, self.n_kv, self.head_dim)
-        v = self.v_proj(n).view(-1, self.n_kv, self.head_dim)
-        return rope(q, positions), rope(k, positions), v
+        if self._qkv is None:
+            q, k, v = self.q_proj(n), self.k_proj(n), self.v_proj(n)
+        else:
+            q, k, v = F.linear(n, self._qkv).split((self.q_proj.out_features, self.k_proj.out_features,
+                                                     self.v_proj.out_features), dim=-1)
+        q = q.reshape(-1, self.n_heads, self.head_dim)
+        k = k.reshape(-1, self.n_kv, self.head_dim)
+        return rope(q, positions), rope(k, positions), v.reshape(-1, self.n_kv, self.head_dim)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         n = rms_norm(x, self.ff_norm.weight, self.eps)
-        return self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
+        if self._gate_up is None:
+            return self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
+        gate, up = F.linear(n, self._gate_up).chunk(2, dim=-1)
+        return self.ff_out(F.silu(gate) * up)
 
     def forward(self, x, positions, rope, layer: int, attn: AttentionFn):
         q, k, v = self.qkv(x, positions, rope)
         a = attn(layer, q, k, v).reshape(x.shape[0], -1)
         x = x + self.attn_out(a)
         return x + self.mlp(x)
+
+
+def _fused(*linears: nn.Linear) -> torch.Tensor:
+    """[sum of out, in]: the linears' weights stacked; each linear's weight becomes a view of it."""
+    fused = torch.cat([m.weight for m in linears], dim=0)
+    start = 0
+    for m in linears:
+        rows = m.weight.shape[0]
+        m.weight = nn.Parameter(fused[start : start + rows], requires_grad=m.weight.requires_grad)
+        start += rows
+    return fused
 
 
 class _Norm(nn.Module):
@@ -250,6 +287,11 @@ class LLaDAModelLM(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.model.transformer.wte.weight.device
+
+    def fuse(self) -> None:
+        """Every block's fused q/k/v and gate/up GEMMs (LLaDABlock.fuse): a loaded model's."""
+        for blk in self.blocks:
+            blk.fuse()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.transformer.wte(input_ids)
@@ -329,4 +371,6 @@ def load_llada(path: str | Path, dtype: torch.dtype = torch.float32, device: str
         if tuple(state[k].shape) != tuple(shape):
             raise ValueError(f"weight {k} has shape {tuple(state[k].shape)}, config implies {tuple(shape)}")
     model.load_state_dict({k: state[k] for k in expected}, assign=True)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    model.fuse()
+    return model

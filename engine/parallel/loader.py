@@ -46,4 +46,5 @@ def load_sharded(path: str | Path, tp: TPGroup, dtype: torch.dtype) -> ShardedLL
     if missing:
         raise ValueError(f"checkpoint {path} lacks {len(missing)} weights, e.g. {missing[0]}")
     model.load_state_dict({k: state[k] for k in expected}, assign=True)
+    model.fuse()                 # each rank's own q/k/v and gate/up slices, fused (LLaDABlock.fuse)
     return model.eval()

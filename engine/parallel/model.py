@@ -37,6 +37,7 @@ class ShardedBlock(LLaDABlock):
         self.ff_proj = nn.Linear(d, cfg.mlp_hidden_size // n, bias=False)
         self.up_proj = nn.Linear(d, cfg.mlp_hidden_size // n, bias=False)
         self.ff_out = nn.Linear(cfg.mlp_hidden_size // n, d, bias=False)
+        self._qkv = self._gate_up = None
 
     def forward(self, x, positions, rope, layer: int, attn):
         q, k, v = self.qkv(x, positions, rope)
