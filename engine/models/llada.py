@@ -221,7 +221,9 @@ class LLaDABlock(nn.Module):
                                                      self.v_proj.out_features), dim=-1)
         q = q.reshape(-1, self.n_heads, self.head_dim)
         k = k.reshape(-1, self.n_kv, self.head_dim)
-        return rope(q, positions), rope(k, positions), v.reshape(-1, self.n_kv, self.head_dim)
+        # RoPE writes q and k anew; v, a column slice of the fused output, is made dense as the
+        # attention kernels and the KV pool's writes had it from its own GEMM.
+        return rope(q, positions), rope(k, positions), v.reshape(-1, self.n_kv, self.head_dim).contiguous()
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         n = rms_norm(x, self.ff_norm.weight, self.eps)
