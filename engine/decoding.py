@@ -77,17 +77,20 @@ def policy_columns(policies: list[Decoding]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def commit_mask(conf: torch.Tensor, entropy: torch.Tensor | None, counts: torch.Tensor, k: torch.Tensor,
-                kinds: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+                kinds: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor:
     """Which ranks each request commits: conf [B, W] its candidates' confidences sorted in
     descending order (non-candidates last), entropy [B, W] theirs in the same order (None when no
     request uses `entropy`), counts [B] candidates, k [B] the fixed schedule's count, kinds /
-    values [B] (`policy_columns`) -> bool [B, W], a prefix of each row."""
+    values [B] (`policy_columns`; None when every request decodes `fixed`: its two operators
+    alone, not the other rules' dozen) -> bool [B, W], a prefix of each row."""
     B, W = conf.shape
     r = torch.arange(W, device=conf.device).expand(B, W)
+    take = r < torch.minimum(k, counts)[:, None]                                     # fixed
+    if kinds is None:
+        return take
     real = r < counts[:, None]
     first = r == 0
     v = values.view(torch.float64).to(conf.dtype)[:, None]
-    take = r < torch.minimum(k, counts)[:, None]                                     # fixed
     take = torch.where(kinds[:, None] == CODE["threshold"], first | (conf >= v), take)
     # factor: leading ranks that pass 1 - f/(i+2) (the first always passes); upstream's quirk is
     # kept: when only the last candidate fails, all are taken

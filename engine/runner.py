@@ -196,8 +196,8 @@ class CommitPlan:
     rel: torch.Tensor             # [B, W] table cell -> canvas position
     counts_t: torch.Tensor        # [B] `counts` on the device
     k: torch.Tensor               # [B] the fixed schedule's count this step
-    kinds: torch.Tensor           # [B] decoding policy codes (engine.decoding)
-    values: torch.Tensor          # [B] their values, float64 bits
+    kinds: torch.Tensor | None    # [B] decoding policy codes (engine.decoding); None: all `fixed`
+    values: torch.Tensor | None   # [B] their values, float64 bits
     entropy: bool                 # a request decodes by entropy: the decode computes it
     row: torch.Tensor             # [B*W] the request of each table cell
     canvas_start: torch.Tensor | None  # [B] where each canvas starts in the canvas pool's tokens
@@ -211,11 +211,12 @@ def _plan_commit(m: StepMeta, policies: list, host_tokens: np.ndarray, mask_id: 
     rel = idx - m.offset[:, None]                                             # canvas positions
     rows = (rel - m.q_start[:, None] + m.cu_q[:-1, None])[cand]              # hidden rows, request order
     counts = cand.sum(1)
-    kinds, values = policy_columns(policies)
+    fixed = all(p.fixed for p in policies)
+    kinds, values = (None, None) if fixed else policy_columns(policies)
     B = len(counts)
     return CommitPlan(staging.put(rows), counts, np.cumsum(counts) - counts, W, staging.put(np.flatnonzero(cand)),
-                      staging.put(rel), staging.put(counts), staging.put(m.k), staging.put(kinds),
-                      staging.put(values), any(p.kind == "entropy" for p in policies),
+                      staging.put(rel), staging.put(counts), staging.put(m.k), None if fixed else staging.put(kinds),
+                      None if fixed else staging.put(values), any(p.kind == "entropy" for p in policies),
                       staging.put(np.repeat(np.arange(B), W)), staging.put(m.offset) if in_pool else None)
 
 

@@ -47,6 +47,14 @@ def test_each_rule_on_a_hand_worked_vector():
     # fixed: the schedule's k, whatever the confidences; mixed with other policies in one call
     assert _mask([[0.99, 0.98, 0.97], [0.95, 0.92, 0.5]], ["fixed", "threshold:0.9"], ks=[1, 0]) == \
         [[True, False, False], [True, True, False]]
+    # every request fixed: the step passes no policy columns, and the rows are what the columns give
+    rows, ks = [[0.9, 0.8, 0.7], [0.6, NEG, NEG], [0.5, 0.4, NEG]], [2, 3, 0]
+    conf = torch.tensor(rows, dtype=torch.float64)
+    counts, k = torch.tensor([3, 1, 2]), torch.tensor(ks)
+    alone = commit_mask(conf, None, counts, k, None, None)
+    assert alone.tolist() == [[True, True, False], [True, False, False], [False, False, False]]
+    assert [r[:n] for r, n in zip(alone.tolist(), (3, 1, 2))] == _mask([r[:n] for r, n in zip(rows, (3, 1, 2))],
+                                                                      ["fixed"] * 3, ks=ks)
 
 
 @settings(max_examples=200, deadline=None)
