@@ -229,8 +229,10 @@ class LLaDABlock(nn.Module):
         n = rms_norm(x, self.ff_norm.weight, self.eps)
         if self._gate_up is None:
             return self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
+        # In place in the fused output's gate half: the MLP's peak is the [N, 2m] output alone
+        # (the two GEMMs' outputs, silu's and the product's were three [N, m] tensors at once).
         gate, up = F.linear(n, self._gate_up).chunk(2, dim=-1)
-        return self.ff_out(F.silu(gate) * up)
+        return self.ff_out(F.silu(gate, inplace=True).mul_(up))
 
     def forward(self, x, positions, rope, layer: int, attn: AttentionFn):
         q, k, v = self.qkv(x, positions, rope)
