@@ -232,7 +232,7 @@ class LLaDABlock(nn.Module):
         # In place in the fused output's gate half: the MLP's peak is the [N, 2m] output alone
         # (the two GEMMs' outputs, silu's and the product's were three [N, m] tensors at once).
         out, m = F.linear(n, self._gate_up), self.ff_proj.out_features
-        gate, up = out[:, :m], out[:, m:]        # slices, not chunk(): a split's views refuse in-place ops
+        gate, up = out[..., :m], out[..., m:]    # slices, not chunk(): a split's views refuse in-place ops
         return self.ff_out(F.silu(gate, inplace=True).mul_(up))
 
     def forward(self, x, positions, rope, layer: int, attn: AttentionFn):
