@@ -1,27 +1,8 @@
-"""Request-level static batching: the serving wrapper every baseline runs under.
-
-When idle, take up to `max_batch_size` waiting requests FCFS and run them together, in lock
-step, to completion; then take the next batch. One `step()` is one (batched) model forward of
-the current batch. A decoding policy (baselines.llada, baselines.fast_dllm, baselines.dllm_cache,
-baselines.sparse_dllm) decides what that forward computes and caches and which tokens it commits.
-
-Choices, and how they differ from upstream:
-* Sampling shape: a batch only takes *consecutive* FCFS requests with the same
-  (gen_length, block_length, steps); filling stops at the first different one, so every row
-  shares the block cursor (upstream takes one shape per call). Temperature, remasking and seed
-  may differ per row: token choice is per request (engine.unmask randomness contract).
-* Mixed prompt lengths: rows are left-padded (as upstream's tokenizer does) to the longest
-  prompt, so every row's generation region sits in the same columns. Unlike upstream, whose
-  cached attention paths ignore the padding mask and whose RoPE positions count the pads,
-  padded keys are masked out and each row's RoPE positions are its own (0..len-1), so a request
-  gets exactly the tokens it gets alone (exact in float64; in bf16 the batched kernels round
-  differently and near-ties can flip). A batch without padding attends with no mask at all,
-  exactly the upstream path.
-* Abort: a waiting request is dropped; a running one is marked aborted and never returned, but
-  keeps its row until the batch ends (a static batch cannot shrink), unless every row is aborted.
-* Counters mirror LLMEngine's. Query tokens and logits rows count what the padded forward
-  computed (pads included: that is the static batch's cost); per-request `kv_tokens` is the
-  peak number of the request's own tokens held in the policy's cache, `kv_bytes` their bytes.
+"""Request-level static batching: the serving wrapper every baseline runs under. When idle, take
+up to `max_batch_size` waiting requests FCFS and run them together, in lock step, to completion;
+one `step()` is one batched forward, whose computation, caching and commits a decoding policy
+(baselines.llada, fast_dllm, dllm_cache, sparse_dllm) decides. How it differs from upstream
+(one shape per batch, left padding masked, per-row RoPE positions): StaticBatchSystem.
 """
 from __future__ import annotations
 
@@ -134,7 +115,16 @@ class Policy:
 
 
 class StaticBatchSystem:
-    """The serving-system interface (see docs/ARCHITECTURE.md) over one decoding policy."""
+    """The serving-system interface (docs/CONTRACTS.md) over one decoding policy.
+
+    A batch takes only *consecutive* FCFS requests of one (gen_length, block_length, steps), so
+    every row shares the block cursor (upstream takes one shape per call); temperature, remasking
+    and seed may differ per row. Mixed prompt lengths are left-padded as upstream's tokenizer
+    does, but padded keys are masked and each row's RoPE positions are its own (upstream's cached
+    paths ignore the mask and count the pads), so a request gets exactly its solo tokens (float64;
+    bf16 near-ties may flip); a batch without padding attends unmasked, upstream's path. An
+    aborted running request keeps its row until the batch ends. Counters mirror LLMEngine's;
+    query tokens and logit rows include the pads (the static batch's cost)."""
 
     def __init__(self, model: LLaDAModelLM, policy: Policy, max_batch_size: int = 8, max_model_len: int | None = None):
         if max_batch_size < 1:

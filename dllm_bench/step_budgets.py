@@ -1,18 +1,13 @@
-"""The engine's step budgets on a GPU: its token budget (max_num_batched_tokens, query tokens
-per step) and logit budget (max_num_logits, logit rows per step) scaled with the device's
-memory and the model, unless given (a flag, a preset's number, a variant's knob).
+"""The engine's step budgets on a GPU: its token budget (query tokens per step) and logit budget
+(logit rows per step) scaled with the device's memory and the model, unless given.
 
-Token budget: the activations of a step grow with its query tokens, at
-`activation_bytes_per_token` (the model's MLP and residual stream in its dtype: LLaDA-8B in bf16
-106,496 B); the rule gives them ACTIVATION_SHARE of the memory left after the weights. The
-share is fitted to the paper's two settings (LLaDA-8B, bf16, budget 0.9 x free memory): an RTX
-4090 (24 GB, 6.1 GiB left) ran 4,000 tokens, an L40S (48 GB, 25.0 GiB left) 16,384; 6.5 % gives
-4,019 and 16,405. Rounded to a multiple of 256, at least the longest canvas the run serves (its
-Refresh must fit one step), at most MAX_TOKENS (beyond it a step is already thousands of rows
-of GEMM: larger steps buy no rate, only latency). Logit budget: a step asks at most one row per
-masked position of each member's block, max_num_seqs x block_length rows, so that many never
-limits a step (capped at the token budget). On a CPU there is no device memory to scale with:
-`auto` is the paper's RTX 4090 setting (FALLBACK_TOKENS, FALLBACK_LOGITS).
+Token budget: a step's activations grow with its query tokens at `activation_bytes_per_token`
+(MLP and residual stream in the model's dtype; LLaDA-8B bf16: 106,496 B) and get ACTIVATION_SHARE
+of the memory left after the weights, fitted to the paper's settings (RTX 4090: 6.1 GiB left,
+4,000 tokens; L40S: 25.0 GiB, 16,384; 6.5 % gives 4,019 and 16,405); a multiple of 256, at least
+the longest canvas, at most MAX_TOKENS (larger steps buy latency, not rate). Logit budget:
+max_num_seqs x block_length, the most rows a step can ask. On a CPU `auto` is the paper's RTX
+4090 setting (FALLBACK_TOKENS, FALLBACK_LOGITS).
 """
 from __future__ import annotations
 

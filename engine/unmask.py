@@ -1,18 +1,14 @@
 """LLaDA's unmasking rule: the linear per-block transfer schedule, Gumbel-max sampling at
 temperature T with float64 noise, low-confidence / random remasking.
 
-Randomness contract (shared by the engine, the reference sampler and the baselines): each
-request owns two generators seeded from `SamplingParams.seed`. Every step it draws Gumbel
-noise (only when T > 0) for its *candidate rows* — the still-masked positions of its current
-block, in position order — and, for random remasking, one uniform per candidate row. LLaDA
-draws noise for the whole [L, V] canvas, but only candidate rows can ever be committed, so
-this changes no distribution while keeping the work proportional to what can be committed.
-Consecutive draws from a CPU generator equal one large draw, so splitting a request's rows
-across logit chunks does not change its tokens. On CUDA the generators live on the device (the
-noise is drawn where the logits are, no host copy of [rows x V] per request and step); a
-device generator's draws depend on how they are split, so there a request's sampled tokens are
-reproducible for a fixed chunking, not across chunkings. Greedy decoding (T = 0) and the CPU
-float64 path are unaffected.
+Randomness contract (the engine, the reference sampler and the baselines): each request owns two
+generators seeded from `SamplingParams.seed`; every step it draws Gumbel noise (only at T > 0)
+for its candidate rows — the still-masked positions of its current block, in order — and, for
+random remasking, one uniform per candidate row. LLaDA draws noise for the whole [L, V] canvas,
+but only candidate rows can be committed, so no distribution changes. Consecutive CPU draws
+equal one large draw, so splitting rows across logit chunks changes no token. On CUDA the
+generators live on the device (no [rows x V] host copy), whose draws depend on their split:
+sampled tokens there are reproducible for a fixed chunking. Greedy and CPU float64 unaffected.
 """
 from __future__ import annotations
 

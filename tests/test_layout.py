@@ -243,3 +243,15 @@ def test_checker_accepts_a_dag_and_flags_engine_reaching_out(tmp_path):
     assert cycles(graph) == [] and foreign_imports(graph, "engine") == []
     _plant(tmp_path, {"engine/core.py": "def f():\n    import tool.use\n"})
     assert foreign_imports(import_graph(tmp_path, ["engine", "tool"]), "engine") == [("engine.core", "tool.use")]
+
+
+def test_module_docstrings_stay_a_few_lines():
+    """A module docstring says what and why; over 15 lines it is a doc page in the wrong place
+    (docs/ holds the references)."""
+    long = []
+    for pkg in (*PACKAGES, "benchmarks"):
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+            if doc and doc.count("\n") + 1 > 15:
+                long.append(f"{path.relative_to(REPO)} ({doc.count(chr(10)) + 1} lines)")
+    assert not long, "module docstrings over 15 lines: " + ", ".join(long)

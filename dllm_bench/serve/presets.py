@@ -1,62 +1,12 @@
-"""Serve presets: a model preset plus the workload and budget defaults of `dllm-bench serve`.
+"""Serve presets: a model preset plus the workload and budget defaults of `dllm-bench serve`,
+one row each in PRESETS (tuning the default is an edit to one row; every field has its CLI flag,
+and the preset used is printed and recorded in config.json; docs/SERVE.md "Presets").
 
-Every number the default run depends on is in the PRESETS table below (one row per preset), so
-tuning the default is an edit to one row; `dllm-bench serve` prints the preset it used and
-records it in config.json. Any field can still be overridden by its CLI flag.
-
-Rules shared by every preset (the paper's Table 3 / §6.1 shape):
-* steps = gen_length: one token committed per denoising step, so every system runs the same
-  number of steps per request (Fast-dLLM's parallel decoding off: "Execution Parity");
-* gen_length: the preset's fixed `gen_length` for every request where it has one (the paper
-  fixes 256; cpu-default 128, paper 256), else the dataset's output length rounded up to a
-  block multiple, capped at gen_cap (workloads.serving.gen_length_for);
-* retention 0.5 for both the engine and Sparse-dLLM, pool/kernel 3, Fast-dLLM dual cache,
-  dLLM-Cache prompt interval 100 and gen interval 7 (Table 3);
-* one memory budget for every system: the engine's KV pool is profiled for it, each baseline
-  runs at the largest static batch whose measured peak fits it.
-
-`cpu-default` — the scale-similar preset (docs/SCALING.md), 2-core CPU, `serve --rps 0.5` <= 10 min:
-* model `similar-1024`: LLaDA architecture with d = 1024 (head 128, f = 3d), 8 layers, vocab
-  8192, so the LM head / body FLOPs and logit-row / KV-token bytes are LLaDA-8B's within 4 %, at
-  the paper's prompt lengths the attention share is ~3.4x LLaDA-8B's, and dLLM-Cache's mean step
-  (its first layer is always recomputed) costs 0.20 of a full forward (LLaDA-8B: 0.16);
-* livebench at the paper's lengths (length_scale 1): prompts U[300,900], gen 128 (4 blocks of
-  32) for every request, steps = gen_length;
-* 2 prompts: a request costs ~1e13 FLOP summed over the four systems (~2.5 min of this CPU) and
-  each baseline's largest batch is measured first (~1-2 min each), so two keep the run in 10
-  minutes; the headline runs (`make bench-serve`) take more prompts' worth of repeats;
-* memory budget 1300 MiB: with float32 weights of 480 MiB, the memory left holds the RTX 4090's
-  dLLM-Serve concurrency (~34 paper-length requests; 29 here, counting each sparse request's block of
-  slots: `dllm-bench models similarity`) and Fast-dLLM's largest static
-  batch (5); Sparse-dLLM and dLLM-Cache fit 6 instead of 10, because an 8-layer model's
-  activations per token still weigh more against its KV than LLaDA-8B's 32 layers' do;
-* token budget 2048: two Refreshes of the longest canvas (900 + 128) per step. The paper's 4000
-  on the 4090 holds ~4 of its canvases, but without FlashAttention (CPU SDPA materialises the
-  scores) 4096 would cost a third of the KV pool; 1088 (one Refresh) serialised the Refreshes of
-  concurrent requests and ran the engine ~2x slower at 3 requests. Logit budget 256 rows.
-
-`similar-1536` — the first scale-similar preset, kept for comparison: the same head and logit
-ratios on one d = 1536 layer, 6 prompts, 400 MiB. With one layer dLLM-Cache recomputes the whole
-model at every step, so it says nothing about dLLM-Cache's cache.
-
-`serve-126k` — the logit-memory stress preset (`profile`, `make bench-mechanisms`): LLaDA's
-vocabulary (126464) on a 4-layer d=256 body, livebench at length_scale 0.125, so a
-[tokens x 126464] logit tensor dominates every step (its LM head is ~128x LLaDA-8B's share).
-Budget 1 GiB: float32 weights ~273 MB leave room for only a few full-sequence logit tensors.
-
-`paper` — the paper's Table 3 on a GPU (LLaDA-8B, bfloat16, budget free memory x 0.9): its token
-and logit budgets are "auto", scaled with the GPU's memory and the model when the run is
-resolved (dllm_bench.step_budgets: ~4,000 tokens on a 24 GB card, ~16,384 on a 48 GB one, as the
-paper ran; the logit budget max_num_seqs x block); the preset line says what was chosen and
-why. `--max-num-batched-tokens` / `--max-num-logits` (or a variant's knob) win.
-
-`trained` — a trained checkpoint (`synth-cot`, its seeds, `tiny-math`, or a `dllm-bench train`
-output) serving its own task: `--dataset task` draws the test split's questions in the accuracy
-command's prompt format (dllm_bench.serve.task_prompts), every request decodes the model's answer
-window (32 tokens for synth-cot, one block), so the confidences parallel decoding reads
-(`--decoding threshold:0.9`) are the model's real ones. Any trained checkpoint given as `--model`
-starts from it. 16 prompts at 2 req/s; 64 MiB holds the 3.7 MB float32 weights and a KV pool
-far larger than 16 requests of ~140 tokens need.
+Shared by every preset (the paper's Table 3 / §6.1): steps = gen_length (one token per step for
+every system: "Execution Parity"); gen_length fixed where the preset says, else the dataset's
+output length rounded up to blocks and capped at gen_cap; retention 0.5 for the engine and
+Sparse-dLLM; dLLM-Cache intervals 100 / 7; one memory budget for every system. Why each row's
+numbers are what they are is in the comment above it.
 """
 from __future__ import annotations
 
@@ -202,21 +152,35 @@ class ServePreset:
 NUM_PROMPTS_SIMILAR = 2
 
 PRESETS: dict[str, ServePreset] = {p.name: p for p in [
+    # similar-1024 keeps LLaDA-8B's LM-head / body FLOPs and logit-row / KV bytes within 4 %
+    # (docs/SCALING.md) at the paper's LiveBench lengths, gen 128 (4 blocks). 1300 MiB (weights
+    # 480 MiB) holds the RTX 4090's dLLM-Serve concurrency (~34 requests; 29 here) and Fast-dLLM's
+    # largest batch (5); Sparse-dLLM and dLLM-Cache fit 6, not 10 (8 layers' activations weigh
+    # more against their KV than 32 do). Token budget 2048: two Refreshes of the longest canvas
+    # per step (4096 without FlashAttention would cost a third of the pool; 1088 serialised
+    # concurrent Refreshes and ran the engine ~2x slower at 3 requests).
     ServePreset(
         "cpu-default", model="similar-1024", dataset="livebench", num_prompts=NUM_PROMPTS_SIMILAR,
         length_scale=1.0, gen_cap=128, gen_length=128, block_length=32, memory_budget="1300MiB",
         max_num_batched_tokens=2048, max_num_logits=256, threads=2,
         note="scale-similar to LLaDA-8B on an RTX 4090 (docs/SCALING.md); <= 10 min for --rps 0.5 on 2 cores"),
+    # One d = 1536 layer with the same ratios: dLLM-Cache recomputes the whole model every step.
     ServePreset(
         "similar-1536", model="similar-1536", dataset="livebench", num_prompts=6,
         length_scale=1.0, gen_cap=128, gen_length=128, block_length=32, memory_budget="400MiB",
         max_num_batched_tokens=1088, max_num_logits=256, threads=2,
         note="one-layer scale model (the first default): dLLM-Cache caches nothing here"),
+    # LLaDA's 126,464-token vocabulary on a 4-layer d = 256 body: the logit tensor dominates
+    # every step (~128x LLaDA-8B's LM-head share); 1 GiB over ~273 MB of weights holds only a
+    # few full-sequence logit tensors (`profile`, `make bench-mechanisms`).
     ServePreset(
         "serve-126k", model="serve-126k", dataset="livebench", num_prompts=16, length_scale=0.125,
         gen_cap=64, block_length=32, memory_budget="1GiB", max_num_batched_tokens=1024,
         max_num_logits=256, threads=1,
         note="logit-memory stress: LLaDA vocab on a tiny body; baselines saturated at 0.5 RPS"),
+    # A trained checkpoint serving its own test questions (serve.task_prompts), so the confidences
+    # parallel decoding reads are real; 64 MiB holds 3.7 MB of weights and far more KV than 16
+    # requests of ~140 tokens need.
     ServePreset(
         TRAINED_PRESET, model="synth-cot", dataset=TASK_DATASET, num_prompts=16, length_scale=1.0, gen_cap=32,
         gen_length=32, block_length=32, memory_budget="64MiB", max_num_batched_tokens=1024, max_num_logits=256,
@@ -227,6 +191,8 @@ PRESETS: dict[str, ServePreset] = {p.name: p for p in [
         "tiny", model="tiny", dataset="livebench", num_prompts=8, length_scale=0.05, gen_cap=16,
         block_length=8, memory_budget="8MiB", max_num_batched_tokens=256, max_num_logits=64,
         threads=1, note="tests and smoke runs: seconds per system"),
+    # Table 3 on a GPU: token and logit budgets "auto", scaled with the GPU's memory and the model
+    # when the run is resolved (dllm_bench.step_budgets); a flag or a variant's knob wins.
     ServePreset(
         "paper", model="llada-8b", dataset="livebench", num_prompts=200, length_scale=1.0, gen_cap=256, gen_length=256,
         block_length=32, memory_budget=None, max_num_batched_tokens=AUTO, max_num_logits=AUTO,

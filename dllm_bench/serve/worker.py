@@ -1,31 +1,11 @@
 """One (system, workload) serving point in its own process: `python -m dllm_bench.serve.worker
-<spec.json> <out.json>`.
-
-`dllm-bench serve` starts one fresh worker per point, one after another, so warm caches, the
-allocator's high-water mark and imported state never leak from one system into the next. The
-spec file (written by dllm_bench.serve.process.worker_spec) carries everything: the system variant,
-the checkpoint, dtype/device, the memory budget, the torch thread count, the workload (prompt
-ids, gen_length and arrival offset of every request: the same list for every system) and the
-sampling rule. The worker
-
-1. pins torch to `threads` threads (same count for every system),
-2. builds the system (dllm_bench.systems.build.build_system: engine KV-pool profile or a baseline's
-   static batch, both cached on disk),
-3. warms it up with `num_warmups` short requests (not measured),
-4. replays the workload open-loop in wall-clock time (dllm_bench.serve.loadgen.run_open_loop),
-   streaming one row per forward to the spec's `trace_steps` file when it names one
-   (dllm_bench.serve.trace),
-5. writes {result, info} to <out.json> atomically.
-
-stdout carries JSON lines only, one event each, for the parent's progress display:
-  {"event": "status", "message": ...}            setup phases
-  {"event": "built", "info": {...}}              what was built (scenario, batch, KV pool)
-  {"event": "progress", "arrived", "finished", "total", "tps", "elapsed"}
-  {"event": "done"} | {"event": "error", "kind": "user"|"internal", "message": ...}
-Everything else (warnings, tracebacks) goes to stderr, which the parent keeps in a log file.
-Exit codes: 0 done (also after SIGINT during the run: a partial, `interrupted` result is
-written), 2 bad input (e.g. the budget cannot hold the weights), 130 interrupted before the run,
-1 anything else.
+<spec.json> <out.json>`, so warm caches, allocator high-water marks and imported state never
+leak from one system into the next. The spec (serve.process.worker_spec) carries the variant,
+checkpoint, device, budget, threads, workload and sampling rule; the worker pins its threads,
+builds the system, warms it up (unmeasured), replays the workload open-loop (serve.loadgen),
+optionally tracing each forward (serve.trace), and writes {result, info} atomically. Its stdout
+is JSON event lines for the parent (see `emit`); exit 0 done (also a partial, interrupted
+result), 2 bad input, 130 interrupted before the run, 1 anything else.
 """
 from __future__ import annotations
 
@@ -59,6 +39,9 @@ from engine.sampling import SamplingParams  # noqa: E402
 
 
 def emit(event: str, **fields: Any) -> None:
+    # Events: status {message} (setup phases), built {info} (scenario, batch, KV pool), progress
+    # {arrived, finished, total, tps, elapsed}, done, error {kind: user|internal, message}.
+    # Everything else (warnings, tracebacks) goes to stderr, which the parent keeps in a log.
     try:
         _EVENTS.write(json.dumps({"event": event, **fields}, default=str) + "\n")
         _EVENTS.flush()

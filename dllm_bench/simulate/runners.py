@@ -1,20 +1,16 @@
 """The cost model in place of the forward, behind the real systems' own seams.
 
 * `CostRunner` is an `engine.step.Runner`: `LLMEngine(config, runner=CostRunner(...))` keeps the
-  engine's Scheduler, KV pool accounting and logit budget, and each step is charged the cost of
-  the work `work.engine_forward` reads off the scheduled batch (with `graphs`, a Reuse-only step
-  padded to its CUDA-graph bucket, the first of each graph a capture). With `inner` (a real
-  ModelRunner) it also runs the model: the test that proves the simulator's schedule is the
-  engine's own.
-* `CostPolicy` is a `baselines.static_batch.Policy`: `StaticBatchSystem` keeps its FCFS static
-  batching, padding and counters; each forward is charged `work.baseline_forward`'s cost.
+  engine's scheduler, KV accounting and logit budget; each step is charged the cost of the work
+  `work.engine_forward` reads off the batch (with `graphs`, Reuse-only steps padded to their
+  bucket, a graph's first step a capture). With `inner` (a real ModelRunner) it also runs the
+  model: the test that the simulated schedule is the engine's own.
+* `CostPolicy` is a `baselines.static_batch.Policy`: the real static batching, each forward
+  charged `work.baseline_forward`'s cost.
 
-Neither commits tokens (the engine's `decisions=None` path): every schedule here is independent
-of token values when steps are fixed and one token is committed per step. Under parallel
-decoding a block's length depends on the confidences, so each request carries its planned
-forwards per block (Request.planned_steps, dllm_bench.simulate.steps_per_block): the engine's
-requests end their blocks by it, and a Fast-dLLM static batch (threshold / factor) ends a block
-when its slowest row's plan does (its finished rows ride along, as in Fast-dLLM).
+Neither commits tokens: fixed-step schedules do not depend on token values. Under parallel
+decoding each request carries its planned forwards per block (Request.planned_steps); a
+Fast-dLLM batch ends a block when its slowest row's plan does, as upstream.
 """
 from __future__ import annotations
 

@@ -1,18 +1,15 @@
 """What each system computes in one forward, as a cost_model.Forward — read from the request
 state the real scheduler or static batch hands over, never from token values.
 
-* `engine_forward`: one packed engine step (engine.runner.ModelRunner's work): per request, a
-  Refresh queries its whole canvas, a Reuse its block against the cache (dual: every position,
-  sparse: the kept ones; each request in its own mode, so `cache=auto` steps mix both); logits
-  only for the block's still-masked rows, in chunks of the logit budget (monolithic: every query
-  row). With CUDA graphs a Reuse-only step runs padded to its batch bucket (engine.graphs: dummy
-  members of one block each), which `graph_key` names.
-* `baseline_forward`: one static-batch forward of a baseline policy (baselines/*.py), padded to
-  the batch's canvas, with the StepResult the real policy reports for it.
+* `engine_forward`: one packed engine step: a Refresh queries its whole canvas, a Reuse its
+  block against the cache (dual: every position, sparse: the kept ones, each request in its own
+  mode under `cache=auto`); logits only for the block's still-masked rows, in chunks of the logit
+  budget. With CUDA graphs a Reuse-only step runs padded to its bucket (`graph_key`).
+* `baseline_forward`: one static-batch forward of a baseline policy, padded to the batch's
+  canvas, with the StepResult the real policy reports for it.
 
 Candidate rows follow the linear transfer schedule (engine.unmask.transfer_schedule): a block's
-k-th step still has block_length − Σ schedule[:k] masked positions, because decoders never
-propose the mask id (engine.unmask.proposal_argmax).
+k-th step has block_length − Σ schedule[:k] masked positions (decoders never propose the mask).
 """
 from __future__ import annotations
 

@@ -1,32 +1,12 @@
-"""Serving systems for `dllm-bench serve`: parse system specs, validate knobs, resolve them
-against the run-wide defaults. Building a live system from a variant is dllm_bench.systems.build.
+"""Serving systems for `dllm-bench serve`: parse `--systems` specs, validate knobs, resolve them
+against the run-wide defaults (building a live system is dllm_bench.systems.build).
 
-Spec grammar (`--systems`)::
-
-    specs   := spec ("," spec)*
-    spec    := NAME [":" knob ("," knob)*]
-    knob    := KEY "=" VALUE
-
-The outer list and a spec's knob list share the comma, so a comma-separated token that holds
-an "=" continues the knobs of the spec before it, and a token without "=" starts a new spec:
-`engine:cache=dual,retention=0.3,fast-dllm,fast-dllm:batch=1` is three specs:
-`engine:cache=dual,retention=0.3` (two knobs), `fast-dllm` and `fast-dllm:batch=1`. KEYs may be
-written with dashes (`max-num-logits`); `none` (any case) is None where a knob allows it.
-
-Systems and their knobs:
-* `engine` — the dLLM-Serve engine; knobs are EngineConfig fields (ENGINE_KNOBS), defaulting to
-  ENGINE_DEFAULTS where the serving system's default differs from the library's: `cache=auto`
-  (each request dual while the KV pool holds it, sparse when memory binds and steps are weight-bound; the paper's system
-  is `engine:cache=sparse`). It serves with `sampling=False` (serving workloads are greedy) and
-  a KV pool sized by the offline profiler for the memory budget; the profile is cached on disk
-  (dllm_bench.systems.build.profile_cache_dir).
-* every name in `baselines.SYSTEMS` (llada, fast-dllm, dllm-cache, sparse-dllm) — static-batch
-  baselines; knobs are that system's knobs plus `batch`. Without `batch` the static batch is the
-  largest that fits the memory budget, measured (`baselines.profile_max_batch`, as the paper's
-  §6.1 "Hardware Saturation"); `batch=N` fixes it, and `batch=upstream` is the batch the
-  system's upstream code runs (UPSTREAM_BATCH). Each built system records which scenario it is
-  (max-fit, upstream or fixed); `--baseline-batch` (apply_baseline_batch) picks the scenario
-  of every baseline given without a batch.
+A spec is `NAME[:KEY=VALUE[,KEY=VALUE...]]`; the outer list shares the comma, so a token with
+"=" continues the previous spec's knobs (docs/SERVE.md, "Systems and variants"). `engine`'s
+knobs are EngineConfig fields, defaulting to ENGINE_DEFAULTS (`cache=auto`; the paper's system is
+PAPER_ENGINE); each baseline of `baselines.SYSTEMS` has its registry knobs plus `batch`
+(none: the largest static batch that fits, measured; `upstream`: its upstream code's batch).
+A flag's single value enters through make_variant, never spliced into a spec.
 """
 from __future__ import annotations
 

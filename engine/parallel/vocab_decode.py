@@ -1,18 +1,14 @@
-"""Vocabulary-parallel decoding of the logit budget's chunks: each rank holds the logit columns
-of its vocabulary rows, proposes its best candidate per row, and one all-gather per chunk of a
-few numbers per row combines them. No rank ever holds a full logit row.
+"""Vocabulary-parallel decoding of the logit budget's chunks: each rank holds its vocabulary
+columns, proposes its best candidate per row, and one all-gather per chunk of a few numbers per
+row combines them; no rank holds a full logit row.
 
-Per row, rank r sends: its candidate's key (the logit — or, at T > 0, the Gumbel score — its
-argmax maximizes, the mask id excluded on the rank that owns it), the candidate's global id,
-its clean logit l_x, and the log-sum-exp parts of its columns: m_r = max l and
-s_r = Σ exp(l − m_r) (with entropy, also u_r = Σ exp(l − m_r)·(l − m_r)). The proposal is the
-candidate of the largest key, ties to the lower rank (= the lower id, as argmax breaks them);
-its confidence is the full-vocabulary softmax 1 / Σ_r s_r·exp(m_r − l_x0), the same sum a
-single device computes (`engine.unmask.confidence_at`), split by ranks.
-
-At T > 0 every rank draws a whole row's noise from the request's generator and keeps its own
-columns: a CPU generator cannot skip ahead, and a shared stream is what keeps the proposal equal
-to one device's (the draws are the TP = 1 draws, bit for bit).
+Per row, rank r sends its candidate's key (the logit, or at T > 0 the Gumbel score, its argmax
+maximizes; the mask id excluded where owned), global id and clean logit l_x, and its log-sum-exp
+parts m_r = max l, s_r = Σ exp(l − m_r) (with entropy also Σ exp(l − m_r)·(l − m_r)). The
+proposal is the largest key (ties to the lower rank = lower id, as argmax); its confidence
+1 / Σ_r s_r·exp(m_r − l_x0) is the single-device sum (`engine.unmask.confidence_at`) split by
+ranks. At T > 0 every rank draws a whole row's noise from the request's generator and keeps its
+columns, so the draws are TP = 1's bit for bit.
 """
 from __future__ import annotations
 
