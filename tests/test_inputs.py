@@ -255,7 +255,7 @@ def test_accuracy_data_that_is_missing_or_not_a_dataset(cli, tmp_path):
 @pytest.mark.parametrize("args, msg", [
     (["generate", "--prompt-ids", "1", "--device", "foo"], "--device must be auto, cpu or cuda"),
     (["accuracy", "--limit", "2", "--device", "foo"], "--device must be auto, cpu or cuda"),
-    (["profile", "--model", "tiny", "--threads", "-1"], "--threads must be positive"),
+    (["profile", "--model", "tiny", "--threads", "-1"], "--threads must be >= 1"),
     (["generate", "--prompt-ids", "1", "--temperature", "nan"], "'nan' is not a number"),
     (["serve", "--preset", "tiny", "--max-prompt-len", str(10**23)], "out of range"),
     (["generate", "--gen-length", "abc"], "'abc' is not a valid integer"),

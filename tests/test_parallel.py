@@ -172,7 +172,7 @@ def test_a_killed_worker_ends_the_run_with_one_error(cluster, ckpt):
 
 
 def test_the_single_device_engine_refuses_a_tensor_parallel_config(ckpt):
-    with pytest.raises(ValueError, match="build engine.parallel.ParallelEngine"):
+    with pytest.raises(ValueError, match="build it with engine.open"):
         LLMEngine(_config(ckpt, tensor_parallel_size=2))
 
 
