@@ -285,9 +285,9 @@ def test_serve_ctrl_c_keeps_finished_points(tmp_path):
     (("--rps", "0"), "--rps must be > 0"),
     (("--dataset", "burstgpt", "--dataset-path", "/nonexistent/trace.csv"), "no such file"),
 ])
-def test_bad_input_exit_2_one_line_no_run_dir(tmp_path, args, msg):
-    r = _cli("--model", "tiny", "--systems", "engine", "--num-prompts", "2", "--result-dir", str(tmp_path), *args,
-             timeout=120)
+def test_bad_input_exit_2_one_line_no_run_dir(tmp_path, args, msg, cli_in_process):
+    r = cli_in_process("serve", "--model", "tiny", "--systems", "engine", "--num-prompts", "2",
+                       "--result-dir", str(tmp_path), *args)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]

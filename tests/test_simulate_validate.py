@@ -218,13 +218,13 @@ def test_simulate_validate_writes_and_prints_the_table(tmp_path):
     ("simulated", "simulated", "is a simulated run"),
     (None, ",", "at least one measured run"),
 ])
-def test_bad_validate_runs_are_one_line_exit_2_and_nothing_written(tmp_path, make, arg, msg):
+def test_bad_validate_runs_are_one_line_exit_2_and_nothing_written(tmp_path, make, arg, msg, cli_in_process):
     if make == "empty":
         results.create_run("serve", {}, run_id="empty", root=tmp_path)
     elif make == "simulated":
         _run(tmp_path, "simulated", {("engine", 4.0): (1.0, 1.0, 1.0)}, simulated=True)
     before = sorted(tmp_path.rglob("*"))
-    r = _cli(*SIM, "--result-dir", str(tmp_path), "--validate", arg)
+    r = cli_in_process(*SIM, "--result-dir", str(tmp_path), "--validate", arg)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and msg in lines[0] and "Traceback" not in r.stderr, r.stderr
     assert sorted(tmp_path.rglob("*")) == before
