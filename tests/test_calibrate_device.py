@@ -88,18 +88,16 @@ def test_a_calibrated_profile_simulates_the_code_it_timed(tmp_path):
     assert hardware.load("l40s").impl == ""
 
 
-def test_calibrate_on_a_device_this_machine_lacks_is_one_line_exit_2(tmp_path, monkeypatch):
+def test_calibrate_on_a_device_this_machine_lacks_is_one_line_exit_2(tmp_path, cli_in_process):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     out = tmp_path / "hw.json"
     for dev in ("cuda", "npu"):
-        r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "calibrate", "--preset", "tiny", "--device", dev,
-                            "--out", str(out)], capture_output=True, text=True, timeout=120)
+        r = cli_in_process("calibrate", "--preset", "tiny", "--device", dev, "--out", str(out))
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and "--device" in lines[0]
     # the paper preset profiles a GPU: here that is the same clear line, not a CPU profile
-    r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "calibrate", "--preset", "paper", "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = cli_in_process("calibrate", "--preset", "paper", "--out", str(out))
     assert r.returncode == 2 and "CUDA is not available" in r.stderr
     assert not out.exists()
 

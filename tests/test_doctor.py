@@ -107,10 +107,9 @@ def test_a_check_that_raises_is_a_failed_row_and_the_rest_still_run(env, monkeyp
     assert by["generate"]["status"] == OK and not doc["ok"]
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, cli_in_process):
     for args in (["--model", str(tmp_path / "nope")], ["--device", "tpu"]):
-        r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "doctor", *args], capture_output=True,
-                           text=True, timeout=120)
+        r = cli_in_process("doctor", *args)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.stderr
 

@@ -4,9 +4,6 @@ other cell's error is measured against the published number, and inputs the pape
 can be declared."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 
@@ -54,9 +51,8 @@ def test_figures_divide_by_the_declared_sparse_dllm_batch():
                                   ("--paper", "table4", "--paper-batch", "engine=2"),
                                   ("--paper-batch", "fast-dllm=2"),
                                   ("--paper", "holdout", "--paper-batch", "fast-dllm=2")])
-def test_bad_declared_inputs_are_one_line_exit_2(args):
-    r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "simulate", *args], capture_output=True, text=True,
-                       timeout=120)
+def test_bad_declared_inputs_are_one_line_exit_2(args, cli_in_process):
+    r = cli_in_process("simulate", *args)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:")
     with pytest.raises(UserError):
