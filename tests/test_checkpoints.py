@@ -290,12 +290,12 @@ def test_models_cli_in_process(cache, tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("dllm_bench.commands.generate") is None,
                     reason="dllm_bench.cli needs every command module (generate not written yet)")
-def test_models_cli_exit_codes(cache, tmp_path):
+def test_models_cli_exit_codes(cache, tmp_path, cli_in_process):
     env = {**os.environ, "PYTHONPATH": str(REPO), "DLLM_BENCH_CACHE": str(cache.parent)}
     run = [sys.executable, "-m", "dllm_bench.cli", "models", "make"]
     ok = subprocess.run([*run, "tiny", "--out", str(tmp_path / "o")], env=env, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
-    bad = subprocess.run([*run, "nope"], env=env, capture_output=True, text=True)
+    bad = cli_in_process("models", "make", "nope")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().count("\n") == 0 and "unknown model preset" in bad.stderr
 
