@@ -10,6 +10,15 @@ from dllm_bench.systems.options import parallel_only
 MiB = 2**20
 
 
+def _table(title: str, columns) -> Table:
+    """A table of one row label column and one right-aligned column per plan or profile."""
+    t = Table(title=title)
+    t.add_column("")
+    for k in columns:
+        t.add_column(k, justify="right")
+    return t
+
+
 def print_doc(doc: dict) -> None:
     (print_plan if doc["kind"] == "plan" else print_profiles)(doc)
 
@@ -17,13 +26,10 @@ def print_doc(doc: dict) -> None:
 def print_plan(doc: dict) -> None:
     plans, base, n = doc["plans"], doc["base"], doc["tensor_parallel_size"]
     shape = doc["shape"]
-    t = Table(title=f"memory plan · {doc['model']} ({doc['n_params'] / 1e9:.2f}B params, {base.dtype}) · device "
+    t = _table(title=f"memory plan · {doc['model']} ({doc['n_params'] / 1e9:.2f}B params, {base.dtype}) · device "
                     f"{doc['device_memory_bytes'] / 2**30:.0f} GiB × {base.gpu_memory_utilization:g} = budget "
                     f"{base.memory_budget / MiB:,.0f} MiB · {base.max_num_batched_tokens} query tokens/step"
-                    + parallel_only(n, f" · per GPU of {n} (tensor parallel)"))
-    t.add_column("")
-    for k in plans:
-        t.add_column(k, justify="right")
+                    + parallel_only(n, f" · per GPU of {n} (tensor parallel)"), columns=plans)
     rows = [("weights (MiB)", "weights_bytes", MiB), ("context + allocator slack (MiB)", "context_bytes", MiB),
             (f"activations at {base.max_num_batched_tokens} tokens (MiB)", "activation_bytes", MiB),
             ("logit rows", "logit_rows", 1), ("logit rows × vocab × 8 B (MiB)", "logit_bytes", MiB),
@@ -41,12 +47,10 @@ def print_plan(doc: dict) -> None:
 
 def print_profiles(doc: dict) -> None:
     profiles, base, n, shape = doc["profiles"], doc["base"], doc["tensor_parallel_size"], doc["shape"]
-    t = Table(title=f"KV pool sizing · {doc['model']} · budget {base.memory_budget / MiB:.0f} MiB · "
+    t = _table(title=f"KV pool sizing · {doc['model']} · budget {base.memory_budget / MiB:.0f} MiB · "
                     f"{base.max_num_batched_tokens} query tokens/step"
-                    + parallel_only(n, f" · per rank of {n} (rank 0 measured; KV pool: the smallest rank's)"))
-    t.add_column("")
-    for k in profiles:
-        t.add_column(k, justify="right")
+                    + parallel_only(n, f" · per rank of {n} (rank 0 measured; KV pool: the smallest rank's)"),
+               columns=profiles)
     rows = [("weights (MiB)", "weights_bytes", MiB), ("activation peak (MiB)", "activation_peak_bytes", MiB),
             ("  refresh step (MiB)", "refresh_peak_bytes", MiB), ("  reuse step (MiB)", "reuse_peak_bytes", MiB),
             ("  chunked Refresh at max-model-len (MiB)", "long_refresh_peak_bytes", MiB),
