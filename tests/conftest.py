@@ -14,26 +14,14 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
 
 @pytest.fixture
 def cli_in_process(monkeypatch, capsys):
-    """cli_in_process(*args) -> CompletedProcess of `dllm-bench ARGS` through the real entry point
-    in this process: its exit code, stdout and stderr, without a subprocess's seconds of imports
-    (for bad-input cases; end-to-end runs keep their subprocess)."""
-    from dllm_bench import cli as entry
+    """cli_in_process(*args) -> CompletedProcess of `dllm-bench ARGS` in this process
+    (tests.helpers.run_cli): for bad-input cases; end-to-end runs keep their subprocess."""
+    from tests.helpers import run_cli
 
-    def run(*args: str) -> subprocess.CompletedProcess:
-        monkeypatch.setattr(sys, "argv", ["dllm-bench", *args])
-        code = 0
-        try:
-            entry.main()
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out.out, out.err)
-    return run
+    return lambda *args: run_cli(monkeypatch, capsys, *args)

@@ -55,3 +55,21 @@ def plain_attention(q, k, v):
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def run_cli(monkeypatch, capsys, *args: str):
+    """`dllm-bench ARGS` through the real entry point in this process -> CompletedProcess (exit
+    code, stdout, stderr), without a subprocess's seconds of imports."""
+    import subprocess
+    import sys
+
+    from dllm_bench import cli as entry
+
+    monkeypatch.setattr(sys, "argv", ["dllm-bench", *args])
+    code = 0
+    try:
+        entry.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out.out, out.err)

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
@@ -24,20 +23,12 @@ ARGS = dict(model="tiny", memory_budget="1100KiB", systems="engine:cache=dual,ma
 
 
 @pytest.fixture
-def cli(monkeypatch, capsys):
-    """cli(code, *args) -> (stdout, stderr) of `dllm-bench ARGS`, which must exit with `code`."""
-    from dllm_bench import cli as entry
-
+def cli(cli_in_process):
+    """cli(code, *args) -> (stdout, stderr) of `dllm-bench ARGS` in this process, which must exit `code`."""
     def run(code: int, *args: str) -> tuple[str, str]:
-        monkeypatch.setattr(sys, "argv", ["dllm-bench", *args])
-        try:
-            entry.main()
-            got = 0
-        except SystemExit as e:
-            got = e.code or 0
-        out, err = capsys.readouterr()
-        assert got == code, err
-        return out, err
+        r = cli_in_process(*args)
+        assert r.returncode == code, r.stderr
+        return r.stdout, r.stderr
     return run
 
 

@@ -5,7 +5,6 @@ CUDA graph), FLOPs match a hand count on the tiny model, each phase mix is the o
 from __future__ import annotations
 
 import json
-import sys
 import time
 from types import SimpleNamespace
 
@@ -151,20 +150,12 @@ def test_each_phase_mix_is_the_one_asked_for(fixed_peaks, system, phase, batch, 
 
 
 @pytest.fixture
-def cli(monkeypatch, capsys):
-    """cli(code, *args) -> (stdout, stderr) of `dllm-bench ARGS` run in this process."""
-    from dllm_bench import cli as entry
-
+def cli(cli_in_process):
+    """cli(code, *args) -> (stdout, stderr) of `dllm-bench ARGS` in this process, which must exit `code`."""
     def run(code: int, *args: str) -> tuple[str, str]:
-        monkeypatch.setattr(sys, "argv", ["dllm-bench", *args])
-        try:
-            entry.main()
-            got = 0
-        except SystemExit as e:
-            got = e.code
-        out, err = capsys.readouterr()
-        assert got == code, err
-        return out, err
+        r = cli_in_process(*args)
+        assert r.returncode == code, r.stderr
+        return r.stdout, r.stderr
     return run
 
 

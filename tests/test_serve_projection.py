@@ -4,12 +4,12 @@ simulated, naming its hardware profile, with the `simulate` command that reprodu
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
 from dllm_bench.serve.summary import MIN_REQUESTS_FOR_RATIOS, comparison_table, comparisons
 from dllm_bench.simulate import projection
+from tests.helpers import run_cli
 
 
 def _point(system: str, completed: int, tput: float, e2el: float, baseline: bool) -> dict:
@@ -53,17 +53,9 @@ def test_enough_requests_on_both_sides_give_ratios_and_a_too_small_reference_giv
     assert all(r["output_throughput_x"] is None and r["too_few_requests"] for r in comp["rows"])
 
 
-def _cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    from dllm_bench import cli
-
-    monkeypatch.setattr(sys, "argv", ["dllm-bench", *args])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
+def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    r = run_cli(monkeypatch, capsys, *args)
+    return r.returncode, r.stdout, r.stderr
 
 
 def test_a_cpu_serve_run_ends_with_a_simulated_gpu_projection_that_its_command_reproduces(

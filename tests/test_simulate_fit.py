@@ -6,7 +6,6 @@ simulated GPU figure says how far its profile is off a real run."""
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from dllm_bench.simulate import hardware
 from dllm_bench.simulate.cost_model import Efficiency, HostCost
 from dllm_bench.simulate.fit import measured, replay, solve, terms
 from dllm_bench.simulate.fit import run as fit_run
+from tests.helpers import run_cli
 from workloads.serving import ServingRequest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,17 +172,8 @@ def test_the_committed_h100_run_is_fitted_within_the_goals(tmp_path):
 
 
 def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """The CLI in this process (an interpreter's start costs more than these commands)."""
-    from dllm_bench import cli
-
-    monkeypatch.setattr(sys, "argv", ["dllm-bench", *args])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    r = run_cli(monkeypatch, capsys, *args)
+    return r.returncode, r.stdout, r.stderr
 
 
 def test_simulate_validate_on_the_committed_h100_run_meets_the_goal_and_says_so(tmp_path, monkeypatch, capsys):
