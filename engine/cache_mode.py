@@ -6,18 +6,17 @@ rows, a sparse one (head-centric sparse KV: a Refresh, then a Refresh-select at 
 full-canvas Refresh per block. Twice the requests pay only while a step is bound by reading the
 weights (and cached keys), i.e. while its query rows are below the device's ridge
 (`EngineConfig.ridge_rows`: peak FLOP/s / bandwidth x bytes per weight / 2); past it a step's
-time grows with its rows. `best_mix` weighs that on a roofline: the mix of dual and sparse
-requests of the head's shape that the pool holds (at most as many as run and wait, and
-`max_num_seqs`) committing the most tokens per unit of step time. `admission_mode` follows the
-mix: pure dual (the head waits until its dual need fits), pure sparse, or dual up to the mix's
-dual count and sparse beyond. A request keeps its mode for its life.
+time grows with its rows. `preferred_mode` weighs that on a roofline (`step_time`): which mode,
+filling the pool with requests of the head's shape (at most as many as run and wait), commits
+more tokens per unit of step time; `admission_mode` admits the head in it once its need fits.
+A request keeps its mode for its life.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np  # noqa: F401  (step_time broadcasts numpy arrays)
+import numpy as np
 
 AUTO = "auto"
 # Per-member codes of a step's `StepMeta.cache` column (a mixed step holds several modes).
