@@ -6,7 +6,8 @@ TORCH_VERSION := 2.13.0
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench-server \
-	bench-simulate bench-validate bench bench-gpu clean train-seeds train-synth-cot accuracy-fig6
+	bench-simulate bench-validate bench bench-gpu clean train-seeds train-synth-cot accuracy-fig6 \
+	docs docs-results docs-simulated docs-measured
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -118,6 +119,36 @@ accuracy-fig6:
 		--score-query mean,max --no-r1 --threads 1 --run-id fig6-synth-cot-dev
 	$(BIN)/dllm-bench accuracy --model $(ACC_MODELS_COT) --split test --limit 200 --retention $(ACC_R) \
 		--score-query mean,max --no-r1 --threads 1 --dev-run fig6-synth-cot-dev --run-id fig6-synth-cot-test
+
+# The docs' current-results tables (docs/REPORT.md): `make docs` renders each from the committed
+# files it names; `make docs-results` first remakes those files, each a fresh run whose table's
+# files `report --keep` copies into results/current/: the simulated ones (seconds, any machine),
+# then the measured ones (timings: run them on an idle machine, ~7 h on 2 AVX2-only cores).
+DLLM := $(BIN)/dllm-bench
+keep = rm -rf results/runs/$(1) && $(DLLM) $(2) --result-dir results/runs --run-id $(1) && \
+	$(DLLM) report --keep results/runs/$(1)
+PARALLEL_SIM := simulate --hardware rtx4090 --preset paper --max-num-batched-tokens 4000 --max-num-logits 2048 \
+	--systems engine:cache=sparse,engine:cache=sparse,tensor_parallel_size=2 \
+	--dataset livebench,osc,burstgpt --rps 1.0 --max-num-seqs 512
+
+docs:
+	$(DLLM) report --docs docs
+
+docs-simulated:
+	$(call keep,parallel-rtx4090,$(PARALLEL_SIM))
+
+docs-measured:
+	$(call keep,ablate,ablate --repeats 3)
+	$(call keep,sweep-input-len,sweep --vary input-len --gen-length 128 --num-prompts 4 --repeats 3)
+	$(call keep,sweep-output-len,sweep --vary output-len --num-prompts 2 --repeats 3)
+	$(call keep,frontier-synth-cot,frontier --model synth-cot)
+	rm -rf results/runs/fig6-synth-dev results/runs/fig6-synth-test results/runs/fig6-synth-cot-dev \
+		results/runs/fig6-synth-cot-test
+	$(MAKE) accuracy-fig6
+	$(DLLM) report --keep results/runs/fig6-synth-cot-test
+
+docs-results: docs-simulated docs-measured
+	$(MAKE) docs
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,6 +1,8 @@
 """`dllm-bench report`: one Markdown report (tables, figures, the paper's numbers and a computed
 mark and verdict per claim) from the latest serve, accuracy, ablate and sweep runs, and the latest
-simulated run per hardware profile in sections of their own (dllm_bench.report.document)."""
+simulated run per hardware profile in sections of their own (dllm_bench.report.document); with
+`--docs` the docs' current-results tables from the committed files they name, `--keep` those
+files of a run (dllm_bench.report.current)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +14,7 @@ import typer
 from dllm_bench import inputs, results
 from dllm_bench.errors import UserError
 from dllm_bench.report import claims as paper_claims
+from dllm_bench.report import current
 from dllm_bench.report import document as report
 
 
@@ -21,8 +24,17 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("report.md"), "--out", "-o", help="Markdown file to write (figures go to <stem>_files/ next to it)"),
         result_dir: Path | None = typer.Option(None, "--result-dir", help="runs root (default results/runs, or $DLLM_BENCH_RESULTS_DIR)"),
         as_json: bool = typer.Option(False, "--json", help="print the runs used, missing kinds and the claims' marks and verdicts as JSON"),
+        docs: Path | None = typer.Option(None, "--docs", help="instead: rewrite the current-results blocks of DIR/*.md (or one .md) from the files they name"),
+        check: bool = typer.Option(False, "--check", help="with --docs: write nothing; exit 1 when a block differs from its files"),
+        keep: Path | None = typer.Option(None, "--keep", help=f"instead: copy what the docs' tables read of run directory RUN into {current.CURRENT}/<its name>"),
     ) -> None:
-        """Markdown report from the latest serve / accuracy / ablate / sweep runs, next to the paper's figures."""
+        """Markdown report from the latest serve / accuracy / ablate / sweep runs, next to the paper's figures;
+        --docs: the docs' current-results tables from the committed files they name."""
+        if docs is not None or keep is not None or check:
+            code = _docs(docs, check, keep, as_json)
+            if code:
+                sys.exit(code)  # not typer.Exit: with standalone_mode=False click returns its code unused
+            return
         if out.suffix.lower() != ".md":
             raise UserError(f"--out must be a .md file, got {out}")
         inputs.out_file(out, "--out")
@@ -44,3 +56,29 @@ def register(app: typer.Typer) -> None:
         print(msg, file=sys.stderr)
         if as_json:
             sys.stdout.write(json.dumps(doc) + "\n")
+
+
+def _docs(docs: Path | None, check: bool, keep: Path | None, as_json: bool) -> int:
+    """`--keep` then `--docs`: exit 1 when `--check` finds a block that differs from its files."""
+    if as_json:
+        raise UserError("--json is the report's; --docs and --keep print one line each")
+    if check and docs is None:
+        raise UserError("--check needs --docs DIR")
+    if keep is not None:
+        try:
+            print(f"kept: {current.keep(keep)}", file=sys.stderr)
+        except OSError as e:
+            raise UserError(f"--keep {keep}: cannot copy ({e.strerror or e})") from None
+    if docs is None:
+        return 0
+    try:
+        r = current.refresh(docs, write=not check)
+    except OSError as e:
+        raise UserError(f"--docs {docs}: cannot rewrite ({e.strerror or e})") from None
+    if check and r["stale"]:
+        print(f"stale: {', '.join(r['stale'])} (`dllm-bench report --docs {docs}` renders them)", file=sys.stderr)
+        return 1
+    verb = "match their files" if check else f"rendered ({len(r['stale'])} docs rewritten)"
+    print(f"docs: {r['blocks']} current-results blocks in {len(r['docs'])} docs {verb}"
+          + (f"; pending, their files not made yet: {', '.join(r['pending'])}" if r["pending"] else ""), file=sys.stderr)
+    return 0

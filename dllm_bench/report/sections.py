@@ -2,7 +2,8 @@
 dllm_bench.report.serving, simulate: dllm_bench.report.simulated): each
 renders its run's tables, copies its PNGs next to the report, and checks the paper's claims it
 covers (numbers and verdict rule: dllm_bench.report.claims). The document around them:
-dllm_bench.report.document.
+dllm_bench.report.document. Each table is a function of its own: the docs' current-results
+blocks render the same ones (dllm_bench.report.current).
 """
 from __future__ import annotations
 
@@ -48,28 +49,69 @@ def _figures(run_dir: Path, pattern: str, files_dir: Path, prefix: str, rel_base
     return out
 
 
+# ---------------------------------------------------------------- tables (also the docs' current results)
+def accuracy_line(summ: dict) -> str:
+    """What an accuracy run measured, in one line: task, split, models, metric."""
+    several = bool(summ.get("seeds"))
+    models = summ.get("models") or [summ.get("model", "?")]
+    return (f"task {summ.get('task') or '?'} ({summ.get('split') or 'test'} split), model{'s' if several else ''} "
+            f"{', '.join(models)}, metric {summ.get('metric', '?')}"
+            + (f"; accuracy = mean over the {len(models)} models, CI = Wilson on the pooled counts" if several else ""))
+
+
+def accuracy_table(summ: dict) -> str:
+    """An accuracy run's points (the mean over its models when it has several)."""
+    pts = summ.get("seeds") or summ.get("points") or []
+    cols = [c for c in ("point", "system", "selection", "score_query", "retention", "n", "accuracy", "ci_low", "ci_high",
+                        "seed_sd", "seed_min", "seed_max", "flexible-extract_accuracy", "relative_to_dense")
+            if any(c in p for p in pts)]
+    df = pd.DataFrame([{c: p.get(c) for c in cols} for p in pts])
+    return md_table(df, {c: "{:.3f}" for c in ("accuracy", "ci_low", "ci_high", "seed_sd", "seed_min", "seed_max",
+                                                "flexible-extract_accuracy", "relative_to_dense")})
+
+
+def ablate_line(cfg: dict) -> str:
+    return (f"{cfg.get('preset_line', '')}; {cfg.get('measurement', '')}; "
+            f"{cfg.get('num_prompts')} prompts per dataset{_repeats(cfg)}.")
+
+
+def ablate_ladder(lt: pd.DataFrame) -> str:
+    """The ladder (each rung's throughput and speedups) beside the paper's §6.6 speedups."""
+    paper_rows = []
+    for ds, d in PAPER["ablation"].items():
+        for k, title in (("engine", "+ inference engine"), ("scheduler", "+ phase-multiplexed scheduler"),
+                         ("logits", "+ logit-aware budgeting")):
+            paper_rows.append({"dataset": ds, "rung": title, "paper x": d[k]})
+    shown = ab.ladder_display(lt.merge(pd.DataFrame(paper_rows), on=["dataset", "rung"], how="left"))
+    cols = [c for c in ("dataset", "rung", "system", "throughput_tok_s", "x_vs_baseline", "delta_x_vs_prev",
+                        "pct_vs_prev", "step_vs_prev", "max_batch_size", "mean_batch_size", "paper x")
+            if c in shown.columns]
+    return (md_table(shown[cols], {**ab.LADDER_FMT, "paper x": "{:.2f}x"})
+            + "\n`paper x` = the cumulative speedup the paper states in §6.6 (`-`: not stated in its text).\n")
+
+
+def sweep_line(cfg: dict) -> str:
+    return (f"{cfg.get('preset_line', '')}; {cfg['plan'].get('rule', '')}; "
+            f"{cfg.get('num_prompts')} prompts per point; {cfg.get('measurement', '')}{_repeats(cfg)}.")
+
+
+def sweep_markdown(t: dict) -> str:
+    """A sweep's table: each system's throughput and the ratio to the reference per length."""
+    shown = sw.sweep_display(t["table"], t["config"].get("systems_labels") or [], t["reference"])
+    return md_table(shown, sw.table_formats(shown)) + "\n`paper_len` = the paper-scale length the point stands for.\n"
+
+
 # ---------------------------------------------------------------- sections
 def accuracy_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
     """One accuracy run: its table (the mean over models with the spread across seeds when it has
     several) and the Fig. 6 claims under each selection scoring rule it measured."""
 
     summ = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    several = bool(summ.get("seeds"))
     pts = summ.get("seeds") or summ.get("points") or []
     task = summ.get("task") or "?"
-    split = summ.get("split") or "test"
-    models = summ.get("models") or [summ.get("model", "?")]
     out = [f"## Accuracy under KV retention (paper §6.4, Fig. 6): {task}\n\n",
-           f"Run `{run_dir.name}` — task {task} ({split} split), model{'s' if several else ''} "
-           f"{', '.join(models)}, metric {summ.get('metric', '?')}"
-           + (f"; accuracy = mean over the {len(models)} models, CI = Wilson on the pooled counts" if several else "")
-           + "\n\n"]
-    cols = [c for c in ("point", "system", "selection", "score_query", "retention", "n", "accuracy", "ci_low", "ci_high",
-                        "seed_sd", "seed_min", "seed_max", "flexible-extract_accuracy", "relative_to_dense")
-            if any(c in p for p in pts)]
-    df = pd.DataFrame([{c: p.get(c) for c in cols} for p in pts])
-    out.append(md_table(df, {c: "{:.3f}" for c in ("accuracy", "ci_low", "ci_high", "seed_sd", "seed_min", "seed_max",
-                                                    "flexible-extract_accuracy", "relative_to_dense")}))
+           f"Run `{run_dir.name}` — {accuracy_line(summ)}\n\n"]
+    out.append(accuracy_table(summ))
     out.append(_figures(run_dir, "*.png", files_dir, f"accuracy-{task}", rel_base))
     chosen = {sel: c["score_query"] for sel, c in (summ.get("dev_choice") or {}).get("choice", {}).items()}
     if chosen:
@@ -139,23 +181,9 @@ def ablate_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Pat
     t = ab.run_tables(run_dir)
     cfg = t["config"]
     lt, ct = t["ladder"], t["cache"]
-    out = ["## Ablation (paper §6.6, Fig. 8)\n\n",
-           f"Run `{run_dir.name}` — {cfg.get('preset_line', '')}; {cfg.get('measurement', '')}; "
-           f"{cfg.get('num_prompts')} prompts per dataset{_repeats(cfg)}.\n\n"]
-    paper_rows = []
-    for ds, d in PAPER["ablation"].items():
-        for k, title in (("engine", "+ inference engine"), ("scheduler", "+ phase-multiplexed scheduler"),
-                         ("logits", "+ logit-aware budgeting")):
-            paper_rows.append({"dataset": ds, "rung": title, "paper x": d[k]})
+    out = ["## Ablation (paper §6.6, Fig. 8)\n\n", f"Run `{run_dir.name}` — {ablate_line(cfg)}\n\n"]
     if lt is not None:
-
-        m = lt.merge(pd.DataFrame(paper_rows), on=["dataset", "rung"], how="left")
-        shown = ab.ladder_display(m)
-        cols = [c for c in ("dataset", "rung", "system", "throughput_tok_s", "x_vs_baseline", "delta_x_vs_prev",
-                            "pct_vs_prev", "step_vs_prev", "max_batch_size", "mean_batch_size", "paper x")
-                if c in shown.columns]
-        out.append(md_table(shown[cols], {**ab.LADDER_FMT, "paper x": "{:.2f}x"}))
-        out.append("\n`paper x` = the cumulative speedup the paper states in §6.6 (`-`: not stated in its text).\n")
+        out.append(ablate_ladder(lt))
     out.append(_figures(run_dir / "plots", "*.png", files_dir, "ablate", rel_base))
     out.append("\n### Claims\n\n")
     keys = {"engine": "+ inference engine", "scheduler": "+ phase-multiplexed scheduler", "logits": "+ logit-aware budgeting"}
@@ -231,11 +259,7 @@ def sweep_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path
     cfg, df, plan, ref = t["config"], t["table"], t["plan"], t["reference"]
     vary = plan["vary"]
     out = [f"## Sensitivity: {vary} (paper §6.5, Fig. 7{'a' if vary == 'input-len' else 'b'})\n\n",
-           f"Run `{run_dir.name}` — {cfg.get('preset_line', '')}; {plan.get('rule', '')}; "
-           f"{cfg.get('num_prompts')} prompts per point; {cfg.get('measurement', '')}{_repeats(cfg)}.\n\n"]
-    shown = sw.sweep_display(df, cfg.get("systems_labels") or [], ref)
-    out.append(md_table(shown, sw.table_formats(shown)))
-    out.append("\n`paper_len` = the paper-scale length the point stands for.\n")
+           f"Run `{run_dir.name}` — {sweep_line(cfg)}\n\n", sweep_markdown(t)]
     out.append(_figures(run_dir / "plots", "*.png", files_dir, f"sweep-{vary}", rel_base))
     pf, pl, txt = PAPER["sweep"][vary]
     xc = next((c for c in df.columns if c.startswith("x ") and c[2:].startswith("engine")), None) or \

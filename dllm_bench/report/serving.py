@@ -21,9 +21,7 @@ from dllm_bench.systems.spec import ENGINE, PAPER_ENGINE, SPARSE_BASELINE
 def serve_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path) -> str:
     """A measured serve run: the table (median [min–max] over repeats) and the Fig. 3-5 / Table 4
     claims, each ratio with the interval its repeats allow. Simulated points never enter it."""
-    df = results.metrics_frame(run_dir, aggregate=True)
-    if "simulated" in df.columns:
-        df = df[df["simulated"].fillna(False) != True]  # noqa: E712 - a column of True/False/NaN
+    df = points_frame(run_dir, simulated=False)
     cfg = results.load_config(run_dir).get("config", {})
     out = ["## Serving throughput and latency (paper §6.2-6.3, Fig. 3-5, Table 4)\n",
            f"\nRun `{run_dir.name}` — {cfg.get('preset_line', '')}{_repeats(cfg)}\n\n"]
@@ -35,6 +33,16 @@ def serve_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: Path
     out.append("\n### Claims (at each dataset's heaviest load: its highest measured rps)\n\n")
     out.append(serve_claims(per_ds, df, claims, "serve", ""))
     return "".join(out)
+
+
+def points_frame(run_dir: Path, simulated: bool) -> pd.DataFrame:
+    """A serve-like run's points aggregated over repeats: only the measured ones, or only the
+    simulated ones (the two never share a table; a run without the column is one or the other)."""
+    df = results.metrics_frame(run_dir, aggregate=True)
+    if "simulated" in df.columns:
+        sim = df["simulated"].fillna(False) == True  # noqa: E712 - a column of True/False/NaN
+        df = df[sim if simulated else ~sim]
+    return df
 
 
 def serve_table(df) -> tuple[str, dict]:
@@ -64,13 +72,21 @@ def serve_table(df) -> tuple[str, dict]:
                          "p99 E2EL s": _cell(r, "p99_e2el_ms", 1e-3, "{:.1f}"),
                          "x best baseline": "1.00x" if r is best else spread_text(x, "x") if x else "-",
                          "B": r.get("max_batch_size") if r["is_baseline"] else None,
+                         "KV pool": None if r["is_baseline"] else num(r.get("kv_pool_tokens")),
                          "mean batch": num(r.get("mean_batch_size")), "completed": r.get("completed")})
         per_ds.setdefault(ds, {})[float(rps)] = (eng_row, best, sd_row)
-    text = md_table(pd.DataFrame(rows), {"mean batch": "{:.1f}", "B": "{:.0f}"})
-    text += ("\n`x best baseline` = output throughput / the highest baseline output throughput at that point "
-             "(over repeats: the median and the extremes the two intervals allow); `mean batch` = the mean "
-             "realised batch next to a baseline's static batch B.\n")
+    table = pd.DataFrame(rows)
+    empty = [c for c in LEGEND if c in table.columns and all(v in (None, "-") or v != v for v in table[c])]
+    table = table.drop(columns=empty)     # a run without baselines (or without the engine)
+    text = md_table(table, {"mean batch": "{:.1f}", "B": "{:.0f}", "KV pool": "{:,.0f}"})
+    text += "\n" + "; ".join(v for k, v in LEGEND.items() if k in table.columns) + ".\n"
     return text, per_ds
+
+
+LEGEND = {"x best baseline": "`x best baseline` = output throughput / the highest baseline output throughput at "
+                             "that point (over repeats: the median and the extremes the two intervals allow)",
+          "B": "`B` = a baseline's static batch, next to the mean realised batch (`mean batch`)",
+          "KV pool": "`KV pool` = the engine's KV token slots (per rank under tensor parallelism)"}
 
 
 def _cell(r: Mapping, metric: str, scale: float = 1.0, fmt: str = "{:.2f}") -> str:

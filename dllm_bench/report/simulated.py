@@ -9,7 +9,7 @@ from dllm_bench import results
 from dllm_bench.console import num
 from dllm_bench.report.claims import Claims
 from dllm_bench.report.sections import _figures
-from dllm_bench.report.serving import serve_claims, serve_table
+from dllm_bench.report.serving import points_frame, serve_claims, serve_table
 from dllm_bench.simulate.hardware import validation_label
 
 
@@ -27,9 +27,7 @@ def simulated_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: 
     cfg = results.load_config(run_dir).get("config", {})
     hw = cfg.get("hardware") or {}
     name = hw.get("name", "?")
-    df = results.metrics_frame(run_dir, aggregate=True)
-    if "simulated" in df.columns:
-        df = df[df["simulated"].fillna(False) == True]  # noqa: E712 - a column of True/False/NaN
+    df = points_frame(run_dir, simulated=True)
     out = [f"## Simulated, not measured: serving on {name}\n\n",
            f"Run `{run_dir.name}` (`dllm-bench simulate`): the real schedulers on a virtual clock with the "
            f"cost model of the hardware profile {hardware_line(hw)}"

@@ -86,11 +86,18 @@ def worst(cells: list[dict]) -> float:
     return max((abs(c[f"{m}_err"]) for c in cells for m, _, _ in METRICS), default=0.0)
 
 
-def table(cells: list[dict], title: str) -> str:
-    head = "| system | dataset | rps | " + " | ".join(f"{n} meas | sim | err" for _, n, _ in METRICS) + " |"
-    lines = [f"{title}\n", head, "|---|---|---|" + "---:|---:|---:|" * len(METRICS)]
+def table(cells: list[dict], title: str, held_out: list[dict] = ()) -> str:
+    """The cells as Markdown; with `held_out` (the same points, each predicted with its system
+    left out of the fit) beside them, two more columns per metric."""
+    left = {c["point"]: c for c in held_out}
+    more = " | left out | err" if left else ""
+    head = "| system | dataset | rps | " + " | ".join(f"{n} meas | sim | err{more}" for _, n, _ in METRICS) + " |"
+    lines = [f"{title}\n", head, "|---|---|---|" + ("---:|" * (5 if left else 3)) * len(METRICS)]
     for c in cells:
+        h = left.get(c["point"])
         vals = " | ".join(f"{c[m + '_meas'] * k:.4g} | {c[m + '_sim'] * k:.4g} | {c[m + '_err']:+.1%}"
+                          + ("" if not left else " | - | -" if h is None else
+                             f" | {h[m + '_sim'] * k:.4g} | {h[m + '_err']:+.1%}")
                           for m, _, k in METRICS)
         lines.append(f"| {c['system']} | {c['dataset']} | {fmt_rps(c['rps'])} | {vals} |")
     return "\n".join(lines)

@@ -1,0 +1,209 @@
+"""The docs' current results (`dllm-bench report --docs DIR`): a doc marks its one results table
+
+    <!-- current-results: results/current/NAME -->
+    ...
+    <!-- /current-results -->
+
+and the block is rendered, by the report's own table functions, from the committed files it
+names: a run directory (serve, simulate, ablate, sweep, accuracy, frontier) or a hardware profile
+that carries its validation. So a doc shows what those files give at this commit; `--check` and
+tests/test_docs_current.py fail on a block that differs. A block marked `(pending)` after its
+path keeps its hand-written text while the path does not exist, and is rendered (the mark
+dropped) once it does. `--keep RUN` copies into results/current/ only the files of a run that
+its table reads (INPUTS): small enough to commit.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from dllm_bench import results
+from dllm_bench.ablate import tables as ab
+from dllm_bench.errors import UserError
+from dllm_bench.frontier.output import markdown as frontier_markdown
+from dllm_bench.report import sections as sec
+from dllm_bench.report.serving import points_frame, serve_table
+from dllm_bench.report.simulated import hardware_line
+from dllm_bench.simulate import hardware
+from dllm_bench.simulate.fit.run import table as fit_table
+from dllm_bench.sweep import lengths as sw
+
+OPEN = "<!-- current-results:"
+CLOSE = "<!-- /current-results -->"
+PENDING = " (pending)"
+# A marker is a line of its own (quoted or indented in a doc, it is an example).
+BLOCK = re.compile(r"^<!-- current-results: (?P<src>\S+)(?P<pending> \(pending\))? -->\n(?P<body>.*?)^"
+                   + re.escape(CLOSE), re.S | re.M)
+STARTS = re.compile("^" + re.escape(OPEN), re.M)
+CURRENT = Path("results") / "current"
+
+# What each kind's table reads of a run directory: all that `--keep` copies.
+_SERVING = ("config.json", "points/*/summary.json")
+INPUTS = {"serve": _SERVING, "simulate": _SERVING, "ablate": _SERVING, "sweep": _SERVING,
+          "accuracy": ("config.json", "summary.json"), "frontier": ("config.json", "summary.json")}
+
+
+def _origin(run_dir: Path, doc: dict) -> str:
+    """Which run, when, at which commit and on what machine (a simulation: on no machine)."""
+    env = doc.get("environment") or {}
+    sha = str(env.get("git_sha") or "?")
+    commit = sha[:7] + ("-dirty" if sha.endswith("-dirty") else "")
+    cores = env.get("affinity_cpus") or env.get("cpu_count")
+    machine = env.get("cuda_device") or f"CPU ({cores} cores)"
+    where = "" if doc["kind"] == "simulate" else f", {machine}, torch {env.get('torch', '?')}"
+    date = str(doc.get("created_utc", "?"))[:10]
+    return f"`dllm-bench {doc['kind']}` run `{run_dir.name}` ({date}, commit {commit}{where})"
+
+
+def _serve(run_dir: Path, doc: dict) -> str:
+    cfg = doc.get("config") or {}
+    reps = int(cfg.get("repeats", 1) or 1)
+    head = f"{_origin(run_dir, doc)}: {cfg.get('preset_line', '')}" + (f"; {reps} repeats" if reps > 1 else "")
+    return f"{head}.\n\n{serve_table(points_frame(run_dir, simulated=False))[0]}"
+
+
+def _simulate(run_dir: Path, doc: dict) -> str:
+    cfg = doc.get("config") or {}
+    hw = cfg.get("hardware") or {}
+    label = hardware.validation_label(hw.get("kind", ""), hw.get("name", "?"), hw.get("validation"))
+    p = cfg.get("preset") or {}
+    what = (f"preset {p.get('name', '?')}, {cfg.get('num_prompts')} requests per dataset, gen_length "
+            f"{p.get('gen_length')}, block {p.get('block_length')}, token budget {p.get('max_num_batched_tokens')}, "
+            f"logit budget {p.get('max_num_logits')}, retention {p.get('retention')}, {p.get('dtype')}")
+    head = f"{_origin(run_dir, doc)}, **simulated** on {hardware_line(hw)} ({label}); {what}"
+    return f"{head}.\n\n{serve_table(points_frame(run_dir, simulated=True))[0]}"
+
+
+def _ablate(run_dir: Path, doc: dict) -> str:
+    t = ab.run_tables(run_dir)
+    if t["ladder"] is None:
+        raise ValueError("the run has no ladder")
+    return f"{_origin(run_dir, doc)}: {sec.ablate_line(t['config'])}\n\n{sec.ablate_ladder(t['ladder'])}"
+
+
+def _sweep(run_dir: Path, doc: dict) -> str:
+    t = sw.run_tables(run_dir)
+    return f"{_origin(run_dir, doc)}: {sec.sweep_line(t['config'])}\n\n{sec.sweep_markdown(t)}"
+
+
+def _accuracy(run_dir: Path, doc: dict) -> str:
+    summ = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    return f"{_origin(run_dir, doc)}: {sec.accuracy_line(summ)}.\n\n{sec.accuracy_table(summ)}"
+
+
+def _frontier(run_dir: Path, doc: dict) -> str:
+    summ = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    return f"{_origin(run_dir, doc)}: {frontier_markdown(summ)}"
+
+
+def _profile(path: Path) -> str:
+    """A hardware profile fitted to measured runs: each cell of its validation, fitted and with
+    its system left out of the fit (what `simulate --fit` printed when it made the profile)."""
+    prof = hardware.load(str(path))
+    v = prof.validation or {}
+    if not v.get("cells"):
+        raise ValueError("the profile carries no validation cells (`simulate --fit` writes them)")
+    title = f"Hardware profile `{prof.name}` ({prof.validation_label()}):"
+    cells, held = ([{**c, "rps": float(c["rps"])} for c in v.get(k) or []] for k in ("cells", "held_out_cells"))
+    return fit_table(cells, title, held) + "\n"
+
+
+RENDER: dict[str, Callable[[Path, dict], str]] = {
+    "serve": _serve, "simulate": _simulate, "ablate": _ablate, "sweep": _sweep, "accuracy": _accuracy,
+    "frontier": _frontier}
+
+
+def run_kind(path: Path) -> str:
+    """The kind of the run directory at `path` ("profile" for a hardware profile's file)."""
+    if path.is_file() and path.suffix == ".json":
+        return "profile"
+    try:
+        kind = results.load_config(path).get("kind")
+    except (OSError, ValueError):
+        raise UserError(f"{path}: not a run directory (no readable config.json) nor a hardware profile") from None
+    if kind not in RENDER:
+        raise UserError(f"{path}: a {kind!r} run has no current-results table (kinds: {', '.join(RENDER)})")
+    return kind
+
+
+def render(path: Path) -> str:
+    """The block's body for the files at `path`."""
+    kind = run_kind(path)
+    try:
+        text = _profile(path) if kind == "profile" else RENDER[kind](path, results.load_config(path))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: cannot render its table ({type(e).__name__}: {e})") from None
+    return "\n" + text.strip("\n") + "\n\n"
+
+
+def rendered(doc: Path) -> tuple[str, int, list[str]]:
+    """The doc's text with every block rendered from the files it names (paths relative to the
+    folder above the doc's: the repository root for docs/*.md), how many blocks it has, and the
+    paths of the pending blocks still waiting for their files."""
+    text = doc.read_text(encoding="utf-8")
+    base = doc.resolve().parent.parent
+    found = list(BLOCK.finditer(text))
+    if len(STARTS.findall(text)) != len(found):
+        raise UserError(f"{doc}: a `{OPEN} PATH -->` line without its `{CLOSE}`")
+    waiting = [m["src"] for m in found if m["pending"] and not (base / m["src"]).exists()]
+
+    def body(m: re.Match) -> str:
+        if m["src"] in waiting:
+            return m[0]
+        try:
+            return f"{OPEN} {m['src']} -->\n" + render(base / m["src"]) + CLOSE
+        except UserError as e:
+            raise UserError(f"{doc}: {e}") from None
+    return BLOCK.sub(body, text), len(found), waiting
+
+
+def docs(target: Path) -> list[Path]:
+    if target.is_file() and target.suffix == ".md":
+        return [target]
+    if target.is_dir():
+        return sorted(target.glob("*.md"))
+    raise UserError(f"--docs: no such Markdown file or directory: {target}")
+
+
+def refresh(target: Path, write: bool) -> dict:
+    """Render every block of the docs at `target`; rewrite the docs that differ when `write`.
+    Everything is rendered before anything is written, so a bad block writes nothing."""
+    out = {"docs": [], "blocks": 0, "stale": [], "pending": []}
+    new = {}
+    for doc in docs(target):
+        text, n, waiting = rendered(doc)
+        out["pending"] += [f"{doc} ({src})" for src in waiting]
+        if n:
+            out["docs"].append(str(doc))
+            out["blocks"] += n
+            if text != doc.read_text(encoding="utf-8"):
+                out["stale"].append(str(doc))
+                new[doc] = text
+    if write:
+        for doc, text in new.items():
+            results.atomic_write_bytes(doc, text.encode("utf-8"))
+    return out
+
+
+def keep(run_dir: Path, root: Path = CURRENT) -> Path:
+    """Copy into root/<run name>/ the files of `run_dir` its table reads (INPUTS), replacing any
+    earlier copy; returns the copy."""
+    kind = run_kind(run_dir)
+    if kind == "profile":
+        raise UserError(f"--keep: {run_dir} is a hardware profile, not a run directory")
+    files = sorted({f for g in INPUTS[kind] for f in run_dir.glob(g) if f.is_file()})
+    if len(files) < 2:
+        raise UserError(f"--keep: {run_dir} has no finished results to keep")
+    dest, tmp = root / run_dir.name, root / f".{run_dir.name}.tmp"
+    if dest.resolve() == run_dir.resolve():
+        raise UserError(f"--keep: {run_dir} is already under {root}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for f in files:
+        (tmp / f.relative_to(run_dir)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, tmp / f.relative_to(run_dir))
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
