@@ -65,6 +65,11 @@ def test_frontier_end_to_end_on_the_trained_model(tmp_path, monkeypatch):
     assert rep["runs"].get("frontier") == str(run)
     text = (tmp_path / "report.md").read_text()
     assert "## Frontier" in text and "threshold:0.9" in text
+    # and a doc's current-results block of it is the report's table (dllm_bench.report.current)
+    from dllm_bench.report.current import render as block
+
+    rows = [line for line in block(run).splitlines() if line.startswith("|")]
+    assert len(rows) == 2 + 4 and all(line in text for line in rows)
 
 
 def test_frontier_bad_input_is_one_line(tmp_path, monkeypatch):

@@ -78,7 +78,9 @@ def _docs(docs: Path | None, check: bool, keep: Path | None, as_json: bool) -> i
     if check and r["stale"]:
         print(f"stale: {', '.join(r['stale'])} (`dllm-bench report --docs {docs}` renders them)", file=sys.stderr)
         return 1
+    done = r["blocks"] - len(r["pending"])
     verb = "match their files" if check else f"rendered ({len(r['stale'])} docs rewritten)"
-    print(f"docs: {r['blocks']} current-results blocks in {len(r['docs'])} docs {verb}"
-          + (f"; pending, their files not made yet: {', '.join(r['pending'])}" if r["pending"] else ""), file=sys.stderr)
+    print(f"docs: {done} current-results blocks in {len(r['docs'])} docs {verb}"
+          + (f"; {len(r['pending'])} pending, their files not made yet: {', '.join(r['pending'])}"
+             if r["pending"] else ""), file=sys.stderr)
     return 0
