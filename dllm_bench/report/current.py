@@ -61,7 +61,9 @@ def _origin(run_dir: Path, doc: dict) -> str:
 def _serve(run_dir: Path, doc: dict) -> str:
     cfg = doc.get("config") or {}
     reps = int(cfg.get("repeats", 1) or 1)
-    head = f"{_origin(run_dir, doc)}: {cfg.get('preset_line', '')}" + (f"; {reps} repeats" if reps > 1 else "")
+    # The preset line states the preset's own request count; the run's may differ (--num-prompts).
+    head = (f"{_origin(run_dir, doc)}: {cfg.get('num_prompts', '?')} requests per point; {cfg.get('preset_line', '')}"
+            + (f"; {reps} repeats" if reps > 1 else ""))
     return f"{head}.\n\n{serve_table(points_frame(run_dir, simulated=False))[0]}"
 
 
