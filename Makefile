@@ -123,7 +123,8 @@ accuracy-fig6:
 # The docs' current-results tables (docs/REPORT.md): `make docs` renders each from the committed
 # files it names; `make docs-results` first remakes those files, each a fresh run whose table's
 # files `report --keep` copies into results/current/: the simulated ones (seconds, any machine),
-# then the measured ones (timings: run them on an idle machine, ~7 h on 2 AVX2-only cores).
+# then the measured ones (timings: run them on an idle machine, ~8 h on 2 AVX2-only cores:
+# ablate ~4 h, the two sweeps ~2.25 h, frontier ~20 min, accuracy-fig6 ~1 h).
 DLLM := $(BIN)/dllm-bench
 keep = rm -rf results/runs/$(1) && $(DLLM) $(2) --result-dir results/runs --run-id $(1) && \
 	$(DLLM) report --keep results/runs/$(1)
