@@ -15,6 +15,7 @@ table reserved to max_model_len, the profiler's memory reserve (`memory_reserve`
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,26 @@ def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
 
 def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
     return next((b for b in buckets if b >= n), None)
+
+
+def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_batch: int | None,
+                 holds: Callable[[int], bool]) -> tuple[str, int, list[int]]:
+    """What `StepGraphs.capture_all` captures, decided without a model (the simulator asks it too):
+    the cache mode of its synthetic requests (auto: dual), the KV slots each takes, and the buckets,
+    ascending, up to the one that holds `max_batch` requests, within the token budget, while
+    `holds(slots)` says the free pool can hold that many."""
+    mode = "dual" if config.cache == AUTO else config.cache
+    need = kv_need(mode, prompt_len + block_length, block_length, config.retention)
+    if mode == "none" or need == 0:
+        return mode, need, []                     # no Reuse step to capture
+    buckets = batch_buckets(config.max_num_seqs)
+    last = (bucket(max_batch, buckets) if max_batch is not None else None) or buckets[-1]
+    sizes = []
+    for b in buckets:
+        if b > last or b * block_length > config.max_num_batched_tokens or not holds(b * need):
+            break
+        sizes.append(b)
+    return mode, need, sizes
 
 
 def key_width(n: int) -> int:
@@ -210,17 +231,11 @@ class StepGraphs:
         slots only meanwhile; buckets stop where the free pool cannot hold them, or past the one
         that holds `max_batch` requests (a run that never batches more need not wait for more
         captures). -> buckets decided."""
-        r, c = self.runner, self.runner.config
-        mode = "dual" if c.cache == AUTO else c.cache
+        r = self.runner
+        mode, need, sizes = warm_up_plan(r.config, block_length, prompt_len, max_batch, self.pool.can_reserve)
         params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
-        need = kv_need(mode, prompt_len + block_length, block_length, c.retention)
-        if mode == "none" or need == 0:
-            return 0                              # no Reuse step to capture
         new = 0
-        last = (bucket(max_batch, self.buckets) if max_batch is not None else None) or self.buckets[-1]
-        for b in self.buckets:
-            if b > last or b * block_length > c.max_num_batched_tokens or not self.pool.can_reserve(b * need):
-                break
+        for b in sizes:
             reqs = [Request(f"graph-{b}-{i}", [0] * prompt_len, params, r.model_config.mask_token_id, r.device,
                             cache=mode) for i in range(b)]
             for req in reqs:

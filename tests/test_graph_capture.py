@@ -5,7 +5,8 @@ replays by plain calls and times as told, so these check what a warm-up capture 
 * float64: an engine that captured every bucket at warm-up gives exactly the tokens of one
   without graphs, and its served steps capture nothing more (same canvas shape) and replay;
 * every bucket within the token budget is decided, no step counted, the KV pool left empty;
-* no graphs (or no Reuse step: cache none) captures nothing; `warm_up` captures first.
+* no graphs (or no Reuse step: cache none) captures nothing; `warm_up` captures first;
+* what it captures is `warm_up_plan`'s (the simulator's too), and config.json says where.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.graphs import StepGraphs
+from engine.graphs import StepGraphs, warm_up_plan
 from tests.helpers import make_engine, random_prompts, tiny_model
 from tests.test_cuda_graphs import FakeCapture
 
@@ -54,8 +55,11 @@ def test_warm_up_capture_stops_at_the_token_budget_and_leaves_the_pool_empty():
 
 def test_warm_up_capture_stops_at_the_bucket_holding_the_run_s_largest_batch():
     eng = make_engine(MODEL, cache="dual", max_num_seqs=24, cuda_graphs=True)
+    # what it captures is decided without a model (the simulator asks the same: warm_up_plan)
+    assert warm_up_plan(eng.config, 4, 3, 3, eng.pool.can_reserve) == ("dual", 7, [1, 2, 4])
     assert eng.capture_graphs(4, prompt_len=3, max_batch=3) == 3      # 1, 2, 4 (the one holding 3)
     assert sorted(k[0] for k in eng.runner.graphs.entries) == [1, 2, 4]
+    assert warm_up_plan(eng.config, 4, 3, 3, lambda slots: slots < 4 * 7)[2] == [1, 2]   # a pool holding less
     assert eng.capture_graphs(4, prompt_len=3, max_batch=100) == 3    # past max_num_seqs: the rest, 8, 16, 24
     assert sorted(k[0] for k in eng.runner.graphs.entries) == [1, 2, 4, 8, 16, 24]
 
@@ -82,3 +86,17 @@ def test_warm_up_captures_before_its_requests():
     assert calls == [("capture", 4, 3, 32), ("generate", 2, 4)]
     warm_up(System(), [1, 2, 3], 4, n=0)                              # no warm-up asked: nothing
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("num_warmups, where", [(1, "warm-up"), (0, "in-point")])
+def test_a_serve_run_records_where_its_graphs_are_captured(num_warmups, where):
+    # config.json's graph_capture: what `simulate --fit` replays a measured run with (serve's and,
+    # through ServeRun.describe, ablate's and sweep's)
+    from dllm_bench.serve.options import ServeOptions, resolve_run
+    from dllm_bench.serve.run import _run_config
+    from dllm_bench.systems.build import warm_up_batch
+    from tests.test_serve import RUN_DEFAULTS
+
+    run = resolve_run(ServeOptions(**{**RUN_DEFAULTS, "num_warmups": num_warmups}))
+    assert run.describe()["graph_capture"] == _run_config(run)["graph_capture"] == where
+    assert (warm_up_batch(32, None), warm_up_batch(32, 8), warm_up_batch(3, 8)) == (32, 8, 3)

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
+from dllm_bench.errors import UserError
 from dllm_bench.simulate import hardware
 from dllm_bench.simulate.cost_model import Efficiency, HostCost
 from dllm_bench.simulate.fit import measured, replay, solve, terms
@@ -34,11 +35,11 @@ ENGINE = {"max_num_batched_tokens": 1500, "max_num_logits": 512, "max_num_seqs":
           "cache": "sparse"}
 
 
-def _run_dir(tmp_path: Path) -> Path:
+def _run_dir(tmp_path: Path, **recorded) -> Path:
     d = tmp_path / "measured"
-    d.mkdir(exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True)
     cfg = {"kind": "serve", "config": {"model": LLADA_8B, "preset": {"dtype": "bfloat16", "block_length": 32},
-                                       "memory_budget": 76e9}}
+                                       "memory_budget": 76e9, **recorded}}
     (d / "config.json").write_text(json.dumps(cfg))
     return d
 
@@ -49,7 +50,8 @@ def _point(run_dir: Path, label: str, knobs: dict, info: dict, n: int, seed: int
     reqs = [ServingRequest(f"r{i}", [measured.FILLER_TOKEN] * p, p, 64, 0.0, 64, "synthetic", p, 64)
             for i, p in enumerate(lens)]
     return measured.MeasuredPoint(run_dir, label, label, label.split(":")[0], "livebench", float("inf"), knobs, info,
-                                  reqs, {}, {r.request_id: 0.0 for r in reqs}, 0.0, 0.0, 32)
+                                  reqs, {}, {r.request_id: 0.0 for r in reqs}, 0.0, 0.0, 32,
+                                  graph_capture=measured.graph_capture(run_dir))
 
 
 def _measure(point: measured.MeasuredPoint, truth: terms.Terms) -> measured.MeasuredPoint:
@@ -64,8 +66,8 @@ def _measure(point: measured.MeasuredPoint, truth: terms.Terms) -> measured.Meas
                    mean_e2el=sum(b[-1] for b in blocks.values()) / len(blocks))
 
 
-def _points(tmp_path: Path, truth: terms.Terms) -> list[measured.MeasuredPoint]:
-    d = _run_dir(tmp_path)
+def _points(tmp_path: Path, truth: terms.Terms, **recorded) -> list[measured.MeasuredPoint]:
+    d = _run_dir(tmp_path, **recorded)
     specs = [("engine", {**ENGINE, "cuda_graphs": True}, {"kv_pool_tokens": 60000}, 12, 0),
              ("engine:cuda_graphs=False", {**ENGINE, "cuda_graphs": False}, {"kv_pool_tokens": 60000}, 12, 0),
              ("engine:max_num_batched_tokens=700", {**ENGINE, "max_num_batched_tokens": 700, "cuda_graphs": True},
@@ -98,6 +100,26 @@ def test_the_fit_recovers_the_terms_a_run_was_made_with_from_its_steps(tmp_path)
     assert all(abs(c[m + "_err"]) < 1e-6 for c in f.cells for m, _, _ in fit_run.METRICS)
 
 
+def test_a_run_that_captured_graphs_at_warm_up_is_fitted_without_a_capture_term_in_its_points(tmp_path):
+    # Its config.json says so (serve records it): its points replay graphs (c_graph) but capture none,
+    # so no capture term enters the fit and the rest is recovered as before; what the machine took to
+    # capture (TRUTH's c_capture) was spent at warm-up, outside every measured point.
+    points = _points(tmp_path, TRUTH, graph_capture="warm-up")
+    assert {p.graph_capture for p in points} == {"warm-up"}
+    reps = [replay.replay(p, BASE) for p in points]
+    assert any(fw.graph for r in reps for fw in r.forwards)
+    assert not any(fw.capture for r in reps for fw in r.forwards)
+    cols = solve.columns_for(reps)
+    assert "engine.c_graph" in cols and "engine.c_capture" not in cols
+    f = fit_run.fit(points, BASE, "fitted", evidence="steps", lam=0.0)
+    _close(f.terms, TRUTH, 0.02, cols)
+    assert all(abs(c[m + "_err"]) < 1e-6 for c in f.cells for m, _, _ in fit_run.METRICS)
+    # a run recorded before the field (the old code) captured inside its points; an unknown value is refused
+    assert measured.graph_capture(_run_dir(tmp_path / "old")) == "in-point"
+    with pytest.raises(UserError, match="graph_capture must be warm-up or in-point"):
+        measured.graph_capture(_run_dir(tmp_path / "bad", graph_capture="later"))
+
+
 def test_the_fit_recovers_the_terms_from_totals_and_block_times(tmp_path):
     # Totals alone (duration, mean E2EL: two numbers a point) hold fewer numbers than there are
     # terms: the truth here has the terms they can tell apart, the rest are where the prior holds them.
@@ -113,41 +135,64 @@ def test_the_fit_recovers_the_terms_from_totals_and_block_times(tmp_path):
     _close(f.terms, truth, 0.02, cols)
 
 
-@pytest.mark.parametrize("cache", ["sparse", "auto"])
-def test_graph_padding_is_the_engines(cache):
+@pytest.fixture
+def flash_standin(monkeypatch):
+    """The flash-attn stand-in of tests/standins (runs on the CPU in bf16): keys read in place."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "standins"))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    yield
+    monkeypatch.undo()
+    sys.modules.pop("flash_attn", None)
+
+
+@pytest.mark.parametrize("cache, keys", [("sparse", "gathered"), ("auto", "gathered"), ("sparse", "in place")])
+def test_graph_padding_and_warm_up_captures_are_the_engines(cache, keys, request):
     # The real engine on this CPU with cuda_graphs=True pads exactly as on a GPU (plain calls for
-    # replays): the simulator pads the same steps to the same buckets.
+    # replays), after the warm-up capture serve makes: the simulator pads the same steps to the same
+    # buckets, takes the same graphs at warm-up and captures the same others in the point. Keys are
+    # gathered under padded SDPA (fp32) and read in place by a packed kernel (the flash-attn stand-in, bf16).
     from dllm_bench.serve.loadgen import run_open_loop
     from dllm_bench.simulate.clock import VirtualClock, VirtualTimed
     from dllm_bench.simulate.cost_model import ModelShape
     from dllm_bench.simulate.simulator import SimSetup, simulate_point
+    from dllm_bench.systems.build import WARM_UP_PROMPT, warm_up_batch
     from dllm_bench.systems.spec import parse_system
     from engine import EngineConfig, LLMEngine, SamplingParams
     from tests.helpers import tiny_model
     from workloads.serving import build_workload
 
-    model = tiny_model(torch.float32)
+    in_place = keys == "in place"
+    if in_place:
+        request.getfixturevalue("flash_standin")
+    dtype, backend = ("bfloat16", "flash_attn") if in_place else ("float32", "sdpa")
+    model = tiny_model(getattr(torch, dtype))
     wl = build_workload("livebench", num_prompts=7, rps=float("inf"), seed=1, vocab_size=298, special_ids=[],
                         length_scale=0.05, block_length=8, gen_cap=16)
     knobs = dict(max_num_batched_tokens=200, max_num_logits=20, max_num_seqs=8, retention=0.5, cuda_graphs=True,
-                 cache=cache)
-    eng = LLMEngine(EngineConfig(dtype="float32", device="cpu", sampling=False, kv_pool_tokens=400,
-                                 attention_backend="sdpa", **knobs), model=model)
+                 cache=cache, attention_backend=backend)
+    eng = LLMEngine(EngineConfig(dtype=dtype, device="cpu", sampling=False, kv_pool_tokens=400, **knobs), model=model)
+    graphs = eng.runner.graphs
+    assert eng.capture_graphs(8, len(wl[0].prompt_ids[:WARM_UP_PROMPT]), warm_up_batch(len(wl), None)) > 0
+    at_warm_up = len(graphs.entries)
     clock = VirtualClock()
     params = lambda it: SamplingParams(gen_length=it.gen_length, steps=it.gen_length, block_length=8)  # noqa: E731
     run_open_loop(VirtualTimed(eng, clock, lambda: []), wl, params, clock=clock.now, sleep=clock.sleep)
-    graphs = eng.runner.graphs
     assert graphs.replays > 0 and graphs.dummies > 0
+    assert {k[1] == 0 for k in graphs.entries} == {in_place}             # static keys: 0 = read in place
     seen = []
     cfg = model.config
-    setup = SimSetup(cfg, ModelShape.from_config(cfg, 4), hardware.load("h100"), "float32", {"engine": "engine"},
+    setup = SimSetup(cfg, ModelShape.from_config(cfg, 4), hardware.load("h100"), dtype, {"engine": "engine"},
                      memory_budget=1e12, engine_defaults=knobs, real_capacity=lambda v: {"kv_pool_tokens": 400},
                      cost_fn=lambda fw: seen.append(fw) or 1e-3)
-    simulate_point(parse_system("engine"), setup, wl, 8)
+    info = simulate_point(parse_system("engine"), setup, wl, 8)["info"]
+    assert info["graph_capture"] == "warm-up" and info["graphs_captured_at_warm_up"] == at_warm_up
     padded = [fw for fw in seen if fw.graph]
     assert len(padded) == graphs.replays
     assert sum(len(fw.passes[0].segs) - fw.n_seq for fw in padded) == graphs.dummies
-    assert sum(fw.capture for fw in seen) == len(graphs.entries)
+    assert sum(fw.capture for fw in seen) == len(graphs.entries) - at_warm_up
+    assert (len(graphs.entries) == at_warm_up) == in_place             # in place: the warm-up's graphs serve all
     assert sum(fw.first for fw in seen) == 1 and seen[0].first
 
 

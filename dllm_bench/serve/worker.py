@@ -31,7 +31,14 @@ from dllm_bench.results import atomic_write_json  # noqa: E402
 from dllm_bench.serve.loadgen import run_open_loop, step_stats_summary  # noqa: E402
 from dllm_bench.serve.trace import tracing  # noqa: E402
 from dllm_bench.speed_gauge import SpeedGauge  # noqa: E402
-from dllm_bench.systems.build import STATIC_PROFILE_STEPS, WorkloadShape, build_system, warm_up  # noqa: E402
+from dllm_bench.systems.build import (  # noqa: E402
+    STATIC_PROFILE_STEPS,
+    WARM_UP_PROMPT,
+    WorkloadShape,
+    build_system,
+    warm_up,
+    warm_up_batch,
+)
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
 from engine.memory import MemoryMeter  # noqa: E402  (the profiler's meter: the budget is held, not only accounted)
 from engine.profiler import weights_bytes  # noqa: E402
@@ -78,8 +85,9 @@ def run(spec: dict, out_path: Path) -> int:
     n_warm = int(spec.get("num_warmups", 0))
     if n_warm:
         emit("status", message=f"warming up ({n_warm} request{'s' if n_warm > 1 else ''})")
-        most = min(len(spec["workload"]), spec.get("max_concurrency") or len(spec["workload"]))
-        warm_up(system, spec["workload"][0]["prompt_ids"][:8], int(spec["sampling"]["block_length"]), n_warm, most)
+        most = warm_up_batch(len(spec["workload"]), spec.get("max_concurrency"))
+        warm_up(system, spec["workload"][0]["prompt_ids"][:WARM_UP_PROMPT], int(spec["sampling"]["block_length"]),
+                n_warm, most)
 
     steps_rule = spec["sampling"].get("steps", "gen_length")
     block = int(spec["sampling"]["block_length"])

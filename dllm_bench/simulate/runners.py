@@ -3,8 +3,8 @@
 * `CostRunner` is an `engine.step.Runner`: `LLMEngine(config, runner=CostRunner(...))` keeps the
   engine's scheduler, KV accounting and logit budget; each step is charged the cost of the work
   `work.engine_forward` reads off the batch (with `graphs`, Reuse-only steps padded to their
-  bucket, a graph's first step a capture). With `inner` (a real ModelRunner) it also runs the
-  model: the test that the simulated schedule is the engine's own.
+  bucket, a graph's first step a capture unless `capture_graphs` took it at warm-up). With
+  `inner` (a real ModelRunner) it also runs the model: the simulated schedule is the engine's.
 * `CostPolicy` is a `baselines.static_batch.Policy`: the real static batching, each forward
   charged `work.baseline_forward`'s cost.
 
@@ -23,7 +23,7 @@ import torch
 from baselines.static_batch import Batch, Policy, StepResult
 from dllm_bench.simulate.clock import VirtualClock
 from dllm_bench.simulate.cost_model import Forward, ModelShape
-from dllm_bench.simulate.work import baseline_work, engine_forward, graph_key, padded
+from dllm_bench.simulate.work import baseline_work, engine_forward, graph_key, padded, warm_up_keys
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.kv_cache import KVPool, bytes_per_token
@@ -61,16 +61,27 @@ class AccountingPool(KVPool):
 
 
 class CostRunner:
-    """`graphs`: the engine replays Reuse-only steps through CUDA graphs (a GPU's default)."""
+    """`graphs`: the engine replays Reuse-only steps through CUDA graphs (a GPU's default), their
+    keys read `in_place` or gathered (work.graph_key)."""
 
     def __init__(self, model_config, config: EngineConfig, shape: ModelShape, cost: Cost, clock: VirtualClock,
-                 dtype: torch.dtype = torch.bfloat16, inner=None, graphs: bool = False):
+                 dtype: torch.dtype = torch.bfloat16, inner=None, graphs: bool = False, in_place: bool = False):
         self.model_config, self.dtype, self.device = model_config, dtype, torch.device("cpu")
         self.config, self.shape, self.cost, self.clock, self.inner = config, shape, cost, clock, inner
         self.model = getattr(inner, "model", None)
-        self.graphs, self.captured = graphs, set()
+        self.graphs, self.in_place, self.captured = graphs, in_place, set()
         self.last: list = []
         self.forwards = 0
+
+    def capture_graphs(self, block_length: int, prompt_len: int, max_batch: int | None,
+                       holds: Callable[[int], bool]) -> int:
+        """The graphs `LLMEngine.capture_graphs` captures at warm-up, before the point's clock
+        starts: none of the point's steps captures them. -> graphs new."""
+        if not self.graphs:
+            return 0
+        keys = warm_up_keys(self.config, block_length, prompt_len, max_batch, holds, self.in_place) - self.captured
+        self.captured |= keys
+        return len(keys)
 
     def run(self, batch) -> StepStats:
         fw, charged = engine_forward(batch, self.config, self.shape)
@@ -84,7 +95,7 @@ class CostRunner:
             cap = self.config.max_num_logits
             st = StepStats(fw.query_tokens, fw.rows, fw.rows if cap is None else min(fw.rows, cap),
                            n_ref, len(batch) - n_ref, cache=dict(Counter(req.cache for req, _ in batch)))
-        key = graph_key(batch, self.config) if self.graphs else None
+        key = graph_key(batch, self.config, self.in_place) if self.graphs else None
         if key is not None:                    # the counters above are the real rows, as the engine's
             fw = replace(padded(fw, key), capture=key not in self.captured)
             self.captured.add(key)

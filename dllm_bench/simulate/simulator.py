@@ -31,6 +31,8 @@ from dllm_bench.simulate.memory import baseline_batch_fits, baseline_max_batch, 
 from dllm_bench.simulate.parallel import ParallelCostModel
 from dllm_bench.simulate.runners import CostPolicy, CostRunner, ShapeModel, cost_engine
 from dllm_bench.simulate.steps_per_block import StepsPlan
+from dllm_bench.simulate.work import keys_in_place
+from dllm_bench.systems.build import WARM_UP, WARM_UP_PROMPT, warm_up_batch
 from dllm_bench.systems.decoding import resolve as resolve_decoding
 from dllm_bench.systems.spec import baseline_knobs, engine_knobs
 from engine.config import EngineConfig
@@ -87,8 +89,9 @@ class SimSetup:
     speed: float = 1.0                     # every step's cost x this: a machine slower than its profile
     decoding: str = "fixed"                # --decoding (dllm_bench.systems.decoding): what each system runs
     steps_plan: StepsPlan | None = None    # forwards per block of parallel-decoded requests (--steps-per-block)
-    # system label -> {"knobs": {...}, "info": {...}}: a measured point's recorded knobs and capacity
-    # (KV pool, static batch) that replace the run's defaults (dllm_bench.simulate.fit.measured)
+    # system label -> {"knobs": {...}, "info": {...}, "graph_capture": ...}: a measured point's recorded
+    # knobs, capacity (KV pool, static batch) and where its graphs were captured, which replace the
+    # run's defaults (dllm_bench.simulate.fit.measured)
     pinned: dict = field(default_factory=dict)
 
     def cost_model(self, system: str, ranks: int = 1) -> CostModel | ParallelCostModel:
@@ -128,7 +131,7 @@ class SimSetup:
         return fn if k == 1.0 else (lambda x: fn(x) * k)
 
 
-def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
+def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict, warm: tuple[int, int, int] | None):
 
     knobs = {**engine_knobs(variant, setup.engine_defaults), **setup.pinned.get(variant.label, {}).get("knobs", {})}
     try:
@@ -149,11 +152,17 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict):
     cfg.kv_pool_tokens = info["kv_pool_tokens"]
     # a rank's view of the model (its KV heads): the pool counts one GPU's bytes
     model_config = setup.model_config if n == 1 else RankConfig.of(setup.model_config, n)
-    graphs = cfg.cuda_graphs if cfg.cuda_graphs is not None else setup.hardware.kind == "gpu"
+    gpu = setup.hardware.kind == "gpu"
+    graphs = cfg.cuda_graphs if cfg.cuda_graphs is not None else gpu
     runner = CostRunner(model_config, cfg, setup.shape, setup.step_cost(variant.name, n), clock,
-                        TORCH_DTYPES[setup.dtype], graphs=graphs)
+                        TORCH_DTYPES[setup.dtype], graphs=graphs, in_place=keys_in_place(cfg, gpu))
     engine = cost_engine(cfg, runner)
-    info.update(kind="engine", knobs=knobs, engine_config=cfg.to_dict(), tensor_parallel_size=n)
+    # Today's serve captures the graphs at warm-up, outside the point; a measured run is replayed
+    # as it ran (its pin: an older run captured them at each bucket's first step in the point).
+    where = setup.pinned.get(variant.label, {}).get("graph_capture", WARM_UP) if graphs else None
+    captured = runner.capture_graphs(*warm, engine.pool.can_reserve) if where == WARM_UP and warm else 0
+    info.update(kind="engine", knobs=knobs, engine_config=cfg.to_dict(), tensor_parallel_size=n,
+                graph_capture=where, graphs_captured_at_warm_up=captured)
     return VirtualTimed(engine, clock, lambda: runner.last, setup.wake_cost(variant.name), setup.add_cost(variant.name))
 
 
@@ -206,7 +215,10 @@ def plan_requests(system: VirtualTimed, plan: StepsPlan | None, block_length: in
     system.add_request = add_planned
 
 
-def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[VirtualTimed, dict]:
+def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int,
+          warm: tuple[int, int, int] | None = None) -> tuple[VirtualTimed, dict]:
+    """The system on the clock; `warm`: serve's warm-up of the point (block length, prompt
+    tokens, the most requests it batches), where an engine captures its CUDA graphs."""
     info: dict[str, Any] = {"system": variant.name, "label": variant.label, "impl": setup.impls[variant.name],
                             "hardware": setup.hardware.name, "memory_budget": setup.memory_budget}
     if setup.real_capacity is not None:
@@ -214,7 +226,7 @@ def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int) -> tuple[
     info.update(setup.pinned.get(variant.label, {}).get("info", {}))
     if variant.is_baseline:
         return _baseline(variant, setup, clock, info, max_len), info
-    return _engine(variant, setup, clock, info), info
+    return _engine(variant, setup, clock, info, warm), info
 
 
 def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
@@ -222,11 +234,13 @@ def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
                    max_concurrency: int | None = None, seed: int = 0) -> dict:
     """{"result": run_open_loop's result in simulated seconds, "info": what was built}; at most
     `max_concurrency` requests in flight, as serve's loop. Under parallel decoding each request
-    is planned its forwards per block (setup.steps_plan, drawn with `seed` and its id)."""
+    is planned its forwards per block (setup.steps_plan, drawn with `seed` and its id). An engine
+    captures its CUDA graphs at serve's warm-up, before the clock starts (`build`'s `warm`)."""
 
     clock = setup.clock()
     max_len = max(len(w.prompt_ids) + w.gen_length for w in workload)
-    system, info = build(variant, setup, clock, max_len)
+    warm = (block_length, len(workload[0].prompt_ids[:WARM_UP_PROMPT]), warm_up_batch(len(workload), max_concurrency))
+    system, info = build(variant, setup, clock, max_len, warm)
     dec = resolve_decoding(variant.name, setup.decoding, variant.knob_dict)
     if dec.parallel:
         plan_requests(system, setup.steps_plan, block_length, seed)

@@ -4,7 +4,8 @@ state the real scheduler or static batch hands over, never from token values.
 * `engine_forward`: one packed engine step: a Refresh queries its whole canvas, a Reuse its
   block against the cache (dual: every position, sparse: the kept ones, each request in its own
   mode under `cache=auto`); logits only for the block's still-masked rows, in chunks of the logit
-  budget. With CUDA graphs a Reuse-only step runs padded to its bucket (`graph_key`).
+  budget. With CUDA graphs a Reuse-only step runs padded to its bucket (`graph_key`; those captured at
+  warm-up: `warm_up_keys`).
 * `baseline_forward`: one static-batch forward of a baseline policy, padded to the batch's
   canvas, with the StepResult the real policy reports for it.
 
@@ -13,6 +14,7 @@ k-th step has block_length − Σ schedule[:k] masked positions (decoders never 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from baselines.dllm_cache import DLLMCache
@@ -23,7 +25,7 @@ from baselines.sparse_dllm import SparseDLLM
 from baselines.static_batch import Batch, StepResult
 from dllm_bench.simulate.cost_model import Forward, LayerPass, ModelShape, Seg
 from engine.config import EngineConfig
-from engine.graphs import batch_buckets, bucket, key_width
+from engine.graphs import batch_buckets, bucket, key_width, warm_up_plan
 from engine.request import Phase, Request
 
 
@@ -66,19 +68,40 @@ def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, sha
     return fw, charged
 
 
-def graph_key(batch: list[tuple[Request, Phase]], config: EngineConfig) -> tuple[int, int, int] | None:
+def graph_key(batch: list[tuple[Request, Phase]], config: EngineConfig,
+              in_place: bool = False) -> tuple[int, int, int] | None:
     """(bucket, key width, block length) of the CUDA graph a step replays (engine.graphs.StepGraphs.takes:
     Reuse only, one block length, the padded batch within the token budget), or None: it runs eagerly.
-    The key width is the padded-SDPA one (every member's keys to `key_width` of the longest); a bucket
-    whose graph measured slower than eager on the GPU is not known here and counts as a graph."""
+    Keys read `in_place` (`keys_in_place`): width 0, one graph serves every step of its bucket; else
+    the padded-SDPA width (every member's keys to `key_width` of the longest). A bucket whose graph
+    measured slower than eager on the GPU, or a fragmented pool's step, is not known here: it counts
+    as a graph."""
     if not batch or any(p is not Phase.REUSE for _, p in batch):
         return None
     bl = batch[0][0].params.block_length
     b = bucket(len(batch), batch_buckets(config.max_num_seqs))
     if b is None or any(r.params.block_length != bl for r, _ in batch) or b * bl > config.max_num_batched_tokens:
         return None
-    keys = [req.kv_tokens for req, _ in batch]          # what each Reuse reads: its reserved keys
-    return b, key_width(max(keys)), bl
+    return b, _width(max(req.kv_tokens for req, _ in batch), in_place), bl   # each Reuse reads its reserved keys
+
+
+def _width(keys: int, in_place: bool) -> int:
+    return 0 if in_place else key_width(keys)
+
+
+def keys_in_place(config: EngineConfig, gpu: bool) -> bool:
+    """Whether the engine's Reuse steps read their keys in place from the KV pool: on a GPU in
+    bf16/fp16 its default backend is a packed varlen kernel (engine.attention.choose_backend) that
+    does; padded SDPA (attention_backend=sdpa, fp32, a CPU) gathers them."""
+    return gpu and config.attention_backend != "sdpa" and config.dtype in ("bfloat16", "float16")
+
+
+def warm_up_keys(config: EngineConfig, block_length: int, prompt_len: int, max_batch: int | None,
+                 holds: Callable[[int], bool], in_place: bool = False) -> set[tuple[int, int, int]]:
+    """The graphs the engine captures at warm-up (engine.graphs.warm_up_plan, as `graph_key` keys
+    them): its synthetic one-block requests after a `prompt_len` prompt, one bucket each."""
+    _, need, sizes = warm_up_plan(config, block_length, prompt_len, max_batch, holds)
+    return {(b, _width(need, in_place), block_length) for b in sizes}
 
 
 def padded(fw: Forward, key: tuple[int, int, int]) -> Forward:

@@ -328,6 +328,21 @@ def _build_baseline(variant, model, fp, dtype, device, memory_budget, shape, def
     return BuiltSystem(system, info)
 
 
+# Where a run's engines captured their CUDA graphs (config.json's `graph_capture`): before each
+# point (`warm_up`), or at each bucket's first step inside the point (a run without a warm-up).
+WARM_UP, IN_POINT = "warm-up", "in-point"
+WARM_UP_PROMPT = 8          # prompt tokens of the warm-up requests (the point's first request's first ones)
+
+
+def graph_capture(num_warmups: int) -> str:
+    return WARM_UP if num_warmups > 0 else IN_POINT
+
+
+def warm_up_batch(n_requests: int, max_concurrency: int | None) -> int:
+    """The most requests a point of `n_requests` ever batches: what its warm-up captures up to."""
+    return min(n_requests, max_concurrency or n_requests)
+
+
 def warm_up(system: Any, prompt_ids: list[int], block_length: int, n: int = 1, max_batch: int | None = None) -> None:
     """n one-block requests through a system before it is measured or serves (first-call
     costs are not serving); an engine with CUDA graphs captures its buckets first (those up to

@@ -7,6 +7,8 @@ evidence of its time, finest first:
 * blocks: every request's block-completion times (first_token_time + its ITLs), which every serve
   run records: they split the run into segments of known length;
 * totals: the point's duration and mean E2EL (summary.json).
+
+Where its engine captured CUDA graphs (config.json's `graph_capture`) is replayed as recorded.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from dllm_bench import results
 from dllm_bench.errors import UserError
+from dllm_bench.systems.build import IN_POINT, WARM_UP
 from dllm_bench.systems.spec import ENGINE, ENGINE_KNOBS, SystemVariant
 from workloads.serving import ServingRequest
 
@@ -41,6 +44,7 @@ class MeasuredPoint:
     mean_e2el: float                   # seconds
     block_length: int
     steps: list[dict] | None = None
+    graph_capture: str = IN_POINT      # where its engine captured CUDA graphs (`graph_capture`)
     device: str = ""
     date: str = ""
     notes: list[str] = field(default_factory=list)
@@ -76,16 +80,26 @@ def _pins(s: dict) -> tuple[dict, dict]:
     return dict(s.get("knobs") or {}), info
 
 
+def graph_capture(run_dir: Path) -> str:
+    """Where the run's engines captured their CUDA graphs, as its config.json records it; a run
+    recorded before it said so (the committed H100 run) was made by code that captured each graph
+    at its bucket's first step, inside the point."""
+    where = results.load_config(run_dir).get("config", {}).get("graph_capture", IN_POINT)
+    if where not in (WARM_UP, IN_POINT):
+        raise UserError(f"{run_dir}: config.json's graph_capture must be {WARM_UP} or {IN_POINT}, got {where!r}")
+    return where
+
+
 def pins(run_dirs: list[Path]) -> dict[str, dict]:
-    """label -> {"knobs", "info"} of the first point of each system in the runs: what `simulate
-    --validate` pins each simulated system to, so it is compared with what was measured rather than
-    with the defaults of today's code."""
+    """label -> {"knobs", "info", "graph_capture"} of the first point of each system in the runs:
+    what `simulate --validate` pins each simulated system to, so it is compared with what was
+    measured rather than with the defaults of today's code."""
     out: dict[str, dict] = {}
     for d in run_dirs:
         for s in results.load_points(d):
             if s.get("system") not in out and s.get("system_name") != "endpoint":
                 knobs, info = _pins(s)
-                out[s["system"]] = {"knobs": knobs, "info": info}
+                out[s["system"]] = {"knobs": knobs, "info": info, "graph_capture": graph_capture(d)}
     return out
 
 
@@ -122,7 +136,7 @@ def _point(run_dir: Path, cfg: dict, s: dict) -> MeasuredPoint | str:
     return MeasuredPoint(run_dir, name, s["system"], s.get("system_name") or s["system"].split(":")[0], s["dataset"],
                          float(s["rps"]), knobs, info, reqs, blocks, arrivals, float(s["duration_s"]),
                          float(s["mean_e2el_ms"]) / 1e3, int(cfg.get("preset", {}).get("block_length") or 32),
-                         _jsonl(steps_path) if steps_path.is_file() else None,
+                         _jsonl(steps_path) if steps_path.is_file() else None, graph_capture(run_dir),
                          device=env.get("cuda_device") or "", date=created[:10])
 
 

@@ -1,6 +1,7 @@
 """A measured point replayed by the simulator exactly as it ran: the same requests and arrival
 times, the system pinned to its recorded knobs and KV pool or static batch, this project's
-implementation (`dllm-bench`: the code `serve` measured). It records every forward the system
+implementation (`dllm-bench`: the code `serve` measured), its CUDA graphs captured where the run
+captured them (at warm-up, or in the point). It records every forward the system
 took, when it started, and the forward at which each request committed each block: what the
 fit turns into linear observables of the per-step cost.
 """
@@ -56,7 +57,8 @@ def setup_for(point: MeasuredPoint, hw: Hardware) -> SimSetup:
     model, dtype, base_knobs, budget = _model(str(point.run_dir))
     return SimSetup(model, ModelShape.from_config(model, DTYPE_BYTES[dtype]), hw, dtype, {point.system: MEASURED_HOST},
                     memory_budget=budget or 80e9, baseline_defaults=base_knobs,
-                    pinned={point.label: {"knobs": point.knobs, "info": point.info}})
+                    pinned={point.label: {"knobs": point.knobs, "info": point.info,
+                                          "graph_capture": point.graph_capture}})
 
 
 class _Recording(SimSetup):
