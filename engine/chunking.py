@@ -30,15 +30,6 @@ NEAR_BEST = 1.1
 SHARE = 0.5
 
 
-def serves_long(config: EngineConfig) -> bool:
-    """Whether canvases longer than the token budget are admitted: when `max_model_len` is set
-    above it (the profiler then reserves their chunked Refresh; left to the checkpoint's length,
-    nothing changes for an engine that never serves one), under the phase scheduler (the only
-    one that charges a Refresh apart from its Reuse steps), on one device."""
-    return (config.max_model_len is not None and config.max_model_len > config.max_num_batched_tokens
-            and config.scheduler == "phase" and config.tensor_parallel_size == 1)
-
-
 def is_long(req: Request, phase: Phase, budget: int) -> bool:
     return phase.is_refresh and req.length > budget
 

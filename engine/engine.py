@@ -10,7 +10,6 @@ import torch
 
 from engine.attention import choose_backend
 from engine.canvas import CanvasPool
-from engine.chunking import serves_long
 from engine.config import DTYPES, EngineConfig
 from engine.counters import StepCounters
 from engine.graphs import StepGraphs
@@ -21,6 +20,7 @@ from engine.request import Request, RequestOutput, Status
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
+from engine.schedulers import long_schedulers, serves_long
 from engine.step import Batch, Runner, StepDecisions
 
 
@@ -102,7 +102,7 @@ class LLMEngine:
                 f"prompt + gen_length = {length} exceeds max_num_batched_tokens "
                 f"{self.config.max_num_batched_tokens}: its Refresh step could never be scheduled "
                 f"(a longer canvas is refreshed in chunks when max_model_len is set above the token budget, "
-                f"under scheduler=phase on one device)"
+                f"under scheduler={' | '.join(long_schedulers())} on one device)"
             )
         if params.block_length > self.config.max_num_batched_tokens and self.config.cache != "none":
             raise ValueError(f"block_length {params.block_length} exceeds max_num_batched_tokens "

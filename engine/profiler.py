@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import chunking, graphs
+from engine import chunking, graphs, schedulers
 from engine.cache_mode import AUTO
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, bytes_per_token, kv_need
@@ -158,7 +158,7 @@ def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str
     the token budget) for canvases beyond the token budget, or None when none can run; each the
     largest over the cache modes served. Measured at their real sizes on scratch slots."""
     T = config.max_num_batched_tokens
-    if max_model_len <= T or not chunking.serves_long(config):
+    if max_model_len <= T or not schedulers.serves_long(config):
         return None
     scratch = KVPool(None, model.config, model.dtype, model.device)
     runner = ModelRunner(model, graphs.eager(config), backend, scratch, max_model_len)

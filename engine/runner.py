@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine import chunking, graphs
+from engine import chunking, graphs, schedulers
 from engine.attention import PACKED, PackedKernel
 from engine.cache_policy import POLICIES
 from engine.config import EngineConfig
@@ -63,7 +63,7 @@ class ModelRunner:
         # A Refresh longer than the token budget: its chunk (the profile's choice) and the staging
         # of its step's decode plan (the packed forward's staging is flushed by then).
         self.refresh_chunk = refresh_chunk or chunking.default_chunk(config)
-        self.long_possible = chunking.serves_long(config)
+        self.long_possible = schedulers.serves_long(config)
         self.long_staging = Staging(self.device)
         self.graphs = StepGraphs(self) if graphs.enabled(config, self.device) and pool is not None else None
 

@@ -38,6 +38,9 @@ class Queues(Protocol):
 
 class SchedulingPolicy:
     plan: Lookahead | None = None           # the ledger of a planning policy
+    # Admits a canvas longer than the token budget, its Refresh charged over several steps apart
+    # from its Reuse steps (engine.chunking.RefreshCredit): what `serves_long` asks.
+    chunks_long_refresh: bool = False
 
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -60,6 +63,8 @@ class SchedulingPolicy:
 class PhasePolicy(SchedulingPolicy):
     """Greedy FCFS: running requests keep their place and are charged by phase, then waiting
     requests are admitted while the step fits; nobody overtakes a running request."""
+
+    chunks_long_refresh = True
 
     def cost(self, req: Request, phase: Phase) -> int:
         if is_long(req, phase, self.config.max_num_batched_tokens):
@@ -136,7 +141,10 @@ class PhasePolicy(SchedulingPolicy):
 
 
 class RequestPolicy(PhasePolicy):
-    """A phase-unaware, request-level system: every step charged the whole canvas."""
+    """A phase-unaware, request-level system: every step charged the whole canvas (a canvas over
+    the budget would be charged more than any step holds, every step)."""
+
+    chunks_long_refresh = False
 
     def cost(self, req: Request, phase: Phase) -> int:
         return req.length
@@ -172,3 +180,17 @@ class LookaheadPolicy(SchedulingPolicy):
 
 POLICIES: dict[str, type[SchedulingPolicy]] = {"phase": PhasePolicy, "request": RequestPolicy,
                                                "lookahead": LookaheadPolicy}
+
+
+def serves_long(config: EngineConfig) -> bool:
+    """Whether canvases longer than the token budget are admitted: when `max_model_len` is set
+    above it (the profiler then reserves their chunked Refresh; left to the checkpoint's length,
+    nothing changes for an engine that never serves one), under a policy that charges such a
+    Refresh apart from its Reuse steps (`chunks_long_refresh`), on one device."""
+    return (config.max_model_len is not None and config.max_model_len > config.max_num_batched_tokens
+            and POLICIES[config.scheduler].chunks_long_refresh and config.tensor_parallel_size == 1)
+
+
+def long_schedulers() -> list[str]:
+    """The scheduler names whose policy admits a canvas longer than the token budget."""
+    return [name for name, policy in POLICIES.items() if policy.chunks_long_refresh]

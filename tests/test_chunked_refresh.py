@@ -156,6 +156,21 @@ def test_schedulers_without_chunking_refuse_long_canvases(gqa, scheduler):
         eng.add_request(random_prompts(1, 20)[0], SamplingParams(gen_length=4, steps=4, block_length=4))
 
 
+def test_serving_long_canvases_is_a_fact_of_the_scheduling_policy(monkeypatch):
+    """serves_long asks the policy registry (`chunks_long_refresh`), not the scheduler's name."""
+    from engine import schedulers
+
+    def cfg(scheduler: str) -> EngineConfig:
+        return EngineConfig(scheduler=scheduler, max_num_batched_tokens=16, max_model_len=64)
+    assert {s: schedulers.serves_long(cfg(s)) for s in schedulers.POLICIES} == {
+        "phase": True, "request": False, "lookahead": False}
+    assert not schedulers.serves_long(EngineConfig(max_num_batched_tokens=16))   # max_model_len left unset
+    monkeypatch.setattr(schedulers.LookaheadPolicy, "chunks_long_refresh", True)
+    monkeypatch.setattr(schedulers.PhasePolicy, "chunks_long_refresh", False)
+    assert schedulers.serves_long(cfg("lookahead")) and not schedulers.serves_long(cfg("phase"))
+    assert schedulers.long_schedulers() == ["lookahead"]
+
+
 def test_block_longer_than_budget_refused(gqa):
     eng = make_engine(gqa, cache="dual", max_num_batched_tokens=16, max_model_len=64)
     with pytest.raises(ValueError, match="Reuse steps could never be scheduled"):
