@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from dllm_bench.console import console
-from dllm_bench.simulate.calibrate.run import calibrate
+from dllm_bench.simulate.calibrate.run import CalibrateOptions, calibrate
 from dllm_bench.systems.spec import DEFAULT_SYSTEMS
 
 
@@ -33,5 +33,4 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Profile this machine's CPU or GPU (GEMMs, attention, host time per system) and write a hardware
         profile."""
-        typer.echo(str(calibrate(preset=preset, model=model, device=device, systems=systems, name=name, out=out,
-                                 repeats=repeats, sizes=sizes, console=console(), dtype=dtype)))
+        typer.echo(str(calibrate(CalibrateOptions.pick(locals()), console())))

@@ -1,9 +1,11 @@
-"""The flags of a serving run, declared once for `serve`, `simulate`, `ablate` and `sweep`.
+"""The flags of a serving run, declared once for `serve`, `simulate`, `ablate`, `sweep` (and the
+ones `server` shares: --dtype, --device, --cuda-graphs, --tensor-parallel-size).
 
-Each alias is a parameter type with its Typer option (`num_prompts: NumPrompts = None`); the
+Each alias is a parameter type with its Typer option (`num_prompts: f.NumPrompts = None`); the
 parameter names are ServeOptions' field names, so a command builds its options with
-`ServeOptions.pick(locals())`. A command whose default differs in meaning (ablate's saturation
-`--rps inf`, simulate's GPU budget) declares that flag itself.
+`ServeOptions.pick(locals())`. A command whose default or help differs in meaning (ablate's
+saturation `--rps inf`, simulate's GPU budget: commands/simulate_flags.py) declares that flag
+itself.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Annotated
 import typer
 
 from dllm_bench.errors import UserError
-from dllm_bench.serve.presets import DEFAULT_PRESET, PRESETS
+from dllm_bench.serve.presets import DEFAULT_PRESET, GPU_PRESET, PRESETS
 
 Systems = Annotated[str | None, typer.Option(
     "--systems", help="systems and variants: engine,fast-dllm,dllm-cache,sparse-dllm (default), llada; "
@@ -22,6 +24,20 @@ Systems = Annotated[str | None, typer.Option(
 BaselineBatch = Annotated[str, typer.Option(
     "--baseline-batch", help="baselines without batch=: max-fit (largest static batch in the budget), "
     "upstream (the batch their upstream code runs: Fast-dLLM 1, Sparse-dLLM 1, dLLM-Cache 2), or both side by side")]
+Rps = Annotated[str | None, typer.Option(
+    "--rps", "--request-rate",
+    help="arrival rate(s), req/s: 0.5, or a sweep 0.1,0.25,0.5,1.0; inf = all at t=0 [preset: 0.5]")]
+Dataset = Annotated[str | None, typer.Option(
+    "--dataset", "--dataset-name", help="livebench | osc | burstgpt | random, or a list livebench,osc,burstgpt")]
+DatasetPath = Annotated[Path | None, typer.Option("--dataset-path", help="replay a BurstGPT CSV or a JSONL file")]
+Arrivals = Annotated[str | None, typer.Option(
+    "--arrivals", help="poisson | gamma | trace (default: poisson, gamma if --burstiness != 1)")]
+TimeScale = Annotated[float, typer.Option("--time-scale", help="trace replay speed-up (60 = a minute per second)")]
+BurstgptModel = Annotated[str | None, typer.Option(
+    "--burstgpt-model", help="BurstGPT CSV rows of one model: ChatGPT | GPT-4")]
+MemoryBudget = Annotated[str | None, typer.Option(
+    "--memory-budget", help="bytes for weights+activations+KV of every system, e.g. 1GiB, 512MiB, 2.5GB; auto = "
+    "free GPU memory x 0.9 measured once at the start (CUDA only: a CPU run needs a size) [preset, else auto]")]
 NumPrompts = Annotated[int | None, typer.Option("--num-prompts", help="requests per point [preset]")]
 Duration = Annotated[float | None, typer.Option("--duration", help="bound arrivals by time (s) instead of count")]
 Burstiness = Annotated[float, typer.Option("--burstiness", help="gamma shape: 1 = Poisson, < 1 burstier")]
@@ -29,6 +45,9 @@ Model = Annotated[str | None, typer.Option(
     "--model", help="model preset (dllm-bench models list) or LLaDA checkpoint dir [preset]")]
 Preset = Annotated[str | None, typer.Option(
     "--preset", help=f"serve preset: {', '.join(PRESETS)} (default {DEFAULT_PRESET}, or the one for --model)")]
+ServePreset = Annotated[str | None, typer.Option(
+    "--preset", help=f"serve preset: {', '.join(PRESETS)} (default {DEFAULT_PRESET}, or the one for --model; "
+    f"a checkpoint dir on CUDA: {GPU_PRESET})")]
 MaxNumBatchedTokens = Annotated[int | None, typer.Option(
     "--max-num-batched-tokens", help="engine token budget per step [preset; paper: scaled with the GPU]")]
 MaxNumLogits = Annotated[str | None, typer.Option(
@@ -41,6 +60,10 @@ GenCap = Annotated[int | None, typer.Option("--gen-cap", help="max gen_length in
 GenLength = Annotated[int | None, typer.Option(
     "--gen-length", help="one output length for every request (the paper's 256), a block multiple [preset]")]
 BlockLength = Annotated[int | None, typer.Option("--block-length", help="diffusion block length [preset]")]
+MaxPromptLen = Annotated[int | None, typer.Option("--max-prompt-len", help="cut prompts to this many tokens")]
+Dtype = Annotated[str | None, typer.Option(
+    "--dtype", help="float32 | bfloat16 | float16 | float64 [preset; a CPU preset on CUDA: bfloat16]")]
+Device = Annotated[str | None, typer.Option("--device", help="cpu | cuda [preset]")]
 Threads = Annotated[int | None, typer.Option("--threads", help="torch threads of every system process [preset]")]
 Seed = Annotated[int, typer.Option("--seed", help="workload seed (arrivals, lengths, prompt ids)")]
 Repeats = Annotated[int, typer.Option(
@@ -94,3 +117,19 @@ RunId = Annotated[str | None, typer.Option("--run-id", help="name of the run dir
 Resume = Annotated[bool, typer.Option(
     "--resume", help="continue a run (--run-id, default the latest): skip finished points and repeats")]
 AsJson = Annotated[bool, typer.Option("--json", help="print one JSON document on stdout")]
+
+# `serve` against an OpenAI-compatible server, and its GPU projection (docs/SERVE.md).
+NoProjection = Annotated[bool, typer.Option(
+    "--no-projection", envvar="DLLM_BENCH_NO_PROJECTION", help="on a CPU, skip the comparison simulated at GPU "
+    "scale (paper preset on rtx4090, >= 200 requests) printed under the measured one")]
+Endpoint = Annotated[str | None, typer.Option(
+    "--endpoint", help="also (without --systems: only) benchmark this OpenAI-compatible server, e.g. "
+    "http://127.0.0.1:8000/v1")]
+EndpointModel = Annotated[str | None, typer.Option(
+    "--endpoint-model", help="model name sent to --endpoint (default: its first model)")]
+Api = Annotated[str, typer.Option("--api", help="--endpoint API: completions (token-id prompts) | chat (text)")]
+Stream = Annotated[bool, typer.Option("--stream/--no-stream", help="--endpoint: streamed responses (TTFT = first block)")]
+DllmExtras = Annotated[bool, typer.Option(
+    "--dllm-extras/--no-dllm-extras", help="--endpoint: send block_length, steps, return_token_ids")]
+ApiKey = Annotated[str | None, typer.Option(
+    "--api-key", help="--endpoint: sent as Authorization: Bearer KEY [$OPENAI_API_KEY]")]

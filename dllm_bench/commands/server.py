@@ -1,12 +1,13 @@
 """`dllm-bench server`: the engine behind an OpenAI-compatible HTTP API (FastAPI + uvicorn),
-the way vLLM serves a model (dllm_bench.server.startup.start, docs/SERVER.md)."""
+the way vLLM serves a model (dllm_bench.server.startup.start over its ServerOptions, docs/SERVER.md)."""
 from __future__ import annotations
 
 import typer
 
-from dllm_bench.commands.serve_flags import CudaGraphs, TensorParallelSize
+from dllm_bench.commands import serve_flags as f
 from dllm_bench.serve.presets import DEFAULT_PRESET, GPU_PRESET, PRESETS
-from dllm_bench.server.startup import DEFAULT_MAX_WAITING, start
+from dllm_bench.server.options import DEFAULT_MAX_WAITING, ServerOptions
+from dllm_bench.server.startup import start
 
 
 def register(app: typer.Typer) -> None:
@@ -27,12 +28,12 @@ def register(app: typer.Typer) -> None:
         max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="max concurrent requests [preset]"),
         memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights+activations+KV (1GiB, ...); auto = free GPU memory x 0.9 "
                                                  "at start (on CPU: no budget); none = no budget [preset, else auto]"),
-        dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset; a CPU preset on CUDA: bfloat16]"),
-        device: str | None = typer.Option(None, "--device", help="cpu | cuda [preset]"),
-        cuda_graphs: CudaGraphs = None,
+        dtype: f.Dtype = None,
+        device: f.Device = None,
+        cuda_graphs: f.CudaGraphs = None,
         decoding: str = typer.Option("fixed", "--decoding", help="the policy of a request that names no threshold, "
                                      "factor or entropy: fixed (the steps' schedule) | threshold:τ | factor:f | entropy:γ"),
-        tensor_parallel_size: TensorParallelSize = None,
+        tensor_parallel_size: f.TensorParallelSize = None,
         threads: int | None = typer.Option(None, "--threads", help="torch threads [preset]"),
         block_length: int | None = typer.Option(None, "--block-length", help="block length of requests that give none [preset]"),
         max_waiting: int = typer.Option(DEFAULT_MAX_WAITING, "--max-waiting", help="answer 503 + Retry-After once this many requests wait"),
@@ -43,10 +44,4 @@ def register(app: typer.Typer) -> None:
                                            "(401 otherwise; /health and /metrics stay open) [$DLLM_BENCH_API_KEY]"),
     ) -> None:
         """OpenAI-compatible HTTP server for the engine: /v1/completions, /v1/chat/completions (block streaming), /v1/models, /health, /metrics."""
-        knobs = {"cache": cache, "selection": selection, "retention": retention, "scheduler": scheduler,
-                 "max_num_batched_tokens": max_num_batched_tokens, "max_num_logits": max_num_logits,
-                 "max_num_seqs": max_num_seqs, "tensor_parallel_size": tensor_parallel_size}
-        start(host=host, port=port, log_level=log_level, api_key=api_key, model=model, preset=preset,
-              served_model_name=served_model_name, knobs=knobs, memory_budget=memory_budget, dtype=dtype,
-              device=device, cuda_graphs=cuda_graphs, threads=threads, block_length=block_length, max_waiting=max_waiting,
-              sampling=sampling, use_cache=not no_profile_cache, decoding=decoding)
+        start(ServerOptions.pick(locals()))

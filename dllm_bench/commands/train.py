@@ -10,21 +10,9 @@ from pathlib import Path
 
 import typer
 
-from dllm_bench import inputs
-from dllm_bench.errors import UserError
-from dllm_bench.train.loop import TrainConfig
 from dllm_bench.train.loop import train as run_train
-from workloads.tasks import generated, synth
-
-
-def _int_list(spec: str, flag: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(x) for x in spec.split(",") if x.strip())
-    except ValueError:
-        raise UserError(f"{flag} takes comma-separated integers, got {spec!r}") from None
-    if not vals:
-        raise UserError(f"{flag} is empty")
-    return vals
+from dllm_bench.train.options import train_config
+from workloads.tasks import synth
 
 
 def register(app: typer.Typer) -> None:
@@ -63,27 +51,9 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
     ) -> None:
         """Train a tiny LLaDA on synth or synth-cot with the masked-diffusion objective; save HF LLaDA layout."""
-        if inputs.writable_dir(out, "--out").exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
-            raise UserError(f"--out {out} exists and is not an empty directory (use --force)")
-        if threads is not None and threads <= 0:
-            raise UserError("--threads must be positive")
-        try:
-            cfg = TrainConfig(
-                out=str(out), task=task, train_facts=_int_list(train_facts, "--train-facts"),
-                eval_facts=eval_facts, ops=tuple(o.strip() for o in ops.split(",") if o.strip()),
-                needles=needles, max_value=max_value, window=window, vocab_size=vocab_size, d_model=d_model,
-                n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, mlp_hidden_size=mlp_hidden_size,
-                rope_theta=rope_theta,
-                objective=objective, t_min=t_min, batch_size=batch_size, lr=lr, warmup=warmup,
-                weight_decay=weight_decay, steps=steps, minutes=minutes, stop_after=stop_after, seed=seed,
-                threads=threads,
-                eval_every=eval_every, eval_n=eval_n, save_dtype=save_dtype,
-            )
-            generated.examples(cfg.task, "test", 1, context_facts=cfg.eval_facts, **generated.knobs_of(cfg.task, vars(cfg)))
-        except ValueError as e:
-            raise UserError(str(e)) from None
+        flags = dict(locals())
+        json_out = flags.pop("json_out")
         log = (lambda s: typer.echo(s, err=True)) if json_out else typer.echo
-
-        summary = run_train(cfg, log=log, command=shlex.join(["dllm-bench", *sys.argv[1:]]))
+        summary = run_train(train_config(**flags), log=log, command=shlex.join(["dllm-bench", *sys.argv[1:]]))
         if json_out:
-            typer.echo(json.dumps({k: v for k, v in summary.items()}))
+            typer.echo(json.dumps(summary))

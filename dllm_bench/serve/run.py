@@ -3,22 +3,28 @@ same fingerprint), every (dataset, rps, system) point through the point loop
 (dllm_bench.serve.points.measure_points), then the summaries, the comparisons against the best
 baseline and the plots.
 
+`serve_command` is the command's entry: its options (ServeCommand: the serving run's ServeOptions
+plus the run directory, output and --endpoint flags) checked, an endpoint added as one more system.
 Rich progress, summaries and tables go to stderr; `--json` prints one JSON document on stdout.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
 
 from dllm_bench import console as cons
-from dllm_bench import results
+from dllm_bench import inputs, results
 from dllm_bench.device_defaults import is_cuda
+from dllm_bench.errors import UserError
 from dllm_bench.repeats import aggregate_points, repeat_seeds
 from dllm_bench.results import fmt_rps
 from dllm_bench.serve.config import ServeRun
+from dllm_bench.serve.endpoint import endpoint_api_key, resolve_endpoint
+from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.points import (
     PlannedPoint,
     display_label,
@@ -37,6 +43,42 @@ from workloads.serving import describe, describe_gen_mapping
 # What a CPU run adds under its measured table (the command passes dllm_bench.simulate.projection's
 # gpu_projection): it prints its block and returns its document, or None when it has none.
 Projector = Callable[[ServeRun, Console], dict | None]
+
+
+@dataclass(frozen=True)
+class ServeCommand(ServeOptions):
+    """`serve`'s options as given: the serving run's, its run directory and output, and the
+    OpenAI-compatible server it may measure too (--endpoint)."""
+    result_dir: Path | None = None
+    run_id: str | None = None
+    resume: bool = False
+    as_json: bool = False
+    no_projection: bool = False
+    endpoint: str | None = None
+    endpoint_model: str | None = None
+    api: str = "completions"
+    stream: bool = True
+    dllm_extras: bool = True
+    api_key: str | None = None
+
+
+def serve_command(o: ServeCommand, projection: Projector | None = None) -> int:
+    """`serve` from its options: an --endpoint (which may name the model) resolved first, every
+    option checked before a run directory exists, then `serve`; its exit code."""
+    if o.api_key is not None and o.endpoint is None:
+        raise UserError("--api-key is what serve sends to --endpoint: give --endpoint too")
+    ep, key = None, endpoint_api_key(o.api_key)
+    if o.endpoint is not None:
+        ep, model = resolve_endpoint(o.endpoint, o.endpoint_model, o.api, o.stream, o.dllm_extras, o.model,
+                                     api_key=key)
+        o = replace(o, model=model)
+    result_dir, run_id = inputs.result_dir(o.result_dir), inputs.run_id(o.run_id)
+    run = resolve_run(o)
+    if ep is not None:
+        run.systems = (run.systems if o.systems is not None else []) + [ep.variant()]
+        run.api_key = key
+    return serve(run, result_dir=result_dir, run_id=run_id, resume=o.resume, as_json=o.as_json,
+                 projection=None if o.no_projection else projection)
 
 
 def _run_config(run: ServeRun) -> dict:

@@ -67,8 +67,11 @@ class RunSetup(DeviceOptions):
             torch.set_num_threads(self.threads)
 
 
-def device_of(value: str | None) -> torch.device:
-    """--device: auto (or None: CUDA when present), cpu or cuda[:N] with that GPU present."""
+def device_of(value: str | None, auto: bool = True) -> torch.device:
+    """--device: auto (or None: CUDA when present), cpu or cuda[:N] with that GPU present.
+    `auto=False`: a command whose --device names one (server, calibrate: cpu or cuda[:N])."""
+    if not auto:
+        return torch.device(inputs.device(str(value)))
     text = "auto" if value is None else str(value).strip()
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -85,12 +88,13 @@ def positive(value: int | None, flag: str) -> int | None:
 
 def resolve(o: RunOptions, *, device: str | None = None, dtype: str | Callable[[torch.device], str] | None = None,
             memory_budget: str | None = None, threads: int | None = None, tensor_parallel_size: int = 1,
-            decoding: str = "fixed", required: bool = False) -> RunSetup:
+            decoding: str = "fixed", required: bool = False, auto_device: bool = True) -> RunSetup:
     """`o` checked and resolved, each option None falling back to the keyword of the same name
     (the command's default: a serve preset's device, dtype (a function of the device), budget,
     threads, ranks), then to the device defaults (auto device; bfloat16 on CUDA, float32 on a
     CPU; budget auto = free GPU memory x 0.9, measured now, none on a CPU). `required`: the
-    command sizes its systems for one budget, so a CPU needs a size."""
+    command sizes its systems for one budget, so a CPU needs a size. `auto_device=False`: the
+    command's --device has no `auto` (device_of)."""
     n = positive(o.tensor_parallel_size, "--tensor-parallel-size") or tensor_parallel_size
     t = o.threads if o.threads is not None else threads
     if t is not None and t < 1:
@@ -98,7 +102,7 @@ def resolve(o: RunOptions, *, device: str | None = None, dtype: str | Callable[[
     if o.dtype is not None and o.dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {o.dtype!r}")
     dec = str(system_decoding.parse(o.decoding if o.decoding is not None else decoding))
-    dev = device_of(o.device if o.device is not None else device)
+    dev = device_of(o.device if o.device is not None else device, auto_device)
     kind = o.dtype or (dtype(dev) if callable(dtype) else dtype) or default_dtype(dev)
     budget = resolve_budget(o.memory_budget if o.memory_budget is not None else memory_budget, dev,
                             required=required)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 
-from dllm_bench import inputs
 from dllm_bench.checkpoints.load import load_config
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.device_defaults import default_dtype, gpu_name, resolve_budget
@@ -21,8 +20,15 @@ from dllm_bench.serve.workload import model_info, preset_requests
 from dllm_bench.simulate import bounds
 from dllm_bench.simulate.calibrate.mode import Mode, mode_for
 from dllm_bench.simulate.cost_model import ModelShape
-from dllm_bench.simulate.simulator import DTYPE_BYTES, TORCH_DTYPES
-from dllm_bench.systems.spec import baseline_knobs, engine_knobs, parse_systems, retention_knobs
+from dllm_bench.simulate.simulator import DTYPE_BYTES
+from dllm_bench.systems.options import RunOptions, resolve
+from dllm_bench.systems.spec import (
+    DEFAULT_SYSTEMS,
+    baseline_knobs,
+    engine_knobs,
+    parse_systems,
+    retention_knobs,
+)
 from engine.config import EngineConfig
 from engine.sampling import SamplingParams
 
@@ -62,6 +68,19 @@ def parse_sizes(text: str | None) -> tuple[int, ...] | None:
     return sizes
 
 
+@dataclass(frozen=True)
+class CalibrateOptions(RunOptions):
+    """`calibrate`'s options as given (field names are its CLI parameters'): the run options it
+    exposes (device, dtype; threads are the preset's) and its own."""
+    preset: str | None = None
+    model: str | None = None
+    systems: str = DEFAULT_SYSTEMS
+    name: str = "cpu"
+    out: Path | None = None
+    repeats: int = 5
+    sizes: str | tuple[int, ...] | None = None      # --sizes' text, or the sizes themselves
+
+
 @dataclass
 class Plan:
     """What a calibration will time, resolved before any model is loaded (tests fake a GPU and
@@ -80,14 +99,10 @@ class Plan:
     default_sizes: bool = True         # sizes chosen here (a GPU may stop at saturation), not --sizes
 
 
-def calibration_dtype(device_type: str, preset_dtype: str, dtype: str | None) -> str:
-    """--dtype, else the device's default on CUDA (bfloat16: a CPU preset's float32 would profile
-    a GPU at half its rate and twice the bytes), else the preset's."""
-    if dtype is not None:
-        if dtype not in TORCH_DTYPES:
-            raise UserError(f"--dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
-        return dtype
-    return default_dtype(device_type) if device_type == "cuda" else preset_dtype
+def calibration_dtype(device: torch.device, preset_dtype: str) -> str:
+    """Without --dtype: the device's default on CUDA (bfloat16: a CPU preset's float32 would
+    profile a GPU at half its rate and twice the bytes), else the preset's."""
+    return default_dtype(device) if device.type == "cuda" else preset_dtype
 
 
 def calibration_budget(dev) -> int:
@@ -105,12 +120,17 @@ def calibration_budget(dev) -> int:
     return bounds.device_budget(free)
 
 
-def plan(*, preset: str | None, model: str | None, device: str | None, dtype: str | None, systems: str,
-         sizes: tuple[int, ...] | None) -> Plan:
-    p = preset_for(preset, model)
-    variants = parse_systems(systems)
-    dev = torch.device(inputs.device(device or p.device))
-    p = replace(p, dtype=calibration_dtype(dev.type, p.dtype, dtype), device=str(dev))
+def plan(o: CalibrateOptions) -> Plan:
+    """What `o` times, every option checked; the run options through dllm_bench.systems.options
+    (--device cpu or cuda[:N], else the preset's; the preset's threads). The memory budget is the
+    calibration's own (calibration_budget), not a run option."""
+    sizes = parse_sizes(o.sizes) if isinstance(o.sizes, str) else o.sizes
+    p = preset_for(o.preset, o.model)
+    variants = parse_systems(o.systems)
+    run = resolve(replace(o.run_options(), device=o.device or p.device), auto_device=False,
+                  dtype=lambda dev: calibration_dtype(dev, p.dtype), memory_budget="none", threads=p.threads)
+    dev = run.device
+    p = replace(p, dtype=run.dtype, device=str(dev), threads=run.threads)
     mode = mode_for(dev)
     chosen = sizes is None
     sizes = sizes or default_sizes(p, dev.type)

@@ -24,7 +24,7 @@ from dllm_bench.simulate import drift, hardware
 from dllm_bench.simulate.calibrate import host as host_time
 from dllm_bench.simulate.calibrate import operators
 from dllm_bench.simulate.calibrate.clocks import open_clocks
-from dllm_bench.simulate.calibrate.plan import Plan, knobs, memory_bytes, parse_sizes, plan  # noqa: F401 (re-exported)
+from dllm_bench.simulate.calibrate.plan import CalibrateOptions, Plan, knobs, memory_bytes, plan  # noqa: F401 (re-exported)
 from dllm_bench.simulate.cost_model import CostModel, HostCost
 from dllm_bench.simulate.implementations import MEASURED_HOST, get_impl
 from dllm_bench.simulate.simulator import TORCH_DTYPES
@@ -34,17 +34,15 @@ SATURATED = 1.05          # a size whose rows/s beat the best before it by less 
 POOR_FIT = 0.2            # a host fit whose median step error exceeds this describes its steps poorly
 
 
-def calibrate(*, preset: str | None, model: str | None, device: str | None, systems: str, name: str,
-              out: Path | None, repeats: int, sizes: str | tuple[int, ...] | None, console,
-              dtype: str | None = None) -> Path:
+def calibrate(o: CalibrateOptions, console) -> Path:
     """Profile this machine and write the profile; its path. Every option is checked before the
     first timing."""
-    if out is not None:
-        inputs.out_file(out, "--out")       # before minutes of profiling, not after
-    if repeats < 1:
-        raise UserError(f"--repeats must be >= 1, got {repeats}")
-    pl = plan(preset=preset, model=model, device=device, dtype=dtype, systems=systems,
-              sizes=parse_sizes(sizes) if isinstance(sizes, str) else sizes)
+    if o.out is not None:
+        inputs.out_file(o.out, "--out")       # before minutes of profiling, not after
+    if o.repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {o.repeats}")
+    pl = plan(o)
+    repeats = o.repeats
     p, dev, shape, mode = pl.preset, pl.device, pl.shape, pl.mode
     torch.set_num_threads(p.threads)
     dtype_t = TORCH_DTYPES[p.dtype]
@@ -113,12 +111,12 @@ def calibrate(*, preset: str | None, model: str | None, device: str | None, syst
             console.print("[yellow]warning: the GPU's SM clock dropped by more than 10 % during calibration (power "
                           "or thermal limits): the profile describes it partly throttled[/yellow]")
     hw = hardware.Hardware(
-        name=name, kind="gpu" if dev.type == "cuda" else "cpu", peak_flops=peak, bandwidth=bw,
+        name=o.name, kind="gpu" if dev.type == "cuda" else "cpu", peak_flops=peak, bandwidth=bw,
         memory_bytes=memory_bytes(dev), efficiency=eff, host=host, impl=MEASURED_HOST, sleep_overshoot=overshoot,
         description=f"{where if dev.type == 'cuda' else platform.processor() or platform.machine()} "
         f"({platform.node()}), {p.threads} torch threads, {p.dtype}",
         sources=["measured by dllm-bench calibrate on this machine"], fit=fit)
-    path = out or hardware.cache_dir() / f"{name}.json"
+    path = o.out or hardware.cache_dir() / f"{o.name}.json"
     hardware.save(hw, path)
     return path
 
