@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from dllm_bench import inputs, ridge
 from dllm_bench.errors import UserError
 from dllm_bench.simulate import hardware
 from dllm_bench.simulate.calibrate import operators as cal
+from dllm_bench.simulate.calibrate.plan import CalibrateOptions
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.implementations import default_impl
 from dllm_bench.speed_gauge import SpeedGauge
@@ -193,8 +195,8 @@ def test_calibrate_on_cuda_plans_bf16_and_sizes_that_fit(tmp_path, monkeypatch):
     from dllm_bench.simulate.calibrate import run as cmd
 
     _fake_gpu(monkeypatch, 79 * GiB)
-    pl = cmd.plan(preset="paper", model=_llada_8b_dir(tmp_path, monkeypatch), device="cuda", dtype=None,
-                  systems="engine,fast-dllm", sizes=None)
+    pl = cmd.plan(CalibrateOptions(preset="paper", model=_llada_8b_dir(tmp_path, monkeypatch), device="cuda",
+                                   systems="engine,fast-dllm"))
     assert pl.preset.dtype == "bfloat16" and pl.device.type == "cuda" and pl.shape == LLADA_8B
     assert pl.budget == bounds.device_budget(79 * GiB)
     by_name = {v.name: s for v, s in pl.sizes.items()}
@@ -204,17 +206,16 @@ def test_calibrate_on_cuda_plans_bf16_and_sizes_that_fit(tmp_path, monkeypatch):
     assert by_name["engine"] == PAPER_SIZES and by_name["fast-dllm"] == (1, 2, 4, 8, 16, cap) and cap > 16
     assert pl.spare == bounds.spare_bytes(LLADA_8B, pl.budget)
     # a CPU preset on a GPU is profiled in bf16 too, unless --dtype says otherwise
-    assert cmd.plan(preset="tiny", model=None, device="cuda", dtype=None, systems="engine", sizes=(1,)
-                    ).preset.dtype == "bfloat16"
-    assert cmd.plan(preset="tiny", model=None, device="cuda", dtype="float32", systems="engine", sizes=(1,)
-                    ).preset.dtype == "float32"
+    tiny = CalibrateOptions(preset="tiny", device="cuda", systems="engine", sizes=(1,))
+    assert cmd.plan(tiny).preset.dtype == "bfloat16"
+    assert cmd.plan(replace(tiny, dtype="float32")).preset.dtype == "float32"
     with pytest.raises(UserError, match="--dtype must be one of"):
-        cmd.plan(preset="tiny", model=None, device="cuda", dtype="int8", systems="engine", sizes=(1,))
+        cmd.plan(replace(tiny, dtype="int8"))
     # a GPU whose memory holds no Fast-dLLM request: one line naming it, before anything loads
     _fake_gpu(monkeypatch, 19 * GiB, "NVIDIA GeForce RTX 4090")
     with pytest.raises(UserError, match="fast-dllm cannot run one request"):
-        cmd.plan(preset="paper", model=_llada_8b_dir(tmp_path, monkeypatch), device="cuda", dtype=None,
-                 systems="llada,fast-dllm", sizes=None)
+        cmd.plan(CalibrateOptions(preset="paper", model=_llada_8b_dir(tmp_path, monkeypatch), device="cuda",
+                                  systems="llada,fast-dllm"))
 
 
 def test_calibrate_on_cuda_loads_the_model_in_bf16_after_stating_the_plan(tmp_path, monkeypatch):
@@ -235,9 +236,9 @@ def test_calibrate_on_cuda_loads_the_model_in_bf16_after_stating_the_plan(tmp_pa
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     out = io.StringIO()
     with pytest.raises(Loaded) as e:
-        cmd.calibrate(preset="paper", model=_llada_8b_dir(tmp_path, monkeypatch), device="cuda",
-                      systems="engine,fast-dllm", name="h", out=tmp_path / "h.json", repeats=1, sizes=None,
-                      console=Console(file=out, width=400))
+        cmd.calibrate(CalibrateOptions(preset="paper", model=_llada_8b_dir(tmp_path, monkeypatch), device="cuda",
+                                       systems="engine,fast-dllm", name="h", out=tmp_path / "h.json", repeats=1),
+                      Console(file=out, width=400))
     assert e.value.args == (torch.bfloat16, torch.device("cuda"))
     text = out.getvalue()
     assert "NVIDIA H100" in text and "bfloat16 on cuda" in text and "fast-dllm at 1, 2, 4, 8, 16, 1" in text

@@ -137,8 +137,9 @@ def test_calibrate_in_gpu_mode_never_reads_the_speed_gauge(tmp_path, monkeypatch
 
     monkeypatch.setattr(host_time, "_timed_steps", counted)
     out = io.StringIO()
-    path = cmd.calibrate(preset="tiny", model=None, device="cpu", systems="engine,sparse-dllm", name="g",
-                         out=tmp_path / "g.json", repeats=1, sizes="1,2", console=Console(file=out, width=300))
+    path = cmd.calibrate(cmd.CalibrateOptions(preset="tiny", device="cpu", systems="engine,sparse-dllm", name="g",
+                                              out=tmp_path / "g.json", repeats=1, sizes="1,2"),
+                         Console(file=out, width=300))
     text = " ".join(out.getvalue().split())
     assert FakeEvent.made > 0                                       # operators timed by (fake) CUDA events
     assert "changed by" not in text and "speed gauge" not in text

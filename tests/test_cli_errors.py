@@ -33,11 +33,11 @@ def cli(monkeypatch, capsys):
 
 
 def test_a_library_error_is_one_line_with_the_traceback_kept(cli, monkeypatch):
-    from dllm_bench.commands import models
+    from dllm_bench.checkpoints import catalog
 
     def broken(*a, **k):
         raise OSError("the safetensors header is unreadable\n  at byte 8\n  (a second line of detail)")
-    monkeypatch.setattr(models, "is_made", broken)
+    monkeypatch.setattr(catalog, "is_made", broken)
     monkeypatch.delenv("DLLM_BENCH_TRACEBACK", raising=False)
     line = cli(1, "models", "list")
     assert "OSError at test_cli_errors.py:" in line and "the safetensors header is unreadable at byte 8" in line

@@ -114,8 +114,10 @@ def test_serve_on_cpu_is_off_and_the_flag_reaches_the_built_engine(tmp_path):
     assert built.system.config.cuda_graphs is True and built.info["engine_config"]["cuda_graphs"] is True
 
 
-@pytest.mark.parametrize("command, target", [("serve", "resolve_run"), ("ablate", "ablate"), ("sweep", "sweep")])
-def test_serve_ablate_sweep_cli_take_the_flag(command, target, cli, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("command, module, target", [("serve", "serve.run", "resolve_run"),
+                                                     ("ablate", "commands.ablate", "ablate"),
+                                                     ("sweep", "commands.sweep", "sweep")])
+def test_serve_ablate_sweep_cli_take_the_flag(command, module, target, cli, monkeypatch):  # noqa: F811
     """The flag is one of serve's options: each command hands it on in its ServeOptions."""
     import importlib
 
@@ -124,7 +126,7 @@ def test_serve_ablate_sweep_cli_take_the_flag(command, target, cli, monkeypatch)
     def fake(opts, **kw):
         seen["opts"] = opts
         raise UserError("stop before the run")
-    monkeypatch.setattr(importlib.import_module(f"dllm_bench.commands.{command}"), target, fake)
+    monkeypatch.setattr(importlib.import_module(f"dllm_bench.{module}"), target, fake)
     extra = ("--vary", "input-len") if command == "sweep" else ()
     for args, want in (((), None), (("--cuda-graphs",), True), (("--no-cuda-graphs",), False)):
         cli(command, "--model", "tiny", *extra, *args)
@@ -180,15 +182,10 @@ def test_ablate_and_sweep_with_a_checkpoint_dir_on_cpu_keep_the_cpu_preset(which
 
 
 # ---------------------------------------------------------------- server
-KNOBS = {k: None for k in ("cache", "selection", "retention", "scheduler", "max_num_batched_tokens",
-                           "max_num_logits", "max_num_seqs")}
-
-
 def _server(**over):
-    from dllm_bench.server.startup import resolve_server_options
+    from dllm_bench.server.options import ServerOptions, resolve_server_options
 
-    return resolve_server_options(**{"model": "tiny", "preset": None, "knobs": KNOBS, "memory_budget": None,
-                                     "dtype": None, "device": None, **over})
+    return resolve_server_options(ServerOptions(**{"model": "tiny", **over}))
 
 
 def test_server_resolves_graphs_for_its_device(cuda):  # noqa: F811
@@ -201,6 +198,7 @@ def test_server_resolves_graphs_for_its_device(cuda):  # noqa: F811
 def test_server_builds_its_engine_with_the_flag(monkeypatch):
     """build_state hands the resolved value to the engine it builds (stopped there, on the CPU)."""
     from dllm_bench.server import startup
+    from dllm_bench.server.options import ServerOptions
 
     seen = {}
 
@@ -210,9 +208,8 @@ def test_server_builds_its_engine_with_the_flag(monkeypatch):
     monkeypatch.setattr(startup, "build_system", fake_build)
     for flag, want in ((None, False), (True, True)):
         with pytest.raises(UserError, match="stop before"):
-            startup.build_state(model="tiny", preset=None, served_model_name=None, knobs=KNOBS, memory_budget=None,
-                                dtype=None, device=None, threads=None, block_length=None, max_waiting=8,
-                                sampling=False, use_cache=False, cuda_graphs=flag)
+            startup.build_state(ServerOptions(model="tiny", max_waiting=8, sampling=False, no_profile_cache=True,
+                                              cuda_graphs=flag))
         assert seen["config"].cuda_graphs is want
 
 
@@ -221,13 +218,13 @@ def test_server_cli_passes_the_flag(cli, monkeypatch):  # noqa: F811
 
     seen = {}
 
-    def fake_start(**kw):
-        seen.update(kw)
+    def fake_start(o):
+        seen["opts"] = o
         raise UserError("stop before the server starts")
     monkeypatch.setattr(server_cmd, "start", fake_start)
     for args, want in (((), None), (("--cuda-graphs",), True), (("--no-cuda-graphs",), False)):
         cli("server", "--model", "tiny", *args)
-        assert seen["cuda_graphs"] is want
+        assert seen["opts"].cuda_graphs is want
 
 
 # ---------------------------------------------------------------- accuracy

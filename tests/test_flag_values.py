@@ -24,11 +24,10 @@ def test_one_value_per_flag_gives_the_spec_s_variant():
 
 
 def test_the_server_options_take_each_knob_as_one_value():
-    from dllm_bench.server.startup import resolve_server_options
+    from dllm_bench.server.options import ServerOptions, resolve_server_options
 
     with pytest.raises(UserError, match="knob cache"):
-        resolve_server_options(model="tiny", preset=None, knobs={"cache": "sparse,max_num_seqs=1"},
-                               memory_budget=None, dtype=None, device=None)
+        resolve_server_options(ServerOptions(model="tiny", cache="sparse,max_num_seqs=1"))
 
 
 @pytest.mark.parametrize("spec", ["fast-dllm:threshold=nan", "fast-dllm:factor=inf", "fast-dllm:threshold=1e309",

@@ -139,12 +139,12 @@ def test_generate_cli_matches_the_reference_sampler(ckpt, tok):
 
 def test_server_chat_route_applies_the_chat_template(ckpt, tok):
     from dllm_bench.server.app import create_app
+    from dllm_bench.server.options import ServerOptions
     from dllm_bench.server.startup import build_state
 
-    knobs = dict.fromkeys(("cache", "selection", "retention", "scheduler", "max_num_logits", "max_num_seqs"))
-    state, _ = build_state(model=str(ckpt), preset=None, served_model_name="llada-tiny", memory_budget="256MiB",
-                           knobs={**knobs, "max_num_batched_tokens": 512}, dtype="float32", device="cpu",
-                           threads=1, block_length=8, max_waiting=8, sampling=True, use_cache=True)
+    state, _ = build_state(ServerOptions(model=str(ckpt), served_model_name="llada-tiny", memory_budget="256MiB",
+                                         max_num_batched_tokens=512, dtype="float32", device="cpu", threads=1,
+                                         block_length=8, max_waiting=8))
     messages = [{"role": "system", "content": "You are a helpful assistant."},
                 {"role": "user", "content": "What is 2 + 3?"}]
 

@@ -184,6 +184,46 @@ def test_only_the_cli_imports_the_commands():
     assert users == ["dllm_bench.cli"] or users == [], users
 
 
+# ---------------------------------------------------------------- the commands
+COMMANDS = REPO / "dllm_bench" / "commands"
+# A command module parses its options, calls one function of its package and prints; these
+# modules only declare Typer options for several commands (each flag once) and may run longer.
+DECLARATIONS = {"serve_flags.py": 150, "simulate_flags.py": 150}
+COMMAND_LINES = 80
+
+
+def test_command_modules_stay_thin():
+    lines = {f.name: len(f.read_text(encoding="utf-8").splitlines()) for f in sorted(COMMANDS.glob("*.py"))}
+    assert set(DECLARATIONS) <= set(lines), "a declaration module named here is gone: drop it from DECLARATIONS"
+    long = {name: n for name, n in lines.items() if n > DECLARATIONS.get(name, COMMAND_LINES)}
+    assert not long, (f"command modules over {COMMAND_LINES} lines (declaration modules: their own limit): {long}; "
+                      "move the body (checks, orchestration, output) into the command's package")
+
+
+def test_server_and_calibrate_build_their_systems_from_run_options():
+    """Their entry points take one RunOptions (the options every command that runs a system
+    shares, resolved by dllm_bench.systems.options), not loose device/dtype/budget keywords."""
+    import dataclasses
+    import inspect
+    import typing
+
+    from dllm_bench.server import options as server_options
+    from dllm_bench.server import startup
+    from dllm_bench.simulate.calibrate import plan, run
+    from dllm_bench.systems.options import RunOptions
+
+    loose = {f.name for f in dataclasses.fields(RunOptions)} | {"memory_budget", "graphs", "knobs"}
+    for fn in (startup.start, startup.build_state, server_options.resolve_server_options, run.calibrate, plan.plan):
+        params = inspect.signature(fn).parameters
+        first = next(iter(params), None)
+        hint = typing.get_type_hints(fn).get(first) if first else None
+        assert isinstance(hint, type) and issubclass(hint, RunOptions), f"{fn.__qualname__}'s first parameter: {hint}"
+        assert not loose & set(params), f"{fn.__qualname__} takes loose run options {sorted(loose & set(params))}"
+    graph = import_graph(REPO, PACKAGES)
+    for module in ("dllm_bench.server.options", "dllm_bench.simulate.calibrate.plan"):
+        assert "dllm_bench.systems.options" in graph[module], f"{module} resolves its run options itself"
+
+
 # ---------------------------------------------------------------- the checker itself
 def _plant(root: Path, files: dict[str, str]) -> None:
     for rel, text in files.items():

@@ -29,13 +29,11 @@ def tok():
 @pytest.fixture(scope="module")
 def local_engine():
     """The server's engine (same preset knobs and budget) in this process."""
+    from dllm_bench.server.options import ServerOptions
     from dllm_bench.server.startup import build_state
 
-    knobs = dict.fromkeys(("cache", "selection", "retention", "scheduler", "max_num_logits", "max_num_seqs"))
-    state, _ = build_state(model=MODEL, preset=None, served_model_name=None,
-                           knobs={**knobs, "max_num_batched_tokens": BUDGET_TOKENS}, memory_budget=MEMORY,
-                           dtype=None, device=None, threads=1, block_length=None, max_waiting=8,
-                           sampling=True, use_cache=True)
+    state, _ = build_state(ServerOptions(model=MODEL, max_num_batched_tokens=BUDGET_TOKENS, memory_budget=MEMORY,
+                                         threads=1, max_waiting=8))
     return state.loop.engine
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from dllm_bench.errors import UserError
 from dllm_bench.server import startup
+from dllm_bench.server.options import ServerOptions
 
 
 def test_a_taken_port_is_one_line_before_anything_is_built():
@@ -26,12 +27,10 @@ def test_port_zero_prints_and_serves_the_port_bound(monkeypatch, capsys):
 
     served = {}
     state = types.SimpleNamespace(model_name="tiny")
-    monkeypatch.setattr(startup, "build_state", lambda **kw: (state, {"label": "engine", "kv_pool_tokens": 64}))
+    monkeypatch.setattr(startup, "build_state", lambda o, **kw: (state, {"label": "engine", "kv_pool_tokens": 64}))
     monkeypatch.setattr("dllm_bench.server.app.create_app", lambda s: ("app", s))
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: served.update(sockets=sockets))
-    startup.start(host="127.0.0.1", port=0, log_level="warning", api_key=None, model="tiny", preset=None,
-                  served_model_name=None, knobs={}, memory_budget=None, dtype=None, device=None, threads=1,
-                  block_length=None, max_waiting=8, sampling=False, use_cache=True)
+    startup.start(ServerOptions(host="127.0.0.1", port=0, model="tiny", threads=1, max_waiting=8, sampling=False))
     (sock,) = served["sockets"]
     try:
         port = sock.getsockname()[1]

@@ -154,12 +154,10 @@ def test_the_simulator_chooses_as_a_measured_gpu_with_the_same_budget(gpu):
 
 def test_server_on_cuda_scales_its_budgets(gpu):
     from dllm_bench import inputs
-    from dllm_bench.server.startup import resolve_server_options
+    from dllm_bench.server.options import ServerOptions, resolve_server_options
 
     gpu("48GB")
-    knobs = dict.fromkeys(("cache", "max_num_batched_tokens", "max_num_logits"))
-    opts = resolve_server_options(model=str(inputs.checkpoint_dir("tiny")), preset="paper", knobs=knobs,
-                                  memory_budget=None, dtype=None, device=None)
+    opts = resolve_server_options(ServerOptions(model=str(inputs.checkpoint_dir("tiny")), preset="paper"))
     d = opts.preset.engine_defaults()
     assert d["max_num_batched_tokens"] == sb.MAX_TOKENS      # a tiny model: its activations are small
     assert d["max_num_logits"] == 64 * 32 and opts.preset.tokens_rule.startswith("auto: ")
