@@ -120,7 +120,7 @@ def _gpu_mode_on_this_cpu(monkeypatch, **mode):
     monkeypatch.setattr(speed_gauge, "SpeedGauge", no_gauge)
     monkeypatch.setattr(drift, "bracketed", no_gauge)
     real = cmd.plan
-    monkeypatch.setattr(cmd, "plan", lambda **kw: replace(real(**kw), mode=replace(timing.GPU, **mode)))
+    monkeypatch.setattr(cmd, "plan", lambda o: replace(real(o), mode=replace(timing.GPU, **mode)))
 
 
 def test_calibrate_in_gpu_mode_never_reads_the_speed_gauge(tmp_path, monkeypatch):

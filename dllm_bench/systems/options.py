@@ -3,7 +3,8 @@ dtype, memory budget, torch threads, CUDA graphs, tensor-parallel size and the d
 
 `RunOptions` holds them as given (None: the command's default, e.g. its serve preset's); a
 command's options class extends it (ServeOptions: serve, ablate, sweep, simulate; Accuracy-,
-Frontier-, Generate-, ProfileOptions) and is built from the CLI's parameters by `pick`.
+Frontier-, Generate-, Profile-, Server-, CalibrateOptions) and is built from the CLI's parameters
+by `pick`.
 `resolve` checks them once, before anything is loaded or written, into a `RunSetup`
 (device_defaults.DeviceOptions plus the rest): the device defaults of dllm_bench.device_defaults.
 """
