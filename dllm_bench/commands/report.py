@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         """Markdown report from the latest serve / accuracy / ablate / sweep runs, next to the paper's figures;
         --docs: the docs' current-results tables from the committed files they name."""
         if docs is not None or keep is not None or check:
-            code = _docs(docs, check, keep, as_json)
+            code = current.command(docs, check, keep, as_json)
             if code:
                 sys.exit(code)  # not typer.Exit: with standalone_mode=False click returns its code unused
             return
@@ -57,30 +57,3 @@ def register(app: typer.Typer) -> None:
         if as_json:
             sys.stdout.write(json.dumps(doc) + "\n")
 
-
-def _docs(docs: Path | None, check: bool, keep: Path | None, as_json: bool) -> int:
-    """`--keep` then `--docs`: exit 1 when `--check` finds a block that differs from its files."""
-    if as_json:
-        raise UserError("--json is the report's; --docs and --keep print one line each")
-    if check and docs is None:
-        raise UserError("--check needs --docs DIR")
-    if keep is not None:
-        try:
-            print(f"kept: {current.keep(keep)}", file=sys.stderr)
-        except OSError as e:
-            raise UserError(f"--keep {keep}: cannot copy ({e.strerror or e})") from None
-    if docs is None:
-        return 0
-    try:
-        r = current.refresh(docs, write=not check)
-    except OSError as e:
-        raise UserError(f"--docs {docs}: cannot rewrite ({e.strerror or e})") from None
-    if check and r["stale"]:
-        print(f"stale: {', '.join(r['stale'])} (`dllm-bench report --docs {docs}` renders them)", file=sys.stderr)
-        return 1
-    done = r["blocks"] - len(r["pending"])
-    verb = "match their files" if check else f"rendered ({len(r['stale'])} docs rewritten)"
-    print(f"docs: {done} current-results blocks in {len(r['docs'])} docs {verb}"
-          + (f"; {len(r['pending'])} pending, their files not made yet: {', '.join(r['pending'])}"
-             if r["pending"] else ""), file=sys.stderr)
-    return 0

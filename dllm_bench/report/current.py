@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -209,3 +210,32 @@ def keep(run_dir: Path, root: Path = CURRENT) -> Path:
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return dest
+
+
+def command(target: Path | None, check: bool, keep_run: Path | None, as_json: bool) -> int:
+    """`report --keep` then `--docs`: the exit code, 1 when `--check` finds a block that differs
+    from its files; a line each on stderr."""
+    if as_json:
+        raise UserError("--json is the report's; --docs and --keep print one line each")
+    if check and target is None:
+        raise UserError("--check needs --docs DIR")
+    if keep_run is not None:
+        try:
+            print(f"kept: {keep(keep_run)}", file=sys.stderr)
+        except OSError as e:
+            raise UserError(f"--keep {keep_run}: cannot copy ({e.strerror or e})") from None
+    if target is None:
+        return 0
+    try:
+        r = refresh(target, write=not check)
+    except OSError as e:
+        raise UserError(f"--docs {target}: cannot rewrite ({e.strerror or e})") from None
+    if check and r["stale"]:
+        print(f"stale: {', '.join(r['stale'])} (`dllm-bench report --docs {target}` renders them)", file=sys.stderr)
+        return 1
+    done = r["blocks"] - len(r["pending"])
+    verb = "match their files" if check else f"rendered ({len(r['stale'])} docs rewritten)"
+    print(f"docs: {done} current-results blocks in {len(r['docs'])} docs {verb}"
+          + (f"; {len(r['pending'])} pending, their files not made yet: {', '.join(r['pending'])}"
+             if r["pending"] else ""), file=sys.stderr)
+    return 0
