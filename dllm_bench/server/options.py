@@ -77,6 +77,7 @@ def resolve_server_options(o: ServerOptions) -> ServerSetup:
     refused here, not after loading them (LLaDA-8B in float32: 32 GB) and profiling for minutes.
     The engine's CUDA graphs (None: on for CUDA) are resolved into the preset."""
     sp = preset_for(o.preset, o.model, device=o.device or "auto")
+    # The server's counts, in its own wording (before resolve's checks of the run options).
     for name, v in (("--threads", o.threads), ("--block-length", o.block_length), ("--max-waiting", o.max_waiting)):
         if v is not None and v < 1:
             raise UserError(f"{name} must be >= 1, got {v}")
