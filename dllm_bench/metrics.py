@@ -29,9 +29,9 @@ TPF_PERCENTILES = (50, 90)      # per-request tokens per forward: its distributi
 STAT_KEYS = ("forwards", "steps", "query_tokens", "logits_rows", "max_logits_rows_in_step",
              "peak_kv_bytes", "kv_pool_bytes", "peak_memory_bytes", "memory_budget_bytes", "within_budget",
              "peak_measured_in", "http_overhead_median_ms", "http_overhead_max_ms",
-             "mean_batch_size", "requests_dual", "requests_sparse")
+             "mean_batch_size", "requests_dual", "requests_sparse", "requests_none")
 # Only the engine reports these (requests admitted per cache mode): absent, not None, elsewhere.
-ENGINE_ONLY_STATS = ("requests_dual", "requests_sparse")
+ENGINE_ONLY_STATS = ("requests_dual", "requests_sparse", "requests_none")
 
 # Columns of the ratio table: "higher is better" metrics are divided by the best baseline,
 # "lower is better" ones divide the best baseline, so every ratio > 1 means better (the

@@ -9,7 +9,8 @@ weights (and cached keys), i.e. while its query rows are below the device's ridg
 time grows with its rows. `preferred_mode` weighs that on a roofline (`step_time`): which mode,
 filling the pool with requests of the head's shape (at most as many as run and wait), commits
 more tokens per unit of step time; `admission_mode` admits the head in it once its need fits.
-A request keeps its mode for its life.
+A request no cache mode can ever hold (`never_cached`) is admitted `none`. A request keeps its
+mode for its life.
 """
 from __future__ import annotations
 
@@ -79,9 +80,24 @@ def preferred_mode(capacity: int, count: int, s: Shape) -> str:
     return "sparse" if tok_sparse / t_sparse > (1 + SPARSE_MARGIN) * tok_dual / t_dual else "dual"
 
 
-def admission_mode(free: int | None, dual_need: int, sparse_need: int, preferred: str) -> str | None:
-    """The mode the head of the queue is admitted in, or None (it waits): its `preferred_mode`
-    once that need fits `free` KV slots (None: an unbounded pool, where dual always fits)."""
+def never_cached(capacity: int | None, sparse_need: int) -> bool:
+    """No cache mode can ever hold a request whose sparse need (its least) exceeds the whole
+    pool. It runs without one (`none`: every step a full Refresh, chunked beyond the token
+    budget) rather than being refused: a long canvas's own KV, not the step, is what binds."""
+    return capacity is not None and sparse_need > capacity
+
+
+# The modes an engine's requests may run in (the profiler reserves for each).
+SERVED = {"none": ("none",), "dual": ("dual",), "sparse": ("sparse",), AUTO: ("dual", "sparse", "none")}
+
+
+def admission_mode(free: int | None, dual_need: int, sparse_need: int, preferred: str,
+                   capacity: int | None = None) -> str | None:
+    """The mode the head of the queue is admitted in, or None (it waits): `none` if the pool of
+    `capacity` slots can never hold it (`never_cached`), else its `preferred_mode` once that need
+    fits `free` KV slots (None: an unbounded pool, where dual always fits)."""
     if free is None:
         return "dual"
+    if never_cached(capacity, sparse_need):
+        return "none"
     return preferred if (dual_need if preferred == "dual" else sparse_need) <= free else None

@@ -136,18 +136,18 @@ class SelectPlan:
 
 
 class AutoCache(SparseCache):
-    """Dual and sparse members in one step (`cache=auto`). Both keep the block's slots in the
-    request's table and read all of its slots in a Reuse step (dual: L of them, sparse: the
-    retained ones then the block), so only where the block's slots start and whether the block
-    start's Refresh stores differ, per member; selection is the sparse members' (only they
+    """Dual, sparse and none members in one step (`cache=auto`). Dual and sparse keep the
+    block's slots in the request's table and read all of its slots in a Reuse step (dual: L of
+    them, sparse: the retained ones then the block), so only where the block's slots start and
+    whether the block start's Refresh stores differ, per member; a none member (one no cache
+    holds) always attends to its own fresh canvas. Selection is the sparse members' (only they
     reach Refresh-select)."""
 
     def spec(self, m):
-        dual, sparse_ = DualCache.spec(self, m), SparseCache.spec(self, m)
-        is_dual = m.cache == CODES["dual"]
-        return KeySpec(*(np.where(is_dual, d, s) for d, s in
-                         ((dual.cached, sparse_.cached), (dual.fresh, sparse_.fresh),
-                          (dual.store_from, sparse_.store_from))))
+        specs = {CODES["dual"]: DualCache.spec(self, m), CODES["sparse"]: SparseCache.spec(self, m),
+                 CODES["none"]: CachePolicy.spec(self, m)}
+        cols = [m.cache == code for code in specs]
+        return KeySpec(*(np.select(cols, [getattr(s, f) for s in specs.values()]) for f in ("cached", "fresh", "store_from")))
 
 
 POLICIES: dict[str, type[CachePolicy]] = {"none": NoCache, "dual": DualCache, "sparse": SparseCache,

@@ -104,9 +104,6 @@ class LLMEngine:
                 f"(a longer canvas is refreshed in chunks when max_model_len is set above the token budget, "
                 f"under scheduler={' | '.join(long_schedulers())} on one device)"
             )
-        if params.block_length > self.config.max_num_batched_tokens and self.config.cache != "none":
-            raise ValueError(f"block_length {params.block_length} exceeds max_num_batched_tokens "
-                             f"{self.config.max_num_batched_tokens}: its Reuse steps could never be scheduled")
         req = Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt_ids=prompt_ids,
@@ -115,8 +112,13 @@ class LLMEngine:
             device=self.device,
             arrival_time=time.perf_counter() if arrival_time is None else arrival_time,
         )
+        # cache=auto runs a request no cache mode can hold without one (engine.cache_mode).
+        uncached = self.config.cache == "none" or self.scheduler.never_cached(req)
+        if params.block_length > self.config.max_num_batched_tokens and not uncached:
+            raise ValueError(f"block_length {params.block_length} exceeds max_num_batched_tokens "
+                             f"{self.config.max_num_batched_tokens}: its Reuse steps could never be scheduled")
         need = self.scheduler.kv_need(req)
-        if not self.pool.can_ever_fit(need):
+        if not uncached and not self.pool.can_ever_fit(need):
             raise ValueError(f"request needs {need} KV token slots but the pool holds {self.pool.capacity}")
         self.scheduler.add(req)
         return req.request_id
@@ -210,6 +212,7 @@ class LLMEngine:
             # requests admitted per cache mode (`cache=auto` chooses per request: engine.cache_mode)
             requests_dual=self.scheduler.served["dual"],
             requests_sparse=self.scheduler.served["sparse"],
+            requests_none=self.scheduler.served["none"],
             kv_pool_tokens=self.pool.capacity,
             kv_pool_bytes=self.pool.capacity_bytes,
             peak_kv_tokens=self.pool.peak_used,

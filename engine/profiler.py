@@ -8,9 +8,11 @@ when requests may sample (the float64 Gumbel noise is then in the peak), and (b)
 budget full of Reuse queries plus the largest single Reuse attention (cache at max_model_len).
 Knowing the logit budget is what frees memory: a monolithic profile must hold [query tokens ×
 vocab] logits. `cache=auto` serves requests dual or sparse, so each worst step is measured in
-both modes and the larger peak kept. When max_model_len exceeds the token budget, a longer
-canvas's chunked Refresh (engine.chunking) is measured there too, its chunk the largest whose
-peak stays within the steps' above (the pool keeps what chunking frees).
+both modes and the larger peak kept (its none requests' Refresh is a sparse one's before its
+delay step, whose Refresh-select step does the same and more). When max_model_len exceeds the
+token budget, a longer canvas's chunked Refresh (engine.chunking) is measured there too in every
+mode served (auto: none too), its chunk the largest whose peak stays within the steps' above
+(the pool keeps what chunking frees).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import chunking, graphs, schedulers
-from engine.cache_mode import AUTO
+from engine.cache_mode import AUTO, SERVED
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, bytes_per_token, kv_need
 from engine.memory import MemoryMeter
@@ -168,7 +170,7 @@ def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str
         [c for c in (chunking.MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
     peaks: dict[int, int] = dict.fromkeys(chunks, 0)
     growth = 0
-    for mode in ("dual", "sparse") if config.cache == AUTO else (config.cache,):
+    for mode in SERVED[config.cache]:
         req = _scratch_request(max_model_len, bl, model, config, mode, scratch)
         phase = {"dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}.get(mode, Phase.REFRESH)
         state, cache, per_chunk = chunking.measure_moments(model, req, phase, scratch.storage, config, chunks, backend)

@@ -3,19 +3,19 @@
 Who runs each step and what it is charged is the policy's (engine.schedulers: phase, request,
 lookahead, chosen by `EngineConfig.scheduler`); the scheduler admits the head of the queue when
 the policy asks (`admit_head`): in its cache mode (`Request.cache`: the engine's policy, or
-under `cache=auto` dual or sparse as `engine.cache_mode` chooses), its whole-life KV reserved
-and its canvas placed, so one step may mix dual and sparse members.
+under `cache=auto` dual, sparse or none as `engine.cache_mode` chooses), its whole-life KV
+reserved and its canvas placed, so one step may mix members of every mode.
 
-Liveness: `add_request` rejects anything that could never fit on its own (auto: in its sparse
-mode, the smaller), and the oldest running request always fits an empty step, so every
-admitted request finishes and the head of the queue is admitted as soon as the running set
-leaves room for it.
+Liveness: `add_request` rejects anything that could never fit on its own (auto: nothing for its
+KV; a request no cache mode can hold runs none, which needs no slots), and the oldest running
+request always fits an empty step, so every admitted request finishes and the head of the queue
+is admitted as soon as the running set leaves room for it.
 """
 from __future__ import annotations
 
 from collections import Counter, deque
 
-from engine.cache_mode import AUTO, Shape, admission_mode, preferred_mode
+from engine.cache_mode import AUTO, Shape, admission_mode, never_cached, preferred_mode
 from engine.canvas import CanvasPool
 from engine.chunking import RefreshCredit
 from engine.config import EngineConfig
@@ -41,6 +41,10 @@ class Scheduler:
         c = self.config
         return kv_need(mode or req.cache or c.cache, req.length, req.params.block_length, c.retention)
 
+    def never_cached(self, req: Request) -> bool:
+        """Under `cache=auto`: no cache mode can ever hold `req`, so it will run none."""
+        return self.config.cache == AUTO and never_cached(self.pool.capacity, self.kv_need(req, "sparse"))
+
     def admission_mode(self, req: Request) -> str | None:
         """The mode the head of the queue `req` is admitted in now, or None if the KV pool cannot
         take it (it waits). A fixed policy: its own mode if it fits; auto: `engine.cache_mode`."""
@@ -53,7 +57,8 @@ class Scheduler:
         count = min(c.max_num_seqs, len(self.running) + len(self.waiting))
         shape = Shape(req.length, req.block_length, req.steps_per_block, c.delay_step, dual, sparse,
                       c.ridge_rows, pool.cfg.kv_per_weight, pool.cfg.pair_per_row)
-        return admission_mode(pool.capacity - pool.used, dual, sparse, preferred_mode(pool.capacity, count, shape))
+        return admission_mode(pool.capacity - pool.used, dual, sparse, preferred_mode(pool.capacity, count, shape),
+                              pool.capacity)
 
     def cost(self, req: Request, phase: Phase) -> int:
         """The query tokens `req` is charged for a step in `phase` (the policy's rule)."""

@@ -80,8 +80,8 @@ def expected_possible(cfg: dict, r: dict) -> bool:
     need = {"none": 0, "dual": length,
             # ⌊r·L_ctx⌋ retained (as Sparse-dLLM rounds), then one block of slots for the fresh block
             "sparse": min(ctx, math.floor(cfg["retention"] * ctx)) + r["block"]}
-    # auto: a request runs whenever it fits in one of its modes (sparse never needs more)
-    need = need[cfg["cache"]] if cfg["cache"] != "auto" else min(need["dual"], need["sparse"])
+    # auto: a request runs in a mode whose need fits, else (no cache mode ever holds it) in none
+    need = need[cfg["cache"]] if cfg["cache"] != "auto" else 0
     pool = cfg["kv_pool_tokens"]
     # Longer than the token budget: refreshed in chunks when max_model_len is above it (phase).
     mml = cfg["max_model_len"]

@@ -151,6 +151,7 @@ SECTIONS: list[Section] = [
                             ("Mean realised batch size:", "mean_batch_size", 1),
                             ("Requests served with dual cache:", "requests_dual", 1),
                             ("Requests served with sparse KV:", "requests_sparse", 1),
+                            ("Requests served without a cache:", "requests_none", 1),
                             ("Logits rows computed:", "logits_rows", 1),
                             ("Max logits rows in a step:", "max_logits_rows_in_step", 1),
                             ("Peak KV (MiB):", "peak_kv_bytes", 1 / MIB),
