@@ -40,6 +40,16 @@ def kv_need(cache: str, length: int, block_length: int, retention: float) -> int
     return 0
 
 
+def longest_held(cache: str, slots: int, retention: float, cap: int) -> int:
+    """The longest canvas (at most `cap`) whose KV need in mode `cache` fits `slots`, with the
+    block that needs the least (one token): no longer canvas can ever be admitted in that mode."""
+    lo, hi = 0, cap
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if kv_need(cache, mid, 1, retention) <= slots else (lo, mid - 1)
+    return lo
+
+
 class SlotRanges:
     """Free slots as sorted [start, end) ranges: first fit, then any pieces (a slot table need
     not be contiguous), merged again on release."""

@@ -7,12 +7,11 @@ KV pool = budget − weights − measured activation peak − guard band. The wo
 when requests may sample (the float64 Gumbel noise is then in the peak), and (b) the token
 budget full of Reuse queries plus the largest single Reuse attention (cache at max_model_len).
 Knowing the logit budget is what frees memory: a monolithic profile must hold [query tokens ×
-vocab] logits. `cache=auto` serves requests dual or sparse, so each worst step is measured in
-both modes and the larger peak kept (its none requests' Refresh is a sparse one's before its
-delay step, whose Refresh-select step does the same and more). When max_model_len exceeds the
-token budget, a longer canvas's chunked Refresh (engine.chunking) is measured there too in every
-mode served (auto: none too), its chunk the largest whose peak stays within the steps' above
-(the pool keeps what chunking frees).
+vocab] logits. `cache=auto` serves requests dual or sparse (or none: a Refresh that sparse's
+Refresh-select does and more), so each worst step is measured in both and the larger peak kept.
+When max_model_len exceeds the token budget, a longer canvas's chunked Refresh (engine.chunking)
+is measured in every mode served (auto: none too; a cached mode's at the longest canvas the pool
+could hold in it), its chunk the largest whose peak stays within the steps' above.
 """
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ import torch
 from engine import chunking, graphs, schedulers
 from engine.cache_mode import AUTO, SERVED
 from engine.config import EngineConfig
-from engine.kv_cache import KVPool, bytes_per_token, kv_need
+from engine.kv_cache import KVPool, bytes_per_token, kv_need, longest_held
 from engine.memory import MemoryMeter
 from engine.models.llada import LLaDAModelLM
 from engine.request import Phase, Request
@@ -49,7 +48,8 @@ class MemoryProfile:
     cache: str
     retention: float
     # A Refresh longer than the token budget (engine.chunking; 0/None when max_model_len fits one
-    # step): its chunk, its measured peak at max_model_len, and the Reuse step with that many keys.
+    # step): its chunk, its measured peak at max_model_len (a cached mode's: at the longest canvas
+    # the pool can hold in it), and the Reuse step with that many keys.
     refresh_chunk_tokens: int | None = None
     long_refresh_peak_bytes: int = 0
     long_reuse_peak_bytes: int = 0
@@ -155,10 +155,12 @@ def _scratch_request(n_tokens: int, block: int, model: LLaDAModelLM, config: Eng
 
 
 def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int,
-                         activation_peak: int) -> tuple[int, int, int] | None:
+                         activation_peak: int, kv_slots: int | None = None) -> tuple[int, int, int] | None:
     """(chunk, chunked Refresh peak, what a Reuse with its keys at max_model_len adds to one at
     the token budget) for canvases beyond the token budget, or None when none can run; each the
-    largest over the cache modes served. Measured at their real sizes on scratch slots."""
+    largest over the cache modes served. Measured at their real sizes on scratch slots. A cached
+    mode's are measured at the longest canvas `kv_slots` (the most the pool can have) holds in
+    it: a longer one is never admitted in it (auto runs it none, measured at max_model_len)."""
     T = config.max_num_batched_tokens
     if max_model_len <= T or not schedulers.serves_long(config):
         return None
@@ -171,7 +173,11 @@ def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str
     peaks: dict[int, int] = dict.fromkeys(chunks, 0)
     growth = 0
     for mode in SERVED[config.cache]:
-        req = _scratch_request(max_model_len, bl, model, config, mode, scratch)
+        n = max_model_len if mode == "none" or kv_slots is None else \
+            longest_held(mode, kv_slots, config.retention, max_model_len)
+        if n <= T:
+            continue                      # no canvas of this mode is refreshed in chunks
+        req = _scratch_request(n, bl, model, config, mode, scratch)
         phase = {"dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}.get(mode, Phase.REFRESH)
         state, cache, per_chunk = chunking.measure_moments(model, req, phase, scratch.storage, config, chunks, backend)
         peaks = {c: max(peaks[c], state + max(cache, per_chunk[c])) for c in chunks}
@@ -191,7 +197,10 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
     wb = weights_bytes(model)
     refresh_peak, reuse_peak = measure_activation_peak(model, config, backend, max_model_len)
     peak = max(refresh_peak, reuse_peak)
-    chunk, long_refresh, growth = measure_long_context(model, config, backend, max_model_len, peak) or (None, 0, 0)
+    bpt = bytes_per_token(model.config, model.dtype)
+    slots = max(0, (budget - wb - peak - int(budget * config.guard_fraction)) // bpt)   # the pool at its largest
+    chunk, long_refresh, growth = measure_long_context(model, config, backend, max_model_len, peak,
+                                                       slots) or (None, 0, 0)
     # The Reuse step measured above, its single long Reuse's keys at max_model_len instead.
     long_reuse = reuse_peak + growth if growth else 0
     peak = max(peak, long_refresh, long_reuse)
@@ -203,7 +212,6 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
             f"memory budget {budget / 2**20:.0f} MiB is too small: weights {wb / 2**20:.0f} MiB + "
             f"activation peak {peak / 2**20:.0f} MiB + guard {guard / 2**20:.0f} MiB"
         )
-    bpt = bytes_per_token(model.config, model.dtype)
     tokens = free // bpt
     return MemoryProfile(
         budget_bytes=budget, weights_bytes=wb, activation_peak_bytes=peak, refresh_peak_bytes=refresh_peak,

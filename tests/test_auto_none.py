@@ -19,6 +19,7 @@ import torch
 from dllm_bench.checkpoints.load import load_model
 from engine import SamplingParams, chunking
 from engine.cache_mode import admission_mode
+from engine.kv_cache import kv_need
 from engine.memory import MemoryMeter
 from engine.request import Phase
 from tests.helpers import make_engine, random_prompts, run_alone, tiny_model
@@ -81,8 +82,9 @@ def test_short_request_in_a_pool_it_fits_keeps_its_cache(model):
 
 def test_long_canvas_completes_under_auto_within_the_profiled_budget(monkeypatch):
     """A canvas 4x the token budget on the tiny preset (float32), under a memory budget that
-    leaves the pool 40 slots (its sparse need is 136): admitted none, its chunked Refreshes
-    within the activation peak the profiler reserved, having measured none's chunked Refresh."""
+    leaves the pool about 40 slots (its sparse need is 136): admitted none, its chunked Refreshes
+    within the activation peak the profiler reserved, having measured none's chunked Refresh at
+    max_model_len and the cached modes' only at the canvases such a pool can hold in them."""
     model = load_model("tiny", "float32", "cpu")
     model.rope.reserve(4096, model.device, model.dtype)
     budget_tokens, length = 64, 256
@@ -92,15 +94,19 @@ def test_long_canvas_completes_under_auto_within_the_profiled_budget(monkeypatch
     measure = chunking.measure_moments
 
     def recording(model, req, *args):
-        seen.append(req.cache)
+        seen.append((req.cache, req.length))
         return measure(model, req, *args)
     monkeypatch.setattr(chunking, "measure_moments", recording)
     probe = make_engine(model, memory_budget=64 * 2**20, **kw).profile
-    assert sorted(seen) == ["dual", "none", "sparse"]
+    assert sorted(seen) == [("dual", length), ("none", length), ("sparse", length)]
     budget = probe.weights_bytes + probe.activation_peak_bytes + 40 * probe.bytes_per_token
+    seen.clear()
     eng = make_engine(model, memory_budget=budget, **kw)
     prof = eng.profile
-    assert prof.activation_peak_bytes == probe.activation_peak_bytes and prof.kv_pool_tokens == 40
+    assert 40 <= prof.kv_pool_tokens < 136
+    most = (budget - prof.weights_bytes - max(prof.refresh_peak_bytes, prof.reuse_peak_bytes)) // prof.bytes_per_token
+    assert ("none", length) in seen and len(seen) == 2         # dual holds no canvas beyond the token budget
+    assert all(kv_need(m, n, 1, 0.5) <= most < kv_need(m, n + 1, 1, 0.5) for m, n in seen if m != "none")
     params = SamplingParams(gen_length=32, steps=8, block_length=16, seed=3)
     eng.add_request(random_prompts(1, length - 32, seed=2)[0], params)
     peaks, queries = [], []

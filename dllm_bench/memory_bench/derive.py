@@ -36,6 +36,7 @@ class Derived:
     lengths: list[int]             # the measured lengths the fit used
     # The request at --length, its steps scaled: peak over average of its KV and transients.
     dynamic_peak_to_average: float | None = None
+    mode: str | None = None        # cache=auto: the mode whose longest canvas this is (memory_bench.modes)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

@@ -52,6 +52,7 @@ def rows(doc: dict) -> pd.DataFrame:
         if s.get("derived"):
             row["derived max length"] = s["derived"]["max_length"]
             row["derived bytes/token"] = s["derived"]["bytes_per_token"]
+            row["derived mode"] = s["derived"].get("mode") or ""       # cache=auto: the mode that reaches it
         out.append(row)
     return pd.DataFrame(out)
 
@@ -67,9 +68,10 @@ def goals(doc: dict) -> list[str]:
         for key, label in (("search", "measured"), ("derived", "derived")):
             a = (e.get(key) or {}).get("max_length")
             b = ((fast or {}).get(key) or {}).get("max_length")
+            mode = (e.get(key) or {}).get("mode")
             if a and b:
-                lines.append(f"{e['system']} longest canvas / {fast['system']}'s ({label}): {a:,} / {b:,} = "
-                             f"{a / b:.1f}x (goal >= 16x)")
+                lines.append(f"{e['system']} longest canvas / {fast['system']}'s ({label}"
+                             f"{f', in mode {mode}' if mode else ''}): {a:,} / {b:,} = {a / b:.1f}x (goal >= 16x)")
         tokens = e.get("max_num_batched_tokens")
         a = (e.get("search") or {}).get("max_length")
         if a and tokens:

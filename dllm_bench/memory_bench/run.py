@@ -11,11 +11,13 @@ from dllm_bench import results
 from dllm_bench.checkpoints.load import load_model
 from dllm_bench.console import console
 from dllm_bench.memory_bench import derive as dv
+from dllm_bench.memory_bench.modes import derive_auto
 from dllm_bench.memory_bench.options import MemoryOptions, resolve
 from dllm_bench.memory_bench.output import profile_stats, show, write
 from dllm_bench.memory_bench.search import max_length
 from dllm_bench.memory_bench.trace import measure
 from dllm_bench.systems.spec import ENGINE, engine_knobs
+from engine.cache_mode import AUTO
 from engine.config import EngineConfig
 
 
@@ -44,7 +46,7 @@ def memory(opts: MemoryOptions) -> dict:
         t = measure(v, model, run, run.length)
         traces.append(t)
         entry["profile"] = {"length": t.length, "fits": t.fits, "reason": t.reason, "complete": t.complete,
-                            "steps": [dataclasses.asdict(st) for st in t.steps]}
+                            "cache": t.cache, "steps": [dataclasses.asdict(st) for st in t.steps]}
         entry["profile"]["stats"] = profile_stats(entry["profile"]["steps"])
         if run.target is not None:
             entry["derived"] = _derived(v, traces, model, run).to_dict()
@@ -66,5 +68,7 @@ def _derived(v, traces, model, run) -> dv.Derived:
     cfg = EngineConfig(dtype=run.dtype, device=str(run.device), memory_budget=run.budget.bytes, sampling=False,
                        **knobs)
     reservation = dv.engine_reservation(model, run, cfg, run.target)
-    return dv.derive(v.label, traces, model, run, run.target, reservation,
-                     guard=cfg.guard_fraction * run.target.budget)
+    guard = cfg.guard_fraction * run.target.budget
+    if cfg.cache == AUTO:
+        return derive_auto(v, traces, model, run, reservation, guard)
+    return dv.derive(v.label, traces, model, run, run.target, reservation, guard)

@@ -21,7 +21,7 @@ class Search:
     def to_dict(self) -> dict:
         return {"system": self.system, "max_length": self.max_length, "first_failing": self.first_failing,
                 "cap": self.cap, "probes": [{"length": t.length, "fits": t.fits, "peak_bytes": t.peak,
-                                             "reason": t.reason} for t in self.probes]}
+                                             "reason": t.reason, "cache": t.cache} for t in self.probes]}
 
 
 def max_length(system: str, probe: Callable[[int], Trace], shortest: int, cap: int, resolution: int,

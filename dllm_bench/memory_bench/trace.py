@@ -68,6 +68,8 @@ class Trace:
     reason: str = ""                          # why it does not fit
     steps: list[StepMemory] = field(default_factory=list)
     complete: bool = False                    # every step of the request ran
+    cache: str | None = None                  # the engine's mode for the request (cache=auto chooses it)
+    chunk: int | None = None                  # the engine's Refresh chunk (its profile's; None: one step)
 
     @property
     def peak(self) -> int:
@@ -138,12 +140,20 @@ def measure(variant: SystemVariant, model: LLaDAModelLM, run: MemoryRun, length:
     except torch.OutOfMemoryError:
         trace.reason = "CUDA out of memory"
     finally:
+        trace.cache, trace.chunk = _engine_choices(system)
         del system
     if not trace.reason:
         over = trace.peak > budget
         trace.fits = trace.complete and not over
         trace.reason = f"peak {trace.peak} bytes over the budget" if over else ""
     return trace
+
+
+def _engine_choices(system) -> tuple[str | None, int | None]:
+    """The mode the engine admitted its one request in, and the chunk its profile chose."""
+    served = getattr(getattr(system, "scheduler", None), "served", None)
+    profile = getattr(system, "profile", None)
+    return next(iter(served), None) if served else None, getattr(profile, "refresh_chunk_tokens", None)
 
 
 def _step_memory(i: int, system, at_peak: dict, live: int, weights: int, used_before: int | None) -> StepMemory:
