@@ -5,7 +5,8 @@
 * the run's files and its one JSON document; each system's steps, their split and ratios;
 * bad input: a budget that does not hold the weights is one error line (exit 2); a length
   beyond the model's trained length warns once; malformed options are one error line;
-* the derivation's scaling rules (widths, dtypes) and its longest-length solve.
+* the derivation's scaling rules (widths, dtypes) and its longest-length solve; cache=auto's
+  in the mode that reaches furthest, its none branch measured with an empty pool.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from dllm_bench.checkpoints.load import load_model, load_shape
 from dllm_bench.memory_bench import derive as dv
+from dllm_bench.memory_bench.modes import derive_auto, none_traces
 from dllm_bench.memory_bench.options import MemoryOptions, parse_target, resolve
 from dllm_bench.memory_bench.trace import StepMemory, Trace, measure
 
@@ -122,3 +124,26 @@ def test_derived_longest_length_solves_the_budget():
     want = int((run.target.budget - weights - 1000 * k) // (10 * k))
     assert d.bytes_per_token == pytest.approx(10 * k) and abs(d.max_length - want) <= 1
     assert dv.derive("llada", traces[:1], model, run, run.target).max_length is None     # one length: no fit
+
+
+def test_auto_is_derived_in_the_mode_that_reaches_furthest():
+    """cache=auto runs a canvas dual while it fits, else sparse, else none: its derived longest
+    canvas is the longest of its modes' (none, holding no KV, here), the dynamic ratio its own
+    request's at --length. The none branch is measured with an empty pool where the search did
+    not run it so: that request ran none, holding no KV."""
+    run = resolve(MemoryOptions(model="tiny", memory_budget="64MiB", device="cpu", systems="engine",
+                                derive="llada-8b:24GiB", length=320, gen_length=32))
+    model = load_model(run.model_dir, run.dtype, "cpu")
+    variant = run.variants[0]
+    dual = [_trace(n, {"kv/torch.float32": 512 * n, "attention/torch.float32": 1000 + 40 * n}, 512 * n)
+            for n in (160, 320)]
+    none = [_trace(n, {"attention/torch.float32": 1000 + 60 * n}) for n in (160, 320)]
+    for t, mode in [(t, "dual") for t in dual] + [(t, "none") for t in none]:
+        t.cache = mode
+    d = derive_auto(variant, dual + none, model, run, reservation=0.0, guard=0.0)
+    want = dv.derive("engine", none, model, run, run.target, 0.0, 0.0)
+    assert d.mode == "none" and d.max_length == want.max_length
+    assert d.max_length > dv.derive("engine", dual, model, run, run.target, 0.0, 0.0).max_length
+    measured = none_traces(variant, dual[1:], model, run)
+    assert [(t.length, t.cache, t.complete) for t in measured] == [(320, "none", True)]
+    assert all(s.kv_used == 0 and s.parts for s in measured[0].steps)
