@@ -155,12 +155,13 @@ def _scratch_request(n_tokens: int, block: int, model: LLaDAModelLM, config: Eng
 
 
 def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int,
-                         activation_peak: int, kv_slots: int | None = None) -> tuple[int, int, int] | None:
+                         activation_peak: int, room: int | None = None) -> tuple[int, int, int] | None:
     """(chunk, chunked Refresh peak, what a Reuse with its keys at max_model_len adds to one at
     the token budget) for canvases beyond the token budget, or None when none can run; each the
-    largest over the cache modes served. Measured at their real sizes on scratch slots. A cached
-    mode's are measured at the longest canvas `kv_slots` (the most the pool can have) holds in
-    it: a longer one is never admitted in it (auto runs it none, measured at max_model_len)."""
+    largest over the cache modes served. Measured at their real sizes on scratch slots. `room`:
+    the bytes the KV pool and this reservation share. A cached mode's are measured at the longest
+    canvas the pool could hold in it, what none's least reservation leaves of `room` (auto: a
+    longer one is admitted none, measured at max_model_len), so the pool it gets holds no longer."""
     T = config.max_num_batched_tokens
     if max_model_len <= T or not schedulers.serves_long(config):
         return None
@@ -172,9 +173,12 @@ def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str
         [c for c in (chunking.MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
     peaks: dict[int, int] = dict.fromkeys(chunks, 0)
     growth = 0
-    for mode in SERVED[config.cache]:
-        n = max_model_len if mode == "none" or kv_slots is None else \
-            longest_held(mode, kv_slots, config.retention, max_model_len)
+    slots = None
+    for mode in sorted(SERVED[config.cache], key=lambda m: m != "none"):      # none first
+        if mode != "none" and room is not None and slots is None:
+            taken = max(0, min(peaks.values()) - activation_peak)          # none's least reservation
+            slots = max(0, room - taken) // bytes_per_token(model.config, model.dtype)
+        n = max_model_len if slots is None else longest_held(mode, slots, config.retention, max_model_len)
         if n <= T:
             continue                      # no canvas of this mode is refreshed in chunks
         req = _scratch_request(n, bl, model, config, mode, scratch)
@@ -197,10 +201,9 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
     wb = weights_bytes(model)
     refresh_peak, reuse_peak = measure_activation_peak(model, config, backend, max_model_len)
     peak = max(refresh_peak, reuse_peak)
-    bpt = bytes_per_token(model.config, model.dtype)
-    slots = max(0, (budget - wb - peak - int(budget * config.guard_fraction)) // bpt)   # the pool at its largest
+    room = budget - wb - peak - int(budget * config.guard_fraction)       # the pool at its largest
     chunk, long_refresh, growth = measure_long_context(model, config, backend, max_model_len, peak,
-                                                       slots) or (None, 0, 0)
+                                                       room) or (None, 0, 0)
     # The Reuse step measured above, its single long Reuse's keys at max_model_len instead.
     long_reuse = reuse_peak + growth if growth else 0
     peak = max(peak, long_refresh, long_reuse)
@@ -212,6 +215,7 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
             f"memory budget {budget / 2**20:.0f} MiB is too small: weights {wb / 2**20:.0f} MiB + "
             f"activation peak {peak / 2**20:.0f} MiB + guard {guard / 2**20:.0f} MiB"
         )
+    bpt = bytes_per_token(model.config, model.dtype)
     tokens = free // bpt
     return MemoryProfile(
         budget_bytes=budget, weights_bytes=wb, activation_peak_bytes=peak, refresh_peak_bytes=refresh_peak,
