@@ -146,8 +146,9 @@ class AutoCache(SparseCache):
     def spec(self, m):
         specs = {CODES["dual"]: DualCache.spec(self, m), CODES["sparse"]: SparseCache.spec(self, m),
                  CODES["none"]: CachePolicy.spec(self, m)}
-        cols = [m.cache == code for code in specs]
-        return KeySpec(*(np.select(cols, [getattr(s, f) for s in specs.values()]) for f in ("cached", "fresh", "store_from")))
+        members = [m.cache == code for code in specs]
+        return KeySpec(*(np.select(members, [getattr(s, f) for s in specs.values()])
+                         for f in ("cached", "fresh", "store_from")))
 
 
 POLICIES: dict[str, type[CachePolicy]] = {"none": NoCache, "dual": DualCache, "sparse": SparseCache,

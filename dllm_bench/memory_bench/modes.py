@@ -16,8 +16,6 @@ from dllm_bench.memory_bench.trace import Trace, measure
 from dllm_bench.systems.spec import SystemVariant
 from engine.models.llada import LLaDAModelLM
 
-MODES = ("dual", "sparse", "none")
-
 
 def none_traces(variant: SystemVariant, traces: list[Trace], model: LLaDAModelLM, run: MemoryRun) -> list[Trace]:
     """The engine's requests run none: those the search ran so, and the same request measured
@@ -35,7 +33,7 @@ def derive_auto(variant: SystemVariant, traces: list[Trace], model: LLaDAModelLM
                 reservation: float, guard: float) -> dv.Derived:
     """The longest canvas any of auto's modes holds at the target (`Derived.mode` says which);
     the dynamic peak-to-average is the request measured at --length, in the mode it ran in."""
-    by_mode = {m: [t for t in traces if t.cache == m] for m in MODES[:2]}
+    by_mode = {m: [t for t in traces if t.cache == m] for m in ("dual", "sparse")}
     by_mode["none"] = none_traces(variant, traces, model, run)
     own = dv.derive(variant.label, traces, model, run, run.target, reservation, guard)
     derived = [dataclasses.replace(dv.derive(variant.label, ts, model, run, run.target, reservation, guard), mode=m)
