@@ -1,5 +1,6 @@
 """The device defaults of every command, in one place: on CUDA bfloat16 and a memory budget of
-the free device memory x 0.9, on CPU float32 and no budget.
+the free device memory x 0.9, on CPU float32 and no budget; on a `SimulatedGpu` (`simulate` on
+a GPU profile) CUDA's, its free memory and name the profile's, torch.cuda never asked.
 
 A CUDA budget is measured once, when a run's options are resolved, and that number is handed to
 every system of the run (the engine's KV pool is profiled for it, each baseline's largest static
@@ -27,8 +28,28 @@ from engine.config import DTYPES
 GPU_MEMORY_UTILIZATION = 0.9
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """`auto` (or None) -> cuda when present, else cpu; anything else as given."""
+@dataclass(frozen=True)
+class SimulatedGpu:
+    """The GPU of a hardware profile, as the device a simulated run resolves its options for: the
+    same defaults `serve` takes on that GPU (bfloat16, CUDA graphs, the GPU preset, step budgets
+    and ridge scaled with it), its memory standing for the free memory `auto` would measure."""
+    name: str                 # the profile's name (h100)
+    memory_bytes: int
+    peak_flops: float         # what its ridge is computed from (dllm_bench.ridge)
+    bandwidth: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} (simulated)"
+
+
+Device = str | torch.device | SimulatedGpu | None
+
+
+def resolve_device(device: Device) -> torch.device:
+    """`auto` (or None) -> cuda when present, else cpu; a SimulatedGpu -> cuda; anything else as given."""
+    if isinstance(device, SimulatedGpu):
+        return torch.device("cuda")
     if device is None or str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -37,17 +58,17 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         raise UserError(f"--device must be auto, cpu or cuda[:N], got {device!r}") from None
 
 
-def is_cuda(device: str | torch.device | None) -> bool:
+def is_cuda(device: Device) -> bool:
     return resolve_device(device).type == "cuda"
 
 
-def default_dtype(device: str | torch.device | None) -> str:
+def default_dtype(device: Device) -> str:
     """bfloat16 on CUDA (LLaDA's own dtype; float32 doubles the weights: 32 GB for LLaDA-8B),
     float32 on CPU (no fast bfloat16 matmul there, and the exactness tests compare in it)."""
     return "bfloat16" if is_cuda(device) else "float32"
 
 
-def cuda_graphs_on(flag: bool | None, device: str | torch.device | None) -> bool:
+def cuda_graphs_on(flag: bool | None, device: Device) -> bool:
     """`--cuda-graphs/--no-cuda-graphs` (None: not given) -> whether the engine pads Reuse-only
     steps to batch buckets and replays them as CUDA graphs (engine.graphs): on by default on
     CUDA, off on a CPU, where an explicit --cuda-graphs runs the same padding with plain calls.
@@ -65,8 +86,10 @@ def gpu_identity(device: str | torch.device | None) -> dict | None:
             "total_memory": int(torch.cuda.get_device_properties(dev).total_memory)}
 
 
-def gpu_name(device: str | torch.device | None) -> str | None:
+def gpu_name(device: Device) -> str | None:
     """The name of a CUDA device (None on CPU): what a run scaled for its memory says it ran on."""
+    if isinstance(device, SimulatedGpu):
+        return device.label
     dev = resolve_device(device)
     return torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
 
@@ -90,11 +113,12 @@ class MemoryBudget:
         return asdict(self)
 
 
-def resolve_budget(value: str | None, device: str | torch.device | None, *, required: bool = False,
+def resolve_budget(value: str | None, device: Device, *, required: bool = False,
                    flag: str = "--memory-budget") -> MemoryBudget:
-    """A budget option (None = `auto`) -> bytes on `device`, measured now on CUDA. `required`:
-    the command cannot run without one (serve measures baselines' largest batches in it), so on
-    a CPU `auto` and `none` are a UserError instead of no budget."""
+    """A budget option (None = `auto`) -> bytes on `device`, measured now on CUDA (a SimulatedGpu:
+    its memory stands for the free memory). `required`: the command cannot run without one
+    (serve measures baselines' largest batches in it), so on a CPU `auto` and `none` are a
+    UserError instead of no budget."""
     text = "auto" if value is None else str(value).strip()
     low = text.lower()
     dev = resolve_device(device)
@@ -111,6 +135,10 @@ def resolve_budget(value: str | None, device: str | torch.device | None, *, requ
             raise UserError(f"a {flag} is needed on CPU (e.g. {flag} 1GiB): `auto` measures free "
                             "GPU memory, and a CPU has none to measure")
         return MemoryBudget(None, "auto", "no budget (auto on CPU: unbounded)")
+    if isinstance(device, SimulatedGpu):
+        n = int(device.memory_bytes * GPU_MEMORY_UTILIZATION)
+        return MemoryBudget(n, "auto", f"auto: {GPU_MEMORY_UTILIZATION:g} x {format_size(device.memory_bytes)}, "
+                                       f"the memory of {device.label}")
     free, total = free_device_memory(dev)
     n = int(free * GPU_MEMORY_UTILIZATION)
     if n < 1:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_bench.device_defaults import gpu_name, resolve_device
+from dllm_bench.device_defaults import SimulatedGpu, gpu_name, resolve_device
 from dllm_bench.timing import peak_rates
 
 AUTO = "auto"
@@ -36,8 +36,10 @@ def from_peaks(peak_flops: float, bandwidth: float, dtype_bytes: int, where: str
 
 
 def device_ridge(device, dtype: torch.dtype) -> Ridge:
-    """The ridge of `device` ("auto" too) for weights in `dtype`: measured on CUDA, CPU_RIDGE_ROWS
-    elsewhere."""
+    """The ridge of `device` ("auto" too) for weights in `dtype`: measured on CUDA, a simulated
+    GPU's from its profile's peaks, CPU_RIDGE_ROWS elsewhere."""
+    if isinstance(device, SimulatedGpu):
+        return from_peaks(device.peak_flops, device.bandwidth, dtype.itemsize, f"{device.name}'s peaks")
     dev = resolve_device(device)
     if dev.type != "cuda":
         return Ridge(CPU_RIDGE_ROWS, "a CPU: a few rows")

@@ -55,6 +55,7 @@ def register(app: typer.Typer) -> None:
         run_id: f.RunId = None,
         as_json: f.AsJson = False,
         tensor_parallel_size: f.TensorParallelSize = None,
+        cuda_graphs: f.CudaGraphs = None,
         validate_runs: s.Validate = None,
         fit_runs: s.Fit = None,
         name: s.Name = None,

@@ -30,7 +30,8 @@ MemoryBudget = Annotated[str | None, typer.Option(
     "--memory-budget", help="bytes for weights+activations+KV [GPU: its memory x 0.9; cpu: preset]")]
 Model = Annotated[str | None, typer.Option(
     "--model", help="model preset, checkpoint dir, or llada-8b (shape only)")]
-Dtype = Annotated[str | None, typer.Option("--dtype", help="serving dtype (bytes per element) [preset]")]
+Dtype = Annotated[str | None, typer.Option(
+    "--dtype", help="serving dtype (bytes per element) [preset; a CPU preset on a GPU profile: bfloat16]")]
 Repeats = Annotated[int, typer.Option(
     "--repeats", help="simulate every point N times with workload seeds seed, seed+1, ... (serve's repeats; "
     "--validate pairs them by seed)")]

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from dllm_bench import inputs
-from dllm_bench.device_defaults import cuda_graphs_on, gpu_name, resolve_budget
+from dllm_bench.device_defaults import SimulatedGpu, cuda_graphs_on, gpu_name, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.metric_options import metric_options
-from dllm_bench.ridge import AUTO, Ridge, device_ridge
+from dllm_bench.ridge import AUTO, device_ridge
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.task_prompts import TASK_DATASET
@@ -128,7 +128,7 @@ class ServeOptions(RunOptions):
 
 # ---------------------------------------------------------------- option resolution
 def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = True,
-                gpu: str | None = None, ridge: Ridge | None = None) -> ServeRun:
+                gpu: SimulatedGpu | None = None) -> ServeRun:
     """Every option checked (cheap ones first) and the workloads built: any problem is a
     UserError before a run directory exists. `weights=False`: the model is simulated by its
     shape, so its config is all it needs. A count is refused up front when its requests would not
@@ -142,14 +142,14 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
     --no-cuda-graphs (resolved to true/false into the preset, so config.json says what ran); a
     preset's "auto" token and logit budgets are scaled with the GPU's budget and the model
     (dllm_bench.step_budgets) once the workloads are known, and its "auto" ridge (what cache=auto
-    weighs: dllm_bench.ridge) measured on CUDA, once. `gpu` / `ridge`: the GPU a simulated run
-    models (a hardware profile's name and the ridge of its peaks); a measured run on CUDA names and
-    measures its own device."""
+    weighs: dllm_bench.ridge) measured on CUDA, once. `gpu`: the GPU a simulated run models (its
+    hardware profile's): every default above is taken for it, as on a CUDA device whose free
+    memory is the profile's, without asking torch.cuda."""
     o = opts
     rps, num_prompts, duration, burstiness = o.rps, o.num_prompts, o.duration, o.burstiness
     dataset_path, device, dtype, seed = o.dataset_path, o.device, o.dtype, o.seed
     variants = apply_baseline_batch(parse_systems(o.systems), o.baseline_batch)
-    sp = preset_for(o.preset, o.model, device=device or "auto")
+    sp = preset_for(o.preset, o.model, device=gpu or device or "auto")
     rps_list = parse_rps_list(rps if rps is not None else sp.rps)
     datasets = parse_datasets(o.dataset if o.dataset is not None else sp.dataset)
     arrivals = o.arrivals or ("gamma" if burstiness != 1.0 else "poisson")
@@ -212,9 +212,9 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
         over["length_scale"] = o.length_scale
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if device is not None:
-        over["device"] = device
-    over["dtype"] = dtype or sp.dtype_on(device)
+    if device is not None or gpu is not None:
+        over["device"] = device or "cuda"
+    over["dtype"] = dtype or sp.dtype_on(gpu or device)
     if o.memory_budget is not None:
         over["memory_budget"] = None if o.memory_budget.strip().lower() == "auto" else o.memory_budget
     if o.gen_length is not None:
@@ -223,16 +223,16 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
     check_gen_length(sp.gen_length, sp.block_length)
     if sp.gen_cap < sp.block_length:
         raise UserError(f"--gen-cap {sp.gen_cap} is smaller than one block ({sp.block_length} tokens)")
-    inputs.device(sp.device)
-    sp = replace(sp, cuda_graphs=cuda_graphs_on(o.cuda_graphs, sp.device))
-    mb = resolve_budget(sp.memory_budget, sp.device, required=True)
+    target = gpu or inputs.device(sp.device)           # the device whose defaults the run takes
+    sp = replace(sp, cuda_graphs=cuda_graphs_on(o.cuda_graphs, target))
+    mb = resolve_budget(sp.memory_budget, target, required=True)
     budget = mb.bytes
     model_dir = inputs.checkpoint_dir(sp.model, weights=weights)
     if weights:     # before a worker spawns ranks the model cannot split into, each variant's own size too
         from dllm_bench.systems.build import check_tensor_parallel
 
         for n in sorted({variant_ranks(v, sp.engine_defaults()) for v in variants} | {sp.tensor_parallel_size}):
-            check_tensor_parallel(model_dir, n, sp.device)
+            check_tensor_parallel(model_dir, n, "cpu" if gpu else sp.device)   # a profile's GPUs: the split only
     info = model_info(model_dir, sp.dtype)
     if budget is not None and budget <= info["weights_bytes"]:
         raise UserError(f"--memory-budget {format_size(budget)} does not even hold the weights "
@@ -254,10 +254,9 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
         metric_options=reporting, decoding=decoding, trace_steps=o.trace_steps)
     build_workloads(run)
     if sp.auto_budgets:
-        gpu = gpu or gpu_name(sp.device)
         longest = max((r.prompt_len + r.gen_length for wl in run.workloads.values() for r in wl), default=1)
-        run.preset = sp.with_step_budgets(info, longest, gpu, budget)
+        run.preset = sp.with_step_budgets(info, longest, gpu_name(target), budget)
     if run.preset.ridge_rows == AUTO:
-        run.preset = run.preset.with_ridge(ridge or device_ridge(sp.device, DTYPES[sp.dtype]))
+        run.preset = run.preset.with_ridge(device_ridge(target, DTYPES[sp.dtype]))
     return run
 

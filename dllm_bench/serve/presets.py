@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dllm_bench.device_defaults import default_dtype, is_cuda
+from dllm_bench.device_defaults import Device, default_dtype, is_cuda
 from dllm_bench.errors import UserError
 from dllm_bench.ridge import CPU_RIDGE_ROWS, Ridge
 from dllm_bench.serve.task_prompts import TASK_DATASET, training_config
@@ -86,10 +86,10 @@ class ServePreset:
         d["steps_rule"] = self.steps_rule
         return d
 
-    def dtype_on(self, device: str | None) -> str:
+    def dtype_on(self, device: Device) -> str:
         """The preset's dtype, except that a CPU preset moved to CUDA (`--device cuda`) runs in
-        CUDA's default, bfloat16 (dllm_bench.device_defaults). The other way the preset's dtype
-        stays: `simulate` resolves a GPU preset with device cpu and models it in its own dtype."""
+        CUDA's default, bfloat16 (dllm_bench.device_defaults); so does one simulated on a GPU
+        profile (a SimulatedGpu). The other way the preset's dtype stays (a GPU preset on a CPU)."""
         if device is not None and is_cuda(device) and not is_cuda(self.device):
             return default_dtype(device)
         return self.dtype
@@ -214,7 +214,7 @@ def get_preset(name: str) -> ServePreset:
         raise UserError(f"unknown serve preset {name!r}; presets: {', '.join(PRESETS)}") from None
 
 
-def preset_for(preset: str | None, model: str | None, device: str | None = None) -> ServePreset:
+def preset_for(preset: str | None, model: str | None, device: Device = None) -> ServePreset:
     """The serve preset to start from: the one named, else the one whose model is `model`
     (so `--model tiny` gets tiny-sized workloads), else — on a CUDA `device` (`auto`: CUDA when
     present; None: never) — GPU_PRESET, else the default; with `model` swapped in."""

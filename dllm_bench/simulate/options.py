@@ -1,15 +1,16 @@
 """A simulate run's options: serve's ServeOptions replayed on a hardware profile. The model is
-simulated by its shape when it has no weights here (`llada-8b`), a GPU profile's budget is its
-memory x 0.9 unless given (a preset's "auto" token and logit budgets scaled with it, as on a real
-GPU), and each system gets its implementation profile. Used by `simulate` and by `serve`'s GPU
-projection (dllm_bench.serve.projection)."""
+simulated by its shape when it has no weights here (`llada-8b`); on a GPU profile the options
+resolve as `serve` resolves them on that GPU (device_defaults.SimulatedGpu: bfloat16, CUDA graphs,
+budget `auto` = its memory x 0.9, "auto" step budgets and ridge scaled with it), on the `cpu`
+profile as on this CPU; each system gets its implementation profile. Used by `simulate` and by
+`serve`'s GPU projection (dllm_bench.simulate.projection)."""
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
 
+from dllm_bench.device_defaults import SimulatedGpu
 from dllm_bench.errors import UserError
-from dllm_bench.ridge import from_peaks
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.presets import preset_for
@@ -22,26 +23,19 @@ from dllm_bench.simulate.steps_per_block import StepsPlan
 from dllm_bench.simulate.steps_per_block import parse as parse_steps
 from dllm_bench.systems.decoding import resolve as resolve_decoding
 from dllm_bench.systems.options import parallel_labels
-from engine.config import DTYPES
-
-# The share of a GPU's memory a run may use when no budget is given: the engine's
-# gpu_memory_utilization default (vLLM's).
-GPU_MEMORY_UTILIZATION = 0.9
 
 
-def budget_on(hw: Hardware, memory_budget: str | None, preset_budget: str | None) -> str | None:
-    """The budget to simulate: the flag, else on a GPU profile its memory x 0.9, else the preset's."""
-    if memory_budget is not None:
-        return memory_budget
-    if hw.kind == "gpu":
-        return str(int(hw.memory_bytes * GPU_MEMORY_UTILIZATION))
-    return preset_budget
+def simulated_gpu(hw: Hardware) -> SimulatedGpu | None:
+    """The device a GPU profile's run resolves its defaults for (None: the `cpu` profile, this CPU)."""
+    if hw.kind != "gpu":
+        return None
+    return SimulatedGpu(hw.name, int(hw.memory_bytes), hw.peak_flops, hw.bandwidth)
 
 
 def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_per_block: str | None = None,
                results_root: Path | None = None, measured: list[Path] | None = None) -> tuple[ServeRun, SimSetup]:
     """The run and the simulator's setup for `opts` on `hw`: the options resolved as serve resolves
-    them (device cpu: the run's dtype is the preset's, no warm-ups on a virtual clock), `impl`
+    them on `hw`'s device (no warm-ups on a virtual clock), `impl`
     overrides per system (`fast-dllm=engine`). An engine with `tensor_parallel_size` N runs on N of
     `hw`'s GPUs, each with the budget (dllm_bench.simulate.parallel); baselines on one. Systems that
     decode in parallel (--decoding, a Fast-dLLM threshold knob) need `steps_per_block`
@@ -49,19 +43,14 @@ def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_
     (serve runs to validate against): every system that ran there is simulated as it ran (its
     recorded knobs and KV pool or static batch, dllm_bench.simulate.fit.measured.pins) in this
     project's implementation, the code `serve` measured, unless `impl` names another."""
-    sp = preset_for(opts.preset, opts.model)
+    gpu = simulated_gpu(hw)
+    sp = preset_for(opts.preset, opts.model, device=gpu or "cpu")
     model_dir, loadable = resolve_sim_model(sp.model)
-    opts = replace(opts, memory_budget=budget_on(hw, opts.memory_budget, sp.memory_budget), model=str(model_dir),
-                   preset=sp.name, dataset_path=None, arrivals=None, time_scale=1.0, burstgpt_model=None,
-                   max_prompt_len=None, threads=None, device="cpu", num_warmups=0, no_profile_cache=False)
-    # simulated seconds cost no wall time; a GPU profile's memory scales "auto" step budgets as
-    # a measured run's GPU does (dllm_bench.step_budgets)
-    gpu = f"{hw.name} (simulated)" if hw.kind == "gpu" else None
-    # ... and its peaks set the "auto" ridge cache=auto weighs, as a measured GPU's do (a CPU
-    # profile: a measured CPU run's constant, dllm_bench.ridge)
-    dtype = opts.dtype or sp.dtype
-    ridge = from_peaks(hw.peak_flops, hw.bandwidth, DTYPES[dtype].itemsize, f"{hw.name}'s peaks") if gpu else None
-    run = resolve_run(opts, weights=loadable, wall_clock=False, gpu=gpu, ridge=ridge)
+    # simulated seconds cost no wall time
+    opts = replace(opts, model=str(model_dir), preset=sp.name, dataset_path=None, arrivals=None, time_scale=1.0,
+                   burstgpt_model=None, max_prompt_len=None, threads=None, device=None if gpu else "cpu",
+                   num_warmups=0, no_profile_cache=False)
+    run = resolve_run(opts, weights=loadable, wall_clock=False, gpu=gpu)
     names = [v.name for v in run.systems]
     parallel = parallel_labels(run.systems, run.engine_defaults)
     if parallel and hw.link is None:

@@ -36,6 +36,7 @@ from dllm_bench.systems.build import WARM_UP, WARM_UP_PROMPT, warm_up_batch
 from dllm_bench.systems.decoding import resolve as resolve_decoding
 from dllm_bench.systems.spec import baseline_knobs, engine_knobs
 from engine.config import EngineConfig
+from engine.graphs import enabled as graph_steps
 from engine.models.llada import LLaDAConfig
 from engine.parallel.sharding import RankConfig
 from engine.sampling import SamplingParams
@@ -153,7 +154,8 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict, warm: tup
     # a rank's view of the model (its KV heads): the pool counts one GPU's bytes
     model_config = setup.model_config if n == 1 else RankConfig.of(setup.model_config, n)
     gpu = setup.hardware.kind == "gpu"
-    graphs = cfg.cuda_graphs if cfg.cuda_graphs is not None else gpu
+    # tensor-parallel ranks run eager (engine.parallel.rank.rank_config), whatever cuda_graphs says
+    graphs = n == 1 and graph_steps(cfg, "cuda" if gpu else "cpu")
     runner = CostRunner(model_config, cfg, setup.shape, setup.step_cost(variant.name, n), clock,
                         TORCH_DTYPES[setup.dtype], graphs=graphs, in_place=keys_in_place(cfg, gpu))
     engine = cost_engine(cfg, runner)
