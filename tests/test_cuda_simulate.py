@@ -27,12 +27,14 @@ H100 = "NVIDIA H100 80GB HBM3"
 TOTAL = 81559 * 2**20          # what the driver reports for an H100 80GB
 SMALL = dict(num_prompts=3, rps="inf", length_scale=0.05, gen_length=32, gen_cap=32)
 # What a user simulates, and the serve run on the GPU it models: the paper preset; a checkpoint
-# without a preset (model: tiny's directory); a CPU preset, which serve runs on a GPU with --device cuda.
+# without a preset (model: tiny's directory); a CPU preset, which serve runs on a GPU given --device
+# cuda, and sized for the GPU given --memory-budget auto (its own budget sizes a CPU run).
 CASES = {
     "paper": (dict(preset="paper", model="llada-8b", systems="engine,fast-dllm,dllm-cache,sparse-dllm",
-                   num_prompts=3, rps="inf"), None),
-    "checkpoint": (dict(model=None, systems="engine,fast-dllm", **SMALL), None),
-    "cpu preset": (dict(preset="tiny", model="tiny", systems="engine,llada", num_prompts=3, rps="inf"), "cuda"),
+                   num_prompts=3, rps="inf"), {}),
+    "checkpoint": (dict(model=None, systems="engine,fast-dllm", **SMALL), {}),
+    "cpu preset": (dict(preset="tiny", model="tiny", systems="engine,llada", num_prompts=3, rps="inf"),
+                   {"device": "cuda", "memory_budget": "auto"}),
 }
 
 
@@ -67,26 +69,26 @@ def _defaults(run) -> dict:
 @pytest.mark.parametrize("case", CASES)
 def test_simulate_on_h100_resolves_the_defaults_serve_resolves_on_an_80gb_cuda_device(monkeypatch, case):
     hw = load("h100")
-    args, device = CASES[case]
+    args, serve_flags = CASES[case]
     args = {**args, "model": args["model"] or str(inputs.checkpoint_dir("tiny"))}
     _no_cuda(monkeypatch)
     sim, _ = simulation(ServeOptions(**args), hw)
     _h100(monkeypatch, hw)
     model_dir, loadable = resolve_sim_model(args["model"])       # llada-8b: its shape, as simulate reads it
-    served = resolve_run(ServeOptions(**{**args, "model": args["model"] if loadable else str(model_dir)}, device=device),
+    served = resolve_run(ServeOptions(**{**args, "model": args["model"] if loadable else str(model_dir), **serve_flags}),
                          weights=loadable, wall_clock=False)
     assert _defaults(sim) == _defaults(served)
     d = sim.engine_defaults
     assert sim.preset.device == "cuda" and sim.preset.dtype == "bfloat16" and d["cuda_graphs"] is True
     assert d["ridge_rows"] == 265                           # bf16 on the profile's 693 TFLOP/s / 2.61 TB/s
+    assert sim.memory_budget == int(hw.memory_bytes * 0.9)
     if case == "paper":                                     # LLaDA-8B's shape at 0.9 x 79 GiB: capped
         assert (d["max_num_batched_tokens"], d["max_num_logits"]) == (32768, 2048)
-        assert sim.memory_budget == int(hw.memory_bytes * 0.9)
         assert "on h100 (simulated)" in sim.preset.tokens_rule and H100 in served.preset.tokens_rule
     if case == "checkpoint":                                # a checkpoint without a preset: the GPU preset
         assert sim.preset.name == "paper"
-    if case == "cpu preset":                                # its own budget and step budgets, in bf16
-        assert sim.memory_budget == 8 * 2**20 and (d["max_num_batched_tokens"], d["max_num_logits"]) == (256, 64)
+    if case == "cpu preset":                                # its own step budgets, in bf16
+        assert (d["max_num_batched_tokens"], d["max_num_logits"]) == (256, 64)
     # attention: the simulated engine reads keys in place where serve's engine picks a packed kernel
     cfg = EngineConfig(dtype=sim.preset.dtype, **engine_knobs(sim.systems[0], d))
     if torch_varlen() is not None or flash_attn_import_error() is None:

@@ -1,9 +1,10 @@
 """A simulate run's options: serve's ServeOptions replayed on a hardware profile. The model is
 simulated by its shape when it has no weights here (`llada-8b`); on a GPU profile the options
-resolve as `serve` resolves them on that GPU (device_defaults.SimulatedGpu: bfloat16, CUDA graphs,
-budget `auto` = its memory x 0.9, "auto" step budgets and ridge scaled with it), on the `cpu`
-profile as on this CPU; each system gets its implementation profile. Used by `simulate` and by
-`serve`'s GPU projection (dllm_bench.simulate.projection)."""
+resolve as `serve --device cuda --memory-budget auto` resolves them on that GPU
+(device_defaults.SimulatedGpu: bfloat16, CUDA graphs, the budget its memory x 0.9, "auto" step
+budgets and ridge scaled with it), on the `cpu` profile as on this CPU; each system gets its
+implementation profile. Used by `simulate` and by `serve`'s GPU projection
+(dllm_bench.simulate.projection)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -35,8 +36,8 @@ def simulated_gpu(hw: Hardware) -> SimulatedGpu | None:
 def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_per_block: str | None = None,
                results_root: Path | None = None, measured: list[Path] | None = None) -> tuple[ServeRun, SimSetup]:
     """The run and the simulator's setup for `opts` on `hw`: the options resolved as serve resolves
-    them on `hw`'s device (no warm-ups on a virtual clock), `impl`
-    overrides per system (`fast-dllm=engine`). An engine with `tensor_parallel_size` N runs on N of
+    them on `hw`'s device (no warm-ups on a virtual clock; on a GPU the budget `auto` unless given:
+    a CPU preset's own budget sizes a CPU run), `impl` overrides per system (`fast-dllm=engine`). An engine with `tensor_parallel_size` N runs on N of
     `hw`'s GPUs, each with the budget (dllm_bench.simulate.parallel); baselines on one. Systems that
     decode in parallel (--decoding, a Fast-dLLM threshold knob) need `steps_per_block`
     (dllm_bench.simulate.steps_per_block; a run id is looked up under `results_root`). `measured`
@@ -49,7 +50,8 @@ def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_
     # simulated seconds cost no wall time
     opts = replace(opts, model=str(model_dir), preset=sp.name, dataset_path=None, arrivals=None, time_scale=1.0,
                    burstgpt_model=None, max_prompt_len=None, threads=None, device=None if gpu else "cpu",
-                   num_warmups=0, no_profile_cache=False)
+                   memory_budget=opts.memory_budget or ("auto" if gpu else None), num_warmups=0,
+                   no_profile_cache=False)
     run = resolve_run(opts, weights=loadable, wall_clock=False, gpu=gpu)
     names = [v.name for v in run.systems]
     parallel = parallel_labels(run.systems, run.engine_defaults)
