@@ -37,8 +37,8 @@ def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_
                results_root: Path | None = None, measured: list[Path] | None = None) -> tuple[ServeRun, SimSetup]:
     """The run and the simulator's setup for `opts` on `hw`: the options resolved as serve resolves
     them on `hw`'s device (no warm-ups on a virtual clock; on a GPU the budget `auto` unless given:
-    a CPU preset's own budget sizes a CPU run), `impl` overrides per system (`fast-dllm=engine`). An engine with `tensor_parallel_size` N runs on N of
-    `hw`'s GPUs, each with the budget (dllm_bench.simulate.parallel); baselines on one. Systems that
+    a CPU preset's own budget sizes a CPU run), `impl` overrides per system (`fast-dllm=engine`).
+    An engine with `tensor_parallel_size` N runs on N of `hw`'s GPUs, each with the budget (dllm_bench.simulate.parallel); baselines on one. Systems that
     decode in parallel (--decoding, a Fast-dLLM threshold knob) need `steps_per_block`
     (dllm_bench.simulate.steps_per_block; a run id is looked up under `results_root`). `measured`
     (serve runs to validate against): every system that ran there is simulated as it ran (its
