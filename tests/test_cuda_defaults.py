@@ -172,10 +172,9 @@ def test_a_resumed_run_keeps_the_auto_budget_it_started_with(cuda, tmp_path):
 def test_server_model_dir_on_cuda_is_paper_knobs_bf16_budget_auto(cuda):
     """Was: cpu-default's knobs, float32 (32 GB of LLaDA-8B weights), 1300 MiB on CPU."""
     from dllm_bench.serve.presets import PRESETS
-    from dllm_bench.server.startup import resolve_server_options
+    from dllm_bench.server.options import ServerOptions, resolve_server_options
 
-    opts = resolve_server_options(model=str(inputs.checkpoint_dir("tiny")), preset=None, knobs=KNOBS,
-                                  memory_budget=None, dtype=None, device=None)
+    opts = resolve_server_options(ServerOptions(model=str(inputs.checkpoint_dir("tiny")), **KNOBS))
     assert opts.preset.name == "paper"
     scaled = ("max_num_batched_tokens", "max_num_logits")     # scaled with the GPU (tests/test_step_budgets.py)
     assert opts.preset.engine_defaults() == {**PRESETS["paper"].engine_defaults(), "cuda_graphs": True,
@@ -183,20 +182,18 @@ def test_server_model_dir_on_cuda_is_paper_knobs_bf16_budget_auto(cuda):
                                              "ridge_rows": 262}    # measured on the (fake) H100
 
     assert opts.preset.tokens_rule.startswith("auto: ") and H100 in opts.preset.tokens_rule
-    assert (opts.device, opts.dtype, opts.budget.bytes) == ("cuda", "bfloat16", AUTO)
-    assert resolve_server_options(model="tiny", preset=None, knobs=KNOBS, memory_budget="auto", dtype=None,
-                                  device="cuda").budget.bytes == AUTO
+    assert (opts.device, opts.run.dtype, opts.run.budget.bytes) == ("cuda", "bfloat16", AUTO)
+    given = ServerOptions(model="tiny", memory_budget="auto", device="cuda", **KNOBS)
+    assert resolve_server_options(given).run.budget.bytes == AUTO
 
 
 def test_server_accepts_auto_on_cpu_and_refuses_a_budget_below_the_weights_before_loading():
-    from dllm_bench.server.startup import resolve_server_options
+    from dllm_bench.server.options import ServerOptions, resolve_server_options
 
-    opts = resolve_server_options(model="tiny", preset=None, knobs=KNOBS, memory_budget="auto", dtype=None,
-                                  device="cpu")
-    assert opts.budget.bytes is None and opts.dtype == "float32" and opts.preset.name == "tiny"
+    opts = resolve_server_options(ServerOptions(model="tiny", memory_budget="auto", device="cpu", **KNOBS))
+    assert opts.run.budget.bytes is None and opts.run.dtype == "float32" and opts.preset.name == "tiny"
     with pytest.raises(UserError, match="does not even hold the weights"):
-        resolve_server_options(model="tiny", preset=None, knobs=KNOBS, memory_budget="4KiB", dtype=None,
-                               device="cpu")
+        resolve_server_options(ServerOptions(model="tiny", memory_budget="4KiB", device="cpu", **KNOBS))
 
 
 # ---------------------------------------------------------------- accuracy, lm-eval, generate
