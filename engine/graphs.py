@@ -84,6 +84,23 @@ def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_b
     return mode, need, sizes
 
 
+def warm_up_requests(b: int, mode: str, need: int, block_length: int, prompt_len: int, mask_id: int,
+                     device) -> list[Request]:
+    """The `b` synthetic requests a bucket is captured and timed on at warm-up: one block after a
+    `prompt_len` prompt, in cache `mode`, each holding `need` KV slots (the caller reserves them)."""
+    params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
+    reqs = [Request(f"graph-{b}-{i}", [0] * prompt_len, params, mask_id, device, cache=mode) for i in range(b)]
+    for req in reqs:
+        req.kv_tokens = need
+    return reqs
+
+
+def keeps(graph_ms: float, eager_ms: float) -> bool:
+    """Whether a bucket replays its graph: only if the replay timed faster than the same step run
+    eager and unpadded, so graphs never make a step slower (the simulator asks it with its costs)."""
+    return graph_ms < eager_ms
+
+
 def key_width(n: int) -> int:
     """n keys rounded up to a multiple of max(16, 2^⌊log2 n⌋ / 8): at most 1/8 more from 128 on."""
     n = max(int(n), 1)
@@ -233,13 +250,11 @@ class StepGraphs:
         captures). -> buckets decided."""
         r = self.runner
         mode, need, sizes = warm_up_plan(r.config, block_length, prompt_len, max_batch, self.pool.can_reserve)
-        params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
         new = 0
         for b in sizes:
-            reqs = [Request(f"graph-{b}-{i}", [0] * prompt_len, params, r.model_config.mask_token_id, r.device,
-                            cache=mode) for i in range(b)]
+            reqs = warm_up_requests(b, mode, need, block_length, prompt_len, r.model_config.mask_token_id, r.device)
             for req in reqs:
-                req.slots, req.kv_pool, req.kv_tokens = self.pool.reserve(need), self.pool, need
+                req.slots, req.kv_pool = self.pool.reserve(need), self.pool
             try:
                 new += self.capture([(req, Phase.REUSE) for req in reqs])
             finally:
@@ -290,7 +305,7 @@ class StepGraphs:
         if cap is not None:
             graph, out = cap.capture(lambda: r.forward(p))
             entry.graph_ms, entry.eager_ms = cap.time_ms(graph.replay, "graph"), eager_ms
-            if entry.graph_ms < eager_ms:
+            if keeps(entry.graph_ms, eager_ms):
                 entry.graph, entry.out, entry.decision = graph, out, "graph"
             else:                                # slower: this bucket runs eager, unpadded
                 entry.staging = entry.captured = None

@@ -6,7 +6,8 @@ replays by plain calls and times as told, so these check what a warm-up capture 
   without graphs, and its served steps capture nothing more (same canvas shape) and replay;
 * every bucket within the token budget is decided, no step counted, the KV pool left empty;
 * no graphs (or no Reuse step: cache none) captures nothing; `warm_up` captures first;
-* what it captures is `warm_up_plan`'s (the simulator's too), and config.json says where.
+* what it captures is `warm_up_plan`'s (the simulator's too), and config.json says where and
+  by which rule it keeps graphs.
 """
 from __future__ import annotations
 
@@ -99,4 +100,6 @@ def test_a_serve_run_records_where_its_graphs_are_captured(num_warmups, where):
 
     run = resolve_run(ServeOptions(**{**RUN_DEFAULTS, "num_warmups": num_warmups}))
     assert run.describe()["graph_capture"] == _run_config(run)["graph_capture"] == where
+    # and which graphs they keep (graph_keep): on CUDA only those that timed faster than eager
+    assert run.describe()["graph_keep"] == _run_config(run)["graph_keep"] == "timed"
     assert (warm_up_batch(32, None), warm_up_batch(32, 8), warm_up_batch(3, 8)) == (32, 8, 3)

@@ -153,6 +153,7 @@ def test_graph_padding_and_warm_up_captures_are_the_engines(cache, keys, request
     # replays), after the warm-up capture serve makes: the simulator pads the same steps to the same
     # buckets, takes the same graphs at warm-up and captures the same others in the point. Keys are
     # gathered under padded SDPA (fp32) and read in place by a packed kernel (the flash-attn stand-in, bf16).
+    # Plain calls here keep every bucket (no timing without CUDA): the simulator is pinned to keep them all.
     from dllm_bench.serve.loadgen import run_open_loop
     from dllm_bench.simulate.clock import VirtualClock, VirtualTimed
     from dllm_bench.simulate.cost_model import ModelShape
@@ -185,7 +186,7 @@ def test_graph_padding_and_warm_up_captures_are_the_engines(cache, keys, request
     cfg = model.config
     setup = SimSetup(cfg, ModelShape.from_config(cfg, 4), hardware.load("h100"), dtype, {"engine": "engine"},
                      memory_budget=1e12, engine_defaults=knobs, real_capacity=lambda v: {"kv_pool_tokens": 400},
-                     cost_fn=lambda fw: seen.append(fw) or 1e-3)
+                     cost_fn=lambda fw: seen.append(fw) or 1e-3, pinned={"engine": {"graph_keep": "all"}})
     info = simulate_point(parse_system("engine"), setup, wl, 8)["info"]
     assert info["graph_capture"] == "warm-up" and info["graphs_captured_at_warm_up"] == at_warm_up
     padded = [fw for fw in seen if fw.graph]

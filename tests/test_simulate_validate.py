@@ -15,7 +15,7 @@ import pytest
 
 from dllm_bench import results
 from dllm_bench.simulate import drift, validate
-from dllm_bench.systems.build import WARM_UP
+from dllm_bench.systems.build import TIMED, WARM_UP
 
 REPO = Path(__file__).resolve().parent.parent
 METRICS = ("output_throughput", "mean_e2el_ms", "p99_e2el_ms")
@@ -192,8 +192,10 @@ def test_simulate_validate_writes_and_prints_the_table(tmp_path):
     p = json.loads(r.stdout)["points"][0]
     ds, tp, mean, p99 = p["dataset"], p["output_throughput"], p["mean_e2el_ms"], p["p99_e2el_ms"]
     for i, k in enumerate((0.95, 1.0, 1.3)):   # measured runs of the same workload around the simulated values
-        # made by today's serve: its engine's CUDA graphs captured at warm-up, as simulated
-        d = results.create_run("serve", {"graph_capture": WARM_UP}, run_id=f"rep{i}", root=tmp_path)
+        # made by today's serve: its engine's CUDA graphs captured at warm-up and kept by their
+        # timings, as simulated
+        d = results.create_run("serve", {"graph_capture": WARM_UP, "graph_keep": TIMED}, run_id=f"rep{i}",
+                               root=tmp_path)
         results.write_point(d, results.PointKey("engine", 4.0, ds),
                             {"output_throughput": tp * k, "mean_e2el_ms": mean / k, "p99_e2el_ms": p99 * 3,
                              "completed": 4, "interrupted": False, "workload_seed": p["workload_seed"]}, [])

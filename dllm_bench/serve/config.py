@@ -13,7 +13,7 @@ from typing import Any
 
 from dllm_bench.metric_options import MetricOptions
 from dllm_bench.serve.presets import ServePreset
-from dllm_bench.systems.build import graph_capture
+from dllm_bench.systems.build import GRAPH_KEEP, graph_capture
 from dllm_bench.systems.decoding import SystemDecoding
 from dllm_bench.systems.decoding import resolve as resolve_decoding
 from dllm_bench.systems.spec import SystemVariant, retention_knobs
@@ -80,13 +80,19 @@ class ServeRun:
         `simulate --fit` replays): at warm-up, or inside the points of a run without one."""
         return graph_capture(self.num_warmups)
 
+    @property
+    def graph_keep(self) -> str:
+        """Which captured graphs its engines replay (config.json's `graph_keep`): today's rule."""
+        return GRAPH_KEEP
+
     def describe(self) -> dict:
         """What every run directory's config.json records about the run (each command adds its own)."""
         p = self.preset
         return {"preset": p.to_dict(), "preset_line": p.describe(), "model_dir": str(self.model_dir),
                 "model": self.model_info, "seed": self.seed, "memory_budget": self.memory_budget,
                 "memory_budget_source": self.memory_budget_source,
-                "num_warmups": self.num_warmups, "graph_capture": self.graph_capture, "max_duration": self.max_duration,
+                "num_warmups": self.num_warmups, "graph_capture": self.graph_capture, "graph_keep": self.graph_keep,
+                "max_duration": self.max_duration,
                 "max_concurrency": self.max_concurrency, "metric_options": self.metric_options.to_dict(),
                 "decoding": self.decoding, "engine_defaults": self.engine_defaults,
                 "baseline_defaults": self.baseline_defaults, "trace_steps": self.trace_steps}

@@ -91,6 +91,7 @@ def _run_config(run: ServeRun) -> dict:
         "dataset_path": run.dataset_path, "time_scale": run.time_scale, "burstgpt_model": run.burstgpt_model,
         "memory_budget": run.memory_budget, "memory_budget_source": run.memory_budget_source,
         "max_duration": run.max_duration, "num_warmups": run.num_warmups, "graph_capture": run.graph_capture,
+        "graph_keep": run.graph_keep,
         "engine_defaults": run.engine_defaults, "baseline_defaults": run.baseline_defaults,
         "gen_mapping": describe_gen_mapping(p.block_length, p.gen_cap, p.gen_length),
         "workloads": {f"{ds}@{fmt_rps(r)}": describe(wl) for (ds, r), wl in run.workloads.items()},

@@ -3,7 +3,8 @@
 * `CostRunner` is an `engine.step.Runner`: `LLMEngine(config, runner=CostRunner(...))` keeps the
   engine's scheduler, KV accounting and logit budget; each step is charged the cost of the work
   `work.engine_forward` reads off the batch (with `graphs`, Reuse-only steps padded to their
-  bucket, a graph's first step a capture unless `capture_graphs` took it at warm-up). With
+  bucket where it kept its graph, a graph's first step a capture unless `capture_graphs` took it
+  at warm-up). With
   `inner` (a real ModelRunner) it also runs the model: the simulated schedule is the engine's.
 * `CostPolicy` is a `baselines.static_batch.Policy`: the real static batching, each forward
   charged `work.baseline_forward`'s cost.
@@ -23,7 +24,7 @@ import torch
 from baselines.static_batch import Batch, Policy, StepResult
 from dllm_bench.simulate.clock import VirtualClock
 from dllm_bench.simulate.cost_model import Forward, ModelShape
-from dllm_bench.simulate.work import baseline_work, engine_forward, graph_key, padded, warm_up_keys
+from dllm_bench.simulate.work import baseline_work, engine_forward, graph_key, padded, warm_up_steps
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.kv_cache import KVPool, bytes_per_token
@@ -62,26 +63,41 @@ class AccountingPool(KVPool):
 
 class CostRunner:
     """`graphs`: the engine replays Reuse-only steps through CUDA graphs (a GPU's default), their
-    keys read `in_place` or gathered (work.graph_key)."""
+    keys read `in_place` or gathered (work.graph_key). `keep(graph, eager)`: whether a bucket
+    keeps its graph, asked once, at its capture, with the step the engine times there padded and
+    unpadded (on a GPU: engine.graphs.keeps on their prices); None keeps every one (plain calls
+    on a CPU; runs made before the timed keep)."""
 
     def __init__(self, model_config, config: EngineConfig, shape: ModelShape, cost: Cost, clock: VirtualClock,
-                 dtype: torch.dtype = torch.bfloat16, inner=None, graphs: bool = False, in_place: bool = False):
+                 dtype: torch.dtype = torch.bfloat16, inner=None, graphs: bool = False, in_place: bool = False,
+                 keep: Callable[[Forward, Forward], bool] | None = None):
         self.model_config, self.dtype, self.device = model_config, dtype, torch.device("cpu")
         self.config, self.shape, self.cost, self.clock, self.inner = config, shape, cost, clock, inner
         self.model = getattr(inner, "model", None)
-        self.graphs, self.in_place, self.captured = graphs, in_place, set()
+        self.graphs, self.in_place, self.keep = graphs, in_place, keep
+        self.kept: dict[tuple[int, int, int], bool] = {}       # each captured graph: replayed or not
+        self.decisions: dict[str, list] = {"kept": [], "eager": []}   # the same as [bucket, keys, block]
         self.last: list = []
         self.forwards = 0
 
+    def _decide(self, key: tuple[int, int, int], eager: Forward) -> bool:
+        kept = self.keep is None or self.keep(padded(eager, key), eager)
+        self.kept[key] = kept
+        self.decisions["kept" if kept else "eager"].append(list(key))
+        return kept
+
     def capture_graphs(self, block_length: int, prompt_len: int, max_batch: int | None,
                        holds: Callable[[int], bool]) -> int:
-        """The graphs `LLMEngine.capture_graphs` captures at warm-up, before the point's clock
-        starts: none of the point's steps captures them. -> graphs new."""
+        """The graphs `LLMEngine.capture_graphs` captures and decides at warm-up, before the point's
+        clock starts: none of the point's steps captures them. -> graphs new."""
         if not self.graphs:
             return 0
-        keys = warm_up_keys(self.config, block_length, prompt_len, max_batch, holds, self.in_place) - self.captured
-        self.captured |= keys
-        return len(keys)
+        steps = warm_up_steps(self.config, block_length, prompt_len, max_batch, holds,
+                              self.model_config.mask_token_id, self.in_place)
+        new = [key for key in steps if key not in self.kept]
+        for key in new:
+            self._decide(key, engine_forward(steps[key], self.config, self.shape)[0])
+        return len(new)
 
     def run(self, batch) -> StepStats:
         fw, charged = engine_forward(batch, self.config, self.shape)
@@ -97,10 +113,13 @@ class CostRunner:
                            n_ref, len(batch) - n_ref, cache=dict(Counter(req.cache for req, _ in batch)))
         key = graph_key(batch, self.config, self.in_place) if self.graphs else None
         if key is not None:                    # the counters above are the real rows, as the engine's
-            fw = replace(padded(fw, key), capture=key not in self.captured)
-            self.captured.add(key)
-            if self.inner is None:
-                st = replace(st, graph=True, padded_requests=key[0])
+            capture = key not in self.kept
+            if (self._decide(key, fw) if capture else self.kept[key]):
+                fw = replace(padded(fw, key), capture=capture)
+                if self.inner is None:
+                    st = replace(st, graph=True, padded_requests=key[0])
+            else:                              # its graph was slower: eager and unpadded
+                fw = replace(fw, capture=capture)
         fw = replace(fw, first=not self.forwards)
         self.forwards += 1
         self.clock.advance(self.cost(fw))

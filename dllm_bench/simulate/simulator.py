@@ -32,11 +32,12 @@ from dllm_bench.simulate.parallel import ParallelCostModel
 from dllm_bench.simulate.runners import CostPolicy, CostRunner, ShapeModel, cost_engine
 from dllm_bench.simulate.steps_per_block import StepsPlan
 from dllm_bench.simulate.work import keys_in_place
-from dllm_bench.systems.build import WARM_UP, WARM_UP_PROMPT, warm_up_batch
+from dllm_bench.systems.build import GRAPH_KEEP, KEEP_ALL, TIMED, WARM_UP, WARM_UP_PROMPT, warm_up_batch
 from dllm_bench.systems.decoding import resolve as resolve_decoding
 from dllm_bench.systems.spec import baseline_knobs, engine_knobs
 from engine.config import EngineConfig
 from engine.graphs import enabled as graph_steps
+from engine.graphs import keeps
 from engine.models.llada import LLaDAConfig
 from engine.parallel.sharding import RankConfig
 from engine.sampling import SamplingParams
@@ -90,9 +91,9 @@ class SimSetup:
     speed: float = 1.0                     # every step's cost x this: a machine slower than its profile
     decoding: str = "fixed"                # --decoding (dllm_bench.systems.decoding): what each system runs
     steps_plan: StepsPlan | None = None    # forwards per block of parallel-decoded requests (--steps-per-block)
-    # system label -> {"knobs": {...}, "info": {...}, "graph_capture": ...}: a measured point's recorded
-    # knobs, capacity (KV pool, static batch) and where its graphs were captured, which replace the
-    # run's defaults (dllm_bench.simulate.fit.measured)
+    # system label -> {"knobs": {...}, "info": {...}, "graph_capture": ..., "graph_keep": ...}: a measured
+    # point's recorded knobs, capacity (KV pool, static batch), where its graphs were captured and
+    # which kept, which replace the run's defaults (dllm_bench.simulate.fit.measured)
     pinned: dict = field(default_factory=dict)
 
     def cost_model(self, system: str, ranks: int = 1) -> CostModel | ParallelCostModel:
@@ -102,12 +103,17 @@ class SimSetup:
                        hw.host_cost(impl, system))
         return cm if ranks == 1 else ParallelCostModel(cm, ranks, hw.link)
 
-    def step_cost(self, system: str, ranks: int = 1) -> Callable[[Forward], float]:
+    def step_price(self, system: str, ranks: int = 1) -> Callable[[Forward], float]:
+        """Seconds a forward would take, asked without running it (a graph's timed keep)."""
         fn = self.cost_fn
         if fn is None:
             step = self.cost_model(system, ranks).step
             fn = lambda fw: step(fw).t  # noqa: E731
         return self._at_speed(fn)
+
+    def step_cost(self, system: str, ranks: int = 1) -> Callable[[Forward], float]:
+        """What each forward the system runs is charged (a fit's replay records these)."""
+        return self.step_price(system, ranks)
 
     def wake_cost(self, system: str) -> Callable[[float], float] | None:
         """The profile's cost of waking after an idle gap (None: unit-cost tests, or no wake fitted)."""
@@ -156,15 +162,23 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict, warm: tup
     gpu = setup.hardware.kind == "gpu"
     # tensor-parallel ranks run eager (engine.parallel.rank.rank_config), whatever cuda_graphs says
     graphs = n == 1 and graph_steps(cfg, "cuda" if gpu else "cpu")
+    # Today's serve captures the graphs at warm-up, outside the point, and on a GPU keeps a bucket's
+    # graph only if it timed faster than eager (plain calls on a CPU keep all); a measured run is
+    # replayed as it ran (its pin: an older run captured them in the point and kept every one).
+    pin = setup.pinned.get(variant.label, {})
+    where = pin.get("graph_capture", WARM_UP) if graphs else None
+    rule = (pin.get("graph_keep", GRAPH_KEEP) if gpu else KEEP_ALL) if graphs else None
+    keep = None
+    if rule == TIMED:
+        price = setup.step_price(variant.name, n)
+        keep = lambda graph, eager: keeps(price(graph), price(eager))  # noqa: E731
     runner = CostRunner(model_config, cfg, setup.shape, setup.step_cost(variant.name, n), clock,
-                        TORCH_DTYPES[setup.dtype], graphs=graphs, in_place=keys_in_place(cfg, gpu))
+                        TORCH_DTYPES[setup.dtype], graphs=graphs, in_place=keys_in_place(cfg, gpu), keep=keep)
     engine = cost_engine(cfg, runner)
-    # Today's serve captures the graphs at warm-up, outside the point; a measured run is replayed
-    # as it ran (its pin: an older run captured them at each bucket's first step in the point).
-    where = setup.pinned.get(variant.label, {}).get("graph_capture", WARM_UP) if graphs else None
     captured = runner.capture_graphs(*warm, engine.pool.can_reserve) if where == WARM_UP and warm else 0
     info.update(kind="engine", knobs=knobs, engine_config=cfg.to_dict(), tensor_parallel_size=n,
-                graph_capture=where, graphs_captured_at_warm_up=captured)
+                graph_capture=where, graphs_captured_at_warm_up=captured, graph_keep=rule,
+                graphs=runner.decisions if graphs else None)
     return VirtualTimed(engine, clock, lambda: runner.last, setup.wake_cost(variant.name), setup.add_cost(variant.name))
 
 

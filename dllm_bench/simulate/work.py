@@ -5,7 +5,7 @@ state the real scheduler or static batch hands over, never from token values.
   block against the cache (dual: every position, sparse: the kept ones, each request in its own
   mode under `cache=auto`); logits only for the block's still-masked rows, in chunks of the logit
   budget. With CUDA graphs a Reuse-only step runs padded to its bucket (`graph_key`; those captured at
-  warm-up: `warm_up_keys`).
+  warm-up, and the steps they are timed on: `warm_up_steps`).
 * `baseline_forward`: one static-batch forward of a baseline policy, padded to the batch's
   canvas, with the StepResult the real policy reports for it.
 
@@ -25,7 +25,7 @@ from baselines.sparse_dllm import SparseDLLM
 from baselines.static_batch import Batch, StepResult
 from dllm_bench.simulate.cost_model import Forward, LayerPass, ModelShape, Seg
 from engine.config import EngineConfig
-from engine.graphs import batch_buckets, bucket, key_width, warm_up_plan
+from engine.graphs import batch_buckets, bucket, key_width, warm_up_plan, warm_up_requests
 from engine.request import Phase, Request
 
 
@@ -73,9 +73,9 @@ def graph_key(batch: list[tuple[Request, Phase]], config: EngineConfig,
     """(bucket, key width, block length) of the CUDA graph a step replays (engine.graphs.StepGraphs.takes:
     Reuse only, one block length, the padded batch within the token budget), or None: it runs eagerly.
     Keys read `in_place` (`keys_in_place`): width 0, one graph serves every step of its bucket; else
-    the padded-SDPA width (every member's keys to `key_width` of the longest). A bucket whose graph
-    measured slower than eager on the GPU, or a fragmented pool's step, is not known here: it counts
-    as a graph."""
+    the padded-SDPA width (every member's keys to `key_width` of the longest). Whether the bucket
+    keeps its graph is the runner's (runners.CostRunner); a fragmented pool's step is not known
+    here: it counts as the bucket's."""
     if not batch or any(p is not Phase.REUSE for _, p in batch):
         return None
     bl = batch[0][0].params.block_length
@@ -96,12 +96,16 @@ def keys_in_place(config: EngineConfig, gpu: bool) -> bool:
     return gpu and config.attention_backend != "sdpa" and config.dtype in ("bfloat16", "float16")
 
 
-def warm_up_keys(config: EngineConfig, block_length: int, prompt_len: int, max_batch: int | None,
-                 holds: Callable[[int], bool], in_place: bool = False) -> set[tuple[int, int, int]]:
+def warm_up_steps(config: EngineConfig, block_length: int, prompt_len: int, max_batch: int | None,
+                  holds: Callable[[int], bool], mask_id: int,
+                  in_place: bool = False) -> dict[tuple[int, int, int], list[tuple[Request, Phase]]]:
     """The graphs the engine captures at warm-up (engine.graphs.warm_up_plan, as `graph_key` keys
-    them): its synthetic one-block requests after a `prompt_len` prompt, one bucket each."""
-    _, need, sizes = warm_up_plan(config, block_length, prompt_len, max_batch, holds)
-    return {(b, _width(need, in_place), block_length) for b in sizes}
+    them), each with the Reuse step of synthetic one-block requests after a `prompt_len` prompt it
+    is timed on (engine.graphs.warm_up_requests), one bucket each."""
+    mode, need, sizes = warm_up_plan(config, block_length, prompt_len, max_batch, holds)
+    return {(b, _width(need, in_place), block_length):
+            [(req, Phase.REUSE) for req in warm_up_requests(b, mode, need, block_length, prompt_len, mask_id, "cpu")]
+            for b in sizes}
 
 
 def padded(fw: Forward, key: tuple[int, int, int]) -> Forward:

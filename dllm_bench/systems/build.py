@@ -338,6 +338,13 @@ def graph_capture(num_warmups: int) -> str:
     return WARM_UP if num_warmups > 0 else IN_POINT
 
 
+# Which captured graphs a run's engines replay (config.json's `graph_keep`): on CUDA a bucket keeps
+# its graph only if it timed faster than eager (`timed`, engine.graphs.keeps); runs recorded before
+# that rule existed replayed every bucket's graph (`all`), as plain calls on a CPU still do.
+TIMED, KEEP_ALL = "timed", "all"
+GRAPH_KEEP = TIMED
+
+
 def warm_up_batch(n_requests: int, max_concurrency: int | None) -> int:
     """The most requests a point of `n_requests` ever batches: what its warm-up captures up to."""
     return min(n_requests, max_concurrency or n_requests)

@@ -8,7 +8,8 @@ evidence of its time, finest first:
   run records: they split the run into segments of known length;
 * totals: the point's duration and mean E2EL (summary.json).
 
-Where its engine captured CUDA graphs (config.json's `graph_capture`) is replayed as recorded.
+Where its engine captured CUDA graphs (config.json's `graph_capture`) and which it kept
+(`graph_keep`) are replayed as recorded.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from dllm_bench import results
 from dllm_bench.errors import UserError
-from dllm_bench.systems.build import IN_POINT, WARM_UP
+from dllm_bench.systems.build import IN_POINT, KEEP_ALL, TIMED, WARM_UP
 from dllm_bench.systems.spec import ENGINE, ENGINE_KNOBS, SystemVariant
 from workloads.serving import ServingRequest
 
@@ -45,6 +46,7 @@ class MeasuredPoint:
     block_length: int
     steps: list[dict] | None = None
     graph_capture: str = IN_POINT      # where its engine captured CUDA graphs (`graph_capture`)
+    graph_keep: str = KEEP_ALL         # which of them it replayed (`graph_keep`)
     device: str = ""
     date: str = ""
     notes: list[str] = field(default_factory=list)
@@ -90,8 +92,17 @@ def graph_capture(run_dir: Path) -> str:
     return where
 
 
+def graph_keep(run_dir: Path) -> str:
+    """Which captured graphs the run's engines replayed, as its config.json records it; a run
+    recorded before it said so (the committed H100 run) was made by code that kept every one."""
+    rule = results.load_config(run_dir).get("config", {}).get("graph_keep", KEEP_ALL)
+    if rule not in (TIMED, KEEP_ALL):
+        raise UserError(f"{run_dir}: config.json's graph_keep must be {TIMED} or {KEEP_ALL}, got {rule!r}")
+    return rule
+
+
 def pins(run_dirs: list[Path]) -> dict[str, dict]:
-    """label -> {"knobs", "info", "graph_capture"} of the first point of each system in the runs:
+    """label -> {"knobs", "info", "graph_capture", "graph_keep"} of each system's first point in the runs:
     what `simulate --validate` pins each simulated system to, so it is compared with what was
     measured rather than with the defaults of today's code."""
     out: dict[str, dict] = {}
@@ -99,7 +110,8 @@ def pins(run_dirs: list[Path]) -> dict[str, dict]:
         for s in results.load_points(d):
             if s.get("system") not in out and s.get("system_name") != "endpoint":
                 knobs, info = _pins(s)
-                out[s["system"]] = {"knobs": knobs, "info": info, "graph_capture": graph_capture(d)}
+                out[s["system"]] = {"knobs": knobs, "info": info, "graph_capture": graph_capture(d),
+                                    "graph_keep": graph_keep(d)}
     return out
 
 
@@ -137,7 +149,7 @@ def _point(run_dir: Path, cfg: dict, s: dict) -> MeasuredPoint | str:
                          float(s["rps"]), knobs, info, reqs, blocks, arrivals, float(s["duration_s"]),
                          float(s["mean_e2el_ms"]) / 1e3, int(cfg.get("preset", {}).get("block_length") or 32),
                          _jsonl(steps_path) if steps_path.is_file() else None, graph_capture(run_dir),
-                         device=env.get("cuda_device") or "", date=created[:10])
+                         graph_keep(run_dir), device=env.get("cuda_device") or "", date=created[:10])
 
 
 def load(run_dirs: list[Path], console=None) -> list[MeasuredPoint]:

@@ -1,9 +1,9 @@
 """A measured point replayed by the simulator exactly as it ran: the same requests and arrival
 times, the system pinned to its recorded knobs and KV pool or static batch, this project's
 implementation (`dllm-bench`: the code `serve` measured), its CUDA graphs captured where the run
-captured them (at warm-up, or in the point). It records every forward the system
-took, when it started, and the forward at which each request committed each block: what the
-fit turns into linear observables of the per-step cost.
+captured them (at warm-up, or in the point) and kept by its rule. It records every forward the
+system took, when it started, and the forward at which each request committed each block: what
+the fit turns into linear observables of the per-step cost.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def setup_for(point: MeasuredPoint, hw: Hardware) -> SimSetup:
     return SimSetup(model, ModelShape.from_config(model, DTYPE_BYTES[dtype]), hw, dtype, {point.system: MEASURED_HOST},
                     memory_budget=budget or 80e9, baseline_defaults=base_knobs,
                     pinned={point.label: {"knobs": point.knobs, "info": point.info,
-                                          "graph_capture": point.graph_capture}})
+                                          "graph_capture": point.graph_capture, "graph_keep": point.graph_keep}})
 
 
 class _Recording(SimSetup):
@@ -72,8 +72,11 @@ class _Recording(SimSetup):
         self._clock = VirtualClock()
         return self._clock
 
+    def step_price(self, system: str, ranks: int = 1):
+        return self._cost or super().step_price(system, ranks)
+
     def step_cost(self, system: str, ranks: int = 1):
-        inner = self._cost or super().step_cost(system, ranks)
+        inner = self.step_price(system, ranks)
 
         def record(fw: Forward) -> float:
             t = inner(fw)
