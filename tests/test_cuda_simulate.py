@@ -135,4 +135,7 @@ def test_simulate_cli_on_h100_records_what_serve_would_run(tmp_path, monkeypatch
                                                                                                     graphs)
         assert cfg["engine_defaults"]["max_num_batched_tokens"] == 32768
         (point,) = (tmp_path / run_id / "points").iterdir()
-        assert json.loads((point / "summary.json").read_text())["graph_capture"] == (WARM_UP if graphs else None)
+        s = json.loads((point / "summary.json").read_text())
+        assert (s["graph_capture"], s["graph_keep"]) == ((WARM_UP, "timed") if graphs else (None, None))
+        # the fitted h100's replays cost more than eager steps (c_graph > 0): its buckets keep none
+        assert (s.get("graphs_kept"), s.get("graphs_eager", 0) > 0) == ((0, True) if graphs else (None, False))

@@ -77,7 +77,8 @@ def _simulate_one(run, setup: SimSetup, pp: PlannedPoint, run_dir: Path, console
                  scenario=out["info"].get("scenario"), scenario_kind=out["info"].get("scenario_kind", "engine"),
                  max_batch_size=out["info"].get("max_batch_size"), kv_pool_tokens=out["info"].get("kv_pool_tokens"),
                  graph_capture=out["info"].get("graph_capture"), graph_keep=out["info"].get("graph_keep"),
-                 graphs=out["info"].get("graphs"), simulation_cpu_seconds=time.process_time() - t0)
+                 **{f"graphs_{k}": len(keys) for k, keys in (out["info"].get("graphs") or {}).items()},
+                 simulation_cpu_seconds=time.process_time() - t0)
     results.write_point(run_dir, pp.key, s, recs, extra)
     point = {**extra, **s, "system": v.label, "dataset": pp.dataset, "repeat": pp.repeat}
     console.print(point_line(point), markup=False, highlight=False)
