@@ -51,7 +51,7 @@ def _point(run_dir: Path, label: str, knobs: dict, info: dict, n: int, seed: int
             for i, p in enumerate(lens)]
     return measured.MeasuredPoint(run_dir, label, label, label.split(":")[0], "livebench", float("inf"), knobs, info,
                                   reqs, {}, {r.request_id: 0.0 for r in reqs}, 0.0, 0.0, 32,
-                                  graph_capture=measured.graph_capture(run_dir))
+                                  graph_capture=measured.graph_capture(run_dir), graph_keep=measured.graph_keep(run_dir))
 
 
 def _measure(point: measured.MeasuredPoint, truth: terms.Terms) -> measured.MeasuredPoint:
@@ -60,7 +60,8 @@ def _measure(point: measured.MeasuredPoint, truth: terms.Terms) -> measured.Meas
     rep = replay.replay(point, prof)
     ends = [s + c for s, c in zip(rep.starts, rep.costs)]
     blocks = {rid: [ends[e] for e in idx] for rid, idx in rep.blocks.items()}
-    steps = [{"step": i, "wall_ms": c * 1e3, "requests": fw.n_seq, "logit_rows": fw.rows}
+    steps = [{"step": i, "wall_ms": c * 1e3, "requests": fw.n_seq, "logit_rows": fw.rows, "graph": fw.graph,
+              "padded_requests": len(fw.passes[0].segs) if fw.graph else fw.n_seq}
              for i, (fw, c) in enumerate(zip(rep.forwards, rep.costs))]
     return replace(point, block_times=blocks, steps=steps, duration=max(ends),
                    mean_e2el=sum(b[-1] for b in blocks.values()) / len(blocks))
@@ -118,6 +119,25 @@ def test_a_run_that_captured_graphs_at_warm_up_is_fitted_without_a_capture_term_
     assert measured.graph_capture(_run_dir(tmp_path / "old")) == "in-point"
     with pytest.raises(UserError, match="graph_capture must be warm-up or in-point"):
         measured.graph_capture(_run_dir(tmp_path / "bad", graph_capture="later"))
+
+
+def test_a_traced_run_under_the_timed_keep_is_replayed_with_the_graphs_it_replayed(tmp_path):
+    # On TRUTH (a replay 1 ms cheaper) the machine kept every bucket's graph; BASE prices a replay as
+    # an eager step (no host time), so by prices the fit's first replay would keep none and never
+    # see c_graph. The steps say which buckets replayed graphs: those are kept, and TRUTH is recovered.
+    points = _points(tmp_path, TRUTH, graph_capture="warm-up", graph_keep="timed")
+    graphs = [p for p in points if p.graph_keep == "timed" and p.graphs_replayed]
+    assert len(graphs) == 2                              # the two engines with graphs
+    reps = [replay.replay(p, BASE) for p in points]
+    assert {fw.graph for r in reps if r.point in graphs for fw in r.forwards} == {True, False}
+    f = fit_run.fit(points, BASE, "fitted", evidence="steps", lam=0.0)
+    cols = solve.columns_for(reps)
+    assert "engine.c_graph" in cols
+    _close(f.terms, TRUTH, 0.02, cols)
+    # untraced, the same points are kept by the prices of the profile replaying them: none on BASE
+    untraced = replace(graphs[0], steps=None)
+    assert untraced.graphs_replayed is None
+    assert not any(fw.graph for fw in replay.replay(untraced, BASE).forwards)
 
 
 def test_the_fit_recovers_the_terms_from_totals_and_block_times(tmp_path):

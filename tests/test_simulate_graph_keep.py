@@ -86,7 +86,7 @@ def test_each_bucket_is_decided_once_on_the_step_its_engine_times():
     # three cost more. A bucket first met in the point is decided on that step, padded vs not.
     price = lambda fw: 1e-4 * fw.query_tokens - 5e-4 * fw.graph  # noqa: E731
     asked, charged = [], []
-    runner = _runner(lambda graph, eager: asked.append((graph.n_seq, len(graph.passes[0].segs)))
+    runner = _runner(lambda key, graph, eager: asked.append((graph.n_seq, len(graph.passes[0].segs)))
                      or keeps(price(graph), price(eager)), charged)
     runs = [(n, runner.run(_reuse(n, runner)).graph, charged[-1].capture) for n in (3, 5, 8, 4)]
     # 3 -> bucket 4 (1 dummy): kept, captured; 5 -> bucket 8 (3 dummies): eager, though captured;
@@ -100,7 +100,8 @@ def test_each_bucket_is_decided_once_on_the_step_its_engine_times():
 def test_warm_up_decides_its_buckets_on_full_ones_and_keep_all_keeps_every_one():
     price = lambda fw: 1e-4 * fw.query_tokens - 5e-4 * fw.graph  # noqa: E731
     asked, charged = [], []
-    runner = _runner(lambda graph, eager: asked.append(graph.n_seq) or keeps(price(graph), price(eager)), charged)
+    runner = _runner(lambda key, graph, eager: asked.append(graph.n_seq) or keeps(price(graph), price(eager)),
+                     charged)
     assert runner.capture_graphs(BLOCK, 6, 8, lambda slots: True) == 4          # buckets 1, 2, 4, 8
     assert asked == [1, 2, 4, 8] and not charged                               # full: no dummies priced
     assert [k[0] for k in runner.decisions["kept"]] == [1, 2, 4, 8]

@@ -63,14 +63,14 @@ class AccountingPool(KVPool):
 
 class CostRunner:
     """`graphs`: the engine replays Reuse-only steps through CUDA graphs (a GPU's default), their
-    keys read `in_place` or gathered (work.graph_key). `keep(graph, eager)`: whether a bucket
-    keeps its graph, asked once, at its capture, with the step the engine times there padded and
+    keys read `in_place` or gathered (work.graph_key). `keep(key, graph, eager)`: whether a
+    graph is kept, asked once, at its capture, with the step the engine times there padded and
     unpadded (on a GPU: engine.graphs.keeps on their prices); None keeps every one (plain calls
     on a CPU; runs made before the timed keep)."""
 
     def __init__(self, model_config, config: EngineConfig, shape: ModelShape, cost: Cost, clock: VirtualClock,
                  dtype: torch.dtype = torch.bfloat16, inner=None, graphs: bool = False, in_place: bool = False,
-                 keep: Callable[[Forward, Forward], bool] | None = None):
+                 keep: Callable[[tuple[int, int, int], Forward, Forward], bool] | None = None):
         self.model_config, self.dtype, self.device = model_config, dtype, torch.device("cpu")
         self.config, self.shape, self.cost, self.clock, self.inner = config, shape, cost, clock, inner
         self.model = getattr(inner, "model", None)
@@ -81,7 +81,7 @@ class CostRunner:
         self.forwards = 0
 
     def _decide(self, key: tuple[int, int, int], eager: Forward) -> bool:
-        kept = self.keep is None or self.keep(padded(eager, key), eager)
+        kept = self.keep is None or self.keep(key, padded(eager, key), eager)
         self.kept[key] = kept
         self.decisions["kept" if kept else "eager"].append(list(key))
         return kept

@@ -91,9 +91,10 @@ class SimSetup:
     speed: float = 1.0                     # every step's cost x this: a machine slower than its profile
     decoding: str = "fixed"                # --decoding (dllm_bench.systems.decoding): what each system runs
     steps_plan: StepsPlan | None = None    # forwards per block of parallel-decoded requests (--steps-per-block)
-    # system label -> {"knobs": {...}, "info": {...}, "graph_capture": ..., "graph_keep": ...}: a measured
-    # point's recorded knobs, capacity (KV pool, static batch), where its graphs were captured and
-    # which kept, which replace the run's defaults (dllm_bench.simulate.fit.measured)
+    # system label -> {"knobs": {...}, "info": {...}, "graph_capture": ..., "graph_keep": ...,
+    # "graphs_replayed": ...}: a measured point's recorded knobs, capacity (KV pool, static batch),
+    # where its graphs were captured, by which rule kept, and the buckets its trace shows replayed,
+    # which replace the run's defaults (dllm_bench.simulate.fit.measured)
     pinned: dict = field(default_factory=dict)
 
     def cost_model(self, system: str, ranks: int = 1) -> CostModel | ParallelCostModel:
@@ -164,14 +165,17 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict, warm: tup
     graphs = n == 1 and graph_steps(cfg, "cuda" if gpu else "cpu")
     # Today's serve captures the graphs at warm-up, outside the point, and on a GPU keeps a bucket's
     # graph only if it timed faster than eager (plain calls on a CPU keep all); a measured run is
-    # replayed as it ran (its pin: an older run captured them in the point and kept every one).
+    # replayed as it ran (its pin: an older run captured them in the point and kept every one; a
+    # traced one kept the buckets its steps replayed).
     pin = setup.pinned.get(variant.label, {})
     where = pin.get("graph_capture", WARM_UP) if graphs else None
     rule = (pin.get("graph_keep", GRAPH_KEEP) if gpu else KEEP_ALL) if graphs else None
-    keep = None
-    if rule == TIMED:
+    keep, replayed = None, pin.get("graphs_replayed")
+    if rule == TIMED and replayed is not None:
+        keep = lambda key, graph, eager: key[0] in replayed  # noqa: E731
+    elif rule == TIMED:
         price = setup.step_price(variant.name, n)
-        keep = lambda graph, eager: keeps(price(graph), price(eager))  # noqa: E731
+        keep = lambda key, graph, eager: keeps(price(graph), price(eager))  # noqa: E731
     runner = CostRunner(model_config, cfg, setup.shape, setup.step_cost(variant.name, n), clock,
                         TORCH_DTYPES[setup.dtype], graphs=graphs, in_place=keys_in_place(cfg, gpu), keep=keep)
     engine = cost_engine(cfg, runner)

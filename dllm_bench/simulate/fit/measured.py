@@ -61,6 +61,15 @@ class MeasuredPoint:
         return f"{self.run_dir.name}/{self.name}"
 
     @property
+    def graphs_replayed(self) -> frozenset[int] | None:
+        """The buckets whose graphs a traced run under the timed keep replayed (steps.jsonl: `graph`,
+        `padded_requests`): what its replay keeps, whatever the profile being fitted would price;
+        None without a trace or under keep-all."""
+        if self.graph_keep != TIMED or not self.steps:
+            return None
+        return frozenset(int(s.get("padded_requests") or s["requests"]) for s in self.steps if s.get("graph"))
+
+    @property
     def evidence(self) -> str:
         return "steps" if self.steps else "blocks" if self.block_times else "totals"
 

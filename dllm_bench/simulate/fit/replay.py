@@ -58,7 +58,8 @@ def setup_for(point: MeasuredPoint, hw: Hardware) -> SimSetup:
     return SimSetup(model, ModelShape.from_config(model, DTYPE_BYTES[dtype]), hw, dtype, {point.system: MEASURED_HOST},
                     memory_budget=budget or 80e9, baseline_defaults=base_knobs,
                     pinned={point.label: {"knobs": point.knobs, "info": point.info,
-                                          "graph_capture": point.graph_capture, "graph_keep": point.graph_keep}})
+                                          "graph_capture": point.graph_capture, "graph_keep": point.graph_keep,
+                                          "graphs_replayed": point.graphs_replayed}})
 
 
 class _Recording(SimSetup):
