@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from dllm_bench.errors import UserError
 from dllm_bench.serve.options import ServeOptions
@@ -129,3 +130,25 @@ def test_a_run_without_graph_keep_is_replayed_with_every_graph_kept(tmp_path):
     assert any(fw.graph for fw in replay.replay(point, hw).forwards)
     assert not any(fw.graph for fw in replay.replay(replace(point, graph_keep="timed"), hw).forwards)
 
+
+
+def test_a_recording_around_the_real_runner_follows_its_decisions():
+    # calibrate's host fit wraps the engine's own runner: on CUDA a bucket whose graph timed slower
+    # ran eager and unpadded, and its Forward must say so; plain calls on a CPU pad every bucket.
+    from engine.step import StepStats
+
+    class Inner:
+        model = None
+
+        def __init__(self, device: str, graph: bool):
+            self.device, self.graph = torch.device(device), graph
+
+        def run(self, batch):
+            return StepStats(0, 0, 0, 0, len(batch), graph=self.graph)
+
+    for device, graph, padded_to in (("cuda", False, 5), ("cuda", True, 8), ("cpu", False, 8)):
+        charged = []
+        runner = _runner(None, charged)
+        runner.inner = Inner(device, graph)
+        assert runner.run(_reuse(5, runner)).graph is graph
+        assert (len(charged[-1].passes[0].segs), charged[-1].graph) == (padded_to, padded_to == 8)

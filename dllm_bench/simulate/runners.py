@@ -66,7 +66,7 @@ class CostRunner:
     keys read `in_place` or gathered (work.graph_key). `keep(key, graph, eager)`: whether a
     graph is kept, asked once, at its capture, with the step the engine times there padded and
     unpadded (on a GPU: engine.graphs.keeps on their prices); None keeps every one (plain calls
-    on a CPU; runs made before the timed keep)."""
+    on a CPU; runs made before the timed keep). With `inner` each real step says it itself."""
 
     def __init__(self, model_config, config: EngineConfig, shape: ModelShape, cost: Cost, clock: VirtualClock,
                  dtype: torch.dtype = torch.bfloat16, inner=None, graphs: bool = False, in_place: bool = False,
@@ -80,8 +80,9 @@ class CostRunner:
         self.last: list = []
         self.forwards = 0
 
-    def _decide(self, key: tuple[int, int, int], eager: Forward) -> bool:
-        kept = self.keep is None or self.keep(key, padded(eager, key), eager)
+    def _decide(self, key: tuple[int, int, int], eager: Forward, kept: bool | None = None) -> bool:
+        if kept is None:
+            kept = self.keep is None or self.keep(key, padded(eager, key), eager)
         self.kept[key] = kept
         self.decisions["kept" if kept else "eager"].append(list(key))
         return kept
@@ -114,7 +115,14 @@ class CostRunner:
         key = graph_key(batch, self.config, self.in_place) if self.graphs else None
         if key is not None:                    # the counters above are the real rows, as the engine's
             capture = key not in self.kept
-            if (self._decide(key, fw) if capture else self.kept[key]):
+            if self.inner is not None:
+                # the real step says whether it replayed its graph; plain calls on a CPU keep every one
+                kept = st.graph or self.inner.device.type != "cuda"
+                if capture:
+                    self._decide(key, fw, kept)
+            else:
+                kept = self._decide(key, fw) if capture else self.kept[key]
+            if kept:
                 fw = replace(padded(fw, key), capture=capture)
                 if self.inner is None:
                     st = replace(st, graph=True, padded_requests=key[0])

@@ -101,11 +101,13 @@ def warm_up_steps(config: EngineConfig, block_length: int, prompt_len: int, max_
                   in_place: bool = False) -> dict[tuple[int, int, int], list[tuple[Request, Phase]]]:
     """The graphs the engine captures at warm-up (engine.graphs.warm_up_plan, as `graph_key` keys
     them), each with the Reuse step of synthetic one-block requests after a `prompt_len` prompt it
-    is timed on (engine.graphs.warm_up_requests), one bucket each."""
+    is timed on (engine.graphs.warm_up_requests), one bucket each. Its requests are alike: one
+    stands for them all (a thousand-request bucket builds no thousand requests)."""
     mode, need, sizes = warm_up_plan(config, block_length, prompt_len, max_batch, holds)
-    return {(b, _width(need, in_place), block_length):
-            [(req, Phase.REUSE) for req in warm_up_requests(b, mode, need, block_length, prompt_len, mask_id, "cpu")]
-            for b in sizes}
+    if not sizes:
+        return {}
+    (req,) = warm_up_requests(1, mode, need, block_length, prompt_len, mask_id, "cpu")
+    return {(b, _width(need, in_place), block_length): [(req, Phase.REUSE)] * b for b in sizes}
 
 
 def padded(fw: Forward, key: tuple[int, int, int]) -> Forward:
