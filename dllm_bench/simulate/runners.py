@@ -4,8 +4,8 @@
   engine's scheduler, KV accounting and logit budget; each step is charged the cost of the work
   `work.engine_forward` reads off the batch (with `graphs`, Reuse-only steps padded to their
   bucket where it kept its graph, a graph's first step a capture unless `capture_graphs` took it
-  at warm-up). With
-  `inner` (a real ModelRunner) it also runs the model: the simulated schedule is the engine's.
+  at warm-up). With `inner` (a real ModelRunner) it also runs the model: the simulated schedule
+  is the engine's.
 * `CostPolicy` is a `baselines.static_batch.Policy`: the real static batching, each forward
   charged `work.baseline_forward`'s cost.
 
