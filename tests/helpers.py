@@ -73,3 +73,24 @@ def run_cli(monkeypatch, capsys, *args: str):
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     out = capsys.readouterr()
     return subprocess.CompletedProcess(list(args), code, out.out, out.err)
+
+
+def metered_steps(eng: LLMEngine):
+    """Runs a one-request engine step by step under the memory meter: the request's output, each
+    step's measured peak bytes and each step's query rows."""
+    import time
+
+    from engine.memory import MemoryMeter
+
+    peaks, queries, out = [], [], None
+    while eng.has_unfinished():
+        batch = eng.scheduler.schedule(time.perf_counter())
+        with MemoryMeter() as m:
+            st = eng.runner.run(batch)
+        eng.commit(batch, st.decisions)
+        for req in eng.advance(batch, time.perf_counter()):
+            eng.scheduler.finish(req)
+            out = req.output()
+        peaks.append(m.peak_bytes)
+        queries.append(st.query_tokens)
+    return out, peaks, queries

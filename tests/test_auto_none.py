@@ -11,8 +11,6 @@
 """
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -20,9 +18,8 @@ from dllm_bench.checkpoints.load import load_model
 from engine import SamplingParams, chunking
 from engine.cache_mode import admission_mode
 from engine.kv_cache import kv_need
-from engine.memory import MemoryMeter
 from engine.request import Phase
-from tests.helpers import make_engine, random_prompts, run_alone, tiny_model
+from tests.helpers import make_engine, metered_steps, random_prompts, run_alone, tiny_model
 from tests.test_cache_auto import _record_steps
 from tests.test_engine_exact import _mixed_workload
 
@@ -112,17 +109,7 @@ def test_long_canvas_completes_under_auto_within_the_profiled_budget(monkeypatch
                for m, n in seen if m != "none")
     params = SamplingParams(gen_length=32, steps=8, block_length=16, seed=3)
     eng.add_request(random_prompts(1, length - 32, seed=2)[0], params)
-    peaks, queries = [], []
-    while eng.has_unfinished():
-        batch = eng.scheduler.schedule(time.perf_counter())
-        with MemoryMeter() as m:
-            st = eng.runner.run(batch)
-        eng.commit(batch, st.decisions)
-        for req in eng.advance(batch, time.perf_counter()):
-            eng.scheduler.finish(req)
-            out = req.output()
-        peaks.append(m.peak_bytes)
-        queries.append(st.query_tokens)
+    out, peaks, queries = metered_steps(eng)
     assert out.finished and out.cache == "none" and out.nfe == 8 and len(out.token_ids) == 32
     assert queries == [length] * 8                      # every step a whole Refresh, in chunks
     assert max(peaks) <= prof.activation_peak_bytes, (max(peaks), prof.to_dict())

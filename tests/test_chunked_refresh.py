@@ -19,10 +19,9 @@ import torch
 from dllm_bench.checkpoints.load import load_model
 from engine import EngineConfig, SamplingParams
 from engine.chunking import refresh_rows
-from engine.memory import MemoryMeter
 from engine.reference import reference_generate
 from engine.request import Phase, Request
-from tests.helpers import make_engine, random_prompts, tiny_model
+from tests.helpers import make_engine, metered_steps, random_prompts, tiny_model
 from tests.test_flash_path import standin  # noqa: F401  (the fixture)
 
 F64 = torch.float64
@@ -99,17 +98,7 @@ def test_long_request_within_profiled_activation_budget():
     assert prof.activation_peak_bytes >= prof.long_refresh_peak_bytes > 0
     params = SamplingParams(gen_length=32, steps=8, block_length=16, temperature=1.0, seed=3)
     eng.add_request(random_prompts(1, length - 32, seed=2)[0], params)
-    peaks, queries = [], []
-    while eng.has_unfinished():
-        batch = eng.scheduler.schedule(time.perf_counter())
-        with MemoryMeter() as m:
-            st = eng.runner.run(batch)
-        eng.commit(batch, st.decisions)
-        for req in eng.advance(batch, time.perf_counter()):
-            eng.scheduler.finish(req)
-            out = req.output()
-        peaks.append(m.peak_bytes)
-        queries.append(st.query_tokens)
+    out, peaks, queries = metered_steps(eng)
     assert out.finished and len(out.token_ids) == 32 and out.nfe == 8
     assert max(queries) == length                       # the Refreshes ran whole, in chunks
     assert max(peaks) <= prof.activation_peak_bytes, (max(peaks), prof.to_dict())
