@@ -7,7 +7,7 @@ export OMP_NUM_THREADS ?= 2
 
 .PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench-server \
 	bench-simulate bench-validate bench bench-gpu clean train-seeds train-synth-cot accuracy-fig6 \
-	docs docs-results docs-simulated docs-measured
+	docs docs-results docs-simulated docs-memory docs-measured
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -122,11 +122,15 @@ accuracy-fig6:
 
 # The docs' current-results tables (docs/REPORT.md): `make docs` renders each from the committed
 # files it names; `make docs-results` first remakes those files, each a fresh run whose table's
-# files `report --keep` copies into results/current/: the simulated ones (seconds, any machine),
-# then the measured ones (timings: run them on an idle machine, ~8 h on 2 AVX2-only cores:
-# ablate ~4 h, the two sweeps ~2.25 h, frontier ~20 min, accuracy-fig6 ~1 h).
+# files `report --keep` copies into results/current/: the simulated ones (any machine, ~40 min on 2
+# AVX2-only cores, ~35 min of it the scheduler's five), the memory runs (byte counts, any machine,
+# ~FIXME), then the measured ones (timings: run them on an idle machine, ~8.5 h on
+# 2 AVX2-only cores: ablate ~4 h, the two sweeps ~2.25 h, frontier ~20 min, accuracy-fig6 ~1 h,
+# bench-mechanisms ~8 min, bench-engine ~3 min, bench-server 3 runs ~3 min).
 DLLM := $(BIN)/dllm-bench
 keep = rm -rf results/runs/$(1) && $(DLLM) $(2) --result-dir results/runs --run-id $(1) && \
+	$(DLLM) report --keep results/runs/$(1)
+keep_script = rm -rf results/runs/$(1) && $(BIN)/python $(2) --result-dir results/runs --run-id $(1) && \
 	$(DLLM) report --keep results/runs/$(1)
 PARALLEL_SIM := simulate --hardware rtx4090 --preset paper --max-num-batched-tokens 4000 --max-num-logits 2048 \
 	--systems engine:cache=sparse,engine:cache=sparse,tensor_parallel_size=2 \
@@ -135,8 +139,32 @@ PARALLEL_SIM := simulate --hardware rtx4090 --preset paper --max-num-batched-tok
 docs:
 	$(DLLM) report --docs docs
 
+# docs/SCHEDULER.md: phase against look-ahead at the paper's token budgets, the 4090's on the L40S,
+# and parallel decoding (report table `scheduler` over results/current/scheduler-*).
+SCHED_SIM = simulate --preset paper --hardware $(1) --max-num-batched-tokens $(2) --max-num-seqs 512 \
+	--systems engine:cache=sparse,engine:cache=sparse,scheduler=lookahead --dataset livebench,osc,burstgpt \
+	--num-prompts 2000 --rps $(3)
+SCHED_THRESHOLD := --decoding threshold:0.9 --steps-per-block 4,8,12,16
+# docs/MEMORY.md: the longest canvas measured on tiny, and derived to LLaDA-8B from similar-1024.
+MEMORY_SYSTEMS := $(subst $(space),$(comma),engine:max_num_batched_tokens=1024 \
+	engine:cache=sparse,max_num_batched_tokens=1024 engine:cache=none,max_num_batched_tokens=1024 \
+	engine:cache=dual,max_num_batched_tokens=1024 llada fast-dllm dllm-cache sparse-dllm)
+
 docs-simulated:
 	$(call keep,parallel-rtx4090,$(PARALLEL_SIM))
+	$(call keep,scheduler-l40s-16384,$(call SCHED_SIM,l40s,16384,0.5$(comma)0.6$(comma)0.7$(comma)0.8))
+	$(call keep,scheduler-rtx4090-4000,$(call SCHED_SIM,rtx4090,4000,0.35$(comma)0.4$(comma)0.5$(comma)0.6))
+	$(call keep,scheduler-l40s-4000,$(call SCHED_SIM,l40s,4000,0.5$(comma)0.6$(comma)0.7$(comma)0.8))
+	$(call keep,scheduler-l40s-16384-threshold,$(call SCHED_SIM,l40s,16384,0.6$(comma)0.8$(comma)1.0$(comma)1.5) \
+		$(SCHED_THRESHOLD))
+	$(call keep,scheduler-l40s-4000-threshold,$(call SCHED_SIM,l40s,4000,0.6$(comma)0.8$(comma)1.0$(comma)1.5) \
+		$(SCHED_THRESHOLD))
+
+docs-memory:
+	$(call keep,memory-tiny,memory --model tiny --memory-budget 8MiB --max-length 16384 --resolution 128 \
+		--length 2048 --systems engine$(comma)engine:cache=sparse$(comma)engine:cache=none$(comma)llada$(comma)fast-dllm$(comma)dllm-cache$(comma)sparse-dllm)
+	$(call keep,memory-similar-1024,memory --model similar-1024 --memory-budget 1300MiB --max-length 2048 \
+		--length 2048 --resolution 128 --systems $(MEMORY_SYSTEMS) --derive llada-8b:24GiB --threads 1)
 
 docs-measured:
 	$(call keep,ablate,ablate --repeats 3)
@@ -147,8 +175,11 @@ docs-measured:
 		results/runs/fig6-synth-cot-test
 	$(MAKE) accuracy-fig6
 	$(DLLM) report --keep results/runs/fig6-synth-cot-test
+	$(call keep_script,bench-mechanisms,benchmarks/bench_mechanisms.py)
+	$(call keep_script,bench-engine,benchmarks/bench_engine.py)
+	$(call keep_script,bench-server,benchmarks/bench_server.py --repeats 3)
 
-docs-results: docs-simulated docs-measured
+docs-results: docs-simulated docs-memory docs-measured
 	$(MAKE) docs
 
 clean:

@@ -5,7 +5,9 @@ tokens exactly, dual and sparse) over LLaDA's own sampler (engine.reference) dec
 prompts one after another; then (benchmarks/engine_efficiency.py) the sparse engine's MFU at
 saturation against this machine's measured matmul peak, host time per step with a near-zero
 model, and operator calls, host syncs and torch.compile graph breaks per step. Ratios, not
-absolute speeds, are the result. Sections, options and how to read them: docs/PERFORMANCE.md.
+absolute speeds, are the result. Every figure goes to a run directory (kind bench-engine,
+benchmarks/bench_result.py) and the summary table is printed from it. Sections, options and how
+to read them: docs/PERFORMANCE.md.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import os
 import platform
 import time
 
+import bench_result
 import engine_efficiency as eff
 import torch
 from rich.console import Console
@@ -57,26 +60,31 @@ def main() -> None:
     ap.add_argument("--mfu-threads", type=int, default=2)
     ap.add_argument("--mfu-dtypes", default="float32,bfloat16", help="comma list of dtypes for the MFU section")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: throughput,mfu,host,ops")
+    bench_result.add_arguments(ap)
     a = ap.parse_args()
+    bench_result.check(a)
     skip = set(filter(None, a.skip.split(",")))
     torch.set_num_threads(a.threads)
 
     console = Console()
+    summary = {}
     if "throughput" not in skip:
-        throughput(a, console)
+        summary["throughput"] = throughput(a, console)
     if "mfu" not in skip:
         torch.set_num_threads(a.mfu_threads)
-        mfu(a, console)
+        summary["mfu"] = mfu(a, console)
         torch.set_num_threads(a.threads)
     if "host" not in skip:
-        host(console)
+        summary["host"] = host(console)
     if "ops" not in skip:
-        ops(console)
+        summary["ops"] = ops(console)
     console.print(f"hardware: {cpu_name()} ({os.cpu_count()} logical CPUs), torch {torch.__version__}, "
                   f"{torch.get_num_threads()} torch threads")
+    config = {k: v for k, v in vars(a).items() if k not in ("result_dir", "run_id")} | {"cpu": cpu_name()}
+    bench_result.save("bench-engine", a, config, summary)
 
 
-def throughput(a, console) -> None:
+def throughput(a, console) -> dict:
     model = load_model(a.preset, "float32", "cpu")
     cfg = model.config
     g = torch.Generator().manual_seed(0)
@@ -93,6 +101,7 @@ def throughput(a, console) -> None:
     ref_s = time.perf_counter() - t
     ref_tokens = [r[0] for r in ref]
     rows = [("reference, sequential", ref_s, sum(r[1] for r in ref), "-")]
+    engines = []
 
     for cache in ("none", "dual", "sparse"):
         eng = LLMEngine(EngineConfig(cache=cache, retention=a.retention, attention_backend="sdpa", device="cpu",
@@ -107,6 +116,7 @@ def throughput(a, console) -> None:
         label = {"none": "engine none (exact)", "dual": "engine dual",
                  "sparse": f"engine sparse r={a.retention}"}[cache]
         rows.append((label, secs, eng.counters["forwards"], f"{same}/{len(prompts)}"))
+        engines.append(dict(cache=cache, seconds=secs, forwards=eng.counters["forwards"], same=f"{same}/{len(prompts)}"))
 
     table = Table(title=f"bench-engine: {a.preset} float32 random weights, {a.prompts} prompts x {a.prompt_len} "
                         f"tokens, gen {a.gen}, block {a.block}, steps {a.steps}, greedy")
@@ -118,9 +128,10 @@ def throughput(a, console) -> None:
     console.print("forwards: the reference's are per request (NFE); the engine's are batched steps. "
                   "= ref: requests whose tokens equal the reference's (required for none). "
                   f"model d={cfg.d_model} layers={cfg.n_layers} heads={cfg.n_heads}/{cfg.kv_heads} vocab={cfg.padded_vocab}")
+    return dict(reference_s=ref_s, tokens=n_tokens, engines=engines)
 
 
-def mfu(a, console) -> None:
+def mfu(a, console) -> dict:
     g = torch.Generator().manual_seed(1)
     params = SamplingParams(gen_length=a.mfu_gen, steps=a.mfu_gen, block_length=a.mfu_block)
     table = Table(title=f"MFU at saturation: {a.mfu_preset}, engine sparse r=0.5, {a.mfu_prompts} requests x "
@@ -128,7 +139,7 @@ def mfu(a, console) -> None:
                         f"{torch.get_num_threads()} threads")
     for col in ("dtype", "matmul peak GFLOP/s", "tokens/s", "GFLOP/s", "MFU", "Refresh", "Reuse", "LM head"):
         table.add_column(col, justify="right")
-    tps, peaks = {}, {}
+    tps, peaks, out = {}, {}, {}
     dtypes = [t.strip() for t in a.mfu_dtypes.split(",") if t.strip()]
     for dtype in dtypes:
         model = load_model(a.mfu_preset, dtype, "cpu")
@@ -138,6 +149,7 @@ def mfu(a, console) -> None:
         eff.saturation(model, "sparse", prompts[:2], params, peak)            # warm-up
         r = eff.saturation(model, "sparse", prompts, params, peak)
         tps[dtype] = r["tokens_per_s"]
+        out[dtype] = r | {"peak": peak}
         pct = lambda k, r=r: f"{100 * r[k]:.1f}%" if k in r else "-"  # noqa: E731
         table.add_row(dtype, f"{peak / 1e9:.1f}", f"{r['tokens_per_s']:.1f}", f"{r['flops'] / r['wall'] / 1e9:.1f}",
                       pct("mfu"), pct("mfu_refresh"), pct("mfu_reuse"), pct("mfu_lm_head"))
@@ -146,38 +158,46 @@ def mfu(a, console) -> None:
         # The tokens/s ratio can only reach the ratio of the two GEMM peaks (AMX ~4x, AVX-512 BF16 ~2x).
         console.print(f"bf16 / fp32 tokens/s: {tps['bfloat16'] / tps['float32']:.2f}x "
                       f"(matmul peaks: {peaks['bfloat16'] / peaks['float32']:.2f}x)")
+    return out
 
 
-def host(console) -> None:
+def host(console) -> dict:
     table = Table(title="host time per step, near-zero model (32 layers, d=8, vocab 64), 8 staggered arrival waves: "
                         "median CPU ms of 32 steps")
     for col in ("cache", "requests", "step", "layers", "everything else", "of which LM head + decode",
                 "of which bookkeeping"):
         table.add_column(col, justify="right")
+    out = {}
     for cache in ("sparse", "dual"):
-        for n, r in eff.host_overhead(cache).items():
+        out[cache] = {str(n): r for n, r in eff.host_overhead(cache).items()}
+        for n, r in out[cache].items():
             table.add_row(cache, str(n), f"{r['step_ms']:.2f}", f"{r['layers_ms']:.2f}", f"{r['other_ms']:.2f}",
                           f"{r['decode_ms']:.2f}", f"{r['bookkeeping_ms']:.2f}")
     console.print(table)
     console.print("everything else = step - layers: scheduling, packing and index building, LM head and logit "
                   "decode, commit, cursor and cache bookkeeping; bookkeeping = everything else - LM head + decode")
+    return out
 
 
-def ops(console) -> None:
+def ops(console) -> dict:
     table = Table(title="per step (busiest step), near-zero model, mixed phases: torch operator calls, host syncs; "
                         "graph breaks of the step forward under torch.compile")
     for col in ("cache", "ops: 1 request", "8", "64", "64 / 1", "64 / 8", "syncs: 1", "8", "64", "graph breaks"):
         table.add_column(col, justify="right")
+    out = {}
     for cache in ("sparse", "dual"):
         c = eff.op_counts(cache)
         ops_, syncs = {n: v[0] for n, v in c.items()}, {n: v[1] for n, v in c.items()}
+        breaks = eff.graph_breaks(cache)
+        out[cache] = dict(ops={str(n): v for n, v in ops_.items()}, syncs={str(n): v for n, v in syncs.items()},
+                          graph_breaks=breaks)
         table.add_row(cache, str(ops_[1]), str(ops_[8]), str(ops_[64]), f"{ops_[64] / ops_[1]:.2f}",
-                      f"{ops_[64] / ops_[8]:.2f}", str(syncs[1]), str(syncs[8]), str(syncs[64]),
-                      str(eff.graph_breaks(cache)))
+                      f"{ops_[64] / ops_[8]:.2f}", str(syncs[1]), str(syncs[8]), str(syncs[64]), str(breaks))
     console.print(table)
     console.print("host syncs: device values read on the host (item, nonzero, boolean masks, copies to the host); "
                   "the engine reads its commit decisions back once per step. Graph breaks: TorchDynamo over the "
                   "model forward of every step of 8 staggered requests (Refresh, Reuse-only and mixed steps).")
+    return out
 
 
 if __name__ == "__main__":

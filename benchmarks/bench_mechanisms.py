@@ -7,6 +7,8 @@
 3. Reuse-step attention at retention 0.1 vs dense Reuse, 2048 context tokens, LLaDA-8B's
    32 heads x 128.
 4. Scheduler and bookkeeping share of step time at 32 concurrent requests.
+The run directory (kind bench-mechanisms, benchmarks/bench_result.py) holds every figure; the
+summary table is printed from it.
 """
 from __future__ import annotations
 
@@ -15,9 +17,9 @@ import json
 import platform
 import time
 
+import bench_result
 import torch
 from rich.console import Console
-from rich.table import Table
 
 from dllm_bench.checkpoints.load import load_model
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -26,7 +28,7 @@ from engine.attention import varlen_attention
 from engine.kv_cache import retained_tokens
 from engine.profiler import profile_kv_pool
 
-GiB, MiB = 2**30, 2**20
+GiB = 2**30
 
 
 def bench_memory(model, tokens: int, budget: int, max_model_len: int, logit_rows: int) -> dict:
@@ -56,7 +58,7 @@ def bench_reuse_attention(context: int = 2048, block: int = 32, heads: int = 32,
         for _ in range(reps):
             varlen_attention(q, cu, keys, vals)
         res[label] = (time.perf_counter() - t) / reps
-    return res
+    return res | dict(context=context, requests=requests, retention=retention, block=block, reps=reps)
 
 
 def bench_bookkeeping(model, concurrent: int = 32, prompt: int = 64, gen: int = 64, block: int = 16, steps: int = 40) -> dict:
@@ -91,7 +93,7 @@ def bench_bookkeeping(model, concurrent: int = 32, prompt: int = 64, gen: int = 
     finally:
         del model.hidden_states
         runner_mod.decode_rows = orig_decode
-    return dict(total=total, compute=compute[0], bookkeeping=total - compute[0], steps=steps)
+    return dict(total=total, compute=compute[0], bookkeeping=total - compute[0], steps=steps, requests=concurrent)
 
 
 def main() -> None:
@@ -102,8 +104,10 @@ def main() -> None:
     ap.add_argument("--logit-rows", type=int, default=1024)
     ap.add_argument("--budget-gib", type=float, default=10.0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print every figure as one JSON document")
+    bench_result.add_arguments(ap)
     args = ap.parse_args()
+    bench_result.check(args)
     torch.set_num_threads(args.threads)
     con = Console(stderr=True)
     model = load_model(args.model, "float32", "cpu")
@@ -115,26 +119,11 @@ def main() -> None:
     att = bench_reuse_attention()
     con.print("4. scheduler/bookkeeping at 32 concurrent requests ...")
     bk = bench_bookkeeping(model)
-    b, m = mem["budgeted"], mem["monolithic"]
-    rows = [
-        (f"peak activation, Refresh step of {args.tokens} tokens (MiB)", f"{b['refresh_peak'] / MiB:,.0f}",
-         f"{m['refresh_peak'] / MiB:,.0f}", m["refresh_peak"] / b["refresh_peak"], ">= 8x"),
-        (f"KV pool at {args.budget_gib:.0f} GiB (token slots)", f"{b['kv_pool_tokens']:,}", f"{m['kv_pool_tokens']:,}",
-         b["kv_pool_tokens"] / max(1, m["kv_pool_tokens"]), ">= 2x"),
-        ("requests the KV pool admits (256+256, r=0.5)", str(b["fit"]), str(m["fit"]), b["fit"] / max(1, m["fit"]), ""),
-        ("Reuse attention, r=0.1 vs dense (ms/call)", f"{att['sparse'] * 1e3:.2f}", f"{att['dense'] * 1e3:.2f}",
-         att["dense"] / att["sparse"], ">= 3x"),
-        ("bookkeeping share of step time (32 requests)", f"{bk['bookkeeping'] / bk['total']:.1%}", "", bk["bookkeeping"] / bk["total"], "< 5%"),
-    ]
+    summary = dict(memory=mem, reuse_attention=att, bookkeeping=bk)
+    config = {k: getattr(args, k) for k in ("model", "tokens", "max_model_len", "logit_rows", "budget_gib", "threads")}
+    bench_result.save("bench-mechanisms", args, config, summary)
     if args.json:
-        print(json.dumps(dict(memory=mem, reuse_attention=att, bookkeeping=bk)))
-        return
-    t = Table(title="dLLM-Serve mechanisms (one run)")
-    for c in ("measure", "mechanism on", "off / reference", "ratio", "goal"):
-        t.add_column(c)
-    for r in rows:
-        t.add_row(r[0], r[1], r[2], f"{r[3]:.2f}" + ("" if "share" in r[0] else "x"), r[4])
-    Console().print(t)
+        print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ pinned to another. Reported per mode (whole response, streamed): requests/s seen
 and the server process's CPU seconds per request, whose inverse is the request rate one core of
 server-side handling sustains (the number to compare with a GPU engine's request rate). On a
 shared machine the CPU-time figure is the robust one: it does not count time the process waited.
+`--repeats N` measures both modes N times on the same server; the run directory (kind
+bench-server, benchmarks/bench_result.py) holds each, the summary table their median and range.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import bench_result
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,11 +110,16 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--server-core", type=int, default=0)
     ap.add_argument("--client-core", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1, help="measure both modes N times")
     ap.add_argument("--serve-stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    bench_result.add_arguments(ap)
     a = ap.parse_args()
     if a.serve_stub:
         serve_stub(a.serve_stub)
         return
+    bench_result.check(a)
+    if a.repeats < 1 or a.requests < 1 or a.concurrency < 1:
+        raise SystemExit("error: --repeats, --requests and --concurrency must be positive")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -133,15 +141,22 @@ def main() -> None:
         asyncio.run(load(url, 200, a.concurrency, False))     # warm-up
         print(f"stub engine, {a.requests} requests, {a.concurrency} in flight, server pinned to core "
               f"{a.server_core}, load generator to core {a.client_core}")
-        for stream in (False, True):
-            cpu0 = cpu_seconds(proc.pid)
-            wall = asyncio.run(load(url, a.requests, a.concurrency, stream))
-            cpu = cpu_seconds(proc.pid) - cpu0
-            print(f"{'streamed' if stream else 'whole   '}: client {a.requests / wall:7.1f} req/s; server "
-                  f"{1000 * cpu / a.requests:.2f} ms CPU/request = {a.requests / cpu:7.1f} req/s per core")
+        runs = []
+        for _ in range(a.repeats):
+            run = {}
+            for stream in (False, True):
+                cpu0 = cpu_seconds(proc.pid)
+                wall = asyncio.run(load(url, a.requests, a.concurrency, stream))
+                cpu = cpu_seconds(proc.pid) - cpu0
+                run["streamed" if stream else "whole"] = dict(requests=a.requests, wall_s=wall, server_cpu_s=cpu)
+                print(f"{'streamed' if stream else 'whole   '}: client {a.requests / wall:7.1f} req/s; server "
+                      f"{1000 * cpu / a.requests:.2f} ms CPU/request = {a.requests / cpu:7.1f} req/s per core")
+            runs.append(run)
     finally:
         proc.terminate()
         proc.wait(30)
+    config = {k: getattr(a, k) for k in ("requests", "concurrency", "server_core", "client_core", "repeats")}
+    bench_result.save("bench-server", a, config, {"runs": runs})
 
 
 if __name__ == "__main__":

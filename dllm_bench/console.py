@@ -62,13 +62,15 @@ def with_spreads(df, spreads: Sequence[tuple[str, str, str, str]], drop_when_sin
     return out
 
 
-def md_table(df, floats: Mapping[str, str] | None = None) -> str:
-    """pandas DataFrame -> GitHub Markdown table (tabulate when installed, else by hand)."""
+def md_table(df, floats: Mapping[str, str] | None = None, as_text: bool = False) -> str:
+    """pandas DataFrame -> GitHub Markdown table (tabulate when installed, else by hand).
+    `as_text`: cells already formatted are printed as they are (tabulate would reformat a
+    number-like "2.50" as 2.5)."""
     if df is None or len(df) == 0:
         return "_(no rows)_\n"
     f = fmt_table(df, floats).astype(str)
     try:
-        return f.to_markdown(index=False) + "\n"
+        return f.to_markdown(index=False, disable_numparse=as_text) + "\n"
     except ImportError:
         cols = [str(c) for c in f.columns]
         lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]

@@ -33,7 +33,9 @@ import torch
 from dllm_bench.errors import UserError
 from dllm_bench.repeats import aggregate_points
 
-KINDS = ("serve", "accuracy", "ablate", "sweep", "simulate", "frontier", "memory")
+# The benchmark scripts' kinds (benchmarks/bench_*.py) hold one summary.json each (write_result).
+KINDS = ("serve", "accuracy", "ablate", "sweep", "simulate", "frontier", "memory", "bench-mechanisms", "bench-engine",
+         "bench-server")
 RESULTS_ENV = "DLLM_BENCH_RESULTS_DIR"
 
 
@@ -212,6 +214,15 @@ def create_run(kind: str, config: Mapping[str, Any], *, name: str = "", run_id: 
                "config": dict(config), "environment": environment_info()}
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(cfg_path, cfg)
+    return run_dir
+
+
+def write_result(kind: str, config: Mapping[str, Any], summary: Mapping[str, Any], *, run_id: str | None = None,
+                 root: str | os.PathLike | None = None) -> Path:
+    """A run directory whose result is one document (a benchmark script's): config.json, then
+    summary.json (written last: its presence means "finished")."""
+    run_dir = create_run(kind, config, name=kind, run_id=run_id, root=root)
+    atomic_write_json(run_dir / "summary.json", summary)
     return run_dir
 
 

@@ -34,8 +34,9 @@ def memory(opts: MemoryOptions) -> dict:
            "systems": []}
     for v in run.variants:
         entry: dict = {"system": v.label}
-        if v.name == ENGINE:
-            entry["max_num_batched_tokens"] = engine_knobs(v, run.preset.engine_defaults())["max_num_batched_tokens"]
+        if v.name == ENGINE:           # its token budget and cache, default or given (the tables name them)
+            knobs = engine_knobs(v, run.preset.engine_defaults())
+            entry |= {"max_num_batched_tokens": knobs["max_num_batched_tokens"], "cache": knobs["cache"]}
         traces = []
         if opts.search:
             s = max_length(v.label, lambda n, v=v: measure(v, model, run, n, stop_over_budget=True),

@@ -1,16 +1,16 @@
 """The docs' current results (`dllm-bench report --docs DIR`): a doc marks its one results table
 
-    <!-- current-results: results/current/NAME -->
+    <!-- current-results: [TABLE ]PATH -->
     ...
     <!-- /current-results -->
 
 and the block is rendered, by the report's own table functions, from the committed files it
-names: a run directory (serve, simulate, ablate, sweep, accuracy, frontier) or a hardware profile
-that carries its validation. So a doc shows what those files give at this commit; `--check` and
-tests/test_docs_current.py fail on a block that differs. A block marked `(pending)` after its
-path keeps its hand-written text while the path does not exist, and is rendered (the mark
-dropped) once it does. `--keep RUN` copies into results/current/ only the files of a run that
-its table reads (INPUTS): small enough to commit.
+names: a run directory (its kind's table) or a hardware profile that carries its validation; a
+TABLE (`scheduler`, `memory`) renders every run directory PATH matches (a glob) as one table. So
+a doc shows what those files give at this commit; `--check` and tests/test_docs_current.py fail
+on a block that differs. A block marked `(pending)` after its path keeps its hand-written text
+while the path matches nothing, and is rendered (the mark dropped) once it does. `--keep RUN`
+copies into results/current/ only the files of a run that its table reads (INPUTS).
 """
 from __future__ import annotations
 
@@ -25,7 +25,10 @@ from dllm_bench import results
 from dllm_bench.ablate import tables as ab
 from dllm_bench.errors import UserError
 from dllm_bench.frontier.output import markdown as frontier_markdown
+from dllm_bench.report import benchmarks as bench
 from dllm_bench.report import sections as sec
+from dllm_bench.report.memory import memory_line, memory_table
+from dllm_bench.report.scheduler import scheduler_line, summary_markdown as scheduler_summary
 from dllm_bench.report.serving import points_frame, serve_table
 from dllm_bench.report.simulated import hardware_line
 from dllm_bench.simulate import hardware
@@ -36,15 +39,16 @@ OPEN = "<!-- current-results:"
 CLOSE = "<!-- /current-results -->"
 PENDING = " (pending)"
 # A marker is a line of its own (quoted or indented in a doc, it is an example).
-BLOCK = re.compile(r"^<!-- current-results: (?P<src>\S+)(?P<pending> \(pending\))? -->\n(?P<body>.*?)^"
-                   + re.escape(CLOSE), re.S | re.M)
+BLOCK = re.compile(r"^<!-- current-results: (?:(?P<table>[a-z]+) )?(?P<src>[^\s(]\S*)(?P<pending> \(pending\))? -->\n"
+                   r"(?P<body>.*?)^" + re.escape(CLOSE), re.S | re.M)
 STARTS = re.compile("^" + re.escape(OPEN), re.M)
 CURRENT = Path("results") / "current"
 
 # What each kind's table reads of a run directory: all that `--keep` copies.
 _SERVING = ("config.json", "points/*/summary.json")
-INPUTS = {"serve": _SERVING, "simulate": _SERVING, "ablate": _SERVING, "sweep": _SERVING,
-          "accuracy": ("config.json", "summary.json"), "frontier": ("config.json", "summary.json")}
+_DOCUMENT = ("config.json", "summary.json")
+INPUTS = {"serve": _SERVING, "simulate": _SERVING, "ablate": _SERVING, "sweep": _SERVING, "accuracy": _DOCUMENT,
+          "frontier": _DOCUMENT, "memory": _DOCUMENT, **{k: _DOCUMENT for k in bench.TABLES}}
 
 
 def _origin(run_dir: Path, doc: dict) -> str:
@@ -56,7 +60,8 @@ def _origin(run_dir: Path, doc: dict) -> str:
     machine = env.get("cuda_device") or f"CPU ({cores} cores)"
     where = "" if doc["kind"] == "simulate" else f", {machine}, torch {env.get('torch', '?')}"
     date = str(doc.get("created_utc", "?"))[:10]
-    return f"`dllm-bench {doc['kind']}` run `{run_dir.name}` ({date}, commit {commit}{where})"
+    command = f"make {doc['kind']}" if doc["kind"] in bench.TABLES else f"dllm-bench {doc['kind']}"
+    return f"`{command}` run `{run_dir.name}` ({date}, commit {commit}{where})"
 
 
 def _serve(run_dir: Path, doc: dict) -> str:
@@ -114,9 +119,30 @@ def _profile(path: Path) -> str:
     return fit_table(cells, title, held) + "\n"
 
 
+def _memory(run_dir: Path, doc: dict) -> str:
+    return _memory_runs([run_dir])
+
+
+def _memory_runs(run_dirs: list[Path]) -> str:
+    lines = [f"* {_origin(d, results.load_config(d))}: {memory_line(d)}." for d in run_dirs]
+    return "\n".join(lines) + f"\n\n{memory_table(run_dirs)}"
+
+
+def _scheduler_runs(run_dirs: list[Path]) -> str:
+    lines = [f"* {_origin(d, doc)}: {scheduler_line(doc)}." for d in run_dirs for doc in [results.load_config(d)]]
+    return "\n".join(lines) + f"\n\n{scheduler_summary(run_dirs)}"
+
+
+def _bench(run_dir: Path, doc: dict) -> str:
+    return f"{_origin(run_dir, doc)}.\n\n{bench.table_of(run_dir)}"
+
+
 RENDER: dict[str, Callable[[Path, dict], str]] = {
     "serve": _serve, "simulate": _simulate, "ablate": _ablate, "sweep": _sweep, "accuracy": _accuracy,
-    "frontier": _frontier}
+    "frontier": _frontier, "memory": _memory, **{k: _bench for k in bench.TABLES}}
+# A named table renders several run directories of one kind (a block's TABLE before its glob).
+TABLES: dict[str, tuple[str, Callable[[list[Path]], str]]] = {
+    "scheduler": ("simulate", _scheduler_runs), "memory": ("memory", _memory_runs)}
 
 
 def run_kind(path: Path) -> str:
@@ -132,11 +158,28 @@ def run_kind(path: Path) -> str:
     return kind
 
 
-def render(path: Path) -> str:
-    """The block's body for the files at `path`."""
-    kind = run_kind(path)
+def sources(base: Path, src: str) -> list[Path]:
+    """The files a block's path names under `base`: the path itself, or every match of a glob."""
+    return sorted(base.glob(src)) if src and not src.startswith("/") else []
+
+
+def render(path: Path, table: str | None = None) -> str:
+    """The block's body for the files at `path` (a glob under a named table)."""
+    if table is None:
+        kind = run_kind(path)
+        paths = [path]
+    else:
+        if table not in TABLES:
+            raise UserError(f"{path}: no table named {table!r} (tables: {', '.join(TABLES)})")
+        paths = sources(path.parent, path.name) if any(c in path.name for c in "*?[") else [path]
+        kinds = {run_kind(p) for p in paths}
+        if not paths or kinds != {TABLES[table][0]}:
+            raise UserError(f"{path}: the {table} table reads {TABLES[table][0]} runs, found {sorted(kinds) or 'none'}")
     try:
-        text = _profile(path) if kind == "profile" else RENDER[kind](path, results.load_config(path))
+        if table is not None:
+            text = TABLES[table][1](paths)
+        else:
+            text = _profile(path) if kind == "profile" else RENDER[kind](path, results.load_config(path))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path}: cannot render its table ({type(e).__name__}: {e})") from None
     return "\n" + text.strip("\n") + "\n\n"
@@ -151,13 +194,14 @@ def rendered(doc: Path) -> tuple[str, int, list[str]]:
     found = list(BLOCK.finditer(text))
     if len(STARTS.findall(text)) != len(found):
         raise UserError(f"{doc}: a `{OPEN} PATH -->` line without its `{CLOSE}`")
-    waiting = [m["src"] for m in found if m["pending"] and not (base / m["src"]).exists()]
+    waiting = [m["src"] for m in found if m["pending"] and not sources(base, m["src"])]
 
     def body(m: re.Match) -> str:
         if m["src"] in waiting:
             return m[0]
         try:
-            return f"{OPEN} {m['src']} -->\n" + render(base / m["src"]) + CLOSE
+            head = f"{m['table']} {m['src']}" if m["table"] else m["src"]
+            return f"{OPEN} {head} -->\n" + render(base / m["src"], m["table"]) + CLOSE
         except UserError as e:
             raise UserError(f"{doc}: {e}") from None
     return BLOCK.sub(body, text), len(found), waiting
