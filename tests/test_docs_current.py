@@ -103,6 +103,10 @@ def test_keep_copies_only_what_the_table_reads_and_a_pending_block_waits_for_it(
     assert "config.json" in files and all(f == "config.json" or re.fullmatch(r"points/[^/]+/summary\.json", f)
                                           for f in files)
     assert len(files) == 1 + len(results.load_points(tmp_path / "runs" / "ablate-fx"))
+    for f in files:                                               # the same documents, compact
+        orig, copy = tmp_path / "runs" / "ablate-fx" / f, kept / f
+        assert json.loads(copy.read_text()) == json.loads(orig.read_text())
+        assert copy.stat().st_size < orig.stat().st_size and len(copy.read_text().splitlines()) == 1
     assert run_cli(monkeypatch, capsys, "report", "--docs", "docs").returncode == 0
     text = doc.read_text()
     assert current.PENDING not in text and "hand-written" not in text

@@ -2,7 +2,8 @@
 
 * the longest canvas it reports is the largest that runs: measured again, it fits and the next
   length of the grid does not (the engine beyond its token budget, and a baseline);
-* the run's files and its one JSON document; each system's steps, their split and ratios;
+* the run's files and its one JSON document; each system's steps, their split and ratios; the
+  docs' memory table rendered from the run;
 * bad input: a budget that does not hold the weights is one error line (exit 2); a length
   beyond the model's trained length warns once; malformed options are one error line;
 * the derivation's scaling rules (widths, dtypes) and its longest-length solve; cache=auto's
@@ -19,6 +20,7 @@ from dllm_bench.memory_bench import derive as dv
 from dllm_bench.memory_bench.modes import derive_auto, none_traces
 from dllm_bench.memory_bench.options import MemoryOptions, parse_target, resolve
 from dllm_bench.memory_bench.trace import StepMemory, Trace, measure
+from dllm_bench.report import current
 
 ARGS = dict(model="tiny", memory_budget="1100KiB", systems="engine:cache=dual,max_num_batched_tokens=64,llada",
             max_length=1024, resolution=64, length=128, device="cpu")
@@ -64,7 +66,14 @@ def test_longest_canvas_is_the_largest_that_runs(cli, tmp_path):
     engine = by[run.variants[0].label]
     assert engine["search"]["max_length"] > 64                  # beyond the engine's token budget
     assert engine["profile"]["stats"]["at_peak"]["kv"] > 0      # its pool is allocated memory
+    assert engine["cache"] == "dual" and engine["max_num_batched_tokens"] == 64
     assert "longest canvas" in err and "peak-to-average" in err
+    # The docs' memory table from this run: a row per system with its longest canvas and ratios.
+    table = current.render(run_dir)
+    for v, name in zip(run.variants, ("engine:cache=dual", "llada"), strict=True):
+        row = next(r for r in table.splitlines() if r.startswith(f"| {name} "))
+        st = by[v.label]["profile"]["stats"]
+        assert f"| {by[v.label]['search']['max_length']:,} " in row and f"{st['peak_to_average']:.2f} · " in row
 
 
 def test_budget_below_the_weights_is_one_error_line(cli):

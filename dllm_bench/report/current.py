@@ -28,7 +28,8 @@ from dllm_bench.frontier.output import markdown as frontier_markdown
 from dllm_bench.report import benchmarks as bench
 from dllm_bench.report import sections as sec
 from dllm_bench.report.memory import memory_line, memory_table
-from dllm_bench.report.scheduler import scheduler_line, summary_markdown as scheduler_summary
+from dllm_bench.report.scheduler import scheduler_line
+from dllm_bench.report.scheduler import summary_markdown as scheduler_summary
 from dllm_bench.report.serving import points_frame, serve_table
 from dllm_bench.report.simulated import hardware_line
 from dllm_bench.simulate import hardware
@@ -164,17 +165,17 @@ def sources(base: Path, src: str) -> list[Path]:
 
 
 def render(path: Path, table: str | None = None) -> str:
-    """The block's body for the files at `path` (a glob under a named table)."""
-    if table is None:
-        kind = run_kind(path)
-        paths = [path]
-    else:
+    """The block's body for the files at `path` (under a named table, every run its last part
+    matches as a glob)."""
+    if table is not None:
         if table not in TABLES:
             raise UserError(f"{path}: no table named {table!r} (tables: {', '.join(TABLES)})")
-        paths = sources(path.parent, path.name) if any(c in path.name for c in "*?[") else [path]
+        paths = sources(path.parent, path.name)
         kinds = {run_kind(p) for p in paths}
-        if not paths or kinds != {TABLES[table][0]}:
+        if kinds != {TABLES[table][0]}:
             raise UserError(f"{path}: the {table} table reads {TABLES[table][0]} runs, found {sorted(kinds) or 'none'}")
+    else:
+        kind = run_kind(path)
     try:
         if table is not None:
             text = TABLES[table][1](paths)
@@ -237,7 +238,8 @@ def refresh(target: Path, write: bool) -> dict:
 
 def keep(run_dir: Path, root: Path = CURRENT) -> Path:
     """Copy into root/<run name>/ the files of `run_dir` its table reads (INPUTS), replacing any
-    earlier copy; returns the copy."""
+    earlier copy; returns the copy. JSON is copied compact (the same document in about half the
+    bytes: a serving run's points are most of what results/current holds)."""
     kind = run_kind(run_dir)
     if kind == "profile":
         raise UserError(f"--keep: {run_dir} is a hardware profile, not a run directory")
@@ -249,8 +251,14 @@ def keep(run_dir: Path, root: Path = CURRENT) -> Path:
         raise UserError(f"--keep: {run_dir} is already under {root}")
     shutil.rmtree(tmp, ignore_errors=True)
     for f in files:
-        (tmp / f.relative_to(run_dir)).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(f, tmp / f.relative_to(run_dir))
+        out = tmp / f.relative_to(run_dir)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            doc = json.loads(f.read_text(encoding="utf-8"))
+        except ValueError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise UserError(f"--keep: {f} is not readable JSON") from None
+        out.write_text(json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n", encoding="utf-8")
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return dest

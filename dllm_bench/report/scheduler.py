@@ -161,11 +161,13 @@ def scheduler_line(doc: dict) -> str:
     cfg = doc.get("config") or {}
     hw = cfg.get("hardware")
     where = f"**simulated** on {hw.get('name')} ({cfg.get('validation_label', '?')})" if isinstance(hw, dict) else "measured"
-    p = cfg.get("preset") or {}
-    eng = cfg.get("engine_defaults") or {}
+    p, eng = cfg.get("preset") or {}, cfg.get("engine_defaults") or {}
     spb = (cfg.get("steps_per_block") or {}).get("source")
+    systems = ", ".join(s["label"] for s in cfg.get("systems") or [])
     rates = ", ".join(f"{r:g}" for r in cfg.get("rps") or [])
-    return (f"{where}; {', '.join(s['label'] for s in cfg.get('systems') or [])}; preset {p.get('name', '?')}, "
-            f"{p.get('dtype', '?')}, {cfg.get('num_prompts')} requests per point on {', '.join(cfg.get('datasets') or [])} "
-            f"at {rates} req/s; token budget {eng.get('max_num_batched_tokens')}, decoding {cfg.get('decoding', 'fixed')}"
-            + (f" ({spb} steps per block)" if spb else "") + (f", {cfg['repeats']} repeats" if cfg.get("repeats", 1) > 1 else ""))
+    workload = f"{cfg.get('num_prompts', 0):,} requests per point on {', '.join(cfg.get('datasets') or [])} at {rates} req/s"
+    engine = (f"preset {p.get('name', '?')}, {p.get('dtype', '?')}, {'CUDA graphs' if eng.get('cuda_graphs') else 'eager'}, "
+              f"token budget {eng.get('max_num_batched_tokens', 0):,}, decoding {cfg.get('decoding', 'fixed')}"
+              + (f" ({spb} steps per block)" if spb else ""))
+    repeats = f"; {cfg['repeats']} repeats" if (cfg.get("repeats") or 1) > 1 else ""
+    return f"{where}; {systems}; {engine}; {workload}{repeats}"
