@@ -141,7 +141,7 @@ docs:
 
 # docs/SCHEDULER.md: phase against look-ahead at the paper's token budgets, the 4090's on the L40S,
 # and parallel decoding (report table `scheduler` over results/current/scheduler-*).
-SCHED_SIM = simulate --preset paper --hardware $(1) --max-num-batched-tokens $(2) --max-num-seqs 512 \
+SCHED_SIM = simulate --preset paper --hardware $(1) --max-num-batched-tokens $(2) --max-num-logits 2048 --max-num-seqs 512 \
 	--systems engine:cache=sparse,engine:cache=sparse,scheduler=lookahead --dataset livebench,osc,burstgpt \
 	--num-prompts 2000 --rps $(3)
 SCHED_THRESHOLD := --decoding threshold:0.9 --steps-per-block 4,8,12,16

@@ -56,8 +56,9 @@ def _change(s: pd.Series, r: pd.Series) -> float | None:
     return s.median() / r.median() - 1 if len(r) and r.median() else None
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:+.2f}%"
+def _pct(v: float | None, space: str = "") -> str:
+    # Rounded first, so a change that rounds to zero reads +0.00 whatever its sign.
+    return "-" if v is None else f"{round(100 * v, 2) + 0.0:+.2f}{space}%"
 
 
 def _pairs(df: pd.DataFrame, reference: str | None):
@@ -114,8 +115,8 @@ def _span(values: list[float | None]) -> str:
     v = [x for x in values if x is not None]
     if not v:
         return "-"
-    lo, hi = f"{100 * min(v):+.2f}", f"{100 * max(v):+.2f}"
-    return f"{lo} %" if lo == hi else f"{lo} … {hi} %"
+    lo, hi = _pct(min(v), " "), _pct(max(v), " ")
+    return lo if lo == hi else f"{lo[:-2]} … {hi}"
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
