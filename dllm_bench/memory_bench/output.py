@@ -3,6 +3,7 @@ memory over one request's steps and its split at the peak), the goals' lines, th
 over steps, and the run directory's files (summary.json, memory.csv, steps.csv, probes.csv)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -72,10 +73,12 @@ def goals(doc: dict) -> list[str]:
     return lines
 
 
-def canvas_goals(doc: dict) -> list[str]:
-    """Each engine's longest canvas against Fast-dLLM's, measured and derived, and against its
-    token budget (a docs' memory table prints these beneath it). Not measured where Fast-dLLM
-    reached the search's cap: its longest canvas is unknown there."""
+def canvas_goals(doc: dict, name: Callable[[dict], str] | None = None, budget: bool = True) -> list[str]:
+    """Each engine's longest canvas against Fast-dLLM's, measured and derived, and (`budget`)
+    against its token budget; `name` labels a system's entry (a docs' memory table prints these
+    beneath it, by its row names). Not measured where Fast-dLLM reached the search's cap: its
+    longest canvas is unknown there."""
+    name = name or (lambda s: s["system"])
     lines = []
     engines = [s for s in doc["systems"] if s["system"].split(":")[0] == ENGINE]
     fast = next((s for s in doc["systems"] if s["system"].split(":")[0] == DECODING_BASELINE), None)
@@ -86,12 +89,12 @@ def canvas_goals(doc: dict) -> list[str]:
             b = None if key == "search" and capped else ((fast or {}).get(key) or {}).get("max_length")
             mode = (e.get(key) or {}).get("mode")
             if a and b:
-                lines.append(f"{e['system']} longest canvas / {fast['system']}'s ({label}"
+                lines.append(f"{name(e)} longest canvas / {name(fast)}'s ({label}"
                              f"{f', in mode {mode}' if mode else ''}): {a:,} / {b:,} = {a / b:.1f}x (goal >= 16x)")
         tokens = e.get("max_num_batched_tokens")
         a = (e.get("search") or {}).get("max_length")
-        if a and tokens:
-            lines.append(f"{e['system']} longest canvas {a:,} vs its token budget {tokens:,}: "
+        if a and tokens and budget:
+            lines.append(f"{name(e)} longest canvas {a:,} vs its token budget {tokens:,}: "
                          f"{'beyond' if a > tokens else 'within'} it")
     return lines
 

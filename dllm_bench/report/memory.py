@@ -3,7 +3,7 @@
 canvas within its budget (measured), and with `--derive` the longest canvas and the bytes per
 token at the target, then each run's peak-to-average over one request's steps (allocated and
 dynamic; derived); beneath it, each run's lines on the engine's longest canvas against
-Fast-dLLM's (what the command prints). A run whose every system reached the search's cap says
+Fast-dLLM's (as the command prints them; the token budget is in the run's line). A run whose every system reached the search's cap says
 so in its line instead of a column of caps. Read from each run's summary.json."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _summary(run_dir: Path) -> dict:
 
 
 def _size(n: float) -> str:
-    return f"{n / MiB:,.0f} MiB" if n < GiB else f"{n / GiB:,.0f} GiB"
+    return f"{n / GiB:,.0f} GiB" if n >= GiB and n % GiB == 0 else f"{n / MiB:,.0f} MiB"
 
 
 def _row_name(entry: dict, knobs: dict) -> str:
@@ -89,7 +89,8 @@ def memory_table(run_dirs: list[Path]) -> str:
         doc, cfg = _summary(d), results.load_config(d).get("config") or {}
         knobs = {s["label"]: s.get("knobs") or {} for s in cfg.get("systems") or []}
         entries = doc["systems"]
-        goals += [f"* `{doc['model']}`: {line}" for line in canvas_goals(doc)]
+        goals += [f"* `{doc['model']}`: {line}" for line in canvas_goals(
+            doc, lambda e, knobs=knobs: _row_name(e, knobs.get(e["system"], {})), budget=False)]
         where = f"`{doc['model']}` at {_size(doc['budget_bytes'])}"
         searched = [e for e in entries if e.get("search")]
         measured = f"longest canvas, {where} (measured)"

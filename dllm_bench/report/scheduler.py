@@ -168,7 +168,8 @@ def scheduler_line(doc: dict) -> str:
     rates = ", ".join(f"{r:g}" for r in cfg.get("rps") or [])
     workload = f"{cfg.get('num_prompts', 0):,} requests per point on {', '.join(cfg.get('datasets') or [])} at {rates} req/s"
     engine = (f"preset {p.get('name', '?')}, {p.get('dtype', '?')}, {'CUDA graphs' if eng.get('cuda_graphs') else 'eager'}, "
-              f"token budget {eng.get('max_num_batched_tokens', 0):,}, decoding {cfg.get('decoding', 'fixed')}"
+              f"token budget {eng.get('max_num_batched_tokens', 0):,}, logit budget {eng.get('max_num_logits', 0):,}, "
+              f"decoding {cfg.get('decoding', 'fixed')}"
               + (f" ({spb} steps per block)" if spb else ""))
     repeats = f"; {cfg['repeats']} repeats" if (cfg.get("repeats") or 1) > 1 else ""
     return f"{where}; {systems}; {engine}; {workload}{repeats}"
