@@ -26,8 +26,13 @@ def check(a: argparse.Namespace) -> None:
         if a.run_id and (a.result_dir / a.run_id).exists():
             raise UserError(f"run directory {a.result_dir / a.run_id} exists (choose another --run-id)")
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(str(e))
+
+
+def fail(message: str) -> None:
+    """Bad input: one `error:` line and exit 2, as the commands do."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def save(kind: str, a: argparse.Namespace, config: dict, summary: dict) -> Path:

@@ -119,7 +119,7 @@ def main() -> None:
         return
     bench_result.check(a)
     if a.repeats < 1 or a.requests < 1 or a.concurrency < 1:
-        raise SystemExit("error: --repeats, --requests and --concurrency must be positive")
+        bench_result.fail("--repeats, --requests and --concurrency must be positive")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
