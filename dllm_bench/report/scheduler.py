@@ -138,10 +138,10 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         share = top["stalled"] / top["steps"] if top["steps"] else 0.0
         rows.append({"setting": f"{machine.replace(' (simulated)', '')}, {tokens:,}, {decoding}", "system": system,
                      "cells": len(c),
-                     f"{REFERENCE}: most stalled steps in a cell (share of its steps)":
+                     f"{REFERENCE}: most stalled steps (share of the cell's steps)":
                          f"{top['stalled']:,.0f} ({100 * share:.2f} %)",
-                     f"{other}: stalled steps": f"{max(x['other stalled'] for x in c):,.0f}",
-                     f"{other}: planned waits": f"{max(x['waits'] for x in c):,.0f}",
+                     f"{other}: most stalled steps": f"{max(x['other stalled'] for x in c):,.0f}",
+                     f"{other}: most planned waits": f"{max(x['waits'] for x in c):,.0f}",
                      "Δ mean E2EL": _span([x["mean E2EL s"] for x in c]), "Δ p99 E2EL": _span([x["p99 E2EL s"] for x in c]),
                      "Δ tok/s": _span([x["tok/s"] for x in c])})
     out = pd.DataFrame(rows)
