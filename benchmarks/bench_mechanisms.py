@@ -62,17 +62,11 @@ def bench_reuse_attention(context: int = 2048, block: int = 32, heads: int = 32,
 
 
 def bench_bookkeeping(model, concurrent: int = 32, prompt: int = 64, gen: int = 64, block: int = 16, steps: int = 40) -> dict:
-    eng = LLMEngine(EngineConfig(cache="sparse", retention=0.5, max_num_batched_tokens=16384, max_num_seqs=concurrent,
-                                 max_num_logits=1024, sampling=False), model=model)
-    sp = SamplingParams(gen_length=gen, steps=gen, block_length=block)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(concurrent):
-        eng.add_request(torch.randint(0, 1000, (prompt,), generator=g).tolist(), sp)
-    compute = [0.0]
-    orig_hidden, orig_decode = model.hidden_states, logits_mod.decode_rows
+    compute, calls = [0.0], {"forward": 0, "decode": 0}
 
-    def timed(fn):
+    def timed(fn, name):
         def wrapper(*a, **k):
+            calls[name] += 1
             t = time.perf_counter()
             try:
                 return fn(*a, **k)
@@ -80,19 +74,28 @@ def bench_bookkeeping(model, concurrent: int = 32, prompt: int = 64, gen: int = 
                 compute[0] += time.perf_counter() - t
         return wrapper
 
-    model.hidden_states = timed(orig_hidden)
-    import engine.runner as runner_mod
-    runner_mod.decode_rows = timed(orig_decode)
+    # The model's forward and the logits decode are the compute; everything else in a step is
+    # the scheduler's and the bookkeeping's. The runner binds its decode when it is built (a
+    # model's own `decode_rows` first), so both are wrapped on the model before the engine exists.
+    model.hidden_states = timed(model.hidden_states, "forward")
+    model.decode_rows = timed(logits_mod.decode_rows, "decode")
     try:
+        eng = LLMEngine(EngineConfig(cache="sparse", retention=0.5, max_num_batched_tokens=16384,
+                                     max_num_seqs=concurrent, max_num_logits=1024, sampling=False), model=model)
+        sp = SamplingParams(gen_length=gen, steps=gen, block_length=block)
+        g = torch.Generator().manual_seed(0)
+        for _ in range(concurrent):
+            eng.add_request(torch.randint(0, min(1000, model.config.vocab_size), (prompt,), generator=g).tolist(), sp)
         eng.step()  # warm-up
-        compute[0] = 0.0
+        compute[0], calls["forward"], calls["decode"] = 0.0, 0, 0
         t = time.perf_counter()
         for _ in range(steps):
             eng.step()
         total = time.perf_counter() - t
     finally:
-        del model.hidden_states
-        runner_mod.decode_rows = orig_decode
+        del model.hidden_states, model.decode_rows
+    if not all(calls.values()):
+        raise RuntimeError(f"a timing hook was never called ({calls}): the engine's compute moved elsewhere")
     return dict(total=total, compute=compute[0], bookkeeping=total - compute[0], steps=steps, requests=concurrent)
 
 
