@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dllm_bench.checkpoints.load import load_model
+from dllm_bench.doctor.checks import BF16_CPU_FLAGS, cpu_flags
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.reference import reference_generate
 
@@ -58,12 +59,21 @@ def main() -> None:
     ap.add_argument("--mfu-gen", type=int, default=128)
     ap.add_argument("--mfu-block", type=int, default=32)
     ap.add_argument("--mfu-threads", type=int, default=2)
-    ap.add_argument("--mfu-dtypes", default="float32,bfloat16", help="comma list of dtypes for the MFU section")
+    ap.add_argument("--mfu-dtypes", default=None,
+                    help="comma list of dtypes for the MFU section (default float32, and bfloat16 where the CPU "
+                         "computes it natively: amx_bf16 or avx512_bf16)")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: throughput,mfu,host,ops")
     bench_result.add_arguments(ap)
     a = ap.parse_args()
     bench_result.check(a)
     skip = set(filter(None, a.skip.split(",")))
+    # Emulated bf16 runs ~10x slower than float32 and measures the emulation, not the engine.
+    a.bf16_native = sorted(cpu_flags() & set(BF16_CPU_FLAGS))
+    if a.mfu_dtypes is None:
+        a.mfu_dtypes = "float32,bfloat16" if a.bf16_native else "float32"
+        if not a.bf16_native:
+            print("MFU: bfloat16 skipped (emulated on this CPU: no amx_bf16 or avx512_bf16); "
+                  "--mfu-dtypes float32,bfloat16 measures it anyway")
     torch.set_num_threads(a.threads)
 
     console = Console()

@@ -158,6 +158,10 @@ def test_benchmark_tables_carry_their_figures_and_goals():
     assert _cells(t, "bf16 / fp32")[0].startswith("**3.03×**")
     assert _cells(t, "host syncs") == ["**1 / 1 / 1** sparse, **1 / 1 / 3** dual", "≤ 2: missed"]
     assert _cells(t, "operator calls")[1] == "≤ 1.2: met for dual"
+    emulated = {"mfu": {"float32": ENGINE["mfu"]["float32"]}}
+    t = bench.engine({"mfu_preset": "similar-1024", "bf16_native": []}, emulated)
+    assert _cells(t, "MFU, bfloat16")[0].startswith("skipped: emulated") and "bf16 / fp32" not in t
+    assert "MFU, bfloat16" not in bench.engine({"mfu_preset": "similar-1024"}, emulated)  # asked for float32 only
     t = bench.engine({}, {"ops": ENGINE["ops"]})                 # skipped sections: no rows
     assert "MFU" not in t and "throughput" not in t and "graph breaks" in t
     t = bench.server({"requests": 2000, "concurrency": 32, "server_core": 0, "client_core": 1}, SERVER)

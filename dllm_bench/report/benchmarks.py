@@ -71,6 +71,8 @@ def engine(cfg: dict, s: dict) -> str:
                               (("mfu_refresh", "Refresh"), ("mfu_reuse", "Reuse"), ("mfu_lm_head", "LM head")) if k in r)
             rows.append((f"MFU, {dtype} (peak {r['peak'] / 1e9:.1f} GFLOP/s), `{cfg['mfu_preset']}`",
                          f"**{100 * r['mfu']:.1f} %** ({parts})", _goal(r["mfu"] >= goal, f"≥ {100 * goal:.0f} %")))
+    if mfu and "bfloat16" not in mfu and cfg.get("bf16_native") == []:
+        rows.append(("MFU, bfloat16", "skipped: emulated on this CPU (no amx_bf16 or avx512_bf16)", "–"))
     if {"float32", "bfloat16"} <= mfu.keys():
         speed = mfu["bfloat16"]["tokens_per_s"] / mfu["float32"]["tokens_per_s"]
         rows.append(("bf16 / fp32 tokens/s", f"**{speed:.2f}×** (the peaks' ratio: "
