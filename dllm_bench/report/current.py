@@ -57,8 +57,8 @@ def _origin(run_dir: Path, doc: dict) -> str:
     env = doc.get("environment") or {}
     sha = str(env.get("git_sha") or "?")
     commit = sha[:7] + ("-dirty" if sha.endswith("-dirty") else "")
-    cores = env.get("affinity_cpus") or env.get("cpu_count")
-    machine = env.get("cuda_device") or f"CPU ({cores} cores)"
+    cores = env.get("cpu_count") or env.get("affinity_cpus")      # the machine's, not a pinned process's
+    machine = env.get("cuda_device") or f"CPU ({cores} core{'' if cores == 1 else 's'})"
     where = "" if doc["kind"] == "simulate" else f", {machine}, torch {env.get('torch', '?')}"
     date = str(doc.get("created_utc", "?"))[:10]
     command = f"make {doc['kind']}" if doc["kind"] in bench.TABLES else f"dllm-bench {doc['kind']}"
