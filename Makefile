@@ -124,10 +124,10 @@ accuracy-fig6:
 # files it names; `make docs-results` first remakes those files, each a fresh run whose table's
 # files `report --keep` copies into results/current/: the simulated ones (any machine: ~30-40 min
 # on 2 AVX2-only cores, the scheduler's five ~5-7 min each), the memory runs (byte counts, any
-# machine: ~25-45 min, similar-1024's most of it), then the measured ones (timings: run them on an
-# idle machine, ~8.5 h on 2 AVX2-only cores: ablate ~4 h, the two sweeps ~2.25 h, frontier
-# ~20 min, accuracy-fig6 ~1 h, bench-mechanisms ~8 min, bench-engine ~3 min, bench-server's 3
-# repeats ~2 min).
+# machine: ~21 min), then the measured ones (timings: run them on an idle machine; on 2 AVX2-only
+# cores: ablate ~2-2.5 h estimated from the sweeps' points, the output-length sweep 61 min, the
+# input-length one ~1 h, frontier 22 min, accuracy-fig6 ~1 h, bench-mechanisms 1.5 min,
+# bench-engine 5 min, bench-server's 3 repeats 1 min).
 DLLM := $(BIN)/dllm-bench
 keep = rm -rf results/runs/$(1) && $(DLLM) $(2) --result-dir results/runs --run-id $(1) && \
 	$(DLLM) report --keep results/runs/$(1)
