@@ -125,8 +125,8 @@ accuracy-fig6:
 # files `report --keep` copies into results/current/: the simulated ones (any machine: ~30-40 min
 # on 2 AVX2-only cores, the scheduler's five ~5-7 min each), the memory runs (byte counts, any
 # machine: ~21 min), then the measured ones (timings: run them on an idle machine; on 2 AVX2-only
-# cores: ablate ~2-2.5 h estimated from the sweeps' points, the output-length sweep 61 min, the
-# input-length one ~1 h, frontier 22 min, accuracy-fig6 ~1 h, bench-mechanisms 1.5 min,
+# cores: ablate 56 min a repeat (~2.8 h for three), the output-length sweep 61 min, the
+# input-length one 39 min, frontier 22 min, accuracy-fig6 ~1 h, bench-mechanisms 1.5 min,
 # bench-engine 5 min, bench-server's 3 repeats 1 min).
 DLLM := $(BIN)/dllm-bench
 keep = rm -rf results/runs/$(1) && $(DLLM) $(2) --result-dir results/runs --run-id $(1) && \
