@@ -8,6 +8,7 @@ import sys
 
 import typer
 
+from dllm_bench.commands import budget_flag
 from dllm_bench.commands import serve_flags as f
 from dllm_bench.commands import simulate_flags as s
 from dllm_bench.simulate.command import SimulateOptions, simulate
@@ -30,7 +31,7 @@ def register(app: typer.Typer) -> None:
         num_prompts: f.NumPrompts = None,
         duration: f.Duration = None,
         burstiness: f.Burstiness = 1.0,
-        memory_budget: s.MemoryBudget = None,
+        memory_budget: budget_flag.Simulate = None,
         model: s.Model = None,
         preset: f.Preset = None,
         max_num_batched_tokens: f.MaxNumBatchedTokens = None,
