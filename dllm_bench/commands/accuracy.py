@@ -9,6 +9,7 @@ from dllm_bench import inputs
 from dllm_bench.accuracy.run import AccuracyOptions, accuracy
 from dllm_bench.commands import budget_flag
 from dllm_bench.commands.serve_flags import AsJson, CudaGraphs, DecodingPolicy, ResultDir, TensorParallelSize
+from engine.decoding import FIXED
 
 
 def register(app: typer.Typer) -> None:
@@ -33,7 +34,7 @@ def register(app: typer.Typer) -> None:
         dtype: str | None = typer.Option(None, help="float64 | float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)"),
         device: str = typer.Option("auto", help="auto | cpu | cuda"),
         cuda_graphs: CudaGraphs = None,
-        decoding: DecodingPolicy = "fixed",
+        decoding: DecodingPolicy = FIXED,
         memory_budget: budget_flag.EnginePoints = "auto",
         threads: int | None = typer.Option(None, help="torch threads (CPU); with --tensor-parallel-size shared out "
                                            "among an engine point's ranks (baselines use them all)."),

@@ -11,6 +11,7 @@ from dllm_bench.commands import budget_flag
 from dllm_bench.commands import serve_flags as f
 from dllm_bench.serve.run import ServeCommand, serve_command
 from dllm_bench.simulate.projection import gpu_projection
+from engine.decoding import FIXED
 
 
 def register(app: typer.Typer) -> None:
@@ -44,7 +45,7 @@ def register(app: typer.Typer) -> None:
         dtype: f.Dtype = None,
         device: f.Device = None,
         cuda_graphs: f.CudaGraphs = None,
-        decoding: f.DecodingPolicy = "fixed",
+        decoding: f.DecodingPolicy = FIXED,
         tensor_parallel_size: f.TensorParallelSize = None,
         trace_steps: f.TraceSteps = False,
         seed: f.Seed = 0,

@@ -9,6 +9,7 @@ from dllm_bench.commands import serve_flags as f
 from dllm_bench.serve.presets import DEFAULT_PRESET, GPU_PRESET, PRESETS
 from dllm_bench.server.options import DEFAULT_MAX_WAITING, ServerOptions
 from dllm_bench.server.startup import start
+from engine.decoding import FIXED
 
 
 def register(app: typer.Typer) -> None:
@@ -31,7 +32,7 @@ def register(app: typer.Typer) -> None:
         dtype: f.Dtype = None,
         device: f.Device = None,
         cuda_graphs: f.CudaGraphs = None,
-        decoding: str = typer.Option("fixed", "--decoding", help="the policy of a request that names no threshold, "
+        decoding: str = typer.Option(FIXED, "--decoding", help="the policy of a request that names no threshold, "
                                      "factor or entropy: fixed (the steps' schedule) | threshold:τ | factor:f | entropy:γ"),
         tensor_parallel_size: f.TensorParallelSize = None,
         threads: int | None = typer.Option(None, "--threads", help="torch threads [preset]"),

@@ -12,6 +12,7 @@ from dllm_bench.commands import budget_flag
 from dllm_bench.commands import serve_flags as f
 from dllm_bench.commands import simulate_flags as s
 from dllm_bench.simulate.command import SimulateOptions, simulate
+from engine.decoding import FIXED
 
 
 def register(app: typer.Typer) -> None:
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
         repeats: s.Repeats = 1,
         max_duration: s.MaxDuration = None,
         max_concurrency: f.MaxConcurrency = None,
-        decoding: f.DecodingPolicy = "fixed",
+        decoding: f.DecodingPolicy = FIXED,
         steps_per_block: s.StepsPerBlock = None,
         goodput: f.Goodput = None,
         percentile_metrics: f.PercentileMetrics = None,
