@@ -57,14 +57,14 @@ bench-simulate:
 	$(BIN)/python benchmarks/bench_simulate.py
 
 # The serving headline on the scale-similar default (docs/SERVE.md): every rate of Fig 3-4 plus
-# saturation, 3 workload seeds, the engine also with the dual cache. ~2 h on 2 idle cores.
+# saturation, 3 workload seeds, the engine also with the dual cache.
 bench-serve:
 	$(BIN)/dllm-bench serve --rps 0.25,0.5,1.0,inf --repeats 3 \
 		--systems engine,engine:cache=dual,fast-dllm,sparse-dllm,dllm-cache
 
 # `calibrate && simulate` against measured `serve` on this machine (docs/SIMULATE.md, "Validation"):
-# ~16-32 min on 2 idle cores. The serve points read the speed gauge, so the validation also prints
-# each cell at the machine's measured speed. VALIDATE_ID names the profile and the two runs.
+# the serve points read the speed gauge, so the validation also prints each cell at the machine's
+# measured speed. VALIDATE_ID names the profile and the two runs.
 ifndef VALIDATE_ID
 VALIDATE_ID := validate-$(shell date -u +%Y%m%dT%H%M%SZ)
 endif
@@ -76,18 +76,16 @@ bench-validate:
 
 bench: bench-engine bench-mechanisms
 
-# The one run for a CUDA machine (docs/GPU.md, "make bench-gpu"): <= 10 min on an H100, everything
-# in one results directory with summary.md. BENCH_GPU_ARGS passes options (--model DIR, --out DIR,
+# The one run for a CUDA machine (docs/GPU.md): every step in one results directory with
+# summary.md, sized to --time-budget (600 s unless BENCH_GPU_ARGS says otherwise). BENCH_GPU_ARGS passes options (--model DIR, --out DIR,
 # --only serve-full,profile); without .venv (a machine with torch already) the system python3 runs it.
 BENCH_GPU_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
 bench-gpu:
 	$(BENCH_GPU_PY) -m dllm_bench.cli bench-gpu $(BENCH_GPU_ARGS)
 
 # Trained models (docs/ACCURACY.md): seeds 0-2 of tiny-math and synth-cot are committed;
-# `train-synth-cot` and `train-seeds` remake missing ones, one model at a time on one thread:
-# ~17-22 min per tiny-math and ~60 min per synth-cot model of an idle core (8,000 batch-32
-# steps at ~0.45 s), ~2.7 h for SEEDS="1 2". Existing assets are kept; the same seed gives the
-# same weights.
+# `train-synth-cot` and `train-seeds` remake missing ones, one model at a time on one thread
+# (synth-cot: 8,000 batch-32 steps). Existing assets are kept; the same seed gives the same weights.
 SEEDS ?= 1 2
 comma := ,
 space := $() $()
@@ -122,12 +120,8 @@ accuracy-fig6:
 
 # The docs' current-results tables (docs/REPORT.md): `make docs` renders each from the committed
 # files it names; `make docs-results` first remakes those files, each a fresh run whose table's
-# files `report --keep` copies into results/current/: the simulated ones (any machine: ~30-40 min
-# on 2 AVX2-only cores, the scheduler's five ~5-7 min each), the memory runs (byte counts, any
-# machine: ~21 min), then the measured ones (timings: run them on an idle machine; on 2 AVX2-only
-# cores: ablate 56 min a repeat (~2.8 h for three), the output-length sweep 61 min, the
-# input-length one 39 min, frontier 22 min, accuracy-fig6 ~1 h, bench-mechanisms 1.5 min,
-# bench-engine 5 min, bench-server's 3 repeats 1 min).
+# files `report --keep` copies into results/current/: the simulated ones (any machine), the memory
+# runs (byte counts, any machine), then the measured ones (timings: run them on an idle machine).
 DLLM := $(BIN)/dllm-bench
 keep = rm -rf results/runs/$(1) && $(DLLM) $(2) --result-dir results/runs --run-id $(1) && \
 	$(DLLM) report --keep results/runs/$(1)

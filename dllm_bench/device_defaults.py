@@ -20,12 +20,13 @@ import torch
 
 from dllm_bench.errors import UserError
 from dllm_bench.units import format_size, parse_size
-from engine.config import DTYPES
+from engine.config import DTYPES, EngineConfig
+from engine.memory import budget_from_free
+from engine.memory import free_device_memory as _free_memory
 
 # The fraction of free device memory a CUDA run budgets: the engine's gpu_memory_utilization
-# default, so `auto` and an engine built without a budget agree. The rest covers the CUDA
-# context of the worker process and allocator fragmentation.
-GPU_MEMORY_UTILIZATION = 0.9
+# default, so `auto` and an engine built without a budget agree (engine.memory.budget_from_free).
+GPU_MEMORY_UTILIZATION = EngineConfig.gpu_memory_utilization
 
 
 @dataclass(frozen=True)
@@ -95,12 +96,8 @@ def gpu_name(device: Device) -> str | None:
 
 
 def free_device_memory(device: str | torch.device) -> tuple[int, int]:
-    """(free, total) bytes of a CUDA device, after this process's cached blocks are returned:
-    memory an earlier engine freed is still held by the caching allocator and not "free"."""
-    dev = resolve_device(device)
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(dev)
-    return int(free), int(total)
+    """(free, total) bytes of a CUDA device (`auto` resolved): engine.memory.free_device_memory."""
+    return _free_memory(resolve_device(device))
 
 
 @dataclass(frozen=True)
@@ -136,11 +133,11 @@ def resolve_budget(value: str | None, device: Device, *, required: bool = False,
                             "GPU memory, and a CPU has none to measure")
         return MemoryBudget(None, "auto", "no budget (auto on CPU: unbounded)")
     if isinstance(device, SimulatedGpu):
-        n = int(device.memory_bytes * GPU_MEMORY_UTILIZATION)
+        n = budget_from_free(device.memory_bytes, 0, GPU_MEMORY_UTILIZATION)
         return MemoryBudget(n, "auto", f"auto: {GPU_MEMORY_UTILIZATION:g} x {format_size(device.memory_bytes)}, "
                                        f"the memory of {device.label}")
     free, total = free_device_memory(dev)
-    n = int(free * GPU_MEMORY_UTILIZATION)
+    n = budget_from_free(free, 0, GPU_MEMORY_UTILIZATION)   # measured before any weights are loaded
     if n < 1:
         raise UserError(f"{flag} auto: {dev} has no free memory")
     name = torch.cuda.get_device_name(dev)

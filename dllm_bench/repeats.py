@@ -72,12 +72,6 @@ def aggregate(points: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str])
     return pd.DataFrame(rows)
 
 
-def spread_of(row: pd.Series | dict, metric: str, repeats_col: str = "repeats") -> Spread:
-    """The Spread an `aggregate` row holds for `metric`."""
-    n = int(row.get(repeats_col, 1) or 1)
-    return Spread(float(row[metric]), float(row[f"{metric}_min"]), float(row[f"{metric}_max"]), n)
-
-
 # What identifies a repeat rather than measures it: never aggregated.
 REPEAT_FIELDS = ("repeat", "workload_seed", "_point")
 # Flags that hold for the aggregate only if they hold in every repeat; other flags (interrupted,

@@ -309,12 +309,6 @@ def finished_points(run_dir: str | os.PathLike) -> set[PointKey]:
     return {PointKey.of(s) for s in load_points(run_dir) if not s.get("interrupted")}
 
 
-def pending_points(run_dir: str | os.PathLike, keys: Iterable[PointKey]) -> list[PointKey]:
-    """`keys` minus the finished ones, order kept."""
-    done = finished_points(run_dir) if Path(run_dir).is_dir() else set()
-    return [k for k in keys if PointKey(k.system, float(k.rps), k.dataset, k.repeat) not in done]
-
-
 def metrics_frame(run_dir: str | os.PathLike, aggregate: bool = False) -> pd.DataFrame:
     """One row per finished point and repeat (scalar columns only), as in metrics.csv; with
     `aggregate` one row per point: the median over its repeats with `<metric>_min`/`_max`."""
@@ -347,14 +341,6 @@ def write_run_tables(run_dir: str | os.PathLike) -> None:
             for r in read_jsonl(f) if f.exists() else ():
                 yield {**tag, **r}
     atomic_write_jsonl(run_dir / "requests.jsonl", all_requests())
-
-
-def load_metrics(run_dir: str | os.PathLike) -> pd.DataFrame:
-    """metrics.csv of a run (rps column as float, "inf" included)."""
-    df = pd.read_csv(Path(run_dir) / "metrics.csv")
-    if "rps" in df.columns:
-        df["rps"] = df["rps"].map(_rps_from_json)
-    return df
 
 
 if __name__ == "__main__":  # pragma: no cover - quick look at what config.json will record

@@ -13,6 +13,10 @@ SCHEDULERS = ("phase", "request", "lookahead")   # engine.schedulers.POLICIES' n
 # The one dtype-name table of the repository (CLI names -> torch dtypes).
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = ("auto", "sdpa", "varlen", "flash_attn")
+# The values each text field of EngineConfig takes (checked in __post_init__; the CLI's knob
+# parsers read them from here).
+CHOICES = {"cache": CACHE_POLICIES, "selection": SELECTIONS, "score_query": SCORE_QUERIES,
+           "scheduler": SCHEDULERS, "dtype": tuple(DTYPES), "attention_backend": BACKENDS}
 
 
 @dataclass

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-KINDS = ("fixed", "threshold", "factor", "entropy")
+# The default policy's name, which every option and record that defaults to it uses.
+FIXED = "fixed"
+KINDS = (FIXED, "threshold", "factor", "entropy")
 CODE = {k: i for i, k in enumerate(KINDS)}
 
 
@@ -31,7 +33,7 @@ class Decoding:
     entropy:γ (γ ≥ 0): candidates in confidence order while the sum of their predictive entropies
     stays ≤ γ, the first always."""
 
-    kind: str = "fixed"
+    kind: str = FIXED
     value: float = 0.0
 
     @classmethod
@@ -43,7 +45,7 @@ class Decoding:
         kind, _, arg = text.partition(":")
         if kind not in KINDS:
             raise ValueError(f"decoding must be one of fixed, threshold:τ, factor:f, entropy:γ; got {spec!r}")
-        if kind == "fixed":
+        if kind == FIXED:
             if arg:
                 raise ValueError(f"decoding 'fixed' takes no value, got {spec!r}")
             return cls()
@@ -58,10 +60,10 @@ class Decoding:
 
     @property
     def fixed(self) -> bool:
-        return self.kind == "fixed"
+        return self.kind == FIXED
 
     def __str__(self) -> str:
-        return "fixed" if self.fixed else f"{self.kind}:{self.value:g}"
+        return FIXED if self.fixed else f"{self.kind}:{self.value:g}"
 
 
 _EXAMPLE = {"threshold": "0.9", "factor": "1.0", "entropy": "0.5"}

@@ -172,3 +172,19 @@ class LiveTracker:
         """storage key -> (bytes, label) of every storage live at the peak."""
         return dict(self._mode.at_peak)
 
+
+
+def free_device_memory(device: torch.device | str) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device, after this process's cached blocks are returned:
+    memory an earlier engine freed is still held by the caching allocator and not "free"."""
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free), int(total)
+
+
+def budget_from_free(free: int, resident: int, utilization: float) -> int:
+    """The default budget for weights + activations + KV on a GPU: `utilization` of the memory
+    that was free before the model's weights were loaded, i.e. `free` measured now plus
+    `resident`, the bytes of those weights already on the device (0 when measured before
+    loading). The rest covers the CUDA context and allocator fragmentation."""
+    return int((free + resident) * utilization)

@@ -24,7 +24,7 @@ from engine import chunking, graphs, schedulers
 from engine.cache_mode import AUTO, SERVED
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, bytes_per_token, kv_need, longest_held
-from engine.memory import MemoryMeter
+from engine.memory import MemoryMeter, budget_from_free, free_device_memory
 from engine.models.llada import LLaDAModelLM
 from engine.request import Phase, Request
 from engine.runner import ModelRunner
@@ -72,12 +72,9 @@ def weights_bytes(model: torch.nn.Module) -> int:
 def default_budget(model: LLaDAModelLM, config: EngineConfig) -> int:
     if config.memory_budget is not None:
         return config.memory_budget
-    if model.device.type == "cuda":
-        # Blocks an earlier engine of this process freed stay in the caching allocator and are
-        # not "free" to the driver: without this a second engine got a smaller pool.
-        torch.cuda.empty_cache()
-        free, _ = torch.cuda.mem_get_info(model.device)
-        return int((free + weights_bytes(model)) * config.gpu_memory_utilization)
+    if model.device.type == "cuda":   # measured with the weights loaded: they count as free
+        free, _ = free_device_memory(model.device)
+        return budget_from_free(free, weights_bytes(model), config.gpu_memory_utilization)
     raise ValueError("a memory budget is needed to profile on CPU (e.g. --memory-budget 4GiB)")
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.decoding import Decoding
+from engine.decoding import FIXED, Decoding
 
 REMASKING = ("low_confidence", "random")
 
@@ -24,7 +24,7 @@ class SamplingParams:
     # How many masked positions a step commits (engine.decoding): "fixed" (the linear schedule
     # over `steps`), "threshold:τ", "factor:f" or "entropy:γ" (parallel decoding: `steps` then
     # only bounds nothing; a block ends when it has no masked position left).
-    decoding: str = "fixed"
+    decoding: str = FIXED
 
     def __post_init__(self) -> None:
         for name in ("gen_length", "steps", "block_length"):

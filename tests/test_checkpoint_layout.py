@@ -15,7 +15,7 @@ INDEX = "model.safetensors.index.json"
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> Path:
-    from dllm_bench.checkpoints.hf_layout import make_hf_checkpoint
+    from tests.hf_layout import make_hf_checkpoint
 
     return make_hf_checkpoint(tmp_path_factory.mktemp("good") / "ckpt", shards=3)
 

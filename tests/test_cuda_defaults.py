@@ -262,6 +262,22 @@ def test_a_second_engine_in_one_process_gets_the_same_pool_budget(cuda):
     assert default_budget(model, EngineConfig(device="cuda")) == first
 
 
+def test_the_run_budget_and_the_engines_own_default_are_one_formula(cuda, monkeypatch):
+    """`auto` is measured before the weights load, the engine's default after they did: both are
+    0.9 x the memory free before loading (engine.memory.budget_from_free counts the loaded
+    weights back), so an engine built without a budget gets the run's budget. Integer bytes:
+    equality is the claim."""
+    from engine.config import EngineConfig
+    from engine.profiler import default_budget
+
+    run = dd.resolve_budget("auto", "cuda").bytes
+    weights = torch.zeros(2**20)                                   # 4 MiB of float32 "weights"
+    loaded = FREE - weights.numel() * weights.element_size()
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (loaded, TOTAL))
+    model = SimpleNamespace(device=torch.device("cuda"), parameters=lambda: [weights])
+    assert default_budget(model, EngineConfig(device="cuda")) == run == AUTO
+
+
 # ---------------------------------------------------------------- measuring
 def test_max_fit_search_takes_a_cuda_oom_as_does_not_fit(cuda):
     from baselines.profile import profile_max_batch

@@ -1,4 +1,4 @@
-"""A tiny checkpoint in LLaDA-8B-Instruct's exact file layout (dllm_bench.checkpoints.hf_layout):
+"""A tiny checkpoint in LLaDA-8B-Instruct's exact file layout (tests.hf_layout):
 the real files' keys and tokenizer shape, loaded shard by shard, and used end to end: `generate`,
 the server's chat route (the real chat template), `accuracy`."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ def _json(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    from dllm_bench.checkpoints.hf_layout import make_hf_checkpoint
+    from tests.hf_layout import make_hf_checkpoint
 
     return make_hf_checkpoint(tmp_path_factory.mktemp("hf") / "LLaDA-tiny-Instruct")
 
@@ -45,8 +45,8 @@ def _runner(module: str):
 
 
 def test_files_have_the_real_keys_and_tokenizer_shape(ckpt):
-    from dllm_bench.checkpoints import hf_tokenizer
     from dllm_bench.checkpoints.layout import check_layout
+    from tests import hf_tokenizer
 
     cfg, real_cfg = _json(ckpt / "config.json"), _json(REAL / "config.json")
     assert cfg.keys() == real_cfg.keys() and cfg["auto_map"] == real_cfg["auto_map"]

@@ -121,8 +121,8 @@ def test_presets_carry_the_real_config():
 
 
 def test_tokenizer_modules_carry_the_real_special_tokens_and_template():
-    from dllm_bench.checkpoints import hf_tokenizer
     from dllm_bench.checkpoints.tokenizer import LLADA_SPECIAL_IDS
+    from tests import hf_tokenizer
 
     real = _json("tokenizer_config.json")
     added = {int(i): t for i, t in real["added_tokens_decoder"].items()}

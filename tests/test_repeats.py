@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dllm_bench.repeats import Spread, aggregate, ratio, repeat_seeds, spread_of, verdict
+from dllm_bench.repeats import Spread, aggregate, ratio, repeat_seeds, verdict
+from tests.results_helpers import spread_of
 
 
 def test_repeat_seeds_extend_the_unrepeated_run():

@@ -9,6 +9,7 @@ from dllm_bench import results
 from dllm_bench.repeats import aggregate_points, cell, compare
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.run import serve
+from tests.results_helpers import load_metrics
 from tests.test_serve import RUN_DEFAULTS
 
 ONE = {**RUN_DEFAULTS, "systems": "engine", "num_prompts": 2, "rps": "inf"}
@@ -35,7 +36,7 @@ def test_repeats_write_every_repeat_and_the_aggregate_and_resume_runs_only_the_m
     assert (agg["output_throughput_min"], agg["output_throughput_max"]) == (tps[0], tps[1])
     assert agg["output_throughput"] == pytest.approx(sum(tps) / 2)          # the median of two
     assert agg["mean_batch_size"] >= 1 and "mean_batch_size_min" in agg
-    assert len(results.load_metrics(run_dir)) == 2                          # metrics.csv: a row per repeat
+    assert len(load_metrics(run_dir)) == 2                          # metrics.csv: a row per repeat
 
     before = {d: _files(run_dir / "points" / d) for d in pdirs}
     run3 = resolve_run(ServeOptions(**{**ONE, "repeats": 3}))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dllm_bench.systems.spec import ENGINE, baseline_registry
+from engine.decoding import FIXED
 from workloads.tasks import generated
 from workloads.tasks.scoring import extract_strict
 
@@ -133,7 +134,7 @@ class PointResult:
     stats: dict
     samples: list = field(default_factory=list)
     model: str = ""                 # which trained model (seed) of a several-model run, else ""
-    decoding: str = "fixed"         # what the point's system decoded with (dllm_bench.systems.decoding)
+    decoding: str = FIXED         # what the point's system decoded with (dllm_bench.systems.decoding)
     decoding_note: str | None = None  # why it is not the policy asked for
     decoding_stats: dict = field(default_factory=dict)   # per-request TPF mean/p50/p90, forwards per block
     tensor_parallel_size: int | None = None   # a tensor-parallel run's: the point's ranks (a baseline's 1)

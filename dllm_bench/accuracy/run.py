@@ -31,6 +31,7 @@ from dllm_bench.systems.build import rank_threads as rank_threads_of
 from dllm_bench.systems.inprocess import InProcess
 from dllm_bench.systems.options import RunOptions, parallel_only
 from engine import SamplingParams
+from engine.decoding import FIXED
 from workloads.tasks import generated, synth
 from workloads.tasks.local import load_local
 
@@ -71,7 +72,7 @@ class AccuracyOptions(RunOptions):
     batch: int = 32
     r1: bool = True
     chat: bool = False
-    decoding: str = "fixed"
+    decoding: str = FIXED
 
 
 def _floats(spec: str, flag: str) -> list[float]:
@@ -273,7 +274,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
                                 f"{task} ({knobs['split']}) · {model} · n={results[0].n} · {results[0].metric}")
     summary = json.loads((run_dir / "summary.json").read_text())
     protocol = protocol_lines(score_queries, chosen)
-    if decoding != "fixed":
+    if decoding != FIXED:
         protocol.append(f"decoding {decoding}: the engine runs it, Fast-dLLM under its threshold/factor rule; "
                         "a system without the rule upstream runs fixed (its rows say decoding fixed)")
     protocol.extend(parallel_only(tp, [

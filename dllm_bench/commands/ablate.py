@@ -16,6 +16,7 @@ import typer
 
 from dllm_bench import inputs
 from dllm_bench.ablate.run import ablate
+from dllm_bench.commands import budget_flag
 from dllm_bench.commands.serve_flags import (
     AsJson,
     CudaGraphs,
@@ -45,7 +46,7 @@ def register(app: typer.Typer) -> None:
         num_prompts: int | None = typer.Option(None, "--num-prompts",
                                                help="requests per dataset (default: cpu-default 3, serve-126k 8; other presets: the serve preset's)"),
         model: Model = None,
-        memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights+activations+KV, e.g. 1GiB [preset]"),
+        memory_budget: budget_flag.Serve = None,
         seed: Seed = 0,
         repeats: Repeats = 1,
         gen_length: GenLength = None,

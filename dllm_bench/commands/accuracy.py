@@ -7,7 +7,9 @@ import typer
 
 from dllm_bench import inputs
 from dllm_bench.accuracy.run import AccuracyOptions, accuracy
+from dllm_bench.commands import budget_flag
 from dllm_bench.commands.serve_flags import AsJson, CudaGraphs, DecodingPolicy, ResultDir, TensorParallelSize
+from engine.decoding import FIXED
 
 
 def register(app: typer.Typer) -> None:
@@ -32,10 +34,8 @@ def register(app: typer.Typer) -> None:
         dtype: str | None = typer.Option(None, help="float64 | float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)"),
         device: str = typer.Option("auto", help="auto | cpu | cuda"),
         cuda_graphs: CudaGraphs = None,
-        decoding: DecodingPolicy = "fixed",
-        memory_budget: str = typer.Option("auto", "--memory-budget", help="Engine points: bytes for weights+activations+KV "
-                                          "(e.g. 20GiB), auto = free GPU memory x 0.9 measured once at the start "
-                                          "(on CPU: no budget), or none."),
+        decoding: DecodingPolicy = FIXED,
+        memory_budget: budget_flag.EnginePoints = "auto",
         threads: int | None = typer.Option(None, help="torch threads (CPU); with --tensor-parallel-size shared out "
                                            "among an engine point's ranks (baselines use them all)."),
         tensor_parallel_size: TensorParallelSize = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from dllm_bench import inputs
+from dllm_bench.commands import budget_flag
 from dllm_bench.commands.serve_flags import AsJson, ResultDir, RunId
 from dllm_bench.frontier.configs import DEFAULT_DECODING, DEFAULT_SYSTEMS
 from dllm_bench.frontier.run import CONCURRENCY, LIMIT, REPEATS, THREADS, FrontierOptions, frontier
@@ -36,8 +37,7 @@ def register(app: typer.Typer) -> None:
         num_fewshot: int | None = typer.Option(None, help="gsm8k: CoT exemplars, 0..8 (default 8)"),
         dtype: str | None = typer.Option(None, help="float64 | float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)"),
         device: str = typer.Option("auto", help="auto | cpu | cuda"),
-        memory_budget: str = typer.Option("auto", "--memory-budget", help="engine: bytes for weights+activations+KV, "
-                                          "auto (CUDA: free memory x 0.9; CPU: none) or none"),
+        memory_budget: budget_flag.EnginePoints = "auto",
         threads: int | None = typer.Option(THREADS, help="torch threads (CPU)"),
         result_dir: ResultDir = None,
         run_id: RunId = None,

@@ -9,6 +9,7 @@ import typer
 
 from dllm_bench.commands.serve_flags import CudaGraphs
 from dllm_bench.generate import run
+from engine.decoding import FIXED
 
 
 def register(app: typer.Typer) -> None:
@@ -23,7 +24,7 @@ def register(app: typer.Typer) -> None:
         temperature: float = typer.Option(0.0, help="Gumbel-max temperature (0 = greedy)."),
         remasking: str = typer.Option("low_confidence", help="low_confidence | random"),
         seed: int = typer.Option(0, help="Per-request seed (noise, random remasking)."),
-        decoding: str = typer.Option("fixed", help="fixed | threshold:τ | factor:f | entropy:γ: tokens committed per "
+        decoding: str = typer.Option(FIXED, help="fixed | threshold:τ | factor:f | entropy:γ: tokens committed per "
                                      "step (engine: every policy; fast-dllm: threshold, factor)."),
         dtype: str | None = typer.Option(None, help="float64 | float32 | bfloat16 (default: bfloat16 on CUDA, float32 on CPU)"),
         device: str | None = typer.Option(None, help="auto | cpu | cuda (default: auto)"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typer
 
+from dllm_bench.commands import budget_flag
 from dllm_bench.commands.serve_flags import AsJson, ResultDir, RunId
 from dllm_bench.memory_bench.options import DEFAULT_SYSTEMS, MemoryOptions
 from dllm_bench.memory_bench.run import memory
@@ -22,9 +23,7 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option("tiny", "--model", "-m", help="Preset name or LLaDA checkpoint directory."),
         systems: str | None = typer.Option(None, "--systems", help=f"systems as in serve [{DEFAULT_SYSTEMS}]; "
                                            "one request each (no batch knob)"),
-        memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights + KV + "
-                                                 "activations (24GiB, 64MiB), or auto (CUDA: free x 0.9); "
-                                                 "required on CPU"),
+        memory_budget: budget_flag.Memory = None,
         length: int | None = typer.Option(None, "--length", help="canvas tokens of the request measured step by "
                                           "step [2 x the engine's token budget]"),
         max_length: int | None = typer.Option(None, "--max-length", help="the longest canvas the search tries "

@@ -7,6 +7,7 @@ import json
 
 import typer
 
+from dllm_bench.commands import budget_flag
 from dllm_bench.profiling import run, tables
 
 
@@ -14,7 +15,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def profile(
         model: str = typer.Option("mini-126k", "--model", "-m", help="Preset name (llada-8b too with --device-memory) or checkpoint directory."),
-        memory_budget: str | None = typer.Option(None, help="Total budget for weights + activations + KV, or auto = free GPU memory x 0.9 (default: auto on CUDA, 4GiB on CPU)."),
+        memory_budget: budget_flag.Profile = None,
         device_memory: str | None = typer.Option(None, help="Plan a GPU of this memory (24GiB, 80GiB, or a hardware profile: l40s, a100-80g, ...) from the model's shapes alone: no weights, no GPU; budget = this × gpu_memory_utilization."),
         max_num_batched_tokens: int = typer.Option(4096, help="Query tokens per step (token budget)."),
         max_num_logits: int = typer.Option(1024, help="Logit rows per chunk for the budgeted profile."),

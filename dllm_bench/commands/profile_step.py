@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from dllm_bench import results
+from dllm_bench.commands import budget_flag
 from dllm_bench.commands.serve_flags import AsJson, Model, NoProfileCache, Preset, Threads
 from dllm_bench.console import console
 from dllm_bench.stepprofile.options import StepProfileOptions, parse_batch
@@ -34,8 +35,7 @@ def register(app: typer.Typer) -> None:
         preset: Preset = None,
         device: str | None = typer.Option(None, "--device", help="cpu | cuda [preset]"),
         dtype: str | None = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 | float64 [preset]"),
-        memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights + activations + "
-                                                 "KV, e.g. 1GiB; auto = free GPU memory x 0.9 [preset]"),
+        memory_budget: budget_flag.ProfileStep = None,
         threads: Threads = None,
         seed: int = typer.Option(0, "--seed", help="prompt ids"),
         no_profile_cache: NoProfileCache = False,

@@ -7,9 +7,11 @@ import sys
 
 import typer
 
+from dllm_bench.commands import budget_flag
 from dllm_bench.commands import serve_flags as f
 from dllm_bench.serve.run import ServeCommand, serve_command
 from dllm_bench.simulate.projection import gpu_projection
+from engine.decoding import FIXED
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +29,7 @@ def register(app: typer.Typer) -> None:
         arrivals: f.Arrivals = None,
         time_scale: f.TimeScale = 1.0,
         burstgpt_model: f.BurstgptModel = None,
-        memory_budget: f.MemoryBudget = None,
+        memory_budget: budget_flag.Serve = None,
         model: f.Model = None,
         preset: f.ServePreset = None,
         max_num_batched_tokens: f.MaxNumBatchedTokens = None,
@@ -43,7 +45,7 @@ def register(app: typer.Typer) -> None:
         dtype: f.Dtype = None,
         device: f.Device = None,
         cuda_graphs: f.CudaGraphs = None,
-        decoding: f.DecodingPolicy = "fixed",
+        decoding: f.DecodingPolicy = FIXED,
         tensor_parallel_size: f.TensorParallelSize = None,
         trace_steps: f.TraceSteps = False,
         seed: f.Seed = 0,

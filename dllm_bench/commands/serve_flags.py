@@ -35,9 +35,6 @@ Arrivals = Annotated[str | None, typer.Option(
 TimeScale = Annotated[float, typer.Option("--time-scale", help="trace replay speed-up (60 = a minute per second)")]
 BurstgptModel = Annotated[str | None, typer.Option(
     "--burstgpt-model", help="BurstGPT CSV rows of one model: ChatGPT | GPT-4")]
-MemoryBudget = Annotated[str | None, typer.Option(
-    "--memory-budget", help="bytes for weights+activations+KV of every system, e.g. 1GiB, 512MiB, 2.5GB; auto = "
-    "free GPU memory x 0.9 measured once at the start (CUDA only: a CPU run needs a size) [preset, else auto]")]
 NumPrompts = Annotated[int | None, typer.Option("--num-prompts", help="requests per point [preset]")]
 Duration = Annotated[float | None, typer.Option("--duration", help="bound arrivals by time (s) instead of count")]
 Burstiness = Annotated[float, typer.Option("--burstiness", help="gamma shape: 1 = Poisson, < 1 burstier")]

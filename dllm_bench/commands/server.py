@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import typer
 
+from dllm_bench.commands import budget_flag
 from dllm_bench.commands import serve_flags as f
 from dllm_bench.serve.presets import DEFAULT_PRESET, GPU_PRESET, PRESETS
 from dllm_bench.server.options import DEFAULT_MAX_WAITING, ServerOptions
 from dllm_bench.server.startup import start
+from engine.decoding import FIXED
 
 
 def register(app: typer.Typer) -> None:
@@ -26,12 +28,11 @@ def register(app: typer.Typer) -> None:
         max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", help="token budget per step [preset]"),
         max_num_logits: str | None = typer.Option(None, "--max-num-logits", help="logit budget (rows per step), or none [preset]"),
         max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="max concurrent requests [preset]"),
-        memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights+activations+KV (1GiB, ...); auto = free GPU memory x 0.9 "
-                                                 "at start (on CPU: no budget); none = no budget [preset, else auto]"),
+        memory_budget: budget_flag.Server = None,
         dtype: f.Dtype = None,
         device: f.Device = None,
         cuda_graphs: f.CudaGraphs = None,
-        decoding: str = typer.Option("fixed", "--decoding", help="the policy of a request that names no threshold, "
+        decoding: str = typer.Option(FIXED, "--decoding", help="the policy of a request that names no threshold, "
                                      "factor or entropy: fixed (the steps' schedule) | threshold:τ | factor:f | entropy:γ"),
         tensor_parallel_size: f.TensorParallelSize = None,
         threads: int | None = typer.Option(None, "--threads", help="torch threads [preset]"),

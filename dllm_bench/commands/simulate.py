@@ -8,9 +8,11 @@ import sys
 
 import typer
 
+from dllm_bench.commands import budget_flag
 from dllm_bench.commands import serve_flags as f
 from dllm_bench.commands import simulate_flags as s
 from dllm_bench.simulate.command import SimulateOptions, simulate
+from engine.decoding import FIXED
 
 
 def register(app: typer.Typer) -> None:
@@ -30,7 +32,7 @@ def register(app: typer.Typer) -> None:
         num_prompts: f.NumPrompts = None,
         duration: f.Duration = None,
         burstiness: f.Burstiness = 1.0,
-        memory_budget: s.MemoryBudget = None,
+        memory_budget: budget_flag.Simulate = None,
         model: s.Model = None,
         preset: f.Preset = None,
         max_num_batched_tokens: f.MaxNumBatchedTokens = None,
@@ -46,7 +48,7 @@ def register(app: typer.Typer) -> None:
         repeats: s.Repeats = 1,
         max_duration: s.MaxDuration = None,
         max_concurrency: f.MaxConcurrency = None,
-        decoding: f.DecodingPolicy = "fixed",
+        decoding: f.DecodingPolicy = FIXED,
         steps_per_block: s.StepsPerBlock = None,
         goodput: f.Goodput = None,
         percentile_metrics: f.PercentileMetrics = None,

@@ -26,8 +26,6 @@ PaperBatch = Annotated[str | None, typer.Option(
     "beside batch 1 and max-fit)")]
 Rps = Annotated[str | None, typer.Option("--rps", "--request-rate", help="arrival rate(s), req/s [preset]")]
 Dataset = Annotated[str | None, typer.Option("--dataset", help="livebench | osc | burstgpt | random (list allowed)")]
-MemoryBudget = Annotated[str | None, typer.Option(
-    "--memory-budget", help="bytes for weights+activations+KV [GPU: its memory x 0.9; cpu: preset]")]
 Model = Annotated[str | None, typer.Option(
     "--model", help="model preset, checkpoint dir, or llada-8b (shape only)")]
 Dtype = Annotated[str | None, typer.Option(

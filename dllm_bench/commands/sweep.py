@@ -13,6 +13,7 @@ import sys
 import typer
 
 from dllm_bench import inputs
+from dllm_bench.commands import budget_flag
 from dllm_bench.commands.serve_flags import (
     AsJson,
     BaselineBatch,
@@ -48,7 +49,7 @@ def register(app: typer.Typer) -> None:
         num_prompts: int | None = typer.Option(None, "--num-prompts", help="requests per point (default: cpu-default: 8, else the preset's)"),
         model: Model = None,
         preset: Preset = None,
-        memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes for weights+activations+KV [preset]"),
+        memory_budget: budget_flag.Serve = None,
         seed: int = typer.Option(0, "--seed", help="workload seed (prompt ids)"),
         repeats: Repeats = 1,
         gen_length: int | None = typer.Option(None, "--gen-length", help="--vary input-len: the fixed output length of every request (a block multiple)"),

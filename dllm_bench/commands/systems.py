@@ -9,14 +9,12 @@ from rich.table import Table
 
 from baselines import SYSTEMS
 from dllm_bench.console import console
-from dllm_bench.systems.spec import ENGINE_DEFAULTS, ENGINE_KNOBS, PAPER_ENGINE
-from engine import EngineConfig
+from dllm_bench.systems.spec import ENGINE_KNOB_TABLE, PAPER_ENGINE
 
 
 def system_rows() -> list[dict]:
-    defaults = EngineConfig(**ENGINE_DEFAULTS)
     rows = [dict(name="engine", kind="continuous batching (dLLM-Serve design)",
-                 knobs={k: getattr(defaults, k) for k in ENGINE_KNOBS},
+                 knobs={k: knob.default for k, knob in ENGINE_KNOB_TABLE.items()},
                  source="this repository: engine/ (paper: dLLM-Serve, arXiv 2512.17077; authors' code chosen-ox/dLLM-Serve aefbf0a)",
                  notes="cache=auto (default): each request dual (Fast-dLLM's cache, one Refresh per block) while the "
                        f"KV pool holds it, head-centric sparse KV when memory binds on weight-bound steps; {PAPER_ENGINE} = the paper's "

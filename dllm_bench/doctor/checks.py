@@ -13,6 +13,7 @@ from dllm_bench import device_defaults
 from dllm_bench.checkpoints.layout import check_layout, load_config
 from dllm_bench.units import format_size
 from engine import attention
+from engine.memory import budget_from_free
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skipped"
 STATUSES = (OK, WARN, FAIL, SKIP)
@@ -166,7 +167,7 @@ def memory_check(dev: torch.device, weights_bytes: float | None = None) -> Check
     what = "the checkpoint's weights" if weights_bytes else "LLaDA-8B's bf16 weights"
     if dev.type == "cuda":
         free, total = device_defaults.free_device_memory(dev)
-        budget = free * device_defaults.GPU_MEMORY_UTILIZATION
+        budget = budget_from_free(free, 0, device_defaults.GPU_MEMORY_UTILIZATION)   # before any weights load
         data = {"free": free, "total": total, "budget": int(budget), "weights": int(weights)}
         head = f"{format_size(free)} free of {format_size(total)}; default budget {format_size(int(budget))}"
         if budget < weights * 1.1:

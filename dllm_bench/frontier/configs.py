@@ -21,7 +21,7 @@ from dllm_bench.systems.spec import (
     engine_knobs,
     parse_systems,
 )
-from engine.decoding import Decoding
+from engine.decoding import FIXED, Decoding
 
 # The engine with each cache that serves it (dual: Fast-dLLM's; sparse: dLLM-Serve's), and
 # Fast-dLLM, the baseline with parallel decoding upstream.
@@ -79,7 +79,7 @@ def plan(systems: str | None, decodings: list[Decoding]) -> list[Config]:
             raise UserError("frontier measures systems in process: --systems takes engine and baselines")
         if v.batch is not None:
             raise UserError(f"system {v.label!r}: frontier sets every baseline's static batch to --concurrency")
-        own = system_decoding.resolve(v.name, "fixed", v.knob_dict)
+        own = system_decoding.resolve(v.name, FIXED, v.knob_dict)
         if own.parallel:
             out.append(Config(v, own.decoding))
             continue

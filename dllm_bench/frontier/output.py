@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dllm_bench.console import md_table
+from engine.decoding import FIXED
 
 # The table's columns, in order (the JSON document and the tests name them from here).
 COLUMNS = ("configuration", "decoding", "accuracy %", "per seed %", "tok/s", "x fixed", "TPF",
@@ -33,7 +34,7 @@ def _num(v: float | None, fmt: str = "{:.2f}") -> str:
 
 def frame(rows: Sequence[Mapping]) -> pd.DataFrame:
     """The table as text cells, one row per configuration in run order."""
-    fixed = {r["system"]: r["tps"] for r in rows if r["decoding"] == "fixed"}
+    fixed = {r["system"]: r["tps"] for r in rows if r["decoding"] == FIXED}
     out = []
     for r in rows:
         seeds = r.get("per_seed") or {}

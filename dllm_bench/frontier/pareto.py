@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from dllm_bench.repeats import Spread, ratio
 from dllm_bench.systems.spec import DECODING_BASELINE, ENGINE
+from engine.decoding import FIXED
 
 ENGINE_VS_FAST_DLLM = 1.0      # x Fast-dLLM's throughput at each of its accuracy levels
 PARALLEL_VS_FIXED = 2.0        # x the engine's fixed throughput ...
@@ -86,7 +87,7 @@ def parallel_vs_fixed(rows: Sequence[Mapping], target: float = PARALLEL_VS_FIXED
     goal = (f"the engine's best point ≥ {target:g}x the tok/s of fixed at ≤ {max_loss * 100:g} accuracy point "
             "lost (stated for synth-cot)")
     variants = []
-    for fx in (r for r in rows if r["system_name"] == ENGINE and r["decoding"] == "fixed"):
+    for fx in (r for r in rows if r["system_name"] == ENGINE and r["decoding"] == FIXED):
         same = [r for r in rows if r["system"] == fx["system"] and r["accuracy"] >= fx["accuracy"] - max_loss - 1e-12]
         best = max(same, key=lambda r: r["tps"])
         x = ratio(spread(best), spread(fx))

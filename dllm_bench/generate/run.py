@@ -18,6 +18,7 @@ from dllm_bench.systems.inprocess import InProcess
 from dllm_bench.systems.options import RunOptions, check_engine_only, resolve
 from dllm_bench.systems.spec import ENGINE, system_names
 from engine import EngineConfig, SamplingParams
+from engine.decoding import FIXED
 
 BASELINE_FLAGS = ("threshold", "fast_dllm_cache", "prompt_interval", "gen_interval", "transfer_ratio", "keep_ratio",
                   "kernel_size")
@@ -54,7 +55,7 @@ class GenerateOptions(RunOptions):
     chat: bool = True
 
 
-def build_params(gen_length, steps, block_length, temperature, remasking, seed, decoding="fixed") -> SamplingParams:
+def build_params(gen_length, steps, block_length, temperature, remasking, seed, decoding=FIXED) -> SamplingParams:
     try:
         return SamplingParams(gen_length=gen_length, steps=steps, block_length=block_length,
                               temperature=temperature, remasking=remasking, seed=seed, decoding=decoding)

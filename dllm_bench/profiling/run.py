@@ -27,6 +27,7 @@ from dllm_bench.systems.profiles import profile_pools
 from dllm_bench.units import parse_size
 from engine import EngineConfig
 from engine.config import DTYPES
+from engine.memory import budget_from_free
 from engine.models.llada import LLaDAConfig
 
 
@@ -70,7 +71,7 @@ def profile(o: ProfileOptions) -> dict:
     dtype = o.dtype or ("bfloat16" if device_bytes is not None else default_dtype("auto"))
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    budget = (int(device_bytes * EngineConfig.gpu_memory_utilization) if device_bytes is not None
+    budget = (budget_from_free(device_bytes, 0, EngineConfig.gpu_memory_utilization) if device_bytes is not None
               else resolve_budget(o.memory_budget or ("auto" if is_cuda("auto") else "4GiB"), "auto",
                                   required=True).bytes)
     for name, v in (("--prompt-len", o.prompt_len), ("--gen-length", o.gen_length),

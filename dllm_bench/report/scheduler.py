@@ -14,6 +14,7 @@ import pandas as pd
 
 from dllm_bench import results
 from dllm_bench.console import md_table
+from engine.decoding import FIXED
 
 METRICS = {"tok/s": ("output_throughput", 1.0), "mean E2EL s": ("mean_e2el_ms", 1e-3),
            "p99 E2EL s": ("p99_e2el_ms", 1e-3)}
@@ -40,7 +41,7 @@ def point_rows(run_dirs: list[Path]) -> pd.DataFrame:
                 continue
             st, ec = p.get("stats") or {}, p.get("engine_config") or {}
             rows.append({"machine": machine, "preset": preset, "token budget": ec.get("max_num_batched_tokens"),
-                         "decoding": p.get("decoding") or "fixed", "dataset": p["dataset"], "rps": p["rps"],
+                         "decoding": p.get("decoding") or FIXED, "dataset": p["dataset"], "rps": p["rps"],
                          "system": p["system"], "scheduler": ec.get("scheduler", REFERENCE),
                          **{k: (p.get(m) or 0) * s for k, (m, s) in METRICS.items()},
                          **{k: st.get(c, 0) for k, c in COUNTS.items()}})

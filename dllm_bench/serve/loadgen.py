@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from engine.counters import max_batch_since
-from engine.sampling import SamplingParams
 
 # Names a workload item may use for its arrival offset (seconds from the start). The first
 # one present wins; workloads/ is free to pick any of them.
@@ -43,11 +42,6 @@ def arrival_offset(item: Any) -> float:
         if v is not None:
             return float(v)
     raise ValueError(f"workload item has none of the arrival fields {ARRIVAL_FIELDS}: {item!r}")
-
-
-def params_factory(**fixed: Any) -> Callable[[Any], Any]:
-    """make_params for run_open_loop: SamplingParams(gen_length=item's gen_length, **fixed)."""
-    return lambda item: SamplingParams(gen_length=int(_get(item, "gen_length")), **fixed)
 
 
 def _stats_delta(before: Mapping, after: Mapping) -> dict:

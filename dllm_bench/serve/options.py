@@ -25,6 +25,7 @@ from dllm_bench.systems.options import RunOptions, variant_ranks
 from dllm_bench.systems.spec import apply_baseline_batch, parse_systems
 from dllm_bench.units import comma_list, format_size
 from engine.config import DTYPES
+from engine.decoding import FIXED
 
 DATASET_CHOICES = ("livebench", "osc", "burstgpt", "random", TASK_DATASET)
 ARRIVALS = ("poisson", "gamma", "trace")
@@ -122,7 +123,7 @@ class ServeOptions(RunOptions):
     percentile_metrics: str | None = None       # which of ttft,tpot,itl,e2el get percentiles
     metric_percentiles: str | None = None       # which percentiles, e.g. 50,90,99
     goodput: tuple[str, ...] | None = None      # SLO pairs METRIC:MS
-    decoding: str = "fixed"                     # engine.decoding policy (dllm_bench.systems.decoding)
+    decoding: str = FIXED                     # engine.decoding policy (dllm_bench.systems.decoding)
     trace_steps: bool = False                   # steps.jsonl per point (dllm_bench.serve.trace)
 
 

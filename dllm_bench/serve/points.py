@@ -33,6 +33,7 @@ from dllm_bench.serve.endpoint import measure_endpoint
 from dllm_bench.serve.process import WorkerFailed, progress_handler, run_worker, worker_spec
 from dllm_bench.systems.build import WorkloadShape
 from dllm_bench.systems.spec import SystemVariant
+from engine.decoding import FIXED
 from workloads.serving import ServingRequest
 
 
@@ -101,7 +102,7 @@ def display_label(summary: Mapping[str, Any]) -> str:
         label += f" [B={batch_text(summary)} {kind}{' (all)' if summary.get('batch_capped') else ''}]"
     if summary.get("decoding_note"):      # asked for parallel decoding, has none upstream
         label += " · fixed (none upstream)"
-    elif summary.get("decoding", "fixed") != "fixed":
+    elif summary.get("decoding", FIXED) != FIXED:
         label += f" · {summary['decoding']}"
     if summary.get("interrupted"):
         label += " (interrupted)"

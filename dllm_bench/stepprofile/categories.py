@@ -124,11 +124,6 @@ class Breakdown:
     busy_us: float                     # time covered by ops (CPU) or by kernels and copies (CUDA)
     items: dict[tuple[str, str], list[float]] = field(default_factory=dict)   # -> [us, calls]
 
-    @property
-    def overlap_us(self) -> float:
-        """Device time counted twice (kernels that overlapped on several streams)."""
-        return max(0.0, sum(v for k, v in self.categories_us.items() if k != "host_gap") - self.busy_us)
-
 
 def _union(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, float("-inf")

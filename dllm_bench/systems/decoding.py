@@ -20,7 +20,7 @@ from typing import Any
 
 from dllm_bench.errors import UserError
 from dllm_bench.systems.spec import ENGINE, baseline_registry
-from engine.decoding import KINDS, Decoding
+from engine.decoding import FIXED, KINDS, Decoding
 
 
 def knobs_of(system: str) -> dict[str, str]:
@@ -31,13 +31,13 @@ def knobs_of(system: str) -> dict[str, str]:
 
 def rules(system: str) -> tuple[str, ...]:
     """The rules `system` has (every system has `fixed`)."""
-    return KINDS if system == ENGINE else ("fixed", *knobs_of(system))
+    return KINDS if system == ENGINE else (FIXED, *knobs_of(system))
 
 
 def parse(spec: str | None, flag: str = "--decoding") -> Decoding:
     """A policy from the command line; a bad one is one `error:` line."""
     try:
-        return Decoding.parse("fixed" if spec is None else spec)
+        return Decoding.parse(FIXED if spec is None else spec)
     except ValueError as e:
         raise UserError(f"{flag}: {e}") from None
 
@@ -59,13 +59,13 @@ class SystemDecoding:
     """What a system runs for a requested policy: `decoding` (canonical text, what its requests
     are decoded with), the baseline `knobs` that switch it on, and a `note` when the system
     runs `fixed` in place of the requested policy."""
-    decoding: str = "fixed"
+    decoding: str = FIXED
     knobs: dict = field(default_factory=dict)
     note: str | None = None
 
     @property
     def parallel(self) -> bool:
-        return self.decoding != "fixed"
+        return self.decoding != FIXED
 
 
 def resolve(system: str, decoding: Decoding | str, knobs: Mapping[str, Any] | None = None) -> SystemDecoding:

@@ -10,14 +10,16 @@ A flag's single value enters through make_variant, never spliced into a spec.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from baselines import SYSTEMS
 from dllm_bench.errors import UserError
-from engine.config import BACKENDS, CACHE_POLICIES, SCHEDULERS, SELECTIONS, EngineConfig
+from engine.config import CHOICES, EngineConfig
 
 ENGINE = "engine"
 ENDPOINT = "endpoint"   # an OpenAI-compatible server measured over HTTP (`serve --endpoint`)
@@ -60,10 +62,6 @@ def _float(v: str) -> float:
     return f
 
 
-def _int_or_none(v: str) -> int | None:
-    return None if _none(v) else _int(v)
-
-
 def _bool(v: str) -> bool:
     low = v.strip().lower()
     if low in ("1", "true", "yes", "on"):
@@ -86,20 +84,48 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
-def _engine_knobs() -> dict[str, Callable[[str], Any]]:
-    return {
-        "cache": _choice(CACHE_POLICIES), "selection": _choice(SELECTIONS),
-        "retention": _float, "pool_window": _int, "delay_step": _int,
-        "scheduler": _choice(SCHEDULERS), "max_num_logits": _int_or_none,
-        "max_num_batched_tokens": _int, "max_num_seqs": _int, "cuda_graphs": _bool,
-        "tensor_parallel_size": _int, "attention_backend": _choice(BACKENDS), "ridge_rows": _int,
-    }
-
-
-ENGINE_KNOBS = tuple(_engine_knobs())
+# The EngineConfig fields an `engine` variant may set (`engine:KEY=VALUE`), in the order `systems`
+# lists them; each knob's type, default and values are the dataclass field's (ENGINE_KNOB_TABLE).
+ENGINE_KNOBS = ("cache", "selection", "retention", "pool_window", "delay_step", "scheduler", "max_num_logits",
+                "max_num_batched_tokens", "max_num_seqs", "cuda_graphs", "tensor_parallel_size",
+                "attention_backend", "ridge_rows")
+# Optional fields whose None a variant cannot name: cuda_graphs=None means "on for CUDA", which a
+# run resolves once for its device (RunSetup.cuda_graphs) before any engine is built.
+NOT_NONE = ("cuda_graphs",)
 # The `engine` system's defaults where they differ from EngineConfig's (the library's, which
 # tests and the paper's mechanisms build on): it serves with the dual cache while memory allows.
 ENGINE_DEFAULTS: dict[str, Any] = {"cache": "auto"}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """An engine knob: its EngineConfig field's type, the `engine` system's default, its parser."""
+
+    name: str
+    type: Any
+    default: Any
+    parse: Callable[[str], Any]
+
+
+def _field_parser(name: str, annotation: Any) -> Callable[[str], Any]:
+    """A knob's parser from its field: the field's values (engine.config.CHOICES) or its type;
+    `none` as well for an optional field (not NOT_NONE)."""
+    args = typing.get_args(annotation)
+    base = next((a for a in args if a is not type(None)), annotation)
+    parse = _choice(CHOICES[name]) if name in CHOICES else {bool: _bool, int: _int, float: _float, str: str}[base]
+    if type(None) in args and name not in NOT_NONE:
+        return lambda v: None if _none(v) else parse(v)
+    return parse
+
+
+def _engine_knob_table() -> dict[str, Knob]:
+    hints = typing.get_type_hints(EngineConfig)
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    return {n: Knob(n, hints[n], ENGINE_DEFAULTS.get(n, defaults[n]), _field_parser(n, hints[n]))
+            for n in ENGINE_KNOBS}
+
+
+ENGINE_KNOB_TABLE = _engine_knob_table()
 # The paper's dLLM-Serve (head-centric sparse KV for every request): what reproductions name.
 PAPER_ENGINE = "engine:cache=sparse"
 
@@ -156,7 +182,7 @@ def baseline_retention(name: str, knobs: Mapping[str, Any], default: float) -> f
 
 def knob_parsers(name: str) -> dict[str, Callable[[str], Any]]:
     if name == ENGINE:
-        return _engine_knobs()
+        return {k: knob.parse for k, knob in ENGINE_KNOB_TABLE.items()}
     spec = baseline_registry()[name]
     parsers = {k: _by_default(d) for k, d in spec.knobs.items()}
     parsers[BATCH_KNOB] = _batch

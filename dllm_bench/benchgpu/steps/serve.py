@@ -16,6 +16,7 @@ from dllm_bench.benchgpu.record import OK, Bench, StepRecord
 from dllm_bench.benchgpu.scale import SMALL_SYSTEMS
 from dllm_bench.benchgpu.subcommand import run_cli
 from dllm_bench.results import fmt_rps, load_points
+from engine.decoding import FIXED
 
 TRACE_FILE = "steps.jsonl"
 POINT_FIELDS = ("system", "is_baseline", "max_batch_size", "completed", "num_prompts", "unfinished", "timed_out",
@@ -66,7 +67,7 @@ def _serve(bench: Bench, rec: StepRecord, run_id: str, regime: str, systems: Seq
     cap = est.point_cap(c, max(replays))
     args = ["serve", "--preset", scale.serve_preset, "--model", bench.model_arg(), "--device", scale.device,
             "--rps", ",".join(rates), "--num-prompts", str(prompts), "--systems", ",".join(systems),
-            "--decoding", "fixed", "--no-projection", "--max-duration", f"{cap:.0f}",
+            "--decoding", FIXED, "--no-projection", "--max-duration", f"{cap:.0f}",
             "--result-dir", str(bench.out / "runs"), "--run-id", run_id]
     if budget is not None:
         args += ["--memory-budget", budget]

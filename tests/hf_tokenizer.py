@@ -1,4 +1,4 @@
-"""LLaDA-8B-Instruct's tokenizer files in their real shape, at a small vocabulary.
+"""Test fixture: LLaDA-8B-Instruct's tokenizer files in their real shape, at a small vocabulary.
 
 The real tokenizer (tokenizer_config.json on the Hub, GSAI-ML/LLaDA-8B-Instruct; a copy is in
 tests/data/llada-8b-instruct/) is a byte-level BPE whose ids end with one contiguous block of
@@ -8,7 +8,7 @@ embedding then has a few more rows than the tokenizer has ids (126,349 ids, 126,
 tokenizer_config.json has the keys and the chat template below. Here the same block sits right
 after a small learned BPE (dllm_bench.checkpoints.tokenizer's corpus), so the ids are small
 but every relative offset, name, flag and key is the real one: what the `hf-sharded` checkpoints
-(dllm_bench.checkpoints.hf_layout) are for.
+(tests.hf_layout) are for.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""A tiny checkpoint in exactly LLaDA-8B-Instruct's on-disk layout (`hf-sharded`): bf16 shards
+"""Test fixture: a tiny checkpoint in exactly LLaDA-8B-Instruct's on-disk layout (`hf-sharded`): bf16 shards
 `model-0000K-of-0000N.safetensors` + `model.safetensors.index.json` (sorted weight_map,
 metadata.total_size), config.json with the real file's keys and nothing else (auto_map
 included, no torch_dtype, special ids as the real config carries them: eos, pad and mask, no
-bos), generation_config.json, and the real tokenizer files' shape (dllm_bench.checkpoints.
-hf_tokenizer). Only the sizes are small, so whatever loads, chats with and evaluates this
+bos), generation_config.json, and the real tokenizer files' shape (tests.hf_tokenizer).
+Only the sizes are small, so whatever loads, chats with and evaluates this
 directory does the same with a real checkpoint; the real files are in tests/data/llada-8b-instruct/.
 
 Weights are seeded per tensor name (dllm_bench.checkpoints.make.init_weight), so the bytes don't
@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from dllm_bench.checkpoints import hf_tokenizer
 from dllm_bench.checkpoints.make import INDEX_FILE, init_weight, plan_shards, weight_shapes
 from dllm_bench.checkpoints.presets import LLADA_AUTO_MAP, Preset
 from dllm_bench.checkpoints.tokenizer import BOS, EOS, MASK
 from dllm_bench.errors import UserError
+from tests import hf_tokenizer
 
 # LLaDA-8B-Instruct's shape ratios at toy size: MHA (n_kv_heads = n_heads), SwiGLU width 3·d,
 # 300 learned tokens + the 269-token special block padded to 640 embedding rows.
