@@ -207,13 +207,14 @@ def test_refresh_select_packs_the_plainly_selected_rows(model, selection):
 
 
 # ---------------------------------------------------------------- scheduler policy, abort
-def test_request_policy_charges_canvas_and_admits_fewer():
-    m32 = tiny_model(torch.float32)
+def test_request_policy_charges_canvas_and_admits_fewer(model):
+    # float64 (the module's rule): the two policies batch the rows differently, and a float32 GEMM
+    # rounds a row differently with the batch on some CPU kernels, which could flip a near-tie.
     prompts = random_prompts(6, 12, seed=8)
     params = SamplingParams(gen_length=16, steps=16, block_length=4)
     runs = {}
     for policy in ("phase", "request"):
-        eng = make_engine(m32, cache="dual", scheduler=policy, max_num_batched_tokens=60)
+        eng = make_engine(model, cache="dual", scheduler=policy, max_num_batched_tokens=60)
         costs, original = [], eng.scheduler.schedule
 
         def schedule(now, eng=eng, costs=costs, original=original):

@@ -6,7 +6,7 @@ simulated GPU figure says how far its profile is off a real run."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
@@ -232,8 +232,12 @@ def test_the_committed_h100_run_is_fitted_within_the_goals(tmp_path):
     built_in = hardware.load("h100")
     assert built_in.validation["within"] == pytest.approx(fit_run.worst(f.cells), abs=1e-6)
     assert built_in.validation["leave_one_out"] == pytest.approx(fit_run.worst(held), abs=1e-6)
+    # The refit reproduces the committed profile field by field. The bounded least squares runs on
+    # the CPU's BLAS/LAPACK kernels (AVX2, AVX-512, AMX), which round differently: the terms differ
+    # in their last digits (up to ~1e-14 relative) per CPU kind; 1e-4 still catches any change to the fit.
+    assert set(built_in.host) == set(f.profile.host)
     for key, h in f.profile.host.items():
-        assert built_in.host[key] == pytest.approx(h, rel=1e-4), key
+        assert asdict(built_in.host[key]) == pytest.approx(asdict(h), rel=1e-4), key
     assert built_in.efficiency.u_c == pytest.approx(f.profile.efficiency.u_c, rel=1e-4)
 
 
