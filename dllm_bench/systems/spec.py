@@ -93,6 +93,7 @@ def _engine_knobs() -> dict[str, Callable[[str], Any]]:
         "scheduler": _choice(SCHEDULERS), "max_num_logits": _int_or_none,
         "max_num_batched_tokens": _int, "max_num_seqs": _int, "cuda_graphs": _bool,
         "tensor_parallel_size": _int, "attention_backend": _choice(BACKENDS), "ridge_rows": _int,
+        "overhead_rows": _int,
     }
 
 
