@@ -6,11 +6,10 @@ rows, a sparse one (head-centric sparse KV: a Refresh, then a Refresh-select at 
 full-canvas Refresh per block. Twice the requests pay only while a step is bound by reading the
 weights (and cached keys), i.e. while its query rows are below the device's ridge
 (`EngineConfig.ridge_rows`: peak FLOP/s / bandwidth x bytes per weight / 2); past it a step's
-time grows with its rows. Every step also pays a fixed cost (kernel launches, host work:
-`EngineConfig.overhead_rows`) that a fuller batch amortises. `preferred_mode` weighs both on a
-roofline (`step_time`): which mode, filling the pool with requests of the head's shape (at most as
-many as run and wait), commits more tokens per unit of step time; `admission_mode` admits the
-head in it once its need fits.
+time grows with its rows; every step also pays a fixed cost (`EngineConfig.overhead_rows`) that
+fuller batches amortise. `preferred_mode` weighs both on a roofline (`step_time`): which mode,
+filling the pool with requests of the head's shape (at most as many as run and wait), commits
+more tokens per unit of step time; `admission_mode` admits the head in it once its need fits.
 A request no cache mode can ever hold (`never_cached`) is admitted `none`. A request keeps its
 mode for its life.
 """
