@@ -38,6 +38,10 @@ class SimulatedGpu:
     memory_bytes: int
     peak_flops: float         # what its ridge is computed from (dllm_bench.ridge)
     bandwidth: float
+    # a step's fixed cost beyond its roofline (the profile's host c_step and kernel costs), per
+    # step and per layer: the engine's overhead_rows (dllm_bench.ridge)
+    step_overhead_s: float = 0.0
+    layer_overhead_s: float = 0.0
 
     @property
     def label(self) -> str:

@@ -6,7 +6,8 @@ rows, a sparse one (head-centric sparse KV: a Refresh, then a Refresh-select at 
 full-canvas Refresh per block. Twice the requests pay only while a step is bound by reading the
 weights (and cached keys), i.e. while its query rows are below the device's ridge
 (`EngineConfig.ridge_rows`: peak FLOP/s / bandwidth x bytes per weight / 2); past it a step's
-time grows with its rows. `preferred_mode` weighs that on a roofline (`step_time`): which mode,
+time grows with its rows; every step also pays a fixed cost (`EngineConfig.overhead_rows`) that
+fuller batches amortise. `preferred_mode` weighs both on a roofline (`step_time`): which mode,
 filling the pool with requests of the head's shape (at most as many as run and wait), commits
 more tokens per unit of step time; `admission_mode` admits the head in it once its need fits.
 A request no cache mode can ever hold (`never_cached`) is admitted `none`. A request keeps its
@@ -36,7 +37,7 @@ class Shape:
     """A request as the mix sees it: canvas L, block B, steps per block S, its KV need in each
     mode (dual: L; sparse: retained + B), and the model on the device: `ridge` rows,
     `kv_per_weight` and `pair_per_row` (`LLaDAConfig`'s: a cached key's bytes per weight byte, an
-    attention pair's FLOPs per query row's)."""
+    attention pair's FLOPs per query row's), and a step's fixed `overhead` in rows."""
 
     length: int
     block: int
@@ -47,6 +48,7 @@ class Shape:
     ridge: float
     kv_per_weight: float = 0.0
     pair_per_row: float = 0.0
+    overhead: float = 0.0
 
 
 def step_time(n_dual, n_sparse, s: Shape):
@@ -54,14 +56,14 @@ def step_time(n_dual, n_sparse, s: Shape):
     `n_sparse` requests of shape `s` (numpy-broadcast). Their Reuse steps share one read of the
     weights and of their cached keys: the ridge x (1 + keys x kv_per_weight) rows, or their rows
     when more; each Refresh of a canvas adds what its rows (and its L x L attention) take past
-    that (Refreshes of different requests in different steps)."""
+    that (Refreshes of different requests in different steps); the step's fixed overhead adds."""
     S = s.steps
     k_d, k_s = refreshes("dual", S, s.delay_step), refreshes("sparse", S, s.delay_step)
     reuse = (n_dual * (S - k_d) + n_sparse * (S - k_s)) * s.block / S
     keys = (n_dual * (S - k_d) * s.dual_need + n_sparse * (S - k_s) * s.sparse_need) / S
     base = np.maximum(s.ridge * (1 + keys * s.kv_per_weight), reuse)
     extra = (n_dual * k_d + n_sparse * k_s) / S * np.maximum(0.0, reuse + s.length * (1 + s.length * s.pair_per_row) - base)
-    return base + extra, (n_dual + n_sparse) * s.block / S
+    return s.overhead + base + extra, (n_dual + n_sparse) * s.block / S
 
 
 @lru_cache(maxsize=1024)

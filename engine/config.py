@@ -54,12 +54,17 @@ class EngineConfig:
                                            # (dLLM-Serve's and Sparse-dLLM's code) | max over them
     pool_window: int = 3                   # max-pool window along positions (odd)
     delay_step: int = 1                    # step within a block at which the sparse cache is built
-    # cache=auto admits a request sparse only while the running requests' query rows per step
-    # are below this (engine.cache_mode): the device's ridge, peak FLOP/s / bandwidth x bytes per
-    # weight / 2, where a step stops being bound by reading the weights. The default is a GPU's
+    # cache=auto weighs each request's mode on the device's roofline (engine.cache_mode): its
+    # ridge, peak FLOP/s / bandwidth x bytes per weight / 2, the query rows at which a step stops
+    # being bound by reading the weights. The default is a GPU's
     # (H100 bf16 ~260, RTX 4090 ~180, L40S ~370); a CPU's is a few rows. dllm-bench sets it
     # from the device (dllm_bench.step_budgets) or a simulated hardware profile.
     ridge_rows: int = 256
+    # ... and a step's fixed cost beyond that roofline (kernel launches, host work), in query rows
+    # at the device's peak: every step pays it whatever its batch, so fuller batches amortise it.
+    # 0 (the default, a CPU's, a measured GPU's) weighs the bare roofline; dllm-bench sets a
+    # simulated GPU's from its hardware profile (dllm_bench.ridge).
+    overhead_rows: int = 0
     # --- memory ---
     memory_budget: int | None = None       # bytes for weights + activations + KV; None = unbounded on CPU
     gpu_memory_utilization: float = 0.9    # CUDA default budget = free memory x this
@@ -89,6 +94,7 @@ class EngineConfig:
         check(self.pool_window > 0 and self.pool_window % 2 == 1, "pool_window must be a positive odd number")
         check(self.delay_step >= 0, "delay_step must be >= 0")
         check(self.ridge_rows >= 0, "ridge_rows must be >= 0")
+        check(self.overhead_rows >= 0, "overhead_rows must be >= 0")
         check(self.memory_budget is None or self.memory_budget > 0, "memory_budget must be positive")
         check(self.kv_pool_tokens is None or self.kv_pool_tokens >= 0, "kv_pool_tokens must be >= 0")
         check(0 <= self.guard_fraction < 1, "guard_fraction must be in [0, 1)")

@@ -1,6 +1,8 @@
 """`cache=auto` (engine.cache_mode): each request served in the mode whose pool full of requests
 like it commits more tokens per unit of step time on the device's roofline (dual unless sparse's
-extra requests ride on a weight-bound step), its mode chosen at admission and kept for its life.
+extra requests ride on a weight-bound step or amortise a step's fixed overhead), its mode chosen
+at admission and kept for its life (against both pure modes on the simulator:
+tests/test_cache_auto_sim.py).
 
 * the rule alone (pure functions), worked by hand, and on LLaDA-8B's shape at H100 pools;
 * float64: with a pool that holds everyone, auto is the dual engine (tokens and NFE); with a pool
@@ -45,11 +47,12 @@ def test_step_time_by_hand():
     key or attention term. 3 dual: Reuse rows 3·7·8/8 = 21, 3 tokens per step. Ridge 100: the
     step costs the ridge, 100, and 21 + 40 < 100 leaves every Refresh free. Ridge 10: the Reuse
     rows cost 21, each Refresh adds its 40 rows 3/8 of the steps: 21 + 15 = 36. 5 sparse: Reuse
-    rows 5·6·8/8 = 30; ridge 10: 30 + 10/8·40 = 80."""
+    rows 5·6·8/8 = 30; ridge 10: 30 + 10/8·40 = 80. An overhead of 50 rows adds to every step."""
     shape = Shape(40, 8, 8, 1, 40, 24, ridge=100)
     assert step_time(3, 0, shape) == (100, 3)
     small = Shape(40, 8, 8, 1, 40, 24, ridge=10)
     assert step_time(3, 0, small) == (36, 3) and step_time(0, 5, small) == (80, 5)
+    assert step_time(3, 0, Shape(40, 8, 8, 1, 40, 24, ridge=10, overhead=50)) == (86, 3)
 
 
 def test_preferred_mode_by_hand():
@@ -57,12 +60,15 @@ def test_preferred_mode_by_hand():
     ridge of 100 both steps cost 100 rows: 5 tokens per step beat 3 -> sparse. At a ridge of 10
     dual commits 3/36 = 0.083 tokens per row, sparse 5/80 = 0.0625 -> dual. With 3 requests in
     all, both modes hold all three, dual's step is no dearer -> dual; with a pool of 30 no dual
-    request fits -> sparse; at retention 1 (sparse need = dual need) -> dual."""
+    request fits -> sparse; at retention 1 (sparse need = dual need) -> dual. A step overhead of
+    50 rows at a ridge of 10 amortised over more requests: dual 3/86 = 0.035, sparse 5/130 =
+    0.038, 10 % more -> sparse."""
     assert preferred_mode(120, 10, Shape(40, 8, 8, 1, 40, 24, ridge=100)) == "sparse"
     assert preferred_mode(120, 10, Shape(40, 8, 8, 1, 40, 24, ridge=10)) == "dual"
     assert preferred_mode(120, 3, Shape(40, 8, 8, 1, 40, 24, ridge=100)) == "dual"
     assert preferred_mode(30, 10, Shape(40, 8, 8, 1, 40, 24, ridge=10)) == "sparse"
     assert preferred_mode(120, 10, Shape(40, 8, 8, 1, 40, 40, ridge=100)) == "dual"
+    assert preferred_mode(120, 10, Shape(40, 8, 8, 1, 40, 24, ridge=10, overhead=50)) == "sparse"
 
 
 @pytest.mark.parametrize("free, dual, sparse, preferred, mode", [
@@ -76,19 +82,23 @@ def test_admission_rule(free, dual, sparse, preferred, mode):
     assert admission_mode(free, dual, sparse, preferred) == mode
 
 
-@pytest.mark.parametrize("pool, count, canvas, mode", [
-    (7544, 32, 869, "dual"),     # 22 GiB on an H100: 8 dual requests already past the ridge
-    (3708, 32, 869, "sparse"),   # 20 GiB: 4 dual leave the step weight-bound, 8 sparse fill it
-    (3708, 4, 869, "dual"),      # ... but with 4 requests in all, the pool holds them dual
-    (1816, 32, 600, "sparse"),   # 19 GiB: 3 dual against 5 sparse
+@pytest.mark.parametrize("pool, count, canvas, overhead, mode", [
+    (11380, 32, 869, 703, "dual"),     # 24 GiB on the h100 profile: 13 dual against 25 sparse
+    (7544, 32, 869, 703, "sparse"),    # 22 GiB: 8 dual against 16 sparse, which amortise the overhead
+    (7544, 8, 869, 703, "dual"),       # ... but with 8 requests in all, the pool holds them dual
+    (3708, 32, 869, 703, "sparse"),    # 20 GiB: 4 dual leave the step weight-bound, 8 sparse fill it
+    (1816, 32, 600, 703, "sparse"),    # 19 GiB: 3 dual against 5 sparse
+    (7544, 32, 869, 0, "dual"),        # 22 GiB on the bare roofline: 8 dual already past the ridge
+    (3708, 32, 869, 0, "sparse"),
 ])
-def test_llada_8b_on_an_h100(pool, count, canvas, mode):
-    """LLaDA-8B (gen 256, block 32, 32 steps per block, retention 0.5) at the H100 profile's ridge
-    of 262 rows, in the pools `simulate --preset paper --hardware h100` profiles at 22, 20 and 19
-    GiB: the modes whose runs are the faster there (docs/SERVE.md, "The engine's cache")."""
+def test_llada_8b_on_an_h100(pool, count, canvas, overhead, mode):
+    """LLaDA-8B (gen 256, block 32, 32 steps per block, retention 0.5) at the h100 profile's ridge
+    of 265 rows and step overhead of 703 (`simulate --preset paper --hardware h100`), in the pools
+    it profiles at 24, 22, 20 and 19 GiB: the modes whose runs are the faster there
+    (tests/test_cache_auto_sim.py); without the overhead (a measured GPU) the rule keeps 22 GiB dual."""
     c = LLaDAConfig()
     shape = Shape(canvas, 32, 32, 1, kv_need("dual", canvas, 32, 0.5), kv_need("sparse", canvas, 32, 0.5),
-                  262, c.kv_per_weight, c.pair_per_row)
+                  265, c.kv_per_weight, c.pair_per_row, overhead)
     assert preferred_mode(pool, count, shape) == mode
 
 

@@ -17,7 +17,7 @@ def system_rows() -> list[dict]:
                  knobs={k: knob.default for k, knob in ENGINE_KNOB_TABLE.items()},
                  source="this repository: engine/ (paper: dLLM-Serve, arXiv 2512.17077; authors' code chosen-ox/dLLM-Serve aefbf0a)",
                  notes="cache=auto (default): each request dual (Fast-dLLM's cache, one Refresh per block) while the "
-                       f"KV pool holds it, head-centric sparse KV when memory binds on weight-bound steps; {PAPER_ENGINE} = the paper's "
+                       f"KV pool holds it, head-centric sparse KV when memory binds and its fuller batches pay (weight-bound steps, a step overhead to amortise); {PAPER_ENGINE} = the paper's "
                        "dLLM-Serve (every request sparse: head-centric or uniform retention); dual = Fast-dLLM dual "
                        "cache; none = exact LLaDA; cuda_graphs None = on for CUDA; on CUDA the token and logit "
                        "budgets scale with the GPU unless given")]

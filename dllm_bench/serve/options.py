@@ -258,6 +258,6 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
         longest = max((r.prompt_len + r.gen_length for wl in run.workloads.values() for r in wl), default=1)
         run.preset = sp.with_step_budgets(info, longest, gpu_name(target), budget)
     if run.preset.ridge_rows == AUTO:
-        run.preset = run.preset.with_ridge(device_ridge(target, DTYPES[sp.dtype]))
+        run.preset = run.preset.with_ridge(device_ridge(target, DTYPES[sp.dtype], info))
     return run
 

@@ -78,6 +78,7 @@ class ServePreset:
     # measured on CUDA, a simulated GPU's profile peaks, CPU_RIDGE_ROWS on a CPU (with_ridge).
     ridge_rows: int | str = AUTO
     ridge_rule: str = ""
+    overhead_rows: int = 0    # a step's fixed cost in rows, set with the ridge (dllm_bench.ridge)
 
     steps_rule = "steps = gen_length (one token per step)"
 
@@ -118,7 +119,7 @@ class ServePreset:
         """The preset with its "auto" ridge set (a given number stays)."""
         if self.ridge_rows != AUTO:
             return self
-        return replace(self, ridge_rows=ridge.rows, ridge_rule=ridge.rule)
+        return replace(self, ridge_rows=ridge.rows, ridge_rule=ridge.rule, overhead_rows=ridge.overhead)
 
     def engine_defaults(self) -> dict:
         """The engine knobs this preset sets (a variant's or a flag's own values win); a budget
@@ -128,7 +129,8 @@ class ServePreset:
         return {"max_num_batched_tokens": tokens, "max_num_logits": logits,
                 "max_num_seqs": self.max_num_seqs, "retention": self.retention, "cuda_graphs": self.cuda_graphs,
                 "tensor_parallel_size": self.tensor_parallel_size,
-                "ridge_rows": CPU_RIDGE_ROWS if self.ridge_rows == AUTO else self.ridge_rows}
+                "ridge_rows": CPU_RIDGE_ROWS if self.ridge_rows == AUTO else self.ridge_rows,
+                "overhead_rows": self.overhead_rows}
 
     def describe(self) -> str:
         """One line stating the preset (printed at the start and the end of a run), with why

@@ -30,7 +30,11 @@ def simulated_gpu(hw: Hardware) -> SimulatedGpu | None:
     """The device a GPU profile's run resolves its defaults for (None: the `cpu` profile, this CPU)."""
     if hw.kind != "gpu":
         return None
-    return SimulatedGpu(hw.name, int(hw.memory_bytes), hw.peak_flops, hw.bandwidth)
+    # What every engine step pays beyond its roofline: the host's per-step cost and the LM head's
+    # call, and per layer 4 GEMM calls (QKV, O, gate+up, down) and one attention call.
+    host, e = hw.host_cost(default_impl("engine", hw.kind, hw.impl), "engine"), hw.efficiency
+    return SimulatedGpu(hw.name, int(hw.memory_bytes), hw.peak_flops, hw.bandwidth,
+                        host.c_step + e.c_op, 4 * e.c_op + e.c_attn)
 
 
 def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_per_block: str | None = None,

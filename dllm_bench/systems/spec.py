@@ -88,7 +88,7 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
 # lists them; each knob's type, default and values are the dataclass field's (ENGINE_KNOB_TABLE).
 ENGINE_KNOBS = ("cache", "selection", "retention", "pool_window", "delay_step", "scheduler", "max_num_logits",
                 "max_num_batched_tokens", "max_num_seqs", "cuda_graphs", "tensor_parallel_size",
-                "attention_backend", "ridge_rows")
+                "attention_backend", "ridge_rows", "overhead_rows")
 # Optional fields whose None a variant cannot name: cuda_graphs=None means "on for CUDA", which a
 # run resolves once for its device (RunSetup.cuda_graphs) before any engine is built.
 NOT_NONE = ("cuda_graphs",)
