@@ -224,3 +224,33 @@ def test_profiler_sizes_the_chunk_to_the_activation_peak():
     assert 0 < chunked.long_refresh_peak_bytes <= chunked.activation_peak_bytes
     assert chunked.activation_peak_bytes == short.activation_peak_bytes < whole.activation_peak_bytes
     assert chunked.kv_pool_tokens == short.kv_pool_tokens > whole.kv_pool_tokens
+
+
+def test_default_profile_reserves_the_models_length_within_the_ordinary_peak():
+    """max_model_len left to the checkpoint's (4096 on the tiny preset): the profiler measures the
+    chunked Refresh of a 4096-token canvas. At a token budget of a quarter of it, that Refresh's
+    state and one chunk fit within the ordinary worst step: the pool is exactly the pool of an
+    engine that admits no longer canvas, and a 4x-budget canvas runs within the reservation. At a
+    budget so small that the canvas's own state (hidden states and one layer's K/V, linear in its
+    length) is over the ordinary peak, the reservation grows by exactly that excess."""
+    model = load_model("tiny", "float32", "cpu")
+    model.rope.reserve(4096, model.device, model.dtype)
+    kw = dict(cache="sparse", retention=0.5, memory_budget=64 * 2**20)        # the default logit budget
+    n = model.config.max_sequence_length
+    for budget in (n // 4, 64):
+        short = make_engine(model, max_num_batched_tokens=budget, max_model_len=budget, **kw).profile
+        eng = make_engine(model, max_num_batched_tokens=budget, **kw)
+        prof = eng.profile
+        assert short.refresh_chunk_tokens is None and prof.refresh_chunk_tokens is not None
+        assert prof.long_refresh_peak_bytes > 0 and prof.refresh_peak_bytes == short.refresh_peak_bytes
+        assert prof.activation_peak_bytes == max(short.activation_peak_bytes, prof.long_refresh_peak_bytes,
+                                                 prof.long_reuse_peak_bytes)
+        if budget == 64:
+            assert prof.kv_pool_tokens < short.kv_pool_tokens
+            continue
+        assert prof.activation_peak_bytes == short.activation_peak_bytes
+        assert prof.kv_pool_tokens == short.kv_pool_tokens
+        eng.add_request(random_prompts(1, n - 16, seed=2)[0], SamplingParams(gen_length=16, steps=2, block_length=16))
+        out, peaks, queries = metered_steps(eng)
+        assert out.finished and out.nfe == 2 and max(queries) == n
+        assert max(peaks) <= prof.activation_peak_bytes
