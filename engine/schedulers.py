@@ -8,11 +8,10 @@ a new policy is one class here and one registry entry.
 * phase (§4.4): FCFS within `max_num_batched_tokens`, each request charged by its phase (a
   Refresh its canvas, a Reuse its block); a Refresh longer than the budget accrues credit over
   several steps (engine.chunking.RefreshCredit).
-* request (the ablation's "off"): the same loop, every step charged the whole canvas (a canvas
-  longer than the budget accrues credit for every step, Reuse steps included).
+* request (the ablation's "off"): the same loop, every step charged the whole canvas (credit too).
 * lookahead (§7): every running request's remaining steps planned on a ledger of future steps
-  (engine.lookahead, docs/SCHEDULER.md); planned waits instead of stalls. Its ledger plans each
-  step whole within the budget, so it cannot serve a canvas longer than the budget.
+  (engine.lookahead, docs/SCHEDULER.md); planned waits instead of stalls. It plans each step
+  whole within the budget, so it refuses a canvas longer than the budget.
 """
 from __future__ import annotations
 
