@@ -48,8 +48,9 @@ class MemoryProfile:
     cache: str
     retention: float
     # A Refresh longer than the token budget (engine.chunking; 0/None when max_model_len fits one
-    # step or the scheduler serves no longer canvas): its chunk, its measured peak at max_model_len (a cached mode's: at the longest canvas
-    # the pool can hold in it), and the Reuse step with that many keys.
+    # step or the scheduler serves no longer canvas): its chunk, its measured peak at
+    # max_model_len (a cached mode's: at the longest canvas the pool can hold in it), and the
+    # Reuse step with that many keys.
     refresh_chunk_tokens: int | None = None
     long_refresh_peak_bytes: int = 0
     long_reuse_peak_bytes: int = 0

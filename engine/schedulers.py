@@ -55,6 +55,10 @@ class SchedulingPolicy:
         """The query tokens `req` is charged for a step in `phase`."""
         return req.query_cost(phase)
 
+    def accrues(self, req: Request, phase: Phase) -> bool:
+        """Whether this step of `req` is charged over several steps (its cost is over the budget)."""
+        return False
+
     def schedule(self, q: Queues, now: float) -> Batch:
         raise NotImplementedError
 
@@ -70,7 +74,6 @@ class PhasePolicy(SchedulingPolicy):
     chunks_long_refresh = True
 
     def accrues(self, req: Request, phase: Phase) -> bool:
-        """Whether this step of `req` is charged over several steps (its cost is over the budget)."""
         return is_long(req, phase, self.config.max_num_batched_tokens)
 
     def cost(self, req: Request, phase: Phase) -> int:

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from engine import SamplingParams
 from engine.models.llada import LLaDAModelLM
 from engine.runner import StepStats
+from engine.schedulers import POLICIES
 from tests.helpers import MASK, make_engine, random_prompts, tiny_model
 
 MODEL = tiny_model(torch.float32)
@@ -83,9 +84,11 @@ def expected_possible(cfg: dict, r: dict) -> bool:
     # auto: a request runs in a mode whose need fits, else (no cache mode ever holds it) in none
     need = need[cfg["cache"]] if cfg["cache"] != "auto" else 0
     pool = cfg["kv_pool_tokens"]
-    # Longer than the token budget: refreshed in chunks (phase, request), up to max_model_len.
+    # Longer than the token budget: refreshed in chunks (phase, request: not lookahead), up to
+    # max_model_len.
+    fits_steps = length <= cfg["max_num_batched_tokens"] or POLICIES[cfg["scheduler"]].chunks_long_refresh
     fits_model = length <= (cfg["max_model_len"] or MODEL.config.max_sequence_length)
-    return fits_model and (pool is None or need <= pool)
+    return fits_steps and fits_model and (pool is None or need <= pool)
 
 
 def check_workload(cfg: dict, reqs: list[dict], fake: bool) -> None:
