@@ -152,7 +152,8 @@ class StaticBatchSystem:
         if params.cfg_scale > 0:
             raise ValueError("the baselines do not implement classifier-free guidance")
         if len(prompt_ids) + params.gen_length > self.max_model_len:
-            raise ValueError(f"prompt + gen_length = {len(prompt_ids) + params.gen_length} exceeds max_model_len {self.max_model_len}")
+            raise ValueError(f"prompt + gen_length = {len(prompt_ids) + params.gen_length} exceeds the model's length "
+                             f"of {self.max_model_len} tokens (max_model_len)")
         req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, mask, self.model.device,
                       time.perf_counter() if arrival_time is None else arrival_time)
         self.waiting.append(req)

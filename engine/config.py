@@ -36,8 +36,8 @@ class EngineConfig:
                                            # lookahead: phase costs, future Refreshes planned within the budget
     max_num_batched_tokens: int = 8192     # query tokens per step
     max_num_seqs: int = 64
-    max_model_len: int | None = None       # None = the checkpoint's max_sequence_length; set above
-                                           # max_num_batched_tokens: longer canvases too (engine.chunking)
+    max_model_len: int | None = None       # None = the checkpoint's max_sequence_length; a canvas
+                                           # over max_num_batched_tokens is refreshed in chunks (engine.chunking)
     # A Refresh of a canvas longer than max_num_batched_tokens runs in chunks of this many tokens
     # (engine.chunking); None = sized by the profiler from the activation budget (no profile:
     # half the token budget).

@@ -20,7 +20,7 @@ from engine.request import Request, RequestOutput, Status
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
-from engine.schedulers import long_schedulers, serves_long
+from engine.schedulers import long_refusal, long_schedulers
 from engine.step import Batch, Runner, StepDecisions
 
 
@@ -96,13 +96,14 @@ class LLMEngine:
             raise ValueError("the engine does not implement classifier-free guidance (use the reference sampler)")
         length = len(prompt_ids) + params.gen_length
         if length > self.max_model_len:
-            raise ValueError(f"prompt + gen_length = {length} exceeds max_model_len {self.max_model_len}")
-        if length > self.config.max_num_batched_tokens and not serves_long(self.config):
+            raise ValueError(f"prompt + gen_length = {length} exceeds the model's length of {self.max_model_len} "
+                             f"tokens (max_model_len)")
+        refusal = long_refusal(self.config)
+        if length > self.config.max_num_batched_tokens and refusal:
             raise ValueError(
-                f"prompt + gen_length = {length} exceeds max_num_batched_tokens "
-                f"{self.config.max_num_batched_tokens}: its Refresh step could never be scheduled "
-                f"(a longer canvas is refreshed in chunks when max_model_len is set above the token budget, "
-                f"under scheduler={' | '.join(long_schedulers())} on one device)"
+                f"{refusal}, so a canvas longer than the token budget cannot be served: prompt + gen_length = "
+                f"{length} exceeds max_num_batched_tokens {self.config.max_num_batched_tokens} (such a canvas "
+                f"is refreshed in chunks under scheduler={' | '.join(long_schedulers())} on one device)"
             )
         req = Request(
             request_id=request_id or f"req-{next(self._ids)}",

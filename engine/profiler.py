@@ -9,9 +9,9 @@ budget full of Reuse queries plus the largest single Reuse attention (cache at m
 Knowing the logit budget is what frees memory: a monolithic profile must hold [query tokens ×
 vocab] logits. `cache=auto` serves requests dual or sparse (or none: a Refresh that sparse's
 Refresh-select does and more), so each worst step is measured in both and the larger peak kept.
-When max_model_len exceeds the token budget, a longer canvas's chunked Refresh (engine.chunking)
-is measured in every mode served (auto: none too; a cached mode's at the longest canvas the pool
-could hold in it), its chunk the largest whose peak stays within the steps' above.
+When max_model_len (default: the checkpoint's) exceeds the token budget, a longer canvas's chunked
+Refresh (engine.chunking) is measured in every mode served (auto: none too; a cached mode's at the
+longest canvas the pool holds), its chunk the largest within the steps' above (docs/MEMORY.md).
 """
 from __future__ import annotations
 
@@ -48,8 +48,9 @@ class MemoryProfile:
     cache: str
     retention: float
     # A Refresh longer than the token budget (engine.chunking; 0/None when max_model_len fits one
-    # step): its chunk, its measured peak at max_model_len (a cached mode's: at the longest canvas
-    # the pool can hold in it), and the Reuse step with that many keys.
+    # step or the scheduler serves no longer canvas): its chunk, its measured peak at
+    # max_model_len (a cached mode's: at the longest canvas the pool can hold in it), and the
+    # Reuse step with that many keys.
     refresh_chunk_tokens: int | None = None
     long_refresh_peak_bytes: int = 0
     long_reuse_peak_bytes: int = 0

@@ -8,9 +8,10 @@ a new policy is one class here and one registry entry.
 * phase (§4.4): FCFS within `max_num_batched_tokens`, each request charged by its phase (a
   Refresh its canvas, a Reuse its block); a Refresh longer than the budget accrues credit over
   several steps (engine.chunking.RefreshCredit).
-* request (the ablation's "off"): the same loop, every step charged the whole canvas.
+* request (the ablation's "off"): the same loop, every step charged the whole canvas (credit too).
 * lookahead (§7): every running request's remaining steps planned on a ledger of future steps
-  (engine.lookahead, docs/SCHEDULER.md); planned waits instead of stalls.
+  (engine.lookahead, docs/SCHEDULER.md); planned waits instead of stalls. It plans each step
+  whole within the budget, so it refuses a canvas longer than the budget.
 """
 from __future__ import annotations
 
@@ -38,9 +39,11 @@ class Queues(Protocol):
 
 class SchedulingPolicy:
     plan: Lookahead | None = None           # the ledger of a planning policy
-    # Admits a canvas longer than the token budget, its Refresh charged over several steps apart
-    # from its Reuse steps (engine.chunking.RefreshCredit): what `serves_long` asks.
+    # Admits a canvas longer than the token budget, its Refresh charged over several steps
+    # (engine.chunking.RefreshCredit): what `serves_long` asks.
     chunks_long_refresh: bool = False
+    # Why a policy that does not cannot (the engine's error for such a canvas says it first).
+    long_refusal: str = ""
 
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -51,6 +54,10 @@ class SchedulingPolicy:
     def cost(self, req: Request, phase: Phase) -> int:
         """The query tokens `req` is charged for a step in `phase`."""
         return req.query_cost(phase)
+
+    def accrues(self, req: Request, phase: Phase) -> bool:
+        """Whether this step of `req` is charged over several steps (its cost is over the budget)."""
+        return False
 
     def schedule(self, q: Queues, now: float) -> Batch:
         raise NotImplementedError
@@ -66,8 +73,11 @@ class PhasePolicy(SchedulingPolicy):
 
     chunks_long_refresh = True
 
+    def accrues(self, req: Request, phase: Phase) -> bool:
+        return is_long(req, phase, self.config.max_num_batched_tokens)
+
     def cost(self, req: Request, phase: Phase) -> int:
-        if is_long(req, phase, self.config.max_num_batched_tokens):
+        if self.accrues(req, phase):
             return self.credit.cost(req)               # this step's grant toward its chunked Refresh
         return req.query_cost(phase)
 
@@ -85,7 +95,7 @@ class PhasePolicy(SchedulingPolicy):
         self.credit.begin()
         for i, req in enumerate(q.running):
             phase = req.phase(c.delay_step)
-            if is_long(req, phase, T):
+            if self.accrues(req, phase):
                 if len(batch) >= c.max_num_seqs or tokens >= T:
                     q.stalled = len(q.running) - len(batch) - len(accruing)
                     return self._no_idle(q, batch, accruing)
@@ -124,7 +134,7 @@ class PhasePolicy(SchedulingPolicy):
         demand = 0
         for req in ([] if waiting else q.running[i + 1:]):
             phase = req.phase(c.delay_step)
-            demand += self.credit.share if is_long(req, phase, T) else self.cost(req, phase)
+            demand += self.credit.share if self.accrues(req, phase) else self.cost(req, phase)
         nxt = i + 1 if waiting else 0
         if nxt < len(q.waiting):
             head = q.waiting[nxt]
@@ -142,17 +152,20 @@ class PhasePolicy(SchedulingPolicy):
 
 class RequestPolicy(PhasePolicy):
     """A phase-unaware, request-level system: every step charged the whole canvas (a canvas over
-    the budget would be charged more than any step holds, every step)."""
+    the budget accrues credit for each of its steps, Reuse steps too)."""
 
-    chunks_long_refresh = False
+    def accrues(self, req: Request, phase: Phase) -> bool:
+        return req.length > self.config.max_num_batched_tokens
 
     def cost(self, req: Request, phase: Phase) -> int:
-        return req.length
+        return self.credit.cost(req) if self.accrues(req, phase) else req.length
 
 
 class LookaheadPolicy(SchedulingPolicy):
     """The running requests the plan has in this step, then FCFS admission while the head's
     first step fits the planned load (its later steps are placed around it)."""
+
+    long_refusal = "its ledger plans every step whole within the token budget"
 
     def __init__(self, config: EngineConfig):
         super().__init__(config)
@@ -183,12 +196,18 @@ POLICIES: dict[str, type[SchedulingPolicy]] = {"phase": PhasePolicy, "request": 
 
 
 def serves_long(config: EngineConfig) -> bool:
-    """Whether canvases longer than the token budget are admitted: when `max_model_len` is set
-    above it (the profiler then reserves their chunked Refresh; left to the checkpoint's length,
-    nothing changes for an engine that never serves one), under a policy that charges such a
-    Refresh apart from its Reuse steps (`chunks_long_refresh`), on one device."""
-    return (config.max_model_len is not None and config.max_model_len > config.max_num_batched_tokens
-            and POLICIES[config.scheduler].chunks_long_refresh and config.tensor_parallel_size == 1)
+    """Whether canvases longer than the token budget (up to `max_model_len`) are admitted: under
+    a policy that charges such a Refresh over several steps (`chunks_long_refresh`), on one
+    device (the profiler then reserves its chunked Refresh, `engine.profiler`)."""
+    return POLICIES[config.scheduler].chunks_long_refresh and config.tensor_parallel_size == 1
+
+
+def long_refusal(config: EngineConfig) -> str:
+    """Why this engine cannot serve a canvas longer than its token budget ("" if it can)."""
+    if config.tensor_parallel_size > 1:
+        return "an engine over several ranks does not refresh a canvas in chunks"
+    policy = POLICIES[config.scheduler]
+    return "" if policy.chunks_long_refresh else f"scheduler={config.scheduler}: {policy.long_refusal}"
 
 
 def long_schedulers() -> list[str]:

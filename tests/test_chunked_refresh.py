@@ -7,7 +7,8 @@
 * a request 4x longer than max_num_batched_tokens completes under a memory budget with every
   step's measured peak within the profiled activation peak, the long Refresh's own included;
 * the scheduler charges a long Refresh over several steps while a short request's Reuse steps
-  keep running in every step; the schedulers that cannot (request, lookahead) refuse it.
+  keep running in every step (scheduler=request: every step of a long canvas); by default
+  (max_model_len the checkpoint's) with no other setting; lookahead refuses, saying why.
 """
 from __future__ import annotations
 
@@ -130,19 +131,44 @@ def test_reuse_work_runs_while_a_long_refresh_accrues(gqa):
     assert ran[long].index(True) > 0
 
 
-def test_long_canvases_need_max_model_len_above_the_budget(gqa):
-    """Left to the checkpoint's length, an engine admits canvases up to its token budget as it
-    always did (and its profile reserves nothing for longer ones)."""
-    eng = make_engine(gqa, max_num_batched_tokens=16)
-    with pytest.raises(ValueError, match="when max_model_len is set above the token budget"):
-        eng.add_request(random_prompts(1, 20)[0], SamplingParams(gen_length=4, steps=4, block_length=4))
+def test_default_engine_serves_canvases_up_to_the_models_length(gqa):
+    """max_model_len left to the checkpoint's length: a canvas 4x the token budget is refreshed in
+    chunks with no other setting (the tokens of an engine whose budget holds it); one over the
+    model's length is refused, the error naming that length."""
+    prompts, params = random_prompts(1, 56, seed=4), SamplingParams(gen_length=8, steps=4, block_length=4)
+    whole = make_engine(gqa, cache="sparse", max_num_batched_tokens=128).generate(prompts, params)
+    eng = make_engine(gqa, cache="sparse", max_num_batched_tokens=16)
+    assert eng.max_model_len == gqa.config.max_sequence_length
+    out = eng.generate(prompts, params)
+    assert out[0].token_ids == whole[0].token_ids and max(q for _, _, q in eng.step_log) == 64
+    n = gqa.config.max_sequence_length
+    with pytest.raises(ValueError, match=rf"= {n + 1} exceeds the model's length of {n} tokens \(max_model_len\)"):
+        eng.add_request(random_prompts(1, n - 7)[0], params)
 
 
-@pytest.mark.parametrize("scheduler", ["request", "lookahead"])
-def test_schedulers_without_chunking_refuse_long_canvases(gqa, scheduler):
-    eng = make_engine(gqa, scheduler=scheduler, max_num_batched_tokens=16, max_model_len=64)
-    with pytest.raises(ValueError, match="under scheduler=phase on one device"):
+def test_request_scheduler_charges_every_step_of_a_long_canvas_over_several(gqa):
+    """scheduler=request charges every step the whole canvas: a long canvas accrues credit for
+    each step, Reuse steps too, and decodes the tokens of an engine whose budget holds it."""
+    prompts, params = _workload()
+    kw = dict(cache="dual", scheduler="request", max_num_logits=5)
+    whole = make_engine(gqa, max_num_batched_tokens=128, **kw).generate(prompts, params)
+    eng = make_engine(gqa, max_num_batched_tokens=24, refresh_chunk_tokens=7, **kw)
+    out = eng.generate(prompts, params)
+    assert [o.token_ids for o in out] == [o.token_ids for o in whole]
+    assert [o.nfe for o in out] == [sp.steps for sp in params]
+    assert max(q for _, _, q in eng.step_log) == 61                      # the 61-token Refresh, chunked
+    assert eng.counters["deferred_requests"] > 0 and eng.counters["stalled_requests"] == 0
+
+
+def test_lookahead_and_several_ranks_say_why_they_refuse_long_canvases(gqa):
+    from engine.schedulers import long_refusal
+
+    eng = make_engine(gqa, scheduler="lookahead", max_num_batched_tokens=16)
+    with pytest.raises(ValueError, match=r"^scheduler=lookahead: its ledger plans every step whole within the "
+                                         r"token budget, so a canvas longer than the token budget cannot be served"):
         eng.add_request(random_prompts(1, 20)[0], SamplingParams(gen_length=4, steps=4, block_length=4))
+    assert "several ranks" in long_refusal(EngineConfig(tensor_parallel_size=2))
+    assert long_refusal(EngineConfig()) == ""
 
 
 def test_serving_long_canvases_is_a_fact_of_the_scheduling_policy(monkeypatch):
@@ -150,12 +176,12 @@ def test_serving_long_canvases_is_a_fact_of_the_scheduling_policy(monkeypatch):
     from engine import schedulers
 
     def cfg(scheduler: str) -> EngineConfig:
-        return EngineConfig(scheduler=scheduler, max_num_batched_tokens=16, max_model_len=64)
+        return EngineConfig(scheduler=scheduler, max_num_batched_tokens=16)
     assert {s: schedulers.serves_long(cfg(s)) for s in schedulers.POLICIES} == {
-        "phase": True, "request": False, "lookahead": False}
-    assert not schedulers.serves_long(EngineConfig(max_num_batched_tokens=16))   # max_model_len left unset
+        "phase": True, "request": True, "lookahead": False}
     monkeypatch.setattr(schedulers.LookaheadPolicy, "chunks_long_refresh", True)
     monkeypatch.setattr(schedulers.PhasePolicy, "chunks_long_refresh", False)
+    monkeypatch.setattr(schedulers.RequestPolicy, "chunks_long_refresh", False)
     assert schedulers.serves_long(cfg("lookahead")) and not schedulers.serves_long(cfg("phase"))
     assert schedulers.long_schedulers() == ["lookahead"]
 
@@ -198,3 +224,33 @@ def test_profiler_sizes_the_chunk_to_the_activation_peak():
     assert 0 < chunked.long_refresh_peak_bytes <= chunked.activation_peak_bytes
     assert chunked.activation_peak_bytes == short.activation_peak_bytes < whole.activation_peak_bytes
     assert chunked.kv_pool_tokens == short.kv_pool_tokens > whole.kv_pool_tokens
+
+
+def test_default_profile_reserves_the_models_length_within_the_ordinary_peak():
+    """max_model_len left to the checkpoint's (4096 on the tiny preset): the profiler measures the
+    chunked Refresh of a 4096-token canvas. At a token budget of a quarter of it, that Refresh's
+    state and one chunk fit within the ordinary worst step: the pool is exactly the pool of an
+    engine that admits no longer canvas, and a 4x-budget canvas runs within the reservation. At a
+    budget so small that the canvas's own state (hidden states and one layer's K/V, linear in its
+    length) is over the ordinary peak, the reservation grows by exactly that excess."""
+    model = load_model("tiny", "float32", "cpu")
+    model.rope.reserve(4096, model.device, model.dtype)
+    kw = dict(cache="sparse", retention=0.5, memory_budget=64 * 2**20)        # the default logit budget
+    n = model.config.max_sequence_length
+    for budget in (n // 4, 64):
+        short = make_engine(model, max_num_batched_tokens=budget, max_model_len=budget, **kw).profile
+        eng = make_engine(model, max_num_batched_tokens=budget, **kw)
+        prof = eng.profile
+        assert short.refresh_chunk_tokens is None and prof.refresh_chunk_tokens is not None
+        assert prof.long_refresh_peak_bytes > 0 and prof.refresh_peak_bytes == short.refresh_peak_bytes
+        assert prof.activation_peak_bytes == max(short.activation_peak_bytes, prof.long_refresh_peak_bytes,
+                                                 prof.long_reuse_peak_bytes)
+        if budget == 64:
+            assert prof.kv_pool_tokens < short.kv_pool_tokens
+            continue
+        assert prof.activation_peak_bytes == short.activation_peak_bytes
+        assert prof.kv_pool_tokens == short.kv_pool_tokens
+        eng.add_request(random_prompts(1, n - 16, seed=2)[0], SamplingParams(gen_length=16, steps=2, block_length=16))
+        out, peaks, queries = metered_steps(eng)
+        assert out.finished and out.nfe == 2 and max(queries) == n
+        assert max(peaks) <= prof.activation_peak_bytes

@@ -77,6 +77,21 @@ def test_generate_text_and_baseline_system():
     assert json.loads(r.stdout)["system"] == "sparse-dllm"
 
 
+def test_a_request_four_times_the_token_budget_completes_with_no_other_flag():
+    """max_model_len is the checkpoint's (4096): a 256-token canvas under a 64-token budget is
+    refreshed in chunks (its tokens: those of a budget that holds it)."""
+    ids = ",".join(str(5 + i % 400) for i in range(200))
+    args = ("generate", "--model", "tiny", "--prompt-ids", ids, "--gen-length", "56", "--block-length", "8",
+            "--steps", "14", "--dtype", "float64", "--json")
+    r = cli(*args, "--max-num-batched-tokens", "64")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["step_budgets"]["max_num_batched_tokens"] == 64
+    assert len(doc["outputs"][0]["tokens"]) == 56 and doc["outputs"][0]["nfe"] == 14
+    whole = json.loads(cli(*args, "--max-num-batched-tokens", "256").stdout)
+    assert doc["outputs"][0]["tokens"] == whole["outputs"][0]["tokens"]
+
+
 @pytest.mark.parametrize("args,msg", [
     (["--model", "nope", "--prompt-ids", "1"], "unknown model preset"),
     (["--model", "/nonexistent/dir", "--prompt-ids", "1"], ""),
@@ -86,7 +101,8 @@ def test_generate_text_and_baseline_system():
     (["--prompt-ids", ""], "empty prompt"),
     (["--prompt-ids", "1", "--gen-length", "0"], "positive"),
     (["--prompt-ids", "1", "--steps", "-4"], "positive"),
-    (["--prompt-ids", "1", "--gen-length", "4096", "--block-length", "4096"], "max_model_len"),
+    (["--prompt-ids", "1", "--gen-length", "4096", "--block-length", "4096"],
+     "prompt + gen_length = 4097 exceeds the model's length of 4096 tokens (max_model_len)"),
     (["--prompt-ids", "1,x"], "comma-separated"),
     (["--prompt-ids", "1", "--system", "vllm"], "--system"),
     (["--prompt-ids", "1", "--cache", "paged"], "cache"),

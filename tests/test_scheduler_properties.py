@@ -1,8 +1,9 @@
 """Scheduler invariants on random workloads (issue "mechanisms"), checked at every step:
 
 * token budget: Σ per-step costs as the scheduler charges them <= max_num_batched_tokens, and the
-  forward's real query tokens too, except a Refresh longer than the budget (engine.chunking),
-  charged its grants over several steps and run whole in one; batch size <= max_num_seqs;
+  forward's real query tokens too, except a canvas longer than the budget (engine.chunking),
+  whose Refresh (scheduler=request: every step) is charged its grants over several steps and
+  run whole in one; batch size <= max_num_seqs;
 * logit budget: no LM-head call and no step materializes more than max_num_logits rows;
 * KV pool: used <= capacity, used == Σ reservations of the running requests, 0 at the end;
 * liveness: every admitted request finishes (after exactly `steps` forwards); whenever the
@@ -24,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import SamplingParams
-from engine.chunking import is_long
 from engine.models.llada import LLaDAModelLM
 from engine.runner import StepStats
+from engine.schedulers import POLICIES
 from tests.helpers import MASK, make_engine, random_prompts, tiny_model
 
 MODEL = tiny_model(torch.float32)
@@ -58,7 +59,7 @@ def workloads(draw, max_requests: int, max_prompt: int, blocks=(1, 2, 4, 8)):
         kv_pool_tokens=draw(st.one_of(st.none(), st.integers(0, 40), st.integers(40, 200))),
         retention=draw(st.sampled_from([0.25, 0.5, 1.0])),
         delay_step=draw(st.integers(0, 2)),
-        # Set above the token budget: canvases longer than it too, refreshed in chunks (phase).
+        # None: the checkpoint's; either way canvases longer than the budget too, in chunks.
         max_model_len=draw(st.sampled_from([None, 200])),
     )
     reqs = []
@@ -83,11 +84,11 @@ def expected_possible(cfg: dict, r: dict) -> bool:
     # auto: a request runs in a mode whose need fits, else (no cache mode ever holds it) in none
     need = need[cfg["cache"]] if cfg["cache"] != "auto" else 0
     pool = cfg["kv_pool_tokens"]
-    # Longer than the token budget: refreshed in chunks when max_model_len is above it (phase).
-    mml = cfg["max_model_len"]
-    chunked = cfg["scheduler"] == "phase" and mml is not None and mml > cfg["max_num_batched_tokens"]
-    fits_steps = length <= cfg["max_num_batched_tokens"] or chunked
-    return fits_steps and (pool is None or need <= pool)
+    # Longer than the token budget: refreshed in chunks (phase, request: not lookahead), up to
+    # max_model_len.
+    fits_steps = length <= cfg["max_num_batched_tokens"] or POLICIES[cfg["scheduler"]].chunks_long_refresh
+    fits_model = length <= (cfg["max_model_len"] or MODEL.config.max_sequence_length)
+    return fits_steps and fits_model and (pool is None or need <= pool)
 
 
 def check_workload(cfg: dict, reqs: list[dict], fake: bool) -> None:
@@ -120,16 +121,17 @@ def _drive(eng, cfg: dict, reqs: list[dict]) -> None:
         assert bool(batch) == busy                                       # no idle step
         assert len(batch) <= cfg["max_num_seqs"]
         T = cfg["max_num_batched_tokens"]
-        long = [is_long(r, p, T) for r, p in batch]
+        long = [sched.policy.accrues(r, p) for r, p in batch]
         costs = [sched.cost(r, p) for r, p in batch]
-        # Long Refreshes are charged their grants (run or accruing), the others their cost.
+        # Long canvases' steps are charged their grants (run or accruing), the others their cost.
         grants = sum(sched.credit.granted.values())
         assert sum(c for c, lg in zip(costs, long) if not lg) + grants <= T
-        assert cfg["scheduler"] == "phase" or not any(long)
+        assert all(lg == (r.length > T and (p.is_refresh or cfg["scheduler"] == "request"))
+                   for (r, p), lg in zip(batch, long))
         # What the forward will really compute: a long Refresh runs its whole canvas.
         charged.append(sum(r.length if lg else c for (r, _), c, lg in zip(batch, costs, long)))
         if cfg["scheduler"] == "request":
-            assert costs == [r.length for r, _ in batch]                 # whole canvas, every phase
+            assert [c for c, lg in zip(costs, long) if not lg] == [r.length for (r, _), lg in zip(batch, long) if not lg]
         assert pool.capacity is None or pool.used <= pool.capacity
         assert pool.used == sum(r.kv_tokens for r in sched.running)
         if was_empty and head is not None:
@@ -192,8 +194,8 @@ def test_impossible_request_does_not_block_queue():
     eng = make_engine(MODEL, cache="dual", max_num_batched_tokens=32, kv_pool_tokens=24)
     sp = SamplingParams(gen_length=8, steps=8, block_length=4)
     ok1 = eng.add_request(random_prompts(1, 8)[0], sp)
-    with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        eng.add_request(random_prompts(1, 40)[0], sp)
+    with pytest.raises(ValueError, match="the model's length of 4096 tokens"):
+        eng.add_request(random_prompts(1, 4096)[0], sp)
     with pytest.raises(ValueError, match="KV"):
         eng.add_request(random_prompts(1, 20)[0], sp)
     ok2 = eng.add_request(random_prompts(1, 4)[0], sp)

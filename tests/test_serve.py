@@ -225,6 +225,22 @@ def test_serve_tiny_end_to_end_writes_every_file_and_resumes(tmp_path):
         serve(run, result_dir=tmp_path, run_id="nope", resume=True, as_json=False)
 
 
+def test_serve_requests_longer_than_the_token_budget_complete_by_default(tmp_path):
+    """The tiny workload's canvases (47 to 61 tokens) under a 12-token budget, with no other
+    flag: each Refresh runs in chunks, and the measured peak stays within the memory budget."""
+    budget = 12
+    r = _cli("--model", "tiny", "--systems", "engine", "--num-prompts", "3", "--num-warmups", "0",
+             "--max-num-batched-tokens", str(budget), "--rps", "inf", "--result-dir", str(tmp_path), "--run-id", "long",
+             "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (point,) = json.loads(r.stdout)["points"]
+    assert point["completed"] == 3 and point["within_budget"] is True
+    reqs = [json.loads(line) for line in (tmp_path / "long" / "requests.jsonl").read_text().splitlines()]
+    assert {q["status"] for q in reqs} == {"finished"}
+    assert max(q["prompt_len"] + q["output_len"] for q in reqs) >= 4 * budget
+    assert {q["nfe"] for q in reqs} == {16}
+
+
 def test_the_attention_line_is_said_once_a_run_whatever_the_workers():
     """Every engine point builds its engine in its own worker: the run prints the line once."""
     from types import SimpleNamespace

@@ -221,7 +221,8 @@ def test_disconnect_aborts_every_prompt_of_a_list(server):
 
 # ---------------------------------------------------------------- bad requests
 BAD = [
-    ("/v1/completions", {"prompt": [7] * 4200, "max_tokens": 8}, 400, "max_model_len"),
+    ("/v1/completions", {"prompt": [7] * 4200, "max_tokens": 8}, 400,
+     "exceeds the model's length of 4096 tokens (max_model_len)"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": -4}, 400, "max_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}, 400, "max_tokens"),
@@ -273,6 +274,24 @@ def test_malformed_json_and_client_errors_then_the_server_keeps_serving(server):
     assert httpx.get(server.url + "/health", timeout=30).json() == {"status": "ok"}
     ids = [m["id"] for m in httpx.get(server.url + "/v1/models", timeout=30).json()["data"]]
     assert ids == [MODEL]
+
+
+def test_a_request_four_times_the_token_budget_completes_by_default():
+    """A server whose token budget is 64 (max_model_len left to the checkpoint's 4096) serves a
+    256-token canvas, refreshed in chunks; one over the model's length is a 400 naming it."""
+    s = Server(knobs=("--max-num-batched-tokens", "64", "--memory-budget", MEMORY))
+    try:
+        prompt = [5 + i % 400 for i in range(200)]
+        r = s.client().completions.create(model=MODEL, prompt=prompt, max_tokens=56,
+                                          extra_body={"return_token_ids": True})
+        assert r.usage.prompt_tokens + r.usage.completion_tokens == 256 == 4 * 64
+        assert len(r.choices[0].token_ids) == 56
+        r = httpx.post(s.url + "/v1/completions", json={"model": MODEL, "prompt": [7] * 4090, "max_tokens": 8},
+                       timeout=60)
+        assert r.status_code == 400
+        assert "4098 exceeds the model's length of 4096 tokens (max_model_len)" in r.json()["error"]["message"]
+    finally:
+        s.stop()
 
 
 def test_busy_server_answers_503_with_retry_after():

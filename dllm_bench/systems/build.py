@@ -269,6 +269,8 @@ def _profiled(variant, cfg: EngineConfig, model, model_dir, cache_dir, use_cache
     prof, hit = cached_profile("engine", payload, compute, cache_dir, use_cache, device=str(model.device))
     profile = MemoryProfile(**prof)
     cfg.kv_pool_tokens = profile.kv_pool_tokens
+    # The chunk its reservation was measured at (a long canvas's Refresh, engine.chunking).
+    cfg.refresh_chunk_tokens = cfg.refresh_chunk_tokens or profile.refresh_chunk_tokens
     info.update(profile=prof, profile_cached=hit, kv_pool_tokens=profile.kv_pool_tokens)
     return cfg
 
