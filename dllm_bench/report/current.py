@@ -99,12 +99,12 @@ def _sweep(run_dir: Path, doc: dict) -> str:
 
 
 def _accuracy(run_dir: Path, doc: dict) -> str:
-    summ = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summ = results.read_json(run_dir / "summary.json")
     return f"{_origin(run_dir, doc)}: {sec.accuracy_line(summ)}.\n\n{sec.accuracy_table(summ)}"
 
 
 def _frontier(run_dir: Path, doc: dict) -> str:
-    summ = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summ = results.read_json(run_dir / "summary.json")
     return f"{_origin(run_dir, doc)}: {frontier_markdown(summ)}"
 
 
