@@ -50,9 +50,10 @@ def refused(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv(RESULTS_ENV, raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
 
-    # Caches a run fills on first use whatever its options: a model preset built from its recipe,
-    # torch's compile cache. Not results: left out of the comparison.
-    caches = (tmp_path / "home" / ".cache" / "dllm-bench" / "models", tmp_path / "tmp" / "torchinductor_")
+    # Caches a run fills on first use whatever its options: a model preset built from its recipe, a
+    # shape-only model's config, torch's compile cache. Not results: left out of the comparison.
+    cache = tmp_path / "home" / ".cache" / "dllm-bench"
+    caches = (cache / "models", cache / "shapes", tmp_path / "tmp" / "torchinductor_")
 
     def files(watch) -> set:
         found = {p for root in (tmp_path, *map(Path, watch)) for p in ([root] if root.exists() else [])

@@ -46,3 +46,24 @@ def test_resume_of_a_run_whose_config_is_damaged(refused, tmp_path):
     (run / "config.json").write_text('{"kind": "serve"')
     msg = refused("serve", "--preset", "tiny", "--result-dir", str(tmp_path / "runs"), "--run-id", "r1", "--resume")
     assert str(run / "config.json") in msg and "not a readable JSON file" in msg
+
+
+def test_validate_refuses_up_front_a_run_none_of_whose_cells_it_would_simulate(refused, tmp_path):
+    """The committed run measured rps inf: at rps 4 no cell matches, and nothing is simulated or written."""
+    msg = refused("simulate", "--preset", "paper", "--model", "llada-8b", "--hardware", "h100", "--rps", "4",
+                  "--num-prompts", "8", "--systems", "engine", "--validate", str(H100_RUN),
+                  "--result-dir", str(tmp_path / "runs"))
+    assert "--validate: no (dataset, system, rps) cell of the measured runs" in msg and "livebench/engine@inf" in msg
+
+
+@pytest.mark.parametrize("mode", ["--fit", "--validate"])
+def test_fit_and_validate_refuse_an_endpoint_run_alike(refused, tmp_path, mode):
+    from dllm_bench import results
+
+    run = results.create_run("serve", {}, run_id="ep", root=tmp_path / "runs")
+    results.write_point(run, results.PointKey("endpoint", 4.0, "random"),
+                        {"system_name": "endpoint", "output_throughput": 1.0, "completed": 1}, [])
+    args = (["--hardware", "h100", "--name", "x"] if mode == "--fit" else
+            ["--preset", "tiny", "--systems", "engine", "--rps", "4", "--num-prompts", "2"])
+    msg = refused("simulate", *args, mode, "ep", "--result-dir", str(tmp_path / "runs"))
+    assert f"{mode}: {run} has no point a simulation can reproduce: each is an --endpoint point" in msg

@@ -76,5 +76,7 @@ def simulate(o: SimulateOptions) -> int:
         measured = validate.measured_runs(run_list(o.validate_runs), o.result_dir)
     hw = hwmod.load(o.hardware or "cpu")
     run, setup = simulation(o, hw, o.impl, o.steps_per_block, o.result_dir, measured=measured)
+    if measured:
+        validate.check_cells(measured, run.datasets, [v.label for v in run.systems], run.rps)
     return simulate_serve(run, setup, result_dir=o.result_dir, run_id=o.run_id, as_json=o.as_json,
                           validate_against=measured)
