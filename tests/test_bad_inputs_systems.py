@@ -27,3 +27,15 @@ def test_a_parallel_engine_in_a_command_that_measures_one_device(refused, tmp_pa
                   *(["--out", str(tmp_path / "p.json")] if command == "calibrate" else
                     ["--result-dir", str(tmp_path / "runs")]))
     assert f"{command} measures one device (tensor_parallel_size=1)" in msg
+
+
+@pytest.mark.parametrize("value, says", [
+    ("engine,engine", "error: --system lists 'engine' twice"),
+    (",", "error: --system is empty"),
+    ("retention=0.5", "error: --system: 'retention=0.5' is a knob with no system before it"),
+    ("engine:tensor_parallel_size=3", "error: system 'engine' at tensor_parallel_size 3"),
+])
+def test_profile_step_errors_name_its_own_flag(refused, value, says):
+    """profile-step takes --system (one), not --systems or --tensor-parallel-size: its errors say so."""
+    msg = refused("profile-step", "--system", value)
+    assert msg.startswith(says) and "--systems" not in msg and "--tensor-parallel-size" not in msg
