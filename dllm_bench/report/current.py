@@ -152,7 +152,7 @@ def run_kind(path: Path) -> str:
         return "profile"
     try:
         kind = results.load_config(path).get("kind")
-    except (OSError, ValueError):
+    except UserError:
         raise UserError(f"{path}: not a run directory (no readable config.json) nor a hardware profile") from None
     if kind not in RENDER:
         raise UserError(f"{path}: a {kind!r} run has no current-results table (kinds: {', '.join(RENDER)})")
