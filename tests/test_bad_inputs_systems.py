@@ -1,5 +1,5 @@
 """A `--systems` variant the command or machine cannot run is refused before the run header and
-before any directory: an attention backend this device or dtype cannot run (serve, sweep), a
+before any directory: an attention backend this device or dtype cannot run (serve, sweep, frontier), a
 tensor-parallel engine in a command that runs its systems in process on one device."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 @pytest.mark.parametrize("args", [
     ["serve", "--preset", "tiny", "--num-prompts", "2"],
     ["sweep", "--vary", "input-len", "--preset", "tiny", "--num-prompts", "2"],
+    ["frontier", "--limit", "2", "--device", "cpu", "--dtype", "float32"],
 ])
 @pytest.mark.parametrize("backend", ["varlen", "flash_attn"])
 def test_an_attention_backend_the_device_cannot_run(refused, tmp_path, args, backend):
