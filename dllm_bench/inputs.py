@@ -38,17 +38,27 @@ def _exists(p: Path, flag: str) -> bool:
         raise UserError(f"{flag} {p}: {e}") from None
 
 
-def run_id(value: str | None, flag: str = "--run-id") -> str | None:
-    """A run directory name: one plain path component, so results/runs/<run-id> stays inside its
-    root (no '/', '..', absolute paths, control characters)."""
-    if value is None:
-        return None
+def plain_name(value: str, flag: str, what: str = "name", suffix: str = "") -> str:
+    """A name given on the command line that becomes one path component (a run directory, a
+    hardware profile's NAME.json): no '/' or '\\', not '.' or '..', no control characters, so the
+    file stays inside the directory it is meant for. `suffix`: what the file name adds to it."""
     if (not value.strip() or value in (".", "..") or "/" in value or "\\" in value
             or not value.isprintable()):
-        raise UserError(f"{flag} must be a plain directory name (no '/', not '.' or '..'), got {value!r}")
-    if len(value.encode()) > NAME_MAX:
-        raise UserError(f"{flag} is longer than {NAME_MAX} bytes")
+        raise UserError(f"{flag} must be a plain {what} (no '/', not '.' or '..'), got {value!r}")
+    if len((value + suffix).encode()) > NAME_MAX:
+        raise UserError(f"{flag} is longer than {NAME_MAX - len(suffix.encode())} bytes")
     return value
+
+
+def run_id(value: str | None, flag: str = "--run-id") -> str | None:
+    """A run directory name: results/runs/<run-id> stays inside its root (plain_name)."""
+    return None if value is None else plain_name(value, flag, "directory name")
+
+
+def profile_name(value: str, flag: str) -> str:
+    """A hardware profile's name (`calibrate --name`, `simulate --fit --name`, `simulate --hardware
+    NAME`): the file NAME.json in the profiles' cache (plain_name)."""
+    return plain_name(value, flag, "profile name", ".json")
 
 
 def writable_dir(value: str | os.PathLike, flag: str) -> Path:

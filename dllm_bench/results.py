@@ -122,9 +122,33 @@ def atomic_write_csv(path: str | os.PathLike, df: pd.DataFrame) -> None:
         f.write(buf.getvalue())
 
 
+def read_json(path: str | os.PathLike) -> dict:
+    """A run's JSON document (config.json, summary.json, calibrate.json, ...): a missing, damaged
+    or non-object file is one UserError naming it, wherever a run directory is read."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a readable JSON file ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """A run's JSON-lines file (requests.jsonl, steps.jsonl): a damaged line is one UserError
+    naming the file and line."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        out.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise UserError(f"{path}:{i}: not a JSON line ({e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not a readable JSON-lines file ({getattr(e, 'strerror', None) or e})") from None
+    return out
 
 
 # ---------------------------------------------------------------- environment
@@ -209,7 +233,7 @@ def create_run(kind: str, config: Mapping[str, Any], *, name: str = "", run_id: 
     if cfg_path.exists():
         if not resume:
             raise RunExistsError(f"run directory {run_dir} exists (use --resume or another --run-id)")
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        cfg = read_json(cfg_path)
         cfg.setdefault("resumed_utc", []).append(now)
     else:
         cfg = {"kind": kind, "run_id": run_dir.name, "created_utc": now,
@@ -229,7 +253,7 @@ def write_result(kind: str, config: Mapping[str, Any], summary: Mapping[str, Any
 
 
 def load_config(run_dir: str | os.PathLike) -> dict:
-    return json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8"))
+    return read_json(Path(run_dir) / "config.json")
 
 
 def latest_run(kind: str, root: str | os.PathLike | None = None) -> Path | None:
@@ -296,8 +320,13 @@ def load_points(run_dir: str | os.PathLike) -> list[dict]:
     """Summaries of all finished points, in directory-name order."""
     out = []
     for p in sorted((Path(run_dir) / "points").glob("*/summary.json")):
-        s = json.loads(p.read_text(encoding="utf-8"))
-        s["rps"] = _rps_from_json(s["rps"])
+        s = read_json(p)
+        try:
+            s["rps"] = _rps_from_json(s["rps"])
+        except (KeyError, TypeError, ValueError):
+            s["rps"] = None
+        if s["rps"] is None or not isinstance(s.get("system"), str):
+            raise UserError(f"{p}: not a point summary (needs a 'system' string and a numeric 'rps')")
         s["_point"] = p.parent.name
         out.append(s)
     return out

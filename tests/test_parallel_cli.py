@@ -134,6 +134,6 @@ def test_serving_commands_check_the_size_before_any_worker(tmp_path, monkeypatch
         code, out, err = _cli(monkeypatch, capsys, *cmd, "--model", "tiny", "--tensor-parallel-size", "3",
                               "--result-dir", str(tmp_path / "runs"))
         assert (code, out) == (2, ""), (cmd, err)
-        assert err == "error: system 'engine' at --tensor-parallel-size 3: tensor-parallel size 3 does not divide " \
+        assert err == "error: system 'engine' at tensor_parallel_size 3: tensor-parallel size 3 does not divide " \
                       "n_heads = 4\n", (cmd, err)
     assert not (tmp_path / "runs").exists() and _workers(os.getpid()) == [] and not dist.is_initialized()

@@ -246,6 +246,17 @@ BAD = [
     ("/v1/completions", {"prompt": [[1, 2], [1, 99999]]}, 400, "token ids"),
     ("/v1/completions", {"prompt": [[1]] * 300}, 400, "at most 256"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    # a field of the wrong JSON type is refused, never coerced (strict request models)
+    ("/v1/completions", {"prompt": "hi", "temperature": "0.5"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "8"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 8.0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": True}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "seed": "1"}, 400, "seed"),
+    ("/v1/completions", {"prompt": "hi", "stream": "false"}, 400, "stream"),
+    ("/v1/completions", {"prompt": "hi", "return_token_ids": 1}, 400, "return_token_ids"),
+    ("/v1/completions", {"prompt": "hi", "threshold": "0.9"}, 400, "threshold"),
+    ("/v1/completions", {"prompt": "hi", "block_length": "32"}, 400, "block_length"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "content"),
     ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "gpt-4"),
     ("/v1/nowhere", {"prompt": "hi"}, 404, "Not Found"),
 ]
@@ -258,6 +269,13 @@ def test_bad_requests_get_openai_errors(server, path, body, status, word):
     err = r.json()["error"]
     assert word in err["message"] and err["code"] == status and err["type"]
     assert "Traceback" not in r.text
+
+
+def test_an_integer_is_a_number_where_the_api_takes_a_float(server):
+    # OpenAI's clients send `temperature: 0` and `threshold: 1` as JSON integers: strict types accept them.
+    r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": [1, 2, 3], "max_tokens": BLOCK,
+                                                          "temperature": 0, "threshold": 1}, timeout=60)
+    assert r.status_code == 200, r.text
 
 
 def test_malformed_json_and_client_errors_then_the_server_keeps_serving(server):

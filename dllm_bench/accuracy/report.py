@@ -4,7 +4,6 @@ of dense, per selection; on the mean over models when a run has several), the Fi
 metrics.csv, summary.json with the per-seed spread), written atomically after every point."""
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -13,7 +12,7 @@ import pandas as pd
 
 from dllm_bench.accuracy import seeds
 from dllm_bench.accuracy.points import Point, PointResult
-from dllm_bench.results import atomic_write_csv, atomic_write_json, atomic_write_jsonl
+from dllm_bench.results import atomic_write_csv, atomic_write_json, atomic_write_jsonl, read_json
 from dllm_bench.systems.spec import ENGINE, SPARSE_BASELINE
 
 SERIES = ("head", "uniform", "head-max", "uniform-max")
@@ -140,7 +139,7 @@ def write_run_tables(run_dir: Path, results: Sequence[PointResult], extra: dict)
 def load_results(run_dir: Path) -> list[PointResult]:
     """PointResults (without samples) of a finished run, in run order, from its summary.json:
     e.g. to re-draw the figure, `plot_fig6(load_results(d), d / "fig6.png", "...")`."""
-    doc = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+    doc = read_json(Path(run_dir) / "summary.json")
     out = []
     for row in doc["points"]:
         p = Point(row["point"], row["system"], row["role"], row.get("cache"), row.get("selection"),

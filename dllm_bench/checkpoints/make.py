@@ -128,6 +128,10 @@ def make_checkpoint(preset: Preset | str, out_dir: str | Path, shards: int | Non
         raise UserError(f"--shards must be >= 1, got {shards}")
     device = draw_device(preset)
     dtype_name, torch_dtype = to_dtype(dtype, preset)
+    shapes = weight_shapes(preset)
+    itemsize = torch.empty((), dtype=torch_dtype).element_size()
+    sizes = {n: itemsize * _numel(s) for n, s in shapes.items()}
+    groups = plan_shards(sizes, shards)  # refuses more shards than tensors: before anything is made
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
@@ -142,10 +146,6 @@ def make_checkpoint(preset: Preset | str, out_dir: str | Path, shards: int | Non
     cfg["torch_dtype"] = dtype_name
     _write_json(out / "config.json", cfg)
 
-    shapes = weight_shapes(preset)
-    itemsize = torch.empty((), dtype=torch_dtype).element_size()
-    sizes = {n: itemsize * _numel(s) for n, s in shapes.items()}
-    groups = plan_shards(sizes, shards)
     weight_map: dict[str, str] = {}
     for k, group in enumerate(groups, start=1):
         fname = "model.safetensors" if shards == 1 else f"model-{k:05d}-of-{shards:05d}.safetensors"

@@ -13,6 +13,7 @@ from typing import Any
 from dllm_bench.accuracy.points import Point
 from dllm_bench.errors import UserError
 from dllm_bench.systems import decoding as system_decoding
+from dllm_bench.systems.options import check_one_device, variant_ranks
 from dllm_bench.systems.spec import (
     ENGINE,
     SystemVariant,
@@ -79,6 +80,7 @@ def plan(systems: str | None, decodings: list[Decoding]) -> list[Config]:
             raise UserError("frontier measures systems in process: --systems takes engine and baselines")
         if v.batch is not None:
             raise UserError(f"system {v.label!r}: frontier sets every baseline's static batch to --concurrency")
+        check_one_device(variant_ranks(v), v.label, "frontier")
         own = system_decoding.resolve(v.name, FIXED, v.knob_dict)
         if own.parallel:
             out.append(Config(v, own.decoding))

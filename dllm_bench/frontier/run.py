@@ -30,7 +30,7 @@ from dllm_bench.results import atomic_write_csv, atomic_write_json, create_run
 from dllm_bench.step_budgets import AUTO
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.inprocess import InProcess
-from dllm_bench.systems.options import RunOptions
+from dllm_bench.systems.options import RunOptions, check_backends
 from dllm_bench.systems.spec import ENGINE, retention_knobs
 from engine import EngineConfig, SamplingParams
 from workloads.tasks import generated, synth
@@ -177,6 +177,7 @@ def _builder(cfg: configs.Config, src: InProcess, o: FrontierOptions, budget: in
 def frontier(o: FrontierOptions, *, result_dir: Path, run_id: str | None, as_json: bool) -> None:
     plan = resolve(o)
     dev = resolve_device_options(o.device, o.dtype, o.memory_budget)
+    check_backends([c.variant for c in plan.configs], None, str(dev.device), dev.dtype)
     toks = [load_tokenizer(p) for p in plan.paths]
     if o.threads is not None:
         torch.set_num_threads(o.threads)

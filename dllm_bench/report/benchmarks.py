@@ -5,7 +5,6 @@ doc's current-results block renders the same table from the committed copy. A se
 skipped has no row."""
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -130,5 +129,5 @@ TABLES: dict[str, Callable[[dict, dict], str]] = {
 def table_of(run_dir: Path) -> str:
     """The summary table of a benchmark's run directory."""
     doc = results.load_config(run_dir)
-    summ = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summ = results.read_json(run_dir / "summary.json")
     return TABLES[doc["kind"]](doc.get("config") or {}, summ)

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from dllm_bench import results
+from dllm_bench import inputs, results
 from dllm_bench.ablate import tables as ab
 from dllm_bench.errors import UserError
 from dllm_bench.frontier.output import markdown as frontier_markdown
@@ -99,12 +99,12 @@ def _sweep(run_dir: Path, doc: dict) -> str:
 
 
 def _accuracy(run_dir: Path, doc: dict) -> str:
-    summ = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summ = results.read_json(run_dir / "summary.json")
     return f"{_origin(run_dir, doc)}: {sec.accuracy_line(summ)}.\n\n{sec.accuracy_table(summ)}"
 
 
 def _frontier(run_dir: Path, doc: dict) -> str:
-    summ = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summ = results.read_json(run_dir / "summary.json")
     return f"{_origin(run_dir, doc)}: {frontier_markdown(summ)}"
 
 
@@ -152,7 +152,7 @@ def run_kind(path: Path) -> str:
         return "profile"
     try:
         kind = results.load_config(path).get("kind")
-    except (OSError, ValueError):
+    except UserError:
         raise UserError(f"{path}: not a run directory (no readable config.json) nor a hardware profile") from None
     if kind not in RENDER:
         raise UserError(f"{path}: a {kind!r} run has no current-results table (kinds: {', '.join(RENDER)})")
@@ -249,15 +249,17 @@ def keep(run_dir: Path, root: Path = CURRENT) -> Path:
     dest, tmp = root / run_dir.name, root / f".{run_dir.name}.tmp"
     if dest.resolve() == run_dir.resolve():
         raise UserError(f"--keep: {run_dir} is already under {root}")
+    docs = {}
+    for f in files:  # every file read before anything is made
+        try:
+            docs[f] = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise UserError(f"--keep: {f} is not readable JSON") from None
+    inputs.writable_dir(root, "--keep's destination")
     shutil.rmtree(tmp, ignore_errors=True)
-    for f in files:
+    for f, doc in docs.items():
         out = tmp / f.relative_to(run_dir)
         out.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            doc = json.loads(f.read_text(encoding="utf-8"))
-        except ValueError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise UserError(f"--keep: {f} is not readable JSON") from None
         out.write_text(json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n", encoding="utf-8")
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)

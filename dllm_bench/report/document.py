@@ -20,6 +20,7 @@ import pandas as pd
 
 from dllm_bench import results
 from dllm_bench.console import md_table
+from dllm_bench.errors import UserError
 from dllm_bench.report.claims import TOLERANCE, Claims
 from dllm_bench.report.frontier import frontier_section
 from dllm_bench.report.sections import ablate_section, accuracy_section, sweep_section
@@ -120,7 +121,7 @@ def render(out_path: str | Path, root: str | Path | None = None, runs: Mapping[s
             try:
                 c = results.load_config(v)
                 head.append(f"- {k}: `{v.name}` (created {c.get('created_utc', '?')}, `{v}`)\n")
-            except (OSError, ValueError):
+            except UserError:  # a damaged config.json: its section says so below
                 head.append(f"- {k}: `{v}`\n")
     body = []
     extra = tuple((k, accuracy_section) for k in runs if k.startswith("accuracy:"))

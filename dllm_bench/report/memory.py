@@ -7,7 +7,6 @@ Fast-dLLM's (as the command prints them; the token budget is in the run's line).
 so in its line instead of a column of caps. Read from each run's summary.json."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -23,7 +22,7 @@ _BUDGETS = ("max_num_batched_tokens", "max_num_logits")
 
 
 def _summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    return results.read_json(run_dir / "summary.json")
 
 
 def _size(n: float) -> str:

@@ -7,13 +7,13 @@ blocks render the same ones (dllm_bench.report.current).
 """
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from pathlib import Path
 
 import pandas as pd
 
+from dllm_bench import results
 from dllm_bench.ablate import tables as ab
 from dllm_bench.console import md_table, num
 from dllm_bench.repeats import Spread, ratio
@@ -106,7 +106,7 @@ def accuracy_section(run_dir: Path, claims: Claims, files_dir: Path, rel_base: P
     """One accuracy run: its table (the mean over models with the spread across seeds when it has
     several) and the Fig. 6 claims under each selection scoring rule it measured."""
 
-    summ = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summ = results.read_json(run_dir / "summary.json")
     pts = summ.get("seeds") or summ.get("points") or []
     task = summ.get("task") or "?"
     out = [f"## Accuracy under KV retention (paper §6.4, Fig. 6): {task}\n\n",

@@ -21,7 +21,7 @@ from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.task_prompts import TASK_DATASET
 from dllm_bench.serve.workload import build_workloads, model_info
 from dllm_bench.systems import decoding as system_decoding
-from dllm_bench.systems.options import RunOptions, variant_ranks
+from dllm_bench.systems.options import RunOptions, check_backends, variant_ranks
 from dllm_bench.systems.spec import apply_baseline_batch, parse_systems
 from dllm_bench.units import comma_list, format_size
 from engine.config import DTYPES
@@ -234,6 +234,8 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
 
         for n in sorted({variant_ranks(v, sp.engine_defaults()) for v in variants} | {sp.tensor_parallel_size}):
             check_tensor_parallel(model_dir, n, "cpu" if gpu else sp.device)   # a profile's GPUs: the split only
+    if gpu is None:  # a measured run: its engines' attention backends on this device, before the header
+        check_backends(variants, sp.engine_defaults(), target, sp.dtype)
     info = model_info(model_dir, sp.dtype)
     if budget is not None and budget <= info["weights_bytes"]:
         raise UserError(f"--memory-budget {format_size(budget)} does not even hold the weights "

@@ -179,7 +179,7 @@ def resume_id(kind: str, fingerprint: Mapping, root: Path, run_id: str | None) -
     cfg_path = root / run_id / "config.json"
     if not cfg_path.is_file():
         raise UserError(f"--resume: no run {run_id!r} under {root}")
-    stored = json.loads(cfg_path.read_text(encoding="utf-8"))
+    stored = results.read_json(cfg_path)
     if stored.get("kind") != kind:
         raise UserError(f"--resume: run {run_id} is a {stored.get('kind')} run, not {kind}")
     old, new = stored.get("config", {}).get("fingerprint", {}), json.loads(json.dumps(fingerprint, default=str))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -62,11 +62,31 @@ class ServeCommand(ServeOptions):
     api_key: str | None = None
 
 
+# The options that shape only the systems `serve` runs itself (field -> flag): with --endpoint alone
+# (no --systems) there is none of them, and such a flag would be recorded without any effect.
+LOCAL_ONLY = {"trace_steps": "--trace-steps", "cuda_graphs": "--[no-]cuda-graphs", "tensor_parallel_size":
+              "--tensor-parallel-size", "no_profile_cache": "--no-profile-cache", "max_num_batched_tokens":
+              "--max-num-batched-tokens", "max_num_logits": "--max-num-logits", "max_num_seqs": "--max-num-seqs",
+              "retention": "--retention", "baseline_batch": "--baseline-batch"}
+
+
+def check_endpoint_alone(o: ServeCommand) -> None:
+    """With --endpoint and no --systems, refuse a flag that applies to the systems serve runs itself."""
+    if o.endpoint is None or o.systems is not None:
+        return
+    default = {f.name: f.default for f in fields(ServeCommand)}
+    given = [flag for k, flag in LOCAL_ONLY.items() if getattr(o, k) != default[k]]
+    if given:
+        raise UserError(f"{given[0]} applies to the systems serve runs itself, and with --endpoint alone it runs "
+                        "none: leave it out, or name them with --systems")
+
+
 def serve_command(o: ServeCommand, projection: Projector | None = None) -> int:
     """`serve` from its options: an --endpoint (which may name the model) resolved first, every
     option checked before a run directory exists, then `serve`; its exit code."""
     if o.api_key is not None and o.endpoint is None:
         raise UserError("--api-key is what serve sends to --endpoint: give --endpoint too")
+    check_endpoint_alone(o)
     ep, key = None, endpoint_api_key(o.api_key)
     if o.endpoint is not None:
         ep, model = resolve_endpoint(o.endpoint, o.endpoint_model, o.api, o.stream, o.dllm_extras, o.model,

@@ -3,7 +3,7 @@
 Requests follow OpenAI's `/v1/completions` and `/v1/chat/completions` plus the diffusion knobs
 of LLaDA's `generate` (`block_length`, `steps`, `remasking`), the engine's parallel decoding
 (`threshold`, `factor`, `entropy`: at most one, engine.decoding) and vLLM's `return_token_ids`. Unknown fields are rejected, as OpenAI's API does, so a misspelt knob is an
-error rather than a silently ignored option; OpenAI fields the engine cannot honour are accepted
+error rather than a silently ignored option; so is a field of the wrong JSON type (strict models); OpenAI fields the engine cannot honour are accepted
 only at their neutral value (docs/SERVER.md).
 """
 from __future__ import annotations
@@ -20,7 +20,9 @@ DECODING_FIELDS = ("threshold", "factor", "entropy")
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a field of the wrong JSON type is a 400, never coerced ("0.5" is no temperature, true
+    # no max_tokens); an integer is still a number where the API takes a float (OpenAI's too).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     max_tokens: int | None = None
@@ -102,7 +104,7 @@ class CompletionRequest(_Body):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]]

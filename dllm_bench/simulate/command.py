@@ -52,11 +52,11 @@ def simulate(o: SimulateOptions) -> int:
         if o.hardware is None or not o.name:
             raise UserError("--fit needs --hardware BASE (the profile whose operators it starts from: a calibrate "
                             "file of that GPU, or a built-in one) and --name NAME")
-        if o.out is not None:
-            inputs.out_file(Path(o.out), "--out")
+        inputs.profile_name(o.name, "--name")
+        out = inputs.out_file(o.out, "--out") if o.out is not None else \
+            inputs.out_file(hwmod.cache_dir() / f"{o.name}.json", "--name's profile file")
         runs = validate.measured_runs(run_list(o.fit_runs), o.result_dir, "--fit")
-        fit_command(runs, o.hardware, o.name, Path(o.out) if o.out else None, o.fit_evidence, o.leave_one_out,
-                    cons.console())
+        fit_command(runs, o.hardware, o.name, out, o.fit_evidence, o.leave_one_out, cons.console())
         return 0
     if o.name is not None or o.out is not None:
         raise UserError("--name and --out apply to --fit only")
@@ -69,10 +69,14 @@ def simulate(o: SimulateOptions) -> int:
         return 0
     if o.paper_prompt_len is not None or o.paper_batch is not None:
         raise UserError("--paper-prompt-len and --paper-batch apply to --paper replays only")
+    inputs.result_dir(o.result_dir)
+    inputs.run_id(o.run_id)
     measured = None
     if o.validate_runs is not None:
         measured = validate.measured_runs(run_list(o.validate_runs), o.result_dir)
     hw = hwmod.load(o.hardware or "cpu")
     run, setup = simulation(o, hw, o.impl, o.steps_per_block, o.result_dir, measured=measured)
+    if measured:
+        validate.check_cells(measured, run.datasets, [v.label for v in run.systems], run.rps)
     return simulate_serve(run, setup, result_dir=o.result_dir, run_id=o.run_id, as_json=o.as_json,
                           validate_against=measured)

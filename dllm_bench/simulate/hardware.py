@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
 from dllm_bench.results import atomic_write_json
 from dllm_bench.simulate.cost_model import Efficiency, HostCost
@@ -113,12 +114,13 @@ def resolve_path(spec: str, flag: str = "--hardware") -> Path:
         if not p.is_file():
             raise UserError(f"{flag}: no such file: {spec}")
         return p
-    calibrated = cache_dir() / f"{spec}.json"
-    if calibrated.is_file():
-        return calibrated
-    builtin = BUILTIN_DIR / f"{spec}.json"
-    if builtin.is_file():
-        return builtin
+    try:
+        name = inputs.profile_name(spec, flag)  # joined into a path: no '/' or '..' reaches outside the cache
+    except UserError:
+        name = None
+    for path in (cache_dir() / f"{name}.json", BUILTIN_DIR / f"{name}.json") if name else ():
+        if path.is_file():
+            return path
     raise UserError(f"{flag}: {spec!r} is neither a file nor a profile ({', '.join(builtin_names())})")
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 from dllm_bench import results
 from dllm_bench.errors import UserError
 from dllm_bench.repeats import Spread
+from dllm_bench.simulate.fit import measured
 
 # metric -> (table name, goal as a relative error), issue #13's goals.
 METRICS = {"output_throughput": ("tok/s", 0.10), "mean_e2el_ms": ("mean E2E s", 0.10),
@@ -37,12 +38,27 @@ def measured_runs(values: Sequence[str], result_dir: Path | None, flag: str = "-
         d = p if p.is_dir() else root / v
         if not d.is_dir():
             raise UserError(f"{flag}: no run {v!r} (neither a directory nor a run id under {root})")
-        if not results.load_points(d):
+        points = results.load_points(d)
+        if not points:
             raise UserError(f"{flag}: {d} has no finished points")
+        if all(measured.foreign(s) for s in points):
+            raise UserError(f"{flag}: {d} has no point a simulation can reproduce: each is {measured.foreign(points[0])}")
         if results.load_config(d).get("config", {}).get("simulated"):
             raise UserError(f"{flag}: {d} is a simulated run; give measured serve runs")
         out.append(d)
     return out
+
+
+def check_cells(measured_dirs: Sequence[Path], datasets: Sequence[str], labels: Sequence[str],
+                rps: Sequence[float]) -> None:
+    """Refuse, before anything is simulated, a validation none of whose measured (dataset, system,
+    rps) cells the simulation plans."""
+    meas = measured_frame(measured_dirs)
+    have = {(str(d), str(s), float(r)) for d, s, r in meas[KEYS].itertuples(index=False)}
+    if not have & {(d, s, float(r)) for d in datasets for s in labels for r in rps}:
+        cells = ", ".join(f"{d}/{s}@{results.fmt_rps(r)}" for d, s, r in sorted(have)[:6])
+        raise UserError(f"--validate: no (dataset, system, rps) cell of the measured runs ({cells}) would be "
+                        "simulated; give the same --dataset, --systems, --rps and --preset as those runs")
 
 
 def compare(sim_dir: Path, measured_dirs: Sequence[Path], at_speed: pd.DataFrame | None = None,

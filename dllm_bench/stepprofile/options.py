@@ -76,7 +76,7 @@ def resolve(o: StepProfileOptions) -> StepProfileSetup:
         raise UserError(f"--warmup must be in [0, {MAX_STEPS}], got {o.warmup}")
     if o.prompt_len is not None and o.prompt_len < 1:
         raise UserError(f"--prompt-len must be >= 1, got {o.prompt_len}")
-    variants = parse_systems(o.system)
+    variants = parse_systems(o.system, "--system")
     if len(variants) != 1:
         raise UserError(f"--system names one system, got {len(variants)}: {', '.join(v.label for v in variants)}")
     variant = variants[0]

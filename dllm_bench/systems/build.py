@@ -148,11 +148,11 @@ def check_tensor_parallel(model_dir: str | os.PathLike, n: int, device: str) -> 
     if n == 1:
         return
     if resolve_device(device).type == "cuda" and n > torch.cuda.device_count():
-        raise UserError(f"--tensor-parallel-size {n} needs {n} GPUs, this machine has {torch.cuda.device_count()}")
+        raise UserError(f"tensor_parallel_size {n} needs {n} GPUs, this machine has {torch.cuda.device_count()}")
     try:
         check_divisible(LLaDAConfig.from_pretrained(model_dir), n)
     except ValueError as e:
-        raise UserError(f"system 'engine' at --tensor-parallel-size {n}: {e}") from None
+        raise UserError(f"system 'engine' at tensor_parallel_size {n}: {e}") from None
 
 
 @dataclass

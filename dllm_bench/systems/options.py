@@ -23,6 +23,7 @@ from dllm_bench.errors import UserError
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.build import rank_threads
 from dllm_bench.systems.spec import ENGINE, SystemVariant, engine_knobs
+from engine.attention import choose_backend
 from engine.config import DTYPES
 
 
@@ -115,6 +116,19 @@ def check_engine_only(tensor_parallel_size: int, system: str) -> None:
     a baseline."""
     if tensor_parallel_size > 1 and system != ENGINE:
         raise UserError(f"--tensor-parallel-size applies to the engine only, not to system {system!r}")
+
+
+def check_backends(variants, engine_defaults: Mapping[str, Any] | None, device: str, dtype: str) -> None:
+    """Each engine variant's attention backend runs on `device` in `dtype` (engine.attention): a
+    backend the device or dtype cannot run is refused before the run starts, not at its first point."""
+    for v in variants:
+        if v.is_baseline:
+            continue
+        name = engine_knobs(v, dict(engine_defaults or {})).get("attention_backend", "auto")
+        try:
+            choose_backend(name, torch.device(device), DTYPES[dtype])
+        except ValueError as e:
+            raise UserError(f"system {v.label!r}: {e}") from None
 
 
 def variant_ranks(variant: SystemVariant, engine_defaults: Mapping[str, Any] | None = None) -> int:

@@ -301,7 +301,7 @@ def make_variant(name: str, pairs, spec_text: str | None = None) -> SystemVarian
     return SystemVariant(name, tuple(knobs.items()), label)
 
 
-def split_specs(text: str) -> list[str]:
+def split_specs(text: str, flag: str = "--systems") -> list[str]:
     """Split the outer comma list: a token with '=' continues the previous spec's knobs."""
     specs: list[str] = []
     for tok in (t.strip() for t in text.split(",")):
@@ -309,24 +309,25 @@ def split_specs(text: str) -> list[str]:
             continue
         if "=" in tok and ":" not in tok.split("=", 1)[0]:
             if not specs:
-                raise UserError(f"--systems: {tok!r} is a knob with no system before it")
+                raise UserError(f"{flag}: {tok!r} is a knob with no system before it")
             specs[-1] += ("," if not specs[-1].endswith(":") else "") + tok
         else:
             specs.append(tok)
     return specs
 
 
-def parse_systems(text: str | None) -> list[SystemVariant]:
-    """The whole --systems value (default: all four of the paper); duplicates are an error."""
-    specs = split_specs(text if text and text.strip() else DEFAULT_SYSTEMS)
+def parse_systems(text: str | None, flag: str = "--systems") -> list[SystemVariant]:
+    """The whole --systems value (default: all four of the paper); duplicates are an error.
+    `flag`: the option of the command in use, for its messages (profile-step's --system)."""
+    specs = split_specs(text if text and text.strip() else DEFAULT_SYSTEMS, flag)
     if not specs:
-        raise UserError("--systems is empty")
+        raise UserError(f"{flag} is empty")
     out: list[SystemVariant] = []
     seen: set[str] = set()
     for s in specs:
         v = parse_system(s)
         if v.label in seen:
-            raise UserError(f"--systems lists {v.label!r} twice")
+            raise UserError(f"{flag} lists {v.label!r} twice")
         seen.add(v.label)
         out.append(v)
     return out

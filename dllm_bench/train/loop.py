@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG
-from dllm_bench.checkpoints.tokenizer import special_token_ids
+from dllm_bench.checkpoints.tokenizer import EOS, special_token_ids
+from dllm_bench.errors import UserError
 from dllm_bench.train.batches import ANSWER_DELIM, Encoded, batched_logits, collate, encode_examples
 from dllm_bench.train.curve import probe_accuracy, write_curve
 from dllm_bench.train.tokenizer import build_task_tokenizer, save_task_tokenizer
@@ -233,10 +234,16 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
 
     corpus = corpus_lines(cfg)
     tok = build_task_tokenizer(corpus, cfg.vocab_size)
+    probe_rows = generated.examples(cfg.task, "dev", cfg.eval_n, seed=cfg.eval_seed, context_facts=cfg.eval_facts,
+                                    **task_knobs(cfg))
+    try:  # the probe's answers in the window, checked before --out is made
+        probe = encode_examples(tok, probe_rows, cfg.window, special_token_ids(tok.get_vocab_size())[EOS])
+    except ValueError as e:
+        raise UserError(f"--window {cfg.window}: {e}") from None
+    out.mkdir(parents=True, exist_ok=True)
     special = save_task_tokenizer(tok, out, cfg.max_sequence_length)
     mask_id, eos = special["mask_token_id"], special["eos_token_id"]
     mcfg = model_config(cfg, special)
@@ -244,10 +251,6 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
     log(f"model: d{cfg.d_model} L{cfg.n_layers} h{cfg.n_heads}/kv{cfg.n_kv_heads} ff{cfg.mlp_hidden_size} "
         f"V{cfg.vocab_size}: {n_params(model) / 1e6:.2f} M params; objective {cfg.objective}; "
         f"threads {torch.get_num_threads()}")
-
-    probe_rows = generated.examples(cfg.task, "dev", cfg.eval_n, seed=cfg.eval_seed, context_facts=cfg.eval_facts,
-                                    **task_knobs(cfg))
-    probe = encode_examples(tok, probe_rows, cfg.window, eos)
     stream = TrainStream(cfg, tok, eos)
     decay, no_decay = [], []
     for _, p in model.named_parameters():

@@ -21,7 +21,7 @@ from dllm_bench.simulate import bounds
 from dllm_bench.simulate.calibrate.mode import Mode, mode_for
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.simulator import DTYPE_BYTES
-from dllm_bench.systems.options import RunOptions, resolve
+from dllm_bench.systems.options import RunOptions, check_one_device, resolve, variant_ranks
 from dllm_bench.systems.spec import (
     DEFAULT_SYSTEMS,
     baseline_knobs,
@@ -144,6 +144,7 @@ def plan(o: CalibrateOptions) -> Plan:
         p = p.with_step_budgets(model_info(model_dir, p.dtype), length, gpu_name(dev), budget)
     by_variant = {}
     for v in variants:
+        check_one_device(variant_ranks(v, p.engine_defaults()), v.label, "calibrate")
         ek = engine_knobs(v, p.engine_defaults())
         cap = bounds.host_cap(v.name, shape, budget, length, ek["max_num_batched_tokens"], ek["max_num_logits"])
         by_variant[v] = sizes_within(sizes, cap, chosen and mode.saturate)

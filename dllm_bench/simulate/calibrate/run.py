@@ -37,8 +37,9 @@ POOR_FIT = 0.2            # a host fit whose median step error exceeds this desc
 def calibrate(o: CalibrateOptions, console) -> Path:
     """Profile this machine and write the profile; its path. Every option is checked before the
     first timing."""
-    if o.out is not None:
-        inputs.out_file(o.out, "--out")       # before minutes of profiling, not after
+    inputs.profile_name(o.name, "--name")     # all before minutes of profiling, not after
+    out = inputs.out_file(o.out, "--out") if o.out is not None else \
+        inputs.out_file(hardware.cache_dir() / f"{o.name}.json", "--name's profile file")
     if o.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {o.repeats}")
     pl = plan(o)
@@ -116,9 +117,8 @@ def calibrate(o: CalibrateOptions, console) -> Path:
         description=f"{where if dev.type == 'cuda' else platform.processor() or platform.machine()} "
         f"({platform.node()}), {p.threads} torch threads, {p.dtype}",
         sources=["measured by dllm-bench calibrate on this machine"], fit=fit)
-    path = o.out or hardware.cache_dir() / f"{o.name}.json"
-    hardware.save(hw, path)
-    return path
+    hardware.save(hw, out)
+    return out
 
 
 def _time_host(pl: Plan, mdl, read, console, tick=lambda: None) -> tuple[dict, dict]:

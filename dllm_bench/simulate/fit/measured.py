@@ -118,11 +118,19 @@ def pins(run_dirs: list[Path]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for d in run_dirs:
         for s in results.load_points(d):
-            if s.get("system") not in out and s.get("system_name") != "endpoint":
+            if s.get("system") not in out and not foreign(s):
                 knobs, info = _pins(s)
                 out[s["system"]] = {"knobs": knobs, "info": info, "graph_capture": graph_capture(d),
                                     "graph_keep": graph_keep(d)}
     return out
+
+
+def foreign(s: dict) -> str | None:
+    """Why a measured point is no system of ours to replay or simulate (an --endpoint point: its
+    server's model), or None: what `--fit` and `--validate` both refuse up front."""
+    if s.get("system_name") == "endpoint":
+        return "an --endpoint point (its server's model is not ours to replay)"
+    return None
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -135,8 +143,8 @@ def _jsonl(path: Path) -> list[dict]:
 def _point(run_dir: Path, cfg: dict, s: dict) -> MeasuredPoint | str:
     """The point, or why it cannot be replayed."""
     name = s["_point"]
-    if s.get("system_name") == "endpoint":
-        return "an --endpoint point (its server's model is not ours to replay)"
+    if foreign(s):
+        return foreign(s)
     if (s.get("decoding") or "fixed") != "fixed":
         return f"decoding {s['decoding']}: its forwards per block depend on token values"
     recs = _jsonl(run_dir / "points" / name / "requests.jsonl")

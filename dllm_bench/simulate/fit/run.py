@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
 from dllm_bench.results import fmt_rps
 from dllm_bench.simulate import hardware
@@ -149,7 +150,7 @@ def fit_command(runs: list[Path], base_spec: str, name: str, out: Path | None, e
     prof.validation = validation(f, points, runs)
     prof.sources = [*base.sources, f"operators: {base.name} ({base.path or 'built-in'}); step terms fitted by "
                     f"`dllm-bench simulate --fit` to {', '.join(r.name for r in runs)}"]
-    path = out or hardware.cache_dir() / f"{name}.json"
+    path = out or hardware.cache_dir() / f"{inputs.profile_name(name, '--name')}.json"
     hardware.save(prof, path)
     say(f"{prof.validation_label()}\nprofile: {path}")
     return path
