@@ -35,6 +35,7 @@ from dllm_bench.server import auth, protocol
 from dllm_bench.server.engine_loop import EngineLoop, Job
 from dllm_bench.server.protocol import ChatCompletionRequest, CompletionRequest
 from dllm_bench.server.text import Detokenizer, PromptError, chat_ids, prompt_ids
+from engine.decoding import FIXED
 from engine.sampling import SamplingParams
 
 log = logging.getLogger("dllm_bench.server")
@@ -52,7 +53,7 @@ class ServerState:
     max_waiting: int                 # 503 once this many requests wait for admission
     retry_after_s: int = 1
     api_key: str | None = None       # every /v1 route wants `Authorization: Bearer <key>`
-    decoding: str = "fixed"          # the policy of a request that names no rule (server --decoding)
+    decoding: str = FIXED          # the policy of a request that names no rule (server --decoding)
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -72,7 +73,7 @@ def sampling_params(state: ServerState, body: protocol._Body):
     gen_length = math.ceil(max_tokens / block) * block
     return SamplingParams(gen_length=gen_length, steps=body.steps or gen_length, block_length=block,
                           temperature=body.temperature, remasking=body.remasking, seed=body.seed or 0,
-                          decoding=body.decoding() if body.decoding() != "fixed" else state.decoding)
+                          decoding=body.decoding() if body.decoding() != FIXED else state.decoding)
 
 
 def create_app(state: ServerState) -> FastAPI:

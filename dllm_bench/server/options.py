@@ -22,6 +22,7 @@ from dllm_bench.systems.options import RunOptions, RunSetup, resolve
 from dllm_bench.systems.spec import SystemVariant, make_variant
 from dllm_bench.units import format_size
 from engine.config import DTYPES
+from engine.decoding import FIXED
 
 DEFAULT_MAX_WAITING = 256
 # The engine knobs `server` takes as flags, one value each (its --tensor-parallel-size included).
@@ -50,7 +51,7 @@ class ServerOptions(RunOptions):
     no_profile_cache: bool = False
     log_level: str = "warning"
     api_key: str | None = None
-    decoding: str = "fixed"
+    decoding: str = FIXED
 
     def knobs(self) -> dict:
         """The engine knobs given (the others are the preset's)."""

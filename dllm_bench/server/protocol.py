@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.decoding import FIXED
+
 # OpenAI's default for /v1/completions; rounded up to whole blocks like every max_tokens.
 DEFAULT_MAX_TOKENS = 16
 DECODING_FIELDS = ("threshold", "factor", "entropy")
@@ -70,7 +72,7 @@ class _Body(BaseModel):
             v = getattr(self, k)
             if v is not None:
                 return f"{k}:{v!r}"
-        return "fixed"
+        return FIXED
 
     def gen_max_tokens(self) -> int:
         return DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens

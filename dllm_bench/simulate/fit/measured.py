@@ -22,6 +22,7 @@ from dllm_bench import results
 from dllm_bench.errors import UserError
 from dllm_bench.systems.build import IN_POINT, KEEP_ALL, TIMED, WARM_UP
 from dllm_bench.systems.spec import ENGINE, ENGINE_KNOBS, SystemVariant
+from engine.decoding import FIXED
 from workloads.serving import ServingRequest
 
 EVIDENCE = ("steps", "blocks", "totals")
@@ -145,7 +146,7 @@ def _point(run_dir: Path, cfg: dict, s: dict) -> MeasuredPoint | str:
     name = s["_point"]
     if foreign(s):
         return foreign(s)
-    if (s.get("decoding") or "fixed") != "fixed":
+    if (s.get("decoding") or FIXED) != FIXED:
         return f"decoding {s['decoding']}: its forwards per block depend on token values"
     recs = _jsonl(run_dir / "points" / name / "requests.jsonl")
     done = [r for r in recs if r.get("status", "finished") == "finished" and r.get("first_token_time") is not None]
