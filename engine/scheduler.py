@@ -54,10 +54,9 @@ class Scheduler:
         if pool.capacity is None:
             return "dual"
         dual, sparse = self.kv_need(req, "dual"), self.kv_need(req, "sparse")
-        count = min(c.max_num_seqs, len(self.running) + len(self.waiting))
         shape = Shape(req.length, req.block_length, req.steps_per_block, c.delay_step, dual, sparse,
                       c.ridge_rows, pool.cfg.kv_per_weight, pool.cfg.pair_per_row, c.overhead_rows)
-        return admission_mode(pool.capacity - pool.used, dual, sparse, preferred_mode(pool.capacity, count, shape),
+        return admission_mode(pool.capacity - pool.used, dual, sparse, preferred_mode(pool.capacity, c.max_num_seqs, shape),
                               pool.capacity)
 
     def cost(self, req: Request, phase: Phase) -> int:
