@@ -8,9 +8,8 @@ weights (and cached keys), i.e. while its query rows are below the device's ridg
 (`EngineConfig.ridge_rows`: peak FLOP/s / bandwidth x bytes per weight / 2); past it a step's
 time grows with its rows; every step also pays a fixed cost (`EngineConfig.overhead_rows`) that
 fuller batches amortise. `preferred_mode` weighs both on a roofline (`step_time`): which mode,
-with the pool full of requests of the head's shape (up to `max_num_seqs`, however many run and
-wait now), commits more tokens per unit of step time; `admission_mode` admits the head in it
-once its need fits.
+with the pool full of requests of the head's shape (up to `max_num_seqs`, however few wait now),
+commits more tokens per unit of step time; `admission_mode` admits the head in it once it fits.
 A request no cache mode can ever hold (`never_cached`) is admitted `none`. A request keeps its
 mode for its life.
 """
