@@ -8,8 +8,8 @@ weights (and cached keys), i.e. while its query rows are below the device's ridg
 (`EngineConfig.ridge_rows`: peak FLOP/s / bandwidth x bytes per weight / 2); past it a step's
 time grows with its rows; every step also pays a fixed cost (`EngineConfig.overhead_rows`) that
 fuller batches amortise. `preferred_mode` weighs both on a roofline (`step_time`): which mode,
-filling the pool with requests of the head's shape (at most as many as run and wait), commits
-more tokens per unit of step time; `admission_mode` admits the head in it once its need fits.
+with the pool full of requests of the head's shape (up to `max_num_seqs`, however few wait now),
+commits more tokens per unit of step time; `admission_mode` admits the head in it once it fits.
 A request no cache mode can ever hold (`never_cached`) is admitted `none`. A request keeps its
 mode for its life.
 """
@@ -67,12 +67,12 @@ def step_time(n_dual, n_sparse, s: Shape):
 
 
 @lru_cache(maxsize=1024)
-def preferred_mode(capacity: int, count: int, s: Shape) -> str:
+def preferred_mode(capacity: int, max_seqs: int, s: Shape) -> str:
     """dual or sparse: which fills `capacity` KV slots with requests of shape `s` (at most
-    `count` of them) committing more tokens per unit of step time (`step_time`). Sparse must win
+    `max_seqs` of them) committing more tokens per unit of step time (`step_time`). Sparse must win
     by SPARSE_MARGIN: the roofline leaves out work only sparse does (scoring, top-k, packing the
     retained keys) and a sparse request holds its slots through twice the Refreshes."""
-    n_dual, n_sparse = min(count, capacity // s.dual_need), min(count, capacity // s.sparse_need)
+    n_dual, n_sparse = min(max_seqs, capacity // s.dual_need), min(max_seqs, capacity // s.sparse_need)
     if s.sparse_need >= s.dual_need or n_sparse == 0:
         return "dual"
     if n_dual == 0:

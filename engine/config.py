@@ -46,8 +46,8 @@ class EngineConfig:
     max_num_logits: int | None = 1024      # None = monolithic full-sequence logits (an HF forward)
     # --- KV cache ---
     cache: str = "sparse"                  # none (exact LLaDA) | dual (Fast-dLLM) | sparse (dLLM-Serve)
-                                           # | auto: dual per request while the KV pool holds it, else sparse
-                                           # (engine.cache_mode; the serving system's default)
+                                           # | auto: dual or sparse per request, as a full pool of requests
+                                           # like it runs faster (engine.cache_mode; the serving system's default)
     selection: str = "head"                # head-centric per-KV-head top-k | uniform (Sparse-dLLM)
     retention: float = 0.5                 # fraction of context tokens kept per head
     score_query: str = "mean"              # which block queries score the context: their mean

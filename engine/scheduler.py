@@ -54,11 +54,10 @@ class Scheduler:
         if pool.capacity is None:
             return "dual"
         dual, sparse = self.kv_need(req, "dual"), self.kv_need(req, "sparse")
-        count = min(c.max_num_seqs, len(self.running) + len(self.waiting))
         shape = Shape(req.length, req.block_length, req.steps_per_block, c.delay_step, dual, sparse,
                       c.ridge_rows, pool.cfg.kv_per_weight, pool.cfg.pair_per_row, c.overhead_rows)
-        return admission_mode(pool.capacity - pool.used, dual, sparse, preferred_mode(pool.capacity, count, shape),
-                              pool.capacity)
+        preferred = preferred_mode(pool.capacity, c.max_num_seqs, shape)     # a full pool of requests like it
+        return admission_mode(pool.capacity - pool.used, dual, sparse, preferred, pool.capacity)
 
     def cost(self, req: Request, phase: Phase) -> int:
         """The query tokens `req` is charged for a step in `phase` (the policy's rule)."""

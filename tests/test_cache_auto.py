@@ -56,13 +56,13 @@ def test_step_time_by_hand():
 
 
 def test_preferred_mode_by_hand():
-    """A pool of 120 slots holds 3 dual (40 each) or 5 sparse (24) requests of that shape. At a
-    ridge of 100 both steps cost 100 rows: 5 tokens per step beat 3 -> sparse. At a ridge of 10
-    dual commits 3/36 = 0.083 tokens per row, sparse 5/80 = 0.0625 -> dual. With 3 requests in
-    all, both modes hold all three, dual's step is no dearer -> dual; with a pool of 30 no dual
-    request fits -> sparse; at retention 1 (sparse need = dual need) -> dual. A step overhead of
-    50 rows at a ridge of 10 amortised over more requests: dual 3/86 = 0.035, sparse 5/130 =
-    0.038, 10 % more -> sparse."""
+    """A pool of 120 slots holds 3 dual (40 each) or 5 sparse (24) requests of that shape (the
+    second argument, `max_num_seqs`, caps both at 10). At a ridge of 100 both steps cost 100 rows:
+    5 tokens per step beat 3 -> sparse. At a ridge of 10 dual commits 3/36 = 0.083 tokens per row,
+    sparse 5/80 = 0.0625 -> dual. With at most 3 at once both modes hold three, dual's step is no
+    dearer -> dual; with a pool of 30 no dual request fits -> sparse; at retention 1 (sparse need
+    = dual need) -> dual. A step overhead of 50 rows at a ridge of 10 amortised over more
+    requests: dual 3/86 = 0.035, sparse 5/130 = 0.038, 10 % more -> sparse."""
     assert preferred_mode(120, 10, Shape(40, 8, 8, 1, 40, 24, ridge=100)) == "sparse"
     assert preferred_mode(120, 10, Shape(40, 8, 8, 1, 40, 24, ridge=10)) == "dual"
     assert preferred_mode(120, 3, Shape(40, 8, 8, 1, 40, 24, ridge=100)) == "dual"
@@ -82,24 +82,25 @@ def test_admission_rule(free, dual, sparse, preferred, mode):
     assert admission_mode(free, dual, sparse, preferred) == mode
 
 
-@pytest.mark.parametrize("pool, count, canvas, overhead, mode", [
-    (11380, 32, 869, 703, "dual"),     # 24 GiB on the h100 profile: 13 dual against 25 sparse
-    (7544, 32, 869, 703, "sparse"),    # 22 GiB: 8 dual against 16 sparse, which amortise the overhead
-    (7544, 8, 869, 703, "dual"),       # ... but with 8 requests in all, the pool holds them dual
-    (3708, 32, 869, 703, "sparse"),    # 20 GiB: 4 dual leave the step weight-bound, 8 sparse fill it
-    (1816, 32, 600, 703, "sparse"),    # 19 GiB: 3 dual against 5 sparse
-    (7544, 32, 869, 0, "dual"),        # 22 GiB on the bare roofline: 8 dual already past the ridge
-    (3708, 32, 869, 0, "sparse"),
+@pytest.mark.parametrize("pool, max_seqs, canvas, overhead, mode", [
+    (11380, 64, 869, 703, "dual"),     # 24 GiB on the h100 profile: 13 dual against 25 sparse
+    (7544, 64, 869, 703, "sparse"),    # 22 GiB: 8 dual against 16 sparse, which amortise the overhead
+    (7544, 8, 869, 703, "dual"),       # ... but with at most 8 at once, the pool holds them dual
+    (3708, 64, 869, 703, "sparse"),    # 20 GiB: 4 dual leave the step weight-bound, 8 sparse fill it
+    (1816, 64, 600, 703, "sparse"),    # 19 GiB: 3 dual against 5 sparse
+    (7544, 64, 869, 0, "dual"),        # 22 GiB on the bare roofline: 8 dual already past the ridge
+    (3708, 64, 869, 0, "sparse"),
 ])
-def test_llada_8b_on_an_h100(pool, count, canvas, overhead, mode):
+def test_llada_8b_on_an_h100(pool, max_seqs, canvas, overhead, mode):
     """LLaDA-8B (gen 256, block 32, 32 steps per block, retention 0.5) at the h100 profile's ridge
-    of 265 rows and step overhead of 703 (`simulate --preset paper --hardware h100`), in the pools
+    of 265 rows and step overhead of 703 (`simulate --preset paper --hardware h100`: max_num_seqs
+    64), in the pools
     it profiles at 24, 22, 20 and 19 GiB: the modes whose runs are the faster there
     (tests/test_cache_auto_sim.py); without the overhead (a measured GPU) the rule keeps 22 GiB dual."""
     c = LLaDAConfig()
     shape = Shape(canvas, 32, 32, 1, kv_need("dual", canvas, 32, 0.5), kv_need("sparse", canvas, 32, 0.5),
                   265, c.kv_per_weight, c.pair_per_row, overhead)
-    assert preferred_mode(pool, count, shape) == mode
+    assert preferred_mode(pool, max_seqs, shape) == mode
 
 
 # ---------------------------------------------------------------- float64 tokens
@@ -115,29 +116,29 @@ def test_auto_with_room_for_everyone_is_the_dual_engine(model):
     assert (st_["requests_dual"], st_["requests_sparse"]) == (len(prompts), 0)
 
 
-@pytest.mark.parametrize("ridge, modes", [(10**6, ["sparse", "sparse", "sparse", "dual", "dual"]),
-                                          (0, ["dual"] * 5)])
-def test_modes_follow_the_rule_and_each_request_equals_itself_alone(model, ridge, modes):
+@pytest.mark.parametrize("ridge, max_seqs, modes, waiter", [
+    (10**6, 64, ["sparse"] * 5, 3), (10**6, 3, ["sparse", "sparse", "dual", "sparse", "sparse"], 3),
+    (0, 64, ["dual"] * 5, 2)])
+def test_modes_follow_the_rule_and_each_request_equals_itself_alone(model, ridge, max_seqs, modes, waiter):
     """Five requests at once, block 8, gen 16 in 8 steps (4 per block), retention 0.5, a pool
     of 60 slots. Canvases 21, 25, 19, 28, 23: dual needs = the canvas, sparse needs
     ⌊0.5·(L-8)⌋ + 8 = 14, 16, 13, 18, 15. A pool of 60 holds 2, 2, 3, 2, 2 dual requests of
     each one's shape, 4, 3, 4, 3, 4 sparse ones. Ridge 10^6: every step is bound by reading the
-    weights (and keys: both pools read about as many), so more requests win: r0-r2 sparse
-    (free 46, 30, 17), r3's 18 does not fit 17 -> it waits, r4 behind it. When r0-r2 finish
-    only r3 and r4 are left: 2 of each shape fit dual, as many as sparse, dual's steps are the
-    cheaper -> both dual. Ridge 0: every step is compute-bound, dual's fewer rows per token win
-    whatever fits: r0, r1 dual (free 14), r2's 19 waits for them."""
+    weights (and keys: both pools read about as many), so more requests win: all sparse, r3 and
+    r4 too though they run after r0-r2 alone (the pool is weighed full, not by who is left):
+    r0-r2 take 14, 16, 13 (free 17), r3's 18 waits for them. At most 3 at once (max_num_seqs):
+    r2's shape fills the pool with 3 either way, dual's steps are the cheaper -> r2 dual, the
+    rest still 3 sparse against 2 dual; r3 waits for a seat. Ridge 0: every step is
+    compute-bound, dual's fewer rows per token win whatever fits: r0, r1 dual (free 14), r2's 19
+    waits for one of them."""
     prompts = random_prompts(5, [5, 9, 3, 12, 7], seed=1)
     sp = SamplingParams(gen_length=16, steps=8, block_length=8)
     kw = dict(retention=0.5, dtype="float64")
-    eng = make_engine(model, cache="auto", kv_pool_tokens=60, ridge_rows=ridge, **kw)
+    eng = make_engine(model, cache="auto", kv_pool_tokens=60, ridge_rows=ridge, max_num_seqs=max_seqs, **kw)
     outs = eng.generate(prompts, sp)
     assert [o.cache for o in outs] == modes
     assert [o.kv_tokens for o in outs] == [kv_need(m, len(p) + 16, 8, 0.5) for m, p in zip(modes, prompts)]
-    if ridge:
-        assert outs[3].admitted_time >= max(o.finished_time for o in outs[:3])
-    else:
-        assert outs[2].admitted_time >= min(o.finished_time for o in outs[:2])
+    assert outs[waiter].admitted_time >= min(o.finished_time for o in outs[:waiter])
     assert eng.pool.peak_used <= 60 and eng.pool.used == 0
     for o, p in zip(outs, prompts, strict=True):
         assert o.token_ids == run_alone(model, p, sp, cache=o.cache, **kw)
