@@ -182,7 +182,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
 
 
-SIM = ["simulate", "--preset", "tiny", "--hardware", "h100", "--systems", "engine", "--rps", "4",
+# A measured engine ran with no step overhead in its cache=auto rule (nothing measures one), and
+# --validate replays it so: the plain simulation names the same engine.
+ENGINE = "engine:overhead_rows=0"
+SIM = ["simulate", "--preset", "tiny", "--hardware", "h100", "--systems", ENGINE, "--rps", "4",
        "--num-prompts", "4"]
 
 
@@ -196,7 +199,7 @@ def test_simulate_validate_writes_and_prints_the_table(tmp_path):
         # timings, as simulated
         d = results.create_run("serve", {"graph_capture": WARM_UP, "graph_keep": TIMED}, run_id=f"rep{i}",
                                root=tmp_path)
-        results.write_point(d, results.PointKey("engine", 4.0, ds),
+        results.write_point(d, results.PointKey(ENGINE, 4.0, ds),
                             {"output_throughput": tp * k, "mean_e2el_ms": mean / k, "p99_e2el_ms": p99 * 3,
                              "completed": 4, "interrupted": False, "workload_seed": p["workload_seed"]}, [])
     r = _cli(*SIM, "--result-dir", str(tmp_path), "--run-id", "sim", "--json", "--validate",
@@ -207,7 +210,7 @@ def test_simulate_validate_writes_and_prints_the_table(tmp_path):
     cell = v["cells"][0]
     assert cell["output_throughput_status"] == "goal" and cell["p99_e2el_ms_status"] == "missed"
     assert cell["repeats"] == 3
-    assert "within measurement noise" in r.stderr and "| engine | 4 | 3 |" in r.stderr
+    assert "within measurement noise" in r.stderr and f"| {ENGINE} | 4 | 3 |" in r.stderr
     assert (tmp_path / "sim" / "validation.csv").is_file()
     assert "+0% ✓" in (tmp_path / "sim" / "validation.md").read_text()
     # The three runs ran one workload: scored against each other, only 0.95 and 1.0 agree within 10 %.
