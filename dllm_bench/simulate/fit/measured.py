@@ -111,16 +111,22 @@ def graph_keep(run_dir: Path) -> str:
 
 
 def pins(run_dirs: list[Path]) -> dict[str, dict]:
-    """label -> {"knobs", "info", "graph_capture", "graph_keep"} of each system's first point in the runs:
-    what `simulate --validate` pins each simulated system to, so it is compared with what was
-    measured rather than with the defaults of today's code."""
+    """label -> {"knobs", "info", "graph_capture", "graph_keep", "info_by_seed"} of each system's
+    first point in the runs: what `simulate --validate` pins each simulated system to, so it is
+    compared with what was measured rather than with the defaults of today's code. A capacity
+    measured for each workload (a baseline's max-fit batch: B=3 for one seed's lengths, 4 for
+    another's) is pinned per workload seed (`info_by_seed`, `SimSetup.pin_info`)."""
     out: dict[str, dict] = {}
     for d in run_dirs:
         for s in results.load_points(d):
-            if s.get("system") not in out and s.get("system_name") != "endpoint":
-                knobs, info = _pins(s)
+            if s.get("system_name") == "endpoint":
+                continue
+            knobs, info = _pins(s)
+            if s.get("system") not in out:
                 out[s["system"]] = {"knobs": knobs, "info": info, "graph_capture": graph_capture(d),
-                                    "graph_keep": graph_keep(d)}
+                                    "graph_keep": graph_keep(d), "info_by_seed": {}}
+            if s.get("workload_seed") is not None:
+                out[s["system"]]["info_by_seed"].setdefault(int(s["workload_seed"]), info)
     return out
 
 
