@@ -47,10 +47,12 @@ def _real_capacity(run):
     point on this machine has exactly the measured point's pool or batch."""
 
     model = load_llada(run.model_dir, DTYPES[run.preset.dtype], "cpu")
-    shape = workload_shape(run)
     keep = ("kv_pool_tokens", "max_batch_size", "scenario", "scenario_kind", "fits_budget", "peak_bytes")
 
-    def capacity(variant) -> dict:
+    def capacity(variant, seed: int | None = None) -> dict:
+        # serve sizes a repeat's static batches for that repeat's workloads (workload seed)
+        i = 0 if seed is None or not 0 <= seed - run.seed < run.repeats else seed - run.seed
+        shape = workload_shape(run, repeat_workloads(run, i))
         built = build_system(variant, model_dir=run.model_dir, dtype=run.preset.dtype, device="cpu",
                              memory_budget=run.memory_budget, shape=shape, engine_defaults=run.engine_defaults,
                              baseline_defaults=run.baseline_defaults, max_model_len=run.preset.max_model_len,

@@ -86,7 +86,7 @@ class SimSetup:
     memory_budget: float                   # bytes
     engine_defaults: dict = field(default_factory=dict)
     baseline_defaults: dict = field(default_factory=dict)
-    real_capacity: Any = None              # callable(variant) -> info dict from serve's builders, or None
+    real_capacity: Any = None              # callable(variant, seed) -> info dict from serve's builders, or None
     cost_fn: Callable[[Forward], float] | None = None   # replaces the cost model (tests: unit costs)
     speed: float = 1.0                     # every step's cost x this: a machine slower than its profile
     decoding: str = "fixed"                # --decoding (dllm_bench.systems.decoding): what each system runs
@@ -249,7 +249,7 @@ def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int,
     info: dict[str, Any] = {"system": variant.name, "label": variant.label, "impl": setup.impls[variant.name],
                             "hardware": setup.hardware.name, "memory_budget": setup.memory_budget}
     if setup.real_capacity is not None:
-        info.update(setup.real_capacity(variant))
+        info.update(setup.real_capacity(variant, seed))
     info.update(setup.pin_info(variant.label, seed))
     if variant.is_baseline:
         return _baseline(variant, setup, clock, info, max_len), info
