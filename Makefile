@@ -64,8 +64,9 @@ bench-serve:
 
 # `calibrate && simulate` against measured `serve` on this machine (docs/SIMULATE.md, "Validation"):
 # the engine and Fast-dLLM saturated (4 cpu-default requests at once, gen 64, 2 workload seeds),
-# ~9 min on 2 idle cores. The serve points read the speed gauge, so the validation also prints
-# each cell at the machine's measured speed. VALIDATE_ID names the profile and the two runs.
+# ~12 min on 2 idle cores (estimated from the idle cpu profile; not yet timed idle). The serve
+# points read the speed gauge, so the validation also prints each cell at the machine's measured
+# speed. VALIDATE_ID names the profile and the two runs.
 VALIDATE_SYSTEMS := engine,fast-dllm
 VALIDATE_SETTING := --preset cpu-default --systems $(VALIDATE_SYSTEMS) --rps inf --num-prompts 4 --gen-length 64 --repeats 2
 VALIDATE_CALIBRATE := --preset cpu-default --systems $(VALIDATE_SYSTEMS) --sizes 1,2
@@ -80,7 +81,7 @@ bench-validate:
 
 # The same check committed for tests/test_simulate_cpu_run.py: the calibration, the traced serve
 # run pruned to what the test reads (config.json, metrics.csv, each point's summary.json,
-# requests.jsonl and steps.jsonl) and simulate's validation.md, in VALIDATE_DATA (~9 min on 2 idle
+# requests.jsonl and steps.jsonl) and simulate's validation.md, in VALIDATE_DATA (~12 min on 2 idle
 # cores; run it on an idle machine: the test holds the simulator to 15 % tok/s, 20 % mean E2EL).
 VALIDATE_DATA ?= tests/data/cpu-$(shell date -u +%Y-%m-%d)
 validate-data:
