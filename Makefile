@@ -6,7 +6,7 @@ TORCH_VERSION := 2.13.0
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: install test test-fast lint regress regress-update bench-engine bench-mechanisms bench-serve bench-server \
-	bench-simulate bench-validate bench bench-gpu clean train-seeds train-synth-cot accuracy-fig6 \
+	bench-simulate bench-validate validate-data bench bench-gpu clean train-seeds train-synth-cot accuracy-fig6 \
 	docs docs-results docs-simulated docs-memory docs-measured
 
 $(BIN)/python:
@@ -63,16 +63,47 @@ bench-serve:
 		--systems engine,engine:cache=dual,fast-dllm,sparse-dllm,dllm-cache
 
 # `calibrate && simulate` against measured `serve` on this machine (docs/SIMULATE.md, "Validation"):
+# the engine and Fast-dLLM saturated (4 cpu-default requests at once, gen 64, 2 workload seeds);
 # the serve points read the speed gauge, so the validation also prints each cell at the machine's
 # measured speed. VALIDATE_ID names the profile and the two runs.
+VALIDATE_SYSTEMS := engine,fast-dllm
+VALIDATE_SETTING := --preset cpu-default --systems $(VALIDATE_SYSTEMS) --rps inf --num-prompts 4 --gen-length 64 --repeats 2
+VALIDATE_CALIBRATE := --preset cpu-default --systems $(VALIDATE_SYSTEMS) --sizes 1,2
 ifndef VALIDATE_ID
 VALIDATE_ID := validate-$(shell date -u +%Y%m%dT%H%M%SZ)
 endif
 bench-validate:
-	$(BIN)/dllm-bench calibrate --name $(VALIDATE_ID)
-	DLLM_BENCH_SPEED_GAUGE=1 $(BIN)/dllm-bench serve --rps 0.5 --repeats 3 --run-id $(VALIDATE_ID)
-	$(BIN)/dllm-bench simulate --hardware $(VALIDATE_ID) --rps 0.5 --repeats 3 \
-		--run-id $(VALIDATE_ID)-sim --validate $(VALIDATE_ID)
+	$(BIN)/dllm-bench calibrate $(VALIDATE_CALIBRATE) --name $(VALIDATE_ID)
+	DLLM_BENCH_SPEED_GAUGE=1 $(BIN)/dllm-bench serve $(VALIDATE_SETTING) --no-projection --run-id $(VALIDATE_ID)
+	$(BIN)/dllm-bench simulate --hardware $(VALIDATE_ID) $(VALIDATE_SETTING) --run-id $(VALIDATE_ID)-sim \
+		--validate $(VALIDATE_ID)
+
+# The same check committed for tests/test_simulate_cpu_run.py: the calibration, the traced serve
+# run pruned to what the test reads (config.json, metrics.csv, each point's summary.json,
+# requests.jsonl and steps.jsonl) and simulate's validation.md, in VALIDATE_DATA (~12 min on 2 idle
+# cores; run it on an idle machine: the test holds the simulator to 15 % tok/s, 20 % mean E2EL).
+VALIDATE_DATA ?= tests/data/cpu-$(shell date -u +%Y-%m-%d)
+validate-data:
+	rm -rf $(VALIDATE_DATA).tmp $(VALIDATE_DATA) && mkdir -p $(VALIDATE_DATA).tmp $(VALIDATE_DATA)/points
+	$(BIN)/dllm-bench calibrate $(VALIDATE_CALIBRATE) --out $(VALIDATE_DATA).tmp/calibrate.json
+	DLLM_BENCH_SPEED_GAUGE=1 $(BIN)/dllm-bench serve $(VALIDATE_SETTING) --trace-steps --no-projection \
+		--result-dir $(VALIDATE_DATA).tmp --run-id run
+	$(BIN)/dllm-bench simulate --hardware $(VALIDATE_DATA).tmp/calibrate.json $(VALIDATE_SETTING) \
+		--result-dir $(VALIDATE_DATA).tmp --run-id sim --validate $(VALIDATE_DATA).tmp/run
+	cp $(VALIDATE_DATA).tmp/calibrate.json $(VALIDATE_DATA).tmp/sim/validation.md $(VALIDATE_DATA).tmp/run/config.json \
+		$(VALIDATE_DATA).tmp/run/metrics.csv $(VALIDATE_DATA)/
+	for p in $(VALIDATE_DATA).tmp/run/points/*; do d=$(VALIDATE_DATA)/points/$$(basename $$p); mkdir -p $$d && \
+		cp $$p/summary.json $$p/requests.jsonl $$p/steps.jsonl $$d/ || exit 1; done
+	printf '%s\n' "# A measured CPU serve run and the calibration taken right before it" "" \
+		"Made by \`make validate-data\` at commit $$(git rev-parse --short HEAD) on $$(date -u +%Y-%m-%d) (the machine: \`config.json\`'s" \
+		"environment, \`calibrate.json\`'s description). \`tests/test_simulate_cpu_run.py\` replays every point on the" \
+		"calibration: the same steps as \`steps.jsonl\`, each system within 15 % tok/s and 20 % mean E2EL." "" \
+		"* \`calibrate.json\`: \`dllm-bench calibrate $(VALIDATE_CALIBRATE)\`" \
+		"* the run: \`DLLM_BENCH_SPEED_GAUGE=1 dllm-bench serve $(VALIDATE_SETTING) --trace-steps --no-projection\`," \
+		"  pruned to \`config.json\`, \`metrics.csv\` and each point's \`summary.json\`, \`requests.jsonl\`, \`steps.jsonl\`" \
+		"* \`validation.md\`: \`dllm-bench simulate --hardware calibrate.json $(VALIDATE_SETTING) --validate RUN\`" \
+		> $(VALIDATE_DATA)/README.md
+	rm -rf $(VALIDATE_DATA).tmp
 
 bench: bench-engine bench-mechanisms
 

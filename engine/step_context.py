@@ -78,7 +78,7 @@ class StepContext:
             if self.packed:
                 self.chunks += self._packed_chunks(members, spec, staging)
             else:
-                parts = [members] if static_keys is not None else _split(members, key_lens[members], key_budget)
+                parts = [members] if static_keys is not None else split_by_keys(members, key_lens[members], key_budget)
                 self.chunks += [self._chunk(part, spec, staging) for part in parts]
         if len(self.chunks) > 1 or (self.chunks and self.chunks[0].in_place and self.chunks[0].q_index is not None):
             for ch in self.chunks:                    # each chunk's rows go straight to their place
@@ -232,7 +232,7 @@ def _contiguous(slots: np.ndarray, base: np.ndarray, n: np.ndarray) -> np.ndarra
     return breaks[base + n - 1] == breaks[base]
 
 
-def _split(members: np.ndarray, key_lens: np.ndarray, budget: int) -> list[np.ndarray]:
+def split_by_keys(members: np.ndarray, key_lens: np.ndarray, budget: int) -> list[np.ndarray]:
     """Consecutive members, each chunk's padded key rows (count x longest) within the budget."""
     if not members.size:
         return []

@@ -51,11 +51,11 @@ def test_timings_wait_for_the_device_before_each_start_and_stop():
     assert callable(device_sync("cuda:0"))                         # built, not called: no GPU needed
 
 
-TIMED = ("matmul", "__matmul__", "scaled_dot_product_attention", "copy_")
+TIMED = ("matmul", "__matmul__", "linear", "scaled_dot_product_attention", "copy_")
 
 
 class Operands(TorchFunctionMode):
-    """The devices of every tensor handed to a matmul or an attention call."""
+    """The devices of every tensor handed to a matmul, a linear or an attention call."""
 
     def __init__(self):
         super().__init__()

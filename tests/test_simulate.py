@@ -42,7 +42,7 @@ def _setup(model) -> SimSetup:
     return SimSetup(cfg, ModelShape.from_config(cfg, 4), hardware.load("h100"), "float32",
                     {n: "engine" for n in ("engine", "llada", "fast-dllm", "dllm-cache", "sparse-dllm")},
                     memory_budget=1e12, engine_defaults=ENGINE_KNOBS, baseline_defaults=BASE_KNOBS,
-                    real_capacity=lambda v: {"kv_pool_tokens": 60, "max_batch_size": 3},
+                    real_capacity=lambda v, seed=None: {"kv_pool_tokens": 60, "max_batch_size": 3},
                     cost_fn=lambda fw: fw.query_tokens * UNIT)
 
 

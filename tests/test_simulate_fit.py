@@ -205,7 +205,7 @@ def test_graph_padding_and_warm_up_captures_are_the_engines(cache, keys, request
     seen = []
     cfg = model.config
     setup = SimSetup(cfg, ModelShape.from_config(cfg, 4), hardware.load("h100"), dtype, {"engine": "engine"},
-                     memory_budget=1e12, engine_defaults=knobs, real_capacity=lambda v: {"kv_pool_tokens": 400},
+                     memory_budget=1e12, engine_defaults=knobs, real_capacity=lambda v, seed=None: {"kv_pool_tokens": 400},
                      cost_fn=lambda fw: seen.append(fw) or 1e-3, pinned={"engine": {"graph_keep": "all"}})
     info = simulate_point(parse_system("engine"), setup, wl, 8)["info"]
     assert info["graph_capture"] == "warm-up" and info["graphs_captured_at_warm_up"] == at_warm_up

@@ -27,7 +27,8 @@ TIME_FIELDS = ("arrival_time", "admitted_time", "first_token_time", "finished_ti
 # Cumulative stats() counters: a point reports their increase over the run, so a system object
 # reused across points does not leak counts from earlier points. Peaks/sizes are taken as-is.
 COUNTER_STATS = ("steps", "forwards", "query_tokens", "logits_rows", "batched_requests", "requests_dual",
-                 "requests_sparse", "requests_none")
+                 "requests_sparse", "requests_none", "refresh_steps", "reuse_steps", "stalled_steps",
+                 "stalled_requests", "deferred_steps", "deferred_requests")
 
 ProgressFn = Callable[[int, int, float], None]  # (arrived, finished, live output tok/s)
 

@@ -99,14 +99,33 @@ class Seg(NamedTuple):
     k: int
 
 
+class Call(NamedTuple):
+    """One padded attention call: `g` members, each `q` query rows over `k` keys (the longest)."""
+
+    g: int
+    q: int
+    k: int
+
+
 @dataclass(frozen=True)
 class LayerPass:
     """`layers` layers that all process the same segments. `v_only` tokens go through the V
-    projection alone (dLLM-Cache's V-verify of the tokens it does not recompute)."""
+    projection alone (dLLM-Cache's V-verify of the tokens it does not recompute). `calls`: the
+    attention calls per layer where they are padded (every member to its call's longest, as
+    padded SDPA runs them); None: one call over the segments as they are (a packed kernel)."""
 
     layers: int
     segs: tuple[Seg, ...]
     v_only: int = 0
+    calls: tuple[Call, ...] | None = None
+
+    def attention(self, m: ModelShape) -> list[tuple[float, float]]:
+        """(FLOPs, bytes) of each attention call of one layer."""
+        if self.calls is None:
+            return [(sum(s.q * s.k for s in self.segs) * 4.0 * m.heads * m.head_dim,
+                     sum(2 * s.q + 2 * s.k for s in self.segs) * m.q_dim * m.wbytes)]
+        return [(c.g * c.q * c.k * 4.0 * m.heads * m.head_dim, c.g * (2 * c.q + 2 * c.k) * m.q_dim * m.wbytes)
+                for c in self.calls]
 
 
 @dataclass(frozen=True)
@@ -260,11 +279,10 @@ class CostModel:
             if p.v_only:
                 parts["gemm"] += p.layers * gemm_time(p.v_only, m.d, m.kv_dim, m.wbytes, self.peak, self.bw, e)
                 flops += p.layers * 2.0 * p.v_only * m.d * m.kv_dim
-            af = sum(s.q * s.k for s in p.segs) * 4.0 * m.heads * m.head_dim
-            ab = sum(2 * s.q + 2 * s.k for s in p.segs) * m.q_dim * m.wbytes
-            parts["attn"] += p.layers * attention_time(af, ab, self.peak, self.bw, e)
-            flops += af * p.layers
-            nbytes += ab * p.layers
+            for af, ab in p.attention(m):
+                parts["attn"] += p.layers * attention_time(af, ab, self.peak, self.bw, e)
+                flops += af * p.layers
+                nbytes += ab * p.layers
             eb = (M + p.v_only) * impl.elem_bytes_per_token_layer(m) * p.layers
             parts["elem"] += eb / bw
             nbytes += eb

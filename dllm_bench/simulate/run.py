@@ -47,10 +47,12 @@ def _real_capacity(run):
     point on this machine has exactly the measured point's pool or batch."""
 
     model = load_llada(run.model_dir, DTYPES[run.preset.dtype], "cpu")
-    shape = workload_shape(run)
     keep = ("kv_pool_tokens", "max_batch_size", "scenario", "scenario_kind", "fits_budget", "peak_bytes")
 
-    def capacity(variant) -> dict:
+    def capacity(variant, seed: int | None = None) -> dict:
+        # serve sizes a repeat's static batches for that repeat's workloads (workload seed)
+        i = 0 if seed is None or not 0 <= seed - run.seed < run.repeats else seed - run.seed
+        shape = workload_shape(run, repeat_workloads(run, i))
         built = build_system(variant, model_dir=run.model_dir, dtype=run.preset.dtype, device="cpu",
                              memory_budget=run.memory_budget, shape=shape, engine_defaults=run.engine_defaults,
                              baseline_defaults=run.baseline_defaults, max_model_len=run.preset.max_model_len,
@@ -60,9 +62,15 @@ def _real_capacity(run):
 
 
 def _pinned(pin: dict) -> str:
-    info, knobs = pin.get("info", {}), pin.get("knobs", {})
-    what = [f"KV pool {info['kv_pool_tokens']} tokens"] if "kv_pool_tokens" in info else []
-    what += [f"static batch B={info['max_batch_size']}"] if "max_batch_size" in info else []
+    """What a system is pinned to; a capacity that differs between workload seeds, per seed."""
+    knobs, by_seed = pin.get("knobs", {}), pin.get("info_by_seed") or {None: pin.get("info", {})}
+    what = []
+    for key, name in (("kv_pool_tokens", "KV pool {} tokens"), ("max_batch_size", "static batch B={}")):
+        vals = {seed: info[key] for seed, info in by_seed.items() if key in info}
+        if len(set(vals.values())) == 1:
+            what.append(name.format(next(iter(vals.values()))))
+        elif vals:
+            what.append(name.format(", ".join(f"{v} (seed {seed})" for seed, v in sorted(vals.items()))))
     return ", ".join(what + [f"{k}={v}" for k, v in knobs.items()])
 
 
@@ -105,7 +113,7 @@ def _at_measured_speed(run, setup: SimSetup, meas: pd.DataFrame, console) -> pd.
         if wl is None:
             continue
         out = simulate_point(v, replace(setup, speed=float(r.speed)), wl, run.preset.block_length,
-                             max_duration=run.max_duration)
+                             max_duration=run.max_duration, seed=int(r.workload_seed))
         rows.append({**summarize(out["result"]), "dataset": r.dataset, "system": r.system, "rps": float(r.rps),
                      "workload_seed": int(r.workload_seed), "speed": float(r.speed)})
     if rows:

@@ -24,7 +24,15 @@ import torch
 from baselines.static_batch import Batch, Policy, StepResult
 from dllm_bench.simulate.clock import VirtualClock
 from dllm_bench.simulate.cost_model import Forward, ModelShape
-from dllm_bench.simulate.work import baseline_work, engine_forward, graph_key, padded, warm_up_steps
+from dllm_bench.simulate.work import (
+    baseline_work,
+    engine_forward,
+    graph_key,
+    key_budget,
+    padded,
+    warm_up_steps,
+)
+from engine.attention import PACKED
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.kv_cache import KVPool, bytes_per_token
@@ -75,6 +83,11 @@ class CostRunner:
         self.config, self.shape, self.cost, self.clock, self.inner = config, shape, cost, clock, inner
         self.model = getattr(inner, "model", None)
         self.graphs, self.in_place, self.keep = graphs, in_place, keep
+        # The engine attends through padded SDPA unless its backend is a packed kernel (a GPU's in
+        # bf16/fp16): then every attention call is charged padded as it runs (work.padded_calls).
+        backend = getattr(inner, "backend", None)
+        packed = backend in PACKED if backend is not None else in_place
+        self.key_budget = None if packed else getattr(inner, "key_budget", None) or key_budget(config, model_config)
         self.kept: dict[tuple[int, int, int], bool] = {}       # each captured graph: replayed or not
         self.decisions: dict[str, list] = {"kept": [], "eager": []}   # the same as [bucket, keys, block]
         self.last: list = []
@@ -97,11 +110,11 @@ class CostRunner:
                               self.model_config.mask_token_id, self.in_place)
         new = [key for key in steps if key not in self.kept]
         for key in new:
-            self._decide(key, engine_forward(steps[key], self.config, self.shape)[0])
+            self._decide(key, engine_forward(steps[key], self.config, self.shape, self.key_budget)[0])
         return len(new)
 
     def run(self, batch) -> StepStats:
-        fw, charged = engine_forward(batch, self.config, self.shape)
+        fw, charged = engine_forward(batch, self.config, self.shape, self.key_budget)
         self.last = [req for req, _ in batch]
         if self.inner is not None:
             st = self.inner.run(batch)

@@ -87,7 +87,7 @@ class SimSetup:
     memory_budget: float                   # bytes
     engine_defaults: dict = field(default_factory=dict)
     baseline_defaults: dict = field(default_factory=dict)
-    real_capacity: Any = None              # callable(variant) -> info dict from serve's builders, or None
+    real_capacity: Any = None              # callable(variant, seed) -> info dict from serve's builders, or None
     cost_fn: Callable[[Forward], float] | None = None   # replaces the cost model (tests: unit costs)
     speed: float = 1.0                     # every step's cost x this: a machine slower than its profile
     decoding: str = FIXED                # --decoding (dllm_bench.systems.decoding): what each system runs
@@ -97,6 +97,12 @@ class SimSetup:
     # where its graphs were captured, by which rule kept, and the buckets its trace shows replayed,
     # which replace the run's defaults (dllm_bench.simulate.fit.measured)
     pinned: dict = field(default_factory=dict)
+
+    def pin_info(self, label: str, seed: int | None = None) -> dict:
+        """The capacity a measured point of `label` ran with: its workload seed's own where the run
+        measured one per workload (a max-fit batch), else its first point's."""
+        pin = self.pinned.get(label, {})
+        return pin.get("info_by_seed", {}).get(seed, pin.get("info", {}))
 
     def cost_model(self, system: str, ranks: int = 1) -> CostModel | ParallelCostModel:
         """`ranks` > 1: an engine on that many of the profile's GPUs (dllm_bench.simulate.parallel)."""
@@ -237,14 +243,15 @@ def plan_requests(system: VirtualTimed, plan: StepsPlan | None, block_length: in
 
 
 def build(variant, setup: SimSetup, clock: VirtualClock, max_len: int,
-          warm: tuple[int, int, int] | None = None) -> tuple[VirtualTimed, dict]:
+          warm: tuple[int, int, int] | None = None, seed: int | None = None) -> tuple[VirtualTimed, dict]:
     """The system on the clock; `warm`: serve's warm-up of the point (block length, prompt
-    tokens, the most requests it batches), where an engine captures its CUDA graphs."""
+    tokens, the most requests it batches), where an engine captures its CUDA graphs; `seed`: the
+    point's workload seed (a measured capacity pinned per seed)."""
     info: dict[str, Any] = {"system": variant.name, "label": variant.label, "impl": setup.impls[variant.name],
                             "hardware": setup.hardware.name, "memory_budget": setup.memory_budget}
     if setup.real_capacity is not None:
-        info.update(setup.real_capacity(variant))
-    info.update(setup.pinned.get(variant.label, {}).get("info", {}))
+        info.update(setup.real_capacity(variant, seed))
+    info.update(setup.pin_info(variant.label, seed))
     if variant.is_baseline:
         return _baseline(variant, setup, clock, info, max_len), info
     return _engine(variant, setup, clock, info, warm), info
@@ -261,7 +268,7 @@ def simulate_point(variant, setup: SimSetup, workload: list, block_length: int,
     clock = setup.clock()
     max_len = max(len(w.prompt_ids) + w.gen_length for w in workload)
     warm = (block_length, len(workload[0].prompt_ids[:WARM_UP_PROMPT]), warm_up_batch(len(workload), max_concurrency))
-    system, info = build(variant, setup, clock, max_len, warm)
+    system, info = build(variant, setup, clock, max_len, warm, seed)
     dec = resolve_decoding(variant.name, setup.decoding, variant.knob_dict)
     if dec.parallel:
         plan_requests(system, setup.steps_plan, block_length, seed)

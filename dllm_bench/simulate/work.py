@@ -17,16 +17,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
+
 from baselines.dllm_cache import DLLMCache
 from baselines.fast_dllm import FastDLLM
 from baselines.llada import LLaDASampler
 from baselines.registry import SYSTEMS
 from baselines.sparse_dllm import SparseDLLM
 from baselines.static_batch import Batch, StepResult
-from dllm_bench.simulate.cost_model import Forward, LayerPass, ModelShape, Seg
+from dllm_bench.simulate.cost_model import Call, Forward, LayerPass, ModelShape, Seg
 from engine.config import EngineConfig
 from engine.graphs import batch_buckets, bucket, key_width, warm_up_plan, warm_up_requests
 from engine.request import Phase, Request
+from engine.step_context import split_by_keys
 
 
 def masked_in_block(req) -> int:
@@ -34,8 +37,12 @@ def masked_in_block(req) -> int:
     return req.params.block_length - sum(req.schedule[: req.step_in_block])
 
 
-def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, shape: ModelShape) -> tuple[Forward, list[int]]:
-    """The step's Forward and what each request is charged in logits rows."""
+def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, shape: ModelShape,
+                   key_budget: int | None = None) -> tuple[Forward, list[int]]:
+    """The step's Forward and what each request is charged in logits rows. `key_budget` (the
+    runner's padded key rows per call): the engine attends through padded SDPA (a CPU, fp32, or
+    attention_backend=sdpa), so its attention calls and key gathers are charged padded
+    (`padded_calls`); None: a packed kernel, every segment as it is."""
     segs, charged = [], []
     rows = kv_read = kv_write = cached = 0
     reuse = Phase.REUSE
@@ -62,10 +69,36 @@ def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, sha
         charged.append(r)
         rows += r
     n_ref = sum(1 for _, p in batch if p is not reuse)
-    fw = Forward((LayerPass(shape.layers, tuple(segs)),), rows=rows, kv_read=kv_read, kv_write=kv_write,
+    calls = None
+    if key_budget is not None:
+        refresh = np.array([p is not reuse for _, p in batch])
+        calls = padded_calls(segs, refresh, key_budget)
+        kv_read = sum(c.g * c.k for c, from_pool in calls if from_pool)    # every padded key is gathered
+        calls = tuple(c for c, _ in calls)
+    fw = Forward((LayerPass(shape.layers, tuple(segs), calls=calls),), rows=rows, kv_read=kv_read, kv_write=kv_write,
                  cached_key_layers=cached * shape.layers, n_seq=len(batch), softmax_rows=rows,
                  lm_chunk=config.max_num_logits or 0, refresh=n_ref)
     return fw, charged
+
+
+def padded_calls(segs: list[Seg], refresh: np.ndarray, key_budget: int) -> list[tuple[Call, bool]]:
+    """The padded path's attention calls of one step, as engine.step_context makes them: the
+    Refresh members (keys: their own canvas) and the Reuse members (keys: their cache slots) each
+    one group, split into consecutive chunks within `key_budget` padded key rows, every member
+    of a chunk padded to its longest queries and keys; with whether its keys come from the pool."""
+    q = np.array([s.q for s in segs])
+    k = np.array([s.k for s in segs])
+    out = []
+    for is_refresh in (True, False):
+        members = np.flatnonzero(refresh == is_refresh)
+        for part in split_by_keys(members, k[members], key_budget) if members.size else []:
+            out.append((Call(len(part), int(q[part].max()), int(k[part].max())), not is_refresh))
+    return out
+
+
+def key_budget(config: EngineConfig, model_config) -> int:
+    """The engine runner's padded key rows per attention call (engine.runner.ModelRunner)."""
+    return max(config.max_model_len or model_config.max_sequence_length, config.max_num_batched_tokens)
 
 
 def graph_key(batch: list[tuple[Request, Phase]], config: EngineConfig,
@@ -113,11 +146,14 @@ def warm_up_steps(config: EngineConfig, block_length: int, prompt_len: int, max_
 def padded(fw: Forward, key: tuple[int, int, int]) -> Forward:
     """`fw` as its graph replays it: dummy members (one block of queries over one block of keys,
     written to the pool's scratch slot) up to the bucket; their rows are dropped before decoding."""
-    b, _, bl = key
+    b, width, bl = key
     extra = b - fw.n_seq
     (p,) = fw.passes
-    return replace(fw, passes=(LayerPass(p.layers, p.segs + (Seg(bl, bl),) * extra),), kv_write=fw.kv_write + extra * bl,
-                   graph=True)
+    # padded SDPA under a graph: every member's keys padded to the bucket's key width
+    calls = None if p.calls is None else (Call(b, bl, width or max(c.k for c in p.calls)),)
+    kv_read = fw.kv_read if calls is None else b * calls[0].k
+    return replace(fw, passes=(LayerPass(p.layers, p.segs + (Seg(bl, bl),) * extra, calls=calls),),
+                   kv_write=fw.kv_write + extra * bl, kv_read=kv_read, graph=True)
 
 
 def _kept(batch: Batch, keep_ratio: float) -> int:

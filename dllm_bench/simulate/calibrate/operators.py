@@ -8,7 +8,7 @@ that explain them.
    c_op) of `cost_model.gemm_time` / `attention_time` by least squares on log time (relative
    error), then u_c per M (the GEMM time the bandwidth term leaves, per grid row count). Each
    GEMM call reads a weight copy that is not in the cache (copies cycled past the last-level
-   cache), as a forward that streams every layer's weights once does.
+   cache), as a forward streaming its weights does, by the model's call (F.linear, [N, K]).
 
 The fit functions take samples, not a machine: tests feed them synthetic timings and check that
 the parameters come back (the round trip).
@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from dllm_bench.simulate import bounds
 from dllm_bench.simulate.calibrate.mode import Timer, mode_for
@@ -192,12 +193,12 @@ def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25
         if kind == "gemm":
             if (b, c) not in weights:
                 weights.clear()                                  # one (K, N)'s copies in memory at a time
-                w = torch.randn(b, c, dtype=dtype, device=dev)
+                w = torch.randn(c, b, dtype=dtype, device=dev)      # [N, K]: a Linear's weight
                 copies = max(1, min(bounds.MAX_WEIGHT_COPIES, -(-cold_bytes // (b * c * w.element_size()))))
                 weights[b, c] = itertools.cycle([w] + [w.clone() for _ in range(copies - 1)])
                 del w
             x, ws = torch.randn(a, b, dtype=dtype, device=dev), weights[b, c]
-            t = timed(lambda x=x, ws=ws: x @ next(ws), repeats)
+            t = timed(lambda x=x, ws=ws: F.linear(x, next(ws)), repeats)      # the engine's call
         else:
             weights.clear()
             t = timed(engine_attention(a, b, shape, dtype, dev), repeats)

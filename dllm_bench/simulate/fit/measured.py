@@ -113,16 +113,22 @@ def graph_keep(run_dir: Path) -> str:
 
 
 def pins(run_dirs: list[Path]) -> dict[str, dict]:
-    """label -> {"knobs", "info", "graph_capture", "graph_keep"} of each system's first point in the runs:
-    what `simulate --validate` pins each simulated system to, so it is compared with what was
-    measured rather than with the defaults of today's code."""
+    """label -> {"knobs", "info", "graph_capture", "graph_keep", "info_by_seed"} of each system's
+    first point in the runs: what `simulate --validate` pins each simulated system to, so it is
+    compared with what was measured rather than with the defaults of today's code. A capacity
+    measured for each workload (a baseline's max-fit batch: B=3 for one seed's lengths, 4 for
+    another's) is pinned per workload seed (`info_by_seed`, `SimSetup.pin_info`)."""
     out: dict[str, dict] = {}
     for d in run_dirs:
         for s in results.load_points(d):
-            if s.get("system") not in out and not foreign(s):
-                knobs, info = _pins(s)
+            if foreign(s):
+                continue
+            knobs, info = _pins(s)
+            if s.get("system") not in out:
                 out[s["system"]] = {"knobs": knobs, "info": info, "graph_capture": graph_capture(d),
-                                    "graph_keep": graph_keep(d)}
+                                    "graph_keep": graph_keep(d), "info_by_seed": {}}
+            if s.get("workload_seed") is not None:
+                out[s["system"]]["info_by_seed"].setdefault(int(s["workload_seed"]), info)
     return out
 
 
@@ -154,7 +160,7 @@ def _point(run_dir: Path, cfg: dict, s: dict) -> MeasuredPoint | str:
         return "not every request finished"
     knobs, info = _pins(s)
     reqs, blocks, arrivals = [], {}, {}
-    for r in done:
+    for r in workload_order(done):
         rid, n, g = r["request_id"], int(r["prompt_len"]), int(r["output_len"])
         reqs.append(ServingRequest(rid, [FILLER_TOKEN] * n, n, g, float(r["arrival_time"]), g, "measured", n, g))
         t = [float(r["first_token_time"])]
@@ -169,6 +175,16 @@ def _point(run_dir: Path, cfg: dict, s: dict) -> MeasuredPoint | str:
                          float(s["mean_e2el_ms"]) / 1e3, int(cfg.get("preset", {}).get("block_length") or 32),
                          _jsonl(steps_path) if steps_path.is_file() else None, graph_capture(run_dir),
                          graph_keep(run_dir), device=env.get("cuda_device") or "", date=created[:10])
+
+
+def workload_order(recs: list[dict]) -> list[dict]:
+    """requests.jsonl's records (written as requests finish) in the order serve handed them over:
+    by arrival, ties in workload order (serve.loadgen sorts stably; a generated workload numbers
+    its requests `<dataset>-<i>`), so requests arriving together are admitted as they were."""
+    def index(rid: str) -> float:
+        tail = str(rid).rpartition("-")[2]
+        return int(tail) if tail.isdigit() else math.inf
+    return sorted(recs, key=lambda r: (float(r["arrival_time"]), index(r["request_id"])))
 
 
 def load(run_dirs: list[Path], console=None) -> list[MeasuredPoint]:
