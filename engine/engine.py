@@ -62,6 +62,8 @@ class LLMEngine:
 
             self.profile = profile_kv_pool(self.model, config, self.backend, self.max_model_len)
             capacity = self.profile.kv_pool_tokens
+            if not self.profile.long_canvas:      # the budget holds no canvas past the token budget
+                self.max_model_len = min(self.max_model_len, config.max_num_batched_tokens)
         self.pool = KVPool(capacity, self.model_config, self.dtype, self.device)
         self.canvases = CanvasPool(self.device)
         self.scheduler = Scheduler(config, self.pool, self.canvases)
@@ -96,8 +98,10 @@ class LLMEngine:
             raise ValueError("the engine does not implement classifier-free guidance (use the reference sampler)")
         length = len(prompt_ids) + params.gen_length
         if length > self.max_model_len:
-            raise ValueError(f"prompt + gen_length = {length} exceeds the model's length of {self.max_model_len} "
-                             f"tokens (max_model_len)")
+            trained = self.model_config.max_sequence_length
+            what = (f"the model's length of {trained} tokens (max_model_len)" if self.max_model_len == trained else
+                    f"max_model_len {self.max_model_len} (the model's length: {trained} tokens)")
+            raise ValueError(f"prompt + gen_length = {length} exceeds {what}")
         refusal = long_refusal(self.config)
         if length > self.config.max_num_batched_tokens and refusal:
             raise ValueError(

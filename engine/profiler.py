@@ -54,6 +54,8 @@ class MemoryProfile:
     refresh_chunk_tokens: int | None = None
     long_refresh_peak_bytes: int = 0
     long_reuse_peak_bytes: int = 0
+    # False when the budget holds the steps within the token budget but not a longer canvas.
+    long_canvas: bool = True
 
     def requests_that_fit(self, prompt_len: int, gen_length: int, block_length: int, capped: bool = True) -> int:
         """Concurrent requests of this shape the KV pool admits (and max_num_seqs, if capped);
@@ -204,9 +206,14 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
                                                        room) or (None, 0, 0)
     # The Reuse step measured above, its single long Reuse's keys at max_model_len instead.
     long_reuse = reuse_peak + growth if growth else 0
-    peak = max(peak, long_refresh, long_reuse)
-    peak += graphs.memory_reserve(config, model.device, max(reuse_peak, long_reuse))
     guard = int(budget * config.guard_fraction)
+    short = peak + graphs.memory_reserve(config, model.device, reuse_peak)
+    peak = max(peak, long_refresh, long_reuse) + graphs.memory_reserve(config, model.device, max(reuse_peak, long_reuse))
+    long_canvas = chunk is not None
+    if long_canvas and budget - wb - peak - guard < 0 <= budget - wb - short - guard:
+        # Room for every step within the token budget but not for a longer canvas: serve the
+        # former (the engine refuses the latter, saying why) rather than refuse every request.
+        chunk, long_refresh, long_reuse, peak, long_canvas = None, 0, 0, short, False
     free = budget - wb - peak - guard
     if free < 0:
         raise ValueError(
@@ -221,7 +228,7 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
         bytes_per_token=bpt, max_num_logits=config.max_num_logits,
         max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
         cache=config.cache, retention=config.retention, refresh_chunk_tokens=chunk,
-        long_refresh_peak_bytes=long_refresh, long_reuse_peak_bytes=long_reuse,
+        long_refresh_peak_bytes=long_refresh, long_reuse_peak_bytes=long_reuse, long_canvas=long_canvas,
     )
 
 

@@ -254,3 +254,26 @@ def test_default_profile_reserves_the_models_length_within_the_ordinary_peak():
         out, peaks, queries = metered_steps(eng)
         assert out.finished and out.nfe == 2 and max(queries) == n
         assert max(peaks) <= prof.activation_peak_bytes
+
+
+def test_a_budget_with_no_room_for_a_long_canvas_serves_the_token_budget():
+    """A memory budget that holds every step within the token budget but not a longer canvas's
+    reservation: the engine starts (as it did before long canvases were served by default), runs
+    canvases up to the token budget, and refuses a longer one naming the max_model_len it has."""
+    model = load_model("tiny", "float32", "cpu")
+    model.rope.reserve(4096, model.device, model.dtype)
+    kw = dict(cache="sparse", retention=0.5, max_num_batched_tokens=64)
+    short = make_engine(model, max_model_len=64, memory_budget=64 * 2**20, **kw).profile
+    long = make_engine(model, memory_budget=64 * 2**20, **kw).profile
+    assert long.long_canvas and long.activation_peak_bytes > short.activation_peak_bytes
+    # Between the weights plus either peak: the short one fits, the long one does not.
+    budget = int((short.weights_bytes + (short.activation_peak_bytes + long.activation_peak_bytes) / 2 + 64 * 1024)
+                 / (1 - short.guard_bytes / short.budget_bytes))
+    eng = make_engine(model, memory_budget=budget, **kw)
+    assert not eng.profile.long_canvas and eng.profile.refresh_chunk_tokens is None
+    assert eng.profile.activation_peak_bytes == short.activation_peak_bytes and eng.max_model_len == 64
+    with pytest.raises(ValueError, match=r"= 65 exceeds max_model_len 64 \(the model's length: 4096 tokens\)"):
+        eng.add_request(random_prompts(1, 49, seed=3)[0], SamplingParams(gen_length=16, steps=2, block_length=16))
+    eng.add_request(random_prompts(1, 48, seed=3)[0], SamplingParams(gen_length=16, steps=2, block_length=16))
+    out, _, _ = metered_steps(eng)
+    assert out.finished

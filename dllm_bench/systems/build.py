@@ -271,6 +271,10 @@ def _profiled(variant, cfg: EngineConfig, model, model_dir, cache_dir, use_cache
     cfg.kv_pool_tokens = profile.kv_pool_tokens
     # The chunk its reservation was measured at (a long canvas's Refresh, engine.chunking).
     cfg.refresh_chunk_tokens = cfg.refresh_chunk_tokens or profile.refresh_chunk_tokens
+    if not profile.long_canvas:      # the budget holds no canvas past the token budget
+        cfg.max_model_len = min(mml, cfg.max_num_batched_tokens)
+        log(f"memory budget leaves no room for a canvas longer than the token budget: max_model_len "
+            f"{cfg.max_model_len}")
     info.update(profile=prof, profile_cached=hit, kv_pool_tokens=profile.kv_pool_tokens)
     return cfg
 
