@@ -155,7 +155,7 @@ def test_simulate_validate_simulates_each_gauged_point_again_at_its_speed(tmp_pa
     # Measured on a machine twice as slow as the profile (gauge 2 ms vs 1 ms): each request took
     # twice as long (on the H100 profile a tiny request never waits for another).
     d = results.create_run("serve", {}, run_id="slow", root=tmp_path)
-    results.write_point(d, results.PointKey("engine", 4.0, p["dataset"]),
+    results.write_point(d, results.PointKey(ENGINE, 4.0, p["dataset"]),
                         {"output_throughput": p["output_throughput"], "mean_e2el_ms": 2 * p["mean_e2el_ms"],
                          "p99_e2el_ms": 2 * p["p99_e2el_ms"], "completed": 4, "interrupted": False,
                          "speed_gauge_s": 2e-3, "preset": "tiny", "workload_seed": 0}, [])

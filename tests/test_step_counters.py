@@ -30,9 +30,9 @@ def test_history_is_bounded_and_window_summaries_stay_exact():
         window = sizes[start:]
         assert got["mean_batch_size"] == sum(window) / len(window)
         assert got["max_batch_size_seen"] == max(window)
-        # refresh/reuse request-steps count every step the system ever ran (as before bounding)
-        assert got["refresh_request_steps"] == sum(r for r, _ in comps)
-        assert got["reuse_request_steps"] == sum(u for _, u in comps)
+        # refresh/reuse request-steps are the window's own, as its steps are (a point's, not the warm-up's)
+        assert got["refresh_request_steps"] == sum(r for r, _ in comps[start:])
+        assert got["reuse_request_steps"] == sum(u for _, u in comps[start:])
         assert got["steps"] == len(window)
 
 
