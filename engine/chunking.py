@@ -1,17 +1,6 @@
-"""A Refresh longer than the step's token budget, computed in chunks along its tokens.
-
-Run as one packed forward, a Refresh materialises its projections and FFN intermediate for the
-whole canvas at once. `refresh_rows` runs it layer by layer instead: the RoPE'd K/V of every
-chunk of the layer first (into one layer's buffer; the cache policy stores or selects them as
-the packed step does), then each chunk's queries against all of those keys, its attention
-output, residual and MLP, written back into the canvas's hidden states. Every token goes through
-the unchunked Refresh's operations (float64 tokens are identical). Alive at once: the hidden
-states and one layer's K/V (linear in the canvas), one chunk's transients (linear in the chunk,
-which the profiler sizes to the activation budget).
-
-`RefreshCredit`: the scheduler charges such a Refresh over as many steps as its canvas needs,
-the others' work running alongside; it runs in the step its credit covers its canvas.
-"""
+"""A Refresh longer than the step's token budget, run layer by layer in chunks along its tokens
+(every token through the unchunked Refresh's operations), and the chunk the profiler picks for
+it. How and why: docs/MEMORY.md, "The chunked Refresh"; its scheduling: engine.scheduler."""
 from __future__ import annotations
 
 import torch
@@ -23,15 +12,10 @@ from engine.memory import MemoryMeter
 from engine.models.llada import LLaDAModelLM, rms_norm
 from engine.request import Phase, Request
 
-# Chunk sizes the profiler chooses from (powers of two up to the token budget), and a long
-# Refresh's share of a contended step (the rest is left to the requests behind it).
+# The smallest chunk the profiler measures (then powers of two up to the token budget), and how
+# close to the smallest chunk's peak a larger chunk may come when none fits (`choose_chunk`).
 MIN_CHUNK = 32
 NEAR_BEST = 1.1
-SHARE = 0.5
-
-
-def is_long(req: Request, phase: Phase, budget: int) -> bool:
-    return phase.is_refresh and req.length > budget
 
 
 def default_chunk(config: EngineConfig) -> int:
@@ -159,49 +143,6 @@ def _select(q_block: torch.Tensor, kv: torch.Tensor, s: int, e: int, keep: int, 
     del kc
     vc = kv[1][ctx].transpose(0, 1)[None]
     pool[1, slots[:keep]] = sparse.pack(vc, idx)[0].transpose(0, 1)
-
-
-class RefreshCredit:
-    """Tokens of the step budget accrued toward each long Refresh (keyed by request).
-
-    At its place in FCFS order a long Refresh is granted what the step has left, capped at
-    `SHARE` of the budget when the requests behind it need the rest (so their Reuse steps keep
-    running); it runs in the step its credit reaches its canvas length, or at once in a step
-    nothing else would run (no idle step). The budget therefore holds on average over the steps
-    it accrues in, and the step that runs it takes as long as its canvas."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-        self.share = max(1, int(budget * SHARE))
-        self.credit: dict[int, int] = {}
-        self.granted: dict[int, int] = {}      # this step's grants
-
-    def begin(self) -> None:
-        if self.granted:
-            self.granted = {}
-
-    def grant(self, req: Request, room: int, demand_after: int) -> bool:
-        """Charge this step's grant toward `req`'s Refresh (room > 0 left in the step, the
-        requests behind it asking for `demand_after`); True if it runs in this step."""
-        have = self.credit.get(id(req), 0)
-        g = min(room, req.length - have, max(min(room, self.share), room - demand_after))
-        self.granted[id(req)] = g
-        if have + g >= req.length:
-            self.credit.pop(id(req), None)
-            return True
-        self.credit[id(req)] = have + g
-        return False
-
-    def run_now(self, req: Request) -> None:
-        """The step would be empty without it: it runs now, whatever it has accrued."""
-        self.credit.pop(id(req), None)
-
-    def cost(self, req: Request) -> int:
-        """What it was charged in this step."""
-        return self.granted.get(id(req), 0)
-
-    def drop(self, req: Request) -> None:
-        self.credit.pop(id(req), None)
 
 
 def choose_chunk(peaks: dict[int, int], activation_budget: int) -> int:

@@ -9,7 +9,7 @@ import torch
 CACHE_POLICIES = ("none", "dual", "sparse", "auto")
 SELECTIONS = ("head", "uniform")
 SCORE_QUERIES = ("mean", "max")
-SCHEDULERS = ("phase", "request", "lookahead")   # engine.schedulers.POLICIES' names
+SCHEDULERS = ("phase", "request", "lookahead")   # engine.scheduler.POLICIES' names
 # The one dtype-name table of the repository (CLI names -> torch dtypes).
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = ("auto", "sdpa", "varlen", "flash_attn")

@@ -19,8 +19,7 @@ from engine.ragged import padded, to_device
 from engine.request import Request, RequestOutput, Status
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
-from engine.scheduler import Scheduler
-from engine.schedulers import long_refusal, long_schedulers
+from engine.scheduler import Scheduler, long_refusal, long_schedulers
 from engine.step import Batch, Runner, StepDecisions
 
 

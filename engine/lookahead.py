@@ -1,15 +1,6 @@
-"""Look-ahead, budget-aware planning (the paper's §7 "Budgeting-Aware Scheduling", built).
-
-The phase scheduler is greedy: a batch that fits the token budget now can exceed it k steps
-later, when several running requests reach a Refresh together, and the last in FCFS order then
-stalls. Here every running request's remaining steps are placed on a ledger of future steps
-(`Ledger`: planned query tokens per step, each step costed by its phase as the phase scheduler
-charges it) that never holds more than the budget in any step, so Refreshes that would coincide
-are staggered when a request is placed (its block start shifted: a planned wait), never at the
-collision. Admission stays FCFS: the head is admitted when its first step fits this step's load.
-A block of uncertain length (parallel decoding) is planned at its longest and re-placed, never
-later, when it ends early. The algorithm and its guarantees: docs/SCHEDULER.md.
-"""
+"""The look-ahead plan of `scheduler=lookahead` (the paper's §7): every running request's remaining
+steps placed on a ledger of future steps that never holds more than the token budget in any step.
+The algorithm and its guarantees: docs/SCHEDULER.md."""
 from __future__ import annotations
 
 import numpy as np
@@ -120,7 +111,7 @@ class Plan:
 
 
 class Lookahead:
-    """The plan of the `lookahead` policy (engine.schedulers.LookaheadPolicy asks it who runs
+    """The plan of the `lookahead` policy (engine.scheduler.LookaheadPolicy asks it who runs
     each step; `Scheduler` keeps the queue, the KV pool and admission bookkeeping)."""
 
     def __init__(self, budget: int, cache: str, delay_step: int):

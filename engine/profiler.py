@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import chunking, graphs, schedulers
+from engine import chunking, graphs
 from engine.cache_mode import AUTO, SERVED
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, bytes_per_token, kv_need, longest_held
@@ -29,6 +29,7 @@ from engine.models.llada import LLaDAModelLM
 from engine.request import Phase, Request
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
+from engine.scheduler import serves_long
 
 
 @dataclass
@@ -163,7 +164,7 @@ def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str
     canvas the pool could hold in it, what none's least reservation leaves of `room` (auto: a
     longer one is admitted none, measured at max_model_len), so the pool it gets holds no longer."""
     T = config.max_num_batched_tokens
-    if max_model_len <= T or not schedulers.serves_long(config):
+    if max_model_len <= T or not serves_long(config):
         return None
     scratch = KVPool(None, model.config, model.dtype, model.device)
     runner = ModelRunner(model, graphs.eager(config), backend, scratch, max_model_len)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine import chunking, graphs, schedulers
+from engine import chunking, graphs
 from engine.attention import PACKED, PackedKernel
 from engine.cache_policy import POLICIES
 from engine.config import EngineConfig
@@ -34,6 +34,7 @@ from engine.models.llada import LLaDAModelLM
 from engine.ragged import padded, ragged
 from engine.regions import DECODE, in_region
 from engine.request import Phase, Request
+from engine.scheduler import serves_long
 from engine.staging import Staging
 from engine.step import StepDecisions, StepStats
 from engine.step_context import StepContext
@@ -63,7 +64,7 @@ class ModelRunner:
         # A Refresh longer than the token budget: its chunk (the profile's choice) and the staging
         # of its step's decode plan (the packed forward's staging is flushed by then).
         self.refresh_chunk = refresh_chunk or chunking.default_chunk(config)
-        self.long_possible = schedulers.serves_long(config)
+        self.long_possible = serves_long(config)
         self.long_staging = Staging(self.device)
         self.graphs = StepGraphs(self) if graphs.enabled(config, self.device) and pool is not None else None
 

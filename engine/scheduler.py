@@ -1,31 +1,25 @@
-"""The scheduler: the queues, admission and KV accounting around a scheduling policy.
-
-Who runs each step and what it is charged is the policy's (engine.schedulers: phase, request,
-lookahead, chosen by `EngineConfig.scheduler`); the scheduler admits the head of the queue when
-the policy asks (`admit_head`): in its cache mode (`Request.cache`: the engine's policy, or
-under `cache=auto` dual, sparse or none as `engine.cache_mode` chooses), its whole-life KV
-reserved and its canvas placed, so one step may mix members of every mode.
-
-Liveness: `add_request` rejects anything that could never fit on its own (auto: nothing for its
-KV; a request no cache mode can hold runs none, which needs no slots), and the oldest running
-request always fits an empty step, so every admitted request finishes and the head of the queue
-is admitted as soon as the running set leaves room for it.
-"""
+"""The scheduler: queues, admission (cache mode, whole-life KV reservation), and the policy
+`EngineConfig.scheduler` names (phase | request | lookahead) deciding who runs each step and what
+it is charged. The rules and their guarantees: docs/SCHEDULER.md."""
 from __future__ import annotations
 
 from collections import Counter, deque
 
 from engine.cache_mode import AUTO, Shape, admission_mode, never_cached, preferred_mode
 from engine.canvas import CanvasPool
-from engine.chunking import RefreshCredit
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, kv_need
 from engine.lookahead import Lookahead
 from engine.request import Phase, Request, Status
-from engine.schedulers import POLICIES, SchedulingPolicy
+from engine.step import Batch
+
+# A long Refresh's share of a contended step (the rest is left to the requests behind it).
+SHARE = 0.5
 
 
 class Scheduler:
+    """The waiting queue and the running set; the policy schedules them, admitting through `admit_head`."""
+
     def __init__(self, config: EngineConfig, pool: KVPool, canvases: CanvasPool | None = None):
         self.config, self.pool, self.canvases = config, pool, canvases
         self.waiting: deque[Request] = deque()
@@ -76,7 +70,7 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
-    def schedule(self, now: float) -> list[tuple[Request, Phase]]:
+    def schedule(self, now: float) -> Batch:
         """This step's batch, as the policy chooses it (admitting through `admit_head`)."""
         return self.policy.schedule(self, now)
 
@@ -123,3 +117,189 @@ class Scheduler:
                 req.status = Status.ABORTED
                 return req
         return None
+
+
+class RefreshCredit:
+    """Tokens of the step budget accrued toward each long Refresh (a canvas over the budget),
+    keyed by request: granted at its place in FCFS order, run in the step its credit covers its
+    canvas, or at once in a step nothing else would run (docs/MEMORY.md, "Scheduling")."""
+
+    def __init__(self, budget: int):
+        self.share = max(1, int(budget * SHARE))
+        self.credit: dict[int, int] = {}
+        self.granted: dict[int, int] = {}      # this step's grants
+
+    def begin(self) -> None:
+        self.granted.clear()
+
+    def grant(self, req: Request, room: int, demand_after: int) -> bool:
+        """Charge this step's grant toward `req`'s Refresh (room > 0 left in the step, the
+        requests behind it asking for `demand_after`); True if it runs in this step."""
+        have = self.credit.get(id(req), 0)
+        g = min(room, req.length - have, max(min(room, self.share), room - demand_after))
+        self.granted[id(req)] = g
+        if have + g >= req.length:
+            self.credit.pop(id(req), None)
+            return True
+        self.credit[id(req)] = have + g
+        return False
+
+    def cost(self, req: Request) -> int:
+        """What it was charged in this step."""
+        return self.granted.get(id(req), 0)
+
+    def drop(self, req: Request) -> None:
+        """It runs now whatever it has accrued, or it left."""
+        self.credit.pop(id(req), None)
+
+
+class SchedulingPolicy:
+    """Which running requests a step takes, what each is charged, and when the head of the
+    queue may be admitted (`Scheduler.admit_head`)."""
+
+    plan: Lookahead | None = None           # the ledger of a planning policy
+    # Admits a canvas longer than the token budget, its Refresh charged over several steps
+    # (RefreshCredit): what `serves_long` asks.
+    chunks_long_refresh: bool = False
+    # Why a policy that does not cannot (the engine's error for such a canvas says it first).
+    long_refusal: str = ""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.credit = RefreshCredit(config.max_num_batched_tokens)   # stays empty under lookahead
+
+    def cost(self, req: Request, phase: Phase) -> int:
+        """The query tokens `req` is charged for a step in `phase`."""
+        return req.query_cost(phase)
+
+    def accrues(self, req: Request, phase: Phase) -> bool:
+        """Whether this step of `req` is charged over several steps (its cost is over the budget)."""
+        return False
+
+    def schedule(self, q: Scheduler, now: float) -> Batch:
+        raise NotImplementedError
+
+    def finished(self, req: Request) -> None:
+        """`req` left the running set (finished or aborted)."""
+        self.credit.drop(req)
+
+
+class PhasePolicy(SchedulingPolicy):
+    """Greedy FCFS: running requests keep their place, each charged by its phase, then waiting
+    requests are admitted while the step fits; nobody overtakes a running request. The cost flag
+    `whole_canvas` (scheduler=request, the ablation's rung) charges every step the whole canvas."""
+
+    chunks_long_refresh = True
+
+    def __init__(self, config: EngineConfig):
+        super().__init__(config)
+        self.whole_canvas = config.scheduler == "request"
+
+    def accrues(self, req: Request, phase: Phase) -> bool:
+        return (self.whole_canvas or phase.is_refresh) and req.length > self.config.max_num_batched_tokens
+
+    def cost(self, req: Request, phase: Phase) -> int:
+        if self.accrues(req, phase):
+            return self.credit.cost(req)               # this step's grant toward its chunked Refresh
+        return req.length if self.whole_canvas else req.query_cost(phase)
+
+    def schedule(self, q: Scheduler, now: float) -> Batch:
+        c, T = self.config, self.config.max_num_batched_tokens
+        batch: Batch = []
+        accruing: Batch = []                            # long Refreshes charged, not run this step
+        tokens = q.stalled = 0
+        self.credit.begin()
+        for i, req in enumerate(q.running):
+            phase = req.phase(c.delay_step)
+            long = self.accrues(req, phase)
+            cost = 1 if long else self.cost(req, phase)    # a long one needs any room at all
+            if len(batch) >= c.max_num_seqs or tokens + cost > T:
+                q.stalled = len(q.running) - len(batch) - len(accruing)
+                return self._no_idle(q, batch, accruing)   # strict FCFS: nobody overtakes a running request
+            runs = not long or self.credit.grant(req, T - tokens, self._demand(q, q.running[i + 1:]))
+            (batch if runs else accruing).append((req, phase))
+            tokens += self.credit.cost(req) if long else cost
+        while q.waiting:
+            req = q.waiting[0]
+            long = req.length > T                       # its first step is a Refresh
+            cost = 1 if long else req.length
+            if len(batch) + len(accruing) >= c.max_num_seqs or tokens + cost > T or q.admit_head(now) is None:
+                break
+            phase = req.phase(c.delay_step)
+            runs = not long or self.credit.grant(req, T - tokens, self._demand(q, []))
+            (batch if runs else accruing).append((req, phase))
+            tokens += self.credit.cost(req) if long else cost
+        return self._no_idle(q, batch, accruing)
+
+    def _demand(self, q: Scheduler, behind: list[Request]) -> int:
+        """What the running requests `behind` a long one and the head of the queue ask of this
+        step (long ones: their share)."""
+        share, demand = self.credit.share, 0
+        for req in behind:
+            phase = req.phase(self.config.delay_step)
+            demand += share if self.accrues(req, phase) else self.cost(req, phase)
+        if q.waiting:
+            head = q.waiting[0]
+            demand += share if head.length > self.config.max_num_batched_tokens else head.length
+        return demand
+
+    def _no_idle(self, q: Scheduler, batch: Batch, accruing: Batch) -> Batch:
+        """A step nothing else runs in runs the oldest accruing long Refresh at once."""
+        if not batch and accruing:
+            self.credit.drop(accruing[0][0])
+            batch, accruing = accruing[:1], accruing[1:]
+        q.deferred = len(accruing)
+        return batch
+
+
+class LookaheadPolicy(SchedulingPolicy):
+    """The running requests the plan has in this step, then FCFS admission while the head's
+    first step fits the planned load (its later steps are placed around it)."""
+
+    long_refusal = "its ledger plans every step whole within the token budget"
+
+    def __init__(self, config: EngineConfig):
+        super().__init__(config)
+        self.plan = Lookahead(config.max_num_batched_tokens, config.cache, config.delay_step)
+
+    def schedule(self, q: Scheduler, now: float) -> Batch:
+        c, plan = self.config, self.plan
+        batch = [(r, r.phase(c.delay_step)) for r in plan.due(q.running)]
+        q.stalled, q.deferred = plan.stalled, len(q.running) - len(batch) - plan.stalled
+        while q.waiting:
+            req = q.waiting[0]
+            if len(q.running) >= c.max_num_seqs or not plan.admits(req) or q.admit_head(now) is None:
+                break
+            plan.admit(req)
+            batch.append((req, req.phase(c.delay_step)))
+        plan.tick()
+        return batch
+
+    def finished(self, req: Request) -> None:
+        super().finished(req)
+        self.plan.drop(req)
+
+
+# scheduler=request is the phase policy with its cost flag (PhasePolicy.whole_canvas).
+POLICIES: dict[str, type[SchedulingPolicy]] = {"phase": PhasePolicy, "request": PhasePolicy,
+                                               "lookahead": LookaheadPolicy}
+
+
+def serves_long(config: EngineConfig) -> bool:
+    """Whether canvases longer than the token budget (up to `max_model_len`) are admitted: under
+    a policy that charges such a Refresh over several steps (`chunks_long_refresh`), on one
+    device (the profiler then reserves its chunked Refresh, `engine.profiler`)."""
+    return POLICIES[config.scheduler].chunks_long_refresh and config.tensor_parallel_size == 1
+
+
+def long_refusal(config: EngineConfig) -> str:
+    """Why this engine cannot serve a canvas longer than its token budget ("" if it can)."""
+    if config.tensor_parallel_size > 1:
+        return "an engine over several ranks does not refresh a canvas in chunks"
+    policy = POLICIES[config.scheduler]
+    return "" if policy.chunks_long_refresh else f"scheduler={config.scheduler}: {policy.long_refusal}"
+
+
+def long_schedulers() -> list[str]:
+    """The scheduler names whose policy admits a canvas longer than the token budget."""
+    return [name for name, policy in POLICIES.items() if policy.chunks_long_refresh]

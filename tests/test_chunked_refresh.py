@@ -161,7 +161,7 @@ def test_request_scheduler_charges_every_step_of_a_long_canvas_over_several(gqa)
 
 
 def test_lookahead_and_several_ranks_say_why_they_refuse_long_canvases(gqa):
-    from engine.schedulers import long_refusal
+    from engine.scheduler import long_refusal
 
     eng = make_engine(gqa, scheduler="lookahead", max_num_batched_tokens=16)
     with pytest.raises(ValueError, match=r"^scheduler=lookahead: its ledger plans every step whole within the "
@@ -173,17 +173,17 @@ def test_lookahead_and_several_ranks_say_why_they_refuse_long_canvases(gqa):
 
 def test_serving_long_canvases_is_a_fact_of_the_scheduling_policy(monkeypatch):
     """serves_long asks the policy registry (`chunks_long_refresh`), not the scheduler's name."""
-    from engine import schedulers
+    from engine import scheduler as policies
 
     def cfg(scheduler: str) -> EngineConfig:
         return EngineConfig(scheduler=scheduler, max_num_batched_tokens=16)
-    assert {s: schedulers.serves_long(cfg(s)) for s in schedulers.POLICIES} == {
+    assert {s: policies.serves_long(cfg(s)) for s in policies.POLICIES} == {
         "phase": True, "request": True, "lookahead": False}
-    monkeypatch.setattr(schedulers.LookaheadPolicy, "chunks_long_refresh", True)
-    monkeypatch.setattr(schedulers.PhasePolicy, "chunks_long_refresh", False)
-    monkeypatch.setattr(schedulers.RequestPolicy, "chunks_long_refresh", False)
-    assert schedulers.serves_long(cfg("lookahead")) and not schedulers.serves_long(cfg("phase"))
-    assert schedulers.long_schedulers() == ["lookahead"]
+    monkeypatch.setattr(policies.LookaheadPolicy, "chunks_long_refresh", True)
+    monkeypatch.setattr(policies.PhasePolicy, "chunks_long_refresh", False)
+    assert policies.serves_long(cfg("lookahead")) and not policies.serves_long(cfg("phase"))
+    assert not policies.serves_long(cfg("request"))                  # the phase policy, its cost flag set
+    assert policies.long_schedulers() == ["lookahead"]
 
 
 def test_block_longer_than_budget_refused(gqa):

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from engine import SamplingParams
 from engine.models.llada import LLaDAModelLM
 from engine.runner import StepStats
-from engine.schedulers import POLICIES
+from engine.scheduler import POLICIES
 from tests.helpers import MASK, make_engine, random_prompts, tiny_model
 
 MODEL = tiny_model(torch.float32)
