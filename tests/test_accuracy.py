@@ -88,7 +88,7 @@ def test_engine_exact_mode_matches_reference_on_tiny_math(tiny_math):
     from dllm_bench.accuracy.points import Point
     from dllm_bench.checkpoints.load import encode_prompt, load_model
     from engine import SamplingParams
-    from engine.reference import reference_generate
+    from baselines.reference_llada import reference_generate
     from workloads.tasks import synth
 
     path, _, tok, info = tiny_math
