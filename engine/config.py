@@ -10,7 +10,7 @@ CACHE_POLICIES = ("none", "dual", "sparse", "auto")
 SELECTIONS = ("head", "uniform")
 SCORE_QUERIES = ("mean", "max")
 SCHEDULERS = ("phase", "request", "lookahead")   # engine.schedulers.POLICIES' names
-# The one dtype-name table of the repository (CLI names -> torch dtypes).
+# the one dtype-name table of the repository
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = ("auto", "sdpa", "varlen", "flash_attn")
 # the values each text field takes (checked in __post_init__; the CLI's parsers read them here)
@@ -28,32 +28,23 @@ class EngineConfig:
     cuda_graphs: bool | None = None
     # ranks of one engine (engine.parallel): heads, MLP and vocabulary split; 1 = one device
     tensor_parallel_size: int = 1
-    # --- phase-multiplexed scheduler ---
-    scheduler: str = "phase"               # phase: Reuse steps cost their block; request: every step costs the canvas;
-                                           # lookahead: phase costs, future Refreshes planned within the budget
+    scheduler: str = "phase"               # phase | request | lookahead (docs/SCHEDULER.md)
     max_num_batched_tokens: int = 8192     # query tokens per step
     max_num_seqs: int = 64
     max_model_len: int | None = None       # None = the checkpoint's max_sequence_length
     # a Refresh longer than the token budget runs in chunks of this many (None: sized by the profiler)
     refresh_chunk_tokens: int | None = None
-    # --- logit-aware activation budgeting ---
     max_num_logits: int | None = 1024      # None = monolithic full-sequence logits (an HF forward)
-    # --- KV cache ---
-    cache: str = "sparse"                  # none (exact LLaDA) | dual (Fast-dLLM) | sparse (dLLM-Serve)
-                                           # | auto: dual or sparse per request, as a full pool of requests
-                                           # like it runs faster (engine.cache_mode; the serving system's default)
+    cache: str = "sparse"                  # none (exact LLaDA) | dual (Fast-dLLM) | sparse (dLLM-Serve) | auto
     selection: str = "head"                # head-centric per-KV-head top-k | uniform (Sparse-dLLM)
     retention: float = 0.5                 # fraction of context tokens kept per head
-    score_query: str = "mean"              # which block queries score the context: their mean
-                                           # (dLLM-Serve's and Sparse-dLLM's code) | max over them
+    score_query: str = "mean"              # the block queries' mean (upstream's) | their max
     pool_window: int = 3                   # max-pool window along positions (odd)
     delay_step: int = 1                    # step within a block at which the sparse cache is built
-    # cache=auto's roofline (engine.cache_mode): the query rows at which a step stops being bound
-    # by reading the weights (a GPU's by default; dllm-bench sets it from the device)
+    # cache=auto's roofline (engine.cache_mode): query rows where a step stops being weight-bound
     ridge_rows: int = 256
     # ... and a step's fixed cost beyond it (launches, host work) in query rows (dllm_bench.ridge)
     overhead_rows: int = 0
-    # --- memory ---
     memory_budget: int | None = None       # bytes for weights + activations + KV; None = unbounded on CPU
     gpu_memory_utilization: float = 0.9    # CUDA default budget = free memory x this
     kv_pool_tokens: int | None = None      # override the profiled pool size (token slots)
