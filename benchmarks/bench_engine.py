@@ -22,10 +22,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from baselines.reference_llada import reference_generate
 from dllm_bench.checkpoints.load import load_model
 from dllm_bench.doctor.checks import BF16_CPU_FLAGS, cpu_flags
 from engine import EngineConfig, LLMEngine, SamplingParams
-from baselines.reference_llada import reference_generate
 
 
 def cpu_name() -> str:

@@ -83,7 +83,7 @@ def _measure(runner: ModelRunner, batch: list[tuple[Request, Phase]], config: En
 
 
 def measure_activation_peak(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int):
-        """(refresh_peak, reuse_peak) bytes of the worst admissible steps (auto: dual's or sparse's)."""
+    """(refresh_peak, reuse_peak) bytes of the worst admissible steps (auto: dual's or sparse's)."""
     scratch = KVPool(None, model.config, model.dtype, model.device)
     runner = ModelRunner(model, graphs.eager(config), backend, scratch, max_model_len)
     runner.in_place_keys = False      # gathered Reuse keys: the peak of a fragmented pool

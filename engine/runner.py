@@ -252,7 +252,7 @@ def _rows_of(res: DecodeResult, a: int, n: int) -> DecodeResult:
     return DecodeResult(res.x0[a : a + n], res.conf[a : a + n], res.rows_materialized, res.max_rows_at_once, ent)
 
 
+def _joined(parts: list[DecodeResult], rows: int, at_once: int) -> DecodeResult:
     """Per-member proposals in batch order as one result (`rows` materialized, `at_once` at most)."""
-    `rows` logits rows, at most `at_once` at a time."""
     ent = None if parts[0].entropy is None else torch.cat([p.entropy for p in parts])
     return DecodeResult(torch.cat([p.x0 for p in parts]), torch.cat([p.conf for p in parts]), rows, at_once, ent)

@@ -14,7 +14,14 @@ import torch
 
 from engine import SamplingParams
 from engine.memory import MemoryMeter
-from tests.helpers import live_bytes, make_engine, predicted_logits_bytes, random_prompts, tensor_bytes, tiny_model
+from tests.helpers import (
+    live_bytes,
+    make_engine,
+    predicted_logits_bytes,
+    random_prompts,
+    tensor_bytes,
+    tiny_model,
+)
 
 F32 = torch.float32
 

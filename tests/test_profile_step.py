@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dllm_bench.stepprofile import regions as labels
 from dllm_bench.stepprofile import run as step_run
 from dllm_bench.stepprofile.categories import BOOKKEEPING, CATEGORIES, STEP, breakdown, kernel_category
 from dllm_bench.stepprofile.options import StepProfileOptions
 from dllm_bench.stepprofile.run import profile_step
-from dllm_bench.stepprofile import regions as labels
 from engine.models.llada import LLaDAConfig
 from engine.regions import DECODE, LM_HEAD, region
 

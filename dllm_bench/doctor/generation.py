@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from baselines.reference_llada import reference_generate
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.doctor.checks import FAIL, OK, SKIP, WARN, Check
 from engine.attention import resolve_backend
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.models.llada import load_llada
-from baselines.reference_llada import reference_generate
 from engine.sampling import SamplingParams
 
 MODEL = "tiny-math"

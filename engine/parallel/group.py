@@ -64,7 +64,7 @@ def rank_device(device: str, rank: int) -> torch.device:
 
 
 def init_group(rank: int, size: int, device: str, store=None) -> TPGroup:
-        """Join the group: with `store` (CLI-spawned workers) or from torchrun's environment."""
+    """Join the group: with `store` (CLI-spawned workers) or from torchrun's environment."""
     dev = rank_device(device, rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
