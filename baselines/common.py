@@ -10,7 +10,7 @@ forward from the global RNG: same distribution, different stream, and a smaller 
 activation peak here. The top-k runs over the candidates instead of a whole row with -inf
 elsewhere: same choice. The proposal x0 is never the mask id (`engine.unmask.proposal_argmax`,
 a deliberate deviation from upstream that only random-weight models can notice). Confidence is
-upstream's softmax-then-gather (`engine.reference` uses the equivalent exp(l - logsumexp),
+upstream's softmax-then-gather (`baselines.reference_llada` uses the equivalent exp(l - logsumexp),
 which can differ in the last bit; tokens match in the tests).
 """
 from __future__ import annotations

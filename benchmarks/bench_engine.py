@@ -1,7 +1,7 @@
 """`make bench-engine`: the engine's throughput, MFU, host work and operator calls per step.
 
 From one run: generated tokens/s of the engine (cache=none, which must reproduce the reference's
-tokens exactly, dual and sparse) over LLaDA's own sampler (engine.reference) decoding the same
+tokens exactly, dual and sparse) over LLaDA's own sampler (baselines.reference_llada) decoding the same
 prompts one after another; then (benchmarks/engine_efficiency.py) the sparse engine's MFU at
 saturation against this machine's measured matmul peak, host time per step with a near-zero
 model, and operator calls, host syncs and torch.compile graph breaks per step. Ratios, not
@@ -22,10 +22,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from baselines.reference_llada import reference_generate
 from dllm_bench.checkpoints.load import load_model
 from dllm_bench.doctor.checks import BF16_CPU_FLAGS, cpu_flags
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.reference import reference_generate
 
 
 def cpu_name() -> str:

@@ -1,15 +1,6 @@
-"""Bidirectional attention: the one SDPA + GQA helper every model path calls (`sdpa`), the
-padded batch form of a step's phase group (`padded_attention`: one SDPA call, padding keys
-masked out), and packed varlen kernels (`PackedKernel`: one call over packed queries and keys
-with cu_seqlens, no padding) from torch itself (`torch.nn.attention.varlen.varlen_attn`, torch
->= 2.10) or from flash-attn. `choose_backend` picks one and says why in a line that the command
-layer prints once per run (the engine never logs it: a run builds many engines).
-
-Why padded SDPA on CPU (measured in docs/PERFORMANCE.md): flex_attention without
-torch.compile materializes the score matrix and ran 5-10x slower; a per-sequence loop costs
-host work per request; padding waste is small when a group's lengths are alike, and the
-runner splits a group into chunks so no padded call exceeds a key budget.
-"""
+"""Bidirectional attention: the SDPA + GQA helper every model path calls (`sdpa`), a phase
+group's padded SDPA call (`padded_attention`), packed varlen kernels (`PackedKernel`), and
+`choose_backend`."""
 from __future__ import annotations
 
 import inspect
@@ -50,8 +41,8 @@ def torch_varlen() -> VarlenAPI | None:
 
 
 def flash_attn_import_error() -> str | None:
-    """None when `flash_attn_varlen_func` imports, else why not. A wheel built for another torch
-    is found by the import system and fails only when imported, so the import itself is the test."""
+    """None when `flash_attn_varlen_func` imports, else why not (a wheel for another torch fails
+    only when imported)."""
     try:
         from flash_attn import flash_attn_varlen_func  # noqa: F401  (optional, CUDA builds)
     except Exception as e:  # ImportError, or an undefined symbol of a mismatched build (OSError)
@@ -70,10 +61,8 @@ class BackendChoice:
 
 
 def choose_backend(name: str, device, dtype: torch.dtype | None = None) -> BackendChoice:
-    """auto: on CUDA in fp16/bf16, torch's varlen_attn, else flash-attn varlen, else padded SDPA;
-    on a CPU or in another dtype, padded SDPA. A backend asked for by name must be usable here
-    (ValueError if not); on a CPU only an implementation that declares it runs there does (the
-    test suite's stand-ins)."""
+    """auto: on CUDA in fp16/bf16 torch's varlen_attn, else flash-attn, else padded SDPA; else
+    padded SDPA. A backend named must be usable here (ValueError; on a CPU: the tests' stand-ins)."""
     device = torch.device(device)
     if name == "sdpa":
         return BackendChoice("sdpa", "attention_backend=sdpa")
@@ -143,10 +132,7 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
 
 class PackedKernel:
     """One varlen call over packed q [Nq, Hq, D] and k/v [Nk, Hkv, D]: segment b's queries are
-    q[cu_q[b]:cu_q[b+1]], its keys k[cu_k[b]:cu_k[b+1]] (int32 [B+1] on q's device; `max_q` /
-    `max_k`: ints bounding every attending segment). As in FlashAttention, a segment without
-    queries costs nothing and one without keys gives zeros, so k/v may be a whole KV pool layer
-    with the unread ranges between members as query-less segments (`engine.step_context`)."""
+    q[cu_q[b]:cu_q[b+1]], its keys k[cu_k[b]:cu_k[b+1]] (int32 [B+1]; `max_q`/`max_k` bound them)."""
 
     def __init__(self, backend: str):
         self.backend = backend
@@ -156,9 +142,9 @@ class PackedKernel:
                 raise ValueError("torch has no varlen_attn")
             self._fn, self._gqa = api.fn, api.gqa
         elif backend == "flash_attn":
-            from flash_attn import flash_attn_varlen_func  # optional dependency, CUDA only
+            from flash_attn import flash_attn_varlen_func
 
-            self._fn, self._gqa = flash_attn_varlen_func, True    # GQA natively
+            self._fn, self._gqa = flash_attn_varlen_func, True
         else:
             raise ValueError(f"{backend} is not a packed backend")
 
@@ -178,24 +164,21 @@ class PackedKernel:
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q kᵀ/√D) v, no causal mask: q [..., Hq, Lq, D], k/v [..., Hkv, Lk, D]; query head
-    h uses KV head h // (Hq / Hkv) (GQA). mask: bool, True = attend, broadcast to the scores."""
+    """softmax(q kᵀ/√D) v, no causal mask: q [..., Hq, Lq, D], k/v [..., Hkv, Lk, D] (GQA);
+    mask: bool, True = attend."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[-3] != k.shape[-3])
 
 
 def key_bias(key_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """key_mask [G, Lk] (True = a real key) -> the additive mask [G, 1, 1, Lk] (0 / -inf) SDPA
-    takes as is: built once per step, it saves every layer the bool-to-bias conversion."""
+    """key_mask [G, Lk] (True = a real key) -> the additive mask [G, 1, 1, Lk], built once per step."""
     bias = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill_(~key_mask, -torch.inf)
     return bias[:, None, None, :]
 
 
 def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """q [G, Lq, Hq, D], k/v [G, Lk, Hkv, D], bias [G, 1, 1, Lk] from `key_bias` (None: every
-    key is real) -> [G, Lq, Hq, D]."""
+    """q [G, Lq, Hq, D], k/v [G, Lk, Hkv, D], bias from `key_bias` (None: all real) -> [G, Lq, Hq, D]."""
     qt = q.transpose(1, 2)
-    # A contiguous [G, H, Lq, D] query is several times faster in CPU SDPA than a strided view;
-    # CUDA's kernels take the strided view as it is (a copy per layer saved).
+    # a contiguous query is several times faster in CPU SDPA; CUDA takes the strided view
     qt = qt if q.is_cuda else qt.contiguous()
     return sdpa(qt, k.transpose(1, 2), v.transpose(1, 2), bias).transpose(1, 2)
 
@@ -210,9 +193,7 @@ def varlen_call(backend: str, q: torch.Tensor, cu_q, k: torch.Tensor, v: torch.T
 
 def varlen_attention(q: torch.Tensor, cu_q: list[int], keys: list[torch.Tensor], values: list[torch.Tensor],
                      backend: str = "sdpa") -> torch.Tensor:
-    """q [Nq, Hq, D] packed; segment i is q[cu_q[i]:cu_q[i+1]] and attends over keys[i] /
-    values[i] ([Hkv, Lk_i, D]). Returns [Nq, Hq, D]. A convenience over lists (benchmarks and
-    tests); the engine's step builds its padded or packed keys from the pool directly."""
+    """q [Nq, Hq, D] packed; segment i attends over keys[i] / values[i] ([Hkv, Lk_i, D]) -> [Nq, Hq, D]."""
     lk = [t.shape[1] for t in keys]
     if backend in PACKED:
         kp = torch.cat([t.transpose(0, 1) for t in keys])

@@ -1,18 +1,5 @@
-"""`cache=auto`: each request's cache mode, chosen once at its admission.
-
-Per block a dual request (Fast-dLLM's cache: one Refresh per block) computes L + (S-1)·B query
-rows, a sparse one (head-centric sparse KV: a Refresh, then a Refresh-select at `delay_step`)
-2L + (S-2)·B: sparse holds about twice the requests in a KV pool at the price of a second
-full-canvas Refresh per block. Twice the requests pay only while a step is bound by reading the
-weights (and cached keys), i.e. while its query rows are below the device's ridge
-(`EngineConfig.ridge_rows`: peak FLOP/s / bandwidth x bytes per weight / 2); past it a step's
-time grows with its rows; every step also pays a fixed cost (`EngineConfig.overhead_rows`) that
-fuller batches amortise. `preferred_mode` weighs both on a roofline (`step_time`): which mode,
-with the pool full of requests of the head's shape (up to `max_num_seqs`, however few wait now),
-commits more tokens per unit of step time; `admission_mode` admits the head in it once it fits.
-A request no cache mode can ever hold (`never_cached`) is admitted `none`. A request keeps its
-mode for its life.
-"""
+"""`cache=auto`: each request's cache mode (dual, sparse, or none when no mode can hold it), chosen
+once at admission on the device's roofline (docs/SERVE.md, "The engine's cache")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +8,6 @@ from functools import lru_cache
 import numpy as np
 
 AUTO = "auto"
-# Per-member codes of a step's `StepMeta.cache` column (a mixed step holds several modes).
 CODES = {"none": 0, "dual": 1, "sparse": 2}
 SPARSE_MARGIN = 0.05
 
@@ -34,10 +20,8 @@ def refreshes(mode: str, steps_per_block: int, delay_step: int) -> int:
 
 @dataclass(frozen=True)
 class Shape:
-    """A request as the mix sees it: canvas L, block B, steps per block S, its KV need in each
-    mode (dual: L; sparse: retained + B), and the model on the device: `ridge` rows,
-    `kv_per_weight` and `pair_per_row` (`LLaDAConfig`'s: a cached key's bytes per weight byte, an
-    attention pair's FLOPs per query row's), and a step's fixed `overhead` in rows."""
+    """A request as the mix sees it: canvas L, block B, steps per block S, its KV need per mode,
+    and the model on the device (`ridge` rows, `LLaDAConfig`'s ratios, a step's `overhead` rows)."""
 
     length: int
     block: int
@@ -52,11 +36,8 @@ class Shape:
 
 
 def step_time(n_dual, n_sparse, s: Shape):
-    """Roofline time of a step in query rows, and the tokens it commits, for `n_dual` +
-    `n_sparse` requests of shape `s` (numpy-broadcast). Their Reuse steps share one read of the
-    weights and of their cached keys: the ridge x (1 + keys x kv_per_weight) rows, or their rows
-    when more; each Refresh of a canvas adds what its rows (and its L x L attention) take past
-    that (Refreshes of different requests in different steps); the step's fixed overhead adds."""
+    """Roofline time of a step in query rows, and the tokens it commits, for `n_dual` + `n_sparse`
+    requests of shape `s` (numpy-broadcast): Reuse steps share one read of the weights and keys."""
     S = s.steps
     k_d, k_s = refreshes("dual", S, s.delay_step), refreshes("sparse", S, s.delay_step)
     reuse = (n_dual * (S - k_d) + n_sparse * (S - k_s)) * s.block / S
@@ -68,10 +49,8 @@ def step_time(n_dual, n_sparse, s: Shape):
 
 @lru_cache(maxsize=1024)
 def preferred_mode(capacity: int, max_seqs: int, s: Shape) -> str:
-    """dual or sparse: which fills `capacity` KV slots with requests of shape `s` (at most
-    `max_seqs` of them) committing more tokens per unit of step time (`step_time`). Sparse must win
-    by SPARSE_MARGIN: the roofline leaves out work only sparse does (scoring, top-k, packing the
-    retained keys) and a sparse request holds its slots through twice the Refreshes."""
+    """dual or sparse: which fills `capacity` slots (at most `max_seqs` requests of shape `s`)
+    committing more tokens per step time; sparse must win by SPARSE_MARGIN (work the roofline omits)."""
     n_dual, n_sparse = min(max_seqs, capacity // s.dual_need), min(max_seqs, capacity // s.sparse_need)
     if s.sparse_need >= s.dual_need or n_sparse == 0:
         return "dual"
@@ -83,21 +62,17 @@ def preferred_mode(capacity: int, max_seqs: int, s: Shape) -> str:
 
 
 def never_cached(capacity: int | None, sparse_need: int) -> bool:
-    """No cache mode can ever hold a request whose sparse need (its least) exceeds the whole
-    pool. It runs without one (`none`: every step a full Refresh, chunked beyond the token
-    budget) rather than being refused: a long canvas's own KV, not the step, is what binds."""
+    """No mode can ever hold a request whose sparse need exceeds the pool: it runs `none`."""
     return capacity is not None and sparse_need > capacity
 
 
-# The modes an engine's requests may run in (the profiler reserves for each).
 SERVED = {"none": ("none",), "dual": ("dual",), "sparse": ("sparse",), AUTO: ("dual", "sparse", "none")}
 
 
 def admission_mode(free: int | None, dual_need: int, sparse_need: int, preferred: str,
                    capacity: int | None = None) -> str | None:
-    """The mode the head of the queue is admitted in, or None (it waits): `none` if the pool of
-    `capacity` slots can never hold it (`never_cached`), else its `preferred_mode` once that need
-    fits `free` KV slots (None: an unbounded pool, where dual always fits)."""
+    """The mode the head of the queue is admitted in, or None (it waits until its preferred
+    mode's need fits `free`; `none` if never cached; an unbounded pool: dual)."""
     if free is None:
         return "dual"
     if never_cached(capacity, sparse_need):

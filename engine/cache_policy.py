@@ -1,14 +1,5 @@
-"""What each KV cache policy stores, selects and reads, per request and phase.
-
-`StepContext` asks the policy of the engine (`POLICIES[config.cache]`) for the key spec of every
-scheduled request (as columns over the step's `StepMeta`): how many of its keys come from its
-cache slots and how many are this step's fresh K/V, and where it stores; it then reads and
-writes the cache of all requests of a layer with one indexed op each. The sparse policy's
-selection runs in the layer, on that step's own queries and keys, for all selecting requests at
-once (`SparseCache.select`). Policies: none (exact LLaDA), dual (Fast-dLLM), sparse (dLLM-Serve)
-and auto (each request by the mode chosen at its admission), one class each below; the
-mechanisms: docs/MECHANISMS.md, the `cache` knob: docs/SERVE.md ("Systems and variants").
-"""
+"""What each KV cache policy (none, dual, sparse, auto) stores, selects and reads, per request
+and phase, as columns over a step's `StepMeta` (docs/MECHANISMS.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,7 +50,6 @@ class DualCache(CachePolicy):
     overwrites the block's slots with its fresh K/V in place and attends over all L cached slots."""
 
     def spec(self, m):
-        # Reuse: the block's K/V overwrite their slots, then all L cached slots are read.
         reuse = ~m.refresh
         return KeySpec(np.where(reuse, m.length, 0), np.where(reuse, 0, m.n_q),
                        np.where(reuse, m.block_start, np.where(m.has(Phase.REFRESH_STORE), 0, -1)))
@@ -74,8 +64,6 @@ class SparseCache(CachePolicy):
         return req.kv_tokens
 
     def spec(self, m):
-        # A request's slots: its retained tokens, then one block (kv_need). Reuse stores the
-        # block's K/V into the block slots, then reads all of them, as DualCache does.
         reuse = ~m.refresh
         return KeySpec(np.where(reuse, m.kv, 0), np.where(reuse, 0, m.n_q),
                        np.where(reuse, m.kv - m.block_len, -1))
@@ -90,9 +78,9 @@ class SparseCache(CachePolicy):
         blmax, lcmax = int(bl.max()), int(lc.max())
         q_index, _ = padded(a + start, bl, blmax)
         j = np.arange(lcmax)
-        pos = j + bl[:, None] * (j >= start[:, None])                        # skip the block
+        pos = j + bl[:, None] * (j >= start[:, None])
         ctx_index = a[:, None] + pos * (j < lc[:, None])
-        keep = m.kv[g] - bl                                                  # the block slots follow
+        keep = m.kv[g] - bl
         kmax = int(keep.max())
         keep_rows = np.nonzero(np.arange(kmax) < keep[:, None])              # (member, rank) kept
         shapes: dict[tuple[int, int], list[int]] = {}
@@ -106,16 +94,15 @@ class SparseCache(CachePolicy):
                           tuple(map(staging.put, keep_rows)), staging.put(m.slots[ragged(m.slot_base[g], keep)]))
 
     def select(self, plan: SelectPlan, pool: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """One layer's Refresh-select for every planned request: score the context with the
-        block's queries of this step, keep ⌊r·L_ctx⌋ tokens per KV head, pack them into the
-        requests' first slots (`pool`: the layer's [2, slots, H_kv, D] storage)."""
+        """One layer's Refresh-select: score the context with the block's queries, keep ⌊r·L_ctx⌋
+        tokens per KV head, pack them into the requests' first slots."""
         c, G = self.config, plan.G
         hkv, d = k.shape[1:]
         qb = q[plan.q_index].view(G, plan.blmax, *q.shape[1:])
-        kc = k[plan.ctx_index].view(G, plan.lcmax, hkv, d).transpose(1, 2)        # [G, Hkv, Lc, D]
+        kc = k[plan.ctx_index].view(G, plan.lcmax, hkv, d).transpose(1, 2)
         vc = v[plan.ctx_index].view(G, plan.lcmax, hkv, d).transpose(1, 2)
         idx = sparse.select_many(qb, kc, plan.groups, plan.kmax, c.selection, c.pool_window, c.score_query,
-                                 plan.q_len, plan.ctx_len, self.head_mean)           # [G, Hkv, kmax]
+                                 plan.q_len, plan.ctx_len, self.head_mean)
         pool[0, plan.slots] = sparse.pack(kc, idx).transpose(1, 2)[plan.keep_rows]
         pool[1, plan.slots] = sparse.pack(vc, idx).transpose(1, 2)[plan.keep_rows]
 
@@ -136,12 +123,7 @@ class SelectPlan:
 
 
 class AutoCache(SparseCache):
-    """Dual, sparse and none members in one step (`cache=auto`). Dual and sparse keep the
-    block's slots in the request's table and read all of its slots in a Reuse step (dual: L of
-    them, sparse: the retained ones then the block), so only where the block's slots start and
-    whether the block start's Refresh stores differ, per member; a none member (one no cache
-    holds) always attends to its own fresh canvas. Selection is the sparse members' (only they
-    reach Refresh-select)."""
+    """Dual, sparse and none members in one step (`cache=auto`), each by its own policy's spec."""
 
     def spec(self, m):
         specs = {CODES["dual"]: DualCache.spec(self, m), CODES["sparse"]: SparseCache.spec(self, m),

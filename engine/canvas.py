@@ -1,11 +1,5 @@
-"""Every running request's canvas in one token tensor, mirrored on the host.
-
-At admission a request's canvas moves into a contiguous range of `CanvasPool.tokens` (device)
-and of `CanvasPool.host` (numpy); `req.canvas` and `req.host_canvas` become views of them, so a
-step stages the input ids of all requests with one host gather, commits every decision with one
-indexed device write, and finds candidates without reading the device. On release both are
-copied out again (the request keeps its tokens, the range is reused).
-"""
+"""Every running request's canvas in one token tensor, mirrored on the host: `req.canvas` and
+`req.host_canvas` are views of a range from admission to release."""
 from __future__ import annotations
 
 import numpy as np

@@ -10,11 +10,10 @@ CACHE_POLICIES = ("none", "dual", "sparse", "auto")
 SELECTIONS = ("head", "uniform")
 SCORE_QUERIES = ("mean", "max")
 SCHEDULERS = ("phase", "request", "lookahead")   # engine.scheduler.POLICIES' names
-# The one dtype-name table of the repository (CLI names -> torch dtypes).
+# the one dtype-name table of the repository
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = ("auto", "sdpa", "varlen", "flash_attn")
-# The values each text field of EngineConfig takes (checked in __post_init__; the CLI's knob
-# parsers read them from here).
+# the values each text field takes (checked in __post_init__; the CLI's parsers read them here)
 CHOICES = {"cache": CACHE_POLICIES, "selection": SELECTIONS, "score_query": SCORE_QUERIES,
            "scheduler": SCHEDULERS, "dtype": tuple(DTYPES), "attention_backend": BACKENDS}
 
@@ -25,54 +24,32 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "auto"                   # auto = cuda when available
     attention_backend: str = "auto"        # auto = on CUDA torch varlen_attn, else flash-attn, else SDPA
-    # Reuse-only steps padded to batch buckets and captured as CUDA graphs (engine.graphs.enabled):
-    # None = on for CUDA; True on a CPU runs the same padding with plain calls (tests).
+    # Reuse-only steps bucketed as CUDA graphs (engine.graphs.enabled): None = on CUDA; True on a CPU: plain calls
     cuda_graphs: bool | None = None
-    # Ranks of one engine (engine.parallel.ParallelEngine): heads, MLP and vocabulary split
-    # across devices (or CPU processes); 1 = the single-device engine.
+    # ranks of one engine (engine.parallel): heads, MLP and vocabulary split; 1 = one device
     tensor_parallel_size: int = 1
-    # --- phase-multiplexed scheduler ---
-    scheduler: str = "phase"               # phase: Reuse steps cost their block; request: every step costs the canvas;
-                                           # lookahead: phase costs, future Refreshes planned within the budget
+    scheduler: str = "phase"               # phase | request | lookahead (docs/SCHEDULER.md)
     max_num_batched_tokens: int = 8192     # query tokens per step
     max_num_seqs: int = 64
-    max_model_len: int | None = None       # None = the checkpoint's max_sequence_length; a canvas
-                                           # over max_num_batched_tokens is refreshed in chunks (engine.chunking)
-    # A Refresh of a canvas longer than max_num_batched_tokens runs in chunks of this many tokens
-    # (engine.chunking); None = sized by the profiler from the activation budget (no profile:
-    # half the token budget).
+    max_model_len: int | None = None       # None = the checkpoint's max_sequence_length
+    # a Refresh longer than the token budget runs in chunks of this many (None: sized by the profiler)
     refresh_chunk_tokens: int | None = None
-    # --- logit-aware activation budgeting ---
     max_num_logits: int | None = 1024      # None = monolithic full-sequence logits (an HF forward)
-    # --- KV cache ---
-    cache: str = "sparse"                  # none (exact LLaDA) | dual (Fast-dLLM) | sparse (dLLM-Serve)
-                                           # | auto: dual or sparse per request, as a full pool of requests
-                                           # like it runs faster (engine.cache_mode; the serving system's default)
+    cache: str = "sparse"                  # none (exact LLaDA) | dual (Fast-dLLM) | sparse (dLLM-Serve) | auto
     selection: str = "head"                # head-centric per-KV-head top-k | uniform (Sparse-dLLM)
     retention: float = 0.5                 # fraction of context tokens kept per head
-    score_query: str = "mean"              # which block queries score the context: their mean
-                                           # (dLLM-Serve's and Sparse-dLLM's code) | max over them
+    score_query: str = "mean"              # the block queries' mean (upstream's) | their max
     pool_window: int = 3                   # max-pool window along positions (odd)
     delay_step: int = 1                    # step within a block at which the sparse cache is built
-    # cache=auto weighs each request's mode on the device's roofline (engine.cache_mode): its
-    # ridge, peak FLOP/s / bandwidth x bytes per weight / 2, the query rows at which a step stops
-    # being bound by reading the weights. The default is a GPU's
-    # (H100 bf16 ~260, RTX 4090 ~180, L40S ~370); a CPU's is a few rows. dllm-bench sets it
-    # from the device (dllm_bench.step_budgets) or a simulated hardware profile.
+    # cache=auto's roofline (engine.cache_mode): query rows where a step stops being weight-bound
     ridge_rows: int = 256
-    # ... and a step's fixed cost beyond that roofline (kernel launches, host work), in query rows
-    # at the device's peak: every step pays it whatever its batch, so fuller batches amortise it.
-    # 0 (the default, a CPU's, a measured GPU's) weighs the bare roofline; dllm-bench sets a
-    # simulated GPU's from its hardware profile (dllm_bench.ridge).
+    # ... and a step's fixed cost beyond it (launches, host work) in query rows (dllm_bench.ridge)
     overhead_rows: int = 0
-    # --- memory ---
     memory_budget: int | None = None       # bytes for weights + activations + KV; None = unbounded on CPU
     gpu_memory_utilization: float = 0.9    # CUDA default budget = free memory x this
     kv_pool_tokens: int | None = None      # override the profiled pool size (token slots)
     guard_fraction: float = 0.05           # of the budget, kept free against fragmentation/noise
-    # Whether requests may sample (temperature > 0). At LLaDA's vocabulary the float64 Gumbel
-    # noise is the largest transient of a step, so the profiler includes it only if requests
-    # may use it, and the engine then rejects temperature > 0 when it was not profiled for it.
+    # requests may sample (T > 0): the profiler then includes the float64 Gumbel noise, else T > 0 is refused
     sampling: bool = True
 
     def __post_init__(self) -> None:

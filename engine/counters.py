@@ -1,25 +1,33 @@
 """The step counters every serving system reports (`LLMEngine`, the static-batch baselines):
-forwards, query tokens, logits rows, the phase mix, batch sizes, stalls and planned waits.
-
-`StepCounters.sink`, when set, is handed one row per forward (`serve --trace-steps` streams them
-to a file, `profile-step` reads them): the step's wall time and shape, the names of TRACE_FIELDS."""
+forwards, query tokens, logits rows, the phase mix, batch sizes, stalls and planned waits."""
 from __future__ import annotations
 
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
-# Per-step entries kept (the most recent ones). Every aggregate a run reports is exact whatever
-# the number of steps (`batched_requests`, the phase counters, `maxima`); the per-step history
-# only serves short runs (tests, regression tables) and stays bounded in a long-lived server.
+# Per-step entries kept: every aggregate is exact whatever the number of steps; the history
+# serves short runs (tests, regression tables) and stays bounded in a long-lived server.
 STEP_HISTORY = 4096
 
-# A traced step's fields, in order (after its start time `t_start`, perf_counter seconds):
-# `requests` real members, `padded_requests` members the forward ran (dummies included),
-# `key_tokens` keys attended summed over members, `graph` a CUDA-graph replay; `cache` (optional)
-# members per KV cache mode.
-TRACE_FIELDS = ("wall_ms", "requests", "padded_requests", "refresh", "reuse", "query_rows", "key_tokens",
-                "logit_rows", "graph", "cache")
+
+class StepRecord(NamedTuple):
+    """One forward as `StepCounters.sink` sees it (perf_counter start and end): its real members,
+    the members it ran (padding dummies included), its phase mix and sizes, a CUDA-graph replay,
+    members per KV cache mode (None: not told)."""
+
+    started: float
+    ended: float
+    requests: int
+    padded_requests: int
+    refresh: int
+    reuse: int
+    query_rows: int
+    key_tokens: int
+    logit_rows: int
+    graph: bool
+    cache: Mapping[str, int] | None
 
 
 class StepCounters(dict):
@@ -32,29 +40,20 @@ class StepCounters(dict):
                          deferred_steps=0, deferred_requests=0, batched_requests=0)
         self.batch_sizes: deque[int] = deque(maxlen=STEP_HISTORY)
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=STEP_HISTORY)
-        # (step number, batch size) of every step no later step matched or beat: sizes strictly
-        # decrease along the list, so it holds at most (largest batch) entries, and the largest
-        # batch since any step s is the first entry after s (`max_batch_since`).
+        # (step number, batch size) of every step no later step matched or beat (`max_batch_since`)
         self.maxima: list[tuple[int, int]] = []
-        self.sink: Callable[[dict], None] | None = None
+        self.sink: Callable[[StepRecord], None] | None = None
 
     def record(self, batch_size: int, query_tokens: int, logits_rows: int, max_logits_rows: int,
                refresh: int, reuse: int, stalled: int = 0, deferred: int = 0, *, started: float | None = None,
                key_tokens: int = 0, padded: int | None = None, graph: bool = False,
                cache: Mapping[str, int] | None = None) -> None:
-        """One forward. `stalled`: running requests left out of it because their step did not fit
-        the token budget (head-of-line blocking behind a Refresh); `deferred`: running requests
-        left out because the look-ahead plan placed their next step later (a planned wait).
-        The keywords describe the step for the sink (`started`: its perf_counter start; a step
-        recorded without it is not traced)."""
+        """One forward. `stalled`: running requests left out (their step did not fit the budget);
+        `deferred`: left out by the look-ahead plan. The keywords are for the sink (`started`: the
+        step's perf_counter start; without it the step is not handed to the sink)."""
         if self.sink is not None and started is not None:
-            row = {"t_start": started, "wall_ms": (time.perf_counter() - started) * 1e3, "requests": batch_size,
-                   "padded_requests": batch_size if padded is None else padded, "refresh": refresh, "reuse": reuse,
-                   "query_rows": query_tokens, "key_tokens": key_tokens, "logit_rows": logits_rows,
-                   "graph": graph}
-            if cache:
-                row["cache"] = dict(cache)
-            self.sink(row)
+            self.sink(StepRecord(started, time.perf_counter(), batch_size, batch_size if padded is None else padded,
+                                 refresh, reuse, query_tokens, key_tokens, logits_rows, graph, cache))
         self["steps"] += 1
         self["forwards"] += 1
         self["query_tokens"] += query_tokens

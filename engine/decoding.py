@@ -1,14 +1,5 @@
-"""Decoding policies: how many of a block's still-masked positions a request commits per step.
-
-`fixed` is LLaDA's linear transfer schedule (`engine.unmask.transfer_schedule`), whatever the
-confidences: the paper's "Execution Parity" mode and the presets' default. `threshold:τ` and
-`factor:f` are Fast-dLLM's confidence-aware parallel decoding, `entropy:γ` an entropy-bounded
-rule (the rules: `Decoding`; docs/FRONTIER.md, "Decoding policies"). Every policy takes at least
-one token per step while a block has masked positions, so a block ends after at most
-block_length steps; a request's block ends when it has no masked position left. Requests of one
-step may follow different policies: the choice is made per row on the device, in one pass over
-the step's [requests x block] table (`commit_mask`), without reading anything back.
-"""
+"""Decoding policies: how many of a block's still-masked positions a request commits per step,
+chosen per row on the device in one pass (`commit_mask`; docs/FRONTIER.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +7,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-# The default policy's name, which every option and record that defaults to it uses.
 FIXED = "fixed"
 KINDS = (FIXED, "threshold", "factor", "entropy")
 CODE = {k: i for i, k in enumerate(KINDS)}
@@ -24,14 +14,10 @@ CODE = {k: i for i, k in enumerate(KINDS)}
 
 @dataclass(frozen=True)
 class Decoding:
-    """fixed: a block of n masked tokens committed over the request's steps per block, the
-    schedule's count each step.
-    threshold:τ (0 < τ ≤ 1): the most confident candidate always, and every other whose confidence
-    reaches τ (NVlabs/Fast-dLLM llada/generate.py, `get_transfer_index` with `threshold`).
-    factor:f (f > 0): candidates sorted c(1) ≥ c(2) ≥ …, the (i+1)-th taken while
-    c(i+1) ≥ 1 − f/(i+2), the first always (`get_transfer_index_dynamic`).
-    entropy:γ (γ ≥ 0): candidates in confidence order while the sum of their predictive entropies
-    stays ≤ γ, the first always."""
+    """fixed: the linear schedule's count each step. threshold:τ (0 < τ ≤ 1): the most confident
+    candidate and every other reaching τ (Fast-dLLM `get_transfer_index`). factor:f (f > 0): sorted
+    c(1) ≥ c(2) ≥ …, the (i+1)-th taken while c(i+1) ≥ 1 − f/(i+2) (`get_transfer_index_dynamic`).
+    entropy:γ (γ ≥ 0): in confidence order while their entropies sum ≤ γ. The first always."""
 
     kind: str = FIXED
     value: float = 0.0
@@ -71,8 +57,7 @@ _RANGE = {"threshold": "0 < τ ≤ 1", "factor": "f > 0", "entropy": "γ ≥ 0"}
 
 
 def policy_columns(policies: list[Decoding]) -> tuple[np.ndarray, np.ndarray]:
-    """Per request (kind code, value as float64 bits in an int64): host columns a step stages
-    with its other metadata; `commit_mask` reads the value back as float64 on the device."""
+    """Per request (kind code, value as float64 bits in an int64): host columns the step stages."""
     kinds = np.fromiter((CODE[p.kind] for p in policies), dtype=np.int64, count=len(policies))
     values = np.fromiter((p.value for p in policies), dtype=np.float64, count=len(policies)).view(np.int64)
     return kinds, values
@@ -80,11 +65,9 @@ def policy_columns(policies: list[Decoding]) -> tuple[np.ndarray, np.ndarray]:
 
 def commit_mask(conf: torch.Tensor, entropy: torch.Tensor | None, counts: torch.Tensor, k: torch.Tensor,
                 kinds: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor:
-    """Which ranks each request commits: conf [B, W] its candidates' confidences sorted in
-    descending order (non-candidates last), entropy [B, W] theirs in the same order (None when no
-    request uses `entropy`), counts [B] candidates, k [B] the fixed schedule's count, kinds /
-    values [B] (`policy_columns`; None when every request decodes `fixed`: its two operators
-    alone, not the other rules' dozen) -> bool [B, W], a prefix of each row."""
+    """Which ranks each request commits -> bool [B, W], a prefix of each row: conf [B, W] sorted
+    descending (non-candidates last), entropy alike (None: unused), counts [B] candidates, k [B]
+    the fixed count, kinds / values [B] (`policy_columns`; None: all `fixed`)."""
     B, W = conf.shape
     r = torch.arange(W, device=conf.device).expand(B, W)
     take = r < torch.minimum(k, counts)[:, None]                                     # fixed

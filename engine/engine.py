@@ -30,11 +30,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 class LLMEngine:
-    """One device's engine (`engine.open` builds it, or one over several ranks, from a config).
-    `runner`: any `engine.step.Runner` in place of the `ModelRunner` over `model` (e.g. a
-    simulator's cost model); the scheduler, KV pool and logit budget stay the engine's own. An
-    injected runner without a model cannot be memory-profiled: give `kv_pool_tokens` (or no
-    budget on CPU)."""
+    """One device's engine. `runner`: any `engine.step.Runner` in place of the `ModelRunner` (a
+    simulator's cost model); without a model it needs `kv_pool_tokens` (or no budget on CPU)."""
 
     def __init__(self, config: EngineConfig, model: LLaDAModelLM | None = None, runner: Runner | None = None):
         self.config = config
@@ -49,7 +46,6 @@ class LLMEngine:
         self.device, self.dtype = source.device, source.dtype
         self.model_config = runner.model_config if runner is not None else model.config
         self.max_model_len = config.max_model_len or self.model_config.max_sequence_length
-        # The backend and why (`attention.line`): said once per run by the command layer, not here.
         self.attention = choose_backend(config.attention_backend, self.device, self.dtype)
         self.backend = self.attention.name
         self.profile = None
@@ -73,7 +69,6 @@ class LLMEngine:
         self.counters = StepCounters()
         self.batch_sizes, self.step_log = self.counters.batch_sizes, self.counters.step_log
 
-    # ------------------------------------------------------------------ requests
     def add_request(
         self,
         prompt_ids: Sequence[int],
@@ -116,7 +111,6 @@ class LLMEngine:
             device=self.device,
             arrival_time=time.perf_counter() if arrival_time is None else arrival_time,
         )
-        # cache=auto runs a request no cache mode can hold without one (engine.cache_mode).
         uncached = self.config.cache == "none" or self.scheduler.never_cached(req)
         if params.block_length > self.config.max_num_batched_tokens and not uncached:
             raise ValueError(f"block_length {params.block_length} exceeds max_num_batched_tokens "
@@ -134,13 +128,10 @@ class LLMEngine:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
     def capture_graphs(self, block_length: int, prompt_len: int = 1, max_batch: int | None = None) -> int:
-        """At warm-up rather than in the first served steps: every batch bucket's CUDA graph for
-        Reuse steps of `block_length` up to `max_batch` requests (engine.graphs.StepGraphs.capture_all);
-        0 without graphs."""
+        """Every batch bucket's CUDA graph for Reuse steps of `block_length` now, at warm-up (0 without graphs)."""
         graphs = getattr(self.runner, "graphs", None)
         return graphs.capture_all(block_length, prompt_len, max_batch) if isinstance(graphs, StepGraphs) else 0
 
-    # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
         started = time.perf_counter()
         batch = self.scheduler.schedule(started)
@@ -159,14 +150,12 @@ class LLMEngine:
         return done
 
     def commit(self, batch: Batch, d: StepDecisions) -> None:
-        """Write every request's decided tokens into the canvas pool with one indexed write, then
-        read the decisions back: the step's one device-to-host copy, which keeps the host canvases
-        (candidates, block ends, outputs) equal to the device's."""
+        """Write every request's decided tokens into the canvas pool in one indexed write, then read
+        them back: the step's one device-to-host copy, keeping the host canvases equal to the device's."""
         offsets = np.fromiter((r.canvas_offset for r, _ in batch), dtype=np.int64, count=len(batch))
         cols = [d.row.long(), d.positions.long(), d.tokens.long()]
         if d.taken is not None:
-            # Entries that do not commit write to the pool's trash cell: never to a real cell, so
-            # no real cell is written twice in one indexed write.
+            # entries that do not commit write the pool's trash cell (no real cell written twice)
             self.canvases.tokens[torch.where(d.taken, d.canvas_index, self.canvases.trash)] = d.tokens
             cols.append(d.taken.long())
         elif d.canvas_index is not None:
@@ -180,10 +169,8 @@ class LLMEngine:
             req.charge(n)
 
     def advance(self, batch: Batch, now: float, committed: bool = True) -> list[Request]:
-        """Every request's step is done: move the cursors; the masked tokens of the blocks that
-        start next are counted for all of them in one op (their transfer schedules). Returns the
-        requests that finished. `committed`: the runner's decisions were committed (else a block
-        under parallel decoding ends after its planned steps, `Request.block_done`)."""
+        """Every request's step is done: move the cursors (the next blocks' masked tokens counted in
+        one op); -> the finished requests. `committed`: False ends a block after its planned steps."""
         ends = {id(r): r.block_done(committed) for r, _ in batch}
         nxt = [r for r, _ in batch if ends[id(r)] and r.block + 1 < r.num_blocks]
         masked = {}
@@ -213,7 +200,6 @@ class LLMEngine:
     def stats(self) -> dict:
         c = self.counters.stats()
         c.update(
-            # requests admitted per cache mode (`cache=auto` chooses per request: engine.cache_mode)
             requests_dual=self.scheduler.served["dual"],
             requests_sparse=self.scheduler.served["sparse"],
             requests_none=self.scheduler.served["none"],
@@ -226,7 +212,6 @@ class LLMEngine:
             c["profile"] = self.profile.to_dict()
         return c
 
-    # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         """Nothing to stop on one device (an engine over several ranks stops them here)."""
 
@@ -238,8 +223,7 @@ class LLMEngine:
 
 
 def run_to_completion(system, prompts, params, progress=None) -> list[RequestOutput]:
-    """Add every prompt to a serving system (engine or baseline) and step it until all finish;
-    outputs in input order. `params` is one SamplingParams or one per prompt."""
+    """Add every prompt to a serving system and step it until all finish; outputs in input order."""
     plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
     ids = [system.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
     out: dict[str, RequestOutput] = {}

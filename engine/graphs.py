@@ -1,17 +1,5 @@
-"""CUDA graphs for Reuse-only steps, padded to batch buckets, kept only where they are faster.
-
-At a few requests a Reuse step's hundreds of small kernels cost what launching them from Python
-does, so, as vLLM does for decode, such steps are captured once per shape and replayed. The
-batch is padded to a bucket (1, 2, 4, 8, then every 8 up to max_num_seqs: vLLM's capture sizes)
-with dummy members (`PadSpec`, `pad_meta`): each queries one block, stores its K/V into the KV
-pool's scratch slot (`KVPool.scratch`) and attends to nothing (keys read in place) or to that
-slot; gathered keys are padded to `key_width`. A bucket's first step, or `capture_all` at
-warm-up, times the replay against eager runs unpadded and keeps the graph only if faster. Each
-bucket owns a staging buffer the same puts land in, so a replay reads the new step's metadata.
-What else graphs need is decided here too: whether they are on (`enabled`, `eager`), the RoPE
-table reserved to max_model_len, the profiler's memory reserve (`memory_reserve`). Without CUDA
-(tests) the padding runs the same way with plain calls.
-"""
+"""CUDA graphs for Reuse-only steps, padded to batch buckets and kept only where they are faster;
+also whether graphs are on and the profiler's memory reserve for them."""
 from __future__ import annotations
 
 import dataclasses
@@ -35,22 +23,17 @@ TIMED_RUNS = 3            # replays and eager runs timed per bucket (after one w
 
 
 def enabled(config: EngineConfig, device) -> bool:
-    """Whether steps run bucketed: `cuda_graphs`, or by default on a CUDA device (True on a CPU
-    runs the same padding with plain calls)."""
+    """Whether steps run bucketed: `cuda_graphs`, by default on CUDA (on a CPU: plain calls)."""
     return config.cuda_graphs if config.cuda_graphs is not None else torch.device(device).type == "cuda"
 
 
 def eager(config: EngineConfig) -> EngineConfig:
-    """`config` without graphs: the profiler's measured steps (what a graph keeps is reserved
-    on top, `memory_reserve`) and tensor-parallel ranks (a captured step cannot hold the
-    collectives of a changing plan)."""
+    """`config` without graphs (the profiler's measured steps, tensor-parallel ranks)."""
     return dataclasses.replace(config, cuda_graphs=False)
 
 
 def memory_reserve(config: EngineConfig, device, reuse_peak: int) -> int:
-    """Bytes the profiler keeps from the KV pool for captured graphs: they hold their
-    intermediates in one graph memory pool beside the eager steps' allocations, its peak that
-    of the largest Reuse step (`reuse_peak`, measured eager)."""
+    """Bytes the profiler keeps from the KV pool for captured graphs' memory pool (`reuse_peak`)."""
     return reuse_peak if enabled(config, device) and config.cache != "none" else 0
 
 
@@ -67,13 +50,11 @@ def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
 def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_batch: int | None,
                  holds: Callable[[int], bool]) -> tuple[str, int, list[int]]:
     """What `StepGraphs.capture_all` captures, decided without a model (the simulator asks it too):
-    the cache mode of its synthetic requests (auto: dual), the KV slots each takes, and the buckets,
-    ascending, up to the one that holds `max_batch` requests, within the token budget, while
-    `holds(slots)` says the free pool can hold that many."""
+    (cache mode, KV slots each, buckets up to `max_batch`'s within the budget while `holds(slots)`)."""
     mode = "dual" if config.cache == AUTO else config.cache
     need = kv_need(mode, prompt_len + block_length, block_length, config.retention)
     if mode == "none" or need == 0:
-        return mode, need, []                     # no Reuse step to capture
+        return mode, need, []
     buckets = batch_buckets(config.max_num_seqs)
     last = (bucket(max_batch, buckets) if max_batch is not None else None) or buckets[-1]
     sizes = []
@@ -86,8 +67,7 @@ def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_b
 
 def warm_up_requests(b: int, mode: str, need: int, block_length: int, prompt_len: int, mask_id: int,
                      device) -> list[Request]:
-    """The `b` synthetic requests a bucket is captured and timed on at warm-up: one block after a
-    `prompt_len` prompt, in cache `mode`, each holding `need` KV slots (the caller reserves them)."""
+    """The `b` synthetic one-block requests a bucket is captured on at warm-up (slots: the caller's)."""
     params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
     reqs = [Request(f"graph-{b}-{i}", [0] * prompt_len, params, mask_id, device, cache=mode) for i in range(b)]
     for req in reqs:
@@ -96,8 +76,7 @@ def warm_up_requests(b: int, mode: str, need: int, block_length: int, prompt_len
 
 
 def keeps(graph_ms: float, eager_ms: float) -> bool:
-    """Whether a bucket replays its graph: only if the replay timed faster than the same step run
-    eager and unpadded, so graphs never make a step slower (the simulator asks it with its costs)."""
+    """Whether a bucket replays its graph: only if it timed faster than the step eager, unpadded."""
     return graph_ms < eager_ms
 
 
@@ -136,8 +115,7 @@ def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
 
 
 class CudaCapture:
-    """Captures a forward as a CUDA graph and times calls with CUDA events (tests pass a fake
-    with the same two methods)."""
+    """Captures a forward as a CUDA graph and times calls with CUDA events (tests pass a fake)."""
 
     def __init__(self):
         self.mempool = torch.cuda.graph_pool_handle()
@@ -155,8 +133,7 @@ class CudaCapture:
         return graph, out
 
     def time_ms(self, fn, what: str) -> float:
-        """Mean milliseconds of `fn` over TIMED_RUNS calls after one untimed call (`what`: graph
-        or eager, for fakes)."""
+        """Mean milliseconds of `fn` over TIMED_RUNS calls after one untimed call."""
         fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -171,7 +148,7 @@ class CudaCapture:
 class _Entry:
     staging: Staging | None
     captured: object | None               # the PackedStep the graph was captured with
-    graph: object | None = None           # torch.cuda.CUDAGraph
+    graph: object | None = None
     out: torch.Tensor | None = None       # the captured forward's output
     decision: str = "plain"               # graph | eager | plain (no capture: plain calls)
     graph_ms: float | None = None
@@ -181,9 +158,8 @@ class _Entry:
 
 
 class StepGraphs:
-    """Per (bucket, key width, block length): a staging buffer and, on CUDA, a captured graph if
-    it measured faster. `runner`: the engine's ModelRunner (prepare / forward); `capturer`:
-    `CudaCapture` on CUDA with a fixed-size pool, None for plain calls."""
+    """Per (bucket, key width, block length): a staging buffer and, on CUDA (`capturer`), a
+    captured graph if it measured faster."""
 
     def __init__(self, runner, capturer=None):
         self.runner = runner
@@ -215,14 +191,13 @@ class StepGraphs:
                                                                                   r.model_config.kv_heads)
 
     def _keys(self, batch) -> int:
-        """The static keys of the step's bucket (see the module docstring)."""
         r = self.runner
         if self._in_place():
             return 0
         keys = [r.policy.reuse_keys(req) for req, _ in batch]
         if r.kernel is None:
             return key_width(max(keys))
-        dummies = (bucket(len(batch), self.buckets) - len(batch)) * batch[0][0].block_length   # a block each
+        dummies = (bucket(len(batch), self.buckets) - len(batch)) * batch[0][0].block_length
         return key_width(sum(keys) + dummies)
 
     def _spec(self, batch) -> tuple[PadSpec, tuple[int, int, int]]:
@@ -230,8 +205,7 @@ class StepGraphs:
         return spec, (spec.members, spec.keys, batch[0][0].block_length)
 
     def capture(self, batch) -> bool:
-        """Decide `batch`'s bucket now (staging buffer; on CUDA the graph captured and timed), as
-        its first served step would; counts no step. True if the bucket was new."""
+        """Decide `batch`'s bucket now, as its first served step would (counts no step); True if new."""
         if not self.takes(batch):
             return False
         spec, key = self._spec(batch)
@@ -242,12 +216,7 @@ class StepGraphs:
 
     def capture_all(self, block_length: int, prompt_len: int = 1, max_batch: int | None = None) -> int:
         """Every bucket for Reuse steps of `block_length` before serving (warm-up), on synthetic
-        requests of one block after a `prompt_len` prompt, in the engine's cache mode (auto:
-        dual). Keys read in place: their graphs serve every such step; gathered keys: the key
-        width of this canvas (others are captured at their first step). Their caches take pool
-        slots only meanwhile; buckets stop where the free pool cannot hold them, or past the one
-        that holds `max_batch` requests (a run that never batches more need not wait for more
-        captures). -> buckets decided."""
+        requests (`warm_up_plan`, `warm_up_requests`) whose slots are held only meanwhile. -> buckets decided."""
         r = self.runner
         mode, need, sizes = warm_up_plan(r.config, block_length, prompt_len, max_batch, self.pool.can_reserve)
         new = 0
@@ -264,12 +233,7 @@ class StepGraphs:
 
     def run(self, batch) -> tuple[object, torch.Tensor, bool] | None:
         """The step padded -> (its PackedStep, the real rows' hidden states, whether a graph was
-        replayed); None when the bucket runs eager (its graph was slower): the caller runs it.
-
-        A replay runs the forward as captured, with the captured step's tensors, which alias the
-        bucket's staging buffer, now holding this step's metadata. Without a capturer the
-        "replay" is a plain call of the forward on that captured step, so a CPU run checks the
-        same thing: that a bucket's puts land where the captured step reads them."""
+        replayed); None when the bucket runs eager (its graph was slower)."""
         r = self.runner
         spec, key = self._spec(batch)
         entry = self.entries.get(key)
@@ -307,14 +271,13 @@ class StepGraphs:
             entry.graph_ms, entry.eager_ms = cap.time_ms(graph.replay, "graph"), eager_ms
             if keeps(entry.graph_ms, eager_ms):
                 entry.graph, entry.out, entry.decision = graph, out, "graph"
-            else:                                # slower: this bucket runs eager, unpadded
+            else:
                 entry.staging = entry.captured = None
                 entry.decision = "eager"
         return entry, p
 
     def report(self) -> list[dict]:
-        """Per bucket: batch size, static keys (0: read in place), block length, the decision
-        (graph | eager | plain), both timings in ms (None without a capturer), steps, dummies."""
+        """Per bucket: its key, the decision (graph | eager | plain), both timings, steps, dummies."""
         return [{"batch": b, "keys": k, "block_length": bl, "decision": e.decision, "graph_ms": e.graph_ms,
                  "eager_ms": e.eager_ms, "steps": e.steps, "dummies": e.dummies}
                 for (b, k, bl), e in sorted(self.entries.items())]

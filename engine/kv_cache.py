@@ -1,14 +1,5 @@
-"""The KV pool: one K/V storage in token slots (sized by the profiler), per-request slot tables.
-
-A request's whole KV need is reserved at admission — dense: its canvas length; sparse: the
-retained ⌊r·L_ctx⌋ tokens per head plus one block of slots, into which every Reuse step writes
-its fresh block K/V in place (so a Reuse group reads all of its keys from the pool, as the dual
-cache does) — so a running request can never run out. Storage is [layers, 2 (K, V), slots,
-H_kv, head_dim]; a request owns the slots in its table `req.slots`
-(a LongTensor, in position order for dual, retained-entry order for sparse), so a step reads
-or writes the cache of every request in a layer with one indexed op (vLLM's block table, at
-token granularity). An unbounded pool (capacity None) grows its storage on demand.
-"""
+"""The KV pool: one K/V storage in token slots (sized by the profiler), a slot table per request,
+reserved whole at admission; an unbounded pool (capacity None) grows on demand."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,16 +14,14 @@ def bytes_per_token(cfg: LLaDAConfig, dtype: torch.dtype) -> int:
 
 
 def retained_tokens(context_len: int, retention: float) -> int:
-    """⌊r·L_ctx⌋, as Sparse-dLLM (`int(L_ctx * keep_ratio)`) and dLLM-Serve round: rounding up
-    would hold one more token per head than they do at the same retention."""
+    """⌊r·L_ctx⌋, rounded down as Sparse-dLLM and dLLM-Serve do."""
     if context_len <= 0:
         return 0
     return min(context_len, int(context_len * retention))
 
 
 def kv_need(cache: str, length: int, block_length: int, retention: float) -> int:
-    """Token slots a request needs for its whole life under a cache policy; `auto`: the least it
-    can be admitted with (sparse; dual where the pool allows, engine.cache_mode)."""
+    """Token slots a request needs for its whole life under a cache policy (`auto`: the least, sparse's)."""
     if cache == "dual":
         return length
     if cache in ("sparse", "auto"):
@@ -41,8 +30,7 @@ def kv_need(cache: str, length: int, block_length: int, retention: float) -> int
 
 
 def longest_held(cache: str, slots: int, retention: float, cap: int) -> int:
-    """The longest canvas (at most `cap`) whose KV need in mode `cache` fits `slots`, with the
-    block that needs the least (one token): no longer canvas can ever be admitted in that mode."""
+    """The longest canvas (at most `cap`) whose least KV need in mode `cache` fits `slots`."""
     lo, hi = 0, cap
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -51,8 +39,7 @@ def longest_held(cache: str, slots: int, retention: float, cap: int) -> int:
 
 
 class SlotRanges:
-    """Free slots as sorted [start, end) ranges: first fit, then any pieces (a slot table need
-    not be contiguous), merged again on release."""
+    """Free slots as sorted [start, end) ranges: first fit, then any pieces; merged on release."""
 
     def __init__(self, size: int = 0):
         self.free: list[list[int]] = [[0, size]] if size else []
@@ -101,8 +88,6 @@ class KVPool:
         self.bytes_per_token = bytes_per_token(cfg, dtype)
         self.used = 0
         self.peak_used = 0
-        # One slot beyond the capacity is nobody's: padded members of a bucketed step
-        # (`engine.graphs`) store into it and read it, so they never touch a request's cache.
         self.storage = self._alloc((capacity_tokens or 0) + 1)
         self.ranges = SlotRanges(self.storage.shape[2])
         self.scratch = self.ranges.take(1)[0][0]
@@ -111,8 +96,6 @@ class KVPool:
 
     def _alloc(self, n: int) -> torch.Tensor:
         c = self.cfg
-        # Never read before written (a Refresh stores or selects every slot before a Reuse reads
-        # it), so the pages are not touched up front.
         return torch.empty(c.n_layers, 2, n, c.kv_heads, c.head_dim, dtype=self.dtype, device=self.device)
 
     @property
@@ -134,7 +117,7 @@ class KVPool:
         if n == 0:
             return None
         pieces = self.ranges.take(n)
-        if pieces is None:                       # unbounded pool: double the storage
+        if pieces is None:
             slots = self.storage.shape[2]
             self.grow_to(max(2 * slots, slots + n))
             pieces = self.ranges.take(n)
@@ -144,8 +127,7 @@ class KVPool:
         return table
 
     def grow_to(self, n: int) -> None:
-        """Storage for n slots, the cache kept (an unbounded pool, or a tensor-parallel worker's
-        pool following its driver's)."""
+        """Storage for n slots, the cache kept."""
         old = self.storage
         self.storage = self._alloc(n)
         self.storage[:, :, : old.shape[2]] = old
@@ -157,8 +139,7 @@ class KVPool:
         return host if host is not None else table.cpu().numpy()
 
     def contiguous(self, table: torch.Tensor | None) -> bool:
-        """Whether a slot table is one run of consecutive slots (a packed kernel then reads the
-        request's keys where they lie, `engine.step_context`)."""
+        """Whether a slot table is one run of consecutive slots (read in place by a packed kernel)."""
         if table is None:
             return False
         pieces = self.pieces.get(id(table))

@@ -1,15 +1,5 @@
-"""Logit-aware activation budgeting.
-
-Only rows that can be committed this step need logits: the still-masked positions of each
-request's current block. Those hidden rows are gathered across the whole batch and pushed
-through the LM head in chunks of at most `max_num_logits` rows — a request may straddle two
-chunks, so the bound is hard — and each chunk is decoded (argmax / Gumbel, confidence) and
-freed before the next. A greedy chunk is read four times and written twice, all in its own
-dtype (argmax, then the confidence's shift, exp and float32-accumulated sum in place:
-`engine.unmask.confidence_at`); Gumbel scores in float64 exist only for rows with T > 0.
-`max_num_logits=None` is the monolithic path: logits for every query row of the batch, as an HF
-forward materializes them (the ablation's "off").
-"""
+"""Logit-aware activation budgeting: only the rows that can commit get logits, through the LM
+head in chunks of at most `max_num_logits` rows, each decoded and freed before the next."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,13 +9,11 @@ import torch
 from engine.regions import DECODE, LM_HEAD, in_region, region
 from engine.unmask import confidence_at, entropy_of, gumbel_argmax, proposal_argmax
 
-# Rows the monolithic path decodes at once out of its full logits (their copy and confidence
-# temporaries stay small next to the [Nq, V] logits themselves).
 MONOLITHIC_DECODE_ROWS = 64
 
 
 def lm_head_logits(lm_head, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM head over `hidden`'s rows, in its named profiler region."""
+    """The LM head over `hidden`'s rows, in its region."""
     with region(LM_HEAD):
         return lm_head(hidden)
 
@@ -57,7 +45,7 @@ def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
         if seg.temperature == 0:
             continue
         a, b = max(seg.start, c0), min(seg.start + seg.count, c1)
-        if a < b:  # consecutive draws from the request's generator: chunk splits do not matter
+        if a < b:
             x0[a - c0 : b - c0] = gumbel_argmax(logits[a - c0 : b - c0], seg.temperature, seg.gen, mask_id)
     ent = entropy_of(logits) if entropy else None
     return x0, confidence_at(logits, x0, inplace=True), ent    # the chunk is consumed: read last
@@ -73,14 +61,11 @@ def decode_rows(
     mask_id: int,
     entropy: bool = False,
 ) -> DecodeResult:
-    """hidden [Nq, d] (all query rows of the step); row_index [R] the rows to decode; mask_id is
-    never proposed (engine.unmask.proposal_argmax). `entropy`: also each row's predictive
-    entropy (engine.decoding's entropy policy)."""
+    """hidden [Nq, d] (the step's query rows); row_index [R] the rows to decode. `entropy`: also
+    each row's predictive entropy. `max_num_logits=None`: monolithic."""
     R = row_index.numel()
     if max_num_logits is None:
-        # An HF forward's logits for every query row; the candidate rows are then decoded a
-        # slice at a time, so nothing [R, V]-sized is copied on top of them.
-        full = lm_head_logits(lm_head, hidden)      # [Nq, V]: the monolithic activation peak
+        full = lm_head_logits(lm_head, hidden)
         parts = [_decode_chunk(full[row_index[c0 : c0 + MONOLITHIC_DECODE_ROWS]], c0, segments, mask_id, entropy)
                  for c0 in range(0, R, MONOLITHIC_DECODE_ROWS)]
         return _joined(parts, hidden, hidden.shape[0], hidden.shape[0])
@@ -89,7 +74,7 @@ def decode_rows(
     for c0 in range(0, R, max_num_logits):
         logits = lm_head_logits(lm_head, rows[c0 : c0 + max_num_logits])
         parts.append(_decode_chunk(logits, c0, segments, mask_id, entropy))
-        del logits                                   # freed before the next chunk exists
+        del logits
     return _joined(parts, hidden, R, min(R, max_num_logits))
 
 
@@ -97,7 +82,7 @@ def _joined(parts: list, hidden: torch.Tensor, rows: int, at_once: int) -> Decod
     if not parts:
         empty = hidden.new_zeros(0, dtype=torch.long)
         return DecodeResult(empty, hidden.new_zeros(0, dtype=torch.float64), rows, at_once)
-    if len(parts) == 1:                              # one chunk (the usual step): nothing to join
+    if len(parts) == 1:
         x0, conf, ent = parts[0]
         return DecodeResult(x0, conf, rows, at_once, ent)
     x0s, confs, ents = zip(*parts)

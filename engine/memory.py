@@ -1,12 +1,5 @@
-"""Memory meter: measured, not assumed.
-
-On CUDA it reads the allocator's peak. On CPU there is no allocator statistic, so it tracks
-live tensor storage with a TorchDispatchMode: every storage an op creates is counted while any
-tensor created in the mode still refers to it (reference counts per storage, released by
-weakref finalizers), and the peak of that live total is the activation peak. Tensors that
-existed before the meter started (weights, KV pool) are not counted: the meter measures what
-a step allocates on top of them, which is exactly what the profiler needs.
-"""
+"""Memory meter: the CUDA allocator's peak, or on a CPU the live storages a step creates
+(`LiveBytes`; docs/ARCHITECTURE.md, "Engine internals"); the default GPU budget (`budget_from_free`)."""
 from __future__ import annotations
 
 import weakref
@@ -16,13 +9,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
-def _is_cpu_tensor(t, device_type: str = "cpu") -> bool:
+def _on(t, device_type: str) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == device_type and not t.is_meta
 
 
 def _tensors(obj):
-    """The tensors in an op's (nested) arguments or outputs: tree_flatten's leaves that are
-    tensors, without its per-leaf cost (the meter runs on every op of a step)."""
+    """The tensors in an op's (nested) arguments or outputs, without tree_flatten's per-leaf cost."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, (list, tuple)):
@@ -39,59 +31,48 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-class _LiveBytes(TorchDispatchMode):
-    """`tag(tensor) -> str`: a label kept per storage (what it is, e.g. by its shape) and, with
-    it, `at_peak`: every live storage's (bytes, label) at the moment of the peak (`LiveTracker`)."""
+class LiveBytes(TorchDispatchMode):
+    """While entered: the bytes of the storages ops create on `device_type` that a tensor still
+    refers to (`current`) and their `peak`. Storages from before it are never counted."""
 
-    def __init__(self, device_type: str = "cpu", tag=None) -> None:
+    def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
-        self.device_type, self.tag = device_type, tag
+        self.device_type = device_type
         self.refs: dict[int, int] = {}
         self.sizes: dict[int, int] = {}
-        self.tags: dict[int, str] = {}
-        self.at_peak: dict[int, tuple[int, str]] = {}
         self.current = 0
         self.peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        # Storages of the inputs: an output that aliases one of them (a view or an in-place
-        # result) is not an allocation. Without this check, a view of a tensor from before the
-        # meter (e.g. `kv[layer, 0]` of the KV pool) counted its whole storage as new bytes.
+        # an output aliasing an input (a view, an in-place result) is not an allocation
         dev = self.device_type
-        inputs = {_storage_key(t) for t in _tensors((args, kwargs)) if _is_cpu_tensor(t, dev)}
+        inputs = {_storage_key(t) for t in _tensors((args, kwargs)) if _on(t, dev)}
         for t in _tensors(out):
-            if _is_cpu_tensor(t, dev):
+            if _on(t, dev):
                 self._track(t, inputs)
         return out
 
     def reset_peak(self) -> None:
         self.peak = self.current
-        if self.tag is not None:
-            self._snapshot()
-
-    def _snapshot(self) -> None:
-        self.at_peak = {k: (n, self.tags[k]) for k, n in self.sizes.items()}
 
     def _track(self, t: torch.Tensor, inputs: set[int]) -> None:
-        st = t.untyped_storage()
-        key = st.data_ptr()
+        key = _storage_key(t)
         if key == 0:
             return
         if key not in self.refs:
-            if key in inputs:  # aliases a tensor that predates the meter: not counted (see above)
+            if key in inputs:
                 return
-            self.refs[key] = 0
-            self.sizes[key] = st.nbytes()
-            self.current += st.nbytes()
-            if self.tag is not None:
-                self.tags[key] = self.tag(t)
-            if self.current > self.peak:
-                self.peak = self.current
-                if self.tag is not None:
-                    self._snapshot()
+            self._add(key, t)
         self.refs[key] += 1
         weakref.finalize(t, self._release, key)
+
+    def _add(self, key: int, t: torch.Tensor) -> None:
+        """Count the storage `key`, first seen in `t`."""
+        n = t.untyped_storage().nbytes()
+        self.refs[key], self.sizes[key] = 0, n
+        self.current += n
+        self.peak = max(self.peak, self.current)
 
     def _release(self, key: int) -> None:
         n = self.refs.get(key)
@@ -100,7 +81,6 @@ class _LiveBytes(TorchDispatchMode):
         if n <= 1:
             del self.refs[key]
             self.current -= self.sizes.pop(key)
-            self.tags.pop(key, None)
         else:
             self.refs[key] = n - 1
 
@@ -111,7 +91,7 @@ class MemoryMeter:
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.peak_bytes = 0
-        self._mode: _LiveBytes | None = None
+        self.mode: LiveBytes | None = None     # the CPU count (None on CUDA)
 
     def __enter__(self) -> MemoryMeter:
         if self.device.type == "cuda":
@@ -119,8 +99,8 @@ class MemoryMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
         else:
-            self._mode = _LiveBytes()
-            self._mode.__enter__()
+            self.mode = LiveBytes()
+            self.mode.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -128,55 +108,13 @@ class MemoryMeter:
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._base
         else:
-            assert self._mode is not None
-            self._mode.__exit__(*exc)
-            self.peak_bytes = self._mode.peak
-
-    @property
-    def current_bytes(self) -> int:
-        return self._mode.current if self._mode else 0
-
-
-def tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-class LiveTracker:
-    """Every storage allocated on `device` while entered, until freed: the live bytes, their peak
-    (`reset_peak` starts a new one, e.g. per step) and, with `tag`, what was live at the peak by
-    label. Unlike `MemoryMeter` it counts on any device type (a CUDA run's breakdown, beside the
-    allocator's own peak) and is meant to span a whole run."""
-
-    def __init__(self, device: torch.device | str = "cpu", tag=None):
-        self._mode = _LiveBytes(torch.device(device).type, tag)
-
-    def __enter__(self) -> LiveTracker:
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._mode.__exit__(*exc)
-
-    @property
-    def current_bytes(self) -> int:
-        return self._mode.current
-
-    @property
-    def peak_bytes(self) -> int:
-        return self._mode.peak
-
-    def reset_peak(self) -> None:
-        self._mode.reset_peak()
-
-    def at_peak(self) -> dict[int, tuple[int, str]]:
-        """storage key -> (bytes, label) of every storage live at the peak."""
-        return dict(self._mode.at_peak)
-
+            assert self.mode is not None
+            self.mode.__exit__(*exc)
+            self.peak_bytes = self.mode.peak
 
 
 def free_device_memory(device: torch.device | str) -> tuple[int, int]:
-    """(free, total) bytes of a CUDA device, after this process's cached blocks are returned:
-    memory an earlier engine freed is still held by the caching allocator and not "free"."""
+    """(free, total) bytes of a CUDA device once this process's cached blocks are returned."""
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(torch.device(device))
     return int(free), int(total)
@@ -184,7 +122,5 @@ def free_device_memory(device: torch.device | str) -> tuple[int, int]:
 
 def budget_from_free(free: int, resident: int, utilization: float) -> int:
     """The default budget for weights + activations + KV on a GPU: `utilization` of the memory
-    that was free before the model's weights were loaded, i.e. `free` measured now plus
-    `resident`, the bytes of those weights already on the device (0 when measured before
-    loading). The rest covers the CUDA context and allocator fragmentation."""
+    free before the weights were loaded (`free` now plus `resident`, the weights' bytes on it)."""
     return int((free + resident) * utilization)

@@ -1,18 +1,5 @@
-"""Offline memory profiler: run the worst admissible steps under the memory meter and give what
-is left of the budget to the KV pool.
-
-KV pool = budget − weights − measured activation peak − guard band. The worst steps are
-(a) the token budget full of Refresh queries whose every generated position is a candidate
-(so the logit budget is full too, or — monolithic — every query row gets logits), at T > 0
-when requests may sample (the float64 Gumbel noise is then in the peak), and (b) the token
-budget full of Reuse queries plus the largest single Reuse attention (cache at max_model_len).
-Knowing the logit budget is what frees memory: a monolithic profile must hold [query tokens ×
-vocab] logits. `cache=auto` serves requests dual or sparse (or none: a Refresh that sparse's
-Refresh-select does and more), so each worst step is measured in both and the larger peak kept.
-When max_model_len (default: the checkpoint's) exceeds the token budget, a longer canvas's chunked
-Refresh (engine.chunking) is measured in every mode served (auto: none too; a cached mode's at the
-longest canvas the pool holds), its chunk the largest within the steps' above (docs/MEMORY.md).
-"""
+"""Offline memory profiler: the worst admissible steps run under the memory meter, and what is
+left of the budget goes to the KV pool (docs/ARCHITECTURE.md, "Engine internals"; docs/MEMORY.md)."""
 from __future__ import annotations
 
 import dataclasses
@@ -48,10 +35,7 @@ class MemoryProfile:
     max_num_seqs: int
     cache: str
     retention: float
-    # A Refresh longer than the token budget (engine.chunking; 0/None when max_model_len fits one
-    # step or the scheduler serves no longer canvas): its chunk, its measured peak at
-    # max_model_len (a cached mode's: at the longest canvas the pool can hold in it), and the
-    # Reuse step with that many keys.
+    # a Refresh longer than the token budget (0/None when none is served): chunk, peaks
     refresh_chunk_tokens: int | None = None
     long_refresh_peak_bytes: int = 0
     long_reuse_peak_bytes: int = 0
@@ -59,8 +43,7 @@ class MemoryProfile:
     long_canvas: bool = True
 
     def requests_that_fit(self, prompt_len: int, gen_length: int, block_length: int, capped: bool = True) -> int:
-        """Concurrent requests of this shape the KV pool admits (and max_num_seqs, if capped);
-        auto: as many as it admits at the most (sparse, once memory binds)."""
+        """Concurrent requests of this shape the KV pool admits (and max_num_seqs, if capped)."""
         need = kv_need(self.cache, prompt_len + gen_length, block_length, self.retention)
         by_kv = self.kv_pool_tokens // need if need else self.max_num_seqs
         return min(by_kv, self.max_num_seqs) if capped else by_kv
@@ -103,10 +86,8 @@ def _measure(runner: ModelRunner, batch: list[tuple[Request, Phase]], config: En
 
 
 def measure_activation_peak(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int):
-    """(refresh_peak, reuse_peak) in bytes for the worst admissible steps (auto: the larger of
-    the dual and the sparse mode's)."""
-    scratch = KVPool(None, model.config, model.dtype, model.device)     # the profiled steps' caches
-    # Eager steps: what a captured graph keeps is reserved on top (`profile_kv_pool`).
+    """(refresh_peak, reuse_peak) bytes of the worst admissible steps (auto: dual's or sparse's)."""
+    scratch = KVPool(None, model.config, model.dtype, model.device)
     runner = ModelRunner(model, graphs.eager(config), backend, scratch, max_model_len)
     runner.in_place_keys = False      # gathered Reuse keys: the peak of a fragmented pool
     modes = ("dual", "sparse") if config.cache == AUTO else (config.cache,)
@@ -123,8 +104,7 @@ def _peaks(runner: ModelRunner, model: LLaDAModelLM, config: EngineConfig, max_m
     def synthetic(n_tokens: int, prompt_len: int, block_length: int) -> Request:
         return _synthetic(n_tokens, prompt_len, block_length, model, temp, mode)
 
-    # (a) Refresh: canvases of max length filling the token budget; every generated position is
-    # a candidate (one block spanning the whole generation), so the logit rows are maximal.
+    # (a) Refresh: max-length canvases filling the token budget, every generated position a candidate
     n = max(1, min(config.max_num_seqs, budget // L))
     refresh_phase = {"dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}.get(mode, Phase.REFRESH)
     batch = [(synthetic(L, 1, L - 1), refresh_phase) for _ in range(n)]
@@ -146,8 +126,7 @@ def _peaks(runner: ModelRunner, model: LLaDAModelLM, config: EngineConfig, max_m
 
 def _scratch_request(n_tokens: int, block: int, model: LLaDAModelLM, config: EngineConfig, mode: str,
                      scratch: KVPool) -> Request:
-    """A synthetic request whose slot table points every entry at the pool's scratch slot: its
-    cache writes and gathers keep their real sizes without the pool holding its cache."""
+    """A synthetic request whose slot table points at the pool's scratch slot (real sizes, no cache held)."""
     req = _synthetic(n_tokens, n_tokens - block, block, model, 1.0 if config.sampling else 0.0, mode)
     need = kv_need(mode, n_tokens, block, config.retention)
     req.slots = torch.full((max(need, 1),), scratch.scratch, dtype=torch.long, device=model.device)
@@ -157,12 +136,9 @@ def _scratch_request(n_tokens: int, block: int, model: LLaDAModelLM, config: Eng
 
 def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int,
                          activation_peak: int, room: int | None = None) -> tuple[int, int, int] | None:
-    """(chunk, chunked Refresh peak, what a Reuse with its keys at max_model_len adds to one at
-    the token budget) for canvases beyond the token budget, or None when none can run; each the
-    largest over the cache modes served. Measured at their real sizes on scratch slots. `room`:
-    the bytes the KV pool and this reservation share. A cached mode's are measured at the longest
-    canvas the pool could hold in it, what none's least reservation leaves of `room` (auto: a
-    longer one is admitted none, measured at max_model_len), so the pool it gets holds no longer."""
+    """(chunk, chunked Refresh peak, what a Reuse with keys at max_model_len adds to one at the token
+    budget) for canvases beyond the token budget, or None; the largest over the modes served.
+    `room`: the bytes the KV pool and this reservation share."""
     T = config.max_num_batched_tokens
     if max_model_len <= T or not serves_long(config):
         return None
@@ -175,13 +151,13 @@ def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str
     peaks: dict[int, int] = dict.fromkeys(chunks, 0)
     growth = 0
     slots = None
-    for mode in sorted(SERVED[config.cache], key=lambda m: m != "none"):      # none first
+    for mode in sorted(SERVED[config.cache], key=lambda m: m != "none"):
         if mode != "none" and room is not None and slots is None:
             taken = max(0, min(peaks.values()) - activation_peak)          # none's least reservation
             slots = max(0, room - taken) // bytes_per_token(model.config, model.dtype)
         n = max_model_len if slots is None else longest_held(mode, slots, config.retention, max_model_len)
         if n <= T:
-            continue                      # no canvas of this mode is refreshed in chunks
+            continue
         req = _scratch_request(n, bl, model, config, mode, scratch)
         phase = {"dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}.get(mode, Phase.REFRESH)
         state, cache, per_chunk = chunking.measure_moments(model, req, phase, scratch.storage, config, chunks, backend)
@@ -205,7 +181,6 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
     room = budget - wb - peak - int(budget * config.guard_fraction)       # the pool at its largest
     chunk, long_refresh, growth = measure_long_context(model, config, backend, max_model_len, peak,
                                                        room) or (None, 0, 0)
-    # The Reuse step measured above, its single long Reuse's keys at max_model_len instead.
     long_reuse = reuse_peak + growth if growth else 0
     guard = int(budget * config.guard_fraction)
     short = peak + graphs.memory_reserve(config, model.device, reuse_peak)
@@ -231,8 +206,3 @@ def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max
         cache=config.cache, retention=config.retention, refresh_chunk_tokens=chunk,
         long_refresh_peak_bytes=long_refresh, long_reuse_peak_bytes=long_reuse, long_canvas=long_canvas,
     )
-
-
-def predicted_logits_bytes(rows: int, vocab: int, dtype: torch.dtype) -> int:
-    """What one [rows, vocab] logits tensor costs: the term the logit budget bounds."""
-    return rows * vocab * torch.empty(0, dtype=dtype).element_size()

@@ -1,8 +1,5 @@
-"""Index arrays for ragged batches, built on the host with numpy in a fixed number of array ops
-whatever the number of sequences: concatenated ranges (`ragged`) and padded rows (`padded`).
-A step builds all its index metadata here and hands each array to torch once (`to_device`): a
-numpy op costs about a microsecond, a torch op on a small tensor several, and `torch.tensor`
-of a Python list tens."""
+"""Index arrays for ragged batches in numpy, a fixed number of array ops whatever the number of
+sequences: concatenated ranges (`ragged`) and padded rows (`padded`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,8 +18,7 @@ def ragged(starts, lens) -> np.ndarray:
 
 
 def padded(starts, lens, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """[G, width] indices starts[g] + j, valid where j < lens[g]; a pad repeats the row's first
-    index (a real row of the source, so the padding stays finite) -> (index, valid)."""
+    """[G, width] indices starts[g] + j, valid where j < lens[g] (a pad repeats the row's first) -> (index, valid)."""
     j = np.arange(width)
     valid = j < np.asarray(lens, dtype=np.int64)[:, None]
     return np.asarray(starts, dtype=np.int64)[:, None] + j * valid, valid

@@ -1,22 +1,28 @@
-"""Named profiler regions: where `dllm-bench profile-step` files a step's ops as LM head or
-decoding (sampling, top-k, the commit choice) whatever the ops are. Outside a profiler a region
-costs one flag check (torch.profiler.record_function itself costs microseconds per use)."""
+"""Named parts of a step (the LM head, decoding) a caller can observe: `region(name)` is a no-op
+until `observe(factory)` installs `factory(name)`, a context manager entered around each."""
 from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
-import torch
+LM_HEAD = "lm_head"     # the final norm and LM head GEMM of the decoded rows
+DECODE = "decode"       # proposals, confidences, the commit choice
 
-LM_HEAD = "dllm.lm_head"     # the final norm and LM head GEMM of the decoded rows
-DECODE = "dllm.decode"       # proposals, confidences, the commit choice
+Factory = Callable[[str], AbstractContextManager]
+_factory: Factory | None = None
 
 
-def region(name: str):
-    """A `record_function` region while a profiler runs, else a no-op context."""
-    if torch.autograd._profiler_enabled():
-        return torch.profiler.record_function(name)
-    return contextlib.nullcontext()
+def observe(factory: Factory | None) -> Factory | None:
+    """Install `factory` (None: none) for every region from now on; returns the one it replaces."""
+    global _factory
+    previous, _factory = _factory, factory
+    return previous
+
+
+def region(name: str) -> AbstractContextManager:
+    return contextlib.nullcontext() if _factory is None else _factory(name)
 
 
 def in_region(name: str):

@@ -25,8 +25,7 @@ class Phase(enum.Enum):
 
 
 def phase_at(step_in_block: int, cache: str, delay_step: int) -> Phase:
-    """The phase of a block's step `step_in_block` under a cache policy (a pure function, so the
-    look-ahead planner can read a request's future phases without moving its cursor)."""
+    """The phase of a block's step `step_in_block` under a cache policy (pure: the look-ahead reads future phases)."""
     i = step_in_block
     if cache == "dual":
         return Phase.REFRESH_STORE if i == 0 else Phase.REUSE
@@ -80,20 +79,15 @@ class Request:
     mask_id: int
     device: torch.device | str = "cpu"
     arrival_time: float = field(default_factory=time.perf_counter)
-    # Its cache mode (none | dual | sparse), fixed for its life: the engine's policy, or under
-    # `cache=auto` chosen at admission (None until then; engine.cache_mode).
+    # none | dual | sparse for its life; under cache=auto chosen at admission (None until then)
     cache: str | None = None
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.prompt_ids)
-        # Plain ints, not properties: the scheduler and the step read them for every request.
         self.length = self.prompt_len + self.params.gen_length
         self.block_length = self.params.block_length
         self.steps_per_block = self.params.steps_per_block
         self.num_blocks = self.params.num_blocks
-        # The canvas lives twice: `canvas` on the device (what the model reads) and `host_canvas`
-        # on the host (what the scheduler, the candidate search and the outputs read), kept equal
-        # by the step's one readback of its commit decisions, so nothing else reads the device.
         self.host_canvas = np.full(self.length, self.mask_id, dtype=np.int64)
         self.host_canvas[: self.prompt_len] = self.prompt_ids
         self.canvas = torch.from_numpy(self.host_canvas.copy()).to(self.device)
@@ -102,9 +96,9 @@ class Request:
         self.step_in_block = 0
         self.decoding = Decoding.parse(self.params.decoding)
         self.schedule = transfer_schedule(self.params.block_length, self.params.steps_per_block)
-        self.block_steps: list[int] = []     # forwards each finished block took
-        self.block_times: list[float] = []   # when each block was committed
-        self.planned_steps: list[int] | None = None   # see block_done
+        self.block_steps: list[int] = []
+        self.block_times: list[float] = []
+        self.planned_steps: list[int] | None = None
         self.gens = RequestGenerators(self.params.seed, self.device)
         self.admitted_time: float | None = None
         self.first_token_time: float | None = None
@@ -145,8 +139,7 @@ class Request:
         return self.length if phase is not Phase.REUSE else self.block_length
 
     def candidates(self) -> torch.Tensor:
-        """Absolute positions of the still-masked tokens of the current block (position order),
-        read from the host canvas (a CPU tensor)."""
+        """Positions of the current block's still-masked tokens, from the host canvas (CPU tensor)."""
         s, e = self.block_range
         return torch.from_numpy(np.flatnonzero(self.host_canvas[s:e] == self.mask_id) + s)
 
@@ -157,15 +150,12 @@ class Request:
 
     @property
     def commit_count(self) -> int:
-        """Tokens the fixed schedule commits at this step (0 for the parallel policies: their
-        count is decided on the device from the confidences)."""
+        """Tokens the fixed schedule commits at this step (0 for parallel policies: decided on the device)."""
         return self.schedule[self.step_in_block] if self.decoding.fixed else 0
 
     def block_done(self, committed: bool = True) -> bool:
-        """After this step: the fixed schedule's last step, or (parallel decoding) no masked
-        position left in the block (read from the host canvas). A runner that commits nothing (a
-        cost model) ends parallel-decoded blocks after `planned_steps[block]` steps (a replayed
-        steps-per-block distribution; default: the fixed schedule's steps per block)."""
+        """After this step: the fixed schedule's last step, or (parallel decoding) no masked position
+        left; a runner that commits nothing ends such blocks after `planned_steps[block]` steps."""
         if self.decoding.fixed or not committed:
             plan = self.planned_steps
             n = self.steps_per_block if self.decoding.fixed or plan is None else plan[self.block % len(plan)]
@@ -174,9 +164,8 @@ class Request:
         return not (self.host_canvas[s:e] == self.mask_id).any()
 
     def advance(self, now: float, masked: int | None = None, done: bool | None = None) -> None:
-        """One denoising step done: move the cursor; record first-block and finish times.
-        `masked`: the next block's masked tokens if the caller counted them (for a batch at once);
-        `done`: whether the block is complete, if the caller knows (`block_done`)."""
+        """One denoising step done: move the cursor, record times. `masked`: the next block's masked
+        tokens if the caller counted them; `done`: whether the block is complete, if known."""
         done = self.block_done() if done is None else done
         self.step_in_block += 1
         if done:

@@ -1,18 +1,5 @@
-"""ModelRunner: packs the scheduled requests into one batch, runs the model with a
-`StepContext` as its attention, decodes the committable rows under the logit budget and
-returns what every request decided (`engine.step.StepDecisions`); it mutates no request.
-
-Per request and phase, the query set is the whole canvas (Refresh*) or the current block
-(Reuse). Everything the step needs to know on the host — input ids, positions, the attention
-plan, which rows are candidates (from the host canvases) and how the commit choice indexes
-them — is built before the forward from host arrays and staged in one copy
-(`engine.staging`), so the forward and the decode never read the device; the engine reads the
-decisions back once. Only per-request random streams (Gumbel noise at T > 0, random remasking)
-are drawn request by request, as the randomness contract requires. Reuse-only steps may run
-padded to a batch bucket, captured as CUDA graphs on a GPU (`engine.graphs`). A Refresh whose
-canvas exceeds the token budget runs in chunks (`engine.chunking`), before the packed forward of
-the others, and only its block's rows join the decode.
-"""
+"""ModelRunner: packs the scheduled requests into one forward with a `StepContext` as its
+attention, decodes the committable rows under the logit budget, returns each request's decisions."""
 from __future__ import annotations
 
 import dataclasses
@@ -47,22 +34,16 @@ class ModelRunner:
                  max_model_len: int | None = None, refresh_chunk: int | None = None):
         self.model, self.config, self.backend, self.pool = model, config, backend, pool
         self.model_config, self.dtype, self.device = model.config, model.dtype, model.device
-        # A tensor-parallel rank's model (engine.parallel.model) brings its own decode of its
-        # vocabulary columns and its cross-rank mean over heads; a plain model has neither.
+        # a tensor-parallel rank's model brings its own vocabulary-column decode and head mean
         self.decode_rows = getattr(model, "decode_rows", decode_rows)
         self.policy = POLICIES[config.cache](config, getattr(model, "head_mean", None))
         self.max_model_len = max_model_len or model.config.max_sequence_length
-        # Padded key rows of one attention call: a full canvas, or the token budget's worth when
-        # that is more (a full Refresh step already gathers that many fresh keys). The profiler
-        # measures chunks of exactly this bound, so a step never gathers more than it measured.
+        # padded key rows of one attention call (the profiler measures chunks of this bound)
         self.key_budget = max(self.max_model_len, config.max_num_batched_tokens)
         self.kernel = PackedKernel(backend) if backend in PACKED else None
-        # Reuse keys read in place from the pool where the kernel can (engine.step_context); the
-        # profiler turns it off to measure the gathered keys, the larger peak.
+        # Reuse keys read in place where the kernel can; the profiler turns it off (the larger peak)
         self.in_place_keys = True
         self.staging = Staging(self.device)
-        # A Refresh longer than the token budget: its chunk (the profile's choice) and the staging
-        # of its step's decode plan (the packed forward's staging is flushed by then).
         self.refresh_chunk = refresh_chunk or chunking.default_chunk(config)
         self.long_possible = serves_long(config)
         self.long_staging = Staging(self.device)
@@ -70,9 +51,8 @@ class ModelRunner:
 
     def prepare(self, batch: list[tuple[Request, Phase]], pad: PadSpec | None = None,
                 fwd_staging: Staging | None = None) -> PackedStep:
-        """The step's inputs, attention context and commit plan, staged (everything before the
-        forward). `pad`: the members padded with dummy members and keys; `fwd_staging`: where the
-        forward's inputs go (a CUDA graph's own buffer) when not with the rest (`engine.graphs`)."""
+        """The step's inputs, attention context and commit plan, staged. `pad`: dummy members and
+        keys; `fwd_staging`: where the forward's inputs go (a CUDA graph's own buffer)."""
         main = self.staging.begin()
         fwd = main if fwd_staging is None else fwd_staging.begin()
         reqs = [r for r, _ in batch]
@@ -93,8 +73,7 @@ class ModelRunner:
         return p
 
     def forward(self, p: PackedStep) -> torch.Tensor:
-        """The model forward of a prepared step: what CUDA graphs capture and torch.compile
-        traces. Reads only staged tensors, the weights and the KV pool."""
+        """The forward of a prepared step (what CUDA graphs capture); reads only staged tensors."""
         p.ctx.finalize()
         rotation = self.model.rope.at(p.positions, self.dtype, top=p.top)
         return self.model.hidden_states(p.ids, p.positions, p.ctx, rope=rotation)
@@ -110,7 +89,7 @@ class ModelRunner:
             step = self.graphs.run(batch) if self.graphs is not None and self.graphs.takes(batch) else None
             if step is not None:
                 p, hidden, graph = step
-            else:                                    # eager, unpadded (also a bucket whose graph was slower)
+            else:
                 p, graph = self.prepare(batch), False
                 hidden = self.forward(p)
             m, c = p.meta, p.plan
@@ -128,22 +107,18 @@ class ModelRunner:
         decisions = _choose(conf, res.x0, res.entropy, c, (m.n_q if monolithic else c.counts).tolist())
         return StepStats(queries, res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
                          decisions, key_tokens=keys, padded_requests=padded, graph=graph,
-                         cache=dict(Counter(r.cache or self.config.cache for r in reqs)))   # auto: per request
+                         cache=dict(Counter(r.cache or self.config.cache for r in reqs)))
 
     def _decode(self, reqs: list[Request], hidden: torch.Tensor, c: CommitPlan, rows: torch.Tensor | None = None):
-        """The candidates' proposals under the logit budget (`rows`: their hidden rows, default
-        the plan's)."""
+        """The candidates' proposals under the logit budget (`rows`: their hidden rows)."""
         segments = [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel)
                     for i, r in enumerate(reqs) if r.params.temperature > 0]
         return self.decode_rows(self.model.lm_head, hidden, c.rows if rows is None else rows, segments,
                                 self.config.max_num_logits, self.model_config.mask_token_id, entropy=c.entropy)
 
     def _run_long(self, batch: list[tuple[Request, Phase]]) -> tuple:
-        """A step with Refreshes longer than the token budget: each chunked and its candidates
-        decoded at once (only their proposals stay alive), then the packed forward and decode of
-        the others; the proposals joined in batch order. The commit plan presents a long member
-        as its block's queries. -> (StepMeta, CommitPlan, DecodeResult, the step's query tokens,
-        the keys its members attended)."""
+        """A step with Refreshes longer than the token budget: each chunked and decoded at once,
+        then the others packed; -> (StepMeta, CommitPlan, DecodeResult, query tokens, keys attended)."""
         budget = self.config.max_num_batched_tokens
         reqs = [r for r, _ in batch]
         host_tokens, offsets, in_pool = _canvases(reqs)
@@ -168,7 +143,6 @@ class ModelRunner:
         queries = keys = sum(reqs[i].length for i in long)
         if short:
             ps = self.prepare([batch[i] for i in short])
-            # Entropies for all or none: the step's plan says whether any member decodes by them.
             res = self._decode([reqs[i] for i in short], self.forward(ps),
                                dataclasses.replace(ps.plan, entropy=c.entropy))
             decodes.append(res)
@@ -185,14 +159,13 @@ class ModelRunner:
 
 @dataclass
 class CommitPlan:
-    """Which hidden rows are candidates and where each lands in the step's [B, W] table of
-    candidates, from the host canvases: candidates are the still-masked positions of each
-    request's current block; W is the longest block."""
+    """Which hidden rows are candidates (the still-masked positions of each current block) and
+    where each lands in the step's [B, W] table of candidates (W: the longest block)."""
 
     rows: torch.Tensor            # [R] hidden rows of the candidates, request then position order
     counts: np.ndarray            # [B] candidates per request
     seg_start: np.ndarray         # [B] each request's first candidate in `rows`
-    width: int                    # W
+    width: int
     flat: torch.Tensor            # [R] each candidate's cell of the [B, W] table
     rel: torch.Tensor             # [B, W] table cell -> canvas position
     counts_t: torch.Tensor        # [B] `counts` on the device
@@ -209,8 +182,8 @@ def _plan_commit(m: StepMeta, policies: list, host_tokens: np.ndarray, mask_id: 
     W = int(m.block_len.max())
     idx, valid = padded(m.offset + m.block_start, m.block_len, W)
     cand = (host_tokens[idx] == mask_id) & valid
-    rel = idx - m.offset[:, None]                                             # canvas positions
-    rows = (rel - m.q_start[:, None] + m.cu_q[:-1, None])[cand]              # hidden rows, request order
+    rel = idx - m.offset[:, None]
+    rows = (rel - m.q_start[:, None] + m.cu_q[:-1, None])[cand]
     counts = cand.sum(1)
     fixed = all(p.fixed for p in policies)
     kinds, values = (None, None) if fixed else policy_columns(policies)
@@ -224,10 +197,8 @@ def _plan_commit(m: StepMeta, policies: list, host_tokens: np.ndarray, mask_id: 
 @in_region(DECODE)
 def _choose(conf: torch.Tensor, x0: torch.Tensor, entropy: torch.Tensor | None, c: CommitPlan,
             logits_rows: list[int]) -> StepDecisions:
-    """Each request's candidates sorted by confidence (ties: the lower position first), then
-    its policy's prefix of them taken (`engine.decoding.commit_mask`). `conf`/`x0`/`entropy`
-    [R]: the candidates in request order, then position order. Every cell of the [B, W] table
-    is a decision; `taken` says which commit."""
+    """Each request's candidates sorted by confidence (ties: lower position first), then its
+    policy's prefix taken (`engine.decoding.commit_mask`); `taken` marks the cells that commit."""
     B, W = len(c.counts), c.width
 
     def table(v: torch.Tensor, fill) -> torch.Tensor:
@@ -257,19 +228,14 @@ class PackedStep:
     ctx: StepContext
     plan: CommitPlan | None = None
 
-    @property
-    def cu_q(self) -> np.ndarray:
-        return self.meta.cu_q
-
 
 def _host_slots(table: torch.Tensor) -> np.ndarray:
     return table.cpu().numpy()
 
 
 def _canvases(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, bool]:
-    """The host token array holding every canvas, each canvas's offset in it, and whether that
-    is the engine's canvas pool (all placed there) rather than a concatenation (profiling,
-    direct calls)."""
+    """The host tokens holding every canvas, each canvas's offset, and whether that is the
+    engine's canvas pool rather than a concatenation."""
     pool = getattr(reqs[0], "canvas_pool", None)
     if pool is not None and all(getattr(r, "canvas_pool", None) is pool for r in reqs):
         return pool.host, np.fromiter((r.canvas_offset for r in reqs), dtype=np.int64, count=len(reqs)), True
@@ -288,7 +254,6 @@ def _rows_of(res: DecodeResult, a: int, n: int) -> DecodeResult:
 
 
 def _joined(parts: list[DecodeResult], rows: int, at_once: int) -> DecodeResult:
-    """Per-member proposals in batch order as one result of a step whose decodes materialized
-    `rows` logits rows, at most `at_once` at a time."""
+    """Per-member proposals in batch order as one result (`rows` materialized, `at_once` at most)."""
     ent = None if parts[0].entropy is None else torch.cat([p.entropy for p in parts])
     return DecodeResult(torch.cat([p.x0 for p in parts]), torch.cat([p.conf for p in parts]), rows, at_once, ent)

@@ -15,15 +15,11 @@ class SamplingParams:
     block_length: int = 32
     temperature: float = 0.0
     remasking: str = "low_confidence"
-    # Classifier-free guidance: only the reference sampler implements it (LLaDA's own option).
     cfg_scale: float = 0.0
-    # Seed of the request's own generators (Gumbel noise, random remasking). A per-request
-    # generator is what makes a request's tokens independent of whatever it is batched with.
+    # seed of the request's own generators: its tokens do not depend on what it is batched with
     seed: int = 0
     stop: tuple[str, ...] = field(default_factory=tuple)
-    # How many masked positions a step commits (engine.decoding): "fixed" (the linear schedule
-    # over `steps`), "threshold:τ", "factor:f" or "entropy:γ" (parallel decoding: `steps` then
-    # only bounds nothing; a block ends when it has no masked position left).
+    # engine.decoding: "fixed" (the schedule over `steps`) or a parallel policy (blocks end when unmasked)
     decoding: str = FIXED
 
     def __post_init__(self) -> None:

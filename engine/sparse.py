@@ -1,12 +1,5 @@
-"""Token selection for the sparse KV cache, and dense packing of what is kept.
-
-Head-centric (dLLM-Serve): each KV head keeps its own top-k context tokens. Uniform
-(Sparse-dLLM): scores are averaged over heads and all heads keep one shared set.
-Scores come from the current block's queries (their mean, so one dot product per head and
-token), smoothed by a max-pool along positions so neighbours of important tokens survive.
-Kept rows are sorted by position: attention is order-free (non-causal, K carries RoPE), so
-this only makes r = 1 identical across selection modes and keeps memory access sequential.
-"""
+"""Token selection for the sparse KV cache, head-centric (dLLM-Serve) or uniform (Sparse-dLLM), and
+dense packing of what is kept (docs/MECHANISMS.md)."""
 from __future__ import annotations
 
 import math
@@ -18,14 +11,8 @@ import torch.nn.functional as F
 def score_context(q_block: torch.Tensor, k_ctx: torch.Tensor, selection: str, query: str = "mean",
                   q_len: torch.Tensor | None = None, head_mean=None) -> torch.Tensor:
     """q_block [G, Lb, Hq, D], k_ctx [G, Hkv, Lc, D] -> scores [G, Hkv, Lc] (head) or [G, 1, Lc]
-    (uniform). q_len [G]: each member's real block queries (the rest is padding); None = all.
-
-    query="mean": the block queries' mean (the upstream code) — one dot product per head and
-    token, but a block that is mostly EOS padding then scores for what the padding looks at
-    (docs/ACCURACY.md). query="max": the best score any block query gives the token.
-    `head_mean`: [G, H, g, Lc] -> [G, Lc], the uniform mean over every head when this device
-    holds only some of them (a tensor-parallel rank, engine.parallel.model); head-centric
-    selection is per KV head and never needs the others."""
+    (uniform). q_len [G]: real block queries (None: all). query: the block queries' mean (upstream)
+    or each token's best (docs/ACCURACY.md). `head_mean`: the uniform mean over every rank's heads."""
     G, lb, hq, d = q_block.shape
     hkv = k_ctx.shape[1]
     pad = None if q_len is None else torch.arange(lb, device=q_block.device)[None] >= q_len[:, None]
@@ -45,7 +32,6 @@ def score_context(q_block: torch.Tensor, k_ctx: torch.Tensor, selection: str, qu
         return s.amax(2) / math.sqrt(d)                        # max over the query group (GQA)
     if query == "max":
         s = s.amax(2, keepdim=True)                            # each KV head's best query first
-    # Sparse-dLLM: raw dot, mean over heads
     return (s.mean((1, 2)) if head_mean is None else head_mean(s))[:, None]
 
 
@@ -59,12 +45,8 @@ def max_pool(scores: torch.Tensor, window: int) -> torch.Tensor:
 
 def select_many(q_block, k_ctx, groups: list, kmax: int, selection: str, window: int, query: str = "mean",
                 q_len: torch.Tensor | None = None, ctx_len: torch.Tensor | None = None, head_mean=None) -> torch.Tensor:
-    """Batched `select` over G members padded to one shape (k_ctx [G, Hkv, Lc_max, D], member g's
-    real context is its first ctx_len[g] tokens; None: all Lc_max) -> indices [G, Hkv, kmax];
-    member g's are the first n of its row (the rest is 0). `groups`: (c, n, members) per
-    distinct (context length, tokens kept), members an index tensor (None: every member). The
-    top-k runs once per group on exactly its members' own scores, so padding cannot change
-    which of tied tokens is kept; all shapes are host ints, nothing is read back."""
+    """Batched `select` over G members padded to one shape -> indices [G, Hkv, kmax] (member g's:
+    the first n of its row). `groups`: (context length, tokens kept, members or None: all)."""
     s = score_context(q_block, k_ctx, selection, query, q_len, head_mean)
     G, hkv, lc = s.shape[0], k_ctx.shape[1], s.shape[-1]
     if ctx_len is not None:
@@ -81,8 +63,7 @@ def select_many(q_block, k_ctx, groups: list, kmax: int, selection: str, window:
 
 
 def select(q_block, k_ctx, n_keep: int, selection: str, window: int, query: str = "mean") -> torch.Tensor:
-    """One sequence: q_block [Lb, Hq, D], k_ctx [Hkv, Lc, D] -> indices into the context axis,
-    [Hkv, n_keep], sorted by position within each head."""
+    """One sequence: q_block [Lb, Hq, D], k_ctx [Hkv, Lc, D] -> [Hkv, n_keep] context indices."""
     return select_many(q_block[None], k_ctx[None], [(k_ctx.shape[1], n_keep, None)], n_keep, selection, window,
                        query)[0]
 

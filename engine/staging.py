@@ -1,12 +1,5 @@
-"""One host-to-device copy of a step's index metadata.
-
-A step's metadata (input ids, positions, cu_seqlens, slot tables, gather indices) is built on
-the host with numpy (`engine.ragged`). `Staging.put(array)` hands back a device tensor at once:
-on the CPU it shares the array's memory; on CUDA it is a view into a device buffer whose
-contents arrive with the pinned, non-blocking copy `flush()` enqueues, so kernels enqueued after
-`flush()` on the same stream see the data and nothing may read them before it (derived tensors
-are built in the forward, `StepContext.finalize`). Buffers and graphs: see `Staging`.
-"""
+"""One host-to-device copy of a step's index metadata: `put` returns a device tensor at once,
+`flush` enqueues the pinned copy that fills them (docs/ARCHITECTURE.md, "Engine internals")."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,16 +17,11 @@ class _Segment:
 
 
 class Staging:
-    """Buffers are kept from step to step and grow by doubling: a step that outgrows them continues
-    in a new segment (one more copy that step) and the next starts with one buffer large enough,
-    so a steady state has one copy per step. The pinned host buffer is rewritten for step t+1
-    only after step t's copy completed (the step's one readback waits for everything before it).
-    A CUDA graph keeps its own Staging (`engine.graphs`): the same puts in the same order land at
-    the same offsets, so a replay reads the new step's metadata from the captured buffer."""
+    """Buffers kept from step to step, grown by doubling. A CUDA graph keeps its own Staging: the
+    same puts in the same order land at the same offsets."""
 
     def __init__(self, device, capacity: int = 0, buffered: bool | None = None):
-        """`buffered`: stage through a buffer even on the CPU (default: only on an accelerator),
-        so a CPU run exercises what a CUDA graph replay relies on (`engine.graphs`)."""
+        """`buffered`: through a buffer even on the CPU (what a CUDA graph replay relies on)."""
         self.device = torch.device(device)
         self.on_host = self.device.type == "cpu" and not buffered
         self.segments: list[_Segment] = []

@@ -1,17 +1,5 @@
-"""The runner seam: what one engine step hands a model runner and what it gets back.
-
-`LLMEngine.step` asks the `Scheduler` for a batch — a list of `(Request, Phase)` — and calls
-`Runner.run(batch)`. The runner reads each request's canvas, block cursor and cache slots, runs
-the forward and returns `StepStats`: the step's counters and the tokens each request decided
-(`StepDecisions`). The engine commits those and each request advances its own cursor
-(`Request.advance`); the runner never mutates a request's canvas or counters.
-
-Any object with `model_config`, `dtype`, `device` and `run` can be injected
-(`LLMEngine(config, runner=...)`), e.g. a simulator that charges a cost model instead of running
-a forward. A runner that returns `decisions=None` has committed nothing: requests still advance
-(they finish after `steps` steps whatever their tokens are), and their `nfe`/`logits_rows` are
-the runner's business.
-"""
+"""The runner seam: what one engine step hands a model runner (`Batch`) and what it gets back
+(`StepStats`, `StepDecisions`); any `Runner` can be injected (docs/ARCHITECTURE.md, "Engine internals")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +25,7 @@ class StepDecisions:
     confidence: torch.Tensor
     logits_rows: list[int]
     canvas_index: torch.Tensor | None = None   # positions in the engine's canvas pool, when known
-    # Fixed-size decisions (one per candidate cell): only the entries where `taken` is True
-    # commit; None = every entry commits.
+    # one decision per candidate cell: only those where `taken` is True commit (None: all)
     taken: torch.Tensor | None = None
 
 
@@ -50,9 +37,7 @@ class StepStats:
     refresh: int
     reuse: int
     decisions: StepDecisions | None = None
-    # What a step trace reports (engine.counters.TRACE_FIELDS): whether the forward was a
-    # CUDA-graph replay, the members it ran (dummies of a padded step included; None = the
-    # batch), keys attended summed over the members, members per KV cache mode (None = not told).
+    # for the step trace (engine.counters.StepRecord); padded_requests None = the batch
     graph: bool = False
     padded_requests: int | None = None
     key_tokens: int = 0

@@ -1,17 +1,5 @@
-"""StepContext: the attention callable of one packed engine step (nano-vllm's context object,
-without the global). Built once per step on the host, called once per layer.
-
-Per layer a fixed number of tensor ops whatever the batch: one indexed write stores the fresh
-K/V of every request that stores, then each phase group (Refresh: keys = its own canvas; Reuse:
-keys = cache slots) is one attention call. With a packed varlen kernel a Reuse group's keys are
-read in place: a request's slot table is one run of the pool, so the pool layer is the key
-tensor and cu_seqlens_k points at each member's run, the unread runs between them being
-query-less segments (`_in_place`); a table in pieces is gathered by one indexed read (a second
-call). The padded path (CPU) gathers every group's keys padded, split into chunks only where
-they would exceed `key_budget` rows. Nothing reads the device back: every index, cu_seqlens
-included, is built on the host from `StepMeta` (numpy) and staged in the step's one copy
-(`engine.staging`); what derives from staged data on the device is made by `finalize`.
-"""
+"""StepContext: the attention callable of one packed engine step, built once per step on the
+host from `StepMeta`, called once per layer (docs/ARCHITECTURE.md, "Engine internals")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,12 +37,9 @@ class _Chunk:
 
 
 class StepContext:
-    """`static_keys` (a CUDA graph's bucket, `engine.graphs`): pad every member's keys to this
-    many (padded path, always with a key mask), the group's gathered keys to this many in all
-    (packed), or 0: the packed Reuse group reads every member in place, with a static number of
-    segments; so a step's tensor shapes depend only on its bucket. `kernel`: the packed backend's
-    call (the runner makes one; made here if not given). `in_place`: False gathers every group's
-    keys (the profiler measures that worst case)."""
+    """`static_keys` (a CUDA graph's bucket): every member's keys padded to this many (padded),
+    the group's to this many in all (packed), or 0: read in place. `in_place`: False gathers
+    every group's keys (the profiler's worst case)."""
 
     def __init__(self, meta: StepMeta, policy: CachePolicy, pool: KVPool | None, backend: str, key_budget: int,
                  staging: Staging, dtype: torch.dtype, static_keys: int | None = None,
@@ -96,8 +81,8 @@ class StepContext:
             self.store_src = None if _identity(src, int(m.cu_q[-1])) else staging.put(src)
 
     def _packed_chunks(self, members: np.ndarray, spec: KeySpec, staging: Staging) -> list[_Chunk]:
-        """A phase group under a packed kernel: Reuse members whose slot table is one contiguous
-        range in place (a CUDA graph's dummies too: they attend to nothing), the rest gathered."""
+        """A phase group under a packed kernel: members whose slot table is one range read in
+        place (a graph's dummies too), the rest gathered."""
         m, kc = self.meta, spec.cached[members]
         from_pool = self.in_place and bool(kc.all())
         if not from_pool or self.static_keys:
@@ -113,8 +98,8 @@ class StepContext:
         return out + ([self._chunk(members[~whole], spec, staging)] if not whole.all() else [])
 
     def _in_place(self, members: np.ndarray, keys: np.ndarray, first: np.ndarray, staging: Staging) -> _Chunk:
-        """Reuse members read in place: ordered by where their range starts (members without keys,
-        a graph's dummies, last), each one a query-less segment up to its range, then itself."""
+        """Reuse members read in place, ordered by where their range starts (keyless ones last),
+        each a query-less segment up to its range, then itself."""
         m = self.meta
         order = np.argsort(np.where(keys > 0, first, np.iinfo(np.int64).max), kind="stable")
         members, keys, first = members[order], keys[order], first[order]
@@ -126,7 +111,6 @@ class StepContext:
         seg_k = np.stack([gaps, keys], 1).reshape(-1)
         q_idx = ragged(m.cu_q[members], lq)
         static = self.static_keys is not None         # a graph: the order is staged even when it is the identity
-        # max_seqlen_k bounds every segment, query-less ones included (static: the pool's size)
         kmax = self.n_slots if static else max(1, int(seg_k.max()))
         return _Chunk(len(members), int(lq.max()), members,
                       None if not static and _identity(q_idx, int(m.cu_q[-1])) else staging.put(q_idx), None, None,
@@ -146,9 +130,7 @@ class StepContext:
             q_idx = ragged(starts, lq)
             idx = ragged(base, keys)
             kmax = int(keys.max())
-            if self.static_keys:                      # the packed keys padded to a static total with
-                # the last real key (never read: cu_k says where each member ends); max_seqlen_k
-                # must be static too, and any bound on a member's keys is valid for the kernels
+            if self.static_keys:                      # padded to a static total with the last real key
                 idx = np.concatenate([idx, np.full(self.static_keys - idx.size, idx[-1] if idx.size else 0)])
                 kmax = self.key_budget
             ch = _Chunk(G, Lq, chunk, None if _identity(q_idx, n_total) else staging.put(q_idx), None, None, kmax,
@@ -189,16 +171,13 @@ class StepContext:
             self.policy.select(self.select_plan, pool, q, k, v)
         if len(self.chunks) == 1 and self.chunks[0].dst is None:    # every member, in packed order
             return self._attend(self.chunks[0], q, k, v, pool).reshape(q.shape)
-        # Each chunk writes its real rows straight to their packed positions: no concatenation
-        # of the groups' outputs and no reorder afterwards.
         out = q.new_empty(q.shape)
         for ch in self.chunks:
             out[ch.dst] = self._attend(ch, q, k, v, pool)
         return out
 
     def _attend(self, ch: _Chunk, q, k, v, pool) -> torch.Tensor:
-        """The chunk's query rows in its member order, attended: [ΣLq, Hq, D] ([G, Lq, Hq, D]
-        when the padded path has no padded query rows)."""
+        """The chunk's query rows in its member order, attended."""
         hkv, d = k.shape[1:]
         qq = q if ch.q_index is None else q[ch.q_index]
         if ch.in_place:

@@ -1,11 +1,4 @@
-"""StepMeta: the scalars of every request in one step as numpy columns (host side).
-
-The runner reads each scheduled request once, in one pass (`StepMeta.of`), and from then on
-the packing, the attention plan, the sparse selection plan and the commit choice are array
-ops over these columns: their cost does not grow with the batch in Python calls or torch ops.
-`slots` holds every member's slot table end to end (member i's at `slot_base[i]`,
-`slot_len[i]` long), so any per-request slot index is one fancy index into it.
-"""
+"""StepMeta: the scalars of every request in one step as numpy columns, read in one pass."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +29,7 @@ class StepMeta:
     q_start: np.ndarray       # canvas position of the first query: 0 (Refresh*) or the block start
     n_q: np.ndarray           # queries: the canvas (Refresh*) or the block (Reuse)
     cu_q: np.ndarray          # [B + 1] packed query offsets
-    # Each member's cache mode (engine.cache_mode.CODES): what a mixed (`cache=auto`) step's
-    # policy reads; None (a step built without it) = every member in the engine's policy.
+    # each member's cache mode (engine.cache_mode.CODES); None: all in the engine's policy
     cache: np.ndarray | None = None
 
     @classmethod

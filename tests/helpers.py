@@ -94,3 +94,17 @@ def metered_steps(eng: LLMEngine):
         peaks.append(m.peak_bytes)
         queries.append(st.query_tokens)
     return out, peaks, queries
+
+
+def live_bytes(meter) -> int:
+    """The bytes a CPU `MemoryMeter` counts live now (0 on CUDA)."""
+    return meter.mode.current if meter.mode is not None else 0
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def predicted_logits_bytes(rows: int, vocab: int, dtype: torch.dtype) -> int:
+    """What one [rows, vocab] logits tensor costs: the term the logit budget bounds."""
+    return rows * vocab * torch.empty(0, dtype=dtype).element_size()

@@ -84,11 +84,11 @@ def test_tiny_math_reaches_documented_floor(tiny_math):
 
 
 def test_engine_exact_mode_matches_reference_on_tiny_math(tiny_math):
+    from baselines.reference_llada import reference_generate
     from dllm_bench.accuracy.backend import point_system
     from dllm_bench.accuracy.points import Point
     from dllm_bench.checkpoints.load import encode_prompt, load_model
     from engine import SamplingParams
-    from engine.reference import reference_generate
     from workloads.tasks import synth
 
     path, _, tok, info = tiny_math

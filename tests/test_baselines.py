@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 from baselines import SYSTEMS, make_system, profile_max_batch
 from baselines.profile import measure_run
+from baselines.reference_llada import reference_generate
 from engine.models.llada import LLaDAConfig, LLaDAModelLM, dense_attention, rms_norm
 from engine.profiler import weights_bytes as weight_bytes
-from engine.reference import reference_generate
 from engine.sampling import SamplingParams
 from engine.unmask import RequestGenerators, transfer_schedule
 

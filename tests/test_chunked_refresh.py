@@ -17,10 +17,10 @@ import time
 import pytest
 import torch
 
+from baselines.reference_llada import reference_generate
 from dllm_bench.checkpoints.load import load_model
 from engine import EngineConfig, SamplingParams
 from engine.chunking import refresh_rows
-from engine.reference import reference_generate
 from engine.request import Phase, Request
 from tests.helpers import make_engine, metered_steps, random_prompts, tiny_model
 from tests.test_flash_path import standin  # noqa: F401  (the fixture)

@@ -57,9 +57,9 @@ def test_generate_json_on_bare_checkpoint_matches_reference(bare_dir):
     assert all(o["nfe"] == 8 and o["text"] is None for o in doc["outputs"])
     import torch
 
+    from baselines.reference_llada import reference_generate
     from engine import SamplingParams
     from engine.models.llada import load_llada
-    from engine.reference import reference_generate
 
     model = load_llada(bare_dir, torch.float64)
     sp = SamplingParams(gen_length=16, steps=8, block_length=8)

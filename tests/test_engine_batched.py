@@ -61,7 +61,7 @@ def test_batched_attention_equals_per_sequence_sdpa(cache, hkv, key_budget):
         mixed += len(phases) == 2
         prep = eng.runner.prepare(batch)
         chunked += len(prep.ctx.chunks) > len(phases)
-        n = prep.cu_q[-1]
+        n = prep.meta.cu_q[-1]
         q = torch.randn(n, hq, d, dtype=F64, generator=g)
         k = torch.randn(n, hkv, d, dtype=F64, generator=g)
         v = torch.randn(n, hkv, d, dtype=F64, generator=g)
@@ -70,7 +70,7 @@ def test_batched_attention_equals_per_sequence_sdpa(cache, hkv, key_budget):
         prep.ctx.finalize()
         out = prep.ctx(0, q, k, v)
         for i, (req, phase) in enumerate(batch):
-            a, b = prep.cu_q[i], prep.cu_q[i + 1]
+            a, b = prep.meta.cu_q[i], prep.meta.cu_q[i + 1]
             if phase is Phase.REUSE:
                 K, V = before[0, req.slots], before[1, req.slots]
                 # the block's fresh K/V land in their slots: dual at the block's canvas

@@ -1,6 +1,6 @@
 """Exactness of the engine in float64 (issue "foundation").
 
-* cache=none reproduces engine.reference.reference_generate (LLaDA's sampler) token for token, NFE = steps;
+* cache=none reproduces baselines.reference_llada.reference_generate (LLaDA's sampler) token for token, NFE = steps;
 * batch invariance: requests decoded together get exactly the tokens each gets alone;
 * cache=dual equals a plainly written Fast-dLLM dual cache (NVlabs/Fast-dLLM@24cc59e) written below
   against the model's building blocks only (no engine.runner), and differs from cache=none;
@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from baselines.reference_llada import reference_generate
 from engine import SamplingParams
 from engine.attention import resolve_backend, varlen_attention
 from engine.models.llada import dense_attention
-from engine.reference import reference_generate
 from tests.helpers import make_engine, plain_attention, random_prompts, run_alone, tiny_model
 
 F64 = torch.float64

@@ -121,9 +121,9 @@ def test_chat_prompt_is_the_real_template(tok):
 
 
 def test_generate_cli_matches_the_reference_sampler(ckpt, tok):
+    from baselines.reference_llada import reference_generate
     from dllm_bench.checkpoints.load import encode_prompt
     from engine.models.llada import load_llada
-    from engine.reference import reference_generate
     from engine.sampling import SamplingParams
 
     r = _runner("generate")("--model", str(ckpt), "--prompt", "What is 2 + 3?", "--gen-length", "16",

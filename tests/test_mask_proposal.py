@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from baselines import make_system
+from baselines.reference_llada import reference_generate
 from engine import SamplingParams
 from engine.models.llada import LLaDAModelLM
-from engine.reference import reference_generate
 from engine.unmask import gumbel_argmax, proposal_argmax
 from tests.helpers import MASK, make_engine, random_prompts, tiny_model
 

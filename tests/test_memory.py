@@ -13,9 +13,15 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.memory import MemoryMeter, tensor_bytes
-from engine.profiler import predicted_logits_bytes
-from tests.helpers import make_engine, random_prompts, tiny_model
+from engine.memory import MemoryMeter
+from tests.helpers import (
+    live_bytes,
+    make_engine,
+    predicted_logits_bytes,
+    random_prompts,
+    tensor_bytes,
+    tiny_model,
+)
 
 F32 = torch.float32
 
@@ -23,20 +29,20 @@ F32 = torch.float32
 def test_meter_counts_known_allocations():
     with MemoryMeter() as m:
         a = torch.zeros(1000, dtype=torch.float64)                 # 8000 bytes
-        assert m.current_bytes == 8000
+        assert live_bytes(m) == 8000
         v1, v2 = a[10:], a.view(10, 100).t()                      # views share a's storage
         a.add_(1)                                                  # in place: no new storage
-        assert m.current_bytes == 8000
+        assert live_bytes(m) == 8000
         b = torch.ones(500, dtype=F32)                             # + 2000
-        assert m.current_bytes == 10000
+        assert live_bytes(m) == 10000
         del b
-        assert m.current_bytes == 8000
+        assert live_bytes(m) == 8000
         del a
-        assert m.current_bytes == 8000                             # the views keep the storage alive
+        assert live_bytes(m) == 8000                             # the views keep the storage alive
         del v1, v2
-        assert m.current_bytes == 0
+        assert live_bytes(m) == 0
         c = torch.empty(250, dtype=torch.int64)                    # 2000 < the 10000 peak
-        assert m.current_bytes == 2000
+        assert live_bytes(m) == 2000
     assert m.peak_bytes == 10000
     assert tensor_bytes([c]) == 2000
 
@@ -47,11 +53,11 @@ def test_meter_ignores_tensors_from_before_it_started():
     x = torch.randn(10, 100)
     with MemoryMeter() as m:
         y = torch.nn.functional.linear(x, weight)                  # 10 x 1000 fp32 = 40 KB
-        assert m.current_bytes == 40000
+        assert live_bytes(m) == 40000
         layer = kv[1, 0]                                           # a view into the "pool"
         layer[:, 5:10] = 1.0
         keys = torch.cat([layer, layer], dim=1)                    # a real allocation: 2 x 3 x 50 x 16 fp32
-        assert m.current_bytes == 40000 + tensor_bytes([keys])
+        assert live_bytes(m) == 40000 + tensor_bytes([keys])
         del layer, keys, y
     assert m.peak_bytes == 40000 + 2 * 3 * 50 * 16 * 4
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
+from baselines.reference_llada import reference_generate
 from engine import SamplingParams
 from engine.models.llada import load_llada
-from engine.reference import reference_generate
 from tests.helpers import tiny_model
 from tests.test_parallel import write_checkpoint
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dllm_bench.stepprofile import regions as labels
 from dllm_bench.stepprofile import run as step_run
 from dllm_bench.stepprofile.categories import BOOKKEEPING, CATEGORIES, STEP, breakdown, kernel_category
 from dllm_bench.stepprofile.options import StepProfileOptions
@@ -37,7 +38,7 @@ def _sums_to_wall(detail: dict) -> None:
 def test_a_cpu_step_splits_into_categories_that_add_up_to_its_wall_time():
     x, w = torch.randn(32, 64), torch.randn(64, 64)
     q = torch.randn(1, 2, 16, 32)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, labels.labelled():
         with torch.profiler.record_function(STEP):
             h = F.linear(x, w)                                     # GEMM (and its transposes)
             F.scaled_dot_product_attention(q, q, q)                # attention (and what it calls)
@@ -47,7 +48,7 @@ def test_a_cpu_step_splits_into_categories_that_add_up_to_its_wall_time():
                 logits = F.linear(h, w).float()                    # LM head, whatever the ops
             with region(DECODE):
                 torch.topk(logits.softmax(-1), 2)                  # sampling
-            with region(BOOKKEEPING):
+            with labels.profiler_range(BOOKKEEPING):
                 time.sleep(0.02)                                   # not part of the step
     bd = breakdown(prof.events(), device=False)
     c = bd.categories_us
@@ -72,7 +73,7 @@ def test_kernels_take_their_launching_ops_category_or_their_own_names():
     step = _ev(STEP, 0, 1000, annotation=True, id=1)
     lin = _ev("aten::linear", 10, 50, parent=step, id=2)
     mm = _ev("aten::mm", 12, 48, parent=lin, id=3)
-    head = _ev(LM_HEAD, 60, 90, parent=step, annotation=True, id=4)
+    head = _ev(labels.LM_HEAD, 60, 90, parent=step, annotation=True, id=4)
     head_mm = _ev("aten::mm", 61, 89, parent=head, id=5)
     cp = _ev("aten::copy_", 100, 110, parent=step, id=6)
     kernels = [

@@ -9,10 +9,10 @@ from dllm_bench import results
 from dllm_bench.serve import trace
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.run import serve
-from engine.counters import TRACE_FIELDS, StepCounters
+from engine.counters import StepCounters
 from tests.test_serve import RUN_DEFAULTS
 
-SCHEMA = ("step", "t_s", *TRACE_FIELDS)
+SCHEMA = ("step", "t_s", *trace.TRACE_FIELDS)
 
 
 def test_the_sink_streams_numbered_rows_timed_from_the_replay_start(tmp_path):

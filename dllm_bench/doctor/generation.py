@@ -1,5 +1,5 @@
 """One request through the engine on the device, token for token against LLaDA's own sampler
-(engine.reference, float64 on the CPU), on the committed trained tiny model.
+(baselines.reference_llada, float64 on the CPU), on the committed trained tiny model.
 
 The engine in exact mode (cache=none) must reproduce the reference exactly in float64, on any
 device: a difference is a broken kernel, dtype path or install, never rounding. On a GPU the
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from baselines.reference_llada import reference_generate
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.doctor.checks import FAIL, OK, SKIP, WARN, Check
 from engine.attention import resolve_backend
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.models.llada import load_llada
-from engine.reference import reference_generate
 from engine.sampling import SamplingParams
 
 MODEL = "tiny-math"
@@ -60,7 +60,7 @@ def generation_checks(dev: torch.device) -> list[Check]:
     where = "the CPU" if dev.type == "cpu" else str(dev)
     if got == ref:
         first = Check("generate", OK, f"one {MODEL} request on {where} (engine, float64): {len(got)} tokens equal "
-                      "to the reference sampler's (engine/reference.py, float64 on the CPU)", data)
+                      "to the reference sampler's (baselines/reference_llada.py, float64 on the CPU)", data)
     else:
         first = Check("generate", FAIL, f"one {MODEL} request on {where} (engine, float64) differs from the "
                       f"reference sampler: {_first_difference(got, ref)}", data)

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dllm_bench.memory_bench.live import LiveTracker
 from dllm_bench.memory_bench.options import MemoryRun, Target, weights_of
 from dllm_bench.memory_bench.trace import Trace, tagger
 from engine.config import DTYPES, EngineConfig
-from engine.memory import LiveTracker
 from engine.models.llada import LLaDAConfig, LLaDAModelLM
 from engine.profiler import measure_activation_peak
 

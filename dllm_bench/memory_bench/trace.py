@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from dllm_bench.errors import UserError
+from dllm_bench.memory_bench.live import LiveTracker
 from dllm_bench.memory_bench.options import MemoryRun
 from dllm_bench.systems.build import make_system
 from dllm_bench.systems.spec import ENGINE, SystemVariant, baseline_knobs, engine_knobs
 from engine.config import EngineConfig
-from engine.memory import LiveTracker
 from engine.models.llada import LLaDAModelLM
 from engine.profiler import weights_bytes
 

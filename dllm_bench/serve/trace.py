@@ -1,8 +1,8 @@
 """Per-step traces (`--trace-steps`): one JSON line per forward of the measured system, written
 to `steps.jsonl` beside the point's requests.jsonl (the simulator is fitted to them).
 
-Each row is what the system's `StepCounters` hands its sink (engine.counters.TRACE_FIELDS: an
-engine step or a baseline's forward) with the step's number and start time: `step` (0, 1, ...
+Each row is a `StepRecord` the system's `StepCounters` hands its sink (an engine step or a
+baseline's forward) as TRACE_FIELDS, with the step's number and start time: `step` (0, 1, ...
 over the replay), `t_s` (seconds since the replay started, the clock of requests.jsonl),
 `wall_ms`, `requests`, `padded_requests`, `refresh`, `reuse`, `query_rows`, `key_tokens`,
 `logit_rows`, `graph`, and optionally `cache` (members per KV cache mode). The worker streams
@@ -17,8 +17,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+from engine.counters import StepRecord
+
 STEPS_FILE = "steps.jsonl"
 PART_SUFFIX = ".part"
+# A traced step's fields, in order (after its start time `t_start`, perf_counter seconds):
+# `requests` real members, `padded_requests` members the forward ran (dummies included),
+# `key_tokens` keys attended summed over members, `graph` a CUDA-graph replay; `cache` (optional)
+# members per KV cache mode.
+TRACE_FIELDS = ("wall_ms", "requests", "padded_requests", "refresh", "reuse", "query_rows", "key_tokens",
+                "logit_rows", "graph", "cache")
+
+
+def row(r: StepRecord) -> dict[str, Any]:
+    """A forward's trace row: `t_start` and TRACE_FIELDS (`cache` only when told)."""
+    out = {"t_start": r.started, "wall_ms": (r.ended - r.started) * 1e3, "requests": r.requests,
+           "padded_requests": r.padded_requests, "refresh": r.refresh, "reuse": r.reuse, "query_rows": r.query_rows,
+           "key_tokens": r.key_tokens, "logit_rows": r.logit_rows, "graph": r.graph}
+    if r.cache:
+        out["cache"] = dict(r.cache)
+    return out
 
 
 def part_path(point_dir: Path) -> Path:
@@ -39,9 +57,10 @@ class StepTrace:
     def start(self, t0: float) -> None:
         self.origin = t0
 
-    def __call__(self, row: dict[str, Any]) -> None:
-        t = row.pop("t_start")
-        out = {"step": self.steps, "t_s": t - (self.origin if self.origin is not None else t), **row}
+    def __call__(self, record: StepRecord) -> None:
+        fields = row(record)
+        t = fields.pop("t_start")
+        out = {"step": self.steps, "t_s": t - (self.origin if self.origin is not None else t), **fields}
         self.file.write(json.dumps(out) + "\n")
         self.steps += 1
 

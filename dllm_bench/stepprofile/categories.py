@@ -7,8 +7,8 @@ was idle. Either way the categories and the host gap add up to the step's wall t
 
 An op takes the category of the outermost op around it that has one (`aten::linear` files its
 `aten::mm` and transposes as a GEMM, an `aten::add` its scalar copy as elementwise), unless it
-ran inside a named region: the engine's and the baselines' LM head (`engine.regions.LM_HEAD`)
-and decoding (`engine.regions.DECODE`: sampling and top-k). A kernel takes the category of the
+ran inside a named region: the engine's and the baselines' LM head (`regions.LM_HEAD`)
+and decoding (`regions.DECODE`: sampling and top-k). A kernel takes the category of the
 op that launched it; a kernel without one (a CUDA-graph replay) is filed by its own name.
 profile-step's own bookkeeping (its BOOKKEEPING region) is taken out of the step altogether.
 """
@@ -18,17 +18,14 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from engine import regions
-
-STEP = "profile_step.step"                 # the region around one system.step()
-BOOKKEEPING = "profile_step.bookkeeping"   # profile-step's own work inside a step (FLOP counts)
+from dllm_bench.stepprofile.regions import BOOKKEEPING, DECODE, LM_HEAD, STEP
 
 CATEGORIES = {
     "gemm": "GEMMs", "attention": "attention", "lm_head": "LM head", "indexing": "gathers/scatters/indexing",
     "sampling": "sampling and top-k", "copy_h2d": "copies H2D", "copy_d2h": "copies D2H", "copy_d2d": "copies D2D",
     "elementwise": "norms and elementwise", "other": "other kernels", "host_gap": "host gaps",
 }
-REGION_CATEGORY = {regions.LM_HEAD: "lm_head", regions.DECODE: "sampling"}
+REGION_CATEGORY = {LM_HEAD: "lm_head", DECODE: "sampling"}
 REGIONS = {STEP, BOOKKEEPING, *REGION_CATEGORY}
 
 # aten op names (without the `aten::` prefix) by category. Views, allocations and the like have

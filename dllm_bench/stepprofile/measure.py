@@ -19,14 +19,16 @@ from dataclasses import dataclass, field
 import torch
 
 from dllm_bench.errors import UserError
+from dllm_bench.serve import trace
 from dllm_bench.stepprofile import phases
 from dllm_bench.stepprofile.categories import STEP, Breakdown, breakdown
+from dllm_bench.stepprofile.regions import labelled
 from engine.sampling import SamplingParams
 
 
 @dataclass
 class ProfiledStep:
-    row: dict                       # the step's trace row (engine.counters.TRACE_FIELDS)
+    row: dict                       # the step's trace row (dllm_bench.serve.trace.row)
     breakdown: Breakdown
     forward: object                 # its cost_model.Forward
 
@@ -71,13 +73,15 @@ def profiled_step(system, cuda: bool) -> Breakdown:
     return breakdown(prof.events(), cuda)
 
 
+@labelled()
 def measure(system, prompts: list[list[int]], params: SamplingParams, phase: str, steps: int, warmup: int,
             shape, recorder, cuda: bool, max_steps: int) -> Measured:
-    """Run the loop (module docstring) on `system` with its work `recorder` installed."""
+    """Run the loop (module docstring) on `system` with its work `recorder` installed and the
+    engine's regions labelled."""
     batch = len(prompts)
     gap = max(1, params.steps_per_block // batch) if phase == "mixed" else 0
     rows: list[dict] = []
-    system.counters.sink = rows.append
+    system.counters.sink = lambda r: rows.append(trace.row(r))
     out = Measured()
     pending: deque[list[int]] = deque()
     since_admit = gap

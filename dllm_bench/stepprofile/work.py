@@ -15,8 +15,7 @@ import math
 
 from dllm_bench.simulate.cost_model import CostModel, Efficiency, Forward, HostCost, ImplProfile, ModelShape
 from dllm_bench.simulate.work import baseline_forward, engine_forward
-from dllm_bench.stepprofile.categories import BOOKKEEPING
-from engine.regions import region
+from dllm_bench.stepprofile.regions import BOOKKEEPING, profiler_range
 
 ESSENTIAL = ImplProfile("essential", elem_d=0, elem_f=0, softmax_bytes_per_entry=0, rope_bytes_per_key_d=0,
                         kv_copy=1, source="profile-step: the bytes every implementation moves")
@@ -48,7 +47,7 @@ class EngineWork(_Delegate):
         self.config, self.shape = config, shape
 
     def run(self, batch):
-        with region(BOOKKEEPING):
+        with profiler_range(BOOKKEEPING):
             self.last = engine_forward(batch, self.config, self.shape)[0]
         return self.inner.run(batch)
 
@@ -61,7 +60,7 @@ class BaselineWork(_Delegate):
         self.shape = shape
 
     def step(self, batch):
-        with region(BOOKKEEPING):
+        with profiler_range(BOOKKEEPING):
             self.last = baseline_forward(self.inner.name, self.inner.knobs, batch, self.shape)[0]
         return self.inner.step(batch)
 

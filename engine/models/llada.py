@@ -1,14 +1,5 @@
-"""LLaDA (GSAI-ML/LLaDA-8B-*) with its HF config fields and weight names.
-
-Numerics follow the upstream modeling file: RMSNorm and RoPE are computed in float32 and cast
-back ("rope_full_precision"), SwiGLU is `ff_out(silu(ff_proj(x)) * up_proj(x))`, no biases, an
-untied LM head, bidirectional attention. One deliberate deviation: when the model itself runs in
-float64 those two ops run in float64 too, so float64 exactness tests are not limited by float32.
-
-The model works on *packed* tokens (`input_ids [N]`, `positions [N]`) and delegates attention to
-a callable, so the engine can pack any mix of Refresh and Reuse sequences into one forward
-(nano-vllm's "context" idea) while the reference sampler and baselines call it plainly.
-"""
+"""LLaDA (GSAI-ML/LLaDA-8B-*) with its HF config fields and weight names, on packed tokens with
+attention delegated to a callable, so one forward can mix Refresh and Reuse sequences."""
 from __future__ import annotations
 
 import json
@@ -56,27 +47,23 @@ class LLaDAConfig:
 
     @property
     def weights_per_forward(self) -> int:
-        """Parameters a forward reads: the blocks' matrices and the LM head (the embedding is a
-        gather, the norms negligible)."""
+        """Parameters a forward reads: the blocks' matrices and the LM head."""
         d, kv, f = self.d_model, self._model_kv_heads * self.head_dim, self.mlp_hidden_size
         return self.n_layers * (d * (d + 2 * kv) + d * d + 3 * d * f) + d * self.padded_vocab
 
     @property
     def _model_kv_heads(self) -> int:
-        """The whole model's KV heads (a tensor-parallel rank's `kv_heads` are its share): the
-        ratios below are the model's, the same on every rank."""
+        """The whole model's KV heads (a tensor-parallel rank's `kv_heads` are its share)."""
         return self.n_kv_heads or self.n_heads
 
     @property
     def kv_per_weight(self) -> float:
-        """Bytes of one token's K and V (every layer) per byte of the weights a forward reads:
-        what a step reading cached keys adds to its weight read, per key (engine.cache_mode)."""
+        """One token's K and V bytes (every layer) per weight byte a forward reads (engine.cache_mode)."""
         return 2 * self.n_layers * self._model_kv_heads * self.head_dim / self.weights_per_forward
 
     @property
     def pair_per_row(self) -> float:
-        """FLOPs of attention for one (query, key) pair in every layer (QK^T and PV) per FLOP of
-        a query row through the weights (engine.cache_mode)."""
+        """Attention FLOPs of one (query, key) pair per FLOP of a query row through the weights."""
         return 2 * self.n_layers * self.d_model / self.weights_per_forward
 
     @property
@@ -116,16 +103,14 @@ class LLaDAConfig:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # F.rms_norm is upstream's y * rsqrt(mean(y²) + eps) (the same ops on a CPU), one fused
-    # kernel on CUDA where the spelled-out form launches five.
+    # upstream's y * rsqrt(mean(y²) + eps), one fused kernel on CUDA
     y = F.rms_norm(x.to(torch.promote_types(x.dtype, torch.float32)), (x.shape[-1],), eps=eps)
     return weight * y.to(x.dtype)
 
 
 class RotaryEmbedding:
-    """Rotate-half RoPE with a cos/sin table that grows on demand. `rope(x, positions)` rotates
-    at any positions; `rope.at(positions)` gathers the table rows once for a forward whose every
-    layer rotates at the same positions (the caller keeps it: no hidden memo)."""
+    """Rotate-half RoPE with a cos/sin table that grows on demand; `at(positions)` gathers the
+    rows once for a forward whose every layer rotates at the same positions."""
 
     def __init__(self, head_dim: int, theta: float):
         self.head_dim, self.theta = head_dim, theta
@@ -147,8 +132,7 @@ class RotaryEmbedding:
         self._table(n, device, torch.promote_types(dtype, torch.float32))
 
     def at(self, positions: torch.Tensor, dtype: torch.dtype, top: int | None = None) -> Rotation:
-        """The rotation at `positions` for tensors of `dtype` (norm dtype: >= float32). `top`: a
-        bound on the largest position if the caller knows one (saves reading it back)."""
+        """The rotation at `positions` for tensors of `dtype`; `top`: a bound on the largest position."""
         dt = torch.promote_types(dtype, torch.float32)
         cos, sin = self._table((int(positions.max()) if top is None else top) + 1, positions.device, dt)
         return Rotation(cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
@@ -165,9 +149,7 @@ class Rotation:
         self.cos, self.sin = cos, sin
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        # `positions` is accepted for the rope(x, positions) call shape; the rows are already bound.
-        # Rotate-half, cat([-x2, x1]) * sin, as the halves swapped times the signed sin (exactly
-        # the same products): one roll where a negation and a concatenation were two kernels.
+        # rotate-half as the halves swapped times the signed sin: one roll, the same products
         xf = x.to(self.cos.dtype)
         return (xf * self.cos + xf.roll(x.shape[-1] // 2, dims=-1) * self.sin).to(x.dtype)
 
@@ -194,11 +176,8 @@ class LLaDABlock(nn.Module):
         self._qkv = self._gate_up = None
 
     def fuse(self) -> None:
-        """One GEMM for q, k and v and one for gate and up (fewer launches, wider GEMMs): each
-        group's weights concatenated by output rows, and each projection's weight re-pointed at
-        its rows of the fused tensor, so the memory is the same, the checkpoint's names and
-        state dict are unchanged and `q_proj` & co. still work alone. A tensor-parallel block
-        fuses its own rank's slices. Moving or casting the block (`_apply`) fuses again."""
+        """One GEMM for q/k/v and one for gate/up: the weights concatenated, each projection's
+        weight re-pointed at its rows (same memory and state dict). `_apply` fuses again."""
         with torch.no_grad():
             self._qkv = _fused(self.q_proj, self.k_proj, self.v_proj)
             self._gate_up = _fused(self.ff_proj, self.up_proj)
@@ -221,16 +200,13 @@ class LLaDABlock(nn.Module):
                                                      self.v_proj.out_features), dim=-1)
         q = q.reshape(-1, self.n_heads, self.head_dim)
         k = k.reshape(-1, self.n_kv, self.head_dim)
-        # RoPE writes q and k anew; v, a column slice of the fused output, is made dense as the
-        # attention kernels and the KV pool's writes had it from its own GEMM.
         return rope(q, positions), rope(k, positions), v.reshape(-1, self.n_kv, self.head_dim).contiguous()
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         n = rms_norm(x, self.ff_norm.weight, self.eps)
         if self._gate_up is None:
             return self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
-        # In place in the fused output's gate half: the MLP's peak is the [N, 2m] output alone
-        # (the two GEMMs' outputs, silu's and the product's were three [N, m] tensors at once).
+        # in place in the gate half: the MLP's peak is the [N, 2m] output alone
         out, m = F.linear(n, self._gate_up), self.ff_proj.out_features
         gate, up = out[..., :m], out[..., m:]    # slices, not chunk(): a split's views refuse in-place ops
         return self.ff_out(F.silu(gate, inplace=True).mul_(up))
@@ -303,9 +279,8 @@ class LLaDAModelLM(nn.Module):
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn,
                       rope: Rotation | None = None) -> torch.Tensor:
-        """Packed tokens -> final-normed hidden states [N, d]. Logits are a separate call so the
-        engine can decide which rows ever get them (logit-aware activation budgeting). `rope`:
-        the rotation at `positions` if the caller already holds it (the engine's step context)."""
+        """Packed tokens -> final-normed hidden states [N, d] (logits are a separate call). `rope`:
+        the rotation at `positions` if the caller holds it."""
         h = self.embed(input_ids)
         rope = rope if rope is not None else self.rope.at(positions, h.dtype)
         for i, block in enumerate(self.blocks):
@@ -328,8 +303,7 @@ class LLaDAModelLM(nn.Module):
 
 
 def weight_files(path: Path) -> list[str]:
-    """The safetensors files of a checkpoint directory (from its index when sharded), each
-    checked to exist."""
+    """The safetensors files of a checkpoint directory (from its index when sharded), each checked."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -364,8 +338,7 @@ def load_llada(path: str | Path, dtype: torch.dtype = torch.float32, device: str
             shard = load_file(str(path / f), device=str(device))
         except (SafetensorError, OSError) as e:
             raise ValueError(f"corrupt safetensors file {path / f}: {e}") from None
-        # Cast shard by shard: an 8B bf16 checkpoint loaded as float32 then peaks at the float32
-        # model plus one bf16 shard, not plus the whole bf16 checkpoint.
+        # cast shard by shard: the peak is the cast model plus one shard
         state.update({k: v.to(dtype) for k, v in shard.items()})
         del shard
     expected = {k: v.shape for k, v in model.state_dict().items()}

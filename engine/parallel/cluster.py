@@ -1,18 +1,5 @@
-"""The ranks of a tensor-parallel engine as processes: started from the CLI (the calling process
-is rank 0, the driver; `spawn` starts ranks 1..N-1 as fresh interpreters with torch
-multiprocessing) or by torchrun (`from_env`: every process runs the same command; ranks > 0
-become workers when they reach the engine and exit when the driver stops them).
-
-A worker loops over the driver's messages: build an engine's rank (`Build`), execute a step
-(`StepPlan`), drop the engine (`Close`), run a function on every rank (`Call`: measurements,
-tests), exit (`Stop`). Several engines can be built one after
-the other on one cluster (tests do, to spawn the processes once).
-
-Failure: a rank that raises records its error in the group's store and exits; a rank that dies
-closes its connections, so the driver's next collective fails at once rather than hanging.
-`Cluster.failure` turns that into one `RankFailure` line naming the rank and why, and the driver
-ends the other workers.
-"""
+"""The ranks of a tensor-parallel engine as processes (spawned by the CLI's rank 0, or torchrun's),
+the workers' message loop, and failures turned into one `RankFailure` line."""
 from __future__ import annotations
 
 import atexit
@@ -73,8 +60,6 @@ def serve(tp: TPGroup) -> None:
 
 
 def _worker_main(rank: int, size: int, port: int, device: str, threads: int) -> None:
-    # Ctrl-C reaches the whole process group: the driver handles it, and a worker ends when
-    # the driver closes its connections.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=JOIN_TIMEOUT)
@@ -115,9 +100,6 @@ class Cluster:
                              name=f"tp-rank-{r}") for r in range(1, size)]
         for p in procs:
             p.start()
-        # Joining the group waits for every worker (holding the interpreter: nothing else runs),
-        # so first each worker says it is about to join, and a worker that dies before that (a
-        # failed import, a bad setting) is caught here rather than by the join's timeout.
         keys = [f"ready/{r}" for r in range(1, size)]
         deadline = time.monotonic() + JOIN_TIMEOUT.total_seconds()
         while not store.check(keys):
@@ -146,8 +128,7 @@ class Cluster:
         raise SystemExit(0)
 
     def collective_rpc(self, fn, *args) -> list:
-        """fn(tp, *args) on every rank at once (their collectives meet); every rank's result, in
-        rank order. `fn` must be importable by name (a module-level function)."""
+        """fn(tp, *args) on every rank at once; every rank's result in rank order (`fn` importable)."""
         self.send(Call(fn, args))
         with self.guard():
             mine = fn(self.tp, *args)
@@ -161,9 +142,8 @@ class Cluster:
 
     @contextlib.contextmanager
     def guard(self):
-        """Run the driver's side of collectives: any error ends the cluster (a half-done step
-        cannot be resumed: the ranks no longer agree on where they are); a failed or vanished
-        rank, or a failed collective, is one RankFailure line."""
+        """The driver's side of collectives: any error ends the cluster; a failed or vanished rank,
+        or a failed collective, is one RankFailure line."""
         self.busy = True
         try:
             yield
@@ -175,13 +155,11 @@ class Cluster:
             if err is e:
                 raise
             raise err from None
-        # Not in a `finally`: interrupted (Ctrl-C), the cluster stays busy, so closing it at exit
-        # kills the workers, which wait in a collective, rather than sending them a message.
+        # not in a `finally`: interrupted, the cluster stays busy, so closing it kills the workers
         self.busy = False
 
     def failure(self, exc: Exception) -> Exception:
-        """What ended the run: the driver's own error `exc`, or (a collective failed) a worker
-        that exited — waited for briefly, it may still be dying — or the collective's error."""
+        """What ended the run: the driver's own error, a worker that exited, or the collective's error."""
         if not isinstance(exc, RuntimeError):     # gloo and NCCL raise RuntimeErrors
             return exc
         deadline = time.monotonic() + 2.0
@@ -212,7 +190,6 @@ class Cluster:
         if self.closed:
             return
         self.closed = True
-        # Interrupted mid-step (busy), the workers wait in a collective, not for a message.
         if not (kill or self.busy):
             with contextlib.suppress(Exception):
                 self.tp.broadcast(Stop())

@@ -1,9 +1,5 @@
-"""The driver: rank 0 of a tensor-parallel engine, an `LLMEngine` whose scheduler, requests,
-canvases and commit choice live here only. Its runner is the engine's `ModelRunner` over rank
-0's shard, which sends every prepared step's plan to the workers before running it
-(`engine.parallel.plan`); the forward's all-reduces and the decode's all-gathers then meet the
-workers' (`engine.parallel.model`, `engine.parallel.vocab_decode`).
-"""
+"""`ParallelEngine`: rank 0 of a tensor-parallel engine, an `LLMEngine` whose runner sends every
+prepared step's plan to the workers before running it over rank 0's shard."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,9 +26,8 @@ class DriverRunner(ModelRunner):
 
 
 class ParallelEngine(LLMEngine):
-    """An engine over `config.tensor_parallel_size` ranks (built by `engine.open`). `cluster`: ranks already running
-    (several engines in turn); by default its own, spawned here or joined from torchrun, and
-    stopped by `close()`."""
+    """An engine over `config.tensor_parallel_size` ranks; `cluster`: ranks already running (else
+    its own, stopped by `close()`)."""
 
     def __init__(self, config: EngineConfig, cluster: Cluster | None = None, threads: int = 1):
         self.own_cluster = cluster is None
@@ -59,8 +54,7 @@ class ParallelEngine(LLMEngine):
         if self.cluster.closed:
             return
         if self.cluster.busy:
-            # Interrupted mid-step (a caller's `finally`): the workers wait in a collective, so a
-            # Close message would never be read; the half-done step leaves the cluster unusable.
+            # interrupted mid-step: the workers wait in a collective and would never read Close
             self.cluster.close(kill=True)
             return
         self.cluster.send(Close())

@@ -1,12 +1,5 @@
-"""The tensor-parallel process group: N ranks of one engine, one device each, on torch.distributed
-(NCCL between GPUs, gloo between CPU processes), plus a gloo group for host objects (each step's
-plan, vLLM's CPU group): a plan never travels through a GPU.
-
-The host group never times out: a worker waits in it for the driver's next message for as long
-as the driver is idle (a server between requests). A dead peer is not a timeout anyway: gloo and
-NCCL fail the next collective at once when a rank's connection closes, and `RankFailure` turns
-that into one line naming the rank (`engine.parallel.cluster`).
-"""
+"""The tensor-parallel process group (NCCL between GPUs, gloo between CPU processes) plus a gloo
+host group for each step's plan, which never times out."""
 from __future__ import annotations
 
 import datetime
@@ -71,8 +64,7 @@ def rank_device(device: str, rank: int) -> torch.device:
 
 
 def init_group(rank: int, size: int, device: str, store=None) -> TPGroup:
-    """Join the group: with `store` (CLI-spawned workers, `engine.parallel.cluster`) or from
-    torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) when it is None."""
+    """Join the group: with `store` (CLI-spawned workers) or from torchrun's environment."""
     dev = rank_device(device, rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)

@@ -1,10 +1,5 @@
-"""Load one rank's weights from an HF LLaDA checkpoint, reading only its slices.
-
-safetensors maps a file and `get_slice(name)[rows or columns]` reads the rank's part of a
-tensor and nothing else, so a rank's peak is its share of the model (plus one tensor's slice
-in the checkpoint's dtype while it is cast), never the whole checkpoint. The same checks as the
-single-device loader: every weight present, every shape the config's.
-"""
+"""Load one rank's weights from an HF LLaDA checkpoint, reading only its slices (the same checks as
+the single-device loader)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,13 +1,5 @@
-"""One rank's LLaDA: the weights of its heads, its MLP columns and its vocabulary rows
-(`engine.parallel.sharding`), with the state-dict names of the HF checkpoint.
-
-It is an `LLaDAModelLM` to the engine: `hidden_states` runs the same blocks with the same
-attention callable (each rank's `StepContext` reads and writes only its own KV heads), the
-block adds an all-reduce after the attention output and after the MLP, the embedding sums its
-ranks' rows, and `lm_head` returns the rank's logit columns. The runner finds two hooks here:
-`decode_rows` decodes those columns across ranks (`engine.parallel.vocab_decode`), and
-`head_mean` completes the uniform sparse selection's mean over heads across ranks.
-"""
+"""One rank's LLaDA (its heads, MLP columns and vocabulary rows), an `LLaDAModelLM` to the engine
+with all-reduces in its blocks and two hooks for the runner: `decode_rows` and `head_mean`."""
 from __future__ import annotations
 
 import torch
@@ -71,16 +63,14 @@ class ShardedLLaDA(LLaDAModelLM):
         self.decode_rows = VocabParallelDecode(tp, self.vocab_start, cfg.padded_vocab)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Each rank looks up the ids in its rows (zeros elsewhere); one all-reduce sums them,
-        which adds only zeros to the owning rank's row: the lookup is exact."""
+        """Each rank looks up the ids in its rows (zeros elsewhere); one all-reduce sums them."""
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.vocab_end - self.vocab_start)
         h = F.embedding(local.masked_fill(outside, 0), self.model.transformer.wte.weight)
         return self.tp.all_reduce(h.masked_fill_(outside[:, None], 0))
 
     def head_mean(self, scores: torch.Tensor) -> torch.Tensor:
-        """[G, H, g, Lc] scores of this rank's heads -> [G, Lc], their mean over every rank's
-        heads (uniform sparse selection: one all-reduce of the sums)."""
+        """[G, H, g, Lc] scores of this rank's heads -> [G, Lc], the mean over every rank's heads."""
         return self.tp.all_reduce(scores.sum((1, 2))) / (scores.shape[1] * scores.shape[2] * self.tp.size)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

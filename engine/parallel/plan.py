@@ -1,14 +1,5 @@
-"""A step's plan: what the driver (rank 0, where the scheduler runs) sends every worker rank so it
-executes the same step over its shard (vLLM's driver/worker split).
-
-The plan is host data only — the step's `StepMeta` columns (slot tables included: the driver's
-KV pool allocates, every rank's pool has the same slots over its own heads; each member's cache
-mode too, which `cache=auto` chose on the driver at admission), the packed input
-ids, the candidate rows to decode and, for requests sampling at T > 0, their generator states —
-so a worker needs no request, canvas or scheduler. It rebuilds the step's attention context from
-the meta exactly as the driver's runner did, runs the forward (its collectives meet the
-driver's) and the vocabulary-parallel decode; the commit choice is the driver's alone.
-"""
+"""A step's plan: the host data the driver sends every worker so it runs the same step over its
+shard (StepMeta columns, input ids, candidate rows, generator states); the commit is the driver's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,8 +26,8 @@ class StepPlan:
 
 
 class RecordingStaging(Staging):
-    """A `Staging` that remembers the host array behind each tensor it handed out this step, so
-    the driver sends the plan from host memory without reading anything back from its device."""
+    """A `Staging` remembering the host array behind each tensor it handed out this step (the plan
+    is sent from host memory)."""
 
     def begin(self) -> RecordingStaging:
         self.host_arrays: dict[int, np.ndarray] = {}

@@ -1,10 +1,5 @@
-"""What every rank builds for an engine, in lockstep (the driver and each worker run this same
-code at once, so their collectives meet): its shard of the model, then — when the KV pool is
-sized by a memory budget — its own memory profile. Each rank's profiler measures its own
-process (its weights, its activation peak, its logit columns, KV bytes of its heads); the pool
-gets the smallest count of token slots any rank can hold, since the driver's slot tables
-address every rank's pool alike.
-"""
+"""What every rank builds for an engine, in lockstep: its model shard and its own memory profile;
+the pool gets the smallest slot count any rank holds (the driver's slot tables address all)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,8 +41,7 @@ def build_rank(tp: TPGroup, config: EngineConfig) -> RankBuild:
 
 
 def rank_profile(tp: TPGroup, config: EngineConfig, max_model_len: int) -> MemoryProfile | str:
-    """This rank's own memory profile of `config` (run on every rank at once: `Cluster.
-    collective_rpc`), or the profiler's reason when the budget does not hold the worst step."""
+    """This rank's memory profile of `config` (on every rank at once), or the profiler's refusal."""
     model = load_sharded(config.model, tp, DTYPES[config.dtype])
     try:
         return profile_kv_pool(model, rank_config(config), resolve_backend(config.attention_backend, model.device,

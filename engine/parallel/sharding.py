@@ -1,18 +1,5 @@
-"""Which slice of every LLaDA weight a tensor-parallel rank holds (Megatron's split of a block).
-
-* q/k/v projections: column-parallel by heads — rank r holds query heads [r·Hq/N, (r+1)·Hq/N)
-  and KV heads [r·Hkv/N, ...), whole heads, so the GQA grouping (query head h reads KV head
-  h // (Hq/Hkv)) is the same inside every rank and attention needs no communication;
-* attention output: row-parallel (its input columns are the rank's heads), then one all-reduce;
-* MLP: ff_proj and up_proj column-parallel, ff_out row-parallel, then one all-reduce;
-* embedding and LM head: vocabulary-parallel (rank r holds rows [r·V/N, (r+1)·V/N)); the
-  embedding sums its ranks' rows with one all-reduce, the LM head's logits stay sharded
-  (`engine.parallel.vocab_decode`);
-* RMSNorm weights: replicated.
-
-A weight's HF name says how it splits (`split_of`); `slice_of` is the rank's part as a tuple of
-slices, which the loader hands to safetensors' `get_slice` so a rank reads only its bytes.
-"""
+"""Which slice of every LLaDA weight a tensor-parallel rank holds (Megatron's split of a block;
+the table: docs/PARALLEL.md): `split_of` a weight's name, `slice_of` the rank's part."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,16 +7,13 @@ from dataclasses import dataclass
 from engine.models.llada import LLaDAConfig
 
 COLUMN, ROW, VOCAB, REPLICATED = "column", "row", "vocab", "replicated"
-# The last component of a weight's name -> how it splits (block weights; wte/ff_out at the top).
 _BLOCK = {"q_proj": COLUMN, "k_proj": COLUMN, "v_proj": COLUMN, "attn_out": ROW,
           "ff_proj": COLUMN, "up_proj": COLUMN, "ff_out": ROW, "attn_norm": REPLICATED, "ff_norm": REPLICATED}
 
 
 @dataclass
 class RankConfig(LLaDAConfig):
-    """The checkpoint's config as one rank sees it: every global field unchanged (vocabulary,
-    mask id, head_dim, max length), `kv_heads` the rank's own, so the KV pool holds (and its
-    bytes per token count) only this rank's heads."""
+    """The checkpoint's config as one rank sees it: global fields unchanged, `kv_heads` the rank's."""
 
     tp_size: int = 1
 

@@ -1,15 +1,5 @@
-"""Vocabulary-parallel decoding of the logit budget's chunks: each rank holds its vocabulary
-columns, proposes its best candidate per row, and one all-gather per chunk of a few numbers per
-row combines them; no rank holds a full logit row.
-
-Per row, rank r sends its candidate's key (the logit, or at T > 0 the Gumbel score, its argmax
-maximizes; the mask id excluded where owned), global id and clean logit l_x, and its log-sum-exp
-parts m_r = max l, s_r = Σ exp(l − m_r) (with entropy also Σ exp(l − m_r)·(l − m_r)). The
-proposal is the largest key (ties to the lower rank = lower id, as argmax); its confidence
-1 / Σ_r s_r·exp(m_r − l_x0) is the single-device sum (`engine.unmask.confidence_at`) split by
-ranks. At T > 0 every rank draws a whole row's noise from the request's generator and keeps its
-columns, so the draws are TP = 1's bit for bit.
-"""
+"""Vocabulary-parallel decoding of the logit chunks: each rank proposes from its columns and one
+all-gather of a few numbers per row combines them (docs/PARALLEL.md)."""
 from __future__ import annotations
 
 import torch
@@ -53,8 +43,7 @@ class VocabParallelDecode:
         return res
 
     def chunk(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool):
-        """Rows [c0, c0 + len) of the step's candidates, this rank's columns -> (x0, conf,
-        entropy or an empty tensor), the same on every rank."""
+        """Rows [c0, c0 + len), this rank's columns -> (x0, conf, entropy or empty), on every rank."""
         stats = self.local(logits, c0, segments, mask_id, entropy)
         return combine(self.tp.all_gather(stats), logits.dtype, entropy)
 
@@ -76,8 +65,7 @@ class VocabParallelDecode:
             c = _argmax(scores, mask_id - self.start if owns_mask else None)
             col[a - c0 : b - c0] = c
             key[a - c0 : b - c0] = scores.gather(1, c[:, None])[:, 0]
-        # As engine.unmask.confidence_at: shifted and exponentiated in the logits' dtype, in place
-        # (the chunk is consumed), summed in at least float32; entropy adds one [rows, V/N] temporary.
+        # as engine.unmask.confidence_at, in place; entropy adds one [rows, V/N] temporary
         dt = torch.promote_types(logits.dtype, torch.float32)
         m = logits.amax(-1, keepdim=True)
         cols = [key, (col + self.start).to(torch.float64), logits.gather(1, col[:, None])[:, 0].double(),
@@ -92,8 +80,7 @@ class VocabParallelDecode:
 
 
 def combine(gathered: torch.Tensor, dtype: torch.dtype, entropy: bool):
-    """gathered [N, rows, 5|6] (every rank's `local`) -> (x0 [rows], conf [rows], entropy [rows]
-    or empty), in the dtype a single device computes confidence in."""
+    """gathered [N, rows, 5|6] (every rank's `local`) -> (x0, conf, entropy or empty)."""
     dt = torch.promote_types(dtype, torch.float32)
     winner = gathered[..., KEY].argmax(0)                         # ties: the first (lowest) rank
     best = gathered.gather(0, winner[None, :, None].expand(1, *gathered.shape[1:]))[0]
