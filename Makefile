@@ -68,7 +68,7 @@ bench-serve:
 # measured speed. VALIDATE_ID names the profile and the two runs.
 VALIDATE_SYSTEMS := engine,fast-dllm
 VALIDATE_SETTING := --preset cpu-default --systems $(VALIDATE_SYSTEMS) --rps inf --num-prompts 4 --gen-length 64 --repeats 2
-VALIDATE_CALIBRATE := --preset cpu-default --systems $(VALIDATE_SYSTEMS) --sizes 1,2
+VALIDATE_CALIBRATE := --preset cpu-default --systems $(VALIDATE_SYSTEMS) --sizes 1,2,4
 ifndef VALIDATE_ID
 VALIDATE_ID := validate-$(shell date -u +%Y%m%dT%H%M%SZ)
 endif
