@@ -1,5 +1,5 @@
 """Memory meter: the CUDA allocator's peak, or on a CPU the live storages a step creates
-(`LiveBytes`; docs/ARCHITECTURE.md, "Engine internals"); the default GPU budget (`budget_from_free`)."""
+(`LiveBytes`; docs/ENGINE.md); the default GPU budget (`budget_from_free`)."""
 from __future__ import annotations
 
 import weakref

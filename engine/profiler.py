@@ -1,5 +1,5 @@
 """Offline memory profiler: the worst admissible steps run under the memory meter, and what is
-left of the budget goes to the KV pool (docs/ARCHITECTURE.md, "Engine internals"; docs/MEMORY.md)."""
+left of the budget goes to the KV pool (docs/ENGINE.md; docs/MEMORY.md)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,5 +1,5 @@
 """One host-to-device copy of a step's index metadata: `put` returns a device tensor at once,
-`flush` enqueues the pinned copy that fills them (docs/ARCHITECTURE.md, "Engine internals")."""
+`flush` enqueues the pinned copy that fills them (docs/ENGINE.md)."""
 from __future__ import annotations
 
 import numpy as np

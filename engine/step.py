@@ -1,5 +1,5 @@
 """The runner seam: what one engine step hands a model runner (`Batch`) and what it gets back
-(`StepStats`, `StepDecisions`); any `Runner` can be injected (docs/ARCHITECTURE.md, "Engine internals")."""
+(`StepStats`, `StepDecisions`); any `Runner` can be injected (docs/ENGINE.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,5 @@
 """StepContext: the attention callable of one packed engine step, built once per step on the
-host from `StepMeta`, called once per layer (docs/ARCHITECTURE.md, "Engine internals")."""
+host from `StepMeta`, called once per layer (docs/ENGINE.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
