@@ -20,13 +20,13 @@ import torch.nn.functional as F
 
 from baselines.static_batch import Batch
 from engine.attention import sdpa
-from engine.models.llada import LLaDABlock, LLaDAModelLM
+from engine.models import DenseBlock, DenseLM
 from engine.regions import DECODE, LM_HEAD, in_region
 from engine.request import Request
 from engine.unmask import gumbel_argmax, proposal_argmax, random_confidence, select_transfer
 
 
-def project(block: LLaDABlock, h: torch.Tensor, pos: torch.Tensor, rope):
+def project(block: DenseBlock, h: torch.Tensor, pos: torch.Tensor, rope):
     """h [B, T, d], pos [B, T] -> RoPE'd q [B, T, Hq, D], RoPE'd k and v [B, T, Hkv, D]."""
     B, T, _ = h.shape
     q, k, v = block.qkv(h.reshape(B * T, -1), pos.reshape(-1), rope)
@@ -41,18 +41,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Te
     return o.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
 
 
-def residual(block: LLaDABlock, h, q, k, v, key_mask) -> torch.Tensor:
+def residual(block: DenseBlock, h, q, k, v, key_mask) -> torch.Tensor:
     """The rest of a llama block once q/k/v are known: attention delta, then MLP delta."""
     h = h + block.attn_out(attend(q, k, v, key_mask))
     return h + block.mlp(h)
 
 
 @in_region(LM_HEAD)
-def logits_of(model: LLaDAModelLM, h: torch.Tensor) -> torch.Tensor:
+def logits_of(model: DenseLM, h: torch.Tensor) -> torch.Tensor:
     return model.lm_head(model.final_norm(h))
 
 
-def full_forward(model: LLaDAModelLM, x: torch.Tensor, pos: torch.Tensor, key_mask, on_layer=None) -> torch.Tensor:
+def full_forward(model: DenseLM, x: torch.Tensor, pos: torch.Tensor, key_mask, on_layer=None) -> torch.Tensor:
     """Plain forward of the padded canvas [B, L] -> logits [B, L, V]. `on_layer(i, q, k, v)` sees
     each layer's RoPE'd projections: that is where the caching policies store or select K/V."""
     h = model.embed(x)

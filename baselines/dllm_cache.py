@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from baselines.common import attend, decide, logits_of, project
 from baselines.static_batch import Batch, Policy, StepResult
-from engine.models.llada import LLaDAModelLM, rms_norm
+from engine.models import DenseLM, rms_norm
 
 # Upstream scripts' settings for LLaDA-8B-Instruct: (prompt_interval, gen_interval,
 # transfer_ratio, gen_length, block_length, steps). The default is gsm8k's (block 8 upstream).
@@ -52,7 +52,7 @@ class DLLMCache(Policy):
 
     name = "dllm-cache"
 
-    def __init__(self, model: LLaDAModelLM, prompt_interval: int = 50, gen_interval: int = 7, transfer_ratio: float = 0.25):
+    def __init__(self, model: DenseLM, prompt_interval: int = 50, gen_interval: int = 7, transfer_ratio: float = 0.25):
         super().__init__(model)
         if prompt_interval == 0 or gen_interval == 0:
             raise ValueError("prompt_interval and gen_interval must be non-zero")

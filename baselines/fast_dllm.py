@@ -15,7 +15,7 @@ import torch
 
 from baselines.common import decide, full_forward, logits_of, project, residual
 from baselines.static_batch import Batch, Policy, StepResult
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 
 CACHES = ("dual", "prefix")
 
@@ -39,7 +39,7 @@ class FastDLLM(Policy):
 
     name = "fast-dllm"
 
-    def __init__(self, model: LLaDAModelLM, cache: str = "dual", threshold: float | None = None,
+    def __init__(self, model: DenseLM, cache: str = "dual", threshold: float | None = None,
                  factor: float | None = None):
         super().__init__(model)
         if cache not in CACHES:

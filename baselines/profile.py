@@ -9,12 +9,12 @@ import torch
 
 from baselines.registry import make_system
 from engine.memory import MemoryMeter
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 from engine.profiler import weights_bytes
 from engine.sampling import SamplingParams
 
 
-def profile_max_batch(model: LLaDAModelLM, memory_budget_bytes: int, prompt_len: int, gen_length: int,
+def profile_max_batch(model: DenseLM, memory_budget_bytes: int, prompt_len: int, gen_length: int,
                       block_length: int = 32, steps: int | None = None, system: str = "llada",
                       knobs: dict | None = None, measure: Callable[[int], int] | None = None,
                       max_batch: int = 4096, run_steps: int | None = None) -> tuple[int, int]:
@@ -71,7 +71,7 @@ def profile_max_batch(model: LLaDAModelLM, memory_budget_bytes: int, prompt_len:
     return lo, cache[lo]
 
 
-def measure_run(model: LLaDAModelLM, batch_size: int, prompt_len: int, gen_length: int, block_length: int = 32,
+def measure_run(model: DenseLM, batch_size: int, prompt_len: int, gen_length: int, block_length: int = 32,
                 steps: int | None = None, system: str = "llada", knobs: dict | None = None,
                 run_steps: int | None = None) -> int:
     """Peak bytes (beyond what was live before) of a static batch of `batch_size` synthetic requests."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 from engine.sampling import SamplingParams
 from engine.unmask import (
     RequestGenerators,
@@ -21,12 +21,12 @@ from engine.unmask import (
 
 
 @torch.no_grad()
-def full_logits(model: LLaDAModelLM, x: torch.Tensor) -> torch.Tensor:
+def full_logits(model: DenseLM, x: torch.Tensor) -> torch.Tensor:
     return model(x[None])[0]
 
 
 @torch.no_grad()
-def reference_generate(model: LLaDAModelLM, prompt_ids: list[int], params: SamplingParams) -> tuple[list[int], int]:
+def reference_generate(model: DenseLM, prompt_ids: list[int], params: SamplingParams) -> tuple[list[int], int]:
     """Returns (generated token ids, number of forward evaluations)."""
     cfg = model.config
     mask_id = cfg.mask_token_id

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from baselines.common import attend, decide, full_forward, logits_of, project
 from baselines.static_batch import Batch, Policy, StepResult
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 
 
 def importance(q_block: torch.Tensor, k_ctx: torch.Tensor, kernel_size: int | None) -> torch.Tensor:
@@ -44,7 +44,7 @@ class SparseDLLM(Policy):
 
     name = "sparse-dllm"
 
-    def __init__(self, model: LLaDAModelLM, keep_ratio: float = 0.5, kernel_size: int | None = 3):
+    def __init__(self, model: DenseLM, keep_ratio: float = 0.5, kernel_size: int | None = 3):
         super().__init__(model)
         if kernel_size is not None and (kernel_size < 1 or kernel_size % 2 == 0):
             # an even kernel makes max_pool1d(padding=k//2) return one extra element

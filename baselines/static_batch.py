@@ -17,7 +17,7 @@ import torch
 from engine.counters import StepCounters
 from engine.engine import run_to_completion
 from engine.kv_cache import bytes_per_token
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 from engine.request import Request, RequestOutput, Status
 from engine.sampling import SamplingParams
 from engine.unmask import transfer_schedule
@@ -84,7 +84,7 @@ class Policy:
     name = "policy"
     knobs: dict = {}
 
-    def __init__(self, model: LLaDAModelLM):
+    def __init__(self, model: DenseLM):
         self.model = model
 
     def begin(self, batch: Batch) -> None:
@@ -126,7 +126,7 @@ class StaticBatchSystem:
     aborted running request keeps its row until the batch ends. Counters mirror LLMEngine's;
     query tokens and logit rows include the pads (the static batch's cost)."""
 
-    def __init__(self, model: LLaDAModelLM, policy: Policy, max_batch_size: int = 8, max_model_len: int | None = None):
+    def __init__(self, model: DenseLM, policy: Policy, max_batch_size: int = 8, max_model_len: int | None = None):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model, self.policy, self.max_batch_size = model, policy, max_batch_size

@@ -15,7 +15,7 @@ from dispatch_count import OpCounter, SyncCounter
 
 import engine.runner as runner_module
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.models.llada import LLaDAConfig, LLaDAModelLM
+from engine.models import DenseLM, ModelConfig, build_model
 from engine.request import Phase
 
 
@@ -36,7 +36,7 @@ def matmul_peak(dtype: torch.dtype, sizes=(256, 512, 1024), seconds: float = 1.0
     return best
 
 
-def layer_flops(cfg: LLaDAConfig, n_q: int, n_k: int) -> float:
+def layer_flops(cfg: ModelConfig, n_q: int, n_k: int) -> float:
     """One request's forward over all layers: GEMMs for n_q tokens plus attention over n_k keys."""
     d, hd = cfg.d_model, cfg.head_dim
     gemm = 2 * n_q * (d * cfg.n_heads * hd + 2 * d * cfg.kv_heads * hd + d * d + 3 * d * cfg.mlp_hidden_size)
@@ -89,7 +89,7 @@ class PhaseClock:
             self.eng.model.__dict__.pop(name, None)
 
 
-def saturation(model: LLaDAModelLM, cache: str, prompts, params: SamplingParams, peak: float) -> dict:
+def saturation(model: DenseLM, cache: str, prompts, params: SamplingParams, peak: float) -> dict:
     """Every prompt at once (phase-pure steps): tokens/s, achieved FLOP/s and MFU, per phase."""
     eng = LLMEngine(EngineConfig(cache=cache, attention_backend="sdpa", device="cpu", sampling=False,
                                  max_num_batched_tokens=len(prompts) * (len(prompts[0]) + params.gen_length),
@@ -110,17 +110,17 @@ def saturation(model: LLaDAModelLM, cache: str, prompts, params: SamplingParams,
     return out
 
 
-def near_zero_model(n_layers: int = 32) -> LLaDAModelLM:
+def near_zero_model(n_layers: int = 32) -> DenseLM:
     """LLaDA-8B's layer count with d = 8 and a 64-token vocabulary: the math is negligible, what is
     left is host work. (The LM head's argmax and softmax run over rows x vocabulary elements, a
     GPU kernel's work that does not shrink with d: at 512 tokens they were ~0.4 ms of the step's
     CPU time at 64 requests.)"""
-    cfg = LLaDAConfig(d_model=8, n_heads=2, n_kv_heads=1, n_layers=n_layers, mlp_hidden_size=16, vocab_size=64,
+    cfg = ModelConfig(d_model=8, n_heads=2, n_kv_heads=1, n_layers=n_layers, mlp_hidden_size=16, vocab_size=64,
                       embedding_size=64, mask_token_id=63, eos_token_id=62, pad_token_id=62)
-    return LLaDAModelLM(cfg).eval()
+    return build_model(cfg).eval()
 
 
-def staggered_steps(model: LLaDAModelLM, cache: str, n: int, measure: int = 32, count_ops: bool = False,
+def staggered_steps(model: DenseLM, cache: str, n: int, measure: int = 32, count_ops: bool = False,
                     explain: bool = False):
     """n requests in 8 arrival waves (so every step mixes phases), then `measure` steps timed in
     CPU time of this thread (`time.thread_time`: with one torch thread all the step's work runs

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 from engine.step import Runner
 
 
-def open_engine(config: EngineConfig, model: LLaDAModelLM | None = None, runner: Runner | None = None, *,
+def open_engine(config: EngineConfig, model: DenseLM | None = None, runner: Runner | None = None, *,
                 threads: int = 1, cluster=None) -> LLMEngine:
     """The engine `config` describes. `model`: already loaded (one device); `runner`: any
     `engine.step.Runner` (a simulator's); over several ranks each loads its shard of `config.model`

@@ -21,7 +21,7 @@ def refreshes(mode: str, steps_per_block: int, delay_step: int) -> int:
 @dataclass(frozen=True)
 class Shape:
     """A request as the mix sees it: canvas L, block B, steps per block S, its KV need per mode,
-    and the model on the device (`ridge` rows, `LLaDAConfig`'s ratios, a step's `overhead` rows)."""
+    and the model on the device (`ridge` rows, `ModelConfig`'s ratios, a step's `overhead` rows)."""
 
     length: int
     block: int

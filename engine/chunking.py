@@ -9,7 +9,7 @@ from engine import sparse
 from engine.attention import PACKED, PackedKernel, padded_attention
 from engine.config import EngineConfig
 from engine.memory import MemoryMeter
-from engine.models.llada import LLaDAModelLM, rms_norm
+from engine.models import DenseLM, rms_norm
 from engine.request import Phase, Request
 
 # The smallest chunk the profiler measures (then powers of two up to the token budget), and how
@@ -27,7 +27,7 @@ class LongRefresh:
     """The state of one chunked Refresh (the canvas's hidden states, one layer's K/V) and its
     moments: a chunk's K/V, the layer's cache write, a chunk's attention and FFN."""
 
-    def __init__(self, model: LLaDAModelLM, req: Request, phase: Phase, config: EngineConfig, backend: str):
+    def __init__(self, model: DenseLM, req: Request, phase: Phase, config: EngineConfig, backend: str):
         cfg = model.config
         self.model, self.req, self.config, self.backend = model, req, config, backend
         self.L, self.hkv, self.hd = req.length, cfg.kv_heads, cfg.head_dim
@@ -76,7 +76,7 @@ class LongRefresh:
 
 
 @torch.no_grad()
-def refresh_rows(model: LLaDAModelLM, req: Request, phase: Phase, storage: torch.Tensor | None,
+def refresh_rows(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
                  config: EngineConfig, chunk: int, backend: str = "sdpa") -> torch.Tensor:
     """The chunked Refresh of `req`'s whole canvas -> the final-normed hidden states of its
     current block [block_length, d]. `phase` says what the cache gets: REFRESH_STORE stores every
@@ -94,7 +94,7 @@ def refresh_rows(model: LLaDAModelLM, req: Request, phase: Phase, storage: torch
 
 
 @torch.no_grad()
-def measure_moments(model: LLaDAModelLM, req: Request, phase: Phase, storage: torch.Tensor | None,
+def measure_moments(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
                     config: EngineConfig, chunks: list[int], backend: str) -> tuple[int, int, dict[int, int]]:
     """Measured bytes of a chunked Refresh of `req`: (its state, what the cache write adds,
     {chunk: what a chunk's K/V pass or attention + FFN adds at most}), each at its real size on

@@ -14,7 +14,7 @@ from engine.config import DTYPES, EngineConfig
 from engine.counters import StepCounters
 from engine.graphs import StepGraphs
 from engine.kv_cache import KVPool
-from engine.models.llada import LLaDAModelLM, load_llada
+from engine.models import DenseLM, load_model
 from engine.ragged import padded, to_device
 from engine.request import Request, RequestOutput, Status
 from engine.runner import ModelRunner
@@ -33,18 +33,20 @@ class LLMEngine:
     """One device's engine. `runner`: any `engine.step.Runner` in place of the `ModelRunner` (a
     simulator's cost model); without a model it needs `kv_pool_tokens` (or no budget on CPU)."""
 
-    def __init__(self, config: EngineConfig, model: LLaDAModelLM | None = None, runner: Runner | None = None):
+    def __init__(self, config: EngineConfig, model: DenseLM | None = None, runner: Runner | None = None):
         self.config = config
         if config.tensor_parallel_size > 1 and runner is None:
             raise ValueError("tensor_parallel_size > 1 is an engine over several ranks: build it with "
                              "engine.open(config)")
         if model is None and runner is None:
             device = resolve_device(config.device)
-            model = load_llada(config.model, DTYPES[config.dtype], device)
+            model = load_model(config.model, DTYPES[config.dtype], device)
         self.model = model if model is not None else getattr(runner, "model", None)
         source = runner if runner is not None else model
         self.device, self.dtype = source.device, source.dtype
         self.model_config = runner.model_config if runner is not None else model.config
+        if self.model_config.shift:
+            raise ValueError(f"the engine does not serve shifted-prediction models ({self.model_config.model_type}) yet")
         self.max_model_len = config.max_model_len or self.model_config.max_sequence_length
         self.attention = choose_backend(config.attention_backend, self.device, self.dtype)
         self.backend = self.attention.name

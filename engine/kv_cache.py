@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.models.llada import LLaDAConfig
+from engine.models import ModelConfig
 
 
-def bytes_per_token(cfg: LLaDAConfig, dtype: torch.dtype) -> int:
+def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """K and V of one token in every layer."""
     return cfg.n_layers * 2 * cfg.kv_heads * cfg.head_dim * torch.empty(0, dtype=dtype).element_size()
 
@@ -82,7 +82,7 @@ class SlotRanges:
 
 
 class KVPool:
-    def __init__(self, capacity_tokens: int | None, cfg: LLaDAConfig, dtype: torch.dtype, device):
+    def __init__(self, capacity_tokens: int | None, cfg: ModelConfig, dtype: torch.dtype, device):
         self.capacity = capacity_tokens            # None = unbounded
         self.cfg, self.dtype, self.device = cfg, dtype, device
         self.bytes_per_token = bytes_per_token(cfg, dtype)

@@ -12,7 +12,7 @@ from engine.cache_mode import AUTO, SERVED
 from engine.config import EngineConfig
 from engine.kv_cache import KVPool, bytes_per_token, kv_need, longest_held
 from engine.memory import MemoryMeter, budget_from_free, free_device_memory
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 from engine.request import Phase, Request
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
@@ -56,7 +56,7 @@ def weights_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def default_budget(model: LLaDAModelLM, config: EngineConfig) -> int:
+def default_budget(model: DenseLM, config: EngineConfig) -> int:
     if config.memory_budget is not None:
         return config.memory_budget
     if model.device.type == "cuda":   # measured with the weights loaded: they count as free
@@ -65,7 +65,7 @@ def default_budget(model: LLaDAModelLM, config: EngineConfig) -> int:
     raise ValueError("a memory budget is needed to profile on CPU (e.g. --memory-budget 4GiB)")
 
 
-def _synthetic(n_tokens: int, prompt_len: int, block_length: int, model: LLaDAModelLM, temperature: float,
+def _synthetic(n_tokens: int, prompt_len: int, block_length: int, model: DenseLM, temperature: float,
                cache: str) -> Request:
     gen = n_tokens - prompt_len
     params = SamplingParams(gen_length=gen, steps=gen // block_length, block_length=block_length, temperature=temperature)
@@ -85,7 +85,7 @@ def _measure(runner: ModelRunner, batch: list[tuple[Request, Phase]], config: En
     return meter.peak_bytes
 
 
-def measure_activation_peak(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int):
+def measure_activation_peak(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int):
     """(refresh_peak, reuse_peak) bytes of the worst admissible steps (auto: dual's or sparse's)."""
     scratch = KVPool(None, model.config, model.dtype, model.device)
     runner = ModelRunner(model, graphs.eager(config), backend, scratch, max_model_len)
@@ -95,7 +95,7 @@ def measure_activation_peak(model: LLaDAModelLM, config: EngineConfig, backend: 
     return max(p[0] for p in peaks), max(p[1] for p in peaks)
 
 
-def _peaks(runner: ModelRunner, model: LLaDAModelLM, config: EngineConfig, max_model_len: int,
+def _peaks(runner: ModelRunner, model: DenseLM, config: EngineConfig, max_model_len: int,
            mode: str) -> tuple[int, int]:
     temp = 1.0 if config.sampling else 0.0
     budget = config.max_num_batched_tokens
@@ -124,7 +124,7 @@ def _peaks(runner: ModelRunner, model: LLaDAModelLM, config: EngineConfig, max_m
     return refresh_peak, reuse_peak
 
 
-def _scratch_request(n_tokens: int, block: int, model: LLaDAModelLM, config: EngineConfig, mode: str,
+def _scratch_request(n_tokens: int, block: int, model: DenseLM, config: EngineConfig, mode: str,
                      scratch: KVPool) -> Request:
     """A synthetic request whose slot table points at the pool's scratch slot (real sizes, no cache held)."""
     req = _synthetic(n_tokens, n_tokens - block, block, model, 1.0 if config.sampling else 0.0, mode)
@@ -134,7 +134,7 @@ def _scratch_request(n_tokens: int, block: int, model: LLaDAModelLM, config: Eng
     return req
 
 
-def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int,
+def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int,
                          activation_peak: int, room: int | None = None) -> tuple[int, int, int] | None:
     """(chunk, chunked Refresh peak, what a Reuse with keys at max_model_len adds to one at the token
     budget) for canvases beyond the token budget, or None; the largest over the modes served.
@@ -173,7 +173,7 @@ def measure_long_context(model: LLaDAModelLM, config: EngineConfig, backend: str
     return chunk, peaks[chunk], growth
 
 
-def profile_kv_pool(model: LLaDAModelLM, config: EngineConfig, backend: str, max_model_len: int) -> MemoryProfile:
+def profile_kv_pool(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> MemoryProfile:
     budget = default_budget(model, config)
     wb = weights_bytes(model)
     refresh_peak, reuse_peak = measure_activation_peak(model, config, backend, max_model_len)

@@ -17,7 +17,7 @@ from engine.decoding import commit_mask, policy_columns
 from engine.graphs import PadSpec, StepGraphs, pad_meta
 from engine.kv_cache import KVPool
 from engine.logits import DecodeResult, RowSegment, decode_rows
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 from engine.ragged import padded, ragged
 from engine.regions import DECODE, in_region
 from engine.request import Phase, Request
@@ -30,7 +30,7 @@ from engine.unmask import random_confidence
 
 
 class ModelRunner:
-    def __init__(self, model: LLaDAModelLM, config: EngineConfig, backend: str, pool: KVPool | None = None,
+    def __init__(self, model: DenseLM, config: EngineConfig, backend: str, pool: KVPool | None = None,
                  max_model_len: int | None = None, refresh_chunk: int | None = None):
         self.model, self.config, self.backend, self.pool = model, config, backend, pool
         self.model_config, self.dtype, self.device = model.config, model.dtype, model.device

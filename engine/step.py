@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from engine.models.llada import LLaDAConfig
+from engine.models import ModelConfig
 from engine.request import Phase, Request
 
 Batch = list[tuple[Request, Phase]]
@@ -45,7 +45,7 @@ class StepStats:
 
 
 class Runner(Protocol):
-    model_config: LLaDAConfig     # mask id, vocabulary, layer/head sizes (KV bytes per token)
+    model_config: ModelConfig     # mask id, vocabulary, layer/head sizes (KV bytes per token)
     dtype: torch.dtype            # of the KV cache
     device: torch.device
 

@@ -6,23 +6,23 @@ import math
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.models.llada import LLaDAConfig, LLaDAModelLM
+from engine.models import DenseLM, ModelConfig, build_model
 
 MASK, EOS = 299, 298
 
 
-def tiny_config(**overrides) -> LLaDAConfig:
+def tiny_config(**overrides) -> ModelConfig:
     kw = dict(d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=128, vocab_size=300,
               embedding_size=300, mask_token_id=MASK, eos_token_id=EOS, pad_token_id=EOS)
     kw.update(overrides)
-    return LLaDAConfig(**kw)
+    return ModelConfig(**kw)
 
 
-def tiny_model(dtype: torch.dtype = torch.float64, n_kv_heads: int = 2, seed: int = 0, **overrides) -> LLaDAModelLM:
+def tiny_model(dtype: torch.dtype = torch.float64, n_kv_heads: int = 2, seed: int = 0, **overrides) -> DenseLM:
     """Random LLaDA with weights ~ N(0, 0.5²): large logits spread, so a changed computation
     (stale cache, wrong key set, wrong row) changes decisions and a test can fail."""
     g = torch.Generator().manual_seed(seed)
-    model = LLaDAModelLM(tiny_config(n_kv_heads=n_kv_heads, **overrides))
+    model = build_model(tiny_config(n_kv_heads=n_kv_heads, **overrides))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
@@ -39,7 +39,7 @@ def random_prompts(n: int, lengths, seed: int = 0, vocab: int = 298) -> list[lis
     return [torch.randint(0, vocab, (L,), generator=g).tolist() for L in lengths]
 
 
-def make_engine(model: LLaDAModelLM, **kw) -> LLMEngine:
+def make_engine(model: DenseLM, **kw) -> LLMEngine:
     kw.setdefault("attention_backend", "sdpa")
     kw.setdefault("device", "cpu")
     return LLMEngine(EngineConfig(**kw), model=model)

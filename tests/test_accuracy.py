@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.models import build_model
+
 REPO = Path(__file__).resolve().parent.parent
 ASSET_READY = (REPO / "dllm_bench" / "assets" / "tiny-math" / "model.safetensors").is_file()
 
@@ -110,7 +112,7 @@ def test_train_is_deterministic_and_engine_loadable(tmp_path):
     from dllm_bench.checkpoints.load import load_tokenizer
     from dllm_bench.train.loop import TrainConfig, train
     from engine import EngineConfig, LLMEngine, SamplingParams
-    from engine.models.llada import load_llada
+    from engine.models import load_model
 
     kw = dict(train_facts=(2, 3), eval_facts=2, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
               mlp_hidden_size=64, batch_size=4, steps=3, warmup=1, eval_every=3, eval_n=2,
@@ -120,7 +122,7 @@ def test_train_is_deterministic_and_engine_loadable(tmp_path):
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
     assert a["steps_done"] == 3 and [r["loss"] for r in a["curve"]] == [r["loss"] for r in b["curve"]]
     assert (tmp_path / "a" / "learning_curve.csv").is_file() and (tmp_path / "a" / "learning_curve.png").is_file()
-    model = load_llada(tmp_path / "a", torch.float32)
+    model = load_model(tmp_path / "a", torch.float32)
     tok = load_tokenizer(tmp_path / "a")
     assert tok.mask_token_id == model.config.mask_token_id
     eng = LLMEngine(EngineConfig(cache="sparse", retention=0.5, device="cpu"), model=model)
@@ -133,12 +135,12 @@ def test_diffusion_loss_masks_only_the_answer_region():
     import torch
 
     from dllm_bench.train.loop import diffusion_loss
-    from engine.models.llada import LLaDAConfig, LLaDAModelLM
+    from engine.models import ModelConfig
 
     torch.manual_seed(0)
-    cfg = LLaDAConfig(d_model=16, n_heads=2, n_kv_heads=2, n_layers=1, mlp_hidden_size=32, vocab_size=20,
+    cfg = ModelConfig(d_model=16, n_heads=2, n_kv_heads=2, n_layers=1, mlp_hidden_size=32, vocab_size=20,
                       embedding_size=20, mask_token_id=19, eos_token_id=18, pad_token_id=18)
-    model = LLaDAModelLM(cfg)
+    model = build_model(cfg)
     ids = torch.randint(0, 18, (3, 10))
     valid = torch.ones(3, 10, dtype=torch.bool)
     region = torch.zeros(3, 10, dtype=torch.bool)

@@ -9,7 +9,7 @@ from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.points import display_label
 from dllm_bench.systems.build import STATIC_PROFILE_STEPS, WorkloadShape, build_system
 from dllm_bench.systems.spec import UPSTREAM_BATCH, apply_baseline_batch, parse_system, parse_systems
-from engine.models.llada import load_llada
+from engine.models import load_model
 from engine.profiler import weights_bytes
 from tests.test_serve import RUN_DEFAULTS
 
@@ -52,7 +52,7 @@ def test_upstream_scenario_builds_fast_dllm_at_batch_one_and_says_so():
 def test_max_fit_search_stops_at_the_points_request_count(tmp_path):
     """A static batch never holds more requests than the point has, so the max-fit search stops
     there, and the label says the batch took them all (the budget may hold more)."""
-    model = load_llada(inputs.checkpoint_dir("tiny"))
+    model = load_model(inputs.checkpoint_dir("tiny"))
     shape = dict(max_prompt_len=8, max_gen_length=8, block_length=8, steps=None)
     peaks = [measure_run(model, b, 8, 8, 8, None, "fast-dllm", run_steps=STATIC_PROFILE_STEPS) for b in (1, 3, 4)][1:]
     budget = weights_bytes(model) + (peaks[0] + peaks[1]) // 2          # B = 3 fits, 4 does not

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from baselines import SYSTEMS, make_system, profile_max_batch
 from baselines.profile import measure_run
 from baselines.reference_llada import reference_generate
-from engine.models.llada import LLaDAConfig, LLaDAModelLM, dense_attention, rms_norm
+from engine.models import ModelConfig, build_model, dense_attention, rms_norm
 from engine.profiler import weights_bytes as weight_bytes
 from engine.sampling import SamplingParams
 from engine.unmask import RequestGenerators, transfer_schedule
@@ -24,10 +24,10 @@ MASK = 299
 
 @pytest.fixture(scope="module")
 def model():
-    cfg = LLaDAConfig(d_model=64, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=128, vocab_size=300,
+    cfg = ModelConfig(d_model=64, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=128, vocab_size=300,
                       embedding_size=300, mask_token_id=MASK, eos_token_id=298, pad_token_id=298)
     torch.manual_seed(0)
-    m = LLaDAModelLM(cfg).to(torch.float64)
+    m = build_model(cfg).to(torch.float64)
     with torch.no_grad():
         for p in m.parameters():
             p.normal_(0, 0.5)                       # large weights: decisions are sensitive

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from engine import SamplingParams
 from engine.cache_mode import Shape, admission_mode, preferred_mode, step_time
 from engine.kv_cache import kv_need
-from engine.models.llada import LLaDAConfig
+from engine.models import ModelConfig
 from engine.request import Phase
 from tests.helpers import make_engine, random_prompts, run_alone, tiny_model
 from tests.test_engine_exact import _mixed_workload
@@ -97,7 +97,7 @@ def test_llada_8b_on_an_h100(pool, max_seqs, canvas, overhead, mode):
     64), in the pools
     it profiles at 24, 22, 20 and 19 GiB: the modes whose runs are the faster there
     (tests/test_cache_auto_sim.py); without the overhead (a measured GPU) the rule keeps 22 GiB dual."""
-    c = LLaDAConfig()
+    c = ModelConfig()
     shape = Shape(canvas, 32, 32, 1, kv_need("dual", canvas, 32, 0.5), kv_need("sparse", canvas, 32, 0.5),
                   265, c.kv_per_weight, c.pair_per_row, overhead)
     assert preferred_mode(pool, max_seqs, shape) == mode

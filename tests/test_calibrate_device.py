@@ -232,7 +232,7 @@ def test_calibrate_on_cuda_loads_the_model_in_bf16_after_stating_the_plan(tmp_pa
         raise Loaded(dtype, device)
 
     _fake_gpu(monkeypatch, 79 * GiB)
-    monkeypatch.setattr(cmd, "load_llada", load)
+    monkeypatch.setattr(cmd, "load_model", load)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     out = io.StringIO()
     with pytest.raises(Loaded) as e:

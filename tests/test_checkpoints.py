@@ -22,6 +22,7 @@ from dllm_bench.checkpoints.make import INDEX_FILE, make_checkpoint, weight_shap
 from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG, PRESETS, STAMP_FILE, get_preset
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
+from engine.models import config_from_pretrained
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,14 +119,14 @@ def test_sharded_index_is_consistent(tiny_dir, tmp_path):
 
 
 def test_engine_loads_made_checkpoints(tiny_dir, tmp_path):
-    from engine.models.llada import LLaDAConfig, load_llada
+    from engine.models import load_model
 
-    cfg = LLaDAConfig.from_pretrained(tiny_dir)
+    cfg = config_from_pretrained(tiny_dir)
     assert (cfg.head_dim, cfg.kv_heads, cfg.mask_token_id) == (16, 2, tb.special_token_ids(512)[tb.MASK])
     sharded = make_checkpoint("tiny", tmp_path / "s2", shards=2)
-    single = load_llada(tiny_dir)
+    single = load_model(tiny_dir)
     ids = torch.tensor([[1, 2, 3, cfg.mask_token_id]])
-    a, b = single(ids), load_llada(sharded)(ids)
+    a, b = single(ids), load_model(sharded)(ids)
     assert a.shape == (1, 4, 512) and torch.equal(a, b)
 
 

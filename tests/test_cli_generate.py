@@ -59,9 +59,9 @@ def test_generate_json_on_bare_checkpoint_matches_reference(bare_dir):
 
     from baselines.reference_llada import reference_generate
     from engine import SamplingParams
-    from engine.models.llada import load_llada
+    from engine.models import load_model
 
-    model = load_llada(bare_dir, torch.float64)
+    model = load_model(bare_dir, torch.float64)
     sp = SamplingParams(gen_length=16, steps=8, block_length=8)
     assert doc["outputs"][0]["tokens"] == reference_generate(model, [1, 2, 3], sp)[0]
     assert doc["outputs"][1]["tokens"] == reference_generate(model, [7, 8, 9, 10, 11], sp)[0]

@@ -210,9 +210,9 @@ def test_accuracy_on_cuda_is_bf16_with_one_budget_for_every_point(cuda):
 def test_accuracy_points_engine_is_built_for_the_runs_budget():
     from dllm_bench.accuracy.backend import point_system
     from dllm_bench.accuracy.points import Point
-    from engine.models.llada import load_llada
+    from engine.models import load_model
 
-    model = load_llada(inputs.checkpoint_dir("tiny"))
+    model = load_model(inputs.checkpoint_dir("tiny"))
     point = Point("engine:sparse:head:mean:r0.5", "engine", "sparse", "sparse", "head", 0.5, "mean")
     eng = point_system(point, model, max_num_batched_tokens=256, max_num_logits=64, memory_budget=32 * 2**20)
     assert eng.config.memory_budget == 32 * 2**20 and eng.pool.capacity is not None
@@ -322,7 +322,7 @@ def test_the_workers_peak_counts_the_engines_kv_pool(tmp_path):
     from dllm_bench.serve.options import ServeOptions, resolve_run
     from dllm_bench.serve.process import worker_spec
     from dllm_bench.serve.workload import workload_shape
-    from engine.models.llada import load_llada
+    from engine.models import load_model
     from engine.profiler import weights_bytes
 
     run = resolve_run(ServeOptions(**{**RUN_DEFAULTS, "systems": "engine", "rps": "inf", "num_prompts": 2}))
@@ -330,7 +330,7 @@ def test_the_workers_peak_counts_the_engines_kv_pool(tmp_path):
     assert worker.run(spec, tmp_path / "out.json") == 0
     stats = json.loads((tmp_path / "out.json").read_text())["result"]["stats"]
     pool = stats["kv_pool_bytes"]
-    weights = weights_bytes(load_llada(inputs.checkpoint_dir("tiny")))
+    weights = weights_bytes(load_model(inputs.checkpoint_dir("tiny")))
     assert pool > 0 and stats["peak_memory_bytes"] > weights + pool
     assert stats["within_budget"] is (stats["peak_memory_bytes"] <= run.memory_budget)
 

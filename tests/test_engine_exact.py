@@ -14,7 +14,7 @@ import torch
 from baselines.reference_llada import reference_generate
 from engine import SamplingParams
 from engine.attention import resolve_backend, varlen_attention
-from engine.models.llada import dense_attention
+from engine.models import dense_attention
 from tests.helpers import make_engine, plain_attention, random_prompts, run_alone, tiny_model
 
 F64 = torch.float64

@@ -1,11 +1,11 @@
-"""Fused q/k/v and gate/up projections (engine.models.llada.LLaDABlock.fuse): one GEMM each, the
+"""Fused q/k/v and gate/up projections (engine.models.DenseBlock.fuse): one GEMM each, the
 checkpoint's layout and the model's memory unchanged, the same outputs in float64; a
 tensor-parallel rank fuses its own slices, not a slice of the fused tensor."""
 from __future__ import annotations
 
 import torch
 
-from engine.models.llada import load_llada
+from engine.models import load_model
 from engine.parallel.group import TPGroup
 from engine.parallel.loader import load_sharded
 from engine.parallel.sharding import slice_of
@@ -32,7 +32,7 @@ def _storage(t):
 
 def test_a_loaded_model_is_fused_with_the_same_outputs_names_and_memory(tmp_path):
     ref = tiny_model(F64)
-    model = load_llada(write_checkpoint(ref, tmp_path / "m"), F64)
+    model = load_model(write_checkpoint(ref, tmp_path / "m"), F64)
     blk = model.blocks[0]
     assert blk._qkv is not None and blk._gate_up is not None
     assert blk._qkv.shape[0] == sum(m.out_features for m in (blk.q_proj, blk.k_proj, blk.v_proj))
@@ -50,7 +50,7 @@ def test_a_loaded_model_is_fused_with_the_same_outputs_names_and_memory(tmp_path
 
 def test_a_cast_fuses_again_from_the_cast_weights(tmp_path):
     ref = tiny_model(F64)
-    model = load_llada(write_checkpoint(ref, tmp_path / "m"), F64).to(torch.float32)
+    model = load_model(write_checkpoint(ref, tmp_path / "m"), F64).to(torch.float32)
     blk = model.blocks[1]
     assert blk._qkv.dtype == torch.float32 and _storage(blk.k_proj.weight) == _storage(blk._qkv)
     ids = torch.arange(7)

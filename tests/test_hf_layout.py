@@ -82,9 +82,9 @@ def test_files_have_the_real_keys_and_tokenizer_shape(ckpt):
 def test_loader_reads_every_shard_through_the_index(ckpt):
     from safetensors import safe_open
 
-    from engine.models.llada import load_llada
+    from engine.models import load_model
 
-    model = load_llada(ckpt, torch.float32)
+    model = load_model(ckpt, torch.float32)
     state = model.state_dict()
     seen = set()
     for f in sorted(set(_json(ckpt / "model.safetensors.index.json")["weight_map"].values())):
@@ -123,7 +123,7 @@ def test_chat_prompt_is_the_real_template(tok):
 def test_generate_cli_matches_the_reference_sampler(ckpt, tok):
     from baselines.reference_llada import reference_generate
     from dllm_bench.checkpoints.load import encode_prompt
-    from engine.models.llada import load_llada
+    from engine.models import load_model
     from engine.sampling import SamplingParams
 
     r = _runner("generate")("--model", str(ckpt), "--prompt", "What is 2 + 3?", "--gen-length", "16",
@@ -135,7 +135,7 @@ def test_generate_cli_matches_the_reference_sampler(ckpt, tok):
     sp = SamplingParams(gen_length=16, steps=16, block_length=8)
     # float64 on both sides: the engine's kernels (fused projections, packed rows) and the
     # reference's round differently, in float32 enough to flip a near-tie on some CPU kernels.
-    assert out["tokens"] == reference_generate(load_llada(ckpt, torch.float64), prompt, sp)[0]
+    assert out["tokens"] == reference_generate(load_model(ckpt, torch.float64), prompt, sp)[0]
     assert out["text"] == tok.decode(out["tokens"], skip_special_tokens=True)
 
 

@@ -295,3 +295,73 @@ def test_module_docstrings_stay_a_few_lines():
             if doc and doc.count("\n") + 1 > 15:
                 long.append(f"{path.relative_to(REPO)} ({doc.count(chr(10)) + 1} lines)")
     assert not long, "module docstrings over 15 lines: " + ", ".join(long)
+
+
+# ---------------------------------------------------------------- the model seam
+SEAM = ("engine.models", "engine.models.family", "engine.models.dense")
+# names a family's code has had or would have; a module outside engine/models/ naming one bypasses the seam
+FAMILY_CLASS_NAMES = {"LLaDAModelLM", "LLaDAConfig", "LLaDABlock", "load_llada", "DreamConfig", "DreamModel",
+                      "DreamForCausalLM", "LLADA", "DREAM"}
+
+
+def family_modules(root: Path) -> dict[str, Path]:
+    """engine/models/<family>.py files: everything in engine.models but the seam itself."""
+    return {m: f for m, f in module_files(root, ["engine"]).items() if m.startswith("engine.models.") and m not in SEAM}
+
+
+def seam_leaks(root: Path, packages: Iterable[str]) -> list[tuple[str, str]]:
+    """(module, what) for every module outside engine.models that imports a family module or names
+    one of a family's top-level definitions (or FAMILY_CLASS_NAMES)."""
+    fams = family_modules(root)
+    names = set(FAMILY_CLASS_NAMES)
+    for f in fams.values():
+        for node in ast.parse(f.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and not node.name.startswith("_"):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names |= {t.id for t in node.targets if isinstance(t, ast.Name) and not t.id.startswith("_")}
+    out = []
+    for mod, f in module_files(root, packages).items():
+        if mod == "engine.models" or mod.startswith("engine.models."):
+            continue
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                hit = [node.module] if node.module in fams else []
+                hit += [a.name for a in node.names if f"{node.module}.{a.name}" in fams or a.name in names]
+            elif isinstance(node, ast.Import):
+                hit = [a.name for a in node.names if a.name in fams]
+            elif isinstance(node, ast.Name):
+                hit = [node.id] if node.id in names else []
+            elif isinstance(node, ast.Attribute):
+                hit = [node.attr] if node.attr in names else []
+            else:
+                continue
+            out += [(mod, h) for h in hit]
+    return sorted(set(out))
+
+
+def test_no_module_outside_the_models_names_a_family():
+    leaks = seam_leaks(REPO, PACKAGES)
+    assert not leaks, "family code named outside engine/models/ (use engine.models' seam): " + "; ".join(
+        f"{m}: {w}" for m, w in leaks)
+
+
+def _plant(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+@pytest.mark.parametrize("leak", ["from engine.models.llada import LLADA\n", "import engine.models.llada\n",
+                                  "from engine.models import llada\n", "x = LLaDAModelLM\n",
+                                  "from engine.models.llada import helper\n"])
+def test_the_seam_check_fails_on_a_planted_leak(tmp_path, leak):
+    root = _plant(tmp_path, {"engine/__init__.py": "", "engine/models/__init__.py": "",
+                             "engine/models/family.py": "class ModelConfig: pass\n",
+                             "engine/models/llada.py": "LLADA = 1\ndef helper(): pass\n",
+                             "app/__init__.py": "", "app/ok.py": "from engine.models import ModelConfig\n",
+                             "app/bad.py": leak})
+    leaks = seam_leaks(root, ["engine", "app"])
+    assert leaks and all(m == "app.bad" for m, _ in leaks), leaks

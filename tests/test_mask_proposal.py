@@ -12,7 +12,7 @@ import torch
 from baselines import make_system
 from baselines.reference_llada import reference_generate
 from engine import SamplingParams
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 from engine.unmask import gumbel_argmax, proposal_argmax
 from tests.helpers import MASK, make_engine, random_prompts, tiny_model
 
@@ -40,7 +40,7 @@ def mask_loving_model():
     model = tiny_model(torch.float64)
 
     def lm_head(h):
-        out = LLaDAModelLM.lm_head(model, h)
+        out = DenseLM.lm_head(model, h)
         out[..., MASK] = out.max(-1).values + 5.0
         return out
 

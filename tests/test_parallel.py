@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.models.llada import load_llada
+from engine.models import load_model
 from engine.parallel import Cluster, ParallelEngine, RankFailure
 from engine.parallel.loader import load_sharded
 from engine.parallel.rank import build_rank, rank_config
@@ -122,10 +122,10 @@ def test_checkpoint_loads_shard_wise(cluster, tmp_path):
     from dllm_bench.checkpoints.make import make_checkpoint
 
     path = make_checkpoint("tiny", tmp_path / "tiny", shards=2)
-    full = load_llada(path, torch.float32).state_dict()
+    full = load_model(path, torch.float32).state_dict()
     ranks = cluster.collective_rpc(_held, str(path))
     sharded = [k for k in full if split_of(k) != REPLICATED]
-    assert len(sharded) == 2 + 7 * load_llada(path).config.n_layers
+    assert len(sharded) == 2 + 7 * load_model(path).config.n_layers
     for r, held in enumerate(ranks):
         assert held.keys() == full.keys()
         for k, v in held.items():
@@ -146,7 +146,7 @@ def test_kv_pool_per_rank_holds_twice_the_tokens(cluster, ckpt):
     the weights, so its pool holds at least twice TP = 1's tokens — barely more when the budget
     dwarfs the weights and activations, as here."""
     budget = 32 * 2**20
-    one = profile_kv_pool(load_llada(ckpt, F64), _config(ckpt, memory_budget=budget, max_num_batched_tokens=256,
+    one = profile_kv_pool(load_model(ckpt, F64), _config(ckpt, memory_budget=budget, max_num_batched_tokens=256,
                                                          max_model_len=128, max_num_seqs=8), "sdpa", 128)
     ranks = cluster.collective_rpc(_profile, str(ckpt), budget)
     assert ranks[0]["capacity"] == ranks[1]["capacity"] == min(r["kv_pool_tokens"] for r in ranks)

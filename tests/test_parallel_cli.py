@@ -14,7 +14,7 @@ import torch
 
 from baselines.reference_llada import reference_generate
 from engine import SamplingParams
-from engine.models.llada import load_llada
+from engine.models import load_model
 from tests.helpers import tiny_model
 from tests.test_parallel import write_checkpoint
 
@@ -35,7 +35,7 @@ def test_generate_tp2_gives_the_reference_tokens(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["tensor_parallel_size"] == 2
-    model = load_llada(path, torch.float64)
+    model = load_model(path, torch.float64)
     sp = SamplingParams(gen_length=16, steps=8, block_length=8)
     assert doc["outputs"][0]["tokens"] == reference_generate(model, [1, 2, 3], sp)[0]
     assert doc["outputs"][1]["tokens"] == reference_generate(model, [7, 8, 9, 10, 11, 12, 13], sp)[0]

@@ -17,7 +17,7 @@ from dllm_bench.stepprofile import run as step_run
 from dllm_bench.stepprofile.categories import BOOKKEEPING, CATEGORIES, STEP, breakdown, kernel_category
 from dllm_bench.stepprofile.options import StepProfileOptions
 from dllm_bench.stepprofile.run import profile_step
-from engine.models.llada import LLaDAConfig
+from engine.models import config_from_pretrained
 from engine.regions import DECODE, LM_HEAD, region
 
 
@@ -106,7 +106,7 @@ def test_engine_reuse_steps_flops_match_a_hand_count():
     assert doc["peaks"]["gemm_flops_per_s"] > 0 and doc["peaks"]["copy_bytes_per_s"] > 0
     assert doc["peaks"]["timer"] == "wall clock" and doc["device"] == "cpu"
     assert doc["steps"] == 2 and doc["unprofiled_steps"] == 2 and doc["discarded_steps"] == 0
-    cfg = LLaDAConfig.from_pretrained(doc["model_dir"])
+    cfg = config_from_pretrained(doc["model_dir"])
     d, L, f, V = cfg.d_model, cfg.n_layers, cfg.mlp_hidden_size, cfg.padded_vocab
     hd, kv = cfg.head_dim, cfg.kv_heads * cfg.head_dim
     length, blk = 20 + doc["gen_length"], doc["block_length"]

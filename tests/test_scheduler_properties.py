@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import SamplingParams
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 from engine.runner import StepStats
 from engine.scheduler import POLICIES
 from tests.helpers import MASK, make_engine, random_prompts, tiny_model
@@ -98,7 +98,7 @@ def check_workload(cfg: dict, reqs: list[dict], fake: bool) -> None:
     else:
         def lm_head(h):                  # every logits tensor of the step stays within the budget
             assert cfg["max_num_logits"] is None or h.shape[0] <= cfg["max_num_logits"]
-            return LLaDAModelLM.lm_head(MODEL, h)
+            return DenseLM.lm_head(MODEL, h)
 
         MODEL.lm_head = lm_head          # an instance attribute, removed below
     try:

@@ -18,7 +18,7 @@ from dllm_bench.checkpoints.presets import param_count
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.simulate.simulator import resolve_sim_model
 from dllm_bench.systems.spec import engine_knobs, parse_system
-from engine.models.llada import LLaDAConfig
+from engine.models import ModelConfig, config_from_pretrained
 from tests.standins.peaks import fake_peaks
 from tests.test_inputs import cli  # noqa: F401  (the fixture)
 
@@ -54,10 +54,10 @@ def gpu(monkeypatch):
     return pick
 
 
-def stand_in_model(device, config: LLaDAConfig | None = None, dtype: torch.dtype = torch.bfloat16):
+def stand_in_model(device, config: ModelConfig | None = None, dtype: torch.dtype = torch.bfloat16):
     """What the budget rule reads of a loaded model, without its weights: device, dtype, config
     and parameter sizes (LLaDA-8B's by default)."""
-    c = config or LLaDAConfig.from_pretrained(LLADA_8B)
+    c = config or config_from_pretrained(LLADA_8B)
     n = param_count(c.d_model, c.n_layers, c.kv_heads * c.head_dim, c.mlp_hidden_size, c.padded_vocab)
     weights = SimpleNamespace(numel=lambda: n, element_size=lambda: dtype.itemsize)
     return SimpleNamespace(device=torch.device(device), dtype=dtype, config=c, parameters=lambda: [weights])

@@ -31,10 +31,10 @@ from dllm_bench.systems.options import check_engine_only
 from dllm_bench.systems.spec import ENGINE, retention_knobs
 from engine import EngineConfig, SamplingParams
 from engine.decoding import FIXED, Decoding
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 
 
-def point_system(point: Point, model: LLaDAModelLM | InProcess, *, max_num_seqs: int = 64,
+def point_system(point: Point, model: DenseLM | InProcess, *, max_num_seqs: int = 64,
                  max_num_batched_tokens: int | None = None, max_num_logits: int | str | None = AUTO, batch: int = 32,
                  pool_window: int = 3, delay_step: int = 1, memory_budget: int | None = None,
                  decoding: str = FIXED, cuda_graphs: bool | None = None,

@@ -1,6 +1,6 @@
 """Does a checkpoint directory hold the model its config.json describes? Checked from the
 files' headers alone: config.json, the safetensors index and every shard's JSON header (names,
-dtypes, shapes, byte ranges) against `LLaDAModelLM(config)` built on the meta device. No tensor
+dtypes, shapes, byte ranges) against `build_model(config)` built on the meta device. No tensor
 data is read, so an 8B checkpoint is checked in well under a second and a truncated download or
 a mis-assembled shard set is found before anything is loaded.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from dllm_bench.errors import UserError
-from engine.models.llada import LLaDAConfig, LLaDAModelLM
+from engine.models import ModelConfig, build_model, config_from_dict
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -30,7 +30,7 @@ MAX_HEADER = 100_000_000  # the safetensors format's own bound on its JSON heade
 MAX_LISTED = 5  # per kind of problem, so a wholly wrong checkpoint is a few lines, not hundreds
 
 # config.json fields the model's shapes come from: (name, optional). Checked before
-# LLaDAConfig sees them, so a mistyped value is one line rather than an error deep in torch.
+# ModelConfig sees them, so a mistyped value is one line rather than an error deep in torch.
 _SHAPE_FIELDS = (("d_model", False), ("n_heads", False), ("n_kv_heads", True), ("n_layers", False),
                  ("mlp_hidden_size", False), ("vocab_size", False), ("embedding_size", True),
                  ("max_sequence_length", False))
@@ -58,8 +58,8 @@ class LayoutReport:
     dtypes: list[str] = field(default_factory=list)  # safetensors dtypes present, e.g. ["BF16"]
 
 
-def load_config(path: Path) -> LLaDAConfig:
-    """config.json as an LLaDAConfig; any way it is bad -> one UserError line."""
+def load_config(path: Path) -> ModelConfig:
+    """config.json as an ModelConfig; any way it is bad -> one UserError line."""
     bad = f"bad checkpoint {path}: config.json"
     try:
         raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -78,16 +78,16 @@ def load_config(path: Path) -> LLaDAConfig:
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (theta > 0 and math.isfinite(theta)):
         raise UserError(f"{bad}: 'rope_theta' must be a positive number, got {theta!r}")
     try:
-        return LLaDAConfig.from_dict(raw)
+        return config_from_dict(raw)
     except (TypeError, ValueError) as e:
         raise UserError(f"{bad}: {e}") from None
 
 
-def expected_shapes(cfg: LLaDAConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every weight name of the model `cfg` describes -> its shape, from the engine's own module
     tree on the meta device (nothing allocated), so this can never drift from what loads."""
     with torch.device("meta"):
-        return {k: tuple(v.shape) for k, v in LLaDAModelLM(cfg).state_dict().items()}
+        return {k: tuple(v.shape) for k, v in build_model(cfg).state_dict().items()}
 
 
 def read_header(file: Path) -> dict[str, TensorInfo]:

@@ -18,7 +18,8 @@ from dllm_bench.checkpoints.tokenizer import BOS, EOS, MASK, special_token_ids
 from dllm_bench.errors import UserError
 from engine.config import DTYPES
 from engine.engine import resolve_device
-from engine.models.llada import LLaDAConfig, LLaDAModelLM, load_llada
+from engine.models import DenseLM, ModelConfig, config_from_dict
+from engine.models import load_model as load_checkpoint
 
 
 def model_dir(name_or_dir: str) -> Path:
@@ -32,7 +33,7 @@ def model_dir(name_or_dir: str) -> Path:
     return path
 
 
-def load_shape(name_or_dir: str) -> LLaDAConfig:
+def load_shape(name_or_dir: str) -> ModelConfig:
     """The config of a checkpoint directory or of any preset, for byte counts: no weights are
     read, no preset is made, and shape-only presets (`llada-8b`) are included."""
     raw = str(name_or_dir)
@@ -42,17 +43,17 @@ def load_shape(name_or_dir: str) -> LLaDAConfig:
     if preset.asset:
         return load_config(resolve_model(raw))
     ids = special_token_ids(preset.vocab_size)
-    return LLaDAConfig.from_dict(preset.config_dict({"bos_token_id": ids[BOS], "eos_token_id": ids[EOS],
+    return config_from_dict(preset.config_dict({"bos_token_id": ids[BOS], "eos_token_id": ids[EOS],
                                                       "pad_token_id": ids[EOS], "mask_token_id": ids[MASK]}))
 
 
-def load_model(name_or_dir: str, dtype: str = "float32", device: str = "auto") -> LLaDAModelLM:
+def load_model(name_or_dir: str, dtype: str = "float32", device: str = "auto") -> DenseLM:
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     path = model_dir(name_or_dir)
     dev = parse_device(device)
     try:
-        return load_llada(path, DTYPES[dtype], dev)
+        return load_checkpoint(path, DTYPES[dtype], dev)
     except (FileNotFoundError, ValueError, KeyError, RuntimeError) as e:
         raise UserError(f"cannot load checkpoint {path}: {e}") from None
 

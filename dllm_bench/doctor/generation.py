@@ -16,7 +16,7 @@ from dllm_bench.doctor.checks import FAIL, OK, SKIP, WARN, Check
 from engine.attention import resolve_backend
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.models.llada import load_llada
+from engine.models import load_model
 from engine.sampling import SamplingParams
 
 MODEL = "tiny-math"
@@ -51,10 +51,10 @@ def _first_difference(a: list[int], b: list[int]) -> str:
 def generation_checks(dev: torch.device) -> list[Check]:
     path = _model_dir()
     params = SamplingParams(gen_length=GEN, steps=GEN, block_length=BLOCK)
-    ref_model = load_llada(path, torch.float64, torch.device("cpu"))
+    ref_model = load_model(path, torch.float64, torch.device("cpu"))
     prompt = _prompt(ref_model.config)
     ref, _ = reference_generate(ref_model, prompt, params)
-    model = ref_model if dev.type == "cpu" else load_llada(path, torch.float64, dev)
+    model = ref_model if dev.type == "cpu" else load_model(path, torch.float64, dev)
     got = _engine_tokens(model, "float64", dev, "sdpa", prompt, params)
     data = {"model": MODEL, "prompt_len": len(prompt), "tokens": got, "reference": ref}
     where = "the CPU" if dev.type == "cpu" else str(dev)
@@ -67,7 +67,7 @@ def generation_checks(dev: torch.device) -> list[Check]:
     if dev.type != "cuda":
         return [first, Check("generate bf16", SKIP, "no CUDA device: CPU runs serve in float32")]
     del model
-    half = load_llada(path, torch.bfloat16, dev)
+    half = load_model(path, torch.bfloat16, dev)
     got16 = _engine_tokens(half, "bfloat16", dev, "auto", prompt, params)
     backend = resolve_backend("auto", dev, torch.bfloat16)
     data16 = {"tokens": got16, "reference": ref, "backend": backend}

@@ -21,7 +21,7 @@ from dllm_bench.simulate.cost_model import CostModel, Forward, HostCost, LayerPa
 from dllm_bench.simulate.implementations import default_impl, get_impl
 from dllm_bench.timing import device_sync, median_time
 from engine import attention
-from engine.models.llada import LLaDABlock, LLaDAConfig, RotaryEmbedding
+from engine.models import DenseBlock, ModelConfig, RotaryEmbedding, config_from_dict
 
 TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 TARGET_S = 0.25          # the predicted time of one timed pass: 1 + REPEATS passes stay near a second
@@ -41,11 +41,11 @@ def profile_for_gpu(name: str) -> str | None:
 
 
 def llada_8b_layer_config():
-    d = LLaDAConfig()
+    d = ModelConfig()
     ids = {"mask_token_id": d.mask_token_id, "eos_token_id": d.eos_token_id, "pad_token_id": d.pad_token_id}
     raw = get_preset("llada-8b").config_dict(ids)
     raw["n_layers"] = 1
-    return LLaDAConfig.from_dict(raw)
+    return config_from_dict(raw)
 
 
 def predicted_s(hw, cfg, wbytes: int, tokens: int) -> float:
@@ -65,13 +65,13 @@ def pick_tokens(predict, target_s: float = TARGET_S) -> int:
 
 def _block(cfg, dtype: torch.dtype, dev: torch.device):
     with torch.device("meta"):
-        blk = LLaDABlock(cfg)
+        blk = DenseBlock(cfg)
     blk = blk.to_empty(device=dev).to(dtype)
     with torch.no_grad():
         for name, p in blk.named_parameters():
             # Small weights keep activations finite; the values do not change the time.
             p.fill_(1.0) if name.endswith("norm.weight") else p.uniform_(-0.02, 0.02)
-    blk.fuse()                   # as a loaded model runs it (LLaDABlock.fuse)
+    blk.fuse()                   # as a loaded model runs it (DenseBlock.fuse)
     return blk.eval()
 
 

@@ -21,7 +21,7 @@ from dllm_bench.memory_bench.live import LiveTracker
 from dllm_bench.memory_bench.options import MemoryRun, Target, weights_of
 from dllm_bench.memory_bench.trace import Trace, tagger
 from engine.config import DTYPES, EngineConfig
-from engine.models.llada import LLaDAConfig, LLaDAModelLM
+from engine.models import DenseLM, ModelConfig
 from engine.profiler import measure_activation_peak
 
 WIDTH = {"logits": lambda c: c.padded_vocab, "ffn": lambda c: c.mlp_hidden_size, "attention": lambda c: c.d_model,
@@ -42,7 +42,7 @@ class Derived:
         return dict(self.__dict__)
 
 
-def scaler(source: LLaDAConfig, source_dtype: str, target: Target):
+def scaler(source: ModelConfig, source_dtype: str, target: Target):
     """bytes of a "category/dtype" part measured on `source` -> its bytes on the target."""
     src_size, dst_size = DTYPES[source_dtype].itemsize, DTYPES[target.dtype].itemsize
 
@@ -84,7 +84,7 @@ def _longest(peak, budget: float) -> int | None:
     return lo
 
 
-def engine_reservation(model: LLaDAModelLM, run: MemoryRun, config: EngineConfig, target: Target) -> float:
+def engine_reservation(model: DenseLM, run: MemoryRun, config: EngineConfig, target: Target) -> float:
     """What the engine's profiler reserves for a full token-budget step, measured here by
     category and scaled to the target's token budget (FFN, attention) and logit budget
     (logits)."""
@@ -99,7 +99,7 @@ def engine_reservation(model: LLaDAModelLM, run: MemoryRun, config: EngineConfig
     return sum(scale(tag, n) * per[tag.split("/")[0]] for n, tag in tracker.at_peak().values())
 
 
-def derive(system: str, traces: list[Trace], model: LLaDAModelLM, run: MemoryRun, target: Target,
+def derive(system: str, traces: list[Trace], model: DenseLM, run: MemoryRun, target: Target,
            reservation: float | None = None, guard: float = 0.0) -> Derived:
     """The longest canvas of `system` at the target from its complete measured traces;
     `reservation` and `guard` (the engine): held beside its KV, the transients inside them."""

@@ -14,10 +14,10 @@ from dllm_bench.memory_bench import derive as dv
 from dllm_bench.memory_bench.options import MemoryRun
 from dllm_bench.memory_bench.trace import Trace, measure
 from dllm_bench.systems.spec import SystemVariant
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 
 
-def none_traces(variant: SystemVariant, traces: list[Trace], model: LLaDAModelLM, run: MemoryRun) -> list[Trace]:
+def none_traces(variant: SystemVariant, traces: list[Trace], model: DenseLM, run: MemoryRun) -> list[Trace]:
     """The engine's requests run none: those the search ran so, and the same request measured
     with an empty pool at every other length a request completed."""
     out = [t for t in traces if t.cache == "none"]
@@ -29,7 +29,7 @@ def none_traces(variant: SystemVariant, traces: list[Trace], model: LLaDAModelLM
     return out
 
 
-def derive_auto(variant: SystemVariant, traces: list[Trace], model: LLaDAModelLM, run: MemoryRun,
+def derive_auto(variant: SystemVariant, traces: list[Trace], model: DenseLM, run: MemoryRun,
                 reservation: float, guard: float) -> dv.Derived:
     """The longest canvas any of auto's modes holds at the target (`Derived.mode` says which);
     the dynamic peak-to-average is the request measured at --length, in the mode it ran in."""

@@ -16,7 +16,7 @@ from dllm_bench.systems.options import check_one_device, variant_ranks
 from dllm_bench.systems.spec import BATCH_KNOB, ENGINE, SystemVariant, engine_knobs, parse_systems
 from dllm_bench.units import format_size, parse_size
 from engine.config import DTYPES
-from engine.models.llada import LLaDAConfig
+from engine.models import ModelConfig
 from engine.sampling import SamplingParams
 
 DEFAULT_SYSTEMS = "engine,llada,fast-dllm,dllm-cache,sparse-dllm"
@@ -50,7 +50,7 @@ class Target:
     """The model a run's measurements are derived to: its shape, dtype and budget."""
 
     name: str
-    config: LLaDAConfig
+    config: ModelConfig
     dtype: str
     budget: int
     engine_knobs: dict = field(default_factory=dict)   # its serve preset's token / logit budgets
@@ -62,7 +62,7 @@ class MemoryRun:
 
     opts: MemoryOptions
     model_dir: str
-    config: LLaDAConfig
+    config: ModelConfig
     device: Any
     dtype: str
     budget: MemoryBudget
@@ -100,7 +100,7 @@ def _positive(name: str, v: int | None) -> None:
         raise UserError(f"{name} must be positive, got {v}")
 
 
-def weights_of(cfg: LLaDAConfig, dtype: str) -> int:
+def weights_of(cfg: ModelConfig, dtype: str) -> int:
     """The weights' bytes from the shape alone (before anything is loaded)."""
     n = param_count(cfg.d_model, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.mlp_hidden_size, cfg.padded_vocab)
     return n * DTYPES[dtype].itemsize

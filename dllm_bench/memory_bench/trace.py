@@ -23,13 +23,13 @@ from dllm_bench.memory_bench.options import MemoryRun
 from dllm_bench.systems.build import make_system
 from dllm_bench.systems.spec import ENGINE, SystemVariant, baseline_knobs, engine_knobs
 from engine.config import EngineConfig
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 from engine.profiler import weights_bytes
 
 CATEGORIES = ("kv", "logits", "ffn", "attention")
 
 
-def tagger(model: LLaDAModelLM) -> Callable[[torch.Tensor], str]:
+def tagger(model: DenseLM) -> Callable[[torch.Tensor], str]:
     """A storage's category by the width of the tensor that created it, with its dtype:
     "logits/torch.float64", "ffn/torch.float32", "attention/torch.int64", ..."""
     vocab, ffn = model.config.padded_vocab, model.config.mlp_hidden_size
@@ -80,7 +80,7 @@ class Trace:
                 "complete": self.complete, "peak_bytes": self.peak, "steps": [asdict(s) for s in self.steps]}
 
 
-def build(variant: SystemVariant, model: LLaDAModelLM, run: MemoryRun, length: int):
+def build(variant: SystemVariant, model: DenseLM, run: MemoryRun, length: int):
     """The system at this canvas length: the engine profiled for the budget with max_model_len
     = length; a baseline at batch 1 with the run's Table-3 knobs."""
     if variant.name == ENGINE:
@@ -103,7 +103,7 @@ def _kv_used(system) -> int | None:
     return system.pool.used * system.pool.bytes_per_token if hasattr(system, "pool") else None
 
 
-def measure(variant: SystemVariant, model: LLaDAModelLM, run: MemoryRun, length: int,
+def measure(variant: SystemVariant, model: DenseLM, run: MemoryRun, length: int,
             stop_over_budget: bool = False) -> Trace:
     """Run one request of `length` canvas tokens (random prompt ids) through the system.
     `stop_over_budget`: stop at the first step over the budget (a search only needs to know)."""

@@ -28,7 +28,7 @@ from dllm_bench.units import parse_size
 from engine import EngineConfig
 from engine.config import DTYPES
 from engine.memory import budget_from_free
-from engine.models.llada import LLaDAConfig
+from engine.models import config_from_pretrained
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def profile(o: ProfileOptions) -> dict:
                     tensor_parallel_size=n,
                     plans=engine_plans(ms, base, o.prompt_len + o.gen_length, o.block_length))
     path = inputs.checkpoint_dir(o.model)
-    mml = min(o.max_model_len, LLaDAConfig.from_pretrained(path).max_sequence_length)
+    mml = min(o.max_model_len, config_from_pretrained(path).max_sequence_length)
     base = dataclasses.replace(base, model=str(path), tensor_parallel_size=n)
     results = profile_pools({"logit budget": base, "monolithic": dataclasses.replace(base, max_num_logits=None)},
                             mml, o.threads or 1)

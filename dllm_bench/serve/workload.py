@@ -21,13 +21,13 @@ from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.task_prompts import TASK_DATASET, task_workload
 from dllm_bench.systems.build import WorkloadShape
 from engine.config import DTYPES
-from engine.models.llada import LLaDAConfig
+from engine.models import config_from_pretrained
 from workloads.serving import ServingRequest, build_workload, describe
 
 
 def model_info(model_dir: Path, dtype: str) -> dict:
     try:
-        cfg = LLaDAConfig.from_pretrained(model_dir)
+        cfg = config_from_pretrained(model_dir)
     except (OSError, ValueError) as e:
         raise UserError(f"model {model_dir}: {e}") from None
     d = cfg.d_model

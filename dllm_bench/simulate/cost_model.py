@@ -31,7 +31,7 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, cfg, wbytes: int) -> ModelShape:
-        """From an engine.models.llada.LLaDAConfig."""
+        """From an engine.models.ModelConfig."""
         return cls(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.mlp_hidden_size,
                    cfg.padded_vocab, wbytes)
 

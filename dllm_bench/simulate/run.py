@@ -30,12 +30,12 @@ from dllm_bench.simulate.implementations import MEASURED_HOST, implementations_l
 from dllm_bench.simulate.simulator import DTYPE_BYTES, SimSetup, simulate_point
 from dllm_bench.systems.build import build_system
 from engine.engine import DTYPES
-from engine.models.llada import LLaDAConfig, load_llada
+from engine.models import config_from_pretrained, load_model
 
 
 def make_setup(run, hw: Hardware, impls: dict[str, str], loadable: bool) -> SimSetup:
 
-    cfg = LLaDAConfig.from_pretrained(run.model_dir)
+    cfg = config_from_pretrained(run.model_dir)
     real = _real_capacity(run) if hw.kind == "cpu" and loadable else None
     return SimSetup(cfg, ModelShape.from_config(cfg, DTYPE_BYTES[run.preset.dtype]), hw, run.preset.dtype, impls,
                     memory_budget=float(run.memory_budget), engine_defaults=run.engine_defaults,
@@ -46,7 +46,7 @@ def _real_capacity(run):
     """serve's own builders (cached KV-pool profiles and static-batch searches), so a simulated
     point on this machine has exactly the measured point's pool or batch."""
 
-    model = load_llada(run.model_dir, DTYPES[run.preset.dtype], "cpu")
+    model = load_model(run.model_dir, DTYPES[run.preset.dtype], "cpu")
     keep = ("kv_pool_tokens", "max_batch_size", "scenario", "scenario_kind", "fits_budget", "peak_bytes")
 
     def capacity(variant, seed: int | None = None) -> dict:

@@ -39,7 +39,7 @@ from engine.config import EngineConfig
 from engine.decoding import FIXED
 from engine.graphs import enabled as graph_steps
 from engine.graphs import keeps
-from engine.models.llada import LLaDAConfig
+from engine.models import ModelConfig
 from engine.parallel.sharding import RankConfig
 from engine.sampling import SamplingParams
 
@@ -53,7 +53,7 @@ def shape_only_dir(name: str) -> Path:
     (vocabulary, special ids) and the cost model, no weights."""
 
     preset = get_preset(name)
-    d = LLaDAConfig()
+    d = ModelConfig()
     ids = {"mask_token_id": d.mask_token_id, "eos_token_id": d.eos_token_id, "pad_token_id": d.pad_token_id}
     out = cache_root().parent / "shapes" / name
     out.mkdir(parents=True, exist_ok=True)
@@ -79,7 +79,7 @@ def resolve_sim_model(spec: str) -> tuple[Path, bool]:
 class SimSetup:
     """Everything a point needs besides the workload."""
 
-    model_config: Any                      # engine.models.llada.LLaDAConfig
+    model_config: Any                      # engine.models.ModelConfig
     shape: ModelShape
     hardware: Hardware
     dtype: str

@@ -31,7 +31,7 @@ from dllm_bench.systems.spec import ENGINE, ENGINE_DEFAULTS, SystemVariant, base
 from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
 from engine.engine import resolve_device
-from engine.models.llada import load_llada
+from engine.models import config_from_pretrained, load_model
 from engine.profiler import MemoryProfile, default_budget, profile_kv_pool
 from engine.profiler import weights_bytes as weight_bytes
 from engine.sampling import SamplingParams
@@ -142,7 +142,6 @@ def check_tensor_parallel(model_dir: str | os.PathLike, n: int, device: str) -> 
     MLP and vocabulary split into n, and one GPU per rank (nothing to check for one rank).
     Cheap (config only), so a command checks it before it spawns anything or writes a run
     directory."""
-    from engine.models.llada import LLaDAConfig
     from engine.parallel.sharding import check_divisible
 
     if n == 1:
@@ -150,7 +149,7 @@ def check_tensor_parallel(model_dir: str | os.PathLike, n: int, device: str) -> 
     if resolve_device(device).type == "cuda" and n > torch.cuda.device_count():
         raise UserError(f"tensor_parallel_size {n} needs {n} GPUs, this machine has {torch.cuda.device_count()}")
     try:
-        check_divisible(LLaDAConfig.from_pretrained(model_dir), n)
+        check_divisible(config_from_pretrained(model_dir), n)
     except ValueError as e:
         raise UserError(f"system 'engine' at tensor_parallel_size {n}: {e}") from None
 
@@ -226,7 +225,7 @@ def build_system(variant: SystemVariant, *, model_dir: str | os.PathLike, dtype:
 
 def _load(model_dir, dtype: str, device: torch.device, log: Callable[[str], None]) -> Any:
     log("loading model")
-    return load_llada(model_dir, DTYPES[dtype], device)
+    return load_model(model_dir, DTYPES[dtype], device)
 
 
 def _engine_config(variant, model_dir, dtype, device, memory_budget, defaults, max_model_len,

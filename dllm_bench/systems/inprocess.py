@@ -14,7 +14,7 @@ from dllm_bench.step_budgets import AUTO, StepBudgets, engine_budgets
 from dllm_bench.systems.build import check_tensor_parallel, make_system
 from dllm_bench.systems.spec import ENGINE
 from engine.config import DTYPES, EngineConfig
-from engine.models.llada import LLaDAConfig, LLaDAModelLM
+from engine.models import DenseLM, ModelConfig, config_from_pretrained
 from engine.parallel.cluster import launched_by_torchrun
 
 # A command's own step budgets on a CPU, where nothing scales with device memory.
@@ -33,7 +33,7 @@ class InProcess:
     device: str
     tensor_parallel_size: int = 1
     in_turn: bool = False
-    loaded: LLaDAModelLM | None = None
+    loaded: DenseLM | None = None
 
     def __post_init__(self) -> None:
         if self.in_turn and self.tensor_parallel_size > 1 and launched_by_torchrun():
@@ -42,13 +42,13 @@ class InProcess:
         check_tensor_parallel(self.model_dir, self.tensor_parallel_size, self.device)
 
     @classmethod
-    def over(cls, model: LLaDAModelLM) -> InProcess:
+    def over(cls, model: DenseLM) -> InProcess:
         """The systems of a model already loaded (one device)."""
         dtype = next(k for k, v in DTYPES.items() if v == model.dtype)
         return cls("", dtype, str(model.device), loaded=model)
 
     @property
-    def model(self) -> LLaDAModelLM:
+    def model(self) -> DenseLM:
         """The whole model on this device, loaded on first use."""
         if self.loaded is None:
             self.loaded = load_model(self.model_dir, self.dtype, self.device)
@@ -63,8 +63,8 @@ class InProcess:
         return self.ranks_of(system) == 1
 
     @property
-    def config(self) -> LLaDAConfig:
-        return self.loaded.config if self.loaded is not None else LLaDAConfig.from_pretrained(self.model_dir)
+    def config(self) -> ModelConfig:
+        return self.loaded.config if self.loaded is not None else config_from_pretrained(self.model_dir)
 
     def release(self) -> None:
         """Drop the loaded model (the next checkpoint's turn)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import sdpa
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 from workloads.tasks import synth
 
 ANSWER_DELIM = " "                      # lm-eval's target_delimiter: prompt "...Answer:" + " " + answer
@@ -49,7 +49,7 @@ def collate(batch: Sequence[Encoded], pad_id: int, mask_answer: bool = False, ma
     return ids, valid, region
 
 
-def batched_logits(model: LLaDAModelLM, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def batched_logits(model: DenseLM, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """[B, T] ids -> [B, T, V] logits through the engine's own blocks (differentiable), keys
     restricted to each row's valid (non-padding) positions; bidirectional like LLaDA."""
     B, T = ids.shape

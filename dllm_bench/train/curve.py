@@ -8,11 +8,11 @@ from pathlib import Path
 
 from dllm_bench.train.batches import Encoded
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.models.llada import LLaDAModelLM
+from engine.models import DenseLM
 from workloads.tasks.scoring import score_gsm8k
 
 
-def probe_generate(model: LLaDAModelLM, batch: Sequence[Encoded]) -> list[list[int]]:
+def probe_generate(model: DenseLM, batch: Sequence[Encoded]) -> list[list[int]]:
     """Greedy LLaDA decoding of each example's answer region through the engine in exact mode
     (cache none; gen_length = steps = block = window: one token per step, low-confidence
     remasking), the way `dllm-bench accuracy` will decode the trained model."""

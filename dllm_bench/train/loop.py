@@ -2,7 +2,7 @@
 `synth-cot`) on CPU and save it as an HF-layout LLaDA checkpoint the engine loads unchanged
 (`dllm-bench train`).
 
-The model is `engine.models.llada.LLaDAModelLM` itself, trained through its own blocks with a
+The model is `engine.models.DenseLM` itself, trained through its own blocks with a
 batched, padding-masked attention, so the saved weights mean exactly what the engine computes.
 The objective is LLaDA's SFT loss (`diffusion_loss`); a seeded data stream (the task's train
 split), AdamW with warmup + cosine decay, a learning curve on the dev split (CSV + PNG), a step
@@ -32,7 +32,7 @@ from dllm_bench.train.batches import ANSWER_DELIM, Encoded, batched_logits, coll
 from dllm_bench.train.curve import probe_accuracy, write_curve
 from dllm_bench.train.tokenizer import build_task_tokenizer, save_task_tokenizer
 from engine.config import DTYPES
-from engine.models.llada import LLaDAConfig, LLaDAModelLM
+from engine.models import DenseLM, ModelConfig, build_model
 from workloads.tasks import generated, synth
 
 OBJECTIVES = ("llada", "plain")
@@ -165,18 +165,18 @@ class TrainStream:
 
 
 # ------------------------------------------------------------------------------------ model
-def model_config(cfg: TrainConfig, special_ids: dict[str, int]) -> LLaDAConfig:
-    return LLaDAConfig(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+def model_config(cfg: TrainConfig, special_ids: dict[str, int]) -> ModelConfig:
+    return ModelConfig(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                        n_layers=cfg.n_layers, mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=cfg.vocab_size,
                        embedding_size=cfg.vocab_size, max_sequence_length=cfg.max_sequence_length,
                        rope_theta=cfg.rope_theta, **special_ids)
 
 
-def init_model(mcfg: LLaDAConfig, seed: int) -> LLaDAModelLM:
+def init_model(mcfg: ModelConfig, seed: int) -> DenseLM:
     """LLaDA's init: N(0, 0.02) for every matrix (output projections scaled by 1/sqrt(2L), GPT-2
     style, for a stable start), RMSNorm weights 1."""
     g = torch.Generator().manual_seed(seed)
-    model = LLaDAModelLM(mcfg)
+    model = build_model(mcfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:
@@ -189,7 +189,7 @@ def init_model(mcfg: LLaDAConfig, seed: int) -> LLaDAModelLM:
     return model.float().train()
 
 
-def diffusion_loss(model: LLaDAModelLM, ids, valid, region, mask_id: int, objective: str = "llada",
+def diffusion_loss(model: DenseLM, ids, valid, region, mask_id: int, objective: str = "llada",
                    eps: float = 1e-3, t_min: float = 0.1, generator: torch.Generator | None = None):
     """The masked-diffusion loss of one batch -> (loss, stats).
 

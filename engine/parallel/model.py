@@ -1,4 +1,4 @@
-"""One rank's LLaDA (its heads, MLP columns and vocabulary rows), an `LLaDAModelLM` to the engine
+"""One rank's model (its heads, MLP columns and vocabulary rows), an `DenseLM` to the engine
 with all-reduces in its blocks and two hooks for the runner: `decode_rows` and `head_mean`."""
 from __future__ import annotations
 
@@ -6,30 +6,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.llada import LLaDABlock, LLaDAConfig, LLaDAModelLM, RotaryEmbedding, _Norm
+from engine.models import DenseBlock, DenseLM, ModelConfig, RotaryEmbedding
+from engine.models.dense import _Norm
 from engine.parallel.group import TPGroup
 from engine.parallel.sharding import RankConfig, vocab_range
 from engine.parallel.vocab_decode import VocabParallelDecode
 
 
-class ShardedBlock(LLaDABlock):
+class ShardedBlock(DenseBlock):
     """A block over the rank's heads and MLP columns (its sizes come from the rank's share)."""
 
-    def __init__(self, cfg: LLaDAConfig, tp: TPGroup):
-        nn.Module.__init__(self)     # LLaDABlock's own __init__ would allocate the full block
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
+        nn.Module.__init__(self)     # DenseBlock's own __init__ would allocate the full block
         n, d, hd = tp.size, cfg.d_model, cfg.head_dim
         self.tp = tp
         self.n_heads, self.n_kv, self.head_dim, self.eps = cfg.n_heads // n, cfg.kv_heads // n, hd, cfg.rms_norm_eps
         self.attn_norm = _Norm(d)
-        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=False)
-        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=False)
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=cfg.qkv_bias)
         self.attn_out = nn.Linear(self.n_heads * hd, d, bias=False)
         self.ff_norm = _Norm(d)
         self.ff_proj = nn.Linear(d, cfg.mlp_hidden_size // n, bias=False)
         self.up_proj = nn.Linear(d, cfg.mlp_hidden_size // n, bias=False)
         self.ff_out = nn.Linear(cfg.mlp_hidden_size // n, d, bias=False)
-        self._qkv = self._gate_up = None
+        self._qkv = self._gate_up = self._qkv_bias = None
 
     def forward(self, x, positions, rope, layer: int, attn):
         q, k, v = self.qkv(x, positions, rope)
@@ -39,7 +40,7 @@ class ShardedBlock(LLaDABlock):
 
 
 class _ShardedTransformer(nn.Module):
-    def __init__(self, cfg: LLaDAConfig, tp: TPGroup):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
         super().__init__()
         rows = cfg.padded_vocab // tp.size
         self.transformer = nn.ModuleDict(dict(
@@ -50,11 +51,11 @@ class _ShardedTransformer(nn.Module):
         ))
 
 
-class ShardedLLaDA(LLaDAModelLM):
+class ShardedLM(DenseLM):
     """Built on the meta device; `engine.parallel.loader` fills it with the rank's slices."""
 
-    def __init__(self, cfg: LLaDAConfig, tp: TPGroup):
-        nn.Module.__init__(self)     # not LLaDAModelLM's: that would build the full model
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
+        nn.Module.__init__(self)     # not DenseLM's: that would build the full model
         self.config = RankConfig.of(cfg, tp.size)
         self.tp = tp
         self.vocab_start, self.vocab_end = vocab_range(cfg, tp.rank, tp.size)

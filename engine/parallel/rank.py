@@ -10,14 +10,14 @@ from engine.config import DTYPES, EngineConfig
 from engine.kv_cache import KVPool
 from engine.parallel.group import TPGroup
 from engine.parallel.loader import load_sharded
-from engine.parallel.model import ShardedLLaDA
+from engine.parallel.model import ShardedLM
 from engine.profiler import MemoryProfile, profile_kv_pool
 from engine.runner import ModelRunner
 
 
 @dataclass
 class RankBuild:
-    model: ShardedLLaDA
+    model: ShardedLM
     backend: str
     max_model_len: int
     capacity: int | None              # KV token slots per rank (None: unbounded, CPU without a budget)

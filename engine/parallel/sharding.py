@@ -1,10 +1,10 @@
-"""Which slice of every LLaDA weight a tensor-parallel rank holds (Megatron's split of a block;
+"""Which slice of every weight a tensor-parallel rank holds (Megatron's split of a block;
 the table: docs/PARALLEL.md): `split_of` a weight's name, `slice_of` the rank's part."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.models.llada import LLaDAConfig
+from engine.models import ModelConfig
 
 COLUMN, ROW, VOCAB, REPLICATED = "column", "row", "vocab", "replicated"
 _BLOCK = {"q_proj": COLUMN, "k_proj": COLUMN, "v_proj": COLUMN, "attn_out": ROW,
@@ -12,7 +12,7 @@ _BLOCK = {"q_proj": COLUMN, "k_proj": COLUMN, "v_proj": COLUMN, "attn_out": ROW,
 
 
 @dataclass
-class RankConfig(LLaDAConfig):
+class RankConfig(ModelConfig):
     """The checkpoint's config as one rank sees it: global fields unchanged, `kv_heads` the rank's."""
 
     tp_size: int = 1
@@ -22,12 +22,12 @@ class RankConfig(LLaDAConfig):
         return (self.n_kv_heads or self.n_heads) // self.tp_size
 
     @classmethod
-    def of(cls, cfg: LLaDAConfig, tp_size: int) -> RankConfig:
+    def of(cls, cfg: ModelConfig, tp_size: int) -> RankConfig:
         check_divisible(cfg, tp_size)
         return cls(**cfg.to_dict(), tp_size=tp_size)
 
 
-def check_divisible(cfg: LLaDAConfig, n: int) -> None:
+def check_divisible(cfg: ModelConfig, n: int) -> None:
     """ValueError unless every split dimension divides by n (whole heads per rank)."""
     if n < 1:
         raise ValueError(f"tensor-parallel size must be >= 1, got {n}")
@@ -54,11 +54,10 @@ def slice_of(name: str, shape: tuple[int, ...], rank: int, size: int) -> tuple[s
         return tuple(slice(None) for _ in shape)
     axis = 1 if kind == ROW else 0
     n = shape[axis] // size
-    part = slice(rank * n, (rank + 1) * n)
-    return (part, slice(None)) if axis == 0 else (slice(None), part)
+    return tuple(slice(rank * n, (rank + 1) * n) if i == axis else slice(None) for i in range(len(shape)))
 
 
-def vocab_range(cfg: LLaDAConfig, rank: int, size: int) -> tuple[int, int]:
+def vocab_range(cfg: ModelConfig, rank: int, size: int) -> tuple[int, int]:
     """[start, end) of the vocabulary rows rank holds (embedding and LM head alike)."""
     n = cfg.padded_vocab // size
     return rank * n, (rank + 1) * n

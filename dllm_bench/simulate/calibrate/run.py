@@ -28,7 +28,7 @@ from dllm_bench.simulate.calibrate.plan import CalibrateOptions, Plan, knobs, me
 from dllm_bench.simulate.cost_model import CostModel, HostCost
 from dllm_bench.simulate.implementations import MEASURED_HOST, get_impl
 from dllm_bench.simulate.simulator import TORCH_DTYPES
-from engine.models.llada import load_llada
+from engine.models import load_model
 
 SATURATED = 1.05          # a size whose rows/s beat the best before it by less than this: saturated
 POOR_FIT = 0.2            # a host fit whose median step error exceeds this describes its steps poorly
@@ -54,7 +54,7 @@ def calibrate(o: CalibrateOptions, console) -> Path:
         + "; ".join(f"{v.label} at {', '.join(map(str, s))}" for v, s in pl.sizes.items()) + " concurrent requests"
         + (f" (each batch warmed {mode.warm_steps} steps, then {mode.timed_steps} timed; ascending sizes stop "
            "where rows/s saturate)" if mode.timed_steps else ""))
-    mdl = load_llada(pl.model_dir, dtype_t, dev)
+    mdl = load_model(pl.model_dir, dtype_t, dev)
     gauge = speed_gauge.SpeedGauge(shape.d, shape.ffn, dtype_t, repeats, device=dev) if mode.gauge else None
     clocks, why = (None, "") if mode.gauge else open_clocks(dev)
     if why:

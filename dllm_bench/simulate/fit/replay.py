@@ -20,7 +20,7 @@ from dllm_bench.simulate.fit.measured import MeasuredPoint
 from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.implementations import MEASURED_HOST
 from dllm_bench.simulate.simulator import DTYPE_BYTES, SimSetup, simulate_point
-from engine.models.llada import LLaDAConfig
+from engine.models import ModelConfig
 
 
 @dataclass
@@ -43,10 +43,10 @@ class Replay:
 
 
 @lru_cache(maxsize=16)
-def _model(run_dir: str) -> tuple[LLaDAConfig, str, dict, float]:
+def _model(run_dir: str) -> tuple[ModelConfig, str, dict, float]:
     cfg = results.load_config(run_dir)["config"]
     m = cfg["model"]
-    model = LLaDAConfig(d_model=m["d_model"], n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], n_layers=m["n_layers"],
+    model = ModelConfig(d_model=m["d_model"], n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], n_layers=m["n_layers"],
                         mlp_hidden_size=m["mlp_hidden_size"], vocab_size=m["vocab_size"],
                         embedding_size=m.get("padded_vocab") or m["vocab_size"],
                         max_sequence_length=m.get("max_sequence_length") or 4096)

@@ -25,7 +25,7 @@ from dllm_bench.simulate.paper.published import (
 )
 from dllm_bench.simulate.simulator import SimSetup, resolve_sim_model, simulate_point
 from dllm_bench.systems.spec import ENGINE, parse_system, retention_knobs
-from engine.models.llada import LLaDAConfig
+from engine.models import ModelConfig, config_from_pretrained
 from workloads.serving import build_workload
 
 TOKENS = {"l40s": 16384, "rtx4090": 4000}
@@ -44,7 +44,7 @@ def impls() -> dict[str, str]:
 
 def setup(hw: Hardware, engine: dict | None = None) -> SimSetup:
     """LLaDA-8B on `hw` with the paper's knobs (the engine's overridable by `engine`)."""
-    cfg = LLaDAConfig.from_pretrained(resolve_sim_model("llada-8b")[0])
+    cfg = config_from_pretrained(resolve_sim_model("llada-8b")[0])
     base = {k: dict(v) for k, v in PAPER_BASELINE_KNOBS.items()}
     for name, r in retention_knobs(0.5).items():
         base.setdefault(name, {}).update(r)
@@ -97,7 +97,7 @@ def workload(ds: str, n: int, prompt_len: int | None = None, gen: int = GEN, see
              declared: Declared = DEFAULT):
 
     prompt_len = prompt_len or declared.prompt_len.get(ds)
-    cfg = LLaDAConfig()
+    cfg = ModelConfig()
     kw = dict(random_input_len=prompt_len, random_output_len=gen) if prompt_len else {}
     return build_workload("random" if prompt_len else ds, num_prompts=n, rps=rps, seed=seed,
                           vocab_size=cfg.vocab_size, special_ids=[cfg.mask_token_id, cfg.eos_token_id],

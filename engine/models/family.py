@@ -1,0 +1,201 @@
+"""The model seam: `ModelConfig` (the facts every family gives the engine, baselines, profiler and
+simulator), the `Family` registry keyed by config.json's `model_type`, and the one loader."""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+@dataclass
+class ModelConfig:
+    """One checkpoint's shape and token ids in the engine's names (defaults: LLaDA-8B's shape)."""
+
+    d_model: int = 4096
+    n_heads: int = 32
+    n_kv_heads: int | None = 32
+    n_layers: int = 32
+    mlp_hidden_size: int = 12288
+    vocab_size: int = 126464
+    embedding_size: int | None = 126464
+    rope_theta: float = 500000.0
+    rms_norm_eps: float = 1e-5
+    max_sequence_length: int = 4096
+    mask_token_id: int = 126336
+    eos_token_id: int = 126081
+    pad_token_id: int = 126081
+    bos_token_id: int | None = None
+    model_type: str = "llada"
+    qkv_bias: bool = False      # q, k and v projections carry biases (Dream)
+    shift: int = 0              # 1: the hidden at position p - 1 predicts token p (Dream)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def _model_kv_heads(self) -> int:
+        """The whole model's KV heads (a tensor-parallel rank's `kv_heads` are its share)."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def padded_vocab(self) -> int:
+        """LM-head (and embedding) rows, which may exceed the tokenizer's vocabulary."""
+        return self.embedding_size or self.vocab_size
+
+    @property
+    def weights_per_forward(self) -> int:
+        """Parameters a forward reads: the blocks' matrices and the LM head."""
+        d, kv, f, q = self.d_model, self._model_kv_heads * self.head_dim, self.mlp_hidden_size, self.n_heads * self.head_dim
+        return self.n_layers * (d * (q + 2 * kv) + q * d + 3 * d * f) + d * self.padded_vocab
+
+    @property
+    def kv_per_weight(self) -> float:
+        """One token's K and V bytes (every layer) per weight byte a forward reads (engine.cache_mode)."""
+        return 2 * self.n_layers * self._model_kv_heads * self.head_dim / self.weights_per_forward
+
+    @property
+    def pair_per_row(self) -> float:
+        """Attention FLOPs of one (query, key) pair per FLOP of a query row through the weights."""
+        return 2 * self.n_layers * self.n_heads * self.head_dim / self.weights_per_forward
+
+    @property
+    def family(self) -> Family:
+        return family_of(self.model_type)
+
+    def check(self) -> ModelConfig:
+        if self.d_model % self.n_heads or self.n_heads % self.kv_heads:
+            raise ValueError("d_model must divide by n_heads and n_heads by n_kv_heads")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_hf(self) -> dict:
+        """The family's config.json for this shape."""
+        return self.family.to_hf(self)
+
+    def with_(self, **changes) -> ModelConfig:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a model family brings: its config.json mapping both ways and its weight names."""
+
+    name: str                                    # "LLaDA", "Dream": what users read
+    model_type: str                              # config.json's model_type
+    from_hf: Callable[[dict], ModelConfig]       # raises ValueError naming what it refuses
+    to_hf: Callable[[ModelConfig], dict]
+    hf_name: Callable[[str], str]                # our state-dict name -> the checkpoint's
+    model_class: type[nn.Module]                 # built from a ModelConfig (dense.DenseLM for dense families)
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    FAMILIES[family.model_type] = family
+    return family
+
+
+def family_of(model_type: str | None) -> Family:
+    if model_type not in FAMILIES:
+        known = ", ".join(f"{f.name} ({t!r})" for t, f in FAMILIES.items())
+        raise ValueError(f"config.json has model_type {model_type!r}; supported families: {known}")
+    return FAMILIES[model_type]
+
+
+def config_from_dict(d: dict) -> ModelConfig:
+    """A config.json's contents -> ModelConfig, by its family."""
+    return family_of(d.get("model_type")).from_hf(d).check()
+
+
+def config_from_pretrained(path: str | Path) -> ModelConfig:
+    p = Path(path) / "config.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"no config.json in {path}")
+    try:
+        d = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{p} is not a JSON object")
+    return config_from_dict(d)
+
+
+def config_fields() -> set[str]:
+    return {f.name for f in fields(ModelConfig)}
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """A model of `cfg`'s family (on the current default device; `torch.device("meta")` for none)."""
+    return cfg.family.model_class(cfg)
+
+
+def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights under its checkpoint's names (for writing a checkpoint)."""
+    name = model.config.family.hf_name
+    return {name(k): v for k, v in model.state_dict().items()}
+
+
+def weight_files(path: Path) -> list[str]:
+    """The safetensors files of a checkpoint directory (from its index when sharded), each checked."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{index} is not a valid safetensors index: {e}") from None
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
+    for f in files:
+        if not (path / f).is_file():
+            raise FileNotFoundError(f"shard {f} listed in the index is missing from {path}")
+    return files
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> nn.Module:
+    """Load an HF checkpoint directory (single file or sharded safetensors) of any registered family."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    cfg = config_from_pretrained(path)
+    files = weight_files(path)
+    with torch.device("meta"):
+        model = build_model(cfg)
+    hf = {model.config.family.hf_name(k): k for k in model.state_dict()}
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            shard = load_file(str(path / f), device=str(device))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"corrupt safetensors file {path / f}: {e}") from None
+        # cast shard by shard: the peak is the cast model plus one shard
+        state.update({hf[k]: v.to(dtype) for k, v in shard.items() if k in hf})
+        del shard
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks {len(missing)} weights, e.g. {cfg.family.hf_name(missing[0])}")
+    for k, shape in expected.items():
+        if tuple(state[k].shape) != tuple(shape):
+            raise ValueError(f"weight {cfg.family.hf_name(k)} has shape {tuple(state[k].shape)}, "
+                             f"config implies {tuple(shape)}")
+    model.load_state_dict({k: state[k] for k in expected}, assign=True)
+    model = model.to(device).eval()
+    model.fuse()
+    return model
