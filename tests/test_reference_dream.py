@@ -11,6 +11,7 @@ from baselines.reference_dream import (
     ALGS,
     DreamSampling,
     choose_positions,
+    dense_logits,
     dream_schedule,
     filter_logits,
     propose,
@@ -249,3 +250,13 @@ def test_bad_params_are_refused(kw):
 def test_bad_prompts_are_refused(prompt):
     with pytest.raises(ValueError, match="prompt"):
         reference_generate(standin(), prompt, DreamSampling(gen_length=4, steps=4), 39)
+
+
+def test_dense_logits_feeds_one_sequence_through_a_batched_forward():
+    """The seam's forward takes ids [B, L] and returns [B, L, V]; the sampler sees row p of sequence 0."""
+    fn = standin()
+    model = lambda ids: torch.stack([fn(row) for row in ids])  # noqa: E731
+    x = torch.tensor([3, 39, 39, 7])
+    assert torch.equal(dense_logits(model)(x), fn(x))
+    assert reference_generate(dense_logits(model), [3, 4], DreamSampling(gen_length=6, steps=3, alg="entropy"), 39) \
+        == reference_generate(fn, [3, 4], DreamSampling(gen_length=6, steps=3, alg="entropy"), 39)
