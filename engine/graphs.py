@@ -48,9 +48,10 @@ def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
 
 
 def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_batch: int | None,
-                 holds: Callable[[int], bool]) -> tuple[str, int, list[int]]:
+                 holds: Callable[[int], bool], shift: int = 0) -> tuple[str, int, list[int]]:
     """What `StepGraphs.capture_all` captures, decided without a model (the simulator asks it too):
-    (cache mode, KV slots each, buckets up to `max_batch`'s within the budget while `holds(slots)`)."""
+    (cache mode, KV slots each, buckets up to `max_batch`'s within the budget while `holds(slots)`);
+    `shift`: the model's, a Reuse step's query rows before its block."""
     mode = "dual" if config.cache == AUTO else config.cache
     need = kv_need(mode, prompt_len + block_length, block_length, config.retention)
     if mode == "none" or need == 0:
@@ -59,7 +60,7 @@ def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_b
     last = (bucket(max_batch, buckets) if max_batch is not None else None) or buckets[-1]
     sizes = []
     for b in buckets:
-        if b > last or b * block_length > config.max_num_batched_tokens or not holds(b * need):
+        if b > last or b * (block_length + shift) > config.max_num_batched_tokens or not holds(b * need):
             break
         sizes.append(b)
     return mode, need, sizes
@@ -94,23 +95,25 @@ class PadSpec:
     members: int                  # members after padding (the batch bucket)
     keys: int                     # static keys: gathered in all (packed) or per member (padded); 0 = in place
     scratch: int                  # the pool slot no request owns
+    lead: int = 0                 # query-only rows before each block (the model's shift), dummies' too
 
 
 def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
     """`m` (Reuse members, one block length) plus dummy members up to `spec.members`."""
-    n, bl = spec.members - len(m.n_q), int(m.block_len[0])
+    n, bl, s = spec.members - len(m.n_q), int(m.block_len[0]), spec.lead
     if n <= 0:
         return m
     one = lambda v: np.full(n, v, dtype=np.int64)  # noqa: E731
-    slot_base = len(m.slots) + bl * np.arange(n, dtype=np.int64)
-    cu_q = np.concatenate([m.cu_q, m.cu_q[-1] + bl * np.arange(1, n + 1, dtype=np.int64)])
+    nq = bl + s                   # a dummy's canvas: `lead` rows, then its block
+    slot_base = len(m.slots) + nq * np.arange(n, dtype=np.int64)
+    cu_q = np.concatenate([m.cu_q, m.cu_q[-1] + nq * np.arange(1, n + 1, dtype=np.int64)])
     cat = lambda a, b: np.concatenate([a, b])  # noqa: E731
-    return StepMeta(offset=cat(m.offset, one(0)), length=cat(m.length, one(bl)), block_len=cat(m.block_len, one(bl)),
-                    block_start=cat(m.block_start, one(0)), kv=cat(m.kv, one(bl)), k=cat(m.k, one(0)),
+    return StepMeta(offset=cat(m.offset, one(0)), length=cat(m.length, one(nq)), block_len=cat(m.block_len, one(bl)),
+                    block_start=cat(m.block_start, one(s)), kv=cat(m.kv, one(bl)), k=cat(m.k, one(0)),
                     phase=cat(m.phase, one(CODES[Phase.REUSE])), slot_base=cat(m.slot_base, slot_base),
-                    slot_len=cat(m.slot_len, one(bl)), slots=cat(m.slots, one(spec.scratch).repeat(bl)),
+                    slot_len=cat(m.slot_len, one(nq)), slots=cat(m.slots, one(spec.scratch).repeat(nq)),
                     refresh=cat(m.refresh, np.zeros(n, dtype=bool)), q_start=cat(m.q_start, one(0)),
-                    n_q=cat(m.n_q, one(bl)), cu_q=cu_q,
+                    n_q=cat(m.n_q, one(nq)), cu_q=cu_q, lead=cat(m.lead, one(s)),
                     cache=None if m.cache is None else cat(m.cache, one(CACHE_CODES["dual"])))
 
 
@@ -179,7 +182,8 @@ class StepGraphs:
             return False
         bl = batch[0][0].block_length
         b = bucket(len(batch), self.buckets)
-        if b is None or any(r.block_length != bl for r, _ in batch) or b * bl > self.runner.config.max_num_batched_tokens:
+        if b is None or any(r.block_length != bl for r, _ in batch) or \
+                b * (bl + self.runner.model_config.shift) > self.runner.config.max_num_batched_tokens:
             return False
         if self._in_place():   # a table in pieces (a fragmented pool): eager, not a graph per key width
             return all(self.pool.contiguous(req.slots) for req, _ in batch)
@@ -195,13 +199,14 @@ class StepGraphs:
         if self._in_place():
             return 0
         keys = [r.policy.reuse_keys(req) for req, _ in batch]
+        dummy = batch[0][0].block_length + r.model_config.shift    # a dummy's keys at most
         if r.kernel is None:
-            return key_width(max(keys))
-        dummies = (bucket(len(batch), self.buckets) - len(batch)) * batch[0][0].block_length
-        return key_width(sum(keys) + dummies)
+            return key_width(max(keys + [dummy]))
+        return key_width(sum(keys) + (bucket(len(batch), self.buckets) - len(batch)) * dummy)
 
     def _spec(self, batch) -> tuple[PadSpec, tuple[int, int, int]]:
-        spec = PadSpec(bucket(len(batch), self.buckets), self._keys(batch), self.pool.scratch)
+        spec = PadSpec(bucket(len(batch), self.buckets), self._keys(batch), self.pool.scratch,
+                       self.runner.model_config.shift)
         return spec, (spec.members, spec.keys, batch[0][0].block_length)
 
     def capture(self, batch) -> bool:
@@ -218,7 +223,8 @@ class StepGraphs:
         """Every bucket for Reuse steps of `block_length` before serving (warm-up), on synthetic
         requests (`warm_up_plan`, `warm_up_requests`) whose slots are held only meanwhile. -> buckets decided."""
         r = self.runner
-        mode, need, sizes = warm_up_plan(r.config, block_length, prompt_len, max_batch, self.pool.can_reserve)
+        mode, need, sizes = warm_up_plan(r.config, block_length, prompt_len, max_batch, self.pool.can_reserve,
+                                         r.model_config.shift)
         new = 0
         for b in sizes:
             reqs = warm_up_requests(b, mode, need, block_length, prompt_len, r.model_config.mask_token_id, r.device)
