@@ -79,10 +79,11 @@ class LongRefresh:
 @torch.no_grad()
 def refresh_rows(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
                  config: EngineConfig, chunk: int, backend: str = "sdpa") -> torch.Tensor:
-    """The chunked Refresh of `req`'s whole canvas -> the final-normed hidden states of its
-    current block and the model's `shift` rows before it [shift + block_length, d]. `phase` says what the cache gets: REFRESH_STORE stores every
-    position's K/V into the request's slots (dual), REFRESH_SELECT packs the retained context
-    K/V into its first slots (sparse); `storage`: the KV pool's [layers, 2, slots, Hkv, D]."""
+    """The chunked Refresh of `req`'s whole canvas -> the final-normed hidden states of the
+    model's `shift` rows before its current block and the block's. `phase` says what the cache
+    gets: REFRESH_STORE stores every position's K/V into the request's slots (dual), REFRESH_SELECT
+    packs the retained context K/V into its first slots (sparse); `storage`: the KV pool's
+    [layers, 2, slots, Hkv, D]."""
     run = LongRefresh(model, req, phase, config, backend)
     bounds = [(a, min(a + chunk, req.length)) for a in range(0, req.length, chunk)]
     for i, blk in enumerate(model.blocks):

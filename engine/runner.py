@@ -17,7 +17,7 @@ from engine.decoding import commit_mask, policy_columns
 from engine.graphs import PadSpec, StepGraphs, pad_meta
 from engine.kv_cache import KVPool
 from engine.logits import DecodeResult, RowSegment, decode_rows
-from engine.models import DenseLM
+from engine.models import DenseLM, ModelConfig
 from engine.ragged import padded, ragged
 from engine.regions import DECODE, in_region
 from engine.request import Phase, Request
@@ -177,7 +177,7 @@ class CommitPlan:
     canvas_start: torch.Tensor | None  # [B] where each canvas starts in the canvas pool's tokens
 
 
-def _plan_commit(m: StepMeta, policies: list, host_tokens: np.ndarray, cfg, staging: Staging,
+def _plan_commit(m: StepMeta, policies: list, host_tokens: np.ndarray, cfg: ModelConfig, staging: Staging,
                  in_pool: bool) -> CommitPlan:
     W, s = int(m.block_len.max()), cfg.shift
     idx, valid = padded(m.offset + m.block_start, m.block_len, W)
