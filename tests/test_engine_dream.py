@@ -7,7 +7,8 @@ on a tiny Dream (GQA 14:2, q/k/v biases, odd lengths, prompts shorter and longer
 * the block edge (docs/ENGINE.md): cache=dual equals a plainly written dual cache whose windows
   query the row before the block too, without storing it; on every step the logit row of a masked
   position p is the LM head of the hidden at p - 1 computed in that step, the edge row's cached
-  K/V never change within a block, and the LM head gets exactly the candidates' rows;
+  K/V never change within a block, and the LM head gets exactly the candidates' rows (the logit
+  budget's chunking, or none, changes no token);
 * cache=sparse at retention 1 and delay 0 equals dual (head and uniform selection); head-centric
   selection packs per KV head what a plain per-head loop over its 7 query heads picks;
 * cache=auto mixing dual and sparse members: each request equals itself alone in its mode.
@@ -179,6 +180,9 @@ def test_logit_rows_charged_are_the_candidates(model, cache):
     prompts, params = _mixed()
     outs = make_engine(model, cache=cache, retention=0.5, max_num_logits=3).generate(prompts, params)
     assert [o.logits_rows for o in outs] == [_candidates(sp) for sp in params]
+    for m in (1, None):                  # the budget's chunking (or none: every query row) changes no token
+        other = make_engine(model, cache=cache, retention=0.5, max_num_logits=m).generate(prompts, params)
+        assert [o.token_ids for o in other] == [o.token_ids for o in outs]
 
 
 @pytest.mark.parametrize("selection", ["head", "uniform"])
