@@ -31,7 +31,7 @@ from tests.dream_helpers import (
     plain_window,
     tiny_dream,
 )
-from tests.helpers import make_engine, run_alone
+from tests.helpers import kv_of, make_engine, run_alone
 from tests.test_engine_mechanisms import _plain_layer_qkv, plain_head_selection, plain_uniform_selection
 
 
@@ -152,14 +152,14 @@ def test_each_logit_row_is_the_head_of_the_hidden_before_it_computed_in_that_ste
         if step_in_block == 0:
             want, cache = plain_full(model, x)
             want = want[cand - 1]
-            edge_kv = req.kv[:, :, :, s - 1].clone()
+            edge_kv = kv_of(req)[:, :, :, s - 1].clone()
         else:
             assert int(p.meta.n_q[0]) == bl + 1 and eng.step_log[-1][2] == bl + 1
             assert eng.scheduler.cost(req, Phase.REUSE) == bl + 1
             want = plain_window(model, x, [[k.clone(), v.clone()] for k, v in cache], s, e)[cand - s]
             edge_reads += bool((cand == s).any())
             if req.slots is not None:
-                assert torch.equal(req.kv[:, :, :, s - 1], edge_kv)   # the edge row is never stored
+                assert torch.equal(kv_of(req)[:, :, :, s - 1], edge_kv)   # the edge row is never stored
         torch.testing.assert_close(hidden[rows], want, rtol=0, atol=1e-10)   # float64, other op order
         assert torch.equal(res.x0, proposal_argmax(model.lm_head(want), MASK))
     assert edge_reads > 0                     # some Reuse step decoded the block's first position
@@ -213,7 +213,7 @@ def test_refresh_select_packs_the_plainly_selected_rows_per_kv_head(model, selec
             continue
         lc = req.length - params.block_length
         keep = retained_tokens(lc, r)
-        kept = req.kv[:, :, :, :keep]
+        kept = kv_of(req)[:, :, :, :keep]
         ctx = torch.cat([torch.arange(0, s), torch.arange(e, req.length)])
         with torch.no_grad():
             layers = _plain_layer_qkv(model, canvas)
