@@ -35,7 +35,7 @@ class EngineConfig:
     # a Refresh longer than the token budget runs in chunks of this many (None: sized by the profiler)
     refresh_chunk_tokens: int | None = None
     max_num_logits: int | None = 1024      # None = monolithic full-sequence logits (an HF forward)
-    cache: str = "sparse"                  # none (exact LLaDA) | dual (Fast-dLLM) | sparse (dLLM-Serve) | auto
+    cache: str = "auto"                    # none (exact LLaDA) | dual (Fast-dLLM) | sparse (dLLM-Serve) | auto
     selection: str = "head"                # head-centric per-KV-head top-k | uniform (Sparse-dLLM)
     retention: float = 0.5                 # fraction of context tokens kept per head
     score_query: str = "mean"              # the block queries' mean (upstream's) | their max
