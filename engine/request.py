@@ -94,7 +94,7 @@ class Request:
         self.status = Status.WAITING
         self.block = 0
         self.step_in_block = 0
-        self.decoding = Decoding.parse(self.params.decoding)
+        self.decoding: Decoding = self.params.decoding
         self.schedule = transfer_schedule(self.params.block_length, self.params.steps_per_block)
         self.block_steps: list[int] = []
         self.block_times: list[float] = []

@@ -37,7 +37,7 @@ from engine.models.llada import LLaDAModelLM
 def point_system(point: Point, model: LLaDAModelLM | InProcess, *, max_num_seqs: int = 64,
                  max_num_batched_tokens: int | None = None, max_num_logits: int | str | None = AUTO, batch: int = 32,
                  pool_window: int = 3, delay_step: int = 1, memory_budget: int | None = None,
-                 decoding: str = FIXED, cuda_graphs: bool | None = None,
+                 decoding: Decoding = Decoding(), cuda_graphs: bool | None = None,
                  longest_canvas: int | None = None, block_length: int = 32) -> Any:
     """A fresh serving system for `point` over a loaded model or a checkpoint's systems
     (dllm_bench.systems.inprocess: there an engine may run over several ranks of its own; close
@@ -91,7 +91,7 @@ class PointBackend:
     system_kw: dict = field(default_factory=dict)
     show_progress: bool = False
     label: str = ""
-    decoding: str = FIXED
+    decoding: Decoding = Decoding()
     source: InProcess | None = None
     outputs: list = field(default_factory=list)      # RequestOutputs of every call
     by_prompt: dict = field(default_factory=dict)    # prompt text -> its RequestOutput
@@ -182,7 +182,7 @@ def engine_backend(model_args: dict) -> PointBackend:
     score_query = _arg(model_args, "score_query", str, "mean")
     if score_query not in SCORE_QUERIES:
         raise ValueError(f"score_query must be one of {SCORE_QUERIES}, got {score_query!r}")
-    decoding = str(Decoding.parse(_arg(model_args, "decoding", str, FIXED)))
+    decoding = Decoding.parse(_arg(model_args, "decoding", str, FIXED))
     tp = _arg(model_args, "tensor_parallel_size", int, 1)
     if tp < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")

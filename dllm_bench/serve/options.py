@@ -192,7 +192,7 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
     if o.max_concurrency is not None and o.max_concurrency < 1:
         raise UserError(f"--max-concurrency must be >= 1, got {o.max_concurrency}")
     reporting = metric_options(o.percentile_metrics, o.metric_percentiles, o.goodput)
-    decoding = str(system_decoding.parse(o.decoding))
+    decoding = system_decoding.parse(o.decoding)
     over: dict[str, Any] = {}
     for k in ("max_num_batched_tokens", "max_num_seqs", "gen_cap", "block_length", "max_prompt_len", "threads",
               "tensor_parallel_size"):

@@ -115,7 +115,7 @@ def point_summary(out: Mapping, pp: PlannedPoint, run: ServeRun) -> tuple[dict, 
     summary = summarize(res, run.metric_options, run.max_concurrency)
     summary["rps"] = pp.rps
     dec = run.decoding_for(pp.variant)
-    summary["decoding"] = dec.decoding
+    summary["decoding"] = str(dec.decoding)
     if dec.note:
         summary["decoding_note"] = dec.note
     extra = {

@@ -48,7 +48,7 @@ def worker_spec(run: ServeRun, variant, workload, shape, trace_path: Path | None
         "device": p.device, "memory_budget": run.memory_budget, "threads": p.threads,
         "engine_defaults": run.engine_defaults, "baseline_defaults": baseline_defaults,
         "max_model_len": p.max_model_len, "shape": shape.__dict__,
-        "sampling": {"block_length": p.block_length, "steps": "gen_length", "decoding": dec.decoding},
+        "sampling": {"block_length": p.block_length, "steps": "gen_length", "decoding": str(dec.decoding)},
         "workload": [{"request_id": r.request_id, "prompt_ids": r.prompt_ids, "gen_length": r.gen_length,
                       "arrival": r.arrival} for r in workload],
         "max_duration": run.max_duration, "num_warmups": run.num_warmups, "use_cache": run.use_cache,

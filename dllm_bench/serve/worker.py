@@ -40,7 +40,7 @@ from dllm_bench.systems.build import (  # noqa: E402
     warm_up_batch,
 )
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
-from engine.decoding import FIXED  # noqa: E402
+from engine.decoding import FIXED, Decoding  # noqa: E402
 from engine.memory import MemoryMeter  # noqa: E402  (the profiler's meter: the budget is held, not only accounted)
 from engine.profiler import weights_bytes  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
@@ -92,7 +92,7 @@ def run(spec: dict, out_path: Path) -> int:
 
     steps_rule = spec["sampling"].get("steps", "gen_length")
     block = int(spec["sampling"]["block_length"])
-    decoding = spec["sampling"].get("decoding", FIXED)
+    decoding = Decoding.parse(spec["sampling"].get("decoding", FIXED))   # the text process.py wrote
 
     def make_params(item: dict) -> SamplingParams:
         g = int(item["gen_length"])
