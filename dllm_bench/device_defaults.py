@@ -1,6 +1,8 @@
-"""The device defaults of every command, in one place: on CUDA bfloat16 and a memory budget of
-the free device memory x 0.9, on CPU float32 and no budget; on a `SimulatedGpu` (`simulate` on
-a GPU profile) CUDA's, its free memory and name the profile's, torch.cuda never asked.
+"""The engine's device defaults (engine.config: dtype, CUDA graphs, the automatic budget, so `auto`
+and an engine built without a budget agree) applied to a command's device: on CUDA bfloat16,
+graphs on and a budget of the free device memory x GPU_MEMORY_UTILIZATION, on CPU float32 and
+no budget; on a `SimulatedGpu` (`simulate` on a GPU
+profile) CUDA's, its free memory and name the profile's, torch.cuda never asked.
 
 A CUDA budget is measured once, when a run's options are resolved, and that number is handed to
 every system of the run (the engine's KV pool is profiled for it, each baseline's largest static
@@ -20,13 +22,10 @@ import torch
 
 from dllm_bench.errors import UserError
 from dllm_bench.units import format_size, parse_size
-from engine.config import DTYPES, EngineConfig
+from engine import config as engine_defaults
+from engine.config import DTYPES, GPU_MEMORY_UTILIZATION
 from engine.memory import budget_from_free
 from engine.memory import free_device_memory as _free_memory
-
-# The fraction of free device memory a CUDA run budgets: the engine's gpu_memory_utilization
-# default, so `auto` and an engine built without a budget agree (engine.memory.budget_from_free).
-GPU_MEMORY_UTILIZATION = EngineConfig.gpu_memory_utilization
 
 
 @dataclass(frozen=True)
@@ -68,17 +67,14 @@ def is_cuda(device: Device) -> bool:
 
 
 def default_dtype(device: Device) -> str:
-    """bfloat16 on CUDA (LLaDA's own dtype; float32 doubles the weights: 32 GB for LLaDA-8B),
-    float32 on CPU (no fast bfloat16 matmul there, and the exactness tests compare in it)."""
-    return "bfloat16" if is_cuda(device) else "float32"
+    """The engine's default dtype on `device` (engine.config.default_dtype: bfloat16 on CUDA)."""
+    return engine_defaults.default_dtype(resolve_device(device))
 
 
 def cuda_graphs_on(flag: bool | None, device: Device) -> bool:
-    """`--cuda-graphs/--no-cuda-graphs` (None: not given) -> whether the engine pads Reuse-only
-    steps to batch buckets and replays them as CUDA graphs (engine.graphs): on by default on
-    CUDA, off on a CPU, where an explicit --cuda-graphs runs the same padding with plain calls.
-    Resolved here, not left as None to the engine, so config.json says what ran."""
-    return is_cuda(device) if flag is None else bool(flag)
+    """`--cuda-graphs/--no-cuda-graphs` (None: not given) on `device`, by the engine's rule
+    (engine.config.cuda_graphs_on), resolved here so config.json says what ran."""
+    return engine_defaults.cuda_graphs_on(flag, resolve_device(device))
 
 
 def gpu_identity(device: str | torch.device | None) -> dict | None:

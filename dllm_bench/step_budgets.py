@@ -85,7 +85,7 @@ def engine_budgets(model, *, tokens: int | None, logits: int | str | None, max_n
                    cpu: tuple[int, int | None] = (8192, 1024)) -> StepBudgets:
     """The budgets of an engine a command builds over a loaded `model` (generate, accuracy,
     frontier): on CUDA `step_budgets` for the engine's memory budget (`budget_bytes`, or the
-    engine's own default: (free + weights) x 0.9); on a CPU the given values, else `cpu` (the
+    engine's own default: (free + weights) x GPU_MEMORY_UTILIZATION); on a CPU the given values, else `cpu` (the
     command's own defaults: nothing scales). `tokens` None / `logits` AUTO: not given. With the
     device's ridge (measured on CUDA)."""
     ridge = device_ridge(model.device, model.dtype).rows

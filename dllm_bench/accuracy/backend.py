@@ -155,7 +155,7 @@ def engine_backend(model_args: dict) -> PointBackend:
     """The lm-eval backend `engine`: `model=<preset|dir>` plus optional `retention`, `selection`
     (head|uniform), `score_query` (mean|max), `cache` (none|dual|sparse; default sparse when retention < 1 is given, else
     none), `system` (engine or a baseline), `dtype` (default bfloat16 on CUDA, float32 on CPU),
-    `device`, `memory_budget` (default auto: free GPU memory x 0.9, none on CPU), `threads`,
+    `device`, `memory_budget` (default auto: free GPU memory x GPU_MEMORY_UTILIZATION, none on CPU), `threads`,
     `gen_length`, `block_length`, `steps`, `seed`, `chat`, `max_num_seqs`, `batch` (baselines),
     `decoding` (fixed | threshold:τ | factor:f | entropy:γ; default fixed), `tensor_parallel_size`
     (the engine on N ranks, spawned for every call and stopped after it; `threads` shared out)."""

@@ -138,7 +138,7 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
 
     Device defaults (dllm_bench.device_defaults): a checkpoint dir without --preset on a CUDA
     device starts from the GPU preset; a CPU preset on CUDA runs in bfloat16; the budget (`auto`,
-    or none given and none in the preset) is free memory x 0.9 on CUDA, measured here, once, for
+    or none given and none in the preset) is free memory x GPU_MEMORY_UTILIZATION on CUDA, measured here, once, for
     every system of the run; the engine's CUDA graphs are on for a CUDA device unless
     --no-cuda-graphs (resolved to true/false into the preset, so config.json says what ran); a
     preset's "auto" token and logit budgets are scaled with the GPU's budget and the model

@@ -48,7 +48,7 @@ class ServePreset:
     length_scale: float              # multiplies dataset token counts (1.0 = paper scale)
     gen_cap: int                     # max gen_length (tokens, rounded down to a block multiple)
     block_length: int
-    memory_budget: str | None        # "1GiB"...; None = the device default (CUDA: free x 0.9)
+    memory_budget: str | None        # "1GiB"...; None = the device default (CUDA: free x GPU_MEMORY_UTILIZATION)
     # Engine token budget per step and logit budget (rows per step; None = monolithic); "auto":
     # scaled with the GPU and the model when the run is resolved (dllm_bench.step_budgets).
     max_num_batched_tokens: int | str

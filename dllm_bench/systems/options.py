@@ -95,7 +95,7 @@ def resolve(o: RunOptions, *, device: str | None = None, dtype: str | Callable[[
     """`o` checked and resolved, each option None falling back to the keyword of the same name
     (the command's default: a serve preset's device, dtype (a function of the device), budget,
     threads, ranks), then to the device defaults (auto device; bfloat16 on CUDA, float32 on a
-    CPU; budget auto = free GPU memory x 0.9, measured now, none on a CPU). `required`: the
+    CPU; budget auto = free GPU memory x GPU_MEMORY_UTILIZATION, measured now, none on a CPU). `required`: the
     command sizes its systems for one budget, so a CPU needs a size. `auto_device=False`: the
     command's --device has no `auto` (device_of)."""
     n = positive(o.tensor_parallel_size, "--tensor-parallel-size") or tensor_parallel_size
