@@ -1,18 +1,11 @@
-"""The engine's device defaults (engine.config: dtype, CUDA graphs, the automatic budget, so `auto`
-and an engine built without a budget agree) applied to a command's device: on CUDA bfloat16,
-graphs on and a budget of the free device memory x GPU_MEMORY_UTILIZATION, on CPU float32 and
-no budget; on a `SimulatedGpu` (`simulate` on a GPU
-profile) CUDA's, its free memory and name the profile's, torch.cuda never asked.
+"""The engine's device defaults (engine.config: bfloat16 and CUDA graphs on CUDA, an automatic
+budget of the free memory x GPU_MEMORY_UTILIZATION) applied to a command's device; a
+`SimulatedGpu` (`simulate` on a GPU profile) takes CUDA's, its memory standing for the free memory.
 
-A CUDA budget is measured once, when a run's options are resolved, and that number is handed to
-every system of the run (the engine's KV pool is profiled for it, each baseline's largest static
-batch measured against it) and recorded in its config.json. Letting each system take "90 % of
-what is free" when it starts would size them against different memory: whatever the process
-before it left cached, a second engine in the same process, the next worker's CUDA context.
-
-`--memory-budget` everywhere takes a size (`22GiB`), `auto` (the device default above; on a CPU
-there is no device memory to measure, so no budget, or a UserError where a command needs one)
-or `none` (no budget: unbounded on a CPU, the engine's own per-process default on CUDA).
+A CUDA budget is measured once, when a run's options are resolved, handed to every system of the
+run and recorded in config.json: each measuring its own would see what the one before left cached.
+`--memory-budget` takes a size (`22GiB`), `auto` (the default above; on a CPU no budget, or a
+UserError where a command needs one) or `none` (unbounded on a CPU, the engine's own default on CUDA).
 """
 from __future__ import annotations
 
@@ -35,10 +28,10 @@ class SimulatedGpu:
     and ridge scaled with it), its memory standing for the free memory `auto` would measure."""
     name: str                 # the profile's name (h100)
     memory_bytes: int
-    peak_flops: float         # what its ridge is computed from (dllm_bench.ridge)
+    peak_flops: float         # what its ridge is computed from (dllm_bench.systems.ridge)
     bandwidth: float
     # a step's fixed cost beyond its roofline (the profile's host c_step and kernel costs), per
-    # step and per layer: the engine's overhead_rows (dllm_bench.ridge)
+    # step and per layer: the engine's overhead_rows (dllm_bench.systems.ridge)
     step_overhead_s: float = 0.0
     layer_overhead_s: float = 0.0
 

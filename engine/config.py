@@ -44,7 +44,7 @@ class EngineConfig:
     delay_step: int = 1                    # step within a block at which the sparse cache is built
     # cache=auto's roofline (engine.cache_mode): query rows where a step stops being weight-bound
     ridge_rows: int = 256
-    # ... and a step's fixed cost beyond it (launches, host work) in query rows (dllm_bench.ridge)
+    # ... and a step's fixed cost beyond it (launches, host work) in query rows (dllm_bench.systems.ridge)
     overhead_rows: int = 0
     memory_budget: int | None = None       # bytes for weights + activations + KV; None = unbounded on CPU
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION   # CUDA default budget = free memory x this

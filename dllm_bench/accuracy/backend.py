@@ -24,11 +24,11 @@ from dllm_bench.accuracy.points import SCORE_QUERIES, SELECTIONS, SYSTEMS, Point
 from dllm_bench.checkpoints.load import encode_prompt, load_tokenizer, model_dir
 from dllm_bench.device_defaults import resolve_device_options
 from dllm_bench.errors import UserError
-from dllm_bench.step_budgets import AUTO
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.inprocess import InProcess
 from dllm_bench.systems.options import check_engine_only
 from dllm_bench.systems.spec import ENGINE, retention_knobs
+from dllm_bench.systems.step_budgets import AUTO
 from engine import EngineConfig, SamplingParams
 from engine.decoding import FIXED, Decoding
 from engine.models.llada import LLaDAModelLM
@@ -46,7 +46,7 @@ def point_system(point: Point, model: LLaDAModelLM | InProcess, *, max_num_seqs:
     free. `decoding`: the policy its requests ask for; a baseline gets it through its knobs
     (Fast-dLLM's threshold / factor), or runs fixed (dllm_bench.systems.decoding). The engine's
     token and logit budgets (None / AUTO: not given) are 8192 and 1024 on a CPU and scale with
-    the GPU on CUDA (dllm_bench.step_budgets; at least `longest_canvas`, default the model's length)."""
+    the GPU on CUDA (dllm_bench.systems.step_budgets; at least `longest_canvas`, default the model's length)."""
     src = model if isinstance(model, InProcess) else InProcess.over(model)
     if point.system == ENGINE:
         b = src.budgets(tokens=max_num_batched_tokens, logits=max_num_logits, max_num_seqs=max_num_seqs,

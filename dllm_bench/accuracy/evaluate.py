@@ -9,7 +9,7 @@ import numpy as np
 
 from dllm_bench.accuracy.backend import PointBackend
 from dllm_bench.accuracy.points import LM_EVAL_TASK, PRIMARY_METRIC, PointResult, wilson
-from dllm_bench.metrics import TPF_PERCENTILES
+from dllm_bench.metrics.serving import TPF_PERCENTILES
 from workloads.tasks import scoring, synth
 
 

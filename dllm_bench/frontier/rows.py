@@ -19,7 +19,7 @@ from pathlib import Path
 from dllm_bench.accuracy import seeds
 from dllm_bench.frontier.configs import Config
 from dllm_bench.frontier.measure import Measured
-from dllm_bench.metrics import summarize
+from dllm_bench.metrics.serving import summarize
 from dllm_bench.repeats import Spread
 from dllm_bench.results import atomic_write_json, atomic_write_jsonl
 

@@ -12,11 +12,11 @@ from baselines import SYSTEMS
 from dllm_bench import console, inputs
 from dllm_bench.checkpoints.load import encode_prompt, load_tokenizer, parse_ids
 from dllm_bench.errors import UserError
-from dllm_bench.step_budgets import AUTO
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.inprocess import InProcess
 from dllm_bench.systems.options import RunOptions, check_engine_only, resolve
 from dllm_bench.systems.spec import ENGINE, system_names
+from dllm_bench.systems.step_budgets import AUTO
 from engine import EngineConfig, SamplingParams
 from engine.decoding import Decoding
 

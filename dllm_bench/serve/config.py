@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dllm_bench.metric_options import MetricOptions
+from dllm_bench.metrics.options import MetricOptions
 from dllm_bench.serve.presets import ServePreset
 from dllm_bench.systems.build import GRAPH_KEEP, graph_capture
 from dllm_bench.systems.decoding import SystemDecoding

@@ -24,7 +24,7 @@ from rich.console import Console
 from dllm_bench import console as cons
 from dllm_bench import results
 from dllm_bench.errors import UserError
-from dllm_bench.metrics import summarize
+from dllm_bench.metrics.serving import summarize
 from dllm_bench.repeats import batch_text, repeat_seeds
 from dllm_bench.results import PointKey, fmt_rps
 from dllm_bench.serve import trace

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dllm_bench import speed_gauge
+from dllm_bench.serve import speed_gauge
 from dllm_bench.serve.config import ServeRun
 
 INTERRUPT_GRACE_S = 30.0  # after Ctrl-C, how long a worker may take to write its partial result

@@ -29,8 +29,8 @@ import torch  # noqa: E402
 from dllm_bench.errors import UserError  # noqa: E402
 from dllm_bench.results import atomic_write_json  # noqa: E402
 from dllm_bench.serve.loadgen import run_open_loop, step_stats_summary  # noqa: E402
+from dllm_bench.serve.speed_gauge import SpeedGauge  # noqa: E402
 from dllm_bench.serve.trace import tracing  # noqa: E402
-from dllm_bench.speed_gauge import SpeedGauge  # noqa: E402
 from dllm_bench.systems.build import (  # noqa: E402
     STATIC_PROFILE_STEPS,
     WARM_UP_PROMPT,
@@ -144,7 +144,7 @@ def run(spec: dict, out_path: Path) -> int:
 def _speed_gauge(model) -> SpeedGauge:
     """Read once before the replay (and once after it): the machine's speed while this point was
     measured, in the units `calibrate` records (same GEMM shape, dtype and thread count). Only a
-    validation's measured side asks for it (spec `speed_gauge`: dllm_bench.speed_gauge)."""
+    validation's measured side asks for it (spec `speed_gauge`: dllm_bench.serve.speed_gauge)."""
     cfg = model.config
     gauge = SpeedGauge(cfg.d_model, cfg.mlp_hidden_size, model.dtype, repeats=5)
     gauge.read()

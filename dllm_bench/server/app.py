@@ -30,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dllm_bench import metrics_page
+from dllm_bench.metrics import page as metrics_page
 from dllm_bench.server import auth, protocol
 from dllm_bench.server.engine_loop import EngineLoop, Job
 from dllm_bench.server.protocol import ChatCompletionRequest, CompletionRequest

@@ -17,7 +17,7 @@ import pandas as pd
 from dllm_bench import console as cons
 from dllm_bench import results
 from dllm_bench.errors import UserError
-from dllm_bench.metrics import summarize
+from dllm_bench.metrics.serving import summarize
 from dllm_bench.repeats import aggregate_points, repeat_seeds
 from dllm_bench.results import fmt_rps
 from dllm_bench.serve.points import PlannedPoint, point_line, point_summary, scenario_lines
