@@ -71,9 +71,10 @@ def sampling_params(state: ServerState, body: protocol._Body):
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     block = body.block_length or state.block_length
     gen_length = math.ceil(max_tokens / block) * block
+    asked = body.decoding()
     return SamplingParams(gen_length=gen_length, steps=body.steps or gen_length, block_length=block,
                           temperature=body.temperature, remasking=body.remasking, seed=body.seed or 0,
-                          decoding=asked if not (asked := body.decoding()).fixed else state.decoding)
+                          decoding=state.decoding if asked.fixed else asked)
 
 
 def create_app(state: ServerState) -> FastAPI:
