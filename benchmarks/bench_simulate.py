@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from dllm_bench.metrics import summarize
+from dllm_bench.metrics.serving import summarize
 from dllm_bench.simulate.hardware import load
 from dllm_bench.simulate.paper import setting as paper
 from dllm_bench.simulate.simulator import simulate_point

@@ -1,16 +1,11 @@
-"""The device defaults of every command, in one place: on CUDA bfloat16 and a memory budget of
-the free device memory x 0.9, on CPU float32 and no budget; on a `SimulatedGpu` (`simulate` on
-a GPU profile) CUDA's, its free memory and name the profile's, torch.cuda never asked.
+"""The engine's device defaults (engine.config: bfloat16 and CUDA graphs on CUDA, an automatic
+budget of the free memory x GPU_MEMORY_UTILIZATION) applied to a command's device; a
+`SimulatedGpu` (`simulate` on a GPU profile) takes CUDA's, its memory standing for the free memory.
 
-A CUDA budget is measured once, when a run's options are resolved, and that number is handed to
-every system of the run (the engine's KV pool is profiled for it, each baseline's largest static
-batch measured against it) and recorded in its config.json. Letting each system take "90 % of
-what is free" when it starts would size them against different memory: whatever the process
-before it left cached, a second engine in the same process, the next worker's CUDA context.
-
-`--memory-budget` everywhere takes a size (`22GiB`), `auto` (the device default above; on a CPU
-there is no device memory to measure, so no budget, or a UserError where a command needs one)
-or `none` (no budget: unbounded on a CPU, the engine's own per-process default on CUDA).
+A CUDA budget is measured once, when a run's options are resolved, handed to every system of the
+run and recorded in config.json: each measuring its own would see what the one before left cached.
+`--memory-budget` takes a size (`22GiB`), `auto` (the default above; on a CPU no budget, or a
+UserError where a command needs one) or `none` (unbounded on a CPU, the engine's own default on CUDA).
 """
 from __future__ import annotations
 
@@ -20,13 +15,10 @@ import torch
 
 from dllm_bench.errors import UserError
 from dllm_bench.units import format_size, parse_size
-from engine.config import DTYPES, EngineConfig
+from engine import config as engine_defaults
+from engine.config import DTYPES, GPU_MEMORY_UTILIZATION
 from engine.memory import budget_from_free
 from engine.memory import free_device_memory as _free_memory
-
-# The fraction of free device memory a CUDA run budgets: the engine's gpu_memory_utilization
-# default, so `auto` and an engine built without a budget agree (engine.memory.budget_from_free).
-GPU_MEMORY_UTILIZATION = EngineConfig.gpu_memory_utilization
 
 
 @dataclass(frozen=True)
@@ -36,10 +28,10 @@ class SimulatedGpu:
     and ridge scaled with it), its memory standing for the free memory `auto` would measure."""
     name: str                 # the profile's name (h100)
     memory_bytes: int
-    peak_flops: float         # what its ridge is computed from (dllm_bench.ridge)
+    peak_flops: float         # what its ridge is computed from (dllm_bench.systems.ridge)
     bandwidth: float
     # a step's fixed cost beyond its roofline (the profile's host c_step and kernel costs), per
-    # step and per layer: the engine's overhead_rows (dllm_bench.ridge)
+    # step and per layer: the engine's overhead_rows (dllm_bench.systems.ridge)
     step_overhead_s: float = 0.0
     layer_overhead_s: float = 0.0
 
@@ -68,17 +60,14 @@ def is_cuda(device: Device) -> bool:
 
 
 def default_dtype(device: Device) -> str:
-    """bfloat16 on CUDA (LLaDA's own dtype; float32 doubles the weights: 32 GB for LLaDA-8B),
-    float32 on CPU (no fast bfloat16 matmul there, and the exactness tests compare in it)."""
-    return "bfloat16" if is_cuda(device) else "float32"
+    """The engine's default dtype on `device` (engine.config.default_dtype: bfloat16 on CUDA)."""
+    return engine_defaults.default_dtype(resolve_device(device))
 
 
 def cuda_graphs_on(flag: bool | None, device: Device) -> bool:
-    """`--cuda-graphs/--no-cuda-graphs` (None: not given) -> whether the engine pads Reuse-only
-    steps to batch buckets and replays them as CUDA graphs (engine.graphs): on by default on
-    CUDA, off on a CPU, where an explicit --cuda-graphs runs the same padding with plain calls.
-    Resolved here, not left as None to the engine, so config.json says what ran."""
-    return is_cuda(device) if flag is None else bool(flag)
+    """`--cuda-graphs/--no-cuda-graphs` (None: not given) on `device`, by the engine's rule
+    (engine.config.cuda_graphs_on), resolved here so config.json says what ran."""
+    return engine_defaults.cuda_graphs_on(flag, resolve_device(device))
 
 
 def gpu_identity(device: str | torch.device | None) -> dict | None:

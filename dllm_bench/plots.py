@@ -22,7 +22,7 @@ matplotlib.use("Agg")  # before pyplot: headless, deterministic output
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from dllm_bench.metrics import ratio_table  # noqa: E402
+from dllm_bench.metrics.serving import ratio_table  # noqa: E402
 from dllm_bench.results import atomic_write_bytes  # noqa: E402
 
 MARKERS = "osD^v<>PX*"

@@ -13,6 +13,7 @@ SCHEDULERS = ("phase", "request", "lookahead")   # engine.scheduler.POLICIES' na
 # the one dtype-name table of the repository
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = ("auto", "sdpa", "varlen", "flash_attn")
+GPU_MEMORY_UTILIZATION = 0.9   # the automatic budget on CUDA: this share of the memory free before the weights load
 # the values each text field takes (checked in __post_init__; the CLI's parsers read them here)
 CHOICES = {"cache": CACHE_POLICIES, "selection": SELECTIONS, "score_query": SCORE_QUERIES,
            "scheduler": SCHEDULERS, "dtype": tuple(DTYPES), "attention_backend": BACKENDS}
@@ -24,7 +25,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "auto"                   # auto = cuda when available
     attention_backend: str = "auto"        # auto = on CUDA torch varlen_attn, else flash-attn, else SDPA
-    # Reuse-only steps bucketed as CUDA graphs (engine.graphs.enabled): None = on CUDA; True on a CPU: plain calls
+    # Reuse-only steps bucketed as CUDA graphs (cuda_graphs_on): None = on CUDA; True on a CPU: plain calls
     cuda_graphs: bool | None = None
     # ranks of one engine (engine.parallel): heads, MLP and vocabulary split; 1 = one device
     tensor_parallel_size: int = 1
@@ -35,7 +36,7 @@ class EngineConfig:
     # a Refresh longer than the token budget runs in chunks of this many (None: sized by the profiler)
     refresh_chunk_tokens: int | None = None
     max_num_logits: int | None = 1024      # None = monolithic full-sequence logits (an HF forward)
-    cache: str = "sparse"                  # none (exact LLaDA) | dual (Fast-dLLM) | sparse (dLLM-Serve) | auto
+    cache: str = "auto"                    # none (exact LLaDA) | dual (Fast-dLLM) | sparse (dLLM-Serve) | auto
     selection: str = "head"                # head-centric per-KV-head top-k | uniform (Sparse-dLLM)
     retention: float = 0.5                 # fraction of context tokens kept per head
     score_query: str = "mean"              # the block queries' mean (upstream's) | their max
@@ -43,10 +44,10 @@ class EngineConfig:
     delay_step: int = 1                    # step within a block at which the sparse cache is built
     # cache=auto's roofline (engine.cache_mode): query rows where a step stops being weight-bound
     ridge_rows: int = 256
-    # ... and a step's fixed cost beyond it (launches, host work) in query rows (dllm_bench.ridge)
+    # ... and a step's fixed cost beyond it (launches, host work) in query rows (dllm_bench.systems.ridge)
     overhead_rows: int = 0
     memory_budget: int | None = None       # bytes for weights + activations + KV; None = unbounded on CPU
-    gpu_memory_utilization: float = 0.9    # CUDA default budget = free memory x this
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION   # CUDA default budget = free memory x this
     kv_pool_tokens: int | None = None      # override the profiled pool size (token slots)
     guard_fraction: float = 0.05           # of the budget, kept free against fragmentation/noise
     # requests may sample (T > 0): the profiler then includes the float64 Gumbel noise, else T > 0 is refused
@@ -80,3 +81,13 @@ class EngineConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def default_dtype(device: torch.device) -> str:
+    """The dtype a run takes unless told: bfloat16 on CUDA (LLaDA's own), float32 elsewhere."""
+    return "bfloat16" if device.type == "cuda" else "float32"
+
+
+def cuda_graphs_on(flag: bool | None, device: torch.device) -> bool:
+    """Whether Reuse-only steps run bucketed (as CUDA graphs on CUDA): `flag`, by default on CUDA."""
+    return device.type == "cuda" if flag is None else bool(flag)

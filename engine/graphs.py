@@ -10,7 +10,7 @@ import torch
 
 from engine.cache_mode import AUTO
 from engine.cache_mode import CODES as CACHE_CODES
-from engine.config import EngineConfig
+from engine.config import EngineConfig, cuda_graphs_on
 from engine.kv_cache import kv_need
 from engine.request import Phase, Request
 from engine.sampling import SamplingParams
@@ -23,7 +23,7 @@ TIMED_RUNS = 3            # replays and eager runs timed per bucket (after one w
 
 def enabled(config: EngineConfig, device) -> bool:
     """Whether steps run bucketed: `cuda_graphs`, by default on CUDA (on a CPU: plain calls)."""
-    return config.cuda_graphs if config.cuda_graphs is not None else torch.device(device).type == "cuda"
+    return cuda_graphs_on(config.cuda_graphs, torch.device(device))
 
 
 def eager(config: EngineConfig) -> EngineConfig:

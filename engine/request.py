@@ -93,7 +93,7 @@ class Request:
         self.canvas = torch.from_numpy(self.host_canvas.copy()).to(self.device)
         self.status = Status.WAITING
         self.block = self.step_in_block = 0
-        self.decoding = Decoding.parse(self.params.decoding)
+        self.decoding: Decoding = self.params.decoding
         self.schedule = transfer_schedule(self.params.block_length, self.params.steps_per_block)
         self.block_steps: list[int] = []
         self.block_times: list[float] = []

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.decoding import FIXED, Decoding
+from engine.decoding import Decoding
 
 REMASKING = ("low_confidence", "random")
 
@@ -19,8 +19,9 @@ class SamplingParams:
     # seed of the request's own generators: its tokens do not depend on what it is batched with
     seed: int = 0
     stop: tuple[str, ...] = field(default_factory=tuple)
-    # engine.decoding: "fixed" (the schedule over `steps`) or a parallel policy (blocks end when unmasked)
-    decoding: str = FIXED
+    # engine.decoding: fixed (the schedule over `steps`) or a parallel policy (blocks end when unmasked);
+    # a library caller may give its text
+    decoding: Decoding = Decoding()
 
     def __post_init__(self) -> None:
         for name in ("gen_length", "steps", "block_length"):
@@ -41,7 +42,7 @@ class SamplingParams:
             raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
         if self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
-        object.__setattr__(self, "decoding", str(Decoding.parse(self.decoding)))    # canonical, validated
+        object.__setattr__(self, "decoding", Decoding.parse(self.decoding))
 
     @property
     def num_blocks(self) -> int:

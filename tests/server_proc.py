@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from dllm_bench.metrics_page import parse as parse_metrics
+from dllm_bench.metrics.page import parse as parse_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "tiny"

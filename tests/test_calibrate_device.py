@@ -13,14 +13,15 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from dllm_bench import inputs, ridge
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
+from dllm_bench.serve.speed_gauge import SpeedGauge
 from dllm_bench.simulate import hardware
 from dllm_bench.simulate.calibrate import operators as cal
 from dllm_bench.simulate.calibrate.plan import CalibrateOptions
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.implementations import default_impl
-from dllm_bench.speed_gauge import SpeedGauge
+from dllm_bench.systems import ridge
 from dllm_bench.timing import device_sync, median_time
 from tests.standins.peaks import fake_peaks
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from dllm_bench import speed_gauge
+from dllm_bench.serve import speed_gauge
 from dllm_bench.simulate import drift
 from dllm_bench.simulate.calibrate import host as host_time
 from dllm_bench.simulate.calibrate import mode as timing

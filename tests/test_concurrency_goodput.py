@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dllm_bench import metrics
 from dllm_bench.errors import UserError
-from dllm_bench.metric_options import MetricOptions, metric_options, parse_goodput
+from dllm_bench.metrics import serving as metrics
+from dllm_bench.metrics.options import MetricOptions, metric_options, parse_goodput
 from dllm_bench.serve import loadgen
 from dllm_bench.serve.summary import format_summary
 from tests.test_metrics_results import FakeSystem, _params, _records

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from dllm_bench import device_defaults as dd
-from dllm_bench import inputs, ridge
+from dllm_bench import inputs
 from dllm_bench.errors import UserError
+from dllm_bench.systems import ridge
 from tests.standins.peaks import fake_peaks
 from tests.test_inputs import cli  # noqa: F401  (the fixture)
 from tests.test_serve import RUN_DEFAULTS

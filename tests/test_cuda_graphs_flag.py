@@ -30,6 +30,17 @@ def test_cpu_default_is_off():
     assert not cuda_graphs_on(None, "auto") and not cuda_graphs_on(None, None)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1"])
+@pytest.mark.parametrize("flag", [None, True, False])
+def test_the_command_and_the_engine_decide_alike(device, flag):
+    """What a command records (device_defaults) is what the engine runs (engine.graphs.enabled)."""
+    import torch
+
+    from engine.graphs import enabled
+
+    assert cuda_graphs_on(flag, device) == enabled(EngineConfig(cuda_graphs=flag), torch.device(device))
+
+
 def test_engine_knob_parses_booleans_and_overrides_the_runs_value():
     off = parse_system("engine:cuda_graphs=false")
     assert off.knob_dict == {"cuda_graphs": False} and off.label == "engine:cuda_graphs=False"

@@ -11,12 +11,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dllm_bench import inputs, ridge
+from dllm_bench import inputs
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.simulate.hardware import load
 from dllm_bench.simulate.options import simulation
 from dllm_bench.simulate.simulator import resolve_sim_model, simulate_point
 from dllm_bench.simulate.work import keys_in_place
+from dllm_bench.systems import ridge
 from dllm_bench.systems.build import WARM_UP
 from dllm_bench.systems.spec import engine_knobs
 from engine.attention import choose_backend, flash_attn_import_error, torch_varlen
@@ -78,7 +79,7 @@ def test_simulate_on_h100_resolves_the_defaults_serve_resolves_on_an_80gb_cuda_d
     served = resolve_run(ServeOptions(**{**args, "model": args["model"] if loadable else str(model_dir), **serve_flags}),
                          weights=loadable, wall_clock=False)
     # Alike but for the step overhead cache=auto weighs: the profile's fitted host and kernel
-    # costs in the simulation; a measured run measures none (dllm_bench.ridge)
+    # costs in the simulation; a measured run measures none (dllm_bench.systems.ridge)
     assert sim.engine_defaults["overhead_rows"] > 0 and served.engine_defaults["overhead_rows"] == 0
     assert _defaults(sim) == _defaults(served) | {"engine": served.engine_defaults | {
         "overhead_rows": sim.engine_defaults["overhead_rows"]}}

@@ -15,6 +15,7 @@ from dllm_bench.simulate import hardware
 from dllm_bench.simulate.options import simulation
 from dllm_bench.simulate.simulator import simulate_point
 from dllm_bench.simulate.steps_per_block import parse as parse_steps
+from engine.decoding import Decoding
 
 SYSTEMS = "engine,fast-dllm:batch=4"
 
@@ -113,11 +114,11 @@ def test_serve_endpoint_sends_the_policy_with_the_dllm_extras():
     from dllm_bench.serve.response import Outcome, record
 
     item = {"prompt_ids": [1, 2, 3], "gen_length": 16}
-    body = request_body(Endpoint("http://h/v1", "m", decoding="threshold:0.9"), item, block_length=8, decode=None)
+    body = request_body(Endpoint("http://h/v1", "m", decoding=Decoding("threshold", 0.9)), item, block_length=8, decode=None)
     assert body["threshold"] == 0.9 and "factor" not in body and "entropy" not in body
-    assert request_body(Endpoint("http://h/v1", "m", decoding="entropy:0.5"), item, block_length=8,
+    assert request_body(Endpoint("http://h/v1", "m", decoding=Decoding("entropy", 0.5)), item, block_length=8,
                         decode=None)["entropy"] == 0.5
-    for ep in (Endpoint("http://h/v1", "m"), Endpoint("http://h/v1", "m", dllm_extras=False, decoding="factor:1")):
+    for ep in (Endpoint("http://h/v1", "m"), Endpoint("http://h/v1", "m", dllm_extras=False, decoding=Decoding("factor", 1.0))):
         assert not {"threshold", "factor", "entropy"} & set(request_body(ep, item, block_length=8, decode=None))
     out = Outcome()
     out.usage, out.finished = {"prompt_tokens": 3, "completion_tokens": 16}, 1.0
@@ -132,8 +133,8 @@ def test_server_default_decoding_applies_to_requests_that_name_no_rule():
     from dllm_bench.server.app import sampling_params
     from dllm_bench.server.protocol import CompletionRequest
 
-    state = SimpleNamespace(block_length=8, decoding="threshold:0.9")
-    assert sampling_params(state, CompletionRequest(prompt="hi", max_tokens=8)).decoding == "threshold:0.9"
-    assert sampling_params(state, CompletionRequest(prompt="hi", max_tokens=8, factor=2.0)).decoding == "factor:2"
-    assert sampling_params(SimpleNamespace(block_length=8, decoding="fixed"),
-                           CompletionRequest(prompt="hi", max_tokens=8)).decoding == "fixed"
+    state = SimpleNamespace(block_length=8, decoding=Decoding("threshold", 0.9))
+    assert sampling_params(state, CompletionRequest(prompt="hi", max_tokens=8)).decoding == Decoding("threshold", 0.9)
+    assert sampling_params(state, CompletionRequest(prompt="hi", max_tokens=8, factor=2.0)).decoding == Decoding("factor", 2.0)
+    assert sampling_params(SimpleNamespace(block_length=8, decoding=Decoding()),
+                           CompletionRequest(prompt="hi", max_tokens=8)).decoding == Decoding()

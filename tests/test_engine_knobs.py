@@ -10,7 +10,6 @@ import pytest
 from dllm_bench.errors import UserError
 from dllm_bench.systems.spec import (
     ENGINE,
-    ENGINE_DEFAULTS,
     ENGINE_KNOB_TABLE,
     ENGINE_KNOBS,
     NOT_NONE,
@@ -48,7 +47,7 @@ def test_every_knob_is_a_field_with_its_type_and_default():
     assert set(ENGINE_KNOBS) <= set(FIELDS) and list(ENGINE_KNOB_TABLE) == list(ENGINE_KNOBS)
     for name, knob in ENGINE_KNOB_TABLE.items():
         assert knob.type == HINTS[name]
-        assert knob.default == ENGINE_DEFAULTS.get(name, FIELDS[name].default)
+        assert knob.default == FIELDS[name].default
     EngineConfig(**{k: knob.default for k, knob in ENGINE_KNOB_TABLE.items()})   # raises unless they go together
 
 

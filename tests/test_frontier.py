@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from dllm_bench.errors import UserError
 from dllm_bench.frontier import configs, output, pareto
 from dllm_bench.systems import decoding as system_decoding
+from engine.decoding import Decoding
 
 
 def _app():
@@ -51,7 +52,7 @@ def test_frontier_end_to_end_on_the_trained_model(tmp_path, monkeypatch):
     assert sum(x["pareto"] for x in rows.values()) >= 1
     assert set(doc["verdicts"]) == {"engine_vs_fast_dllm", "parallel_vs_fixed"}
     # per request: NFE, TPF, steps per block (what simulate --steps-per-block replays)
-    slug = configs.Config(configs.parse_systems("engine:cache=dual")[0], "threshold:0.9").slug
+    slug = configs.Config(configs.parse_systems("engine:cache=dual")[0], Decoding("threshold", 0.9)).slug
     recs = [json.loads(x) for x in (run / "points" / slug / "requests.jsonl").read_text().splitlines()]
     assert len(recs) == 4 * 2 and {"nfe", "tpf", "steps_per_block", "repeat", "model"} <= set(recs[0])
     assert all(sum(x["steps_per_block"]) == x["nfe"] for x in recs)
@@ -83,7 +84,7 @@ def test_frontier_bad_input_is_one_line(tmp_path, monkeypatch):
 
 def test_the_grid_gives_each_system_its_upstream_rules():
     pol = system_decoding.parse_list("fixed,threshold:0.9,factor:1,entropy:0.5")
-    got = [(c.variant.label, c.decoding) for c in configs.plan("engine,fast-dllm,sparse-dllm,fast-dllm:threshold=0.8", pol)]
+    got = [(c.variant.label, str(c.decoding)) for c in configs.plan("engine,fast-dllm,sparse-dllm,fast-dllm:threshold=0.8", pol)]
     assert got == [("engine", "fixed"), ("engine", "threshold:0.9"), ("engine", "factor:1"), ("engine", "entropy:0.5"),
                    ("fast-dllm", "fixed"), ("fast-dllm", "threshold:0.9"), ("fast-dllm", "factor:1"),
                    ("sparse-dllm", "fixed"), ("fast-dllm:threshold=0.8", "threshold:0.8")]

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from dllm_bench import metrics, plots, results
+from dllm_bench import plots, results
+from dllm_bench.metrics import serving as metrics
 from dllm_bench.serve import loadgen as driver
 from dllm_bench.serve import summary as summary_print
 from tests.results_helpers import load_metrics

@@ -80,6 +80,7 @@ def cluster(_clusters):
 
 
 def _config(ckpt, **kw) -> EngineConfig:
+    kw.setdefault("cache", "sparse")          # the mechanism (and pool sizes) these tests were written against
     return EngineConfig(model=str(ckpt), dtype="float64", device="cpu", attention_backend="sdpa", **kw)
 
 

@@ -42,6 +42,19 @@ def test_each_system_gets_the_policy_it_has_upstream():
         _spec("threshold:0", "engine")
 
 
+def test_the_policy_travels_as_one_object_and_is_text_only_in_the_workers_spec():
+    """Parsed once (resolve_run): the run and each system hold a Decoding; the worker's spec, the
+    process boundary, holds its text, which the worker parses back to the same policy."""
+    from engine.decoding import Decoding
+
+    run = resolve_run(ServeOptions(model="tiny", systems="engine", num_prompts=2, decoding="Threshold:0.90"))
+    want = Decoding("threshold", 0.9)
+    assert run.decoding == want and run.decoding_for(run.systems[0]).decoding == want
+    wl = next(iter(run.workloads.values()))
+    text = worker_spec(run, run.systems[0], wl, shape_of(wl, run.preset.block_length))["sampling"]["decoding"]
+    assert text == "threshold:0.9" and Decoding.parse(text) == want
+
+
 def test_serve_decoding_records_tpf_and_steps_per_block(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     # random weights rarely reach a high threshold: a tiny one commits a whole block per forward

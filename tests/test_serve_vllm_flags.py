@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from dllm_bench.metrics import peak_concurrency
+from dllm_bench.metrics.serving import peak_concurrency
 from dllm_bench.serve.endpoint import auth_headers, endpoint_api_key
 from tests.server_proc import MODEL, Server
 from tests.test_serve_endpoint import cli

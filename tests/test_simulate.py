@@ -140,7 +140,7 @@ def test_simulated_schedule_is_the_real_one(spec):
 
 
 def test_same_seed_same_simulated_summary():
-    from dllm_bench.metrics import summarize
+    from dllm_bench.metrics.serving import summarize
 
     model = tiny_model(torch.float32)
     setup = _setup(model)

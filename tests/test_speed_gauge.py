@@ -1,10 +1,10 @@
-"""The speed gauge (dllm_bench.speed_gauge): what it reads, the spread it reports, and that a
+"""The speed gauge (dllm_bench.serve.speed_gauge): what it reads, the spread it reports, and that a
 serve point reads it only when a validation asks for it (DLLM_BENCH_SPEED_GAUGE)."""
 from __future__ import annotations
 
 import torch
 
-from dllm_bench import speed_gauge
+from dllm_bench.serve import speed_gauge
 
 
 def test_drift_is_the_slowest_reading_over_the_fastest():

@@ -1,4 +1,4 @@
-"""The engine's step budgets scaled with the GPU (dllm_bench.step_budgets), on a CUDA faked on
+"""The engine's step budgets scaled with the GPU (dllm_bench.systems.step_budgets), on a CUDA faked on
 the CPU (mem_get_info and the device name patched, as in test_cuda_defaults): the budgets the
 paper preset chooses at LLaDA-8B's shape on a 24, 48 and 80 GB card, a given value winning (flag,
 preset number, variant knob), the preset line and config.json saying why, the simulator choosing
@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dllm_bench import ridge
-from dllm_bench import step_budgets as sb
 from dllm_bench.checkpoints.presets import param_count
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.simulate.simulator import resolve_sim_model
+from dllm_bench.systems import ridge
+from dllm_bench.systems import step_budgets as sb
 from dllm_bench.systems.spec import engine_knobs, parse_system
 from engine.models import ModelConfig, config_from_pretrained
 from tests.standins.peaks import fake_peaks

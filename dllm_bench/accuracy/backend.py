@@ -24,11 +24,11 @@ from dllm_bench.accuracy.points import SCORE_QUERIES, SELECTIONS, SYSTEMS, Point
 from dllm_bench.checkpoints.load import encode_prompt, load_tokenizer, model_dir
 from dllm_bench.device_defaults import resolve_device_options
 from dllm_bench.errors import UserError
-from dllm_bench.step_budgets import AUTO
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.inprocess import InProcess
 from dllm_bench.systems.options import check_engine_only
 from dllm_bench.systems.spec import ENGINE, retention_knobs
+from dllm_bench.systems.step_budgets import AUTO
 from engine import EngineConfig, SamplingParams
 from engine.decoding import FIXED, Decoding
 from engine.models import DenseLM
@@ -37,7 +37,7 @@ from engine.models import DenseLM
 def point_system(point: Point, model: DenseLM | InProcess, *, max_num_seqs: int = 64,
                  max_num_batched_tokens: int | None = None, max_num_logits: int | str | None = AUTO, batch: int = 32,
                  pool_window: int = 3, delay_step: int = 1, memory_budget: int | None = None,
-                 decoding: str = FIXED, cuda_graphs: bool | None = None,
+                 decoding: Decoding = Decoding(), cuda_graphs: bool | None = None,
                  longest_canvas: int | None = None, block_length: int = 32) -> Any:
     """A fresh serving system for `point` over a loaded model or a checkpoint's systems
     (dllm_bench.systems.inprocess: there an engine may run over several ranks of its own; close
@@ -46,7 +46,7 @@ def point_system(point: Point, model: DenseLM | InProcess, *, max_num_seqs: int 
     free. `decoding`: the policy its requests ask for; a baseline gets it through its knobs
     (Fast-dLLM's threshold / factor), or runs fixed (dllm_bench.systems.decoding). The engine's
     token and logit budgets (None / AUTO: not given) are 8192 and 1024 on a CPU and scale with
-    the GPU on CUDA (dllm_bench.step_budgets; at least `longest_canvas`, default the model's length)."""
+    the GPU on CUDA (dllm_bench.systems.step_budgets; at least `longest_canvas`, default the model's length)."""
     src = model if isinstance(model, InProcess) else InProcess.over(model)
     if point.system == ENGINE:
         b = src.budgets(tokens=max_num_batched_tokens, logits=max_num_logits, max_num_seqs=max_num_seqs,
@@ -91,7 +91,7 @@ class PointBackend:
     system_kw: dict = field(default_factory=dict)
     show_progress: bool = False
     label: str = ""
-    decoding: str = FIXED
+    decoding: Decoding = Decoding()
     source: InProcess | None = None
     outputs: list = field(default_factory=list)      # RequestOutputs of every call
     by_prompt: dict = field(default_factory=dict)    # prompt text -> its RequestOutput
@@ -155,7 +155,7 @@ def engine_backend(model_args: dict) -> PointBackend:
     """The lm-eval backend `engine`: `model=<preset|dir>` plus optional `retention`, `selection`
     (head|uniform), `score_query` (mean|max), `cache` (none|dual|sparse; default sparse when retention < 1 is given, else
     none), `system` (engine or a baseline), `dtype` (default bfloat16 on CUDA, float32 on CPU),
-    `device`, `memory_budget` (default auto: free GPU memory x 0.9, none on CPU), `threads`,
+    `device`, `memory_budget` (default auto: free GPU memory x GPU_MEMORY_UTILIZATION, none on CPU), `threads`,
     `gen_length`, `block_length`, `steps`, `seed`, `chat`, `max_num_seqs`, `batch` (baselines),
     `decoding` (fixed | threshold:τ | factor:f | entropy:γ; default fixed), `tensor_parallel_size`
     (the engine on N ranks, spawned for every call and stopped after it; `threads` shared out)."""
@@ -182,7 +182,7 @@ def engine_backend(model_args: dict) -> PointBackend:
     score_query = _arg(model_args, "score_query", str, "mean")
     if score_query not in SCORE_QUERIES:
         raise ValueError(f"score_query must be one of {SCORE_QUERIES}, got {score_query!r}")
-    decoding = str(Decoding.parse(_arg(model_args, "decoding", str, FIXED)))
+    decoding = Decoding.parse(_arg(model_args, "decoding", str, FIXED))
     tp = _arg(model_args, "tensor_parallel_size", int, 1)
     if tp < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")

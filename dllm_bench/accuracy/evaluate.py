@@ -9,7 +9,7 @@ import numpy as np
 
 from dllm_bench.accuracy.backend import PointBackend
 from dllm_bench.accuracy.points import LM_EVAL_TASK, PRIMARY_METRIC, PointResult, wilson
-from dllm_bench.metrics import TPF_PERCENTILES
+from dllm_bench.metrics.serving import TPF_PERCENTILES
 from workloads.tasks import scoring, synth
 
 
@@ -30,7 +30,7 @@ def _result(point, metric, hits: list[float], other: dict[str, list[float]], bac
     return PointResult(point, n, k, k / n if n else 0.0, lo, hi, metric,
                        {f: {"correct": int(round(sum(v))), "accuracy": (sum(v) / n if n else 0.0)} for f, v in other.items()},
                        backend.elapsed_s, (sum(nfe) / len(nfe)) if nfe else 0.0, stats, samples,
-                       decoding=decoded.decoding, decoding_note=decoded.note,
+                       decoding=str(decoded.decoding), decoding_note=decoded.note,
                        decoding_stats=decoding_stats(backend.outputs))
 
 

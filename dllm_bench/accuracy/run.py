@@ -136,7 +136,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
         raise UserError("--max-num-seqs and --batch must be positive")
     dev_opts, system_kw = device_options(o.device, o.dtype, o.memory_budget, o.max_num_seqs, o.batch, o.cuda_graphs)
     dtype = dev_opts.dtype
-    decoding = str(system_decoding.parse(o.decoding))
+    decoding = system_decoding.parse(o.decoding)
     retentions = _floats(o.retention, "--retention")
     if any(not 0 < r <= 1 for r in retentions):
         raise UserError(f"--retention values must be in (0, 1], got {o.retention!r}")
@@ -219,7 +219,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
                  device=str(dev_opts.device), memory_budget=dev_opts.budget.bytes,
                  memory_budget_source=dev_opts.budget.to_dict(), threads=torch.get_num_threads(),
                  max_num_seqs=o.max_num_seqs, batch=o.batch, cuda_graphs=system_kw["cuda_graphs"],
-                 chat=o.chat, temperature=0.0, remasking="low_confidence", decoding=decoding,
+                 chat=o.chat, temperature=0.0, remasking="low_confidence", decoding=str(decoding),
                  tensor_parallel_size=tp, points=[p.name for p in points])
     knobs.update(parallel_only(tp, {"threads_per_rank": rank_threads}, {}))
     if o.data is not None:
@@ -237,7 +237,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
                          root=result_dir)
 
     results = []
-    extra = {"task": task, "model": model, "models": models, "split": knobs["split"], "decoding": decoding}
+    extra = {"task": task, "model": model, "models": models, "split": knobs["split"], "decoding": str(decoding)}
     if chosen:
         extra["dev_choice"] = chosen
     for m, tok, src in zip(models, toks, sources, strict=True):
@@ -265,7 +265,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
             if not as_json:
                 typer.echo(f"  {label + ' ' if label else ''}{p.name:>16}: {res.correct}/{res.n} = "
                            f"{report.pct(res.accuracy)}% [{report.pct(res.ci_low)}, {report.pct(res.ci_high)}]  "
-                           f"({res.elapsed_s:.1f}s){decoding_text(res) if decoding != 'fixed' else ''}"
+                           f"({res.elapsed_s:.1f}s){decoding_text(res) if not decoding.fixed else ''}"
                            f"{ranks_text(res, tp)}", err=True)
         src.release()
     plot = None
@@ -274,7 +274,7 @@ def accuracy(o: AccuracyOptions, *, result_dir: Path, run_id: str | None, as_jso
                                 f"{task} ({knobs['split']}) · {model} · n={results[0].n} · {results[0].metric}")
     summary = json.loads((run_dir / "summary.json").read_text())
     protocol = protocol_lines(score_queries, chosen)
-    if decoding != FIXED:
+    if not decoding.fixed:
         protocol.append(f"decoding {decoding}: the engine runs it, Fast-dLLM under its threshold/factor rule; "
                         "a system without the rule upstream runs fixed (its rows say decoding fixed)")
     protocol.extend(parallel_only(tp, [

@@ -4,7 +4,6 @@ with each step's estimate, run the steps in order (a step that raises is recorde
 the next one runs), and rewrite bench.json and summary.md after every step."""
 from __future__ import annotations
 
-import dataclasses
 import time
 import traceback
 from dataclasses import dataclass
@@ -24,8 +23,7 @@ from dllm_bench.checkpoints.presets import PRESETS
 from dllm_bench.console import console
 from dllm_bench.errors import UserError
 from dllm_bench.results import make_run_id, results_root
-from dllm_bench.systems.spec import ENGINE_DEFAULTS
-from engine.config import EngineConfig
+from dllm_bench.systems.spec import ENGINE_KNOB_TABLE
 
 MARGIN_S = 20.0  # of the budget kept for the parent's own work between steps
 
@@ -66,10 +64,8 @@ def check_out(out: Path | None) -> Path:
 
 
 def serving_cache() -> str:
-    """The cache the `engine` system serves with when none is named: the serving system's own
-    default where it sets one (systems.spec.ENGINE_DEFAULTS), else EngineConfig's."""
-    default = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "cache")
-    return ENGINE_DEFAULTS.get("cache", default)
+    """The cache the `engine` system serves with when none is named (EngineConfig's default)."""
+    return ENGINE_KNOB_TABLE["cache"].default
 
 
 def engine_aliases(systems: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.config import GPU_MEMORY_UTILIZATION
+
 # serve-full: the engine's default and its two fixed cache policies against each baseline the
 # goals name (dLLM-Cache is far behind on every GPU budget simulated: not worth its minute).
 FULL_SYSTEMS = ("engine", "engine:cache=dual", "engine:cache=sparse", "fast-dllm", "sparse-dllm")
@@ -40,7 +42,7 @@ class Scale:
 
 
 GPU = Scale("gpu", "cuda", model="llada-8b", serve_preset="paper", gen_length=256, full_prompts=32,
-            full_budget=None, full_budget_label="Whole GPU (auto budget: free memory x 0.9)",
+            full_budget=None, full_budget_label=f"Whole GPU (auto budget: free memory x {GPU_MEMORY_UTILIZATION:g})",
             small_budget="22GiB", small_budget_label="22 GiB (an RTX 4090's budget)", small_prompts=(32, 24, 16, 12, 8),
             rate="1.0", profile_batches=(1, 8, 32))
 CPU = Scale("cpu", "cpu", model="tiny", serve_preset="tiny", gen_length=16, full_prompts=4,

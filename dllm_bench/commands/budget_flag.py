@@ -9,9 +9,11 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from engine.config import GPU_MEMORY_UTILIZATION
+
 FLAG = "--memory-budget"
 SIZE = "bytes for weights+activations+KV, e.g. 1GiB"
-AUTO = "auto = free GPU memory x 0.9"
+AUTO = f"auto = free GPU memory x {GPU_MEMORY_UTILIZATION:g}"
 AT_START = AUTO + " measured once at the start"
 
 
@@ -29,4 +31,4 @@ EnginePoints = Annotated[str, option(AT_START + " (on CPU: no budget)", none=Tru
 Memory = Annotated[str | None, option(AT_START + " (CUDA only: a CPU run needs a size)")]
 ProfileStep = Annotated[str | None, option(default="preset")]
 Profile = Annotated[str | None, option(AUTO, "auto on CUDA, 4GiB on CPU")]
-Simulate = Annotated[str | None, option(None, "GPU: its memory x 0.9; cpu: preset")]
+Simulate = Annotated[str | None, option(None, f"GPU: its memory x {GPU_MEMORY_UTILIZATION:g}; cpu: preset")]

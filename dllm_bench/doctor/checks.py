@@ -162,7 +162,7 @@ def _meminfo() -> dict[str, int]:
 
 def memory_check(dev: torch.device, weights_bytes: float | None = None) -> Check:
     """Free memory, and whether LLaDA-8B's weights (or the --model checkpoint's) leave room for a
-    KV pool in the budget a run takes by default (free x 0.9 on CUDA)."""
+    KV pool in the budget a run takes by default (free x GPU_MEMORY_UTILIZATION on CUDA)."""
     weights = weights_bytes or LLADA_8B_BF16_BYTES
     what = "the checkpoint's weights" if weights_bytes else "LLaDA-8B's bf16 weights"
     if dev.type == "cuda":

@@ -22,7 +22,7 @@ from dllm_bench.systems.spec import (
     engine_knobs,
     parse_systems,
 )
-from engine.decoding import FIXED, Decoding
+from engine.decoding import Decoding
 
 # The engine with each cache that serves it (dual: Fast-dLLM's; sparse: dLLM-Serve's), and
 # Fast-dLLM, the baseline with parallel decoding upstream.
@@ -35,7 +35,7 @@ DEFAULT_DECODING = "fixed,threshold:0.5,threshold:0.7,threshold:0.9,threshold:0.
 @dataclass(frozen=True)
 class Config:
     variant: SystemVariant
-    decoding: str                 # canonical policy (engine.decoding.Decoding)
+    decoding: Decoding
 
     @property
     def system(self) -> str:
@@ -81,11 +81,11 @@ def plan(systems: str | None, decodings: list[Decoding]) -> list[Config]:
         if v.batch is not None:
             raise UserError(f"system {v.label!r}: frontier sets every baseline's static batch to --concurrency")
         check_one_device(variant_ranks(v), v.label, "frontier")
-        own = system_decoding.resolve(v.name, FIXED, v.knob_dict)
+        own = system_decoding.resolve(v.name, Decoding(), v.knob_dict)
         if own.parallel:
             out.append(Config(v, own.decoding))
             continue
-        out += [Config(v, str(d)) for d in decodings if system_decoding.supports(v.name, d)]
+        out += [Config(v, d) for d in decodings if system_decoding.supports(v.name, d)]
     if not out:
         raise UserError("frontier: no configuration to run (no --systems entry has any of the --decoding policies)")
     return out

@@ -23,7 +23,7 @@ from dllm_bench.accuracy.evaluate import eval_lm_eval_point, eval_synth_point
 from dllm_bench.accuracy.points import GENERATED, PointResult
 from dllm_bench.checkpoints.load import encode_prompt
 from dllm_bench.errors import UserError
-from dllm_bench.metrics import summarize
+from dllm_bench.metrics.serving import summarize
 from dllm_bench.serve.loadgen import run_open_loop
 from dllm_bench.systems.build import warm_up
 from engine.request import RequestOutput

@@ -19,7 +19,7 @@ from pathlib import Path
 from dllm_bench.accuracy import seeds
 from dllm_bench.frontier.configs import Config
 from dllm_bench.frontier.measure import Measured
-from dllm_bench.metrics import summarize
+from dllm_bench.metrics.serving import summarize
 from dllm_bench.repeats import Spread
 from dllm_bench.results import atomic_write_json, atomic_write_jsonl
 
@@ -36,11 +36,11 @@ def write_point(run_dir: Path, cfg: Config, model: str, meas: Measurements, repe
     d = run_dir / "points" / cfg.slug / Path(model).name
     first = mine[min(mine)]
     atomic_write_json(d / "summary.json", {
-        "configuration": cfg.label, "system": cfg.variant.label, "decoding": cfg.decoding, "model": model,
+        "configuration": cfg.label, "system": cfg.variant.label, "decoding": str(cfg.decoding), "model": model,
         **first.result.row(), "repeats": [{"repeat": r, "accuracy": m.result.accuracy, "wall_s": m.wall_s, **m.serving}
                                           for r, m in sorted(mine.items())]})
     atomic_write_jsonl(d / "samples.jsonl", first.result.samples)
-    recs = [{"model": mdl, "repeat": r, "configuration": cfg.label, "decoding": cfg.decoding,
+    recs = [{"model": mdl, "repeat": r, "configuration": cfg.label, "decoding": str(cfg.decoding),
              **{k: v for k, v in rec.items() if k != "token_ids"}}
             for (slug, mdl, r), m in sorted(meas.items()) if slug == cfg.slug for rec in m.records]
     atomic_write_jsonl(run_dir / "points" / cfg.slug / "requests.jsonl", recs)
@@ -63,7 +63,7 @@ def row(cfg: Config, models: Sequence[str], meas: Measurements, repeats: int) ->
     tps = Spread.of(s["output_throughput"] for s in per_repeat)
     stable = all(meas[(cfg.slug, m, r)].result.correct == meas[(cfg.slug, m, 0)].result.correct
                  for m in models for r in range(repeats))
-    return {"label": cfg.label, "system": cfg.variant.label, "system_name": cfg.system, "decoding": cfg.decoding,
+    return {"label": cfg.label, "system": cfg.variant.label, "system_name": cfg.system, "decoding": str(cfg.decoding),
             "accuracy": pooled.accuracy, "ci_low": pooled.ci_low, "ci_high": pooled.ci_high,
             "correct": pooled.correct, "n": pooled.n, "metric": pooled.metric,
             "per_seed": dict(zip(spread.models, spread.accuracies, strict=True)), "seed_sd": spread.sd,

@@ -27,11 +27,11 @@ from dllm_bench.frontier import configs, output, pareto
 from dllm_bench.frontier import rows as frows
 from dllm_bench.frontier.measure import ConcurrentBackend, measure
 from dllm_bench.results import atomic_write_csv, atomic_write_json, create_run
-from dllm_bench.step_budgets import AUTO
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.inprocess import InProcess
 from dllm_bench.systems.options import RunOptions, check_backends
 from dllm_bench.systems.spec import ENGINE, retention_knobs
+from dllm_bench.systems.step_budgets import AUTO
 from engine import EngineConfig, SamplingParams
 from workloads.tasks import generated, synth
 from workloads.tasks.local import load_local
@@ -154,7 +154,7 @@ def resolve(o: FrontierOptions) -> Plan:
 def _builder(cfg: configs.Config, src: InProcess, o: FrontierOptions, budget: int | None, block_length: int = 32):
     """A fresh system of `cfg` at the run's concurrency (the engine's running cap, a baseline's
     static batch). The engine's token and logit budgets: ENGINE_DEFAULTS on a CPU, scaled with the
-    GPU on CUDA (dllm_bench.step_budgets), a variant's knobs winning."""
+    GPU on CUDA (dllm_bench.systems.step_budgets), a variant's knobs winning."""
     def build():
         if cfg.system == ENGINE:
             own = cfg.variant.knob_dict

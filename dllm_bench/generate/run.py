@@ -12,13 +12,13 @@ from baselines import SYSTEMS
 from dllm_bench import console, inputs
 from dllm_bench.checkpoints.load import encode_prompt, load_tokenizer, parse_ids
 from dllm_bench.errors import UserError
-from dllm_bench.step_budgets import AUTO
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.inprocess import InProcess
 from dllm_bench.systems.options import RunOptions, check_engine_only, resolve
 from dllm_bench.systems.spec import ENGINE, system_names
+from dllm_bench.systems.step_budgets import AUTO
 from engine import EngineConfig, SamplingParams
-from engine.decoding import FIXED
+from engine.decoding import Decoding
 
 BASELINE_FLAGS = ("threshold", "fast_dllm_cache", "prompt_interval", "gen_interval", "transfer_ratio", "keep_ratio",
                   "kernel_size")
@@ -55,7 +55,7 @@ class GenerateOptions(RunOptions):
     chat: bool = True
 
 
-def build_params(gen_length, steps, block_length, temperature, remasking, seed, decoding=FIXED) -> SamplingParams:
+def build_params(gen_length, steps, block_length, temperature, remasking, seed, decoding=Decoding()) -> SamplingParams:
     try:
         return SamplingParams(gen_length=gen_length, steps=steps, block_length=block_length,
                               temperature=temperature, remasking=remasking, seed=seed, decoding=decoding)
@@ -94,7 +94,7 @@ def generate(o: GenerateOptions, *, show_progress: bool = True) -> dict:
         raise UserError("give at least one --prompt or --prompt-ids")
     if o.batch <= 0:
         raise UserError("--batch must be positive")
-    dec = system_decoding.require(o.system, system_decoding.parse(setup.decoding))
+    dec = system_decoding.require(o.system, setup.decoding)
     if dec.knobs and o.threshold is not None:
         raise UserError("give the parallel-decoding rule once: --decoding or --threshold")
     params = build_params(o.gen_length, o.gen_length if o.steps is None else o.steps, o.block_length, o.temperature,
@@ -150,7 +150,7 @@ def generate(o: GenerateOptions, *, show_progress: bool = True) -> dict:
                           max_num_logits=cfg.max_num_logits) if engine else None,
         params=dict(gen_length=params.gen_length, steps=params.steps, block_length=params.block_length,
                     temperature=params.temperature, remasking=params.remasking, seed=params.seed,
-                    decoding=params.decoding),
+                    decoding=str(params.decoding)),
         tensor_parallel_size=setup.tensor_parallel_size,
         stats={k: v for k, v in stats.items() if not isinstance(v, list)},
     )

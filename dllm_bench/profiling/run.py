@@ -68,7 +68,7 @@ def profile(o: ProfileOptions) -> dict:
         raise UserError("give --memory-budget (measured here) or --device-memory (planned from shapes), not both")
     n = positive(o.tensor_parallel_size, "--tensor-parallel-size") or 1
     device_bytes = device_memory_bytes(o.device_memory) if o.device_memory is not None else None
-    dtype = o.dtype or ("bfloat16" if device_bytes is not None else default_dtype("auto"))
+    dtype = o.dtype or default_dtype("cuda" if device_bytes is not None else "auto")
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     budget = (budget_from_free(device_bytes, 0, EngineConfig.gpu_memory_utilization) if device_bytes is not None

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dllm_bench.metric_options import MetricOptions
+from dllm_bench.metrics.options import MetricOptions
 from dllm_bench.serve.presets import ServePreset
 from dllm_bench.systems.build import GRAPH_KEEP, graph_capture
 from dllm_bench.systems.decoding import SystemDecoding
 from dllm_bench.systems.decoding import resolve as resolve_decoding
 from dllm_bench.systems.spec import SystemVariant, retention_knobs
-from engine.decoding import FIXED
+from engine.decoding import Decoding
 
 
 @dataclass
@@ -52,7 +52,7 @@ class ServeRun:
     # What each point's summary reports besides its fixed metrics: percentiles, goodput SLOs.
     metric_options: MetricOptions = field(default_factory=MetricOptions)
     # --decoding: the policy every system that has it upstream runs (decoding_for)
-    decoding: str = FIXED
+    decoding: Decoding = Decoding()
     # --trace-steps: every point writes steps.jsonl, one row per forward (dllm_bench.serve.trace)
     trace_steps: bool = False
     # The key `serve --endpoint` sends (--api-key, $OPENAI_API_KEY): never written to the run.
@@ -95,7 +95,7 @@ class ServeRun:
                 "num_warmups": self.num_warmups, "graph_capture": self.graph_capture, "graph_keep": self.graph_keep,
                 "max_duration": self.max_duration,
                 "max_concurrency": self.max_concurrency, "metric_options": self.metric_options.to_dict(),
-                "decoding": self.decoding, "engine_defaults": self.engine_defaults,
+                "decoding": str(self.decoding), "engine_defaults": self.engine_defaults,
                 "baseline_defaults": self.baseline_defaults, "trace_steps": self.trace_steps}
 
     def measurement(self, rate: float) -> str:
@@ -121,7 +121,7 @@ class ServeRun:
                 # finished points keep the summaries they were written with: same SLOs and percentiles
                 "metric_options": None if self.metric_options.is_default else self.metric_options.to_dict(),
                 # runs made before --decoding existed decoded fixed: they resume as such
-                "decoding": None if self.decoding == FIXED else self.decoding}
+                "decoding": None if self.decoding.fixed else str(self.decoding)}
 
     @property
     def budget_is_auto(self) -> bool:

@@ -29,7 +29,7 @@ from dllm_bench.errors import UserError
 from dllm_bench.serve.loadgen import ProgressFn, _get, arrival_offset
 from dllm_bench.serve.response import Outcome, error_text, http_overhead, record, scrape, send, stats_delta
 from dllm_bench.systems.spec import ENDPOINT, SystemVariant
-from engine.decoding import FIXED, Decoding
+from engine.decoding import Decoding
 
 APIS = ("completions", "chat")
 CONNECT_TIMEOUT_S = 30.0
@@ -47,7 +47,7 @@ class Endpoint:
     api: str = "completions"       # completions | chat
     stream: bool = True
     dllm_extras: bool = True       # send block_length/steps and ask for token ids (our server)
-    decoding: str = FIXED        # serve --decoding, sent as threshold / factor / entropy with the extras
+    decoding: Decoding = Decoding()   # serve --decoding, sent as threshold / factor / entropy with the extras
 
     def variant(self) -> SystemVariant:
         """The endpoint as a system of a serve run. Its label, which names it in every table,
@@ -121,7 +121,7 @@ def request_body(ep: Endpoint, item: Any, *, block_length: int | None, decode: C
         body.update(steps=gen, return_token_ids=True)
         if block_length:
             body["block_length"] = block_length
-        d = Decoding.parse(ep.decoding)
+        d = ep.decoding
         if not d.fixed:
             body[d.kind] = d.value
     return body

@@ -14,14 +14,14 @@ from typing import Any
 from dllm_bench import inputs
 from dllm_bench.device_defaults import SimulatedGpu, cuda_graphs_on, gpu_name, resolve_budget
 from dllm_bench.errors import UserError
-from dllm_bench.metric_options import metric_options
-from dllm_bench.ridge import AUTO, device_ridge
+from dllm_bench.metrics.options import metric_options
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.task_prompts import TASK_DATASET
 from dllm_bench.serve.workload import build_workloads, model_info
 from dllm_bench.systems import decoding as system_decoding
 from dllm_bench.systems.options import RunOptions, check_backends, variant_ranks
+from dllm_bench.systems.ridge import AUTO, device_ridge
 from dllm_bench.systems.spec import apply_baseline_batch, parse_systems
 from dllm_bench.units import comma_list, format_size
 from engine.config import DTYPES
@@ -138,12 +138,12 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
 
     Device defaults (dllm_bench.device_defaults): a checkpoint dir without --preset on a CUDA
     device starts from the GPU preset; a CPU preset on CUDA runs in bfloat16; the budget (`auto`,
-    or none given and none in the preset) is free memory x 0.9 on CUDA, measured here, once, for
+    or none given and none in the preset) is free memory x GPU_MEMORY_UTILIZATION on CUDA, measured here, once, for
     every system of the run; the engine's CUDA graphs are on for a CUDA device unless
     --no-cuda-graphs (resolved to true/false into the preset, so config.json says what ran); a
     preset's "auto" token and logit budgets are scaled with the GPU's budget and the model
-    (dllm_bench.step_budgets) once the workloads are known, and its "auto" ridge (what cache=auto
-    weighs: dllm_bench.ridge) measured on CUDA, once. `gpu`: the GPU a simulated run models (its
+    (dllm_bench.systems.step_budgets) once the workloads are known, and its "auto" ridge (what cache=auto
+    weighs: dllm_bench.systems.ridge) measured on CUDA, once. `gpu`: the GPU a simulated run models (its
     hardware profile's): every default above is taken for it, as on a CUDA device whose free
     memory is the profile's, without asking torch.cuda."""
     o = opts
@@ -192,7 +192,7 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
     if o.max_concurrency is not None and o.max_concurrency < 1:
         raise UserError(f"--max-concurrency must be >= 1, got {o.max_concurrency}")
     reporting = metric_options(o.percentile_metrics, o.metric_percentiles, o.goodput)
-    decoding = str(system_decoding.parse(o.decoding))
+    decoding = system_decoding.parse(o.decoding)
     over: dict[str, Any] = {}
     for k in ("max_num_batched_tokens", "max_num_seqs", "gen_cap", "block_length", "max_prompt_len", "threads",
               "tensor_parallel_size"):

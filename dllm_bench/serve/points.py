@@ -24,7 +24,7 @@ from rich.console import Console
 from dllm_bench import console as cons
 from dllm_bench import results
 from dllm_bench.errors import UserError
-from dllm_bench.metrics import summarize
+from dllm_bench.metrics.serving import summarize
 from dllm_bench.repeats import batch_text, repeat_seeds
 from dllm_bench.results import PointKey, fmt_rps
 from dllm_bench.serve import trace
@@ -115,7 +115,7 @@ def point_summary(out: Mapping, pp: PlannedPoint, run: ServeRun) -> tuple[dict, 
     summary = summarize(res, run.metric_options, run.max_concurrency)
     summary["rps"] = pp.rps
     dec = run.decoding_for(pp.variant)
-    summary["decoding"] = dec.decoding
+    summary["decoding"] = str(dec.decoding)
     if dec.note:
         summary["decoding_note"] = dec.note
     extra = {

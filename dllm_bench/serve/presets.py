@@ -15,16 +15,16 @@ from typing import Any
 
 from dllm_bench.device_defaults import Device, default_dtype, is_cuda
 from dllm_bench.errors import UserError
-from dllm_bench.ridge import CPU_RIDGE_ROWS, Ridge
 from dllm_bench.serve.task_prompts import TASK_DATASET, training_config
-from dllm_bench.step_budgets import (
+from dllm_bench.systems.options import parallel_only
+from dllm_bench.systems.ridge import CPU_RIDGE_ROWS, Ridge
+from dllm_bench.systems.step_budgets import (
     AUTO,
     FALLBACK_LOGITS,
     FALLBACK_TOKENS,
     activation_bytes_per_token,
     step_budgets,
 )
-from dllm_bench.systems.options import parallel_only
 from engine.config import DTYPES
 
 # What a trained checkpoint (committed, or made by `dllm-bench train`) starts from: its own task.
@@ -48,9 +48,9 @@ class ServePreset:
     length_scale: float              # multiplies dataset token counts (1.0 = paper scale)
     gen_cap: int                     # max gen_length (tokens, rounded down to a block multiple)
     block_length: int
-    memory_budget: str | None        # "1GiB"...; None = the device default (CUDA: free x 0.9)
+    memory_budget: str | None        # "1GiB"...; None = the device default (CUDA: free x GPU_MEMORY_UTILIZATION)
     # Engine token budget per step and logit budget (rows per step; None = monolithic); "auto":
-    # scaled with the GPU and the model when the run is resolved (dllm_bench.step_budgets).
+    # scaled with the GPU and the model when the run is resolved (dllm_bench.systems.step_budgets).
     max_num_batched_tokens: int | str
     max_num_logits: int | str | None
     max_num_seqs: int = 64
@@ -74,11 +74,11 @@ class ServePreset:
     # Why the two budgets are what they are, once an "auto" was resolved (with_step_budgets).
     tokens_rule: str = ""
     logits_rule: str = ""
-    # The device's ridge in query rows (what `cache=auto` weighs: dllm_bench.ridge): "auto" is
+    # The device's ridge in query rows (what `cache=auto` weighs: dllm_bench.systems.ridge): "auto" is
     # measured on CUDA, a simulated GPU's profile peaks, CPU_RIDGE_ROWS on a CPU (with_ridge).
     ridge_rows: int | str = AUTO
     ridge_rule: str = ""
-    overhead_rows: int = 0    # a step's fixed cost in rows, set with the ridge (dllm_bench.ridge)
+    overhead_rows: int = 0    # a step's fixed cost in rows, set with the ridge (dllm_bench.systems.ridge)
 
     steps_rule = "steps = gen_length (one token per step)"
 
@@ -102,7 +102,7 @@ class ServePreset:
 
     def with_step_budgets(self, model_info: dict, longest_canvas: int, gpu: str | None = None,
                           budget_bytes: int | None = None) -> ServePreset:
-        """The preset with its "auto" budgets chosen (dllm_bench.step_budgets) for a run of
+        """The preset with its "auto" budgets chosen (dllm_bench.systems.step_budgets) for a run of
         canvases up to `longest_canvas` on `gpu` with `budget_bytes` (None: a CPU), and why."""
         if not self.auto_budgets:
             return self
@@ -194,7 +194,7 @@ PRESETS: dict[str, ServePreset] = {p.name: p for p in [
         block_length=8, memory_budget="8MiB", max_num_batched_tokens=256, max_num_logits=64,
         threads=1, note="tests and smoke runs: seconds per system"),
     # Table 3 on a GPU: token and logit budgets "auto", scaled with the GPU's memory and the model
-    # when the run is resolved (dllm_bench.step_budgets); a flag or a variant's knob wins.
+    # when the run is resolved (dllm_bench.systems.step_budgets); a flag or a variant's knob wins.
     ServePreset(
         "paper", model="llada-8b", dataset="livebench", num_prompts=200, length_scale=1.0, gen_cap=256, gen_length=256,
         block_length=32, memory_budget=None, max_num_batched_tokens=AUTO, max_num_logits=AUTO,

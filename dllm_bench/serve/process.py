@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dllm_bench import speed_gauge
+from dllm_bench.serve import speed_gauge
 from dllm_bench.serve.config import ServeRun
 
 INTERRUPT_GRACE_S = 30.0  # after Ctrl-C, how long a worker may take to write its partial result
@@ -48,7 +48,7 @@ def worker_spec(run: ServeRun, variant, workload, shape, trace_path: Path | None
         "device": p.device, "memory_budget": run.memory_budget, "threads": p.threads,
         "engine_defaults": run.engine_defaults, "baseline_defaults": baseline_defaults,
         "max_model_len": p.max_model_len, "shape": shape.__dict__,
-        "sampling": {"block_length": p.block_length, "steps": "gen_length", "decoding": dec.decoding},
+        "sampling": {"block_length": p.block_length, "steps": "gen_length", "decoding": str(dec.decoding)},
         "workload": [{"request_id": r.request_id, "prompt_ids": r.prompt_ids, "gen_length": r.gen_length,
                       "arrival": r.arrival} for r in workload],
         "max_duration": run.max_duration, "num_warmups": run.num_warmups, "use_cache": run.use_cache,

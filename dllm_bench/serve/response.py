@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from dllm_bench.metrics_page import parse
+from dllm_bench.metrics.page import parse
 from dllm_bench.serve.loadgen import inter_token_latencies
 
 # /metrics counters whose increase over a point is reported as the point's system stats.

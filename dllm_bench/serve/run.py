@@ -34,9 +34,9 @@ from dllm_bench.serve.points import (
     resume_id,
     scenario_lines,
 )
+from dllm_bench.serve.speed_gauge import DRIFT_WARN, drift
 from dllm_bench.serve.summary import comparisons, print_comparison, print_summary, too_few_line
 from dllm_bench.serve.workload import repeat_workloads, workload_shape
-from dllm_bench.speed_gauge import DRIFT_WARN, drift
 from dllm_bench.units import format_size
 from workloads.serving import describe, describe_gen_mapping
 

@@ -14,8 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from dllm_bench.console import console as stderr_console
-from dllm_bench.metric_options import DEFAULT_PERCENTILES, PERCENTILE_METRICS, percentile_word
-from dllm_bench.metrics import ratio_table
+from dllm_bench.metrics.options import DEFAULT_PERCENTILES, PERCENTILE_METRICS, percentile_word
+from dllm_bench.metrics.serving import ratio_table
 from dllm_bench.repeats import batch_text, cell, compare
 from dllm_bench.serve.points import display_label
 

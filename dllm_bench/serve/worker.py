@@ -29,8 +29,8 @@ import torch  # noqa: E402
 from dllm_bench.errors import UserError  # noqa: E402
 from dllm_bench.results import atomic_write_json  # noqa: E402
 from dllm_bench.serve.loadgen import run_open_loop, step_stats_summary  # noqa: E402
+from dllm_bench.serve.speed_gauge import SpeedGauge  # noqa: E402
 from dllm_bench.serve.trace import tracing  # noqa: E402
-from dllm_bench.speed_gauge import SpeedGauge  # noqa: E402
 from dllm_bench.systems.build import (  # noqa: E402
     STATIC_PROFILE_STEPS,
     WARM_UP_PROMPT,
@@ -40,7 +40,7 @@ from dllm_bench.systems.build import (  # noqa: E402
     warm_up_batch,
 )
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
-from engine.decoding import FIXED  # noqa: E402
+from engine.decoding import FIXED, Decoding  # noqa: E402
 from engine.memory import MemoryMeter  # noqa: E402  (the profiler's meter: the budget is held, not only accounted)
 from engine.profiler import weights_bytes  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
@@ -92,7 +92,7 @@ def run(spec: dict, out_path: Path) -> int:
 
     steps_rule = spec["sampling"].get("steps", "gen_length")
     block = int(spec["sampling"]["block_length"])
-    decoding = spec["sampling"].get("decoding", FIXED)
+    decoding = Decoding.parse(spec["sampling"].get("decoding", FIXED))   # the text process.py wrote
 
     def make_params(item: dict) -> SamplingParams:
         g = int(item["gen_length"])
@@ -144,7 +144,7 @@ def run(spec: dict, out_path: Path) -> int:
 def _speed_gauge(model) -> SpeedGauge:
     """Read once before the replay (and once after it): the machine's speed while this point was
     measured, in the units `calibrate` records (same GEMM shape, dtype and thread count). Only a
-    validation's measured side asks for it (spec `speed_gauge`: dllm_bench.speed_gauge)."""
+    validation's measured side asks for it (spec `speed_gauge`: dllm_bench.serve.speed_gauge)."""
     cfg = model.config
     gauge = SpeedGauge(cfg.d_model, cfg.mlp_hidden_size, model.dtype, repeats=5)
     gauge.read()

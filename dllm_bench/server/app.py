@@ -30,12 +30,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dllm_bench import metrics_page
+from dllm_bench.metrics import page as metrics_page
 from dllm_bench.server import auth, protocol
 from dllm_bench.server.engine_loop import EngineLoop, Job
 from dllm_bench.server.protocol import ChatCompletionRequest, CompletionRequest
 from dllm_bench.server.text import Detokenizer, PromptError, chat_ids, prompt_ids
-from engine.decoding import FIXED
+from engine.decoding import Decoding
 from engine.sampling import SamplingParams
 
 log = logging.getLogger("dllm_bench.server")
@@ -53,7 +53,7 @@ class ServerState:
     max_waiting: int                 # 503 once this many requests wait for admission
     retry_after_s: int = 1
     api_key: str | None = None       # every /v1 route wants `Authorization: Bearer <key>`
-    decoding: str = FIXED          # the policy of a request that names no rule (server --decoding)
+    decoding: Decoding = Decoding()   # the policy of a request that names no rule (server --decoding)
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -71,9 +71,10 @@ def sampling_params(state: ServerState, body: protocol._Body):
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     block = body.block_length or state.block_length
     gen_length = math.ceil(max_tokens / block) * block
+    asked = body.decoding()
     return SamplingParams(gen_length=gen_length, steps=body.steps or gen_length, block_length=block,
                           temperature=body.temperature, remasking=body.remasking, seed=body.seed or 0,
-                          decoding=body.decoding() if body.decoding() != FIXED else state.decoding)
+                          decoding=state.decoding if asked.fixed else asked)
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -194,7 +195,7 @@ class Reply:
         """Per-request engine counters (an extension field; OpenAI clients ignore it): one
         object for one prompt, a list in choice order for several."""
         per = [{"gen_length": j.params.gen_length, "steps": j.params.steps, "block_length": j.params.block_length,
-                "decoding": j.params.decoding, "nfe": o.nfe, "tpf": o.tokens_per_forward,
+                "decoding": str(j.params.decoding), "nfe": o.nfe, "tpf": o.tokens_per_forward,
                 "steps_per_block": list(o.steps_per_block),
                 "logits_rows": o.logits_rows, "kv_tokens": o.kv_tokens, "kv_bytes": o.kv_bytes,
                 # From the handler's job to the engine's last block: a client's E2EL minus this is

@@ -15,10 +15,10 @@ from pathlib import Path
 from dllm_bench import inputs
 from dllm_bench.device_defaults import gpu_name, resolve_budget
 from dllm_bench.errors import UserError
-from dllm_bench.ridge import device_ridge
 from dllm_bench.serve.presets import ServePreset, preset_for
 from dllm_bench.serve.workload import model_info
 from dllm_bench.systems.options import RunOptions, RunSetup, resolve
+from dllm_bench.systems.ridge import device_ridge
 from dllm_bench.systems.spec import SystemVariant, make_variant
 from dllm_bench.units import format_size
 from engine.config import DTYPES
@@ -95,10 +95,10 @@ def resolve_server_options(o: ServerOptions) -> ServerSetup:
         raise UserError(f"--memory-budget {format_size(run.budget.bytes)} does not even hold the weights "
                         f"({format_size(weights)} in {run.dtype})")
     block = o.block_length or sp.block_length
-    if sp.auto_budgets:     # scaled with the GPU (dllm_bench.step_budgets); a request may be a whole canvas
+    if sp.auto_budgets:     # scaled with the GPU (dllm_bench.systems.step_budgets); a request may be a whole canvas
         gpu = gpu_name(device)
         scale = run.budget.bytes if run.budget.bytes is not None or gpu is None else resolve_budget("auto", device).bytes
         sp = replace(sp, dtype=run.dtype, block_length=block).with_step_budgets(
             info, sp.max_model_len or info["max_sequence_length"], gpu, scale)
-    sp = sp.with_ridge(device_ridge(device, DTYPES[run.dtype]))     # what cache=auto weighs (dllm_bench.ridge)
+    sp = sp.with_ridge(device_ridge(device, DTYPES[run.dtype]))     # what cache=auto weighs (dllm_bench.systems.ridge)
     return ServerSetup(sp, variant, model_dir, run, block)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from engine.decoding import FIXED
+from engine.decoding import Decoding
 
 # OpenAI's default for /v1/completions; rounded up to whole blocks like every max_tokens.
 DEFAULT_MAX_TOKENS = 16
@@ -66,13 +66,13 @@ class _Body(BaseModel):
             raise ValueError(f"{' and '.join(given)} are parallel-decoding rules: give one")
         return self
 
-    def decoding(self) -> str:
-        """The engine.decoding policy the body asks for ("fixed" when none)."""
+    def decoding(self) -> Decoding:
+        """The engine.decoding policy the body asks for (fixed when none; ValueError if out of range)."""
         for k in DECODING_FIELDS:
             v = getattr(self, k)
             if v is not None:
-                return f"{k}:{v!r}"
-        return FIXED
+                return Decoding.parse(f"{k}:{v!r}")
+        return Decoding()
 
     def gen_max_tokens(self) -> int:
         return DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens

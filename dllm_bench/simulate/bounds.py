@@ -3,7 +3,7 @@ memory budget, computed from byte counts before anything is allocated.
 
 Without a bound `calibrate --device cuda --preset paper` asks Fast-dLLM for a static batch of 64
 paper-length canvases, whose float64 softmax alone ([64, ~1150, 126464]) is ~75 GB. The budget
-is the engine's default on CUDA (free memory x 0.9, taken before the model is loaded, so the
+is the engine's default on CUDA (free memory x GPU_MEMORY_UTILIZATION, taken before the model is loaded, so the
 weights are inside it); each host-time batch must fit it by the simulator's own byte counts
 (`simulate.memory`), and each operator's working set must fit what the weights leave.
 

@@ -1,7 +1,7 @@
 """A machine whose speed drifts: what calibrate and validation do about it, in one place.
 
 A shared virtual machine changes speed by up to 1.5x within minutes, and a calibration describes
-the state it was taken in. Reading the speed gauge (dllm_bench.speed_gauge), three things keep
+the state it was taken in. Reading the speed gauge (dllm_bench.serve.speed_gauge), three things keep
 that out of a profile and out of a validation: the profile describes the machine at the median
 of the calibration's readings, operator and step times are rescaled to that state and a batch
 during which the gauge moved is timed again (`bracketed`); where a request is short, a request

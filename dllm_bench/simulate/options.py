@@ -1,7 +1,7 @@
 """A simulate run's options: serve's ServeOptions replayed on a hardware profile. The model is
 simulated by its shape when it has no weights here (`llada-8b`); on a GPU profile the options
 resolve as `serve --device cuda --memory-budget auto` resolves them on that GPU
-(device_defaults.SimulatedGpu: bfloat16, CUDA graphs, the budget its memory x 0.9, "auto" step
+(device_defaults.SimulatedGpu: bfloat16, CUDA graphs, the budget its memory x GPU_MEMORY_UTILIZATION, "auto" step
 budgets and ridge scaled with it), on the `cpu` profile as on this CPU; each system gets its
 implementation profile. Used by `simulate` and by `serve`'s GPU projection
 (dllm_bench.simulate.projection)."""

@@ -26,7 +26,6 @@ from dllm_bench.serve.workload import shape_of
 from dllm_bench.simulate import hardware as hwmod
 from dllm_bench.simulate.options import simulation
 from dllm_bench.simulate.simulator import simulate_point
-from engine.decoding import FIXED
 
 HARDWARE = "rtx4090"        # the paper's Figure 3 GPU, the one a user is likeliest to own
 PRESET = "paper"
@@ -62,7 +61,7 @@ def skip_reason(run: ServeRun) -> str | None:
         return "only an --endpoint was measured (its model is the server's)"
     if TASK_DATASET in run.datasets:
         return "a trained model's own task (--dataset task) has no GPU-scale counterpart"
-    if run.decoding != FIXED:
+    if not run.decoding.fixed:
         return (f"--decoding {run.decoding}: LLaDA-8B's forwards per block under it are not known here; "
                 "simulate --decoding ... --steps-per-block with a distribution recorded on the GPU model")
     return None

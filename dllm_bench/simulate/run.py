@@ -17,7 +17,7 @@ import pandas as pd
 from dllm_bench import console as cons
 from dllm_bench import results
 from dllm_bench.errors import UserError
-from dllm_bench.metrics import summarize
+from dllm_bench.metrics.serving import summarize
 from dllm_bench.repeats import aggregate_points, repeat_seeds
 from dllm_bench.results import fmt_rps
 from dllm_bench.serve.points import PlannedPoint, point_line, point_summary, scenario_lines
@@ -136,7 +136,7 @@ def simulate_serve(run, setup: SimSetup, *, result_dir: Path | None, run_id: str
               "arrivals": run.arrivals, "burstiness": run.burstiness, "seed": run.seed,
               "num_prompts": run.num_prompts, "memory_budget": run.memory_budget, "repeats": run.repeats,
               "engine_defaults": run.engine_defaults, "baseline_defaults": run.baseline_defaults,
-              "decoding": run.decoding,
+              "decoding": str(run.decoding),
               "steps_per_block": setup.steps_plan.describe() if setup.steps_plan is not None else None}
     name = f"simulate-{hw.name}-{Path(str(run.preset.model)).name}-{'+'.join(run.datasets)}"
     try:

@@ -36,7 +36,7 @@ from dllm_bench.systems.build import GRAPH_KEEP, KEEP_ALL, TIMED, WARM_UP, WARM_
 from dllm_bench.systems.decoding import resolve as resolve_decoding
 from dllm_bench.systems.spec import baseline_knobs, engine_knobs
 from engine.config import EngineConfig
-from engine.decoding import FIXED
+from engine.decoding import Decoding
 from engine.graphs import enabled as graph_steps
 from engine.graphs import keeps
 from engine.models import ModelConfig
@@ -90,7 +90,7 @@ class SimSetup:
     real_capacity: Any = None              # callable(variant, seed) -> info dict from serve's builders, or None
     cost_fn: Callable[[Forward], float] | None = None   # replaces the cost model (tests: unit costs)
     speed: float = 1.0                     # every step's cost x this: a machine slower than its profile
-    decoding: str = FIXED                # --decoding (dllm_bench.systems.decoding): what each system runs
+    decoding: Decoding = Decoding()      # --decoding (dllm_bench.systems.decoding): what each system runs
     steps_plan: StepsPlan | None = None    # forwards per block of parallel-decoded requests (--steps-per-block)
     # system label -> {"knobs": {...}, "info": {...}, "graph_capture": ..., "graph_keep": ...,
     # "graphs_replayed": ...}: a measured point's recorded knobs, capacity (KV pool, static batch),

@@ -27,7 +27,7 @@ from dllm_bench.checkpoints.store import cache_root
 from dllm_bench.device_defaults import gpu_identity
 from dllm_bench.errors import UserError
 from dllm_bench.results import atomic_write_json
-from dllm_bench.systems.spec import ENGINE, ENGINE_DEFAULTS, SystemVariant, baseline_knobs, engine_knobs
+from dllm_bench.systems.spec import ENGINE, SystemVariant, baseline_knobs, engine_knobs
 from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
 from engine.engine import resolve_device
@@ -118,7 +118,7 @@ def make_system(name: str, model: Any, *, engine_config: EngineConfig | None = N
                 knobs: Mapping[str, Any] | None = None, max_model_len: int | None = None,
                 label: str | None = None) -> Any:
     """THE constructor of a serving system: the engine (`engine_config`, default
-    EngineConfig(sampling=False, the system's ENGINE_DEFAULTS) on the model's device, through
+    EngineConfig(sampling=False) on the model's device, through
     `engine.open`: over `tensor_parallel_size` ranks each rank loads its shard of
     `engine_config.model` and `model` is None) or the baseline `name` at static batch `batch`
     with its `knobs` over the loaded `model`. Both expose add_request/step/has_unfinished/
@@ -127,7 +127,7 @@ def make_system(name: str, model: Any, *, engine_config: EngineConfig | None = N
     who = repr(label or name)
     try:
         if name == ENGINE:
-            cfg = engine_config or EngineConfig(sampling=False, device=str(model.device), **ENGINE_DEFAULTS)
+            cfg = engine_config or EngineConfig(sampling=False, device=str(model.device))
             n = cfg.tensor_parallel_size
             check_tensor_parallel(cfg.model, n, cfg.device)
             who += f" at --tensor-parallel-size {n}" if n > 1 else ""

@@ -56,26 +56,24 @@ def supports(system: str, decoding: Decoding) -> bool:
 
 @dataclass(frozen=True)
 class SystemDecoding:
-    """What a system runs for a requested policy: `decoding` (canonical text, what its requests
-    are decoded with), the baseline `knobs` that switch it on, and a `note` when the system
+    """What a system runs for a requested policy: `decoding` (what its requests are decoded with), the baseline `knobs` that switch it on, and a `note` when the system
     runs `fixed` in place of the requested policy."""
-    decoding: str = FIXED
+    decoding: Decoding = Decoding()
     knobs: dict = field(default_factory=dict)
     note: str | None = None
 
     @property
     def parallel(self) -> bool:
-        return self.decoding != FIXED
+        return not self.decoding.fixed
 
 
-def resolve(system: str, decoding: Decoding | str, knobs: Mapping[str, Any] | None = None) -> SystemDecoding:
-    """`decoding` for `system`. `knobs`: the variant's own knobs, which win (e.g.
+def resolve(system: str, d: Decoding, knobs: Mapping[str, Any] | None = None) -> SystemDecoding:
+    """Policy `d` for `system`. `knobs`: the variant's own knobs, which win (e.g.
     `fast-dllm:threshold=0.8` decodes at threshold 0.8 whatever --decoding says)."""
-    d = Decoding.parse(decoding)
     own, rule_knobs = dict(knobs or {}), knobs_of(system)
     for kind, knob in rule_knobs.items():
         if own.get(knob) is not None:
-            return SystemDecoding(str(Decoding(kind, float(own[knob]))))
+            return SystemDecoding(Decoding(kind, float(own[knob])))
     if d.fixed:
         return SystemDecoding()
     if not supports(system, d):
@@ -83,8 +81,8 @@ def resolve(system: str, decoding: Decoding | str, knobs: Mapping[str, Any] | No
                else f"{system} has no parallel decoding upstream")
         return SystemDecoding(note=f"{d} requested; {why}: runs fixed")
     if d.kind in rule_knobs:
-        return SystemDecoding(str(d), {rule_knobs[d.kind]: d.value})
-    return SystemDecoding(str(d))
+        return SystemDecoding(d, {rule_knobs[d.kind]: d.value})
+    return SystemDecoding(d)
 
 
 def require(system: str, decoding: Decoding) -> SystemDecoding:

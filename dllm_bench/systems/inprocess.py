@@ -2,7 +2,7 @@
 model): the model is loaded once, and only when a system needs it whole on this device (an engine
 over several ranks loads its shards on each rank instead); every engine gets the run's device,
 dtype and parallel size, and its token and logit budgets resolved for the device
-(dllm_bench.step_budgets)."""
+(dllm_bench.systems.step_budgets)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -10,9 +10,9 @@ from typing import Any
 
 from dllm_bench.checkpoints.load import load_model
 from dllm_bench.errors import UserError
-from dllm_bench.step_budgets import AUTO, StepBudgets, engine_budgets
 from dllm_bench.systems.build import check_tensor_parallel, make_system
 from dllm_bench.systems.spec import ENGINE
+from dllm_bench.systems.step_budgets import AUTO, StepBudgets, engine_budgets
 from engine.config import DTYPES, EngineConfig
 from engine.models import DenseLM, ModelConfig, config_from_pretrained
 from engine.parallel.cluster import launched_by_torchrun

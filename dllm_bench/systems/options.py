@@ -25,7 +25,7 @@ from dllm_bench.systems.build import rank_threads
 from dllm_bench.systems.spec import ENGINE, SystemVariant, engine_knobs
 from engine.attention import choose_backend
 from engine.config import DTYPES
-from engine.decoding import FIXED
+from engine.decoding import Decoding
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class RunSetup(DeviceOptions):
     threads: int | None = None          # torch threads of the run's processes (None: as they are)
     cuda_graphs: bool = False           # the engine's CUDA graphs (on by default on CUDA)
     tensor_parallel_size: int = 1       # the engine's ranks; baselines run on one device
-    decoding: str = FIXED             # the parallel-decoding policy (engine.decoding)
+    decoding: Decoding = Decoding()   # the parallel-decoding policy (engine.decoding)
 
     @property
     def rank_threads(self) -> int:
@@ -91,11 +91,11 @@ def positive(value: int | None, flag: str) -> int | None:
 
 def resolve(o: RunOptions, *, device: str | None = None, dtype: str | Callable[[torch.device], str] | None = None,
             memory_budget: str | None = None, threads: int | None = None, tensor_parallel_size: int = 1,
-            decoding: str = FIXED, required: bool = False, auto_device: bool = True) -> RunSetup:
+            decoding: str | None = None, required: bool = False, auto_device: bool = True) -> RunSetup:
     """`o` checked and resolved, each option None falling back to the keyword of the same name
     (the command's default: a serve preset's device, dtype (a function of the device), budget,
     threads, ranks), then to the device defaults (auto device; bfloat16 on CUDA, float32 on a
-    CPU; budget auto = free GPU memory x 0.9, measured now, none on a CPU). `required`: the
+    CPU; budget auto = free GPU memory x GPU_MEMORY_UTILIZATION, measured now, none on a CPU). `required`: the
     command sizes its systems for one budget, so a CPU needs a size. `auto_device=False`: the
     command's --device has no `auto` (device_of)."""
     n = positive(o.tensor_parallel_size, "--tensor-parallel-size") or tensor_parallel_size
@@ -104,7 +104,7 @@ def resolve(o: RunOptions, *, device: str | None = None, dtype: str | Callable[[
         raise UserError(f"--threads must be positive, got {t}")
     if o.dtype is not None and o.dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {o.dtype!r}")
-    dec = str(system_decoding.parse(o.decoding if o.decoding is not None else decoding))
+    dec = system_decoding.parse(o.decoding if o.decoding is not None else decoding)
     dev = device_of(o.device if o.device is not None else device, auto_device)
     kind = o.dtype or (dtype(dev) if callable(dtype) else dtype) or default_dtype(dev)
     budget = resolve_budget(o.memory_budget if o.memory_budget is not None else memory_budget, dev,

@@ -3,7 +3,7 @@ against the run-wide defaults (building a live system is dllm_bench.systems.buil
 
 A spec is `NAME[:KEY=VALUE[,KEY=VALUE...]]`; the outer list shares the comma, so a token with
 "=" continues the previous spec's knobs (docs/SERVE.md, "Systems and variants"). `engine`'s
-knobs are EngineConfig fields, defaulting to ENGINE_DEFAULTS (`cache=auto`; the paper's system is
+knobs are EngineConfig fields with its defaults (`cache=auto`; the paper's system is
 PAPER_ENGINE); each baseline of `baselines.SYSTEMS` has its registry knobs plus `batch`
 (none: the largest static batch that fits, measured; `upstream`: its upstream code's batch).
 A flag's single value enters through make_variant, never spliced into a spec.
@@ -92,14 +92,11 @@ ENGINE_KNOBS = ("cache", "selection", "retention", "pool_window", "delay_step", 
 # Optional fields whose None a variant cannot name: cuda_graphs=None means "on for CUDA", which a
 # run resolves once for its device (RunSetup.cuda_graphs) before any engine is built.
 NOT_NONE = ("cuda_graphs",)
-# The `engine` system's defaults where they differ from EngineConfig's (the library's, which
-# tests and the paper's mechanisms build on): it serves with the dual cache while memory allows.
-ENGINE_DEFAULTS: dict[str, Any] = {"cache": "auto"}
 
 
 @dataclass(frozen=True)
 class Knob:
-    """An engine knob: its EngineConfig field's type, the `engine` system's default, its parser."""
+    """An engine knob: its EngineConfig field's type and default, its parser."""
 
     name: str
     type: Any
@@ -121,7 +118,7 @@ def _field_parser(name: str, annotation: Any) -> Callable[[str], Any]:
 def _engine_knob_table() -> dict[str, Knob]:
     hints = typing.get_type_hints(EngineConfig)
     defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
-    return {n: Knob(n, hints[n], ENGINE_DEFAULTS.get(n, defaults[n]), _field_parser(n, hints[n]))
+    return {n: Knob(n, hints[n], defaults[n], _field_parser(n, hints[n]))
             for n in ENGINE_KNOBS}
 
 
@@ -356,10 +353,10 @@ def apply_baseline_batch(variants: list[SystemVariant], mode: str) -> list[Syste
 
 # ---------------------------------------------------------------- resolved configuration
 def engine_knobs(variant: SystemVariant, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """EngineConfig overrides for an engine variant: the system's defaults (ENGINE_DEFAULTS),
-    run-wide defaults, then the variant's."""
+    """EngineConfig overrides for an engine variant: run-wide defaults, then the variant's; the
+    cache is always named (EngineConfig's default unless set), so a record says which served."""
     base = {k: v for k, v in defaults.items() if k in ENGINE_KNOBS}
-    return {**ENGINE_DEFAULTS, **base, **variant.knob_dict}
+    return {"cache": ENGINE_KNOB_TABLE["cache"].default, **base, **variant.knob_dict}
 
 
 def baseline_knobs(variant: SystemVariant, defaults: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

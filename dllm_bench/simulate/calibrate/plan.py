@@ -107,7 +107,7 @@ def calibration_dtype(device: torch.device, preset_dtype: str) -> str:
 
 def calibration_budget(dev) -> int:
     """The budget every size is bounded by: on CUDA the run default every command uses (free
-    memory x 0.9, measured once, before the model loads); on a CPU the same share of the host's
+    memory x GPU_MEMORY_UTILIZATION, measured once, before the model loads); on a CPU the same share of the host's
     available RAM, which only a large preset comes near."""
     if dev.type == "cuda":
         return int(resolve_budget("auto", dev).bytes)

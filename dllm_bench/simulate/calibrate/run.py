@@ -2,7 +2,7 @@
 operators -> each system's host time -> the fitted profile, written as the file `simulate
 --hardware` reads.
 
-On a CPU the speed gauge runs alongside (dllm_bench.speed_gauge, dllm_bench.simulate.drift): read around the operator
+On a CPU the speed gauge runs alongside (dllm_bench.serve.speed_gauge, dllm_bench.simulate.drift): read around the operator
 grid and around every timed batch, it lets the profile describe the machine at its median state
 over the calibration. A GPU is timed as a GPU (mode.GPU): operators by CUDA events after
 warm-up, each batch warmed on its own shapes then timed for a bounded number of steps, sizes
@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from dllm_bench import inputs, speed_gauge
+from dllm_bench import inputs
 from dllm_bench.console import progress
 from dllm_bench.errors import UserError
+from dllm_bench.serve import speed_gauge
 from dllm_bench.simulate import drift, hardware
 from dllm_bench.simulate.calibrate import host as host_time
 from dllm_bench.simulate.calibrate import operators

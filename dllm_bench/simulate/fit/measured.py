@@ -83,7 +83,7 @@ def _pins(s: dict) -> tuple[dict, dict]:
     """(knobs, capacity info) a point ran with, from its summary.json (what it recorded of them)."""
     if (s.get("system_name") or str(s.get("system", "")).split(":")[0]) == ENGINE:
         cfg = s.get("engine_config") or s.get("knobs") or {}
-        # a measured engine weighs no step overhead (dllm_bench.ridge), recorded or not
+        # a measured engine weighs no step overhead (dllm_bench.systems.ridge), recorded or not
         knobs = {"overhead_rows": 0} | {k: cfg[k] for k in ENGINE_KNOBS if k in cfg}
         pool = (s.get("engine_config") or {}).get("kv_pool_tokens") or s.get("kv_pool_tokens")
         return knobs, ({"kv_pool_tokens": pool, "scenario": "as measured: the KV pool the run profiled"} if pool else {})

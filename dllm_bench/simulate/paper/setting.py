@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from baselines import SYSTEMS
 from dllm_bench.errors import UserError
-from dllm_bench.metrics import summarize
+from dllm_bench.metrics.serving import summarize
 from dllm_bench.serve.presets import PAPER_BASELINE_KNOBS
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.hardware import Hardware, load

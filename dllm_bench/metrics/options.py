@@ -3,7 +3,7 @@ meanings: which latency metrics get percentiles (`--percentile-metrics`), which 
 (`--metric-percentiles`), and the service-level objectives of goodput (`--goodput`), the
 requests meeting every SLO given (DistServe's definition, as vLLM computes it).
 
-Parsed once from the CLI into MetricOptions; dllm_bench.metrics computes with it.
+Parsed once from the CLI into MetricOptions; dllm_bench.metrics.serving computes with it.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dllm_bench.ridge import device_ridge
+from dllm_bench.systems.ridge import device_ridge
 from dllm_bench.units import format_size
 from engine.config import EngineConfig
 from engine.profiler import default_budget, weights_bytes
@@ -39,7 +39,7 @@ class StepBudgets:
     max_num_logits: int | None
     tokens_rule: str          # why: "auto: ...", "given" or "auto on CPU: ..."
     logits_rule: str
-    ridge_rows: int | None = None   # engine_budgets: the device's ridge (dllm_bench.ridge), what cache=auto weighs
+    ridge_rows: int | None = None   # engine_budgets: the device's ridge (dllm_bench.systems.ridge), what cache=auto weighs
 
     def describe(self) -> str:
         logits = "monolithic" if self.max_num_logits is None else f"{self.max_num_logits} rows"
@@ -85,7 +85,7 @@ def engine_budgets(model, *, tokens: int | None, logits: int | str | None, max_n
                    cpu: tuple[int, int | None] = (8192, 1024)) -> StepBudgets:
     """The budgets of an engine a command builds over a loaded `model` (generate, accuracy,
     frontier): on CUDA `step_budgets` for the engine's memory budget (`budget_bytes`, or the
-    engine's own default: (free + weights) x 0.9); on a CPU the given values, else `cpu` (the
+    engine's own default: (free + weights) x GPU_MEMORY_UTILIZATION); on a CPU the given values, else `cpu` (the
     command's own defaults: nothing scales). `tokens` None / `logits` AUTO: not given. With the
     device's ridge (measured on CUDA)."""
     ridge = device_ridge(model.device, model.dtype).rows

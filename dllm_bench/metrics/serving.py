@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dllm_bench.metric_options import MetricOptions, percentile_word
+from dllm_bench.metrics.options import MetricOptions, percentile_word
 
 # Percentiles every summary holds, whatever --metric-percentiles selects (tables, plots and the
 # report read them): p99 of each latency (vLLM's default) and, for e2el, p50/p90 as the paper's
@@ -117,7 +117,7 @@ def compute_metrics(records: Iterable[Any], duration_s: float, *, rejected: int 
     records: finished requests; rejected: count or list of rejected requests (ValueError at
     add_request); unfinished: requests added but aborted (interrupt / max_duration);
     stats: the system's stats() over this point (counters are copied through); options: the
-    percentiles and goodput SLOs asked for (dllm_bench.metric_options); max_concurrency: the
+    percentiles and goodput SLOs asked for (dllm_bench.metrics.options); max_concurrency: the
     cap the point ran under (adds the client-side queue, vLLM's `client_queue_time`).
     """
     options = options or MetricOptions()
