@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.regions import DECODE, LM_HEAD, in_region, region
-from engine.unmask import confidence_at, entropy_of, gumbel_argmax, proposal_argmax
+from engine.unmask import confidence_at, dream_rows, entropy_of, gumbel_argmax, proposal_argmax
 
 MONOLITHIC_DECODE_ROWS = 64
 
@@ -26,6 +26,7 @@ class RowSegment:
     count: int
     temperature: float
     gen: torch.Generator | None
+    dream: object | None = None   # the request's SamplingParams when it decodes by Dream's rule
 
 
 @dataclass
@@ -39,6 +40,25 @@ class DecodeResult:
 
 def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
                   mask_id: int, entropy: bool = False) -> tuple:
+    """Rows [c0, c0 + len) -> (x0, conf, entropy or None): Dream's rule on its segments' rows, LLaDA's on the rest."""
+    n = logits.shape[0]
+    spans = [(max(s.start - c0, 0), min(s.start + s.count - c0, n), s) for s in segments if s.dream is not None]
+    spans = [t for t in spans if t[0] < t[1]]
+    if not spans:
+        return _llada_chunk(logits, c0, segments, mask_id, entropy)
+    parts, at = [], 0
+    for a, b, s in spans + [(n, n, None)]:
+        if at < a:
+            parts.append(_llada_chunk(logits[at:a], c0 + at, segments, mask_id, entropy))
+        if s is not None:
+            parts.append(dream_rows(logits[a:b], s.dream, s.gen, mask_id, entropy))
+        at = b
+    x0, conf, ent = zip(*parts)
+    return torch.cat(x0), torch.cat(conf), torch.cat(ent) if entropy else None
+
+
+def _llada_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
+                 mask_id: int, entropy: bool = False) -> tuple:
     x0 = proposal_argmax(logits, mask_id)
     c1 = c0 + logits.shape[0]
     for seg in segments:
