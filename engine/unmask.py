@@ -189,10 +189,12 @@ def gumbel_topk_keys(conf: torch.Tensor, alg_temp: float, gen: torch.Generator) 
 
 
 def choose_positions(conf: torch.Tensor, k: int, alg_temp: float | None, gen: torch.Generator) -> torch.Tensor:
-    """Indices of the k rows to commit: top-k of conf, or (alg_temp > 0) the Gumbel top-k."""
-    if not alg_temp or k <= 0:
-        return select_transfer(conf, k)
-    return torch.topk(gumbel_topk_keys(conf, alg_temp, gen), k).indices
+    """Indices of the k rows to commit: top-k of conf, equal scores by row order as the engine's
+    ranking (engine.runner `_choose`), or (alg_temp > 0) the Gumbel top-k."""
+    if k <= 0:
+        return conf.new_zeros(0, dtype=torch.long)
+    keys = conf if not alg_temp else gumbel_topk_keys(conf, alg_temp, gen)
+    return torch.sort(keys, descending=True, stable=True).indices[:k]
 
 
 def rescored(conf: torch.Tensor, p, k: int, gens: RequestGenerators) -> torch.Tensor | None:
