@@ -99,7 +99,7 @@ class ModelRunner:
         conf = res.conf
         for i, r in enumerate(reqs):
             a, n = int(c.seg_start[i]), int(c.counts[i])
-            keys = rescored(conf[a : a + n], r.params, r.commit_count, r.gens)
+            keys = rescored(conf, a, n, r.params, r.commit_count, r.gens)
             if keys is not None:
                 conf = conf.clone() if conf is res.conf else conf
                 conf[a : a + n] = keys

@@ -197,11 +197,11 @@ def choose_positions(conf: torch.Tensor, k: int, alg_temp: float | None, gen: to
     return torch.sort(keys, descending=True, stable=True).indices[:k]
 
 
-def rescored(conf: torch.Tensor, p, k: int, gens: RequestGenerators) -> torch.Tensor | None:
-    """The scores a request's candidates are ranked by when not its proposals' (None: those):
+def rescored(conf: torch.Tensor, a: int, n: int, p, k: int, gens: RequestGenerators) -> torch.Tensor | None:
+    """What a request's candidates conf[a : a + n] are ranked by instead (None: unchanged):
     `random` remasking's uniforms, or `alg_temp`'s Gumbel keys when it commits k > 0."""
     if p.remasking == "random":
-        return random_confidence(conf.numel(), gens.remask).to(conf)
+        return random_confidence(n, gens.remask).to(conf)
     if p.alg_temp and k > 0:
-        return gumbel_topk_keys(conf, p.alg_temp, gens.remask).to(conf)
+        return gumbel_topk_keys(conf[a : a + n], p.alg_temp, gens.remask).to(conf)
     return None
