@@ -40,18 +40,26 @@ class DecodeResult:
 
 def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
                   mask_id: int, entropy: bool = False) -> tuple:
-    """Rows [c0, c0 + len) -> (x0, conf, entropy or None): Dream's rule on its segments' rows, LLaDA's on the rest."""
+    return by_rule(logits, c0, segments, mask_id, entropy, lambda part, at: _llada_chunk(part, at, segments, mask_id,
+                                                                                      entropy))
+
+
+def by_rule(logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool, plain,
+            full=None) -> tuple:
+    """Rows [c0, c0 + len) -> (x0, conf, entropy or None): Dream's rule (engine.unmask.dream_rows) on
+    its segments' rows, `plain(rows, first row)` on the others; `full(rows)`: their whole vocabulary."""
     n = logits.shape[0]
     spans = [(max(s.start - c0, 0), min(s.start + s.count - c0, n), s) for s in segments if s.dream is not None]
     spans = [t for t in spans if t[0] < t[1]]
     if not spans:
-        return _llada_chunk(logits, c0, segments, mask_id, entropy)
+        return plain(logits, c0)
     parts, at = [], 0
     for a, b, s in spans + [(n, n, None)]:
         if at < a:
-            parts.append(_llada_chunk(logits[at:a], c0 + at, segments, mask_id, entropy))
+            parts.append(plain(logits[at:a], c0 + at))
         if s is not None:
-            parts.append(dream_rows(logits[a:b], s.dream, s.gen, mask_id, entropy))
+            rows = logits[a:b] if full is None else full(logits[a:b])
+            parts.append(dream_rows(rows, s.dream, s.gen, mask_id, entropy))
         at = b
     x0, conf, ent = zip(*parts)
     return torch.cat(x0), torch.cat(conf), torch.cat(ent) if entropy else None

@@ -111,9 +111,7 @@ class ModelRunner:
 
     def _decode(self, reqs: list[Request], hidden: torch.Tensor, c: CommitPlan, rows: torch.Tensor | None = None):
         """The candidates' proposals under the logit budget (`rows`: their hidden rows)."""
-        segments = [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel,
-                               r.params if r.params.dream_rule else None)
-                    for i, r in enumerate(reqs) if r.params.temperature > 0 or r.params.dream_rule]
+        segments = row_segments(reqs, c)
         return self.decode_rows(self.model.lm_head, hidden, c.rows if rows is None else rows, segments,
                                 self.config.max_num_logits, self.model_config.mask_token_id, entropy=c.entropy)
 
@@ -197,6 +195,13 @@ def _plan_commit(m: StepMeta, reqs: list[Request], host_tokens: np.ndarray, mask
                       staging.put(rel), staging.put(counts), staging.put(m.k), None if fixed else staging.put(kinds),
                       None if fixed else staging.put(values), any(p.kind == "entropy" for p in policies),
                       staging.put(np.repeat(np.arange(B), W)), staging.put(m.offset) if in_pool else None)
+
+
+def row_segments(reqs: list[Request], c: CommitPlan) -> list[RowSegment]:
+    """The candidate rows of each request that samples (T > 0) or decodes by Dream's rule."""
+    return [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel,
+                       r.params if r.params.dream_rule else None)
+            for i, r in enumerate(reqs) if r.params.temperature > 0 or r.params.dream_rule]
 
 
 @in_region(DECODE)

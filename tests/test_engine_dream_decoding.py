@@ -82,11 +82,12 @@ def _workload():
     return prompts, params
 
 
-def test_batch_invariance(model):
+@pytest.mark.parametrize("cache", ["none", "dual", "sparse"])
+def test_batch_invariance(model, cache):
     """Requests decoded together (Dream's and LLaDA's rules side by side in one logit chunk, same
-    algs with different seeds) get exactly the tokens each gets alone."""
+    algs with different seeds) get exactly the tokens each gets alone, in every cache mode."""
     prompts, params = _workload()
-    kw = dict(cache="none", max_num_logits=7)
+    kw = dict(cache=cache, retention=0.5, max_num_logits=7)
     alone = [run_alone(model, p, sp, **kw) for p, sp in zip(prompts, params, strict=True)]
     eng = make_engine(model, **kw)
     together = eng.generate(prompts, params)

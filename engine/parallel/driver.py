@@ -45,12 +45,6 @@ class ParallelEngine(LLMEngine):
         runner.pool = self.pool
         self.profile = built.profile
 
-    def add_request(self, prompt_ids, params, *args, **kwargs) -> str:
-        if params.dream_rule:
-            raise ValueError(f"remasking {params.remasking!r} (Dream's rule) is not implemented under tensor "
-                             "parallelism: the vocabulary-parallel decode has LLaDA's rule only")
-        return super().add_request(prompt_ids, params, *args, **kwargs)
-
     def step(self) -> list[RequestOutput]:
         with self.cluster.guard():
             return super().step()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.logits import MONOLITHIC_DECODE_ROWS, DecodeResult, RowSegment
+from engine.logits import MONOLITHIC_DECODE_ROWS, DecodeResult, RowSegment, by_rule
 from engine.unmask import gumbel_noise, gumbel_scores, proposal_argmax
 
 KEY, TOKEN, LOGIT, MAX, SUM, ENT = range(6)
@@ -43,9 +43,17 @@ class VocabParallelDecode:
         return res
 
     def chunk(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool):
-        """Rows [c0, c0 + len), this rank's columns -> (x0, conf, entropy or empty), on every rank."""
-        stats = self.local(logits, c0, segments, mask_id, entropy)
-        return combine(self.tp.all_gather(stats), logits.dtype, entropy)
+        """Rows [c0, c0 + len), this rank's columns -> (x0, conf, entropy or empty), on every rank;
+        Dream's rule (a segment's `dream`) reads its rows' whole vocabulary, gathered."""
+        def plain(part: torch.Tensor, at: int):
+            return combine(self.tp.all_gather(self.local(part, at, segments, mask_id, entropy)), part.dtype, entropy)
+        x0, conf, ent = by_rule(logits, c0, segments, mask_id, entropy, plain, self.columns)
+        return x0, conf, conf.new_zeros(0) if ent is None else ent
+
+    def columns(self, part: torch.Tensor) -> torch.Tensor:
+        """[rows, V/N] on every rank -> [rows, V], the ranks' columns side by side."""
+        got = self.tp.all_gather(part)
+        return got.permute(1, 0, 2).reshape(part.shape[0], -1)
 
     def local(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int,
               entropy: bool) -> torch.Tensor:
