@@ -55,13 +55,15 @@ class SamplingParams:
         if self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
         object.__setattr__(self, "decoding", str(Decoding.parse(self.decoding)))    # canonical, validated
-        self._check_dream()
+        self._check_rule()
 
-    def _check_dream(self) -> None:
+    def _check_rule(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if not 0 < self.eps < 1:
             raise ValueError(f"eps must be in (0, 1), got {self.eps!r}")
+        if self.eps != EPS and self.schedule != "timegrid":
+            raise ValueError(f"eps applies to schedule 'timegrid' (Dream's time grid), not to {self.schedule!r}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool)
