@@ -1,5 +1,4 @@
-"""`engine.open`: the one constructor of an engine, on one device (`LLMEngine`) or over
-`tensor_parallel_size` ranks (`ParallelEngine`); either is a context manager."""
+"""`engine.open`: the one constructor of an engine, on one device or over `tensor_parallel_size` ranks."""
 from __future__ import annotations
 
 from engine.config import EngineConfig
@@ -10,9 +9,7 @@ from engine.step import Runner
 
 def open_engine(config: EngineConfig, model: DenseLM | None = None, runner: Runner | None = None, *,
                 threads: int = 1, cluster=None) -> LLMEngine:
-    """The engine `config` describes. `model`: already loaded (one device); `runner`: any
-    `engine.step.Runner` (a simulator's); over several ranks each loads its shard of `config.model`
-    with `threads` torch threads on a CPU; `cluster`: ranks already running."""
+    """The engine `config` describes (`model`: loaded; `runner`: any `Runner`; `cluster`: ranks running)."""
     if config.tensor_parallel_size == 1 or runner is not None:
         return LLMEngine(config, model=model, runner=runner)
     if model is not None:

@@ -1,5 +1,4 @@
-"""`cache=auto`: each request's cache mode (dual, sparse, or none when no mode can hold it), chosen
-once at admission on the device's roofline (docs/SERVE.md, "The engine's cache")."""
+"""`cache=auto`: each request's cache mode, chosen at admission on the device's roofline (docs/SERVE.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +19,7 @@ def refreshes(mode: str, steps_per_block: int, delay_step: int) -> int:
 
 @dataclass(frozen=True)
 class Shape:
-    """A request as the mix sees it: canvas L, block B, steps per block S, its KV need per mode,
-    and the model on the device (`ridge` rows, `ModelConfig`'s ratios, a step's `overhead` rows)."""
+    """A request as the mix sees it (canvas, block, steps per block, KV needs) on the device's roofline."""
 
     length: int
     block: int
@@ -36,8 +34,7 @@ class Shape:
 
 
 def step_time(n_dual, n_sparse, s: Shape):
-    """Roofline time of a step in query rows, and the tokens it commits, for `n_dual` + `n_sparse`
-    requests of shape `s` (numpy-broadcast): Reuse steps share one read of the weights and keys."""
+    """Roofline time in query rows of a step of `n_dual` + `n_sparse` requests of shape `s`; its tokens."""
     S = s.steps
     k_d, k_s = refreshes("dual", S, s.delay_step), refreshes("sparse", S, s.delay_step)
     reuse = (n_dual * (S - k_d) + n_sparse * (S - k_s)) * s.block / S
@@ -49,8 +46,7 @@ def step_time(n_dual, n_sparse, s: Shape):
 
 @lru_cache(maxsize=1024)
 def preferred_mode(capacity: int, max_seqs: int, s: Shape) -> str:
-    """dual or sparse: which fills `capacity` slots (at most `max_seqs` requests of shape `s`)
-    committing more tokens per step time; sparse must win by SPARSE_MARGIN (work the roofline omits)."""
+    """dual or sparse: which commits more tokens per step time filling `capacity` (sparse: by a margin)."""
     n_dual, n_sparse = min(max_seqs, capacity // s.dual_need), min(max_seqs, capacity // s.sparse_need)
     if s.sparse_need >= s.dual_need or n_sparse == 0:
         return "dual"
@@ -71,8 +67,7 @@ SERVED = {"none": ("none",), "dual": ("dual",), "sparse": ("sparse",), AUTO: ("d
 
 def admission_mode(free: int | None, dual_need: int, sparse_need: int, preferred: str,
                    capacity: int | None = None) -> str | None:
-    """The mode the head of the queue is admitted in, or None (it waits until its preferred
-    mode's need fits `free`; `none` if never cached; an unbounded pool: dual)."""
+    """The mode the head of the queue is admitted in, or None: it waits (`none` if never cached)."""
     if free is None:
         return "dual"
     if never_cached(capacity, sparse_need):

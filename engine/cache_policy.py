@@ -1,5 +1,4 @@
-"""What each KV cache policy (none, dual, sparse, auto) stores, selects and reads, per request
-and phase, as columns over a step's `StepMeta` (docs/MECHANISMS.md)."""
+"""What each KV cache policy stores, selects and reads, as columns over a `StepMeta` (docs/MECHANISMS.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,8 +17,6 @@ from engine.step_meta import StepMeta
 
 @dataclass
 class KeySpec:
-    """Per member of a step (numpy columns over `StepMeta`'s rows)."""
-
     cached: np.ndarray      # keys read from the request's slots (its first `cached` table entries)
     fresh: np.ndarray       # keys that are this step's own fresh K/V rows (its first `fresh` queries)
     store_from: np.ndarray  # slot-table index where this step's fresh K/V are stored (-1: none)
@@ -46,8 +43,8 @@ class NoCache(CachePolicy):
 
 
 class DualCache(CachePolicy):
-    """Fast-dLLM's dual cache: the block-start Refresh stores every position's K/V; a Reuse step
-    overwrites the block's slots with its fresh K/V in place and attends over all L cached slots."""
+    """Fast-dLLM's dual cache: the block-start Refresh stores every K/V; a Reuse step overwrites
+    the block's slots in place and attends over all L."""
 
     def spec(self, m):
         reuse = ~m.refresh
@@ -56,9 +53,8 @@ class DualCache(CachePolicy):
 
 
 class SparseCache(CachePolicy):
-    """dLLM-Serve's head-centric sparse KV: the Refresh at `delay_step` selects and packs the
-    retained context K/V into the request's first slots; a Reuse step writes its fresh block K/V
-    into the block slots that follow them and attends over [retained ; block], all from the pool."""
+    """dLLM-Serve's sparse KV: the Refresh at `delay_step` packs the retained context K/V into the
+    first slots; a Reuse step writes the block's after them and attends over [retained ; block]."""
 
     def reuse_keys(self, req) -> int:
         return req.kv_tokens
@@ -94,8 +90,7 @@ class SparseCache(CachePolicy):
                           tuple(map(staging.put, keep_rows)), staging.put(m.slots[ragged(m.slot_base[g], keep)]))
 
     def select(self, plan: SelectPlan, pool: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """One layer's Refresh-select: score the context with the block's queries, keep ⌊r·L_ctx⌋
-        tokens per KV head, pack them into the requests' first slots."""
+        """One layer's Refresh-select: keep ⌊r·L_ctx⌋ context tokens per KV head, packed into the first slots."""
         c, G = self.config, plan.G
         hkv, d = k.shape[1:]
         qb = q[plan.q_index].view(G, plan.blmax, *q.shape[1:])

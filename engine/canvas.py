@@ -1,5 +1,4 @@
-"""Every running request's canvas in one token tensor, mirrored on the host: `req.canvas` and
-`req.host_canvas` are views of a range from admission to release."""
+"""Every running request's canvas in one token tensor mirrored on the host (`req.canvas` views a range)."""
 from __future__ import annotations
 
 import numpy as np

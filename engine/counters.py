@@ -1,5 +1,4 @@
-"""The step counters every serving system reports (`LLMEngine`, the static-batch baselines):
-forwards, query tokens, logits rows, the phase mix, batch sizes, stalls and planned waits."""
+"""The step counters every serving system reports."""
 from __future__ import annotations
 
 import time
@@ -7,15 +6,11 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
-# Per-step entries kept: every aggregate is exact whatever the number of steps; the history
-# serves short runs (tests, regression tables) and stays bounded in a long-lived server.
-STEP_HISTORY = 4096
+STEP_HISTORY = 4096      # per-step entries kept (the aggregates are exact whatever the number of steps)
 
 
 class StepRecord(NamedTuple):
-    """One forward as `StepCounters.sink` sees it (perf_counter start and end): its real members,
-    the members it ran (padding dummies included), its phase mix and sizes, a CUDA-graph replay,
-    members per KV cache mode (None: not told)."""
+    """One forward as `StepCounters.sink` sees it (perf_counter times; `cache`: members per mode)."""
 
     started: float
     ended: float
@@ -31,8 +26,7 @@ class StepRecord(NamedTuple):
 
 
 class StepCounters(dict):
-    """A dict of cumulative counters plus the last `STEP_HISTORY` steps' `batch_sizes` and
-    `step_log` ((refresh, reuse, query tokens) per step), and the batch-size suffix maxima."""
+    """Cumulative counters, the last steps' `batch_sizes` and `step_log`, and the batch-size suffix maxima."""
 
     def __init__(self) -> None:
         super().__init__(steps=0, forwards=0, query_tokens=0, logits_rows=0, max_logits_rows_in_step=0,
@@ -48,9 +42,7 @@ class StepCounters(dict):
                refresh: int, reuse: int, stalled: int = 0, deferred: int = 0, *, started: float | None = None,
                key_tokens: int = 0, padded: int | None = None, graph: bool = False,
                cache: Mapping[str, int] | None = None) -> None:
-        """One forward. `stalled`: running requests left out (their step did not fit the budget);
-        `deferred`: left out by the look-ahead plan. The keywords are for the sink (`started`: the
-        step's perf_counter start; without it the step is not handed to the sink)."""
+        """One forward (`stalled`: left out by the budget, `deferred`: by the plan; `started`: sink it)."""
         if self.sink is not None and started is not None:
             self.sink(StepRecord(started, time.perf_counter(), batch_size, batch_size if padded is None else padded,
                                  refresh, reuse, query_tokens, key_tokens, logits_rows, graph, cache))

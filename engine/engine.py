@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -29,9 +29,21 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def run_to_completion(system, prompts, params, progress=None) -> list[RequestOutput]:
+    """Add every prompt to a serving system and step it until all finish; outputs in input order."""
+    plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+    ids = [system.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+    out: dict[str, RequestOutput] = {}
+    while system.has_unfinished():
+        for o in system.step():
+            out[o.request_id] = o
+            if progress:
+                progress(len(out), len(ids))
+    return [out[i] for i in ids]
+
+
 class LLMEngine:
-    """One device's engine. `runner`: any `engine.step.Runner` in place of the `ModelRunner` (a
-    simulator's cost model); without a model it needs `kv_pool_tokens` (or no budget on CPU)."""
+    """One device's engine; `runner`: any `engine.step.Runner` (without a model: `kv_pool_tokens`)."""
 
     def __init__(self, config: EngineConfig, model: DenseLM | None = None, runner: Runner | None = None):
         self.config = config
@@ -39,8 +51,7 @@ class LLMEngine:
             raise ValueError("tensor_parallel_size > 1 is an engine over several ranks: build it with "
                              "engine.open(config)")
         if model is None and runner is None:
-            device = resolve_device(config.device)
-            model = load_model(config.model, DTYPES[config.dtype], device)
+            model = load_model(config.model, DTYPES[config.dtype], resolve_device(config.device))
         self.model = model if model is not None else getattr(runner, "model", None)
         source = runner if runner is not None else model
         self.device, self.dtype = source.device, source.dtype
@@ -71,13 +82,8 @@ class LLMEngine:
         self.counters = StepCounters()
         self.batch_sizes, self.step_log = self.counters.batch_sizes, self.counters.step_log
 
-    def add_request(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        request_id: str | None = None,
-        arrival_time: float | None = None,
-    ) -> str:
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None,
+                    arrival_time: float | None = None) -> str:
         """Queue a request; raise ValueError if it could never run (it must not block the queue)."""
         prompt_ids = [int(t) for t in prompt_ids]
         mask = self.model_config.mask_token_id
@@ -105,14 +111,8 @@ class LLMEngine:
                 f"{length} exceeds max_num_batched_tokens {self.config.max_num_batched_tokens} (such a canvas "
                 f"is refreshed in chunks under scheduler={' | '.join(long_schedulers())} on one device)"
             )
-        req = Request(
-            request_id=request_id or f"req-{next(self._ids)}",
-            prompt_ids=prompt_ids,
-            params=params,
-            mask_id=mask,
-            device=self.device,
-            arrival_time=time.perf_counter() if arrival_time is None else arrival_time,
-        )
+        req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, mask, self.device,
+                      time.perf_counter() if arrival_time is None else arrival_time)
         uncached = self.config.cache == "none" or self.scheduler.never_cached(req)
         if params.block_length > self.config.max_num_batched_tokens and not uncached:
             raise ValueError(f"block_length {params.block_length} exceeds max_num_batched_tokens "
@@ -130,7 +130,7 @@ class LLMEngine:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
     def capture_graphs(self, block_length: int, prompt_len: int = 1, max_batch: int | None = None) -> int:
-        """Every batch bucket's CUDA graph for Reuse steps of `block_length` now, at warm-up (0 without graphs)."""
+        """Every bucket's CUDA graph for Reuse steps of `block_length` now (`StepGraphs.capture_all`)."""
         graphs = getattr(self.runner, "graphs", None)
         return graphs.capture_all(block_length, prompt_len, max_batch) if isinstance(graphs, StepGraphs) else 0
 
@@ -152,18 +152,15 @@ class LLMEngine:
         return done
 
     def commit(self, batch: Batch, d: StepDecisions) -> None:
-        """Write every request's decided tokens into the canvas pool in one indexed write, then read
-        them back: the step's one device-to-host copy, keeping the host canvases equal to the device's."""
+        """The decided tokens written into the canvas pool, then read back in one device-to-host copy."""
         offsets = np.fromiter((r.canvas_offset for r, _ in batch), dtype=np.int64, count=len(batch))
         cols = [d.row.long(), d.positions.long(), d.tokens.long()]
+        index = to_device(offsets, self.device)[d.row] + d.positions if d.canvas_index is None else d.canvas_index
         if d.taken is not None:
             # entries that do not commit write the pool's trash cell (no real cell written twice)
-            self.canvases.tokens[torch.where(d.taken, d.canvas_index, self.canvases.trash)] = d.tokens
+            index = torch.where(d.taken, index, self.canvases.trash)
             cols.append(d.taken.long())
-        elif d.canvas_index is not None:
-            self.canvases.tokens[d.canvas_index] = d.tokens
-        else:
-            self.canvases.tokens[to_device(offsets, self.device)[d.row] + d.positions] = d.tokens
+        self.canvases.tokens[index] = d.tokens
         host = torch.stack(cols).cpu().numpy()
         row, pos, tok = host[:3] if d.taken is None else host[:3, host[3].astype(bool)]
         self.canvases.host[offsets[row] + pos] = tok
@@ -171,8 +168,7 @@ class LLMEngine:
             req.charge(n)
 
     def advance(self, batch: Batch, now: float, committed: bool = True) -> list[Request]:
-        """Every request's step is done: move the cursors (the next blocks' masked tokens counted in
-        one op); -> the finished requests. `committed`: False ends a block after its planned steps."""
+        """Move the cursors -> the finished requests (`committed` False: blocks end as planned)."""
         ends = {id(r): r.block_done(committed) for r, _ in batch}
         nxt = [r for r, _ in batch if ends[id(r)] and r.block + 1 < r.num_blocks]
         masked = {}
@@ -190,14 +186,7 @@ class LLMEngine:
                 done.append(req)
         return done
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams | Sequence[SamplingParams],
-        progress: Callable[[int, int], None] | None = None,
-    ) -> list[RequestOutput]:
-        """Run all prompts concurrently to completion; outputs in input order."""
-        return run_to_completion(self, prompts, params, progress)
+    generate = run_to_completion        # all prompts run concurrently; outputs in input order
 
     def stats(self) -> dict:
         c = self.counters.stats()
@@ -206,7 +195,7 @@ class LLMEngine:
             requests_sparse=self.scheduler.served["sparse"],
             requests_none=self.scheduler.served["none"],
             kv_pool_tokens=self.pool.capacity,
-            kv_pool_bytes=self.pool.capacity_bytes,
+            kv_pool_bytes=None if self.pool.capacity is None else self.pool.capacity * self.pool.bytes_per_token,
             peak_kv_tokens=self.pool.peak_used,
             peak_kv_bytes=self.pool.peak_used * self.pool.bytes_per_token,
         )
@@ -215,7 +204,7 @@ class LLMEngine:
         return c
 
     def close(self) -> None:
-        """Nothing to stop on one device (an engine over several ranks stops them here)."""
+        pass
 
     def __enter__(self) -> LLMEngine:
         return self
@@ -223,15 +212,3 @@ class LLMEngine:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def run_to_completion(system, prompts, params, progress=None) -> list[RequestOutput]:
-    """Add every prompt to a serving system and step it until all finish; outputs in input order."""
-    plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-    ids = [system.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
-    out: dict[str, RequestOutput] = {}
-    while system.has_unfinished():
-        for o in system.step():
-            out[o.request_id] = o
-            if progress:
-                progress(len(out), len(ids))
-    return [out[i] for i in ids]

@@ -1,5 +1,4 @@
-"""CUDA graphs for Reuse-only steps, padded to batch buckets and kept only where they are faster;
-also whether graphs are on and the profiler's memory reserve for them."""
+"""CUDA graphs for Reuse-only steps, padded to batch buckets, kept only where they are faster."""
 from __future__ import annotations
 
 import dataclasses
@@ -49,8 +48,7 @@ def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
 
 def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_batch: int | None,
                  holds: Callable[[int], bool]) -> tuple[str, int, list[int]]:
-    """What `StepGraphs.capture_all` captures, decided without a model (the simulator asks it too):
-    (cache mode, KV slots each, buckets up to `max_batch`'s within the budget while `holds(slots)`)."""
+    """(cache mode, KV slots each, buckets) `StepGraphs.capture_all` captures, decided without a model."""
     mode = "dual" if config.cache == AUTO else config.cache
     need = kv_need(mode, prompt_len + block_length, block_length, config.retention)
     if mode == "none" or need == 0:
@@ -67,7 +65,7 @@ def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_b
 
 def warm_up_requests(b: int, mode: str, need: int, block_length: int, prompt_len: int, mask_id: int,
                      device) -> list[Request]:
-    """The `b` synthetic one-block requests a bucket is captured on at warm-up (slots: the caller's)."""
+    """The `b` synthetic one-block requests a bucket is captured on (slots: the caller's)."""
     params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
     reqs = [Request(f"graph-{b}-{i}", [0] * prompt_len, params, mask_id, device, cache=mode) for i in range(b)]
     for req in reqs:
@@ -76,7 +74,7 @@ def warm_up_requests(b: int, mode: str, need: int, block_length: int, prompt_len
 
 
 def keeps(graph_ms: float, eager_ms: float) -> bool:
-    """Whether a bucket replays its graph: only if it timed faster than the step eager, unpadded."""
+    """A bucket replays its graph only if it timed faster than the step eager, unpadded."""
     return graph_ms < eager_ms
 
 
@@ -101,27 +99,22 @@ def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
     n, bl = spec.members - len(m.n_q), int(m.block_len[0])
     if n <= 0:
         return m
-    one = lambda v: np.full(n, v, dtype=np.int64)  # noqa: E731
-    slot_base = len(m.slots) + bl * np.arange(n, dtype=np.int64)
-    cu_q = np.concatenate([m.cu_q, m.cu_q[-1] + bl * np.arange(1, n + 1, dtype=np.int64)])
-    cat = lambda a, b: np.concatenate([a, b])  # noqa: E731
-    return StepMeta(offset=cat(m.offset, one(0)), length=cat(m.length, one(bl)), block_len=cat(m.block_len, one(bl)),
-                    block_start=cat(m.block_start, one(0)), kv=cat(m.kv, one(bl)), k=cat(m.k, one(0)),
-                    phase=cat(m.phase, one(CODES[Phase.REUSE])), slot_base=cat(m.slot_base, slot_base),
-                    slot_len=cat(m.slot_len, one(bl)), slots=cat(m.slots, one(spec.scratch).repeat(bl)),
-                    refresh=cat(m.refresh, np.zeros(n, dtype=bool)), q_start=cat(m.q_start, one(0)),
-                    n_q=cat(m.n_q, one(bl)), cu_q=cu_q,
-                    cache=None if m.cache is None else cat(m.cache, one(CACHE_CODES["dual"])))
+    dummy = dict(offset=0, length=bl, block_len=bl, block_start=0, kv=bl, k=0, phase=CODES[Phase.REUSE], slot_len=bl,
+                 refresh=False, q_start=0, n_q=bl, cache=CACHE_CODES["dual"])
+    cols = {f: np.concatenate([getattr(m, f), np.full(n, v, dtype=getattr(m, f).dtype)])
+            for f, v in dummy.items() if getattr(m, f) is not None}
+    return StepMeta(**cols, slot_base=np.concatenate([m.slot_base, len(m.slots) + bl * np.arange(n, dtype=np.int64)]),
+                    slots=np.concatenate([m.slots, np.full(n * bl, spec.scratch, dtype=np.int64)]),
+                    cu_q=np.concatenate([m.cu_q, m.cu_q[-1] + bl * np.arange(1, n + 1, dtype=np.int64)]))
 
 
 class CudaCapture:
-    """Captures a forward as a CUDA graph and times calls with CUDA events (tests pass a fake)."""
+    """Captures a forward as a CUDA graph and times calls with CUDA events."""
 
     def __init__(self):
         self.mempool = torch.cuda.graph_pool_handle()
 
     def capture(self, fn):
-        """-> (graph, the captured call's output)."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):             # warm-up outside the graph (allocator, kernels)
@@ -133,7 +126,7 @@ class CudaCapture:
         return graph, out
 
     def time_ms(self, fn, what: str) -> float:
-        """Mean milliseconds of `fn` over TIMED_RUNS calls after one untimed call."""
+        """Mean milliseconds of `fn` over TIMED_RUNS calls after an untimed one."""
         fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -158,8 +151,7 @@ class _Entry:
 
 
 class StepGraphs:
-    """Per (bucket, key width, block length): a staging buffer and, on CUDA (`capturer`), a
-    captured graph if it measured faster."""
+    """Per (bucket, key width, block length): a staging buffer and, with a `capturer`, its graph."""
 
     def __init__(self, runner, capturer=None):
         self.runner = runner
@@ -181,7 +173,7 @@ class StepGraphs:
         b = bucket(len(batch), self.buckets)
         if b is None or any(r.block_length != bl for r, _ in batch) or b * bl > self.runner.config.max_num_batched_tokens:
             return False
-        if self._in_place():   # a table in pieces (a fragmented pool): eager, not a graph per key width
+        if self._in_place():   # a fragmented slot table runs eager, not a graph per key width
             return all(self.pool.contiguous(req.slots) for req, _ in batch)
         return self.runner.kernel is not None or b * self._keys(batch) <= self.runner.key_budget
 
@@ -215,8 +207,7 @@ class StepGraphs:
         return True
 
     def capture_all(self, block_length: int, prompt_len: int = 1, max_batch: int | None = None) -> int:
-        """Every bucket for Reuse steps of `block_length` before serving (warm-up), on synthetic
-        requests (`warm_up_plan`, `warm_up_requests`) whose slots are held only meanwhile. -> buckets decided."""
+        """Decide every bucket for Reuse steps of `block_length` at warm-up (`warm_up_plan`) -> how many."""
         r = self.runner
         mode, need, sizes = warm_up_plan(r.config, block_length, prompt_len, max_batch, self.pool.can_reserve)
         new = 0
@@ -232,8 +223,7 @@ class StepGraphs:
         return new
 
     def run(self, batch) -> tuple[object, torch.Tensor, bool] | None:
-        """The step padded -> (its PackedStep, the real rows' hidden states, whether a graph was
-        replayed); None when the bucket runs eager (its graph was slower)."""
+        """The step padded -> (PackedStep, the real rows' hidden states, replayed?); None: it runs eager."""
         r = self.runner
         spec, key = self._spec(batch)
         entry = self.entries.get(key)
@@ -255,7 +245,7 @@ class StepGraphs:
         return p, hidden[: int(p.meta.cu_q[-1])], entry.graph is not None
 
     def _first(self, key, batch, spec: PadSpec):
-        """A bucket's first step: its staging buffer, and with a capturer the graph, kept if faster."""
+        """A bucket's first step: its staging buffer, and with a capturer its graph."""
         r, cap = self.runner, self.capturer
         eager_ms = None
         if cap is not None:                      # first, while nothing of the padded step is staged
@@ -277,7 +267,6 @@ class StepGraphs:
         return entry, p
 
     def report(self) -> list[dict]:
-        """Per bucket: its key, the decision (graph | eager | plain), both timings, steps, dummies."""
         return [{"batch": b, "keys": k, "block_length": bl, "decision": e.decision, "graph_ms": e.graph_ms,
                  "eager_ms": e.eager_ms, "steps": e.steps, "dummies": e.dummies}
                 for (b, k, bl), e in sorted(self.entries.items())]

@@ -1,5 +1,4 @@
-"""The KV pool: one K/V storage in token slots (sized by the profiler), a slot table per request,
-reserved whole at admission; an unbounded pool (capacity None) grows on demand."""
+"""The KV pool: one K/V storage in token slots, a slot table per request reserved whole at admission."""
 from __future__ import annotations
 
 import numpy as np
@@ -98,10 +97,6 @@ class KVPool:
         c = self.cfg
         return torch.empty(c.n_layers, 2, n, c.kv_heads, c.head_dim, dtype=self.dtype, device=self.device)
 
-    @property
-    def capacity_bytes(self) -> int | None:
-        return None if self.capacity is None else self.capacity * self.bytes_per_token
-
     def can_ever_fit(self, n: int) -> bool:
         return self.capacity is None or n <= self.capacity
 
@@ -109,7 +104,7 @@ class KVPool:
         return self.capacity is None or self.used + n <= self.capacity
 
     def reserve(self, n: int) -> torch.Tensor | None:
-        """Reserve n slots; returns their slot table (None for n = 0)."""
+        """The slot table of n slots reserved (None for n = 0)."""
         if not self.can_reserve(n):
             raise RuntimeError("KV pool over-committed: the scheduler must check can_reserve first")
         self.used += n
@@ -127,14 +122,12 @@ class KVPool:
         return table
 
     def grow_to(self, n: int) -> None:
-        """Storage for n slots, the cache kept."""
         old = self.storage
         self.storage = self._alloc(n)
         self.storage[:, :, : old.shape[2]] = old
         self.ranges.grow(n)
 
     def host_slots(self, table: torch.Tensor) -> np.ndarray:
-        """A slot table as a host array (what the step's index building reads)."""
         host = self.host.get(id(table))
         return host if host is not None else table.cpu().numpy()
 
@@ -154,7 +147,3 @@ class KVPool:
         if table is not None:
             self.ranges.put(self.pieces.pop(id(table)))
             self.host.pop(id(table), None)
-
-    def view(self, table: torch.Tensor) -> torch.Tensor:
-        """A request's cache as [layers, 2, H_kv, slots, head_dim] (a copy; for inspection)."""
-        return self.storage[:, :, table].transpose(2, 3)

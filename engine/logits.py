@@ -1,5 +1,4 @@
-"""Logit-aware activation budgeting: only the rows that can commit get logits, through the LM
-head in chunks of at most `max_num_logits` rows, each decoded and freed before the next."""
+"""Logit-aware activation budgeting: logits only for rows that can commit, `max_num_logits` at a time."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +12,6 @@ MONOLITHIC_DECODE_ROWS = 64
 
 
 def lm_head_logits(lm_head, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM head over `hidden`'s rows, in its region."""
     with region(LM_HEAD):
         return lm_head(hidden)
 
@@ -80,38 +78,24 @@ def _llada_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
 
 
 @in_region(DECODE)
-def decode_rows(
-    lm_head,
-    hidden: torch.Tensor,
-    row_index: torch.Tensor,
-    segments: list[RowSegment],
-    max_num_logits: int | None,
-    mask_id: int,
-    entropy: bool = False,
-) -> DecodeResult:
-    """hidden [Nq, d] (the step's query rows); row_index [R] the rows to decode. `entropy`: also
-    each row's predictive entropy. `max_num_logits=None`: monolithic."""
+def decode_rows(lm_head, hidden: torch.Tensor, row_index: torch.Tensor, segments: list[RowSegment],
+                max_num_logits: int | None, mask_id: int, entropy: bool = False, chunk=_decode_chunk) -> DecodeResult:
+    """Proposals for `row_index`'s rows of `hidden`, `chunk` decoding each logits chunk (None: monolithic)."""
     R = row_index.numel()
     if max_num_logits is None:
         full = lm_head_logits(lm_head, hidden)
-        parts = [_decode_chunk(full[row_index[c0 : c0 + MONOLITHIC_DECODE_ROWS]], c0, segments, mask_id, entropy)
+        parts = [chunk(full[row_index[c0 : c0 + MONOLITHIC_DECODE_ROWS]], c0, segments, mask_id, entropy)
                  for c0 in range(0, R, MONOLITHIC_DECODE_ROWS)]
-        return _joined(parts, hidden, hidden.shape[0], hidden.shape[0])
-    rows = hidden[row_index]
-    parts = []
-    for c0 in range(0, R, max_num_logits):
-        logits = lm_head_logits(lm_head, rows[c0 : c0 + max_num_logits])
-        parts.append(_decode_chunk(logits, c0, segments, mask_id, entropy))
-        del logits
-    return _joined(parts, hidden, R, min(R, max_num_logits))
-
-
-def _joined(parts: list, hidden: torch.Tensor, rows: int, at_once: int) -> DecodeResult:
+        rows = at_once = hidden.shape[0]
+    else:
+        picked, parts = hidden[row_index], []
+        for c0 in range(0, R, max_num_logits):
+            logits = lm_head_logits(lm_head, picked[c0 : c0 + max_num_logits])
+            parts.append(chunk(logits, c0, segments, mask_id, entropy))
+            del logits                              # freed before the next chunk exists
+        rows, at_once = R, min(R, max_num_logits)
     if not parts:
-        empty = hidden.new_zeros(0, dtype=torch.long)
-        return DecodeResult(empty, hidden.new_zeros(0, dtype=torch.float64), rows, at_once)
-    if len(parts) == 1:
-        x0, conf, ent = parts[0]
-        return DecodeResult(x0, conf, rows, at_once, ent)
-    x0s, confs, ents = zip(*parts)
-    return DecodeResult(torch.cat(x0s), torch.cat(confs), rows, at_once, None if ents[0] is None else torch.cat(ents))
+        return DecodeResult(hidden.new_zeros(0, dtype=torch.long), hidden.new_zeros(0, dtype=torch.float64),
+                            rows, at_once)
+    x0, conf, ent = ((p[0] if len(p) == 1 else torch.cat(p)) if p[0] is not None else None for p in zip(*parts))
+    return DecodeResult(x0, conf, rows, at_once, ent)

@@ -1,6 +1,4 @@
-"""The look-ahead plan of `scheduler=lookahead` (the paper's §7): every running request's remaining
-steps placed on a ledger of future steps that never holds more than the token budget in any step.
-The algorithm and its guarantees: docs/SCHEDULER.md."""
+"""The look-ahead plan of `scheduler=lookahead` (the paper's §7; docs/SCHEDULER.md)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,16 +7,12 @@ from engine.request import Request, phase_at
 
 
 def planned_block_steps(req: Request) -> int:
-    """The steps a block of `req` is planned to take, at its longest: the fixed linear schedule's
-    steps per block; under parallel decoding (engine.decoding) every step commits at least one
-    masked position, so a block ends after at most `block_length` steps, and can only end early."""
+    """The most steps a block of `req` takes: its schedule's, else (parallel decoding) `block_length`."""
     return req.steps_per_block if req.decoding.fixed else req.block_length
 
 
 def planned_costs(req: Request, cache: str, delay_step: int, blocks: dict | None = None) -> np.ndarray:
-    """Query tokens of each of `req`'s remaining steps, from its cursor on, as the plan sees them
-    (`planned_block_steps` per block, each step costed by its phase). `blocks`: a memo of one
-    block's costs per (steps, canvas, block length, cache mode)."""
+    """Query tokens of `req`'s remaining planned steps (`blocks`: a memo of one block's costs)."""
     n, i = planned_block_steps(req), req.step_in_block
 
     def cost(k: int) -> int:
@@ -36,8 +30,7 @@ def planned_costs(req: Request, cache: str, delay_step: int, blocks: dict | None
 
 
 class Ledger:
-    """Planned query tokens of every future step (absolute step numbers); steps beyond the
-    array hold nothing."""
+    """Planned query tokens of every future step (absolute step numbers; beyond the array: none)."""
 
     def __init__(self, size: int = 1024):
         self.base = 0                       # the absolute step of tokens[0]
@@ -76,8 +69,7 @@ class Ledger:
         return start + int(hits[0]) if hits.size else self.base + max(len(self.tokens), i)
 
     def place(self, costs: np.ndarray, start: int, budget: int) -> np.ndarray:
-        """Each step at the earliest slot after the previous one (the first at >= start) where
-        it fits the budget; runs of steps that fit as they come are placed in one array op."""
+        """Each step at the earliest slot after the previous one (from `start`) where it fits the budget."""
         slots = np.empty(len(costs), dtype=np.int64)
         k, s = 0, start
         while k < len(costs):
@@ -91,8 +83,7 @@ class Ledger:
 
 
 class Plan:
-    """One running request's remaining planned steps: slots[i:] (absolute steps) and their
-    costs; `expect` is the cursor (block, step in block) its next planned step assumes."""
+    """One request's remaining planned steps slots[i:], their costs, the cursor (`expect`) they assume."""
 
     __slots__ = ("slots", "costs", "i", "expect")
 
@@ -104,15 +95,14 @@ class Plan:
         return int(self.slots[self.i])
 
     def ran(self, req: Request) -> None:
-        """Its next planned step is in this step's batch: expect the cursor the plan moves to."""
+        """Its next planned step runs now: expect the cursor after it."""
         self.i += 1
         last = req.step_in_block + 1 >= planned_block_steps(req)
         self.expect = (req.block + 1, 0) if last else (req.block, req.step_in_block + 1)
 
 
 class Lookahead:
-    """The plan of the `lookahead` policy (engine.scheduler.LookaheadPolicy asks it who runs
-    each step; `Scheduler` keeps the queue, the KV pool and admission bookkeeping)."""
+    """The plan `engine.scheduler.LookaheadPolicy` asks who runs each step."""
 
     def __init__(self, budget: int, cache: str, delay_step: int):
         self.budget, self.cache, self.delay_step = budget, cache, delay_step
@@ -123,7 +113,6 @@ class Lookahead:
         self._blocks: dict = {}             # planned_costs' memo
 
     def _mode(self, req: Request) -> str:
-        """The request's own cache mode (`cache=auto`: chosen at admission), else the planner's."""
         return req.cache or self.cache
 
     def _place(self, req: Request) -> Plan:
@@ -134,7 +123,7 @@ class Lookahead:
         return plan
 
     def admits(self, req: Request) -> bool:
-        """Whether the request's first step (a Refresh) fits this step's planned load."""
+        """Whether its first step (a Refresh) fits this step's planned load."""
         first = req.query_cost(phase_at(req.step_in_block, self._mode(req), self.delay_step))
         return self.ledger.at(self.now) + first <= self.budget
 
@@ -143,7 +132,7 @@ class Lookahead:
         self._place(req).ran(req)
 
     def drop(self, req: Request) -> None:
-        """The request left (finished or aborted): its remaining planned steps are freed."""
+        """It left: free its remaining planned steps."""
         p = self.plans.pop(id(req), None)
         if p is not None:
             self.ledger.add(p.slots[p.i :], p.costs[p.i :], -1)
@@ -157,8 +146,7 @@ class Lookahead:
             cursor = (req.block, req.step_in_block)
             late = cursor[0] < p.expect[0]          # still in a block its plan had ended
             if cursor != p.expect or (p.next_slot > t and self.ledger.at(t) + int(p.costs[p.i]) <= self.budget):
-                # Its cursor left the plan (a block ended early or late), or it waits on its plan
-                # while this step has room: re-place its remainder from here (never later).
+                # off its plan (a block ended early or late), or waiting while this step has room: re-place it
                 self.drop(req)
                 p = self._place(req)
             if p.next_slot == t:
@@ -169,6 +157,5 @@ class Lookahead:
         return out
 
     def tick(self) -> None:
-        """The step is scheduled: move on to the next."""
         self.now += 1
         self.ledger.forget_before(self.now)

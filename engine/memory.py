@@ -1,5 +1,4 @@
-"""Memory meter: the CUDA allocator's peak, or on a CPU the live storages a step creates
-(`LiveBytes`; docs/ENGINE.md); the default GPU budget (`budget_from_free`)."""
+"""Memory meter: the CUDA allocator's peak, or the live storages a step creates on a CPU (docs/ENGINE.md)."""
 from __future__ import annotations
 
 import weakref
@@ -7,10 +6,6 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-
-
-def _on(t, device_type: str) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == device_type and not t.is_meta
 
 
 def _tensors(obj):
@@ -25,10 +20,6 @@ def _tensors(obj):
             yield from _tensors(o)
     elif obj is not None and not isinstance(obj, (int, float, bool, str, torch.dtype, torch.device)):
         yield from (t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor))
-
-
-def _storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
 
 
 class LiveBytes(TorchDispatchMode):
@@ -46,18 +37,19 @@ class LiveBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         # an output aliasing an input (a view, an in-place result) is not an allocation
-        dev = self.device_type
-        inputs = {_storage_key(t) for t in _tensors((args, kwargs)) if _on(t, dev)}
-        for t in _tensors(out):
-            if _on(t, dev):
-                self._track(t, inputs)
+        inputs = {t.untyped_storage().data_ptr() for t in self._mine((args, kwargs))}
+        for t in self._mine(out):
+            self._track(t, inputs)
         return out
+
+    def _mine(self, obj):
+        return (t for t in _tensors(obj) if t.device.type == self.device_type and not t.is_meta)
 
     def reset_peak(self) -> None:
         self.peak = self.current
 
     def _track(self, t: torch.Tensor, inputs: set[int]) -> None:
-        key = _storage_key(t)
+        key = t.untyped_storage().data_ptr()
         if key == 0:
             return
         if key not in self.refs:
@@ -68,7 +60,6 @@ class LiveBytes(TorchDispatchMode):
         weakref.finalize(t, self._release, key)
 
     def _add(self, key: int, t: torch.Tensor) -> None:
-        """Count the storage `key`, first seen in `t`."""
         n = t.untyped_storage().nbytes()
         self.refs[key], self.sizes[key] = 0, n
         self.current += n
@@ -121,6 +112,5 @@ def free_device_memory(device: torch.device | str) -> tuple[int, int]:
 
 
 def budget_from_free(free: int, resident: int, utilization: float) -> int:
-    """The default budget for weights + activations + KV on a GPU: `utilization` of the memory
-    free before the weights were loaded (`free` now plus `resident`, the weights' bytes on it)."""
+    """The default GPU budget: `utilization` of the memory free before the weights (`resident`) loaded."""
     return int((free + resident) * utilization)

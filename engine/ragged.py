@@ -1,5 +1,4 @@
-"""Index arrays for ragged batches in numpy, a fixed number of array ops whatever the number of
-sequences: concatenated ranges (`ragged`) and padded rows (`padded`)."""
+"""Index arrays for ragged batches in numpy: concatenated ranges (`ragged`) and padded rows (`padded`)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,4 @@
-"""Named parts of a step (the LM head, decoding) a caller can observe: `region(name)` is a no-op
-until `observe(factory)` installs `factory(name)`, a context manager entered around each."""
+"""Named parts of a step a caller can observe: `region(name)` enters `observe`'s factory(name), if any."""
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +25,6 @@ def region(name: str) -> AbstractContextManager:
 
 
 def in_region(name: str):
-    """Decorator: every call of the function runs in the region `name`."""
     def wrap(fn):
         @functools.wraps(fn)
         def inner(*args, **kwargs):

@@ -25,7 +25,7 @@ class Phase(enum.Enum):
 
 
 def phase_at(step_in_block: int, cache: str, delay_step: int) -> Phase:
-    """The phase of a block's step `step_in_block` under a cache policy (pure: the look-ahead reads future phases)."""
+    """The phase of a block's step `step_in_block` under a cache policy."""
     i = step_in_block
     if cache == "dual":
         return Phase.REFRESH_STORE if i == 0 else Phase.REUSE
@@ -64,7 +64,6 @@ class RequestOutput:
 
     @property
     def tokens_per_forward(self) -> float:
-        """TPF: generated tokens over forwards (NFE)."""
         return len(self.token_ids) / self.nfe if self.nfe else 0.0
 
     def to_dict(self) -> dict:
@@ -92,8 +91,7 @@ class Request:
         self.host_canvas[: self.prompt_len] = self.prompt_ids
         self.canvas = torch.from_numpy(self.host_canvas.copy()).to(self.device)
         self.status = Status.WAITING
-        self.block = 0
-        self.step_in_block = 0
+        self.block = self.step_in_block = 0
         self.decoding = Decoding.parse(self.params.decoding)
         self.schedule = self.params.block_counts(self.params.block_length)
         # `origin`: the time grid and this step's coins (drawn once per step, at its first read)
@@ -103,22 +101,11 @@ class Request:
         self.block_times: list[float] = []
         self.planned_steps: list[int] | None = None
         self.gens = RequestGenerators(self.params.seed, self.device)
-        self.admitted_time: float | None = None
-        self.first_token_time: float | None = None
-        self.finished_time: float | None = None
-        self.nfe = 0
-        self.logits_rows = 0
-        self.kv_tokens = 0          # token slots reserved in the KV pool
-        self.kv_bytes = 0
-        self.slots: torch.Tensor | None = None   # its slot table in the KV pool (`KVPool`)
-        self.kv_pool = None
+        self.admitted_time = self.first_token_time = self.finished_time = None
+        self.nfe = self.logits_rows = self.kv_tokens = self.kv_bytes = 0    # kv_tokens: slots reserved
+        self.slots: torch.Tensor | None = None   # its slot table in `kv_pool`
+        self.kv_pool = self.canvas_offset = None
         self.canvas_pool = None     # the `CanvasPool` whose tokens `canvas` views while running
-        self.canvas_offset: int | None = None
-
-    @property
-    def kv(self) -> torch.Tensor | None:
-        """The request's cache as [layers, 2, H_kv, slots, head_dim] (a copy, for inspection)."""
-        return None if self.slots is None else self.kv_pool.view(self.slots)
 
     @property
     def block_range(self) -> tuple[int, int]:
@@ -127,7 +114,6 @@ class Request:
 
     @property
     def context_len(self) -> int:
-        """Tokens outside the current block: the candidates for sparse retention."""
         return self.length - self.block_length
 
     @property
@@ -135,25 +121,18 @@ class Request:
         return self.block >= self.num_blocks
 
     def phase(self, delay_step: int) -> Phase:
-        """Its phase at this step, under its own cache mode."""
         return phase_at(self.step_in_block, self.cache, delay_step)
 
     def query_cost(self, phase: Phase) -> int:
         return self.length if phase is not Phase.REUSE else self.block_length
 
-    def candidates(self) -> torch.Tensor:
-        """Positions of the current block's still-masked tokens, from the host canvas (CPU tensor)."""
-        s, e = self.block_range
-        return torch.from_numpy(np.flatnonzero(self.host_canvas[s:e] == self.mask_id) + s)
-
     def charge(self, logits_rows: int) -> None:
-        """One forward evaluation that computed `logits_rows` logits rows for this request."""
         self.nfe += 1
         self.logits_rows += logits_rows
 
     @property
     def commit_count(self) -> int:
-        """Tokens the fixed schedule commits at this step (0 for parallel policies: decided on the device)."""
+        """Tokens the fixed schedule commits now (parallel policies: 0, decided on the device)."""
         if not self.decoding.fixed:
             return 0
         moves = self.moves()
@@ -172,8 +151,7 @@ class Request:
         return self._moves[1]
 
     def block_done(self, committed: bool = True) -> bool:
-        """After this step: the fixed schedule's last step, or (parallel decoding) no masked position
-        left; a runner that commits nothing ends such blocks after `planned_steps[block]` steps."""
+        """Whether this step ends the block: the schedule's last step, or no mask left (else as planned)."""
         if self.decoding.fixed or not committed:
             plan = self.planned_steps
             n = self.steps_per_block if self.decoding.fixed or plan is None else plan[self.block % len(plan)]
@@ -182,8 +160,7 @@ class Request:
         return not (self.host_canvas[s:e] == self.mask_id).any()
 
     def advance(self, now: float, masked: int | None = None, done: bool | None = None) -> None:
-        """One denoising step done: move the cursor, record times. `masked`: the next block's masked
-        tokens if the caller counted them; `done`: whether the block is complete, if known."""
+        """One step done: move the cursor, record times (`masked`, `done`: if the caller knows them)."""
         done = self.block_done() if done is None else done
         self.step_in_block += 1
         if done:

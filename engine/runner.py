@@ -1,5 +1,4 @@
-"""ModelRunner: packs the scheduled requests into one forward with a `StepContext` as its
-attention, decodes the committable rows under the logit budget, returns each request's decisions."""
+"""ModelRunner: the scheduled requests in one packed forward, decoded under the logit budget."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,7 +33,6 @@ class ModelRunner:
                  max_model_len: int | None = None, refresh_chunk: int | None = None):
         self.model, self.config, self.backend, self.pool = model, config, backend, pool
         self.model_config, self.dtype, self.device = model.config, model.dtype, model.device
-        # a tensor-parallel rank's model brings its own vocabulary-column decode and head mean
         self.decode_rows = getattr(model, "decode_rows", decode_rows)
         self.policy = POLICIES[config.cache](config, getattr(model, "head_mean", None))
         self.max_model_len = max_model_len or model.config.max_sequence_length
@@ -51,14 +49,12 @@ class ModelRunner:
 
     def prepare(self, batch: list[tuple[Request, Phase]], pad: PadSpec | None = None,
                 fwd_staging: Staging | None = None) -> PackedStep:
-        """The step's inputs, attention context and commit plan, staged. `pad`: dummy members and
-        keys; `fwd_staging`: where the forward's inputs go (a CUDA graph's own buffer)."""
+        """The step's inputs, attention and commit plan, staged (`pad`: dummies; `fwd_staging`: a graph's)."""
         main = self.staging.begin()
         fwd = main if fwd_staging is None else fwd_staging.begin()
         reqs = [r for r, _ in batch]
         host_tokens, offsets, in_pool = _canvases(reqs)
-        host_slots = self.pool.host_slots if self.pool is not None else _host_slots
-        real = StepMeta.of(batch, offsets, host_slots)
+        real = StepMeta.of(batch, offsets, self._host_slots)
         m = real if pad is None else pad_meta(real, pad)
         pos = ragged(m.q_start, m.n_q)
         ids = host_tokens[np.minimum(np.repeat(m.offset, m.n_q) + pos, len(host_tokens) - 1)]
@@ -71,8 +67,11 @@ class ModelRunner:
             main.flush()
         return p
 
+    def _host_slots(self, table: torch.Tensor) -> np.ndarray:
+        return self.pool.host_slots(table) if self.pool is not None else table.cpu().numpy()
+
     def forward(self, p: PackedStep) -> torch.Tensor:
-        """The forward of a prepared step (what CUDA graphs capture); reads only staged tensors."""
+        """The forward of a prepared step (what CUDA graphs capture)."""
         p.ctx.finalize()
         rotation = self.model.rope.at(p.positions, self.dtype, top=p.top)
         return self.model.hidden_states(p.ids, p.positions, p.ctx, rope=rotation)
@@ -93,21 +92,24 @@ class ModelRunner:
                 hidden = self.forward(p)
             m, c = p.meta, p.plan
             res = self._decode(reqs, hidden, c)
-            spec = self.policy.spec(m)
             queries, n_ref, padded = int(m.cu_q[-1]), int(m.refresh.sum()), len(p.padded_meta.n_q)
-            keys = int(spec.cached.sum() + spec.fresh.sum())
+            keys = self._keys(m)
         conf = res.conf
         for i, r in enumerate(reqs):
             a, n = int(c.seg_start[i]), int(c.counts[i])
-            keys = rescored(conf, a, n, r.params, r.commit_count, r.gens)
-            if keys is not None:
+            ranked = rescored(conf, a, n, r.params, r.commit_count, r.gens)
+            if ranked is not None:
                 conf = conf.clone() if conf is res.conf else conf
-                conf[a : a + n] = keys
+                conf[a : a + n] = ranked
         monolithic = self.config.max_num_logits is None
         decisions = _choose(conf, res.x0, res.entropy, c, (m.n_q if monolithic else c.counts).tolist())
         return StepStats(queries, res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
                          decisions, key_tokens=keys, padded_requests=padded, graph=graph,
                          cache=dict(Counter(r.cache or self.config.cache for r in reqs)))
+
+    def _keys(self, m: StepMeta) -> int:
+        spec = self.policy.spec(m)
+        return int(spec.cached.sum() + spec.fresh.sum())
 
     def _decode(self, reqs: list[Request], hidden: torch.Tensor, c: CommitPlan, rows: torch.Tensor | None = None):
         """The candidates' proposals under the logit budget (`rows`: their hidden rows)."""
@@ -116,49 +118,49 @@ class ModelRunner:
                                 self.config.max_num_logits, self.model_config.mask_token_id, entropy=c.entropy)
 
     def _run_long(self, batch: list[tuple[Request, Phase]]) -> tuple:
-        """A step with Refreshes longer than the token budget: each chunked and decoded at once,
-        then the others packed; -> (StepMeta, CommitPlan, DecodeResult, query tokens, keys attended)."""
+        """Each Refresh over the token budget chunked and decoded, then the others packed."""
         budget = self.config.max_num_batched_tokens
         reqs = [r for r, _ in batch]
         host_tokens, offsets, in_pool = _canvases(reqs)
-        host_slots = self.pool.host_slots if self.pool is not None else _host_slots
         long = [i for i, (r, p) in enumerate(batch) if p is not Phase.REUSE and r.length > budget]
-        m = StepMeta.of([(r, Phase.REUSE if i in long else p) for i, (r, p) in enumerate(batch)], offsets, host_slots)
+        m = StepMeta.of([(r, Phase.REUSE if i in long else p) for i, (r, p) in enumerate(batch)], offsets,
+                        self._host_slots)
         c = _plan_commit(m, reqs, host_tokens, self.model_config.mask_token_id, self.long_staging.begin(), in_pool)
         self.long_staging.flush()
         storage = self.pool.storage if self.pool is not None else None
-        parts: dict[int, DecodeResult] = {}
-        decodes: list[DecodeResult] = []
+        parts, decodes = {}, []            # member -> (its decode, first row, rows)
         for i in long:
             r, p = batch[i]
             hidden = chunking.refresh_rows(self.model, r, p, storage, self.config, self.refresh_chunk, self.backend)
             a, n = int(c.seg_start[i]), int(c.counts[i])
-            one = _member_plan(c, i)
-            parts[i] = self._decode([r], hidden, one, c.rows[a : a + n] - int(m.cu_q[i]))
-            decodes.append(parts[i])
+            one = dataclasses.replace(c, seg_start=np.zeros(1, dtype=np.int64), counts=c.counts[i : i + 1])
+            decodes.append(self._decode([r], hidden, one, c.rows[a : a + n] - int(m.cu_q[i])))
+            parts[i] = (decodes[-1], 0, n)
             del hidden
         short = [i for i in range(len(batch)) if i not in parts]
         queries = keys = sum(reqs[i].length for i in long)
         if short:
             ps = self.prepare([batch[i] for i in short])
-            res = self._decode([reqs[i] for i in short], self.forward(ps),
-                               dataclasses.replace(ps.plan, entropy=c.entropy))
-            decodes.append(res)
+            decodes.append(self._decode([reqs[i] for i in short], self.forward(ps),
+                                        dataclasses.replace(ps.plan, entropy=c.entropy)))
             queries += int(ps.meta.cu_q[-1])
-            spec = self.policy.spec(ps.meta)
-            keys += int(spec.cached.sum() + spec.fresh.sum())
+            keys += self._keys(ps.meta)
             for j, i in enumerate(short):
-                a, n = int(ps.plan.seg_start[j]), int(ps.plan.counts[j])
-                parts[i] = _rows_of(res, a, n)
-        joined = _joined([parts[i] for i in range(len(batch))], sum(d.rows_materialized for d in decodes),
-                         max(d.max_rows_at_once for d in decodes))
+                parts[i] = (decodes[-1], int(ps.plan.seg_start[j]), int(ps.plan.counts[j]))
+
+        def cat(field: str) -> torch.Tensor | None:
+            if getattr(decodes[0], field) is None:
+                return None
+            return torch.cat([getattr(d, field)[a : a + n] for d, a, n in (parts[i] for i in range(len(batch)))])
+
+        joined = DecodeResult(cat("x0"), cat("conf"), sum(d.rows_materialized for d in decodes),
+                              max(d.max_rows_at_once for d in decodes), cat("entropy"))
         return m, c, joined, queries, keys
 
 
 @dataclass
 class CommitPlan:
-    """Which hidden rows are candidates (the still-masked positions of each current block) and
-    where each lands in the step's [B, W] table of candidates (W: the longest block)."""
+    """The candidates' hidden rows (each block's masked positions) and their cells in a [B, W] table."""
 
     rows: torch.Tensor            # [R] hidden rows of the candidates, request then position order
     counts: np.ndarray            # [B] candidates per request
@@ -207,8 +209,7 @@ def row_segments(reqs: list[Request], c: CommitPlan) -> list[RowSegment]:
 @in_region(DECODE)
 def _choose(conf: torch.Tensor, x0: torch.Tensor, entropy: torch.Tensor | None, c: CommitPlan,
             logits_rows: list[int]) -> StepDecisions:
-    """Each request's candidates sorted by confidence (ties: lower position first), then its
-    policy's prefix taken (`engine.decoding.commit_mask`); `taken` marks the cells that commit."""
+    """Each request's candidates by confidence (ties: lower position first), its policy's prefix taken."""
     B, W = len(c.counts), c.width
 
     def table(v: torch.Tensor, fill) -> torch.Tensor:
@@ -239,31 +240,10 @@ class PackedStep:
     plan: CommitPlan | None = None
 
 
-def _host_slots(table: torch.Tensor) -> np.ndarray:
-    return table.cpu().numpy()
-
-
 def _canvases(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, bool]:
-    """The host tokens holding every canvas, each canvas's offset, and whether that is the
-    engine's canvas pool rather than a concatenation."""
+    """(host tokens holding every canvas, each one's offset, whether that is the engine's canvas pool)."""
     pool = getattr(reqs[0], "canvas_pool", None)
     if pool is not None and all(getattr(r, "canvas_pool", None) is pool for r in reqs):
         return pool.host, np.fromiter((r.canvas_offset for r in reqs), dtype=np.int64, count=len(reqs)), True
     lens = np.fromiter((r.length for r in reqs), dtype=np.int64, count=len(reqs))
     return np.concatenate([r.host_canvas for r in reqs]), np.cumsum(lens) - lens, False
-
-
-def _member_plan(c: CommitPlan, i: int) -> CommitPlan:
-    """The part of a commit plan `_decode` reads, for member i alone (its candidates from 0)."""
-    return dataclasses.replace(c, seg_start=np.zeros(1, dtype=np.int64), counts=c.counts[i : i + 1])
-
-
-def _rows_of(res: DecodeResult, a: int, n: int) -> DecodeResult:
-    ent = None if res.entropy is None else res.entropy[a : a + n]
-    return DecodeResult(res.x0[a : a + n], res.conf[a : a + n], res.rows_materialized, res.max_rows_at_once, ent)
-
-
-def _joined(parts: list[DecodeResult], rows: int, at_once: int) -> DecodeResult:
-    """Per-member proposals in batch order as one result (`rows` materialized, `at_once` at most)."""
-    ent = None if parts[0].entropy is None else torch.cat([p.entropy for p in parts])
-    return DecodeResult(torch.cat([p.x0 for p in parts]), torch.cat([p.conf for p in parts]), rows, at_once, ent)

@@ -1,6 +1,4 @@
-"""The scheduler: queues, admission (cache mode, whole-life KV reservation), and the policy
-`EngineConfig.scheduler` names (phase | request | lookahead) deciding who runs each step and what
-it is charged. The rules and their guarantees: docs/SCHEDULER.md."""
+"""The scheduler: queues, admission, and the policies deciding who runs each step (docs/SCHEDULER.md)."""
 from __future__ import annotations
 
 from collections import Counter, deque
@@ -28,10 +26,10 @@ class Scheduler:
         self.deferred = 0           # running requests the last step had wait by plan (ledger or credit)
         self.served = Counter()     # requests admitted per cache mode
         self.policy: SchedulingPolicy = POLICIES[config.scheduler](config)
+        self.cost, self.plan, self.credit = self.policy.cost, self.policy.plan, self.policy.credit
 
     def kv_need(self, req: Request, mode: str | None = None) -> int:
-        """Its whole-life KV slots in `mode` (default: its own; a waiting auto request: sparse,
-        the least it can run with)."""
+        """Its whole-life KV slots in `mode` (default: its own; waiting under auto: sparse's, the least)."""
         c = self.config
         return kv_need(mode or req.cache or c.cache, req.length, req.params.block_length, c.retention)
 
@@ -40,8 +38,7 @@ class Scheduler:
         return self.config.cache == AUTO and never_cached(self.pool.capacity, self.kv_need(req, "sparse"))
 
     def admission_mode(self, req: Request) -> str | None:
-        """The mode the head of the queue `req` is admitted in now, or None if the KV pool cannot
-        take it (it waits). A fixed policy: its own mode if it fits; auto: `engine.cache_mode`."""
+        """The mode the head of the queue is admitted in now (auto: `engine.cache_mode`), or None: it waits."""
         c, pool = self.config, self.pool
         if c.cache != AUTO:
             return c.cache if pool.can_reserve(self.kv_need(req, c.cache)) else None
@@ -53,36 +50,19 @@ class Scheduler:
         preferred = preferred_mode(pool.capacity, c.max_num_seqs, shape)     # a full pool of requests like it
         return admission_mode(pool.capacity - pool.used, dual, sparse, preferred, pool.capacity)
 
-    def cost(self, req: Request, phase: Phase) -> int:
-        """The query tokens `req` is charged for a step in `phase` (the policy's rule)."""
-        return self.policy.cost(req, phase)
-
-    @property
-    def plan(self) -> Lookahead | None:
-        """The look-ahead ledger (scheduler=lookahead), else None."""
-        return self.policy.plan
-
-    @property
-    def credit(self) -> RefreshCredit:
-        """Long Refreshes' accrued budget (empty under lookahead)."""
-        return self.policy.credit
-
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
     def schedule(self, now: float) -> Batch:
-        """This step's batch, as the policy chooses it (admitting through `admit_head`)."""
         return self.policy.schedule(self, now)
 
     def admit_head(self, now: float) -> Request | None:
-        """Admit the head of the queue in the cache mode it gets now, or None if the KV pool
-        cannot take it (it waits)."""
+        """The head of the queue admitted in the mode it gets now, or None if the KV pool cannot take it."""
         mode = self.admission_mode(self.waiting[0])
         return None if mode is None else self._admit(mode, now)
 
     def _admit(self, mode: str, now: float) -> Request:
-        """The head of the queue starts running in cache mode `mode`: its whole-life KV reserved,
-        its canvas placed."""
+        """The head of the queue runs in `mode`: its whole-life KV reserved, its canvas placed."""
         req = self.waiting.popleft()
         req.cache = mode
         self.served[mode] += 1
@@ -120,9 +100,7 @@ class Scheduler:
 
 
 class RefreshCredit:
-    """Tokens of the step budget accrued toward each long Refresh (a canvas over the budget),
-    keyed by request: granted at its place in FCFS order, run in the step its credit covers its
-    canvas, or at once in a step nothing else would run (docs/MEMORY.md, "Scheduling")."""
+    """Step budget accrued toward each long Refresh (docs/MEMORY.md, "Scheduling")."""
 
     def __init__(self, budget: int):
         self.share = max(1, int(budget * SHARE))
@@ -133,8 +111,7 @@ class RefreshCredit:
         self.granted.clear()
 
     def grant(self, req: Request, room: int, demand_after: int) -> bool:
-        """Charge this step's grant toward `req`'s Refresh (room > 0 left in the step, the
-        requests behind it asking for `demand_after`); True if it runs in this step."""
+        """Grant `req`'s Refresh part of the `room` left (those behind ask `demand_after`); True: it runs now."""
         have = self.credit.get(id(req), 0)
         g = min(room, req.length - have, max(min(room, self.share), room - demand_after))
         self.granted[id(req)] = g
@@ -145,31 +122,24 @@ class RefreshCredit:
         return False
 
     def cost(self, req: Request) -> int:
-        """What it was charged in this step."""
         return self.granted.get(id(req), 0)
 
     def drop(self, req: Request) -> None:
-        """It runs now whatever it has accrued, or it left."""
         self.credit.pop(id(req), None)
 
 
 class SchedulingPolicy:
-    """Which running requests a step takes, what each is charged, and when the head of the
-    queue may be admitted (`Scheduler.admit_head`)."""
+    """Which running requests a step takes, what each is charged, when the head is admitted."""
 
     plan: Lookahead | None = None           # the ledger of a planning policy
-    # Admits a canvas longer than the token budget, its Refresh charged over several steps
-    # (RefreshCredit): what `serves_long` asks.
-    chunks_long_refresh: bool = False
-    # Why a policy that does not cannot (the engine's error for such a canvas says it first).
-    long_refusal: str = ""
+    chunks_long_refresh: bool = False       # admits a canvas over the token budget (RefreshCredit)
+    long_refusal: str = ""                  # why not, if it does not
 
     def __init__(self, config: EngineConfig):
         self.config = config
         self.credit = RefreshCredit(config.max_num_batched_tokens)   # stays empty under lookahead
 
     def cost(self, req: Request, phase: Phase) -> int:
-        """The query tokens `req` is charged for a step in `phase`."""
         return req.query_cost(phase)
 
     def accrues(self, req: Request, phase: Phase) -> bool:
@@ -180,14 +150,11 @@ class SchedulingPolicy:
         raise NotImplementedError
 
     def finished(self, req: Request) -> None:
-        """`req` left the running set (finished or aborted)."""
         self.credit.drop(req)
 
 
 class PhasePolicy(SchedulingPolicy):
-    """Greedy FCFS: running requests keep their place, each charged by its phase, then waiting
-    requests are admitted while the step fits; nobody overtakes a running request. The cost flag
-    `whole_canvas` (scheduler=request, the ablation's rung) charges every step the whole canvas."""
+    """Greedy FCFS by phase cost; `whole_canvas` (scheduler=request) charges every step the whole canvas."""
 
     chunks_long_refresh = True
 
@@ -232,8 +199,7 @@ class PhasePolicy(SchedulingPolicy):
         return self._no_idle(q, batch, accruing)
 
     def _demand(self, q: Scheduler, behind: list[Request]) -> int:
-        """What the running requests `behind` a long one and the head of the queue ask of this
-        step (long ones: their share)."""
+        """What the requests `behind` a long one and the queue's head ask of this step (long ones: their share)."""
         share, demand = self.credit.share, 0
         for req in behind:
             phase = req.phase(self.config.delay_step)
@@ -253,8 +219,7 @@ class PhasePolicy(SchedulingPolicy):
 
 
 class LookaheadPolicy(SchedulingPolicy):
-    """The running requests the plan has in this step, then FCFS admission while the head's
-    first step fits the planned load (its later steps are placed around it)."""
+    """The running requests the plan has in this step, then FCFS admission while the head's first step fits."""
 
     long_refusal = "its ledger plans every step whole within the token budget"
 
@@ -280,15 +245,12 @@ class LookaheadPolicy(SchedulingPolicy):
         self.plan.drop(req)
 
 
-# scheduler=request is the phase policy with its cost flag (PhasePolicy.whole_canvas).
 POLICIES: dict[str, type[SchedulingPolicy]] = {"phase": PhasePolicy, "request": PhasePolicy,
                                                "lookahead": LookaheadPolicy}
 
 
 def serves_long(config: EngineConfig) -> bool:
-    """Whether canvases longer than the token budget (up to `max_model_len`) are admitted: under
-    a policy that charges such a Refresh over several steps (`chunks_long_refresh`), on one
-    device (the profiler then reserves its chunked Refresh, `engine.profiler`)."""
+    """Whether canvases longer than the token budget are admitted (a chunking policy, one device)."""
     return POLICIES[config.scheduler].chunks_long_refresh and config.tensor_parallel_size == 1
 
 
@@ -301,5 +263,4 @@ def long_refusal(config: EngineConfig) -> str:
 
 
 def long_schedulers() -> list[str]:
-    """The scheduler names whose policy admits a canvas longer than the token budget."""
     return [name for name, policy in POLICIES.items() if policy.chunks_long_refresh]

@@ -1,5 +1,4 @@
-"""Token selection for the sparse KV cache, head-centric (dLLM-Serve) or uniform (Sparse-dLLM), and
-dense packing of what is kept (docs/MECHANISMS.md)."""
+"""Sparse KV token selection, head-centric (dLLM-Serve) or uniform (Sparse-dLLM) (docs/MECHANISMS.md)."""
 from __future__ import annotations
 
 import math
@@ -10,9 +9,7 @@ import torch.nn.functional as F
 
 def score_context(q_block: torch.Tensor, k_ctx: torch.Tensor, selection: str, query: str = "mean",
                   q_len: torch.Tensor | None = None, head_mean=None) -> torch.Tensor:
-    """q_block [G, Lb, Hq, D], k_ctx [G, Hkv, Lc, D] -> scores [G, Hkv, Lc] (head) or [G, 1, Lc]
-    (uniform). q_len [G]: real block queries (None: all). query: the block queries' mean (upstream)
-    or each token's best (docs/ACCURACY.md). `head_mean`: the uniform mean over every rank's heads."""
+    """q_block [G, Lb, Hq, D], k_ctx [G, Hkv, Lc, D] -> scores [G, Hkv or 1, Lc] (docs/ACCURACY.md)."""
     G, lb, hq, d = q_block.shape
     hkv = k_ctx.shape[1]
     pad = None if q_len is None else torch.arange(lb, device=q_block.device)[None] >= q_len[:, None]
@@ -45,8 +42,7 @@ def max_pool(scores: torch.Tensor, window: int) -> torch.Tensor:
 
 def select_many(q_block, k_ctx, groups: list, kmax: int, selection: str, window: int, query: str = "mean",
                 q_len: torch.Tensor | None = None, ctx_len: torch.Tensor | None = None, head_mean=None) -> torch.Tensor:
-    """Batched `select` over G members padded to one shape -> indices [G, Hkv, kmax] (member g's:
-    the first n of its row). `groups`: (context length, tokens kept, members or None: all)."""
+    """Kept context indices of G members padded to one shape -> [G, Hkv, kmax] (`groups`: one top-k each)."""
     s = score_context(q_block, k_ctx, selection, query, q_len, head_mean)
     G, hkv, lc = s.shape[0], k_ctx.shape[1], s.shape[-1]
     if ctx_len is not None:
@@ -60,12 +56,6 @@ def select_many(q_block, k_ctx, groups: list, kmax: int, selection: str, window:
     for c, n, m in groups:
         out[m, :, :n] = torch.topk(s[m, :, :c], n, dim=-1).indices.sort(-1).values.expand(m.numel(), hkv, n)
     return out
-
-
-def select(q_block, k_ctx, n_keep: int, selection: str, window: int, query: str = "mean") -> torch.Tensor:
-    """One sequence: q_block [Lb, Hq, D], k_ctx [Hkv, Lc, D] -> [Hkv, n_keep] context indices."""
-    return select_many(q_block[None], k_ctx[None], [(k_ctx.shape[1], n_keep, None)], n_keep, selection, window,
-                       query)[0]
 
 
 def pack(t_ctx: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,4 @@
-"""One host-to-device copy of a step's index metadata: `put` returns a device tensor at once,
-`flush` enqueues the pinned copy that fills them (docs/ENGINE.md)."""
+"""One host-to-device copy of a step's index metadata (docs/ENGINE.md)."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +16,7 @@ class _Segment:
 
 
 class Staging:
-    """Buffers kept from step to step, grown by doubling. A CUDA graph keeps its own Staging: the
-    same puts in the same order land at the same offsets."""
+    """Buffers kept from step to step, grown by doubling (the same puts land at the same offsets)."""
 
     def __init__(self, device, capacity: int = 0, buffered: bool | None = None):
         """`buffered`: through a buffer even on the CPU (what a CUDA graph replay relies on)."""

@@ -1,5 +1,4 @@
-"""The runner seam: what one engine step hands a model runner (`Batch`) and what it gets back
-(`StepStats`, `StepDecisions`); any `Runner` can be injected (docs/ENGINE.md)."""
+"""The runner seam: what a step hands a `Runner` and gets back (docs/ENGINE.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,9 +14,8 @@ Batch = list[tuple[Request, Phase]]
 
 @dataclass
 class StepDecisions:
-    """Every request's decision, flat over the batch: request `row[i]` (its index in the batch)
-    commits `tokens[i]` at canvas position `positions[i]`, proposed with `confidence[i]`.
-    `logits_rows[j]` is what batch entry j was charged in logits rows."""
+    """Flat over the batch: batch entry `row[i]` commits `tokens[i]` at canvas position `positions[i]`
+    (confidence `confidence[i]`); entry j was charged `logits_rows[j]` logits rows."""
 
     row: torch.Tensor
     positions: torch.Tensor
@@ -37,9 +35,8 @@ class StepStats:
     refresh: int
     reuse: int
     decisions: StepDecisions | None = None
-    # for the step trace (engine.counters.StepRecord); padded_requests None = the batch
     graph: bool = False
-    padded_requests: int | None = None
+    padded_requests: int | None = None      # these: the step trace's (engine.counters.StepRecord); None: the batch
     key_tokens: int = 0
     cache: dict[str, int] | None = None
 

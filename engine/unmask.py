@@ -1,6 +1,5 @@
-"""The unmasking rules. LLaDA's: the linear per-block transfer schedule, Gumbel-max sampling at
-temperature T with float64 noise, low-confidence / random remasking (randomness: docs/CONTRACTS.md).
-Dream's: the time grid, filtered token draws and its `alg` scores (docs/DREAM_SAMPLER.md)."""
+"""The unmasking rules: LLaDA's (transfer schedule, float64 Gumbel-max sampling, remasking;
+docs/CONTRACTS.md) and Dream's (time grid, filtered draws, `alg` scores; docs/DREAM_SAMPLER.md)."""
 from __future__ import annotations
 
 import torch
@@ -23,8 +22,7 @@ class RequestGenerators:
 
 
 def proposal_argmax(scores: torch.Tensor, mask_id: int) -> torch.Tensor:
-    """argmax over the last dim with the mask id's column excluded: every decoder's proposal x0
-    (docs/CONTRACTS.md). `scores` is written in place and restored: nobody may read it meanwhile."""
+    """argmax over the last dim without the mask id's column (written in place, then restored)."""
     col = scores[..., mask_id].clone()
     scores[..., mask_id] = -torch.inf
     x0 = scores.argmax(-1)
@@ -40,8 +38,7 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, gen: torch.Generator
 
 
 def gumbel_noise(shape, temperature: float, gen: torch.Generator | None, device) -> torch.Tensor:
-    """(−log U)^T, U ~ U(0,1) in float64 from the request's generator (a vocabulary-parallel rank
-    draws whole rows and keeps its columns)."""
+    """(−log U)^T, U ~ U(0,1) in float64 from the request's generator."""
     u = torch.rand(shape, dtype=torch.float64, generator=gen, device=_gen_device(gen)).to(device)
     u.log_().neg_()
     if temperature != 1:
@@ -58,8 +55,7 @@ def gumbel_scores(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 
 def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype: torch.dtype | None = None,
                   inplace: bool = False) -> torch.Tensor:
-    """softmax(logits)[x0] from the clean logits as 1 / Σ exp(l − l[x0]), in the logits' dtype
-    (in place when `inplace`), summed in `dtype` (None: at least float32)."""
+    """softmax(logits)[x0] as 1 / Σ exp(l − l[x0]) (in place when `inplace`), summed in `dtype`."""
     dt = dtype or torch.promote_types(logits.dtype, torch.float32)
     sel = logits.gather(-1, x0[:, None])
     shifted = logits.sub_(sel) if inplace else logits - sel

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -108,3 +109,22 @@ def tensor_bytes(tensors) -> int:
 def predicted_logits_bytes(rows: int, vocab: int, dtype: torch.dtype) -> int:
     """What one [rows, vocab] logits tensor costs: the term the logit budget bounds."""
     return rows * vocab * torch.empty(0, dtype=dtype).element_size()
+
+
+def select_one(q_block, k_ctx, n_keep: int, selection: str, window: int, query: str = "mean") -> torch.Tensor:
+    """`engine.sparse.select_many` for one sequence: q_block [Lb, Hq, D], k_ctx [Hkv, Lc, D] -> [Hkv, n_keep]."""
+    from engine import sparse
+
+    return sparse.select_many(q_block[None], k_ctx[None], [(k_ctx.shape[1], n_keep, None)], n_keep, selection,
+                              window, query)[0]
+
+
+def candidates(req) -> torch.Tensor:
+    """Positions of the request's current block's masked tokens (a CPU tensor)."""
+    s, e = req.block_range
+    return torch.from_numpy(np.flatnonzero(req.host_canvas[s:e] == req.mask_id) + s)
+
+
+def kv_of(req) -> torch.Tensor | None:
+    """A request's cache as [layers, 2, H_kv, slots, head_dim] (a copy); None once released."""
+    return None if req.slots is None else req.kv_pool.storage[:, :, req.slots].transpose(2, 3)

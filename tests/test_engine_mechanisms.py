@@ -17,10 +17,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import SamplingParams, sparse
+from engine import SamplingParams
 from engine.kv_cache import retained_tokens
 from engine.request import Status
-from tests.helpers import make_engine, plain_attention, random_prompts, run_alone, tiny_model
+from tests.helpers import (
+    kv_of,
+    make_engine,
+    plain_attention,
+    random_prompts,
+    run_alone,
+    select_one,
+    tiny_model,
+)
 
 F64 = torch.float64
 
@@ -110,7 +118,7 @@ def test_uniform_selection_equals_plain_sparse_dllm(hq, hkv):
         for lc, keep, kernel in [(20, 0.5, 3), (37, 0.25, 5), (16, 0.75, None), (9, 1.0, 3)]:
             q, k = _random_qk(seed, 4, hq, hkv, lc)
             n = int(lc * keep)
-            idx = sparse.select(q, k, n, "uniform", kernel or 1)
+            idx = select_one(q, k, n, "uniform", kernel or 1)
             assert idx.shape == (hkv, n)
             assert all(set(row.tolist()) == plain_uniform_selection(q, k, keep, kernel) for row in idx)
             assert bool((idx.diff(dim=-1) > 0).all())                        # position order
@@ -122,7 +130,7 @@ def test_head_selection_equals_plain_per_head_loop(hq, hkv):
     for seed in range(6):
         for lc, n, window in [(20, 10, 3), (33, 7, 5), (12, 12, 1), (15, 4, 3)]:
             q, k = _random_qk(100 + seed, 3, hq, hkv, lc)
-            idx = sparse.select(q, k, n, "head", window)
+            idx = select_one(q, k, n, "head", window)
             want = plain_head_selection(q, k, n, window)
             assert [set(row.tolist()) for row in idx] == want
             distinct += len({frozenset(s) for s in want}) > 1
@@ -150,9 +158,9 @@ def test_max_query_selection_equals_plain_loop(hq, hkv, selection):
     for seed in range(5):
         for lc, n, window in [(20, 10, 3), (33, 7, 5), (15, 4, 1)]:
             q, k = _random_qk(200 + seed, 4, hq, hkv, lc)
-            idx = sparse.select(q, k, n, selection, window, "max")
+            idx = select_one(q, k, n, selection, window, "max")
             assert [set(row.tolist()) for row in idx] == plain_max_query_selection(q, k, n, window, selection)
-            differs += [set(r.tolist()) for r in idx] != [set(r.tolist()) for r in sparse.select(q, k, n, selection, window)]
+            differs += [set(r.tolist()) for r in idx] != [set(r.tolist()) for r in select_one(q, k, n, selection, window)]
     assert differs > 0                                       # max really is another rule than mean
 
 
@@ -189,8 +197,8 @@ def test_refresh_select_packs_the_plainly_selected_rows(model, selection):
             continue
         lc = req.length - params.block_length
         keep = retained_tokens(lc, r)
-        assert req.kv.shape[3] == keep + params.block_length and keep == int(lc * r)
-        kept = req.kv[:, :, :, :keep]                              # the block's slots follow
+        assert kv_of(req).shape[3] == keep + params.block_length and keep == int(lc * r)
+        kept = kv_of(req)[:, :, :, :keep]                              # the block's slots follow
         ctx = torch.cat([torch.arange(0, s), torch.arange(e, req.length)])
         with torch.no_grad():
             layers = _plain_layer_qkv(model, canvas)
@@ -254,7 +262,7 @@ def test_abort_releases_kv(model, cache):
     assert req_b.status is Status.ABORTED
     rc = eng.add_request(c, params)
     eng.abort(ra)                                        # running: its reservation is returned
-    assert eng.pool.used == 0 and req_a.status is Status.ABORTED and req_a.kv is None
+    assert eng.pool.used == 0 and req_a.status is Status.ABORTED and kv_of(req_a) is None
     outs = []
     while eng.has_unfinished():
         outs += eng.step()

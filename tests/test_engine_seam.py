@@ -7,7 +7,7 @@ import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.step import StepDecisions, StepStats
-from tests.helpers import random_prompts, tiny_config
+from tests.helpers import candidates, random_prompts, tiny_config
 
 
 class CostRunner:
@@ -21,7 +21,7 @@ class CostRunner:
         self.batches.append([(r.request_id, p) for r, p in batch])
         rows, pos = [], []
         for i, (req, _) in enumerate(batch):
-            cand = req.candidates()[: req.schedule[req.step_in_block]]
+            cand = candidates(req)[: req.schedule[req.step_in_block]]
             rows.append(torch.full((cand.numel(),), i))
             pos.append(cand)
         n = sum(p.is_refresh for _, p in batch)

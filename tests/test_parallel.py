@@ -22,11 +22,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import EngineConfig, LLMEngine, SamplingParams, graphs
 from engine.models import load_model
 from engine.parallel import Cluster, ParallelEngine, RankFailure
 from engine.parallel.loader import load_sharded
-from engine.parallel.rank import build_rank, rank_config
+from engine.parallel.rank import build_rank
 from engine.parallel.sharding import REPLICATED, slice_of, split_of
 from engine.profiler import profile_kv_pool
 from tests.helpers import random_prompts, tiny_model
@@ -152,7 +152,7 @@ def test_checkpoint_loads_shard_wise(cluster, tmp_path):
 def _profile(tp, path: str, budget: int) -> dict:
     cfg = _config(path, memory_budget=budget, max_num_batched_tokens=256, max_model_len=128, max_num_seqs=8,
                   tensor_parallel_size=tp.size)
-    b = build_rank(tp, rank_config(cfg))
+    b = build_rank(tp, graphs.eager(cfg))
     return b.profile.to_dict() | {"capacity": b.capacity}
 
 

@@ -28,7 +28,7 @@ from engine import SamplingParams
 from engine.models import DenseLM
 from engine.runner import StepStats
 from engine.scheduler import POLICIES
-from tests.helpers import MASK, make_engine, random_prompts, tiny_model
+from tests.helpers import MASK, candidates, make_engine, random_prompts, tiny_model
 
 MODEL = tiny_model(torch.float32)
 
@@ -37,7 +37,7 @@ def fake_run(self, batch) -> StepStats:
     """Commit the scheduled number of candidates (lowest positions) with token 7, no model."""
     q = rows = 0
     for req, phase in batch:
-        cand = req.candidates()
+        cand = candidates(req)
         req.canvas[cand[: req.schedule[req.step_in_block]]] = 7
         req.host_canvas[cand[: req.schedule[req.step_in_block]].numpy()] = 7   # a runner keeps both
         req.nfe += 1

@@ -33,7 +33,7 @@ IMPLEMENTATIONS: dict[str, ImplProfile] = {p.name: p for p in [
     # attention call (56d bytes per key per layer), and torch.cat of cached and block K/V.
     ImplProfile("hf-dllm-cache", elem_d=144, elem_f=10, softmax_bytes_per_entry=6, rope_bytes_per_key_d=56,
                 kv_copy=3, source="maomaocun/dLLM-cache@17235bf dllm_cache/hooks/cache_hook_LLaDA.py (RoPe_forward)"),
-    # This repository's code (engine and baselines share engine/models/llada.py), eager: what
+    # This repository's code (engine and baselines share engine/models/dense.py), eager: what
     # `serve` measures, so a profile `calibrate` wrote defaults to it (its host time fitted there).
     ImplProfile("dllm-bench", elem_d=144, elem_f=10, softmax_bytes_per_entry=12, rope_bytes_per_key_d=0,
                 kv_copy=2, source="this repository (engine/, baselines/), eager float32 on CPU"),

@@ -168,7 +168,7 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict, warm: tup
     # a rank's view of the model (its KV heads): the pool counts one GPU's bytes
     model_config = setup.model_config if n == 1 else RankConfig.of(setup.model_config, n)
     gpu = setup.hardware.kind == "gpu"
-    # tensor-parallel ranks run eager (engine.parallel.rank.rank_config), whatever cuda_graphs says
+    # tensor-parallel ranks run eager (engine.graphs.eager), whatever cuda_graphs says
     graphs = n == 1 and graph_steps(cfg, "cuda" if gpu else "cpu")
     # Today's serve captures the graphs at warm-up, outside the point, and on a GPU keeps a bucket's
     # graph only if it timed faster than eager (plain calls on a CPU keep all); a measured run is

@@ -1,5 +1,4 @@
-"""The ranks of a tensor-parallel engine as processes (spawned by the CLI's rank 0, or torchrun's),
-the workers' message loop, and failures turned into one `RankFailure` line."""
+"""The ranks of a tensor-parallel engine as processes, the workers' message loop, and their failures."""
 from __future__ import annotations
 
 import atexit
@@ -32,14 +31,7 @@ class Call:
     args: tuple
 
 
-@dataclass
-class Close:
-    pass
-
-
-@dataclass
-class Stop:
-    pass
+CLOSE, STOP = "close", "stop"     # drop the engine; end the worker
 
 
 def serve(tp: TPGroup) -> None:
@@ -53,9 +45,9 @@ def serve(tp: TPGroup) -> None:
             runner = worker_runner(build_rank(tp, msg.config), msg.config)
         elif isinstance(msg, Call):
             dist.gather_object(msg.fn(tp, *msg.args), None, dst=0, group=tp.host_group)
-        elif isinstance(msg, Close):
+        elif msg == CLOSE:
             runner = None
-        elif isinstance(msg, Stop):
+        elif msg == STOP:
             return
 
 
@@ -92,8 +84,7 @@ class Cluster:
 
     @classmethod
     def spawn(cls, size: int, device: str = "cpu", threads: int = 1) -> Cluster:
-        """Start ranks 1..size-1 (`threads` torch threads each; the caller's process too, on a
-        CPU: N processes x `threads`) and join them as rank 0."""
+        """Start ranks 1..size-1 (`threads` torch threads each) and join them as rank 0."""
         store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=JOIN_TIMEOUT, wait_for_workers=False)
         ctx = torch.multiprocessing.get_context("spawn")
         procs = [ctx.Process(target=_worker_main, args=(r, size, store.port, device, threads), daemon=True,
@@ -142,8 +133,7 @@ class Cluster:
 
     @contextlib.contextmanager
     def guard(self):
-        """The driver's side of collectives: any error ends the cluster; a failed or vanished rank,
-        or a failed collective, is one RankFailure line."""
+        """The driver's side of collectives: any error ends the cluster, a rank's as one RankFailure line."""
         self.busy = True
         try:
             yield
@@ -192,7 +182,7 @@ class Cluster:
         self.closed = True
         if not (kill or self.busy):
             with contextlib.suppress(Exception):
-                self.tp.broadcast(Stop())
+                self.tp.broadcast(STOP)
         for p in self.procs:
             p.join(timeout=0 if kill else 10)
             if p.is_alive():

@@ -1,14 +1,14 @@
-"""`ParallelEngine`: rank 0 of a tensor-parallel engine, an `LLMEngine` whose runner sends every
-prepared step's plan to the workers before running it over rank 0's shard."""
+"""`ParallelEngine`: rank 0 of a tensor-parallel engine, sending each prepared step's plan to the workers."""
 from __future__ import annotations
 
 import dataclasses
 
+from engine import graphs
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.parallel.cluster import Build, Close, Cluster
+from engine.parallel.cluster import CLOSE, Build, Cluster
 from engine.parallel.plan import RecordingStaging, plan_of
-from engine.parallel.rank import build_rank, rank_config
+from engine.parallel.rank import build_rank
 from engine.request import RequestOutput
 from engine.runner import ModelRunner
 
@@ -26,8 +26,7 @@ class DriverRunner(ModelRunner):
 
 
 class ParallelEngine(LLMEngine):
-    """An engine over `config.tensor_parallel_size` ranks; `cluster`: ranks already running (else
-    its own, stopped by `close()`)."""
+    """An engine over `config.tensor_parallel_size` ranks (`cluster`: running ranks, else its own)."""
 
     def __init__(self, config: EngineConfig, cluster: Cluster | None = None, threads: int = 1):
         self.own_cluster = cluster is None
@@ -35,7 +34,7 @@ class ParallelEngine(LLMEngine):
         if self.cluster.tp.size != config.tensor_parallel_size:
             raise ValueError(f"the cluster has {self.cluster.tp.size} ranks, the config asks for "
                              f"{config.tensor_parallel_size}")
-        config = rank_config(config)
+        config = graphs.eager(config)
         self.cluster.send(Build(config))
         with self.cluster.guard():
             built = build_rank(self.cluster.tp, config)
@@ -54,9 +53,9 @@ class ParallelEngine(LLMEngine):
         if self.cluster.closed:
             return
         if self.cluster.busy:
-            # interrupted mid-step: the workers wait in a collective and would never read Close
+            # interrupted mid-step: the workers wait in a collective and would never read CLOSE
             self.cluster.close(kill=True)
             return
-        self.cluster.send(Close())
+        self.cluster.send(CLOSE)
         if self.own_cluster:
             self.cluster.close()

@@ -1,5 +1,4 @@
-"""The tensor-parallel process group (NCCL between GPUs, gloo between CPU processes) plus a gloo
-host group for each step's plan, which never times out."""
+"""The tensor-parallel process group (NCCL or gloo) and a gloo host group for the step plans."""
 from __future__ import annotations
 
 import datetime

@@ -1,5 +1,4 @@
-"""Load one rank's weights from an HF checkpoint, reading only its slices (the same checks as
-the single-device loader)."""
+"""Load one rank's slices of an HF checkpoint of any family (the single-device loader's checks)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,4 @@
-"""One rank's model (its heads, MLP columns and vocabulary rows), an `DenseLM` to the engine
-with all-reduces in its blocks and two hooks for the runner: `decode_rows` and `head_mean`."""
+"""One rank's model (its heads, MLP columns, vocabulary rows); hooks `decode_rows`, `head_mean`."""
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,4 @@
-"""A step's plan: the host data the driver sends every worker so it runs the same step over its
-shard (StepMeta columns, input ids, candidate rows, generator states); the commit is the driver's."""
+"""A step's plan: the host data the driver sends every worker to run the same step over its shard."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +26,7 @@ class StepPlan:
 
 
 class RecordingStaging(Staging):
-    """A `Staging` remembering the host array behind each tensor it handed out this step (the plan
-    is sent from host memory)."""
+    """A `Staging` remembering the host array behind each tensor it handed out this step."""
 
     def begin(self) -> RecordingStaging:
         self.host_arrays: dict[int, np.ndarray] = {}

@@ -1,5 +1,4 @@
-"""What every rank builds for an engine, in lockstep: its model shard and its own memory profile;
-the pool gets the smallest slot count any rank holds (the driver's slot tables address all)."""
+"""What every rank builds for an engine, in lockstep: its model shard and its memory profile."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,11 +23,6 @@ class RankBuild:
     profile: MemoryProfile | None     # this rank's own profile
 
 
-def rank_config(config: EngineConfig) -> EngineConfig:
-    """The engine config every rank runs: no CUDA graphs (`engine.graphs.eager`)."""
-    return graphs.eager(config)
-
-
 def build_rank(tp: TPGroup, config: EngineConfig) -> RankBuild:
     model = load_sharded(config.model, tp, DTYPES[config.dtype])
     backend = resolve_backend(config.attention_backend, model.device, model.dtype)
@@ -44,7 +38,7 @@ def rank_profile(tp: TPGroup, config: EngineConfig, max_model_len: int) -> Memor
     """This rank's memory profile of `config` (on every rank at once), or the profiler's refusal."""
     model = load_sharded(config.model, tp, DTYPES[config.dtype])
     try:
-        return profile_kv_pool(model, rank_config(config), resolve_backend(config.attention_backend, model.device,
+        return profile_kv_pool(model, graphs.eager(config), resolve_backend(config.attention_backend, model.device,
                                                                            model.dtype), max_model_len)
     except ValueError as e:
         return str(e)

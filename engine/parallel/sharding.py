@@ -1,5 +1,4 @@
-"""Which slice of every weight a tensor-parallel rank holds (Megatron's split of a block;
-the table: docs/PARALLEL.md): `split_of` a weight's name, `slice_of` the rank's part."""
+"""Which slice of every weight a tensor-parallel rank holds (Megatron's split; docs/PARALLEL.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,7 +37,6 @@ def check_divisible(cfg: ModelConfig, n: int) -> None:
 
 
 def split_of(name: str) -> str:
-    """How the HF weight `name` splits across ranks."""
     parts = name.split(".")
     if "blocks" in parts:
         return _BLOCK[parts[-2]]

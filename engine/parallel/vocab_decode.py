@@ -1,10 +1,9 @@
-"""Vocabulary-parallel decoding of the logit chunks: each rank proposes from its columns and one
-all-gather of a few numbers per row combines them (docs/PARALLEL.md)."""
+"""Vocabulary-parallel decoding: each rank proposes from its columns, one all-gather combines them."""
 from __future__ import annotations
 
 import torch
 
-from engine.logits import MONOLITHIC_DECODE_ROWS, DecodeResult, RowSegment, by_rule
+from engine.logits import DecodeResult, RowSegment, by_rule, decode_rows
 from engine.unmask import gumbel_noise, gumbel_scores, proposal_argmax
 
 KEY, TOKEN, LOGIT, MAX, SUM, ENT = range(6)
@@ -16,39 +15,15 @@ class VocabParallelDecode:
     def __init__(self, tp, start: int, vocab: int):
         self.tp, self.start, self.vocab = tp, start, vocab
 
-    def __call__(self, lm_head, hidden: torch.Tensor, row_index: torch.Tensor, segments: list[RowSegment],
-                 max_num_logits: int | None, mask_id: int, entropy: bool = False) -> DecodeResult:
-        R = row_index.numel()
-        parts = []
-        if max_num_logits is None:                      # monolithic: the rank's columns of every row
-            full = lm_head(hidden)
-            for c0 in range(0, R, MONOLITHIC_DECODE_ROWS):
-                parts.append(self.chunk(full[row_index[c0 : c0 + MONOLITHIC_DECODE_ROWS]], c0, segments, mask_id,
-                                        entropy))
-            rows, at_once = hidden.shape[0], hidden.shape[0]
-        else:
-            picked = hidden[row_index]
-            for c0 in range(0, R, max_num_logits):
-                logits = lm_head(picked[c0 : c0 + max_num_logits])
-                parts.append(self.chunk(logits, c0, segments, mask_id, entropy))
-                del logits                              # freed before the next chunk exists
-            rows, at_once = R, min(R, max_num_logits)
-        if not parts:
-            return DecodeResult(hidden.new_zeros(0, dtype=torch.long), hidden.new_zeros(0, dtype=torch.float64),
-                                rows, at_once)
-        x0, conf, ent = (torch.cat(p) if len(parts) > 1 else p[0] for p in zip(*parts))
-        res = DecodeResult(x0, conf, rows, at_once)
-        if entropy:
-            res.entropy = ent
-        return res
+    def __call__(self, *args, **kwargs) -> DecodeResult:
+        return decode_rows(*args, chunk=self.chunk, **kwargs)
 
     def chunk(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool):
-        """Rows [c0, c0 + len), this rank's columns -> (x0, conf, entropy or empty), on every rank;
+        """Rows [c0, c0 + len), this rank's columns -> (x0, conf, entropy or None), on every rank;
         Dream's rule (a segment's `dream`) reads its rows' whole vocabulary, gathered."""
         def plain(part: torch.Tensor, at: int):
             return combine(self.tp.all_gather(self.local(part, at, segments, mask_id, entropy)), part.dtype, entropy)
-        x0, conf, ent = by_rule(logits, c0, segments, mask_id, entropy, plain, self.columns)
-        return x0, conf, conf.new_zeros(0) if ent is None else ent
+        return by_rule(logits, c0, segments, mask_id, entropy, plain, self.columns)
 
     def columns(self, part: torch.Tensor) -> torch.Tensor:
         """[rows, V/N] on every rank -> [rows, V], the ranks' columns side by side."""
@@ -88,7 +63,7 @@ class VocabParallelDecode:
 
 
 def combine(gathered: torch.Tensor, dtype: torch.dtype, entropy: bool):
-    """gathered [N, rows, 5|6] (every rank's `local`) -> (x0, conf, entropy or empty)."""
+    """gathered [N, rows, 5|6] (every rank's `local`) -> (x0, conf, entropy or None)."""
     dt = torch.promote_types(dtype, torch.float32)
     winner = gathered[..., KEY].argmax(0)                         # ties: the first (lowest) rank
     best = gathered.gather(0, winner[None, :, None].expand(1, *gathered.shape[1:]))[0]
@@ -97,7 +72,7 @@ def combine(gathered: torch.Tensor, dtype: torch.dtype, entropy: bool):
     m, s = gathered[..., MAX].to(dt), gathered[..., SUM].to(dt)
     conf = (s * (m - l_x0).exp()).sum(0).reciprocal()
     if not entropy:
-        return x0, conf, conf.new_zeros(0)
+        return x0, conf, None
     # H = log S − Σ_r e^{m_r − M} (u_r + (m_r − M) s_r) / S with S = Σ_r e^{m_r − M} s_r
     top = m.amax(0)
     w = (m - top).exp()
