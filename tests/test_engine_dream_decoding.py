@@ -1,7 +1,8 @@
 """Dream's decoding in the engine (issue 57): cache=none reproduces baselines.reference_dream (Dream's
 `diffusion_generate`) token for token in float64, for each alg, at temperature 0 and with seeded
 sampling, batch-invariantly; the time grid per block; the parallel policies with Dream's scores.
-The model here is the LLaDA-shaped tiny model (shift 0): the reference reads its forward directly."""
+Mostly on the LLaDA-shaped tiny model (shift 0), whose forward the reference reads directly; the
+last test runs the same equality on a tiny Dream (shift 1) where the engine serves shifted models."""
 from __future__ import annotations
 
 import pytest
@@ -184,3 +185,21 @@ def test_defaults_unchanged():
     assert (p.schedule, p.remasking, p.top_p, p.top_k, p.alg_temp, p.dream_rule) == \
         ("linear", "low_confidence", None, None, None, False)
     assert p.block_counts(32) == transfer_schedule(32, p.steps_per_block)
+
+
+# ---------------------------------------------------------------- on a shifted family (tiny Dream)
+DREAM_CASES = [("origin", dict(temperature=0.9, top_p=0.9, seed=1)), ("maskgit_plus", {}),
+               ("topk_margin", dict(temperature=0.7, top_k=9, seed=2)),
+               ("entropy", dict(temperature=0.5, top_p=0.95, alg_temp=0.5, seed=3)), ("entropy", {})]
+
+
+@pytest.mark.parametrize("alg,extra", DREAM_CASES)
+def test_tiny_dream_equals_diffusion_generate(alg, extra):
+    """The Goal itself: on a tiny Dream (shift 1, GQA, biases) cache=none == Dream's sampler."""
+    helpers = pytest.importorskip("tests.dream_helpers", reason="the engine serves shifted models with its tiny Dream")
+    m = helpers.tiny_dream()
+    params = dream(gen_length=11, steps=5, alg=alg, **extra)
+    for prompt in helpers.dream_prompts(2, [1, 6], seed=4):
+        ref, _ = reference_generate(dense_logits(m), prompt, params, m.config.mask_token_id)
+        out = make_engine(m, cache="none", max_num_logits=4).generate([prompt], params)[0]
+        assert out.token_ids == ref
