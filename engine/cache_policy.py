@@ -19,7 +19,7 @@ from engine.step_meta import StepMeta
 class KeySpec:
     cached: np.ndarray      # keys read from the request's slots (its first `cached` table entries)
     fresh: np.ndarray       # keys that are this step's own fresh K/V rows (its first `fresh` queries)
-    store_from: np.ndarray  # slot-table index where this step's fresh K/V are stored (-1: none)
+    store_from: np.ndarray  # slot-table index where this step's fresh K/V (lead rows aside) go (-1: none)
 
 
 class CachePolicy:

@@ -72,16 +72,18 @@ class LongRefresh:
         self.h[a:b] = x + blk.mlp(x)
 
     def block_rows(self) -> torch.Tensor:
-        return self.model.final_norm(self.h[self.s : self.e])
+        """The block's rows and, for a shifted family, the `shift` rows before it (a Reuse step's rows)."""
+        return self.model.final_norm(self.h[self.s - min(self.s, self.model.config.shift) : self.e])
 
 
 @torch.no_grad()
 def refresh_rows(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
                  config: EngineConfig, chunk: int, backend: str = "sdpa") -> torch.Tensor:
-    """The chunked Refresh of `req`'s whole canvas -> the final-normed hidden states of its
-    current block [block_length, d]. `phase` says what the cache gets: REFRESH_STORE stores every
-    position's K/V into the request's slots (dual), REFRESH_SELECT packs the retained context
-    K/V into its first slots (sparse); `storage`: the KV pool's [layers, 2, slots, Hkv, D]."""
+    """The chunked Refresh of `req`'s whole canvas -> the final-normed hidden states of the
+    model's `shift` rows before its current block and the block's. `phase` says what the cache
+    gets: REFRESH_STORE stores every position's K/V into the request's slots (dual), REFRESH_SELECT
+    packs the retained context K/V into its first slots (sparse); `storage`: the KV pool's
+    [layers, 2, slots, Hkv, D]."""
     run = LongRefresh(model, req, phase, config, backend)
     bounds = [(a, min(a + chunk, req.length)) for a in range(0, req.length, chunk)]
     for i, blk in enumerate(model.blocks):

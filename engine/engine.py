@@ -16,7 +16,7 @@ from engine.graphs import StepGraphs
 from engine.kv_cache import KVPool
 from engine.models import DenseLM, load_model
 from engine.ragged import padded, to_device
-from engine.request import Request, RequestOutput, Status
+from engine.request import Phase, Request, RequestOutput, Status
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler, long_refusal, long_schedulers
@@ -56,8 +56,6 @@ class LLMEngine:
         source = runner if runner is not None else model
         self.device, self.dtype = source.device, source.dtype
         self.model_config = runner.model_config if runner is not None else model.config
-        if self.model_config.shift:
-            raise ValueError(f"the engine does not serve shifted-prediction models ({self.model_config.model_type}) yet")
         self.max_model_len = config.max_model_len or self.model_config.max_sequence_length
         self.attention = choose_backend(config.attention_backend, self.device, self.dtype)
         self.backend = self.attention.name
@@ -112,10 +110,12 @@ class LLMEngine:
                 f"is refreshed in chunks under scheduler={' | '.join(long_schedulers())} on one device)"
             )
         req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, mask, self.device,
-                      time.perf_counter() if arrival_time is None else arrival_time)
+                      time.perf_counter() if arrival_time is None else arrival_time, shift=self.model_config.shift)
         uncached = self.config.cache == "none" or self.scheduler.never_cached(req)
-        if params.block_length > self.config.max_num_batched_tokens and not uncached:
-            raise ValueError(f"block_length {params.block_length} exceeds max_num_batched_tokens "
+        reuse = req.query_cost(Phase.REUSE)       # the block (and a shifted family's edge row)
+        if reuse > self.config.max_num_batched_tokens and not uncached:
+            edge = f" + {req.shift} edge row" if req.shift else ""
+            raise ValueError(f"block_length {params.block_length}{edge} exceeds max_num_batched_tokens "
                              f"{self.config.max_num_batched_tokens}: its Reuse steps could never be scheduled")
         need = self.scheduler.kv_need(req)
         if not uncached and not self.pool.can_ever_fit(need):

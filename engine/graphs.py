@@ -47,8 +47,9 @@ def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
 
 
 def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_batch: int | None,
-                 holds: Callable[[int], bool]) -> tuple[str, int, list[int]]:
-    """(cache mode, KV slots each, buckets) `StepGraphs.capture_all` captures, decided without a model."""
+                 holds: Callable[[int], bool], shift: int = 0) -> tuple[str, int, list[int]]:
+    """(cache mode, KV slots each, buckets) `StepGraphs.capture_all` captures, decided without a model;
+    `shift`: the model's (a Reuse step's query rows before its block)."""
     mode = "dual" if config.cache == AUTO else config.cache
     need = kv_need(mode, prompt_len + block_length, block_length, config.retention)
     if mode == "none" or need == 0:
@@ -57,7 +58,7 @@ def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_b
     last = (bucket(max_batch, buckets) if max_batch is not None else None) or buckets[-1]
     sizes = []
     for b in buckets:
-        if b > last or b * block_length > config.max_num_batched_tokens or not holds(b * need):
+        if b > last or b * (block_length + shift) > config.max_num_batched_tokens or not holds(b * need):
             break
         sizes.append(b)
     return mode, need, sizes
@@ -92,20 +93,22 @@ class PadSpec:
     members: int                  # members after padding (the batch bucket)
     keys: int                     # static keys: gathered in all (packed) or per member (padded); 0 = in place
     scratch: int                  # the pool slot no request owns
+    lead: int = 0                 # query-only rows before each block (the model's shift), dummies' too
 
 
 def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
     """`m` (Reuse members, one block length) plus dummy members up to `spec.members`."""
-    n, bl = spec.members - len(m.n_q), int(m.block_len[0])
+    n, bl, s = spec.members - len(m.n_q), int(m.block_len[0]), spec.lead
     if n <= 0:
         return m
-    dummy = dict(offset=0, length=bl, block_len=bl, block_start=0, kv=bl, k=0, phase=CODES[Phase.REUSE], slot_len=bl,
-                 refresh=False, q_start=0, n_q=bl, cache=CACHE_CODES["dual"])
+    nq = bl + s                   # a dummy's canvas: `lead` rows, then its block
+    dummy = dict(offset=0, length=nq, block_len=bl, block_start=s, kv=bl, k=0, phase=CODES[Phase.REUSE], slot_len=nq,
+                 refresh=False, q_start=0, n_q=nq, lead=s, cache=CACHE_CODES["dual"])
     cols = {f: np.concatenate([getattr(m, f), np.full(n, v, dtype=getattr(m, f).dtype)])
             for f, v in dummy.items() if getattr(m, f) is not None}
-    return StepMeta(**cols, slot_base=np.concatenate([m.slot_base, len(m.slots) + bl * np.arange(n, dtype=np.int64)]),
-                    slots=np.concatenate([m.slots, np.full(n * bl, spec.scratch, dtype=np.int64)]),
-                    cu_q=np.concatenate([m.cu_q, m.cu_q[-1] + bl * np.arange(1, n + 1, dtype=np.int64)]))
+    return StepMeta(**cols, slot_base=np.concatenate([m.slot_base, len(m.slots) + nq * np.arange(n, dtype=np.int64)]),
+                    slots=np.concatenate([m.slots, np.full(n * nq, spec.scratch, dtype=np.int64)]),
+                    cu_q=np.concatenate([m.cu_q, m.cu_q[-1] + nq * np.arange(1, n + 1, dtype=np.int64)]))
 
 
 class CudaCapture:
@@ -171,7 +174,8 @@ class StepGraphs:
             return False
         bl = batch[0][0].block_length
         b = bucket(len(batch), self.buckets)
-        if b is None or any(r.block_length != bl for r, _ in batch) or b * bl > self.runner.config.max_num_batched_tokens:
+        if b is None or any(r.block_length != bl for r, _ in batch) or \
+                b * (bl + self.runner.model_config.shift) > self.runner.config.max_num_batched_tokens:
             return False
         if self._in_place():   # a fragmented slot table runs eager, not a graph per key width
             return all(self.pool.contiguous(req.slots) for req, _ in batch)
@@ -187,13 +191,14 @@ class StepGraphs:
         if self._in_place():
             return 0
         keys = [r.policy.reuse_keys(req) for req, _ in batch]
+        dummy = batch[0][0].block_length + r.model_config.shift    # a dummy's keys at most
         if r.kernel is None:
-            return key_width(max(keys))
-        dummies = (bucket(len(batch), self.buckets) - len(batch)) * batch[0][0].block_length
-        return key_width(sum(keys) + dummies)
+            return key_width(max(keys + [dummy]))
+        return key_width(sum(keys) + (bucket(len(batch), self.buckets) - len(batch)) * dummy)
 
     def _spec(self, batch) -> tuple[PadSpec, tuple[int, int, int]]:
-        spec = PadSpec(bucket(len(batch), self.buckets), self._keys(batch), self.pool.scratch)
+        spec = PadSpec(bucket(len(batch), self.buckets), self._keys(batch), self.pool.scratch,
+                       self.runner.model_config.shift)
         return spec, (spec.members, spec.keys, batch[0][0].block_length)
 
     def capture(self, batch) -> bool:
@@ -209,7 +214,8 @@ class StepGraphs:
     def capture_all(self, block_length: int, prompt_len: int = 1, max_batch: int | None = None) -> int:
         """Decide every bucket for Reuse steps of `block_length` at warm-up (`warm_up_plan`) -> how many."""
         r = self.runner
-        mode, need, sizes = warm_up_plan(r.config, block_length, prompt_len, max_batch, self.pool.can_reserve)
+        mode, need, sizes = warm_up_plan(r.config, block_length, prompt_len, max_batch, self.pool.can_reserve,
+                                         r.model_config.shift)
         new = 0
         for b in sizes:
             reqs = warm_up_requests(b, mode, need, block_length, prompt_len, r.model_config.mask_token_id, r.device)

@@ -80,6 +80,7 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     # none | dual | sparse for its life; under cache=auto chosen at admission (None until then)
     cache: str | None = None
+    shift: int = 0              # the model's prediction shift: a Reuse step also queries that many rows
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.prompt_ids)
@@ -124,7 +125,7 @@ class Request:
         return phase_at(self.step_in_block, self.cache, delay_step)
 
     def query_cost(self, phase: Phase) -> int:
-        return self.length if phase is not Phase.REUSE else self.block_length
+        return self.length if phase is not Phase.REUSE else self.block_length + self.shift
 
     def charge(self, logits_rows: int) -> None:
         self.nfe += 1

@@ -16,7 +16,7 @@ from engine.decoding import commit_mask, policy_columns
 from engine.graphs import PadSpec, StepGraphs, pad_meta
 from engine.kv_cache import KVPool
 from engine.logits import DecodeResult, RowSegment, decode_rows
-from engine.models import DenseLM
+from engine.models import DenseLM, ModelConfig
 from engine.ragged import padded, ragged
 from engine.regions import DECODE, in_region
 from engine.request import Phase, Request
@@ -54,14 +54,14 @@ class ModelRunner:
         fwd = main if fwd_staging is None else fwd_staging.begin()
         reqs = [r for r, _ in batch]
         host_tokens, offsets, in_pool = _canvases(reqs)
-        real = StepMeta.of(batch, offsets, self._host_slots)
+        real = StepMeta.of(batch, offsets, self._host_slots, self.model_config.shift)
         m = real if pad is None else pad_meta(real, pad)
         pos = ragged(m.q_start, m.n_q)
         ids = host_tokens[np.minimum(np.repeat(m.offset, m.n_q) + pos, len(host_tokens) - 1)]
         p = PackedStep(real, m, fwd.put(ids), fwd.put(pos), int(m.length.max()) - 1,
                        StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
                                    None if pad is None else pad.keys, self.kernel, self.in_place_keys))
-        p.plan = _plan_commit(real, reqs, host_tokens, self.model_config.mask_token_id, main, in_pool)
+        p.plan = _plan_commit(real, reqs, host_tokens, self.model_config, main, in_pool)
         fwd.flush()
         if fwd is not main:
             main.flush()
@@ -124,8 +124,8 @@ class ModelRunner:
         host_tokens, offsets, in_pool = _canvases(reqs)
         long = [i for i, (r, p) in enumerate(batch) if p is not Phase.REUSE and r.length > budget]
         m = StepMeta.of([(r, Phase.REUSE if i in long else p) for i, (r, p) in enumerate(batch)], offsets,
-                        self._host_slots)
-        c = _plan_commit(m, reqs, host_tokens, self.model_config.mask_token_id, self.long_staging.begin(), in_pool)
+                        self._host_slots, self.model_config.shift)
+        c = _plan_commit(m, reqs, host_tokens, self.model_config, self.long_staging.begin(), in_pool)
         self.long_staging.flush()
         storage = self.pool.storage if self.pool is not None else None
         parts, decodes = {}, []            # member -> (its decode, first row, rows)
@@ -160,9 +160,10 @@ class ModelRunner:
 
 @dataclass
 class CommitPlan:
-    """The candidates' hidden rows (each block's masked positions) and their cells in a [B, W] table."""
+    """The candidates' hidden rows (each block's masked positions p, read at p - shift) and their
+    cells in a [B, W] table."""
 
-    rows: torch.Tensor            # [R] hidden rows of the candidates, request then position order
+    rows: torch.Tensor            # [R] each candidate's hidden row (position p: p - shift), request then position order
     counts: np.ndarray            # [B] candidates per request
     seg_start: np.ndarray         # [B] each request's first candidate in `rows`
     width: int
@@ -177,18 +178,19 @@ class CommitPlan:
     canvas_start: torch.Tensor | None  # [B] where each canvas starts in the canvas pool's tokens
 
 
-def _plan_commit(m: StepMeta, reqs: list[Request], host_tokens: np.ndarray, mask_id: int, staging: Staging,
+def _plan_commit(m: StepMeta, reqs: list[Request], host_tokens: np.ndarray, cfg: ModelConfig, staging: Staging,
                  in_pool: bool) -> CommitPlan:
-    W = int(m.block_len.max())
+    W, s = int(m.block_len.max()), cfg.shift
     idx, valid = padded(m.offset + m.block_start, m.block_len, W)
-    cand = (host_tokens[idx] == mask_id) & valid
+    cand = (host_tokens[idx] == cfg.mask_token_id) & valid
     for i, r in enumerate(reqs):
         moves = r.moves()                     # `origin`: only this step's movers are candidates
         if moves is not None:
             cand[i, np.flatnonzero(cand[i])[~moves]] = False
     policies = [r.decoding for r in reqs]
     rel = idx - m.offset[:, None]
-    rows = (rel - m.q_start[:, None] + m.cu_q[:-1, None])[cand]
+    hid = np.where(rel >= s, rel - s, rel)        # the hidden predicting position p: p - shift (row 0: its own)
+    rows = (hid - m.q_start[:, None] + m.cu_q[:-1, None])[cand]
     counts = cand.sum(1)
     fixed = all(p.fixed for p in policies)
     kinds, values = (None, None) if fixed else policy_columns(policies)

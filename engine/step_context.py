@@ -75,9 +75,10 @@ class StepContext:
         m = self.meta
         st = np.flatnonzero(spec.store_from >= 0)
         self.store_slots = self.store_src = None
-        if st.size:
-            self.store_slots = staging.put(m.slots[ragged(m.slot_base[st] + spec.store_from[st], m.n_q[st])])
-            src = ragged(m.cu_q[st], m.n_q[st])
+        if st.size:                   # every query row but the query-only `lead` rows (docs/ENGINE.md)
+            n = m.n_q[st] - m.lead[st]
+            self.store_slots = staging.put(m.slots[ragged(m.slot_base[st] + spec.store_from[st], n)])
+            src = ragged(m.cu_q[st] + m.lead[st], n)
             self.store_src = None if _identity(src, int(m.cu_q[-1])) else staging.put(src)
 
     def _packed_chunks(self, members: np.ndarray, spec: KeySpec, staging: Staging) -> list[_Chunk]:
