@@ -2,7 +2,7 @@
 `diffusion_generate`) token for token in float64, for each alg, at temperature 0 and with seeded
 sampling, batch-invariantly; the time grid per block; the parallel policies with Dream's scores.
 Mostly on the LLaDA-shaped tiny model (shift 0), whose forward the reference reads directly; the
-last test runs the same equality on a tiny Dream (shift 1) where the engine serves shifted models."""
+last test runs the same equality on a tiny Dream (shift 1, GQA, biases)."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +11,7 @@ import torch
 from baselines.reference_dream import ALGS, dense_logits, reference_generate
 from engine import SamplingParams
 from engine.unmask import dream_schedule, token_probs, transfer_schedule
+from tests.dream_helpers import dream_prompts, tiny_dream
 from tests.helpers import make_engine, random_prompts, run_alone, tiny_model
 
 F64 = torch.float64
@@ -72,7 +73,7 @@ def test_sampling_depends_on_the_seed(model):
 
 
 def _workload():
-    prompts = random_prompts(5, [3, 9, 5, 1, 6], seed=21)
+    prompts = random_prompts(5, [3, 9, 5, 1, 6], seed=21, vocab=95)     # ids both tiny models have
     params = [
         dream(gen_length=12, steps=6, alg="origin", temperature=0.9, top_p=0.9, seed=1),
         dream(gen_length=12, steps=6, alg="origin", temperature=0.9, top_p=0.9, seed=2),
@@ -83,11 +84,14 @@ def _workload():
     return prompts, params
 
 
+@pytest.mark.parametrize("family", ["llada", "dream"])
 @pytest.mark.parametrize("cache", ["none", "dual", "sparse"])
-def test_batch_invariance(model, cache):
+def test_batch_invariance(model, cache, family):
     """Requests decoded together (Dream's and LLaDA's rules side by side in one logit chunk, same
-    algs with different seeds) get exactly the tokens each gets alone, in every cache mode."""
+    algs with different seeds) get exactly the tokens each gets alone, in every cache mode, on a
+    shift-0 and a shift-1 model."""
     prompts, params = _workload()
+    model = model if family == "llada" else tiny_dream()
     kw = dict(cache=cache, retention=0.5, max_num_logits=7)
     alone = [run_alone(model, p, sp, **kw) for p, sp in zip(prompts, params, strict=True)]
     eng = make_engine(model, **kw)
@@ -196,10 +200,9 @@ DREAM_CASES = [("origin", dict(temperature=0.9, top_p=0.9, seed=1)), ("maskgit_p
 @pytest.mark.parametrize("alg,extra", DREAM_CASES)
 def test_tiny_dream_equals_diffusion_generate(alg, extra):
     """The Goal itself: on a tiny Dream (shift 1, GQA, biases) cache=none == Dream's sampler."""
-    helpers = pytest.importorskip("tests.dream_helpers", reason="the engine serves shifted models with its tiny Dream")
-    m = helpers.tiny_dream()
+    m = tiny_dream()
     params = dream(gen_length=11, steps=5, alg=alg, **extra)
-    for prompt in helpers.dream_prompts(2, [1, 6], seed=4):
+    for prompt in dream_prompts(2, [1, 6], seed=4):
         ref, _ = reference_generate(dense_logits(m), prompt, params, m.config.mask_token_id)
         out = make_engine(m, cache="none", max_num_logits=4).generate([prompt], params)[0]
         assert out.token_ids == ref
