@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.regions import DECODE, LM_HEAD, in_region, region
-from engine.unmask import confidence_at, entropy_of, gumbel_argmax, proposal_argmax
+from engine.unmask import confidence_at, dream_rows, entropy_of, gumbel_argmax, proposal_argmax
 
 MONOLITHIC_DECODE_ROWS = 64
 
@@ -24,6 +24,7 @@ class RowSegment:
     count: int
     temperature: float
     gen: torch.Generator | None
+    dream: object | None = None   # the request's SamplingParams when it decodes by Dream's rule
 
 
 @dataclass
@@ -37,6 +38,33 @@ class DecodeResult:
 
 def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
                   mask_id: int, entropy: bool = False) -> tuple:
+    return by_rule(logits, c0, segments, mask_id, entropy, lambda part, at: _llada_chunk(part, at, segments, mask_id,
+                                                                                      entropy))
+
+
+def by_rule(logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool, plain,
+            full=None) -> tuple:
+    """Rows [c0, c0 + len) -> (x0, conf, entropy or None): Dream's rule (engine.unmask.dream_rows) on
+    its segments' rows, `plain(rows, first row)` on the others; `full(rows)`: their whole vocabulary."""
+    n = logits.shape[0]
+    spans = [(max(s.start - c0, 0), min(s.start + s.count - c0, n), s) for s in segments if s.dream is not None]
+    spans = [t for t in spans if t[0] < t[1]]
+    if not spans:
+        return plain(logits, c0)
+    parts, at = [], 0
+    for a, b, s in spans + [(n, n, None)]:
+        if at < a:
+            parts.append(plain(logits[at:a], c0 + at))
+        if s is not None:
+            rows = logits[a:b] if full is None else full(logits[a:b])
+            parts.append(dream_rows(rows, s.dream, s.gen, mask_id, entropy))
+        at = b
+    x0, conf, ent = zip(*parts)
+    return torch.cat(x0), torch.cat(conf), torch.cat(ent) if entropy else None
+
+
+def _llada_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
+                 mask_id: int, entropy: bool = False) -> tuple:
     x0 = proposal_argmax(logits, mask_id)
     c1 = c0 + logits.shape[0]
     for seg in segments:

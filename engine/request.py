@@ -10,7 +10,7 @@ import torch
 
 from engine.decoding import Decoding
 from engine.sampling import SamplingParams
-from engine.unmask import RequestGenerators, transfer_schedule
+from engine.unmask import RequestGenerators, origin_moves, timesteps
 
 
 class Phase(enum.Enum):
@@ -94,7 +94,10 @@ class Request:
         self.status = Status.WAITING
         self.block = self.step_in_block = 0
         self.decoding: Decoding = self.params.decoding
-        self.schedule = transfer_schedule(self.params.block_length, self.params.steps_per_block)
+        self.schedule = self.params.block_counts(self.params.block_length)
+        # `origin`: the time grid and this step's coins (drawn once per step, at its first read)
+        self.grid = timesteps(self.steps_per_block, self.params.eps) if self.params.remasking == "origin" else None
+        self._moves: tuple[tuple[int, int], np.ndarray] | None = None
         self.block_steps: list[int] = []
         self.block_times: list[float] = []
         self.planned_steps: list[int] | None = None
@@ -131,7 +134,22 @@ class Request:
     @property
     def commit_count(self) -> int:
         """Tokens the fixed schedule commits now (parallel policies: 0, decided on the device)."""
-        return self.schedule[self.step_in_block] if self.decoding.fixed else 0
+        if not self.decoding.fixed:
+            return 0
+        moves = self.moves()
+        return self.schedule[self.step_in_block] if moves is None else int(moves.sum())
+
+    def moves(self) -> np.ndarray | None:
+        """`origin`: which of the block's masked positions (in order) this step commits, one coin
+        each from the remask stream (engine.unmask.origin_moves); None for the other rules."""
+        if self.grid is None:
+            return None
+        at = (self.block, self.step_in_block)
+        if self._moves is None or self._moves[0] != at:
+            s, e = self.block_range
+            n = int((self.host_canvas[s:e] == self.mask_id).sum())
+            self._moves = at, origin_moves(n, self.grid, self.step_in_block, self.gens.remask).numpy()
+        return self._moves[1]
 
     def block_done(self, committed: bool = True) -> bool:
         """Whether this step ends the block: the schedule's last step, or no mask left (else as planned)."""
@@ -159,7 +177,7 @@ class Request:
             else:
                 if masked is None:
                     masked = int((self.host_canvas[slice(*self.block_range)] == self.mask_id).sum())
-                self.schedule = transfer_schedule(masked, self.steps_per_block)
+                self.schedule = self.params.block_counts(masked)
 
     def output(self) -> RequestOutput:
         return RequestOutput(

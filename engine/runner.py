@@ -25,7 +25,7 @@ from engine.staging import Staging
 from engine.step import StepDecisions, StepStats
 from engine.step_context import StepContext
 from engine.step_meta import StepMeta
-from engine.unmask import random_confidence
+from engine.unmask import rescored
 
 
 class ModelRunner:
@@ -61,7 +61,7 @@ class ModelRunner:
         p = PackedStep(real, m, fwd.put(ids), fwd.put(pos), int(m.length.max()) - 1,
                        StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
                                    None if pad is None else pad.keys, self.kernel, self.in_place_keys))
-        p.plan = _plan_commit(real, [r.decoding for r in reqs], host_tokens, self.model_config, main, in_pool)
+        p.plan = _plan_commit(real, reqs, host_tokens, self.model_config, main, in_pool)
         fwd.flush()
         if fwd is not main:
             main.flush()
@@ -96,10 +96,11 @@ class ModelRunner:
             keys = self._keys(m)
         conf = res.conf
         for i, r in enumerate(reqs):
-            if r.params.remasking == "random":
+            a, n = int(c.seg_start[i]), int(c.counts[i])
+            ranked = rescored(conf, a, n, r.params, r.commit_count, r.gens)
+            if ranked is not None:
                 conf = conf.clone() if conf is res.conf else conf
-                a, n = int(c.seg_start[i]), int(c.counts[i])
-                conf[a : a + n] = random_confidence(n, r.gens.remask).to(conf)
+                conf[a : a + n] = ranked
         monolithic = self.config.max_num_logits is None
         decisions = _choose(conf, res.x0, res.entropy, c, (m.n_q if monolithic else c.counts).tolist())
         return StepStats(queries, res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
@@ -112,8 +113,7 @@ class ModelRunner:
 
     def _decode(self, reqs: list[Request], hidden: torch.Tensor, c: CommitPlan, rows: torch.Tensor | None = None):
         """The candidates' proposals under the logit budget (`rows`: their hidden rows)."""
-        segments = [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel)
-                    for i, r in enumerate(reqs) if r.params.temperature > 0]
+        segments = row_segments(reqs, c)
         return self.decode_rows(self.model.lm_head, hidden, c.rows if rows is None else rows, segments,
                                 self.config.max_num_logits, self.model_config.mask_token_id, entropy=c.entropy)
 
@@ -125,8 +125,7 @@ class ModelRunner:
         long = [i for i, (r, p) in enumerate(batch) if p is not Phase.REUSE and r.length > budget]
         m = StepMeta.of([(r, Phase.REUSE if i in long else p) for i, (r, p) in enumerate(batch)], offsets,
                         self._host_slots, self.model_config.shift)
-        c = _plan_commit(m, [r.decoding for r in reqs], host_tokens, self.model_config, self.long_staging.begin(),
-                         in_pool)
+        c = _plan_commit(m, reqs, host_tokens, self.model_config, self.long_staging.begin(), in_pool)
         self.long_staging.flush()
         storage = self.pool.storage if self.pool is not None else None
         parts, decodes = {}, []            # member -> (its decode, first row, rows)
@@ -179,11 +178,16 @@ class CommitPlan:
     canvas_start: torch.Tensor | None  # [B] where each canvas starts in the canvas pool's tokens
 
 
-def _plan_commit(m: StepMeta, policies: list, host_tokens: np.ndarray, cfg: ModelConfig, staging: Staging,
+def _plan_commit(m: StepMeta, reqs: list[Request], host_tokens: np.ndarray, cfg: ModelConfig, staging: Staging,
                  in_pool: bool) -> CommitPlan:
     W, s = int(m.block_len.max()), cfg.shift
     idx, valid = padded(m.offset + m.block_start, m.block_len, W)
     cand = (host_tokens[idx] == cfg.mask_token_id) & valid
+    for i, r in enumerate(reqs):
+        moves = r.moves()                     # `origin`: only this step's movers are candidates
+        if moves is not None:
+            cand[i, np.flatnonzero(cand[i])[~moves]] = False
+    policies = [r.decoding for r in reqs]
     rel = idx - m.offset[:, None]
     hid = np.where(rel >= s, rel - s, rel)        # the hidden predicting position p: p - shift (row 0: its own)
     rows = (hid - m.q_start[:, None] + m.cu_q[:-1, None])[cand]
@@ -195,6 +199,13 @@ def _plan_commit(m: StepMeta, policies: list, host_tokens: np.ndarray, cfg: Mode
                       staging.put(rel), staging.put(counts), staging.put(m.k), None if fixed else staging.put(kinds),
                       None if fixed else staging.put(values), any(p.kind == "entropy" for p in policies),
                       staging.put(np.repeat(np.arange(B), W)), staging.put(m.offset) if in_pool else None)
+
+
+def row_segments(reqs: list[Request], c: CommitPlan) -> list[RowSegment]:
+    """The candidate rows of each request that samples (T > 0) or decodes by Dream's rule."""
+    return [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel,
+                       r.params if r.params.dream_rule else None)
+            for i, r in enumerate(reqs) if r.params.temperature > 0 or r.params.dream_rule]
 
 
 @in_region(DECODE)

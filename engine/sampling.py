@@ -1,11 +1,16 @@
-"""Per-request decoding parameters (LLaDA's `generate` arguments), validated on construction."""
+"""Per-request decoding parameters (LLaDA's `generate` arguments, and Dream's `diffusion_generate`
+ones: `SamplingParams.dream`), validated on construction (docs/DREAM_SAMPLER.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from engine.decoding import Decoding
+from engine.unmask import dream_schedule, transfer_schedule
 
-REMASKING = ("low_confidence", "random")
+REMASKING = ("low_confidence", "random")                            # LLaDA's
+DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")   # Dream's `alg`
+SCHEDULES = ("linear", "timegrid")
+EPS = 1e-3
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,14 @@ class SamplingParams:
     # engine.decoding: fixed (the schedule over `steps`) or a parallel policy (blocks end when unmasked);
     # a library caller may give its text
     decoding: Decoding = Decoding()
+    # per-block counts: "linear" (LLaDA: n // steps, the first n % steps get +1) or "timegrid"
+    # (Dream: int(n_masked * (1 - s/t)) on linspace(1, eps, steps + 1)); one block = Dream's sampler
+    schedule: str = "linear"
+    eps: float = EPS
+    # Dream's algs only: the token distribution's filters, and a random choice of positions
+    top_p: float | None = None
+    top_k: int | None = None
+    alg_temp: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("gen_length", "steps", "block_length"):
@@ -38,11 +51,65 @@ class SamplingParams:
             )
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.remasking not in REMASKING:
-            raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
+        if self.remasking not in REMASKING + DREAM_ALGS:
+            raise ValueError(f"remasking must be one of {REMASKING + DREAM_ALGS}, got {self.remasking!r}")
         if self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
         object.__setattr__(self, "decoding", Decoding.parse(self.decoding))
+        self._check_rule()
+
+    def _check_rule(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not 0 < self.eps < 1:
+            raise ValueError(f"eps must be in (0, 1), got {self.eps!r}")
+        if self.eps != EPS and self.schedule != "timegrid":
+            raise ValueError(f"eps applies to schedule 'timegrid' (Dream's time grid), not to {self.schedule!r}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool)
+                                       or self.top_k < 1):
+            raise ValueError(f"top_k must be a positive integer, got {self.top_k!r}")
+        if self.alg_temp is not None and not self.alg_temp >= 0:
+            raise ValueError(f"alg_temp must be >= 0, got {self.alg_temp!r}")
+        given = [n for n in ("top_p", "top_k", "alg_temp") if getattr(self, n) is not None]
+        if given and not self.dream_rule:
+            raise ValueError(f"{', '.join(given)} apply to Dream's algs (remasking one of {DREAM_ALGS}), "
+                             f"not to {self.remasking!r}")
+        origin = self.remasking == "origin"
+        if origin and self.schedule != "timegrid":
+            raise ValueError("remasking 'origin' moves each mask with probability 1 - s/t: it needs schedule 'timegrid'")
+        if origin and self.alg_temp:
+            raise ValueError("alg_temp chooses among ranked positions: remasking 'origin' ranks none")
+        policy = Decoding.parse(self.decoding)
+        if policy.fixed:
+            return
+        if origin or self.alg_temp:
+            raise ValueError(f"decoding {policy} takes a confidence prefix: it cannot combine with "
+                             f"{'remasking origin' if origin else 'alg_temp'} (use decoding 'fixed')")
+        if self.remasking == "entropy" and policy.kind in ("threshold", "factor"):
+            raise ValueError(f"decoding {policy} compares probabilities: remasking 'entropy' scores by minus "
+                             "the entropy (use maskgit_plus or topk_margin, or decoding entropy:γ)")
+
+    @classmethod
+    def dream(cls, gen_length: int = 128, steps: int = 128, eps: float = EPS, alg: str = "origin",
+              alg_temp: float | None = None, temperature: float = 0.0, top_p: float | None = None,
+              top_k: int | None = None, seed: int = 0, **kw) -> SamplingParams:
+        """Dream's `diffusion_generate` arguments (its defaults) as params: one block, the time grid."""
+        return cls(gen_length=gen_length, steps=steps, block_length=gen_length, temperature=temperature,
+                   remasking=alg, seed=seed, schedule="timegrid", eps=eps, top_p=top_p, top_k=top_k,
+                   alg_temp=alg_temp, **kw)
+
+    @property
+    def dream_rule(self) -> bool:
+        """Proposals and scores by Dream's rule (engine.unmask.dream_rows), not LLaDA's."""
+        return self.remasking in DREAM_ALGS
+
+    def block_counts(self, n_masked: int) -> list[int]:
+        """The fixed decoding's commits at each of a block's steps, from its `n_masked` masks."""
+        if self.schedule == "timegrid":
+            return dream_schedule(n_masked, self.steps_per_block, self.eps)
+        return transfer_schedule(n_masked, self.steps_per_block)
 
     @property
     def num_blocks(self) -> int:

@@ -1,4 +1,5 @@
-"""LLaDA's unmasking rule: transfer schedule, float64 Gumbel-max sampling, remasking (docs/CONTRACTS.md)."""
+"""The unmasking rules: LLaDA's (transfer schedule, float64 Gumbel-max sampling, remasking;
+docs/CONTRACTS.md) and Dream's (time grid, filtered draws, `alg` scores; docs/DREAM_SAMPLER.md)."""
 from __future__ import annotations
 
 import torch
@@ -81,3 +82,122 @@ def select_transfer(conf: torch.Tensor, k: int) -> torch.Tensor:
     if k <= 0:
         return conf.new_zeros(0, dtype=torch.long)
     return torch.topk(conf, k).indices
+
+
+# ---------------------------------------------------------------- Dream's rule (docs/DREAM_SAMPLER.md)
+def timesteps(steps: int, eps: float) -> torch.Tensor:
+    """Dream's float32 time grid linspace(1, eps, steps + 1), computed on the CPU."""
+    return torch.linspace(1, eps, steps + 1, dtype=torch.float32)
+
+
+def transfer_fraction(ts: torch.Tensor, i: int) -> torch.Tensor:
+    """1 - s/t of step i in float32 (the last step: 1, every remaining mask goes)."""
+    if i == ts.numel() - 2:
+        return torch.tensor(1.0, dtype=torch.float32)
+    return 1 - ts[i + 1] / ts[i]
+
+
+def transfer_count(n_masked: int, ts: torch.Tensor, i: int) -> int:
+    """Tokens committed at step i by the confidence algs: int(n * (1 - s/t)) in float32, all at the end."""
+    if i == ts.numel() - 2:
+        return n_masked
+    return int(torch.tensor(n_masked, dtype=torch.float32) * transfer_fraction(ts, i))
+
+
+def dream_schedule(n_masked: int, steps: int, eps: float) -> list[int]:
+    """The time grid's per-step counts over `n_masked` masks (they sum to n_masked)."""
+    ts, left, out = timesteps(steps, eps), n_masked, []
+    for i in range(steps):
+        k = transfer_count(left, ts, i)
+        out.append(k)
+        left -= k
+    return out
+
+
+def origin_moves(n_masked: int, ts: torch.Tensor, i: int, gen: torch.Generator) -> torch.Tensor:
+    """`origin` at step i: one float64 uniform per masked position from `gen`, position j moves iff
+    u_j < 1 - s/t -> bool [n_masked] on the CPU."""
+    u = torch.rand(n_masked, dtype=torch.float64, generator=gen, device=gen.device)
+    return (u < float(transfer_fraction(ts, i))).cpu()
+
+
+def filter_logits(logits: torch.Tensor, top_p: float | None, top_k: int | None) -> torch.Tensor:
+    """Dream's nucleus then top-k filter: removed entries become the dtype's minimum."""
+    low = torch.finfo(logits.dtype).min
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop = torch.zeros_like(cum, dtype=torch.bool)
+        drop[..., 1:] = cum[..., :-1] > top_p          # keep up to and including the crossing token
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), low)
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, low)
+    return logits
+
+
+def token_probs(logits: torch.Tensor, p) -> torch.Tensor:
+    """softmax(filter(logits / T)) in the logits' dtype (`p`: temperature, top_p, top_k); T = 0
+    divides by nothing."""
+    if p.temperature > 0:
+        logits = logits / p.temperature
+    return torch.softmax(filter_logits(logits, p.top_p, p.top_k), dim=-1)
+
+
+def propose(probs: torch.Tensor, temperature: float, gen: torch.Generator, mask_id: int) -> torch.Tensor:
+    """x0 per row, never the mask id: argmax at T = 0, else a draw from `probs` by the exponential race
+    argmax p / E, E = -log U with float64 U from `gen` (one [rows, V] draw)."""
+    if temperature == 0 or probs.shape[0] == 0:
+        return proposal_argmax(probs, mask_id)
+    noise = gumbel_noise(probs.shape, 1.0, gen, probs.device)
+    return proposal_argmax(probs.to(torch.float64) / noise, mask_id)
+
+
+def alg_confidence(probs: torch.Tensor, x0: torch.Tensor, alg: str) -> torch.Tensor:
+    """maskgit_plus (and origin, which ranks nothing): p(x0); topk_margin: top1 - top2; entropy:
+    sum p log(p + 1e-10) (minus the entropy)."""
+    if alg in ("maskgit_plus", "origin"):
+        return probs.gather(-1, x0[:, None])[:, 0]
+    if alg == "topk_margin":
+        top2 = torch.topk(probs, 2, dim=-1).values
+        return top2[:, 0] - top2[:, 1]
+    if alg == "entropy":
+        return (probs * torch.log(probs + 1e-10)).sum(-1)
+    raise ValueError(f"no confidence for alg {alg!r}")
+
+
+def dream_rows(logits: torch.Tensor, p, gen: torch.Generator | None, mask_id: int,
+               entropy: bool = False) -> tuple:
+    """Dream's proposals for rows of clean logits (`p`: the request's SamplingParams) -> (x0, its
+    alg's score, the token distribution's entropy or None), scores at least float32."""
+    dt = torch.promote_types(logits.dtype, torch.float32)
+    probs = token_probs(logits, p)
+    x0 = propose(probs, p.temperature, gen, mask_id)
+    ent = -torch.special.xlogy(probs, probs).sum(-1, dtype=dt) if entropy else None
+    return x0, alg_confidence(probs, x0, p.remasking).to(dt), ent
+
+
+def gumbel_topk_keys(conf: torch.Tensor, alg_temp: float, gen: torch.Generator) -> torch.Tensor:
+    """conf / alg_temp - log(-log U), float64 U from `gen`: the top k of these keys are k draws
+    without replacement from softmax(conf / alg_temp)."""
+    u = torch.rand(conf.shape, dtype=torch.float64, generator=gen, device=gen.device).to(conf.device)
+    return conf.to(torch.float64) / alg_temp - torch.log(-torch.log(u))
+
+
+def choose_positions(conf: torch.Tensor, k: int, alg_temp: float | None, gen: torch.Generator) -> torch.Tensor:
+    """Indices of the k rows to commit: top-k of conf, equal scores by row order as the engine's
+    ranking (engine.runner `_choose`), or (alg_temp > 0) the Gumbel top-k."""
+    if k <= 0:
+        return conf.new_zeros(0, dtype=torch.long)
+    keys = conf if not alg_temp else gumbel_topk_keys(conf, alg_temp, gen)
+    return torch.sort(keys, descending=True, stable=True).indices[:k]
+
+
+def rescored(conf: torch.Tensor, a: int, n: int, p, k: int, gens: RequestGenerators) -> torch.Tensor | None:
+    """What a request's candidates conf[a : a + n] are ranked by instead (None: unchanged):
+    `random` remasking's uniforms, or `alg_temp`'s Gumbel keys when it commits k > 0."""
+    if p.remasking == "random":
+        return random_confidence(n, gens.remask).to(conf)
+    if p.alg_temp and k > 0:
+        return gumbel_topk_keys(conf[a : a + n], p.alg_temp, gens.remask).to(conf)
+    return None

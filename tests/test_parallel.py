@@ -114,6 +114,21 @@ def test_tp2_gives_tp1_tokens_when_sampling(cluster, ckpt):
     assert [o.token_ids for o in out] == [o.token_ids for o in ref]
 
 
+DREAM = [SamplingParams.dream(gen_length=8, steps=4, alg="origin", temperature=0.9, top_p=0.9, seed=1),
+         SamplingParams.dream(gen_length=12, steps=6, alg="entropy", temperature=0.7, alg_temp=0.5, seed=2),
+         SamplingParams(gen_length=8, steps=8, block_length=2, temperature=0.8, seed=3),    # LLaDA's rule
+         SamplingParams.dream(gen_length=16, steps=8, alg="topk_margin", top_k=5, seed=4),
+         SamplingParams.dream(gen_length=6, steps=6, alg="maskgit_plus", decoding="threshold:0.5")]
+
+
+@pytest.mark.parametrize("max_num_logits", [3, None])
+def test_tp2_gives_tp1_tokens_with_dreams_rule(cluster, ckpt, max_num_logits):
+    """Dream's algs (docs/DREAM_SAMPLER.md) read their rows' whole vocabulary, gathered across ranks,
+    beside LLaDA's rule in the same chunks."""
+    ref, out, _ = _both(cluster, ckpt, DREAM, cache="none", max_num_logits=max_num_logits)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+
+
 def _held(tp, path: str) -> dict:
     return {k: v.clone() for k, v in load_sharded(path, tp, torch.float32).state_dict().items()}
 

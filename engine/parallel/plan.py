@@ -8,7 +8,7 @@ import torch
 
 from engine.logits import RowSegment
 from engine.ragged import ragged
-from engine.runner import ModelRunner, PackedStep
+from engine.runner import ModelRunner, PackedStep, row_segments
 from engine.staging import Staging
 from engine.step_context import StepContext
 from engine.step_meta import StepMeta
@@ -19,7 +19,8 @@ class StepPlan:
     meta: StepMeta                      # what the forward runs (padded members included)
     ids: np.ndarray                     # [N] packed input ids
     rows: np.ndarray                    # [R] the candidates' hidden rows
-    segments: list[tuple[int, int, float, torch.Tensor]]   # T > 0: (start, count, T, gumbel state)
+    # (start, count, T, gumbel state, Dream's params or None), as `engine.runner.row_segments`
+    segments: list[tuple[int, int, float, torch.Tensor, object]]
     entropy: bool                       # the decode also computes entropies
     n_slots: int                        # the driver's KV storage slots (an unbounded pool grows)
 
@@ -43,8 +44,8 @@ class RecordingStaging(Staging):
 def plan_of(p: PackedStep, batch, staging: RecordingStaging, n_slots: int) -> StepPlan:
     """The plan of the step the driver's runner just prepared (`p`, staged by `staging`)."""
     c = p.plan
-    segments = [(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel.get_state())
-                for i, (r, _) in enumerate(batch) if r.params.temperature > 0]
+    segments = [(s.start, s.count, s.temperature, s.gen.get_state(), s.dream)
+                for s in row_segments([r for r, _ in batch], c)]
     return StepPlan(p.padded_meta, staging.host_of(p.ids), staging.host_of(c.rows), segments,
                     bool(getattr(c, "entropy", False)), n_slots)
 
@@ -62,7 +63,7 @@ def execute(runner: ModelRunner, plan: StepPlan) -> None:
     rows = fwd.put(plan.rows)
     fwd.flush()
     hidden = runner.forward(p)
-    segments = [RowSegment(a, n, t, _generator(state, runner.device)) for a, n, t, state in plan.segments]
+    segments = [RowSegment(a, n, t, _generator(state, runner.device), dream) for a, n, t, state, dream in plan.segments]
     kw = {"entropy": True} if plan.entropy else {}
     runner.decode_rows(runner.model.lm_head, hidden, rows, segments, runner.config.max_num_logits,
                        runner.model_config.mask_token_id, **kw)

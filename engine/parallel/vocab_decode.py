@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.logits import DecodeResult, RowSegment, decode_rows
+from engine.logits import DecodeResult, RowSegment, by_rule, decode_rows
 from engine.unmask import gumbel_noise, gumbel_scores, proposal_argmax
 
 KEY, TOKEN, LOGIT, MAX, SUM, ENT = range(6)
@@ -19,9 +19,16 @@ class VocabParallelDecode:
         return decode_rows(*args, chunk=self.chunk, **kwargs)
 
     def chunk(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool):
-        """Rows [c0, c0 + len), this rank's columns -> (x0, conf, entropy or None), on every rank."""
-        stats = self.local(logits, c0, segments, mask_id, entropy)
-        return combine(self.tp.all_gather(stats), logits.dtype, entropy)
+        """Rows [c0, c0 + len), this rank's columns -> (x0, conf, entropy or None), on every rank;
+        Dream's rule (a segment's `dream`) reads its rows' whole vocabulary, gathered."""
+        def plain(part: torch.Tensor, at: int):
+            return combine(self.tp.all_gather(self.local(part, at, segments, mask_id, entropy)), part.dtype, entropy)
+        return by_rule(logits, c0, segments, mask_id, entropy, plain, self.columns)
+
+    def columns(self, part: torch.Tensor) -> torch.Tensor:
+        """[rows, V/N] on every rank -> [rows, V], the ranks' columns side by side."""
+        got = self.tp.all_gather(part)
+        return got.permute(1, 0, 2).reshape(part.shape[0], -1)
 
     def local(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int,
               entropy: bool) -> torch.Tensor:
