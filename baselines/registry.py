@@ -5,8 +5,9 @@ code, served by `baselines.static_batch.StaticBatchSystem` behind the engine's i
 upstream evaluation uses, the upstream source it re-implements (repository + pinned commit), the
 static batch that code runs, which knob is its KV retention, which parallel-decoding rules it has
 (and the knob of each), the memory its Refresh step holds, whether it reuses a cache at all and
-which implementation profile its upstream code is (the simulator's). Code elsewhere reads these
-instead of comparing system names.
+which implementation profile its upstream code is (the simulator's), and which model families
+(config.json `model_type`) it runs, with the knobs a family lacks. Code elsewhere reads these
+instead of comparing system names. A policy reads the family's rules from the model's config.
 `make_system(name, model, max_batch_size, **knobs)` builds a ready StaticBatchSystem.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from baselines.dllm_cache import DLLMCache
+from baselines.dream import DreamSampler
 from baselines.fast_dllm import FastDLLM
 from baselines.llada import LLaDASampler
 from baselines.sparse_dllm import SparseDLLM
@@ -46,6 +48,14 @@ class SystemSpec:
     refresh_peak: RefreshPeak | None = None   # its Refresh memory per token (`models similarity`)
     reuses: bool = True                # it has cache-reusing forwards (a Reuse phase), not only full ones
     upstream_impl: str = "hf-eager"    # the implementation profile of its upstream code (simulate.implementations)
+    families: tuple[str, ...] = ("llada", "Dream")   # the model_types it runs (each its upstream code for that family)
+    absent_knobs: dict = field(default_factory=dict)  # model_type -> knobs its code for that family lacks
+
+    def knobs_for(self, model_type: str) -> dict:
+        """Its knobs (with defaults) on a model of `model_type`; {} if it does not run that family."""
+        if model_type not in self.families:
+            return {}
+        return {k: v for k, v in self.knobs.items() if k not in self.absent_knobs.get(model_type, ())}
 
 
 SYSTEMS: dict[str, SystemSpec] = {
@@ -57,6 +67,18 @@ SYSTEMS: dict[str, SystemSpec] = {
         upstream_batch=1,   # eval_llada.py generate_until: one request at a time
         refresh_peak=RefreshPeak(kv_copies=0, logit_copies=3),   # logits, softmax, a temporary (generate.py)
         reuses=False,
+        families=("llada",),
+    ),
+    "dream": SystemSpec(
+        "dream", DreamSampler, {},
+        dict(gen_length=128, block_length=128, steps=128),           # Fast-dLLM dream/eval.py defaults (no blocks)
+        dict(repo="NVlabs/Fast-dLLM", commit="24cc59e75f20a6384bae8c905965bb090b96388e",
+             files=["dream/model/generation_utils.py"]),             # Dream's own, as in its checkpoint
+        "Dream's diffusion_generate, no cache: `steps` full forwards over the whole generation (no blocks); "
+        "the request's alg / eps / alg_temp / top_p / top_k",
+        refresh_peak=RefreshPeak(kv_copies=0, logit_copies=3),   # logits, softmax probs, the filtered copy
+        reuses=False,
+        families=("Dream",),
     ),
     "fast-dllm": SystemSpec(
         "fast-dllm", FastDLLM, dict(fast_dllm_cache="dual", threshold=None, factor=None),
@@ -70,6 +92,7 @@ SYSTEMS: dict[str, SystemSpec] = {
         decoding_knobs=dict(threshold="threshold", factor="factor"),
         refresh_peak=RefreshPeak(kv_copies=1, logit_copies=1, fp64_logit_copies=2),
         upstream_impl="hf-fast-dllm",
+        absent_knobs={"Dream": ("factor",)},   # factor is llada/generate.py's alone
     ),
     "dllm-cache": SystemSpec(
         "dllm-cache", DLLMCache, dict(prompt_interval=50, gen_interval=7, transfer_ratio=0.25),
@@ -96,10 +119,18 @@ SYSTEMS: dict[str, SystemSpec] = {
 }
 
 
+def systems_for(model_type: str) -> list[str]:
+    """The systems that run a model of `model_type`."""
+    return [name for name, spec in SYSTEMS.items() if model_type in spec.families]
+
+
 def make_policy(name: str, model, **knobs) -> Policy:
     if name not in SYSTEMS:
         raise ValueError(f"unknown system {name!r}; choose from {sorted(SYSTEMS)}")
     spec = SYSTEMS[name]
+    mt = getattr(getattr(model, "config", None), "model_type", None)
+    if mt is not None and mt not in spec.families:
+        raise ValueError(f"system {name!r} does not run {mt} models; systems for {mt}: {', '.join(systems_for(mt))}")
     unknown = set(knobs) - set(spec.knobs)
     if unknown:
         raise ValueError(f"system {name!r} has no knob(s) {sorted(unknown)}; its knobs: {sorted(spec.knobs)}")
