@@ -1,0 +1,428 @@
+"""The baselines on a Dream model (float64, a tiny Dream config built in code) against plain versions
+written here from each upstream's Dream code (docs/DREAM_BASELINES.md): the plain Dream system and
+dLLM-Cache against Dream's sampler oracle (baselines.reference_dream), Fast-dLLM and Sparse-dLLM
+against a block sampler whose caches are emulated by full recomputation through
+`model.hidden_states` with an attention function that freezes or masks keys."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from baselines import SYSTEMS, make_system, systems_for
+from baselines.reference_dream import (
+    DreamSampling,
+    choose_positions,
+    confidence,
+    dense_logits,
+    propose,
+    reference_generate,
+    timesteps,
+    token_probs,
+    transfer_count,
+)
+from engine.models import ModelConfig, build_model, config_from_dict, dense_attention, rms_norm
+from engine.sampling import SamplingParams
+from engine.unmask import RequestGenerators
+
+DREAM = {"model_type": "Dream", "architectures": ["DreamModel"], "hidden_size": 48, "num_attention_heads": 6,
+         "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 80, "vocab_size": 97,
+         "rope_theta": 1e6, "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "mask_token_id": 96,
+         "eos_token_id": 95, "pad_token_id": 95, "bos_token_id": 94, "tie_word_embeddings": False}
+MASK = 96
+
+
+@dataclass(frozen=True)
+class DreamParams(SamplingParams):
+    """A request with Dream's sampler arguments (the fields baselines.dream_decide reads)."""
+    alg: str = "entropy"
+    eps: float = 1e-3
+    alg_temp: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+
+def _dream(layers: int, seed: int = 0):
+    torch.manual_seed(seed)
+    m = build_model(config_from_dict({**DREAM, "num_hidden_layers": layers})).to(torch.float64)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.5)          # biases too; large weights: decisions are sensitive
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _dream(2)
+
+
+@pytest.fixture(scope="module")
+def model1():
+    return _dream(1, seed=1)
+
+
+def prompt(n, seed=0):
+    return torch.randint(0, 94, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def run(model, name, p, sp, **knobs):
+    return make_system(name, model, max_batch_size=1, **knobs).generate([p], sp)[0]
+
+
+def sampling(sp: DreamParams) -> DreamSampling:
+    return DreamSampling(gen_length=sp.gen_length, steps=sp.steps, eps=sp.eps, alg=sp.alg, alg_temp=sp.alg_temp,
+                         temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, seed=sp.seed)
+
+
+# ---------------------------------------------------------------- plain block sampler (one sequence)
+class Plain:
+    """Canvas, full recomputation with an attention function, Dream's whole-canvas shift, commits."""
+
+    def __init__(self, model, p, sp: DreamParams):
+        self.m, self.sp, self.dp, self.P = model, sp, sampling(sp), len(p)
+        self.x = torch.tensor(p + [MASK] * sp.gen_length)
+        self.L = self.x.numel()
+        self.gens = RequestGenerators(sp.seed)
+        self.nfe = 0
+
+    def forward(self, attn=dense_attention):
+        self.nfe += 1
+        logits = self.m.lm_head(self.m.hidden_states(self.x, torch.arange(self.L), attn))
+        return torch.cat([logits[:1], logits[:-1]])       # row p from the hidden at p - 1
+
+    def first(self, logits, s):
+        """The block-edge rule: block_start alone, from its full-canvas row."""
+        self.x[s] = propose(token_probs(logits[s][None], self.dp), self.dp.temperature, self.gens.gumbel, MASK)[0]
+
+    def grid(self, logits, s, e, i, alg):
+        cand = torch.tensor([j for j in range(s, e) if self.x[j] == MASK], dtype=torch.long)
+        if cand.numel() == 0:
+            return
+        probs = token_probs(logits[cand], self.dp)
+        x0 = propose(probs, self.dp.temperature, self.gens.gumbel, MASK)
+        k = transfer_count(cand.numel(), timesteps(self.sp.steps_per_block, self.dp.eps), i)
+        chosen = choose_positions(confidence(probs, x0, alg), k, self.dp.alg_temp, self.gens.remask)
+        self.x[cand[chosen]] = x0[chosen]
+
+    def threshold(self, logits, s, e, thr):
+        cand = [j for j in range(s, e) if self.x[j] == MASK]
+        probs = token_probs(logits[cand], self.dp)
+        x0 = propose(probs, self.dp.temperature, self.gens.gumbel, MASK)
+        conf = probs.gather(-1, x0[:, None])[:, 0]
+        for rank, j in enumerate(torch.argsort(conf, descending=True, stable=True).tolist()):
+            if rank == 0 or conf[j] >= thr:
+                self.x[cand[j]] = x0[j]
+
+    def blocks(self):
+        for b in range(self.sp.num_blocks):
+            s = self.P + b * self.sp.block_length
+            yield s, s + self.sp.block_length
+
+    def masked(self, s, e):
+        return bool((self.x[s:e] == MASK).any())
+
+    def out(self):
+        return self.x[self.P:].tolist(), self.nfe
+
+
+def plain_fast(model, p, sp, cache="dual", threshold=None, no_cache=False):
+    """Fast-dLLM's Dream _sample (generation_utils_block.py): a full forward freezes every key and
+    commits block_start; then windows (dual: the block fresh; prefix: the block and all after it)
+    while the block has a mask: Dream's grid from i = 1 with negative entropy (at most S - 1), or
+    the threshold rule. `no_cache`: every forward fresh (the same sampler without a cache)."""
+    s_ = Plain(model, p, sp)
+    S = sp.steps_per_block
+    for s, e in s_.blocks():
+        frozen = {}
+
+        def record(i, q, k, v, frozen=frozen):
+            frozen[i] = (k.clone(), v.clone())
+            return dense_attention(i, q, k, v)
+
+        s_.first(s_.forward(record), s)
+        hi = e if cache == "dual" else s_.L
+
+        def cached(i, q, k, v, frozen=frozen, s=s, hi=hi):
+            k2, v2 = frozen[i][0].clone(), frozen[i][1].clone()
+            k2[s:hi], v2[s:hi] = k[s:hi], v[s:hi]
+            return dense_attention(i, q, k2, v2)
+
+        i = 1
+        while s_.masked(s, e) and (threshold is not None or i < S):
+            logits = s_.forward(dense_attention if no_cache else cached)
+            if threshold is None:
+                s_.grid(logits, s, e, i, "entropy")
+            else:
+                s_.threshold(logits, s, e, threshold)
+            i += 1
+    return s_.out()
+
+
+def plain_sparse(model, p, sp, keep_ratio, kernel):
+    """Sparse-dLLM's Dream _sample: S forwards per block; i = 0 full, block_start only; i = 1 full,
+    each layer keeps the top int(n * keep_ratio) context tokens (mean over all query heads of
+    q̄·k, max-pooled) for every KV head; i >= 2 the block attends to kept + itself. Request's alg."""
+    s_ = Plain(model, p, sp)
+    rep = model.config.n_heads // model.config.kv_heads
+    for s, e in s_.blocks():
+        ctx = torch.tensor([j for j in range(s_.L) if not s <= j < e])
+        kept = {}
+        for i in range(sp.steps_per_block):
+            if i == 0:
+                s_.first(s_.forward(), s)
+                continue
+            if i == 1:
+                def select(li, q, kk, vv, s=s, e=e, ctx=ctx, kept=kept):
+                    imp = torch.einsum("hd,lhd->hl", q[s:e].mean(0), kk[ctx].repeat_interleave(rep, 1)).mean(0)
+                    r = (kernel or 1) // 2
+                    pooled = torch.stack([imp[max(0, j - r): j + r + 1].max() for j in range(len(ctx))])
+                    allow = torch.zeros(s_.L, dtype=torch.bool)
+                    allow[ctx[torch.topk(pooled, int(len(ctx) * keep_ratio)).indices]] = True
+                    allow[s:e] = True
+                    kept[li] = (kk.clone(), vv.clone(), allow)
+                    return dense_attention(li, q, kk, vv)
+                logits = s_.forward(select)
+            else:
+                def masked(li, q, kk, vv, s=s, e=e, kept=kept):
+                    k0, v0, allow = kept[li]
+                    k2, v2 = k0.clone(), v0.clone()
+                    k2[s:e], v2[s:e] = kk[s:e], vv[s:e]
+                    k2, v2 = k2.repeat_interleave(rep, 1), v2.repeat_interleave(rep, 1)
+                    o = F.scaled_dot_product_attention(q.transpose(0, 1), k2.transpose(0, 1), v2.transpose(0, 1),
+                                                       attn_mask=allow[None, None, :])
+                    return o.transpose(0, 1)
+                logits = s_.forward(masked)
+            s_.grid(logits, s, e, i, sp.alg)
+    return s_.out()
+
+
+def dllm_cache_logits(model, P, pi, gi, ratio):
+    """dLLM-Cache's Dream hook as a logits function for Dream's sampler: a per-layer loop over
+    explicit full-length caches {k, v, attn, mlp}; forward t recomputes only the rows the refresh
+    rule (layer 0 always) and V-verify choose, then reads everything from the cache; shifted rows."""
+    caches = [dict() for _ in model.blocks]
+    state = dict(t=0)
+
+    def fn(x):
+        state["t"] += 1
+        t, L = state["t"], x.numel()
+        gen, allrows = torch.arange(P, L), torch.arange(L)
+        h = model.embed(x)
+        for li, blk in enumerate(model.blocks):
+            c = caches[li]
+            rp, rg = (t - 1) % pi == 0 or li == 0, (t - 1) % gi == 0 or li == 0
+            nrm = rms_norm(h, blk.attn_norm.weight, blk.eps)
+            if rp and rg:
+                rq = rk = rv = rm = allrows
+            elif rg:
+                rq = rk = rv = rm = gen
+            else:
+                rq = rk = rv = rm = torch.arange(P) if rp else torch.arange(0)
+                if 0 < ratio <= 1:
+                    sim = F.cosine_similarity(blk.v_proj(nrm[gen]), c["v"][gen].reshape(len(gen), -1), dim=-1)
+                    idx = P + torch.topk(sim, int(len(gen) * ratio), largest=False).indices
+                    rq = rk = rm = torch.cat([rq, idx])
+                    rv = torch.cat([rv, gen])
+            if t == 1:
+                kv = torch.zeros(L, blk.n_kv, blk.head_dim, dtype=h.dtype)
+                c.update(k=kv, v=kv.clone(), attn=torch.zeros_like(h), mlp=torch.zeros_like(h))
+            if len(rq):
+                def proj(lin, rows, H, nrm=nrm, D=blk.head_dim):
+                    return lin(nrm[rows]).view(len(rows), H, D)
+                c["k"][rk] = model.rope(proj(blk.k_proj, rk, blk.n_kv), rk)
+                c["v"][rv] = proj(blk.v_proj, rv, blk.n_kv)
+                q = model.rope(proj(blk.q_proj, rq, blk.n_heads), rq)
+                c["attn"][rq] = blk.attn_out(dense_attention(li, q, c["k"], c["v"]).reshape(len(rq), -1))
+            h = h + c["attn"]
+            if len(rm):
+                c["mlp"][rm] = blk.mlp(h[rm])
+            h = h + c["mlp"]
+        logits = model.lm_head(model.final_norm(h))
+        return torch.cat([logits[:1], logits[:-1]])
+    return fn
+
+
+# ---------------------------------------------------------------- the plain Dream system
+WHOLE = [  # (prompt len, gen, steps, alg, T, alg_temp, top_p, top_k, seed)
+    (6, 12, 12, "origin", 0.0, None, None, None, 0),
+    (9, 16, 8, "maskgit_plus", 0.0, None, None, None, 1),
+    (5, 12, 12, "topk_margin", 0.0, None, 0.9, None, 2),
+    (7, 16, 16, "entropy", 0.0, None, None, 5, 3),
+    (4, 12, 6, "entropy", 0.7, 0.5, 0.95, None, 4),
+    (6, 8, 8, "origin", 1.0, None, None, None, 5),
+    (8, 12, 12, "maskgit_plus", 0.5, None, None, 7, 6),
+]
+
+
+def whole(setting, block=None) -> tuple[list[int], DreamParams]:
+    P, gen, steps, alg, T, at, tp, tk, seed = setting
+    return prompt(P, seed), DreamParams(gen_length=gen, steps=steps, block_length=block or gen, temperature=T,
+                                        seed=seed, alg=alg, alg_temp=at, top_p=tp, top_k=tk)
+
+
+@pytest.mark.parametrize("setting", WHOLE)
+def test_dream_system_equals_dream_sampler(model, setting):
+    p, sp = whole(setting, block=4)            # a request's block_length is ignored: Dream has no blocks
+    out = run(model, "dream", p, sp)
+    ref, nfe = reference_generate(dense_logits(model), p, sampling(sp), MASK)
+    assert out.token_ids == ref and out.nfe == nfe == sp.steps
+
+
+def test_dream_system_batched_equals_each_alone(model):
+    """Mixed prompt lengths (left padding masked, own positions), algs, temperatures and seeds."""
+    settings = [s for s in WHOLE if s[1] == 12 and s[2] == 12]
+    reqs = [whole(s) for s in settings]
+    sysm = make_system("dream", model, max_batch_size=8)
+    outs = sysm.generate([p for p, _ in reqs], [sp for _, sp in reqs])
+    assert sysm.stats()["batch_sizes"][0] == len(reqs) >= 3
+    for o, (p, sp) in zip(outs, reqs, strict=True):
+        assert o.token_ids == reference_generate(dense_logits(model), p, sampling(sp), MASK)[0]
+
+
+# ---------------------------------------------------------------- dLLM-Cache on Dream
+@pytest.mark.parametrize("ratio", [0.0, 0.25])
+def test_dllm_cache_refreshing_every_step_is_dreams_sampler(model, ratio):
+    for setting in WHOLE[:5]:
+        p, sp = whole(setting, block=4)
+        out = run(model, "dllm-cache", p, sp, prompt_interval=1, gen_interval=1, transfer_ratio=ratio)
+        assert out.token_ids == reference_generate(dense_logits(model), p, sampling(sp), MASK)[0]
+        assert out.nfe == sp.steps
+
+
+@pytest.mark.parametrize("knobs", [dict(prompt_interval=3, gen_interval=2, transfer_ratio=0.25),
+                                   dict(prompt_interval=2, gen_interval=5, transfer_ratio=0.5),
+                                   dict(prompt_interval=4, gen_interval=3, transfer_ratio=0.0),
+                                   dict(prompt_interval=25, gen_interval=2, transfer_ratio=0.25)])   # gsm8k Instruct
+def test_dllm_cache_equals_its_dream_hook(model, knobs):
+    differs = 0
+    for setting in WHOLE:
+        p, sp = whole(setting)
+        out = run(model, "dllm-cache", p, sp, **knobs)
+        fn = dllm_cache_logits(model, len(p), knobs["prompt_interval"], knobs["gen_interval"], knobs["transfer_ratio"])
+        assert out.token_ids == reference_generate(fn, p, sampling(sp), MASK)[0]
+        differs += out.token_ids != run(model, "dream", p, sp).token_ids
+    assert differs >= 2
+
+
+# ---------------------------------------------------------------- Fast-dLLM and Sparse-dLLM on Dream
+BLOCKS = [  # (prompt len, gen, block, steps, alg, T, top_p, seed)
+    (6, 16, 8, 8, "entropy", 0.0, None, 0),
+    (9, 16, 4, 16, "maskgit_plus", 0.0, None, 1),
+    (5, 16, 8, 16, "topk_margin", 0.8, 0.95, 2),
+    (7, 8, 8, 24, "entropy", 0.0, None, 3),         # S > block_length: grid steps that commit nothing
+    (4, 12, 4, 6, "maskgit_plus", 1.0, None, 4),
+    (3, 8, 4, 2, "entropy", 0.0, None, 5),          # S = 1: block_start alone, the block keeps its masks
+]
+
+
+def blocks(setting) -> tuple[list[int], DreamParams]:
+    P, gen, block, steps, alg, T, tp, seed = setting
+    return prompt(P, seed), DreamParams(gen_length=gen, block_length=block, steps=steps, temperature=T, seed=seed,
+                                        alg=alg, top_p=tp)
+
+
+@pytest.mark.parametrize("cache", ["dual", "prefix"])
+def test_fast_dllm_equals_its_dream_block_sampler(model, cache):
+    differs = 0
+    for setting in BLOCKS:
+        p, sp = blocks(setting)
+        out = run(model, "fast-dllm", p, sp, fast_dllm_cache=cache)
+        toks, nfe = plain_fast(model, p, sp, cache)
+        assert out.token_ids == toks and out.nfe == nfe
+        # Dream's grid puts its zero counts first: a block ends at its last step (1 full + S - 1 windows)
+        assert nfe == sp.steps
+        differs += toks != plain_fast(model, p, sp, no_cache=True)[0]
+    assert differs >= 1                              # the caches are approximate on two layers
+    assert MASK in toks                              # S = 1 leaves masks, as upstream
+    nfes = {}
+    for thr in (0.1, 0.6):           # no step cap: a window commits until the block has no mask
+        p, sp = blocks(BLOCKS[0])
+        out = run(model, "fast-dllm", p, sp, fast_dllm_cache=cache, threshold=thr)
+        toks, nfes[thr] = plain_fast(model, p, sp, cache, threshold=thr)
+        assert out.token_ids == toks and out.nfe == nfes[thr] and MASK not in toks
+    assert nfes[0.1] < sp.steps < nfes[0.6]          # a low threshold decodes in parallel
+
+
+@pytest.mark.parametrize("keep_ratio,kernel", [(0.5, 3), (0.3, 5), (0.6, None)])
+def test_sparse_dllm_equals_its_dream_sampler(model, keep_ratio, kernel):
+    differs = 0
+    for setting in BLOCKS:
+        p, sp = blocks(setting)
+        out = run(model, "sparse-dllm", p, sp, keep_ratio=keep_ratio, kernel_size=kernel)
+        assert (out.token_ids, out.nfe) == plain_sparse(model, p, sp, keep_ratio, kernel)
+        assert out.nfe == sp.steps                   # exactly S forwards per block
+        differs += out.token_ids != run(model, "sparse-dllm", p, sp, keep_ratio=1.0).token_ids
+    assert differs >= 1                              # eviction changes tokens
+
+
+def test_one_layer_caches_are_exact(model1):
+    """One layer: K/V depend only on token and position, so a cache of unchanged tokens is exact.
+    Fast-dLLM dual == prefix == its sampler without cache == Sparse-dLLM keeping every token (entropy)."""
+    for setting in BLOCKS:
+        p, sp = blocks(setting)
+        sp = replace(sp, alg="entropy")
+        nocache = plain_fast(model1, p, sp, no_cache=True)[0]
+        for cache in ("dual", "prefix"):
+            assert run(model1, "fast-dllm", p, sp, fast_dllm_cache=cache).token_ids == nocache
+        if sp.steps_per_block >= 2:   # Sparse-dLLM spends all S steps; the grid is the same
+            assert run(model1, "sparse-dllm", p, sp, keep_ratio=1.0).token_ids == nocache
+
+
+@pytest.mark.parametrize("name,knobs", [("fast-dllm", {}), ("fast-dllm", dict(fast_dllm_cache="prefix")),
+                                        ("fast-dllm", dict(threshold=0.5)), ("sparse-dllm", {})])
+def test_the_full_step_commits_block_start_alone(model, name, knobs):
+    """The block-edge rule: after a block's first forward exactly block_start changed, to the
+    argmax (never the mask) of its full-canvas row, the head of the hidden at block_start - 1."""
+    p, sp = blocks(BLOCKS[0])
+    sysm = make_system(name, model, max_batch_size=1, **knobs)
+    sysm.add_request(p, sp)
+    for b in range(sp.num_blocks):
+        before = sysm.batch.x[0].clone() if sysm.batch is not None else torch.tensor(p + [MASK] * sp.gen_length)
+        sysm.step()
+        x = sysm.batch.x[0]
+        s = len(p) + b * sp.block_length
+        assert torch.nonzero(x != before).squeeze(-1).tolist() == [s]
+        row = model(before[None])[0, s].clone()
+        row[MASK] = -torch.inf
+        assert int(x[s]) == int(row.argmax())
+        while sysm.batch is not None and sysm.batch.step_in_block:
+            sysm.step()
+
+
+@pytest.mark.parametrize("name,knobs", [("dream", {}), ("fast-dllm", {}), ("fast-dllm", dict(threshold=0.3)),
+                                        ("dllm-cache", dict(prompt_interval=3, gen_interval=2)),
+                                        ("sparse-dllm", {})])
+def test_mixed_batch_matches_alone(model, name, knobs):
+    T_alg = ((0.0, "entropy"), (0.7, "maskgit_plus"), (0.0, "topk_margin"), (1.0, "entropy"))
+    sps = [DreamParams(gen_length=16, block_length=8, steps=16, temperature=T, seed=i, alg=a, top_p=0.9 if i else None)
+           for i, (T, a) in enumerate(T_alg)]
+    prompts = [prompt(n, i) for i, n in enumerate((5, 11, 8, 3))]
+    sysm = make_system(name, model, max_batch_size=8, **knobs)
+    outs = sysm.generate(prompts, sps)
+    assert sysm.stats()["batch_sizes"][0] == 4
+    for o, p, sp in zip(outs, prompts, sps, strict=True):
+        assert o.token_ids == run(model, name, p, sp, **knobs).token_ids
+
+
+# ---------------------------------------------------------------- families and refusals
+def test_each_system_runs_the_families_its_upstream_code_has(model):
+    llada = build_model(ModelConfig(d_model=16, n_heads=2, n_layers=1, mlp_hidden_size=32, vocab_size=40,
+                                    embedding_size=40, mask_token_id=39, eos_token_id=38, pad_token_id=38))
+    assert systems_for("Dream") == ["dream", "fast-dllm", "dllm-cache", "sparse-dllm"]
+    assert systems_for("llada") == ["llada", "fast-dllm", "dllm-cache", "sparse-dllm"]
+    with pytest.raises(ValueError, match="does not run Dream models"):
+        make_system("llada", model)
+    with pytest.raises(ValueError, match="does not run llada models"):
+        make_system("dream", llada)
+    assert "factor" in SYSTEMS["fast-dllm"].knobs_for("llada")
+    assert "factor" not in SYSTEMS["fast-dllm"].knobs_for("Dream")
+    with pytest.raises(ValueError, match="no factor rule on Dream"):
+        make_system("fast-dllm", model, factor=1.0)
+    make_system("fast-dllm", llada, factor=1.0)
+    sysm = make_system("sparse-dllm", model)
+    with pytest.raises(ValueError, match="alg='origin'"):
+        sysm.add_request(prompt(4), DreamParams(gen_length=8, block_length=8, steps=8, alg="origin"))
+    with pytest.raises(ValueError, match="alg must be one of"):
+        make_system("dream", model).add_request(prompt(4), DreamParams(gen_length=8, steps=8, block_length=8, alg="x"))
