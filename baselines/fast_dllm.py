@@ -9,10 +9,8 @@ everything after it. Decisions use softmax(logits.float64) confidences: the line
 parallel decoding with `threshold` / `factor`. Upstream equivalences and NFE semantics are in
 `FastDLLM`; knobs in docs/SERVE.md ("Systems and variants").
 
-On a Dream model (dream/model/generation_utils_block.py) the same caches run Dream's decoding: the
-full forward commits only block_start (the block-edge rule), then Dream's time grid per block from
-step 1 with negative-entropy confidence, or `threshold` (its `confidence_threshold` alg). Its Dream
-code has no factor rule: refused. Details: docs/DREAM_BASELINES.md.
+On a Dream model (dream/model/generation_utils_block.py): the full forward commits block_start alone,
+then the block's time grid by negative entropy, or `threshold`; no factor: docs/DREAM_BASELINES.md.
 """
 from __future__ import annotations
 

@@ -84,7 +84,8 @@ SYSTEMS: dict[str, SystemSpec] = {
         "fast-dllm", FastDLLM, dict(fast_dllm_cache="dual", threshold=None, factor=None),
         dict(gen_length=256, block_length=32, steps=256),            # gsm8k eval, non-parallel
         dict(repo="NVlabs/Fast-dLLM", commit="24cc59e75f20a6384bae8c905965bb090b96388e",
-             files=["llada/generate.py", "llada/model/modeling_llada.py"]),
+             files=["llada/generate.py", "llada/model/modeling_llada.py", "dream/model/generation_utils_block.py",
+                    "dream/model/modeling_dream.py"]),
         "dual|prefix cache refreshed at each block start; threshold (e.g. 0.9) or factor (e.g. 1.0) = parallel decoding",
         knob_args=dict(fast_dllm_cache="cache", threshold="threshold", factor="factor"),
         upstream_batch=1,   # llada/eval_llada.py generate_until: one request at a time (no batch set)
@@ -98,7 +99,8 @@ SYSTEMS: dict[str, SystemSpec] = {
         "dllm-cache", DLLMCache, dict(prompt_interval=50, gen_interval=7, transfer_ratio=0.25),
         dict(gen_length=256, block_length=8, steps=256),             # gsm8k script (block 8 upstream)
         dict(repo="maomaocun/dLLM-cache", commit="17235bffc8c5b587a2dc6f7dc76fcd01eab76e3a",
-             files=["dllm_cache/hooks/cache_hook_LLaDA.py", "dllm_cache/cache/Cache.py", "utils/generate_function.py"]),
+             files=["dllm_cache/hooks/cache_hook_LLaDA.py", "dllm_cache/cache/Cache.py", "utils/generate_function.py",
+                    "dllm_cache/hooks/cache_hook_Dream.py"]),
         "per-task upstream settings: baselines.dllm_cache.TASK_DEFAULTS",
         knob_args=dict(prompt_interval="prompt_interval", gen_interval="gen_interval", transfer_ratio="transfer_ratio"),
         upstream_batch=2,   # scripts/run_LLaDA_*_Instruct.sh: --batch_size 2 (per GPU)
@@ -109,7 +111,8 @@ SYSTEMS: dict[str, SystemSpec] = {
         "sparse-dllm", SparseDLLM, dict(keep_ratio=0.5, kernel_size=3),
         dict(gen_length=256, block_length=32, steps=256),            # shipped eval configs
         dict(repo="OpenMOSS/Sparse-dLLM", commit="3fd8986bee4ddd68e70ee8041da3a8c9de44f405",
-             files=["opencompass/models/sparse_dllm/llada_generate.py", "opencompass/models/sparse_dllm/modeling_llada.py"]),
+             files=["opencompass/models/sparse_dllm/llada_generate.py", "opencompass/models/sparse_dllm/modeling_llada.py",
+                    "opencompass/models/sparse_dllm/dream/generation_utils.py", "opencompass/models/sparse_dllm/dream/Cache.py"]),
         "delayed eviction: kept subset built at step 1 of each block",
         knob_args=dict(keep_ratio="keep_ratio", kernel_size="kernel_size"),
         upstream_batch=1,   # myeval/eval_performance/eval_sparse_dllm_llada_chat.py: batch_size=1
