@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from baselines.dllm_cache import DLLMCache
+from baselines.dllm_cache import DREAM_TASK_DEFAULTS, DLLMCache
 from baselines.dream import DreamSampler
 from baselines.fast_dllm import FastDLLM
 from baselines.llada import LLaDASampler
@@ -50,12 +50,14 @@ class SystemSpec:
     upstream_impl: str = "hf-eager"    # the implementation profile of its upstream code (simulate.implementations)
     families: tuple[str, ...] = ("llada", "Dream")   # the model_types it runs (each its upstream code for that family)
     absent_knobs: dict = field(default_factory=dict)  # model_type -> knobs its code for that family lacks
+    family_defaults: dict = field(default_factory=dict)  # model_type -> knob defaults its code for that family uses
 
     def knobs_for(self, model_type: str) -> dict:
-        """Its knobs (with defaults) on a model of `model_type`; {} if it does not run that family."""
+        """Its knobs with their defaults on a model of `model_type`; {} if it does not run that family."""
         if model_type not in self.families:
             return {}
-        return {k: v for k, v in self.knobs.items() if k not in self.absent_knobs.get(model_type, ())}
+        knobs = {**self.knobs, **self.family_defaults.get(model_type, {})}
+        return {k: v for k, v in knobs.items() if k not in self.absent_knobs.get(model_type, ())}
 
 
 SYSTEMS: dict[str, SystemSpec] = {
@@ -104,6 +106,8 @@ SYSTEMS: dict[str, SystemSpec] = {
         "per-task upstream settings: baselines.dllm_cache.TASK_DEFAULTS",
         knob_args=dict(prompt_interval="prompt_interval", gen_interval="gen_interval", transfer_ratio="transfer_ratio"),
         upstream_batch=2,   # scripts/run_LLaDA_*_Instruct.sh: --batch_size 2 (per GPU)
+        family_defaults={"Dream": dict(zip(("prompt_interval", "gen_interval", "transfer_ratio"),
+                                           DREAM_TASK_DEFAULTS["gsm8k"], strict=True))},
         refresh_peak=RefreshPeak(kv_copies=2, logit_copies=2),
         upstream_impl="hf-dllm-cache",
     ),
@@ -137,7 +141,8 @@ def make_policy(name: str, model, **knobs) -> Policy:
     unknown = set(knobs) - set(spec.knobs)
     if unknown:
         raise ValueError(f"system {name!r} has no knob(s) {sorted(unknown)}; its knobs: {sorted(spec.knobs)}")
-    args = {spec.knob_args[k]: v for k, v in {**spec.knobs, **knobs}.items()}
+    defaults = spec.knobs if mt is None else spec.knobs_for(mt)
+    args = {spec.knob_args[k]: v for k, v in {**defaults, **knobs}.items()}
     return spec.policy(model, **args)
 
 

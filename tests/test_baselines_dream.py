@@ -421,6 +421,9 @@ def test_each_system_runs_the_families_its_upstream_code_has(model):
     with pytest.raises(ValueError, match="no factor rule on Dream"):
         make_system("fast-dllm", model, factor=1.0)
     make_system("fast-dllm", llada, factor=1.0)
+    # dLLM-Cache's defaults on each family: its gsm8k Instruct script's intervals
+    assert make_system("dllm-cache", model).policy.knobs == dict(prompt_interval=25, gen_interval=2, transfer_ratio=0.25)
+    assert make_system("dllm-cache", llada).policy.knobs == dict(prompt_interval=50, gen_interval=7, transfer_ratio=0.25)
     sysm = make_system("sparse-dllm", model)
     with pytest.raises(ValueError, match="alg='origin'"):
         sysm.add_request(prompt(4), DreamParams(gen_length=8, block_length=8, steps=8, alg="origin"))
