@@ -128,7 +128,7 @@ class Policy:
 class StaticBatchSystem:
     """The serving-system interface (docs/CONTRACTS.md) over one decoding policy.
 
-    A batch takes only *consecutive* FCFS requests of one (gen_length, block_length, steps), so
+    A batch takes only *consecutive* FCFS requests of one (gen_length, policy block, steps), so
     every row shares the block cursor (upstream takes one shape per call); temperature, remasking
     and seed may differ per row. Mixed prompt lengths are left-padded as upstream's tokenizer
     does, but padded keys are masked and each row's RoPE positions are its own (upstream's cached
@@ -184,7 +184,7 @@ class StaticBatchSystem:
 
     def _admit(self) -> None:
         first = self.waiting.popleft()
-        shape = lambda r: (r.params.gen_length, r.params.block_length, r.params.steps)  # noqa: E731
+        shape = lambda r: (r.params.gen_length, self.policy.block_length(r.params), r.params.steps)  # noqa: E731
         reqs = [first]
         while self.waiting and len(reqs) < self.max_batch_size and shape(self.waiting[0]) == shape(first):
             reqs.append(self.waiting.popleft())

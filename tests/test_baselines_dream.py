@@ -406,6 +406,26 @@ def test_mixed_batch_matches_alone(model, name, knobs):
         assert o.token_ids == run(model, name, p, sp, **knobs).token_ids
 
 
+def test_dream_system_batches_requests_that_differ_only_in_block_length(model):
+    """Dream's sampler has no blocks, so block_length does not split a static batch."""
+    reqs = [whole(WHOLE[0], block=b) for b in (4, 6, 12)]
+    sysm = make_system("dream", model, max_batch_size=8)
+    outs = sysm.generate([p for p, _ in reqs], [sp for _, sp in reqs])
+    assert sysm.stats()["batch_sizes"] == [3] * WHOLE[0][2]
+    assert len({tuple(o.token_ids) for o in outs}) == 1
+
+
+def test_every_dream_system_profiles_its_largest_batch():
+    """The memory meter runs each Dream system (float32) and a larger batch holds more."""
+    from baselines.profile import measure_run
+
+    m32 = _dream(2).to(torch.float32)
+    for name in systems_for("Dream"):
+        kw = dict(prompt_len=6, gen_length=8, block_length=4, steps=8, system=name, run_steps=None)
+        measure_run(m32, 1, **kw)            # one-time allocations (RoPE tables) out of the way
+        assert measure_run(m32, 3, **kw) > measure_run(m32, 1, **kw) > 0, name
+
+
 # ---------------------------------------------------------------- families and refusals
 def test_each_system_runs_the_families_its_upstream_code_has(model):
     llada = build_model(ModelConfig(d_model=16, n_heads=2, n_layers=1, mlp_hidden_size=32, vocab_size=40,
