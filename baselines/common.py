@@ -49,11 +49,18 @@ def residual(block: DenseBlock, h, q, k, v, key_mask) -> torch.Tensor:
 
 @in_region(LM_HEAD)
 def logits_of(model: DenseLM, h: torch.Tensor) -> torch.Tensor:
-    return model.lm_head(model.final_norm(h))
+    """Logits of the rows h [B, T, d] computed, with the family's shift over exactly those rows, as
+    each upstream applies Dream's cat([l[:, :1], l[:, :-1]]) to whatever its forward returned: row j
+    from hidden j - shift, row 0 from its own (in a window starting at block_start that row is
+    wrong, and every Dream baseline commits block_start before it reads a window: docs/DREAM_BASELINES.md)."""
+    logits = model.lm_head(model.final_norm(h))
+    s = model.config.shift
+    return torch.cat([logits[:, :s], logits[:, : logits.shape[1] - s]], dim=1) if s else logits
 
 
 def full_forward(model: DenseLM, x: torch.Tensor, pos: torch.Tensor, key_mask, on_layer=None) -> torch.Tensor:
-    """Plain forward of the padded canvas [B, L] -> logits [B, L, V]. `on_layer(i, q, k, v)` sees
+    """Plain forward of the padded canvas [B, L] -> logits [B, L, V], row p predicting token p (the
+    shift applied; a left-padded row's first real row is never read). `on_layer(i, q, k, v)` sees
     each layer's RoPE'd projections: that is where the caching policies store or select K/V."""
     h = model.embed(x)
     rope = model.rope.at(pos.reshape(-1), h.dtype)        # every layer rotates at the same positions

@@ -7,6 +7,10 @@ every `prompt_interval` forwards, the generated segment every `gen_interval` for
 rest comes from cached K, V and per-layer attention/MLP deltas. The exact refresh rule, the
 sampler and the upstream equivalences are in `DLLMCache`; its knobs in docs/SERVE.md
 ("Systems and variants").
+
+On a Dream model (cache_hook_Dream.py) the hook is the same code; the sampler is Dream's own
+`diffusion_generate` over the whole canvas (no blocks; `steps` forwards) with the request's alg,
+on logits shifted over all L rows. Details: docs/DREAM_BASELINES.md.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from baselines.common import attend, decide, logits_of, project
+from baselines.dream_decide import commit_step, dream_rules, dream_sampling
 from baselines.static_batch import Batch, Policy, StepResult
 from engine.models import DenseLM, rms_norm
 
@@ -32,6 +37,13 @@ TASK_DEFAULTS = {
     "long_bench": (100, 8, 0.25, 32, 32, 32),
     "no_cache": (-1, -1, 0.0, None, None, None),   # (t-1) % -1 == 0: refresh every step
 }
+# Its scripts/run_Dream_*_Instruct.sh: (prompt_interval, gen_interval, transfer_ratio), gen 256 =
+# steps, whole canvas, alg entropy, temperature 0.2, top_p 0.95 (DC @17235bf).
+DREAM_TASK_DEFAULTS = {
+    "gsm8k": (25, 2, 0.25), "humaneval": (50, 1, 0.25), "mbpp": (10, 8, 0.25), "bbh": (10, 2, 0.25),
+    "gpqa": (10, 8, 0.25), "minerva_math": (50, 1, 0.25), "mmlu_generative": (100, 8, 0.25), "mmlu_pro": (5, 1, 0.25),
+}
+DREAM_ALG = "entropy"     # every Dream script's alg
 
 
 class DLLMCache(Policy):
@@ -64,9 +76,18 @@ class DLLMCache(Policy):
         self.pi, self.gi, self.ratio = int(prompt_interval), int(gen_interval), float(transfer_ratio)
         self.knobs = dict(prompt_interval=self.pi, gen_interval=self.gi, transfer_ratio=self.ratio)
         self.c: list[dict] = []
+        self.dream = dream_rules(model)
+
+    def block_length(self, params) -> int:
+        return params.gen_length if self.dream else params.block_length
+
+    def check_request(self, params) -> None:
+        if self.dream:
+            dream_sampling(params, DREAM_ALG)
 
     def begin(self, batch: Batch) -> None:
         self.c = [{} for _ in self.model.blocks]     # reset_cache(prompt_length) per generation
+        self.dps = [dream_sampling(r.params, DREAM_ALG) for r in batch.reqs] if self.dream else []
 
     def step(self, batch: Batch) -> StepResult:
         t = batch.forwards + 1                         # the global step counter, 1-based
@@ -77,7 +98,10 @@ class DLLMCache(Policy):
             rg = (t - 1) % self.gi == 0 or i == 0
             h = self._layer(blk, self.c[i], h, rp, rg, batch)
         logits = logits_of(m, h)                       # the hooked model still returns all L rows
-        decide(batch, logits[:, P:], P, logits.dtype, batch.schedule_at(batch.step_in_block), exp_argmax=True)
+        if self.dream:                                 # Dream's sampler, whole canvas: step t - 1 of `steps`
+            commit_step(batch, logits, 0, P, batch.length, t - 1, batch.params.steps, self.dps)
+        else:
+            decide(batch, logits[:, P:], P, logits.dtype, batch.schedule_at(batch.step_in_block), exp_argmax=True)
         full = (t - 1) % self.pi == 0 and (t - 1) % self.gi == 0
         return StepResult(batch.size * batch.length, batch.length, refresh=full)
 

@@ -8,16 +8,21 @@ block; `prefix` (generate_with_prefix_cache) keeps [0, block_start) and queries 
 everything after it. Decisions use softmax(logits.float64) confidences: the linear schedule, or
 parallel decoding with `threshold` / `factor`. Upstream equivalences and NFE semantics are in
 `FastDLLM`; knobs in docs/SERVE.md ("Systems and variants").
+
+On a Dream model (dream/model/generation_utils_block.py): the full forward commits block_start alone,
+then the block's time grid by negative entropy, or `threshold`; no factor: docs/DREAM_BASELINES.md.
 """
 from __future__ import annotations
 
 import torch
 
 from baselines.common import decide, full_forward, logits_of, project, residual
+from baselines.dream_decide import commit_first, commit_step, commit_threshold, dream_rules, dream_sampling
 from baselines.static_batch import Batch, Policy, StepResult
 from engine.models import DenseLM
 
 CACHES = ("dual", "prefix")
+DREAM_ALG = "entropy"     # its Dream block sampler scores by negative entropy whatever alg is passed
 
 
 class FastDLLM(Policy):
@@ -50,6 +55,9 @@ class FastDLLM(Policy):
             raise ValueError(f"factor must be a positive number or None, got {factor!r}")
         if factor is not None and threshold is not None:
             raise ValueError("threshold and factor are two parallel-decoding rules: give one")
+        self.dream = dream_rules(model)
+        if self.dream and factor is not None:
+            raise ValueError("fast-dllm has no factor rule on Dream models (only its LLaDA code has one): use threshold")
         self.cache, self.threshold, self.factor = cache, threshold, factor
         self.knobs = dict(fast_dllm_cache=cache, threshold=threshold, factor=factor)
         self.k: list[torch.Tensor] = []
@@ -57,6 +65,11 @@ class FastDLLM(Policy):
 
     def begin(self, batch: Batch) -> None:
         self.k, self.v = [], []
+        self.dps = [dream_sampling(r.params, DREAM_ALG) for r in batch.reqs] if self.dream else []
+
+    def check_request(self, params) -> None:
+        if self.dream:
+            dream_sampling(params, DREAM_ALG)
 
     def step(self, batch: Batch) -> StepResult:
         s, e = batch.block_range
@@ -74,10 +87,25 @@ class FastDLLM(Policy):
         else:
             logits, q_start = self._window(batch, s, e)
             refresh = False
-        parallel = self.threshold is not None or self.factor is not None
-        ks = None if parallel else batch.schedule_at(batch.step_in_block)
-        decide(batch, logits, q_start, torch.float64, ks, threshold=self.threshold, factor=self.factor)
+        if self.dream:
+            self._dream_commit(batch, logits, q_start)
+        else:
+            parallel = self.threshold is not None or self.factor is not None
+            ks = None if parallel else batch.schedule_at(batch.step_in_block)
+            decide(batch, logits, q_start, torch.float64, ks, threshold=self.threshold, factor=self.factor)
         return StepResult(batch.size * logits.shape[1], logits.shape[1], refresh)
+
+    def _dream_commit(self, batch: Batch, logits: torch.Tensor, q_start: int) -> None:
+        """Full step: block_start only. Window step i: the threshold rule, or step i of the block's
+        time grid linspace(1, eps, S + 1) (S = steps per block) over the block's masks."""
+        i = batch.step_in_block
+        if i == 0:
+            commit_first(batch, logits, q_start, self.dps)
+        elif self.threshold is not None:
+            commit_threshold(batch, logits, q_start, self.threshold, self.dps)
+        else:
+            s, e = batch.block_range
+            commit_step(batch, logits, q_start, s, e, i, batch.steps_per_block, self.dps, alg=DREAM_ALG)
 
     def _window(self, batch: Batch, s: int, e: int):
         m = self.model
@@ -107,7 +135,7 @@ class FastDLLM(Policy):
         # upstream would index past the schedule (threshold None) or could loop forever; here the
         # block ends after S forwards (threshold None) or max(S, block_length).
         parallel = self.threshold is not None or self.factor is not None
-        cap = max(batch.params.steps_per_block, batch.params.block_length) if parallel else batch.params.steps_per_block
+        cap = max(batch.steps_per_block, batch.block_length) if parallel else batch.steps_per_block
         return batch.step_in_block >= cap
 
     def kv_row_tokens(self, batch: Batch) -> list[int]:

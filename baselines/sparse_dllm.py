@@ -7,6 +7,11 @@ step's own attention still using everything (eviction delayed by one step); i >=
 the block, with RoPE at its absolute positions, against [kept K/V ; fresh block K/V]. The cache
 is never updated again inside the block. The selection rule is `importance`'s; batching (upstream
 is batch-1) is `SparseDLLM`'s. Knobs: docs/SERVE.md ("Systems and variants").
+
+On a Dream model (opencompass/models/sparse_dllm/dream/generation_utils.py) the same cache runs
+Dream's decoding: step 0 commits only block_start (the block-edge rule), steps 1..S-1 follow the
+block's time grid with the request's alg (its `origin` is broken upstream: refused). Eviction is
+the same rule (one token set for every KV head). Details: docs/DREAM_BASELINES.md.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from baselines.common import attend, decide, full_forward, logits_of, project
+from baselines.dream_decide import commit_first, commit_step, dream_rules, dream_sampling
 from baselines.static_batch import Batch, Policy, StepResult
 from engine.models import DenseLM
 
@@ -37,6 +43,9 @@ def importance(q_block: torch.Tensor, k_ctx: torch.Tensor, kernel_size: int | No
     return imp
 
 
+DREAM_ALG = "entropy"     # its Dream wrappers' diffusion_config
+
+
 class SparseDLLM(Policy):
     """Token decisions as LLaDA's sampler (softmax in the logits dtype). Upstream is batch-1; here
     each row selects from its own context (left padding excluded), so rows may keep different
@@ -55,14 +64,30 @@ class SparseDLLM(Policy):
         self.knobs = dict(keep_ratio=self.keep_ratio, kernel_size=kernel_size)
         self.kept: list[tuple] | None = None
         self.keep_counts: list[int] = []
+        self.dream = dream_rules(model)
+
+    def check_request(self, params) -> None:
+        if self.dream and dream_sampling(params, DREAM_ALG).alg == "origin":
+            raise ValueError("sparse-dllm's Dream sampler has no working alg='origin' (upstream: 'do not "
+                             "implement'): use maskgit_plus, topk_margin or entropy")
 
     def begin(self, batch: Batch) -> None:
         self.kept = None
+        self.dps = [dream_sampling(r.params, DREAM_ALG) for r in batch.reqs] if self.dream else []
+
+    def _commit(self, batch: Batch, logits: torch.Tensor, q_start: int, i: int) -> None:
+        """LLaDA: the linear schedule. Dream: block_start alone at step 0, then the time grid."""
+        if not self.dream:
+            decide(batch, logits, q_start, logits.dtype, batch.schedule_at(i))
+        elif i == 0:
+            commit_first(batch, logits, q_start, self.dps)
+        else:
+            s, e = batch.block_range
+            commit_step(batch, logits, q_start, s, e, i, batch.steps_per_block, self.dps)
 
     def step(self, batch: Batch) -> StepResult:
         i = batch.step_in_block
         s, e = batch.block_range
-        ks = batch.schedule_at(i)
         if i <= 1:
             self.kept = None                            # a new CustomCache per block
             layers: list[tuple] = []
@@ -70,7 +95,7 @@ class SparseDLLM(Policy):
             logits = full_forward(self.model, batch.x, batch.pos, batch.key_mask, on_layer=hook)
             if i == 1:
                 self.kept = layers
-            decide(batch, logits, 0, logits.dtype, ks)
+            self._commit(batch, logits, 0, i)
             return StepResult(batch.size * batch.length, batch.length, refresh=True)
         m = self.model
         h = m.embed(batch.x[:, s:e])
@@ -83,7 +108,7 @@ class SparseDLLM(Policy):
             h = h + blk.attn_out(attend(q, torch.cat([kk, k], 1), torch.cat([vk, v], 1), km))
             h = h + blk.mlp(h)
         logits = logits_of(m, h)
-        decide(batch, logits, s, logits.dtype, ks)
+        self._commit(batch, logits, s, i)
         return StepResult(batch.size * (e - s), e - s, refresh=False,
                           key_tokens=batch.size * (self.kept[0][0].shape[1] + e - s))   # [kept ; block] per row
 

@@ -34,8 +34,10 @@ class StepResult:
 class Batch:
     """The lock-step state of one static batch: a left-padded [B, L] canvas and its cursor."""
 
-    def __init__(self, reqs: list[Request], pad_id: int, device):
+    def __init__(self, reqs: list[Request], pad_id: int, device, block_length: int | None = None):
         self.reqs, self.params = reqs, reqs[0].params
+        # the policy's block: the request's, or the whole generation for a sampler without blocks
+        self.block_length = block_length or self.params.block_length
         self.pads = [0] * len(reqs)
         self.prompt_len = max(r.prompt_len for r in reqs)          # padded prompt length
         L = self.prompt_len + self.params.gen_length
@@ -55,11 +57,13 @@ class Batch:
 
     size = property(lambda self: len(self.reqs))
     length = property(lambda self: self.x.shape[1])
+    num_blocks = property(lambda self: self.params.gen_length // self.block_length)
+    steps_per_block = property(lambda self: self.params.steps // self.num_blocks)
 
     @property
     def block_range(self) -> tuple[int, int]:
-        s = self.prompt_len + self.block * self.params.block_length
-        return s, s + self.params.block_length
+        s = self.prompt_len + self.block * self.block_length
+        return s, s + self.block_length
 
     def row_length(self, i: int) -> int:
         return self.length - self.pads[i]
@@ -72,7 +76,7 @@ class Batch:
     def new_block_schedules(self) -> None:
         s, e = self.block_range
         n = (self.x[:, s:e] == self.reqs[0].mask_id).sum(1).tolist()
-        self.schedules = [transfer_schedule(int(k), self.params.steps_per_block) for k in n]
+        self.schedules = [transfer_schedule(int(k), self.steps_per_block) for k in n]
 
     def schedule_at(self, step: int) -> list[int]:
         return [sch[step] if step < len(sch) else 0 for sch in self.schedules]
@@ -87,6 +91,13 @@ class Policy:
     def __init__(self, model: DenseLM):
         self.model = model
 
+    def block_length(self, params: SamplingParams) -> int:
+        """The block a batch of these requests runs (a sampler without blocks: gen_length)."""
+        return params.block_length
+
+    def check_request(self, params: SamplingParams) -> None:
+        """Refuse (ValueError) a request this policy's upstream code cannot run on this model."""
+
     def begin(self, batch: Batch) -> None:
         """A new batch starts: drop every cache."""
 
@@ -95,7 +106,7 @@ class Policy:
 
     def block_done(self, batch: Batch) -> bool:
         """Checked after each step (step_in_block already advanced). LLaDA's loop: S steps."""
-        return batch.step_in_block >= batch.params.steps_per_block
+        return batch.step_in_block >= batch.steps_per_block
 
     def kv_row_tokens(self, batch: Batch) -> list[int]:
         """Each row's own tokens currently held in the cache."""
@@ -117,7 +128,7 @@ class Policy:
 class StaticBatchSystem:
     """The serving-system interface (docs/CONTRACTS.md) over one decoding policy.
 
-    A batch takes only *consecutive* FCFS requests of one (gen_length, block_length, steps), so
+    A batch takes only *consecutive* FCFS requests of one (gen_length, policy block, steps), so
     every row shares the block cursor (upstream takes one shape per call); temperature, remasking
     and seed may differ per row. Mixed prompt lengths are left-padded as upstream's tokenizer
     does, but padded keys are masked and each row's RoPE positions are its own (upstream's cached
@@ -154,6 +165,7 @@ class StaticBatchSystem:
         if len(prompt_ids) + params.gen_length > self.max_model_len:
             raise ValueError(f"prompt + gen_length = {len(prompt_ids) + params.gen_length} exceeds the model's length "
                              f"of {self.max_model_len} tokens (max_model_len)")
+        self.policy.check_request(params)
         req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, mask, self.model.device,
                       time.perf_counter() if arrival_time is None else arrival_time)
         self.waiting.append(req)
@@ -172,14 +184,14 @@ class StaticBatchSystem:
 
     def _admit(self) -> None:
         first = self.waiting.popleft()
-        shape = lambda r: (r.params.gen_length, r.params.block_length, r.params.steps)  # noqa: E731
+        shape = lambda r: (r.params.gen_length, self.policy.block_length(r.params), r.params.steps)  # noqa: E731
         reqs = [first]
         while self.waiting and len(reqs) < self.max_batch_size and shape(self.waiting[0]) == shape(first):
             reqs.append(self.waiting.popleft())
         now = time.perf_counter()
         for r in reqs:
             r.status, r.admitted_time = Status.RUNNING, now
-        self.batch = Batch(reqs, self.cfg.pad_token_id, self.model.device)
+        self.batch = Batch(reqs, self.cfg.pad_token_id, self.model.device, self.policy.block_length(first.params))
         self.policy.begin(self.batch)
 
     @torch.no_grad()
@@ -220,7 +232,7 @@ class StaticBatchSystem:
         b.block, b.step_in_block = b.block + 1, 0
         for r in b.reqs:
             r.first_token_time = r.first_token_time or now
-        if b.block < b.params.num_blocks:
+        if b.block < b.num_blocks:
             b.new_block_schedules()
             return []
         self.batch = None

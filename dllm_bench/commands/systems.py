@@ -24,6 +24,7 @@ def system_rows() -> list[dict]:
     for name, spec in SYSTEMS.items():
         up = spec.upstream
         rows.append(dict(name=name, kind="request-level static batching", knobs=dict(spec.knobs) | {"batch": "profiled"},
+                         families={f: spec.knobs_for(f) for f in spec.families},
                          source=f"{up['repo']}@{up['commit'][:10]} ({', '.join(up['files'])})",
                          notes=spec.notes, upstream_sampling=dict(spec.sampling)))
     return rows
@@ -42,7 +43,9 @@ def register(app: typer.Typer) -> None:
             t.add_column(c, overflow="fold")
         for r in rows:
             knobs = ", ".join(f"{k}={v}" for k, v in r["knobs"].items())
-            t.add_row(r["name"], r["kind"], knobs, r["source"] + ("\n" + r["notes"] if r.get("notes") else ""))
+            fams = "; ".join(f"{f}: {', '.join(f'{k}={v}' for k, v in kv.items()) or '-'}"
+                             for f, kv in r.get("families", {}).items())
+            t.add_row(r["name"], r["kind"] + (f"\nfamilies (knobs): {fams}" if fams else ""), knobs, r["source"] + ("\n" + r["notes"] if r.get("notes") else ""))
         console(stderr=False).print(t)
 
 

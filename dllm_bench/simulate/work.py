@@ -20,6 +20,7 @@ from dataclasses import replace
 import numpy as np
 
 from baselines.dllm_cache import DLLMCache
+from baselines.dream import DreamSampler
 from baselines.fast_dllm import FastDLLM
 from baselines.llada import LLaDASampler
 from baselines.registry import SYSTEMS
@@ -255,7 +256,7 @@ class DLLMCacheWork(BaselineWork):
 
 
 # Each registry policy's cost description (baselines.registry.SYSTEMS[name].policy).
-WORK: dict[type, BaselineWork] = {LLaDASampler: BaselineWork(), FastDLLM: FastDLLMWork(),
+WORK: dict[type, BaselineWork] = {LLaDASampler: BaselineWork(), DreamSampler: BaselineWork(), FastDLLM: FastDLLMWork(),
                                   SparseDLLM: SparseDLLMWork(), DLLMCache: DLLMCacheWork()}
 
 

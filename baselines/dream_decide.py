@@ -1,0 +1,100 @@
+"""Dream's token decisions on a static batch, shared by every baseline on a Dream model: the
+request's sampler arguments (`dream_sampling`), the block-edge commit of the block-wise systems
+(`commit_first`), one step of Dream's time grid (`commit_step`) and Fast-dLLM's Dream threshold
+rule (`commit_threshold`). Each row follows baselines.reference_dream with its request's own
+random streams; the upstream rules are in docs/DREAM_BASELINES.md.
+"""
+from __future__ import annotations
+
+import torch
+
+from baselines.reference_dream import (
+    DreamSampling,
+    choose_positions,
+    confidence,
+    propose,
+    timesteps,
+    token_probs,
+    transfer_count,
+    transfer_fraction,
+)
+from baselines.static_batch import Batch
+from engine.regions import DECODE, in_region
+
+# Dream's `diffusion_generate` arguments a request may carry besides LLaDA's (engine.sampling)
+DREAM_FIELDS = ("alg", "eps", "alg_temp", "top_p", "top_k")
+
+
+def dream_rules(model) -> bool:
+    """A shifted model (the hidden at p - 1 predicts p: Dream) is decoded by its systems' Dream code."""
+    return model is not None and model.config.shift > 0
+
+
+def dream_sampling(params, default_alg: str) -> DreamSampling:
+    """The request's Dream sampler arguments: those its params carry, else upstream's defaults with
+    `default_alg`, the alg the system's upstream Dream evaluation passes. ValueError if invalid."""
+    given = {f: getattr(params, f) for f in DREAM_FIELDS if getattr(params, f, None) is not None}
+    given.setdefault("alg", default_alg)
+    return DreamSampling(gen_length=params.gen_length, steps=params.steps, temperature=params.temperature,
+                         seed=params.seed, **given)
+
+
+def _masked(batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
+    return torch.nonzero(batch.x[r, lo:hi] == batch.reqs[r].mask_id).squeeze(-1) + lo
+
+
+@in_region(DECODE)
+def commit_first(batch: Batch, logits: torch.Tensor, q_start: int, dps: list[DreamSampling]) -> None:
+    """The block-edge rule: at the block's full-canvas forward commit only block_start, from its
+    correctly shifted row (the hidden at block_start - 1), whatever the alg or threshold."""
+    s = batch.block_range[0]
+    for r, req in enumerate(batch.reqs):
+        if batch.x[r, s] != req.mask_id:
+            continue
+        probs = token_probs(logits[r, s - q_start][None], dps[r])
+        batch.x[r, s] = propose(probs, dps[r].temperature, req.gens.gumbel, req.mask_id)[0]
+
+
+@in_region(DECODE)
+def commit_step(batch: Batch, logits: torch.Tensor, q_start: int, lo: int, hi: int, i: int, steps: int,
+                dps: list[DreamSampling], alg: str | None = None) -> None:
+    """Step i of Dream's time grid linspace(1, eps, steps + 1) over each row's masked positions in
+    [lo, hi) (logits [B, Tq, V] cover columns [q_start, q_start + Tq)), by `alg` or the request's."""
+    for r, req in enumerate(batch.reqs):
+        dp, mask_id = dps[r], req.mask_id
+        cand = _masked(batch, r, lo, hi)
+        rows = logits[r, cand - q_start]
+        ts = timesteps(steps, dp.eps)
+        rule = alg or dp.alg
+        if rule == "origin":
+            # each masked position moves with probability 1 - s/t (reference_dream's draws)
+            u = torch.rand(cand.numel(), dtype=torch.float64, generator=req.gens.remask, device=req.gens.remask.device)
+            move = (u < float(transfer_fraction(ts, i))).to(cand.device)
+            batch.x[r, cand[move]] = propose(token_probs(rows[move], dp), dp.temperature, req.gens.gumbel, mask_id)
+            continue
+        if cand.numel() == 0:
+            continue
+        probs = token_probs(rows, dp)
+        x0 = propose(probs, dp.temperature, req.gens.gumbel, mask_id)
+        conf = confidence(probs, x0, rule)
+        chosen = choose_positions(conf, transfer_count(cand.numel(), ts, i), dp.alg_temp, req.gens.remask)
+        batch.x[r, cand[chosen]] = x0[chosen]
+
+
+@in_region(DECODE)
+def commit_threshold(batch: Batch, logits: torch.Tensor, q_start: int, threshold: float,
+                     dps: list[DreamSampling]) -> None:
+    """Fast-dLLM's Dream `confidence_threshold`: over the block's masked positions, confidence p(x0)
+    of the filtered distribution; the most confident always, each other one iff >= threshold."""
+    s, e = batch.block_range
+    for r, req in enumerate(batch.reqs):
+        cand = _masked(batch, r, s, e)
+        if cand.numel() == 0:
+            continue
+        probs = token_probs(logits[r, cand - q_start], dps[r])
+        x0 = propose(probs, dps[r].temperature, req.gens.gumbel, req.mask_id)
+        conf = confidence(probs, x0, "maskgit_plus")
+        order = torch.topk(conf, cand.numel()).indices
+        ok = conf[order] >= threshold
+        ok[0] = True
+        batch.x[r, cand[order[ok]]] = x0[order[ok]]
