@@ -9,9 +9,8 @@ from __future__ import annotations
 import torch
 
 from baselines.reference_dream import (
-    DreamSampling,
+    alg_confidence,
     choose_positions,
-    confidence,
     propose,
     timesteps,
     token_probs,
@@ -20,9 +19,7 @@ from baselines.reference_dream import (
 )
 from baselines.static_batch import Batch
 from engine.regions import DECODE, in_region
-
-# Dream's `diffusion_generate` arguments a request may carry besides LLaDA's (engine.sampling)
-DREAM_FIELDS = ("alg", "eps", "alg_temp", "top_p", "top_k")
+from engine.sampling import SamplingParams
 
 
 def dream_rules(model) -> bool:
@@ -30,13 +27,15 @@ def dream_rules(model) -> bool:
     return model is not None and model.config.shift > 0
 
 
-def dream_sampling(params, default_alg: str) -> DreamSampling:
-    """The request's Dream sampler arguments: those its params carry, else upstream's defaults with
-    `default_alg`, the alg the system's upstream Dream evaluation passes. ValueError if invalid."""
-    given = {f: getattr(params, f) for f in DREAM_FIELDS if getattr(params, f, None) is not None}
-    given.setdefault("alg", default_alg)
-    return DreamSampling(gen_length=params.gen_length, steps=params.steps, temperature=params.temperature,
-                         seed=params.seed, **given)
+def dream_sampling(params: SamplingParams, default_alg: str) -> SamplingParams:
+    """The request's Dream sampler arguments (`SamplingParams.dream`): its own when it asks for one of
+    Dream's algs, else upstream's defaults with `default_alg`, the alg the system's upstream Dream
+    evaluation passes. ValueError if invalid."""
+    base = dict(gen_length=params.gen_length, steps=params.steps, temperature=params.temperature, seed=params.seed)
+    if params.dream_rule:
+        return SamplingParams.dream(**base, alg=params.remasking, eps=params.eps, alg_temp=params.alg_temp,
+                                    top_p=params.top_p, top_k=params.top_k)
+    return SamplingParams.dream(**base, alg=default_alg)
 
 
 def _masked(batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
@@ -44,7 +43,7 @@ def _masked(batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
 
 
 @in_region(DECODE)
-def commit_first(batch: Batch, logits: torch.Tensor, q_start: int, dps: list[DreamSampling]) -> None:
+def commit_first(batch: Batch, logits: torch.Tensor, q_start: int, dps: list[SamplingParams]) -> None:
     """The block-edge rule: at the block's full-canvas forward commit only block_start, from its
     correctly shifted row (the hidden at block_start - 1), whatever the alg or threshold."""
     s = batch.block_range[0]
@@ -57,7 +56,7 @@ def commit_first(batch: Batch, logits: torch.Tensor, q_start: int, dps: list[Dre
 
 @in_region(DECODE)
 def commit_step(batch: Batch, logits: torch.Tensor, q_start: int, lo: int, hi: int, i: int, steps: int,
-                dps: list[DreamSampling], alg: str | None = None) -> None:
+                dps: list[SamplingParams], alg: str | None = None) -> None:
     """Step i of Dream's time grid linspace(1, eps, steps + 1) over each row's masked positions in
     [lo, hi) (logits [B, Tq, V] cover columns [q_start, q_start + Tq)), by `alg` or the request's."""
     for r, req in enumerate(batch.reqs):
@@ -65,7 +64,7 @@ def commit_step(batch: Batch, logits: torch.Tensor, q_start: int, lo: int, hi: i
         cand = _masked(batch, r, lo, hi)
         rows = logits[r, cand - q_start]
         ts = timesteps(steps, dp.eps)
-        rule = alg or dp.alg
+        rule = alg or dp.remasking
         if rule == "origin":
             # each masked position moves with probability 1 - s/t (reference_dream's draws)
             u = torch.rand(cand.numel(), dtype=torch.float64, generator=req.gens.remask, device=req.gens.remask.device)
@@ -76,14 +75,14 @@ def commit_step(batch: Batch, logits: torch.Tensor, q_start: int, lo: int, hi: i
             continue
         probs = token_probs(rows, dp)
         x0 = propose(probs, dp.temperature, req.gens.gumbel, mask_id)
-        conf = confidence(probs, x0, rule)
+        conf = alg_confidence(probs, x0, rule)
         chosen = choose_positions(conf, transfer_count(cand.numel(), ts, i), dp.alg_temp, req.gens.remask)
         batch.x[r, cand[chosen]] = x0[chosen]
 
 
 @in_region(DECODE)
 def commit_threshold(batch: Batch, logits: torch.Tensor, q_start: int, threshold: float,
-                     dps: list[DreamSampling]) -> None:
+                     dps: list[SamplingParams]) -> None:
     """Fast-dLLM's Dream `confidence_threshold`: over the block's masked positions, confidence p(x0)
     of the filtered distribution; the most confident always, each other one iff >= threshold."""
     s, e = batch.block_range
@@ -93,7 +92,7 @@ def commit_threshold(batch: Batch, logits: torch.Tensor, q_start: int, threshold
             continue
         probs = token_probs(logits[r, cand - q_start], dps[r])
         x0 = propose(probs, dps[r].temperature, req.gens.gumbel, req.mask_id)
-        conf = confidence(probs, x0, "maskgit_plus")
+        conf = alg_confidence(probs, x0, "maskgit_plus")
         order = torch.topk(conf, cand.numel()).indices
         ok = conf[order] >= threshold
         ok[0] = True

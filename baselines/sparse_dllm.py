@@ -67,7 +67,7 @@ class SparseDLLM(Policy):
         self.dream = dream_rules(model)
 
     def check_request(self, params) -> None:
-        if self.dream and dream_sampling(params, DREAM_ALG).alg == "origin":
+        if self.dream and dream_sampling(params, DREAM_ALG).remasking == "origin":
             raise ValueError("sparse-dllm's Dream sampler has no working alg='origin' (upstream: 'do not "
                              "implement'): use maskgit_plus, topk_margin or entropy")
 

@@ -4,22 +4,20 @@ a block sampler with the block-edge rule whose caches are emulated by full recom
 and dLLM-Cache's Dream hook as a logits function for Dream's sampler oracle; a tiny Dream in code."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from baselines.reference_dream import (
     DreamSampling,
+    alg_confidence,
     choose_positions,
-    confidence,
     propose,
     timesteps,
     token_probs,
     transfer_count,
 )
 from engine.models import build_model, config_from_dict, dense_attention, rms_norm
-from engine.sampling import SamplingParams
+from engine.sampling import EPS, SamplingParams
 from engine.unmask import RequestGenerators
 
 DREAM = {"model_type": "Dream", "architectures": ["DreamModel"], "hidden_size": 48, "num_attention_heads": 6,
@@ -29,14 +27,9 @@ DREAM = {"model_type": "Dream", "architectures": ["DreamModel"], "hidden_size": 
 MASK = 96
 
 
-@dataclass(frozen=True)
-class DreamParams(SamplingParams):
-    """A request with Dream's sampler arguments (the fields baselines.dream_decide reads)."""
-    alg: str = "entropy"
-    eps: float = 1e-3
-    alg_temp: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+def DreamParams(alg: str = "entropy", eps: float = EPS, **kw) -> SamplingParams:  # noqa: N802
+    """A request with Dream's sampler arguments: one of its algs on its time grid (per block)."""
+    return SamplingParams(remasking=alg, schedule="timegrid", eps=eps, **kw)
 
 
 def tiny_dream(layers: int, seed: int = 0):
@@ -49,7 +42,7 @@ def tiny_dream(layers: int, seed: int = 0):
 
 
 def sampling(sp: DreamParams) -> DreamSampling:
-    return DreamSampling(gen_length=sp.gen_length, steps=sp.steps, eps=sp.eps, alg=sp.alg, alg_temp=sp.alg_temp,
+    return DreamSampling(gen_length=sp.gen_length, steps=sp.steps, eps=sp.eps, alg=sp.remasking, alg_temp=sp.alg_temp,
                          temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, seed=sp.seed)
 
 
@@ -80,7 +73,7 @@ class Plain:
         probs = token_probs(logits[cand], self.dp)
         x0 = propose(probs, self.dp.temperature, self.gens.gumbel, MASK)
         k = transfer_count(cand.numel(), timesteps(self.sp.steps_per_block, self.dp.eps), i)
-        chosen = choose_positions(confidence(probs, x0, alg), k, self.dp.alg_temp, self.gens.remask)
+        chosen = choose_positions(alg_confidence(probs, x0, alg), k, self.dp.alg_temp, self.gens.remask)
         self.x[cand[chosen]] = x0[chosen]
 
     def threshold(self, logits, s, e, thr):
@@ -171,7 +164,7 @@ def plain_sparse(model, p, sp, keep_ratio, kernel):
                                                        attn_mask=allow[None, None, :])
                     return o.transpose(0, 1)
                 logits = s_.forward(masked)
-            s_.grid(logits, s, e, i, sp.alg)
+            s_.grid(logits, s, e, i, sp.remasking)
     return s_.out()
 
 

@@ -159,7 +159,7 @@ def test_one_layer_caches_are_exact(model1):
     Fast-dLLM dual == prefix == its sampler without cache == Sparse-dLLM keeping every token (entropy)."""
     for setting in BLOCKS:
         p, sp = blocks(setting)
-        sp = replace(sp, alg="entropy")
+        sp = replace(sp, remasking="entropy")
         nocache = plain_fast(model1, p, sp, no_cache=True)[0]
         for cache in ("dual", "prefix"):
             assert run(model1, "fast-dllm", p, sp, fast_dllm_cache=cache).token_ids == nocache
@@ -244,5 +244,5 @@ def test_each_system_runs_the_families_its_upstream_code_has(model):
     sysm = make_system("sparse-dllm", model)
     with pytest.raises(ValueError, match="alg='origin'"):
         sysm.add_request(prompt(4), DreamParams(gen_length=8, block_length=8, steps=8, alg="origin"))
-    with pytest.raises(ValueError, match="alg must be one of"):
+    with pytest.raises(ValueError, match="remasking must be one of"):
         make_system("dream", model).add_request(prompt(4), DreamParams(gen_length=8, steps=8, block_length=8, alg="x"))
