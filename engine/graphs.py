@@ -183,9 +183,7 @@ class StepGraphs:
             return False
         if self._in_place():   # a table in pieces (a fragmented pool): eager, not a graph per key width
             return all(self.pool.contiguous(req.slots) for req, _ in batch)
-        if self.runner.kernel is not None:     # gathered keys: a long member's in key chunks, eager
-            return max(self.runner.policy.reuse_keys(req) for req, _ in batch) <= self.runner.key_chunk
-        return b * self._keys(batch) <= self.runner.key_chunk
+        return self.runner.kernel is not None or b * self._keys(batch) <= self.runner.key_budget
 
     def _in_place(self) -> bool:
         r = self.runner

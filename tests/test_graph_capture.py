@@ -46,8 +46,8 @@ def test_graphs_captured_at_warm_up_serve_exact_tokens_without_capturing_again(c
 
 
 def test_warm_up_capture_stops_at_the_token_budget_and_leaves_the_pool_empty():
-    eng = make_engine(MODEL, cache="dual", max_num_seqs=8, max_num_batched_tokens=64, cuda_graphs=True)
-    assert eng.capture_graphs(4, prompt_len=3) == 3       # buckets 1, 2, 4: 8 x 16 padded keys > 64
+    eng = make_engine(MODEL, cache="dual", max_num_seqs=8, max_num_batched_tokens=16, cuda_graphs=True)
+    assert eng.capture_graphs(4, prompt_len=3) == 3                   # buckets 1, 2, 4: 8 x 4 > 16
     assert sorted(k[0] for k in eng.runner.graphs.entries) == [1, 2, 4]
     assert all(r["decision"] == "plain" for r in eng.runner.graphs.report())
     assert eng.pool.used == 0
