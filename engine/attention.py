@@ -212,3 +212,35 @@ def varlen_attention(q: torch.Tensor, cu_q: list[int], keys: list[torch.Tensor],
         mask[i, : lk[i]] = True
     o = padded_attention(qp, kp, vp, key_bias(mask, q.dtype))
     return torch.cat([o[i, : lq[i]] for i in range(G)])
+
+
+def key_piece(key_chunk: int, q_rows: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> int:
+    """Keys per piece of `attention_over_key_chunks` whose gathered K/V, upcasts and scores take
+    no more than `key_chunk` gathered K/V rows do (docs/MEMORY.md, "A long Reuse")."""
+    es = torch.empty(0, dtype=dtype).element_size()
+    acc = 4 if dtype in HALF_DTYPES else es
+    row = 2 * hkv * d * es
+    return max(1, key_chunk * row // (row + (2 * hkv * d * acc if acc != es else 0) + hq * q_rows * acc))
+
+
+def attention_over_key_chunks(q: torch.Tensor, pieces) -> torch.Tensor:
+    """q [Lq, Hq, D] against keys in pieces of (k, v) [Hkv, Lk_i, D], merged by log-sum-exp:
+    only one piece's scores live at once (docs/MEMORY.md, "A long Reuse")."""
+    Lq, Hq, D = q.shape
+    acc = torch.float32 if q.dtype in HALF_DTYPES else q.dtype
+    out = m = den = None
+    for k, v in pieces:
+        hkv = k.shape[0]                                   # query head h reads KV head h // (Hq / hkv)
+        qg = q.to(acc).permute(1, 0, 2).reshape(hkv, Hq // hkv * Lq, D)
+        s = torch.matmul(qg, k.to(acc).transpose(1, 2)).mul_(D ** -0.5)     # [Hkv, g*Lq, Lk_i]
+        mi = s.amax(-1, keepdim=True)
+        p = s.sub_(mi).exp_()
+        oi, di = torch.matmul(p, v.to(acc)), p.sum(-1, keepdim=True)
+        del s, p, k, v                                     # before the next piece is gathered
+        if out is None:
+            out, m, den = oi, mi, di
+            continue
+        mn = torch.maximum(m, mi)
+        a, b = (m - mn).exp_(), (mi - mn).exp_()
+        out, den, m = out.mul_(a).add_(oi.mul_(b)), den.mul_(a).add_(di.mul_(b)), mn
+    return out.div_(den).reshape(Hq, Lq, D).transpose(0, 1).to(q.dtype)

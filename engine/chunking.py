@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine import sparse
-from engine.attention import PACKED, PackedKernel, padded_attention
+from engine.attention import PACKED, PackedKernel, attention_over_key_chunks, key_piece, padded_attention
 from engine.config import EngineConfig
 from engine.memory import MemoryMeter
 from engine.models import DenseLM, rms_norm
@@ -65,7 +65,7 @@ class LongRefresh:
         output, residual, MLP; their hidden states replaced (their K/V are already taken)."""
         x = self.h[a:b]
         q = self._rot(a, b)(blk.q_proj(rms_norm(x, blk.attn_norm.weight, blk.eps)).view(-1, blk.n_heads, self.hd))
-        o = _attend(q, self.kv, self.kernel).reshape(b - a, -1)
+        o = _attend(q, self.kv, self.kernel, self.config.max_num_batched_tokens).reshape(b - a, -1)
         del q
         x = x + blk.attn_out(o)
         del o
@@ -121,12 +121,17 @@ def measure_moments(model: DenseLM, req: Request, phase: Phase, storage: torch.T
     return state, cache, per_chunk
 
 
-def _attend(q: torch.Tensor, kv: torch.Tensor, kernel: PackedKernel | None) -> torch.Tensor:
-    """One chunk's queries [C, Hq, D] against the whole canvas's keys: the call the packed step
-    makes for a Refresh member (one varlen segment, or padded SDPA), with fewer query rows."""
+def _attend(q: torch.Tensor, kv: torch.Tensor, kernel: PackedKernel | None, key_chunk: int) -> torch.Tensor:
+    """One chunk's queries [C, Hq, D] against the whole canvas's keys: one varlen segment, or
+    padded SDPA; past `key_chunk` keys, SDPA's scores in key chunks merged by log-sum-exp."""
+    L = kv.shape[1]
+    if kernel is None and L > key_chunk:
+        n = key_piece(key_chunk, q.shape[0], q.shape[1], kv.shape[2], q.shape[2], q.dtype)
+        kt, vt = kv[0].transpose(0, 1), kv[1].transpose(0, 1)                 # [Hkv, L, D] views
+        return attention_over_key_chunks(q, ((kt[:, a : a + n], vt[:, a : a + n]) for a in range(0, L, n)))
     if kernel is None:
         return padded_attention(q[None], kv[0][None], kv[1][None], None)[0]
-    n, L = q.shape[0], kv.shape[1]
+    n = q.shape[0]
     cu = lambda k: torch.tensor([0, k], dtype=torch.int32, device=q.device)   # noqa: E731
     return kernel(q, kv[0], kv[1], cu(n), cu(L), n, L)
 

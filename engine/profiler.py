@@ -87,16 +87,22 @@ def _measure(runner: ModelRunner, batch: list[tuple[Request, Phase]], config: En
 
 def measure_activation_peak(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int):
     """(refresh_peak, reuse_peak) bytes of the worst admissible steps (auto: dual's or sparse's)."""
+    peaks = mode_peaks(model, config, backend, max_model_len).values()
+    return max(p[0] for p in peaks), max(p[1] + p[2] for p in peaks)
+
+
+def mode_peaks(model: DenseLM, config: EngineConfig, backend: str,
+               max_model_len: int) -> dict[str, tuple[int, int, int]]:
+    """{mode: (Refresh peak, the token budget of short Reuses' peak, the largest Reuse's)}."""
     scratch = KVPool(None, model.config, model.dtype, model.device)
     runner = ModelRunner(model, graphs.eager(config), backend, scratch, max_model_len)
     runner.in_place_keys = False      # gathered Reuse keys: the peak of a fragmented pool
     modes = ("dual", "sparse") if config.cache == AUTO else (config.cache,)
-    peaks = [_peaks(runner, model, config, max_model_len, mode) for mode in modes]
-    return max(p[0] for p in peaks), max(p[1] for p in peaks)
+    return {mode: _peaks(runner, model, config, max_model_len, mode) for mode in modes}
 
 
 def _peaks(runner: ModelRunner, model: DenseLM, config: EngineConfig, max_model_len: int,
-           mode: str) -> tuple[int, int]:
+           mode: str) -> tuple[int, int, int]:
     temp = 1.0 if config.sampling else 0.0
     budget = config.max_num_batched_tokens
     L = min(max_model_len, budget)
@@ -113,15 +119,14 @@ def _peaks(runner: ModelRunner, model: DenseLM, config: EngineConfig, max_model_
         batch.append((synthetic(rest, 1, rest - 1), refresh_phase))
     refresh_peak = _measure(runner, batch, config)
     if mode == "none":
-        return refresh_peak, 0
+        return refresh_peak, 0, 0
     # (b) Reuse: the token budget full of short Reuse queries, plus the largest single Reuse.
     bl = min(32, max(1, L // 2))
     n_reuse = max(1, min(config.max_num_seqs, budget // bl))
     many = [(synthetic(2 * bl, bl, bl), Phase.REUSE) for _ in range(n_reuse)]
     big_bl = min(bl, L - 1)
     one = [(synthetic(L, L - big_bl, big_bl), Phase.REUSE)]
-    reuse_peak = _measure(runner, many, config) + _measure(runner, one, config)
-    return refresh_peak, reuse_peak
+    return refresh_peak, _measure(runner, many, config), _measure(runner, one, config)
 
 
 def _scratch_request(n_tokens: int, block: int, model: DenseLM, config: EngineConfig, mode: str,
@@ -135,10 +140,11 @@ def _scratch_request(n_tokens: int, block: int, model: DenseLM, config: EngineCo
 
 
 def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int,
-                         activation_peak: int, room: int | None = None) -> tuple[int, int, int] | None:
-    """(chunk, chunked Refresh peak, what a Reuse with keys at max_model_len adds to one at the token
-    budget) for canvases beyond the token budget, or None; the largest over the modes served.
-    `room`: the bytes the KV pool and this reservation share."""
+                         activation_peak: int, room: int | None = None,
+                         short_reuse: dict[str, int] | None = None) -> tuple[int, int, int] | None:
+    """(chunk, chunked Refresh peak, the peak of a Reuse with keys at max_model_len beside
+    `short_reuse[mode]`) for canvases beyond the token budget, or None; the largest over the
+    modes served. `room`: the bytes the KV pool and this reservation share."""
     T = config.max_num_batched_tokens
     if max_model_len <= T or not serves_long(config):
         return None
@@ -149,7 +155,7 @@ def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max
     chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else \
         [c for c in (chunking.MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
     peaks: dict[int, int] = dict.fromkeys(chunks, 0)
-    growth = 0
+    reuse = 0
     slots = None
     for mode in sorted(SERVED[config.cache], key=lambda m: m != "none"):
         if mode != "none" and room is not None and slots is None:
@@ -163,25 +169,22 @@ def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max
         state, cache, per_chunk = chunking.measure_moments(model, req, phase, scratch.storage, config, chunks, backend)
         peaks = {c: max(peaks[c], state + max(cache, per_chunk[c])) for c in chunks}
         if mode != "none":
-            reuse = []
-            for r in (_scratch_request(T, bl, model, config, mode, scratch), req):
-                with MemoryMeter(model.device) as meter:
-                    runner.run([(r, Phase.REUSE)])
-                reuse.append(meter.peak_bytes)
-            growth = max(growth, reuse[1] - reuse[0])
+            with MemoryMeter(model.device) as meter:
+                runner.run([(req, Phase.REUSE)])
+            reuse = max(reuse, meter.peak_bytes + (short_reuse or {}).get(mode, 0))
     chunk = chunking.choose_chunk(peaks, activation_peak)
-    return chunk, peaks[chunk], growth
+    return chunk, peaks[chunk], reuse
 
 
 def profile_kv_pool(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> MemoryProfile:
     budget = default_budget(model, config)
     wb = weights_bytes(model)
-    refresh_peak, reuse_peak = measure_activation_peak(model, config, backend, max_model_len)
+    modes = mode_peaks(model, config, backend, max_model_len)
+    refresh_peak, reuse_peak = max(p[0] for p in modes.values()), max(p[1] + p[2] for p in modes.values())
     peak = max(refresh_peak, reuse_peak)
     room = budget - wb - peak - int(budget * config.guard_fraction)       # the pool at its largest
-    chunk, long_refresh, growth = measure_long_context(model, config, backend, max_model_len, peak,
-                                                       room) or (None, 0, 0)
-    long_reuse = reuse_peak + growth if growth else 0
+    chunk, long_refresh, long_reuse = measure_long_context(
+        model, config, backend, max_model_len, peak, room, {m: p[1] for m, p in modes.items()}) or (None, 0, 0)
     guard = int(budget * config.guard_fraction)
     short = peak + graphs.memory_reserve(config, model.device, reuse_peak)
     peak = max(peak, long_refresh, long_reuse) + graphs.memory_reserve(config, model.device, max(reuse_peak, long_reuse))

@@ -36,8 +36,9 @@ class ModelRunner:
         self.decode_rows = getattr(model, "decode_rows", decode_rows)
         self.policy = POLICIES[config.cache](config, getattr(model, "head_mean", None))
         self.max_model_len = max_model_len or model.config.max_sequence_length
-        # padded key rows of one attention call (the profiler measures chunks of this bound)
+        # a bound on one member's keys (a graph's kernel bound); gathered key rows per attention call
         self.key_budget = max(self.max_model_len, config.max_num_batched_tokens)
+        self.key_chunk = config.max_num_batched_tokens
         self.kernel = PackedKernel(backend) if backend in PACKED else None
         # Reuse keys read in place where the kernel can; the profiler turns it off (the larger peak)
         self.in_place_keys = True
@@ -60,7 +61,7 @@ class ModelRunner:
         ids = host_tokens[np.minimum(np.repeat(m.offset, m.n_q) + pos, len(host_tokens) - 1)]
         p = PackedStep(real, m, fwd.put(ids), fwd.put(pos), int(m.length.max()) - 1,
                        StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
-                                   None if pad is None else pad.keys, self.kernel, self.in_place_keys))
+                                   None if pad is None else pad.keys, self.kernel, self.in_place_keys, self.key_chunk))
         p.plan = _plan_commit(real, reqs, host_tokens, self.model_config, main, in_pool)
         fwd.flush()
         if fwd is not main:

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.attention import PACKED, PackedKernel, key_bias, padded_attention
+from engine.attention import (
+    PACKED,
+    PackedKernel,
+    attention_over_key_chunks,
+    key_bias,
+    key_piece,
+    padded_attention,
+)
 from engine.cache_policy import CachePolicy, KeySpec
 from engine.kv_cache import KVPool
 from engine.ragged import padded, ragged
@@ -26,6 +33,7 @@ class _Chunk:
     kmax: int                          # padded: keys per member; packed: a bound on a member's keys
     keys_are_queries: bool = False     # the keys are the step's K/V at the query rows (a Refresh)
     in_place: bool = False             # packed: the keys are the pool layer itself (`_in_place`)
+    long_keys: bool = False            # one member's pool keys past `key_chunk`: attended in key chunks
     key_mask: torch.Tensor | None = None   # padded: [G, kmax] 1 = a real key (None: all are)
     q_rows: tuple | None = None            # padded, ragged Lq: (member, row) of each real output row
     dst: torch.Tensor | None = None        # the output row of each real query row (None: in order)
@@ -39,13 +47,13 @@ class _Chunk:
 class StepContext:
     """`static_keys` (a CUDA graph's bucket): every member's keys padded to this many (padded),
     the group's to this many in all (packed), or 0: read in place. `in_place`: False gathers
-    every group's keys (the profiler's worst case)."""
+    every group's keys (the profiler's worst case). `key_chunk`: gathered key rows per call."""
 
     def __init__(self, meta: StepMeta, policy: CachePolicy, pool: KVPool | None, backend: str, key_budget: int,
                  staging: Staging, dtype: torch.dtype, static_keys: int | None = None,
-                 kernel: PackedKernel | None = None, in_place: bool = True):
+                 kernel: PackedKernel | None = None, in_place: bool = True, key_chunk: int | None = None):
         self.meta, self.policy, self.pool, self.backend, self.dtype = meta, policy, pool, backend, dtype
-        self.static_keys, self.key_budget = static_keys, key_budget
+        self.static_keys, self.key_budget, self.key_chunk = static_keys, key_budget, key_chunk or key_budget
         self.packed = backend in PACKED
         self.kernel = kernel if kernel is not None or not self.packed else PackedKernel(backend)
         self.n_slots = pool.storage.shape[2] if pool is not None else 0
@@ -63,7 +71,7 @@ class StepContext:
             if self.packed:
                 self.chunks += self._packed_chunks(members, spec, staging)
             else:
-                parts = [members] if static_keys is not None else split_by_keys(members, key_lens[members], key_budget)
+                parts = [members] if static_keys is not None else split_by_keys(members, key_lens[members], self.key_chunk)
                 self.chunks += [self._chunk(part, spec, staging) for part in parts]
         if len(self.chunks) > 1 or (self.chunks and self.chunks[0].in_place and self.chunks[0].q_index is not None):
             for ch in self.chunks:                    # each chunk's rows go straight to their place
@@ -89,14 +97,20 @@ class StepContext:
         if not from_pool or self.static_keys:
             if self.static_keys == 0:
                 raise AssertionError("a graph's in-place step (static keys 0) on a group not read in place")
-            return [self._chunk(members, spec, staging)]
+            return self._gathered(members, spec, staging)
         first = m.slots[m.slot_base[members]]
         dummy = first == self.pool.scratch
         whole = _contiguous(m.slots, m.slot_base[members], kc) | dummy
         if self.static_keys == 0 and not whole.all():
             raise AssertionError("a graph's in-place step needs every slot table in one piece")
         out = [self._in_place(members[whole], np.where(dummy, 0, kc)[whole], first[whole], staging)] if whole.any() else []
-        return out + ([self._chunk(members[~whole], spec, staging)] if not whole.all() else [])
+        return out + (self._gathered(members[~whole], spec, staging) if not whole.all() else [])
+
+    def _gathered(self, members: np.ndarray, spec: KeySpec, staging: Staging) -> list[_Chunk]:
+        """Packed members gathered into one call, each with pool keys past `key_chunk` alone."""
+        long = spec.cached[members] > (self.key_chunk if not self.static_keys else np.iinfo(np.int64).max)
+        parts = [members[~long]] if not long.all() else []
+        return [self._chunk(p, spec, staging) for p in parts + [members[i : i + 1] for i in np.flatnonzero(long)]]
 
     def _in_place(self, members: np.ndarray, keys: np.ndarray, first: np.ndarray, staging: Staging) -> _Chunk:
         """Reuse members read in place, ordered by where their range starts (keyless ones last),
@@ -148,7 +162,8 @@ class StepContext:
                         q_rows=tuple(map(staging.put, np.nonzero(q_ok))) if ragged_q else None)
         if from_pool:
             slots = m.slots[np.minimum(idx, len(m.slots) - 1).reshape(-1)]
-            ch.kv_index = staging.put(np.concatenate([slots, slots + self.n_slots]))
+            ch.long_keys = G == 1 and not self.static_keys and kmax > self.key_chunk
+            ch.kv_index = staging.put(slots if ch.long_keys else np.concatenate([slots, slots + self.n_slots]))
         elif np.array_equal(idx, q_idx):              # no second gather of the same rows
             ch.keys_are_queries = True
         else:
@@ -183,6 +198,9 @@ class StepContext:
         qq = q if ch.q_index is None else q[ch.q_index]
         if ch.in_place:
             return self.kernel(qq, pool[0], pool[1], ch.cu_q32, ch.cu_k32, ch.Lq, ch.kmax)
+        if ch.long_keys:
+            o = attention_over_key_chunks(qq.reshape(-1, *q.shape[1:]), self._key_chunks(ch, pool))
+            return o if self.packed else o.view(1, *o.shape)
         if ch.kv_index is not None:                   # K and V of every member in one indexed read
             K, V = pool.view(-1, hkv, d)[ch.kv_index].view(2, -1, hkv, d).unbind(0)
         elif ch.keys_are_queries:
@@ -194,6 +212,14 @@ class StepContext:
         o = padded_attention(qq.view(ch.G, ch.Lq, *q.shape[1:]), K.view(ch.G, ch.kmax, hkv, d),
                              V.view(ch.G, ch.kmax, hkv, d), ch.bias)
         return o if ch.q_rows is None else o[ch.q_rows]
+
+    def _key_chunks(self, ch: _Chunk, pool):
+        """A long member's K and V from the pool, a piece at a time (`key_piece`)."""
+        _, hkv, d = pool.shape[1:]
+        n = key_piece(self.key_chunk, ch.Lq, self.pool.cfg.n_heads, hkv, d, pool.dtype)
+        for a in range(0, ch.kmax, n):
+            idx = ch.kv_index[a : a + n]                    # gathered heads first: [Hkv, n, D]
+            yield pool[0].transpose(0, 1)[:, idx], pool[1].transpose(0, 1)[:, idx]
 
 
 def _identity(idx: np.ndarray, n: int) -> bool:

@@ -195,7 +195,7 @@ def test_auto_is_profiled_for_the_worst_step_of_either_mode(monkeypatch):
 
     def peaks(runner, model, config, max_model_len, mode):
         seen.append(mode)
-        return {"dual": (10, 50), "sparse": (30, 20)}[mode]
+        return {"dual": (10, 30, 20), "sparse": (30, 10, 10)}[mode]     # (Refresh, short Reuses, one Reuse)
     monkeypatch.setattr(profiler, "_peaks", peaks)
     assert measure("auto") == (30, 50) and seen == ["dual", "sparse"]
 

@@ -47,7 +47,7 @@ def test_batched_attention_equals_per_sequence_sdpa(cache, hkv, key_budget):
     model = tiny_model(F64, n_kv_heads=hkv, seed=hkv)
     eng = make_engine(model, cache=cache, retention=0.5)
     if key_budget is not None:
-        eng.runner.key_budget = key_budget
+        eng.runner.key_chunk = key_budget
     prompts = random_prompts(5, [3, 11, 6, 1, 17], seed=4)
     params = [SamplingParams(gen_length=g, steps=s, block_length=b)
               for g, s, b in [(8, 4, 4), (12, 6, 6), (8, 8, 2), (16, 8, 8), (6, 6, 3)]]

@@ -79,7 +79,7 @@ def test_flash_path_matches_the_padded_sdpa_path_in_bf16(cache, standin):
 def test_one_varlen_call_per_group_per_layer(standin):
     model = tiny_model(BF16, seed=2)
     eng = make_engine(model, cache="dual", attention_backend="flash_attn", max_num_batched_tokens=4096)
-    eng.runner.key_budget = 8            # would split every padded group into chunks
+    eng.runner.key_budget = eng.runner.key_chunk = 8     # would split every padded group into chunks
     steps = []
     original = eng.runner.run
 

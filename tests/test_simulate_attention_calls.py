@@ -20,7 +20,7 @@ from tests.helpers import tiny_model
 def test_padded_attention_calls_are_the_engines(monkeypatch, cache):
     torch.manual_seed(0)
     model = tiny_model(torch.float32)
-    # max_model_len 48 bounds a call's padded keys, so the Reuse group of three canvases splits
+    # the token budget (120) bounds a call's padded keys, so a Reuse group of three canvases splits
     cfg = EngineConfig(dtype="float32", device="cpu", sampling=False, cache=cache, kv_pool_tokens=400,
                        max_num_batched_tokens=120, max_num_logits=16, max_model_len=48)
     engine = LLMEngine(cfg, model=model)

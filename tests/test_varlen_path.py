@@ -124,7 +124,7 @@ def test_reuse_keys_are_read_in_place_one_call_per_group_per_layer(varlen):
     sv = varlen("2.12")
     model = tiny_model(BF16, n_kv_heads=4, seed=2)
     eng = make_engine(model, cache="dual", attention_backend="varlen", max_num_batched_tokens=4096)
-    eng.runner.key_budget = 8            # would split every padded group into chunks
+    eng.runner.key_budget = eng.runner.key_chunk = 8     # would split every padded group into chunks
     steps, original = [], eng.runner.run
 
     def run(batch):

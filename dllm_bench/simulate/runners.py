@@ -87,7 +87,7 @@ class CostRunner:
         # bf16/fp16): then every attention call is charged padded as it runs (work.padded_calls).
         backend = getattr(inner, "backend", None)
         packed = backend in PACKED if backend is not None else in_place
-        self.key_budget = None if packed else getattr(inner, "key_budget", None) or key_budget(config, model_config)
+        self.key_budget = None if packed else getattr(inner, "key_chunk", None) or key_budget(config, model_config)
         self.kept: dict[tuple[int, int, int], bool] = {}       # each captured graph: replayed or not
         self.decisions: dict[str, list] = {"kept": [], "eager": []}   # the same as [bucket, keys, block]
         self.last: list = []

@@ -98,8 +98,8 @@ def padded_calls(segs: list[Seg], refresh: np.ndarray, key_budget: int) -> list[
 
 
 def key_budget(config: EngineConfig, model_config) -> int:
-    """The engine runner's padded key rows per attention call (engine.runner.ModelRunner)."""
-    return max(config.max_model_len or model_config.max_sequence_length, config.max_num_batched_tokens)
+    """The engine runner's padded key rows per attention call (engine.runner.ModelRunner.key_chunk)."""
+    return config.max_num_batched_tokens
 
 
 def graph_key(batch: list[tuple[Request, Phase]], config: EngineConfig,
