@@ -7,7 +7,7 @@ from typing import Any
 
 from dllm_bench import inputs
 from dllm_bench.checkpoints.load import load_shape
-from dllm_bench.checkpoints.presets import param_count
+from dllm_bench.checkpoints.presets import model_params
 from dllm_bench.console import console
 from dllm_bench.device_defaults import MemoryBudget, resolve_budget, resolve_device_options
 from dllm_bench.errors import UserError
@@ -102,7 +102,7 @@ def _positive(name: str, v: int | None) -> None:
 
 def weights_of(cfg: ModelConfig, dtype: str) -> int:
     """The weights' bytes from the shape alone (before anything is loaded)."""
-    n = param_count(cfg.d_model, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.mlp_hidden_size, cfg.padded_vocab)
+    n = model_params(cfg)
     return n * DTYPES[dtype].itemsize
 
 
