@@ -20,7 +20,14 @@ from dllm_bench.checkpoints.make import INDEX_FILE, make_checkpoint, weight_shap
 from dllm_bench.checkpoints.presets import get_preset
 from dllm_bench.checkpoints.token_layouts import DREAM_SPECIAL_IDS, token_layout
 from dllm_bench.errors import UserError
-from engine.models import build_model, config_from_dict, config_from_pretrained, hf_state_dict, load_model
+from engine.models import (
+    build_model,
+    config_from_dict,
+    config_from_pretrained,
+    dense_attention,
+    hf_state_dict,
+    load_model,
+)
 
 DREAM_PRESETS = ("tiny-dream", "similar-dream", "dream-7b")
 # Qwen2 / Dream module names of one layer (Dream's modeling_dream.py: q/k/v carry biases, o does not)
@@ -374,3 +381,52 @@ def test_server_chats_with_tiny_dream_in_chatml(cache):
         s.stop()
     assert r.usage.prompt_tokens == len(tok(CHATML, add_special_tokens=False)["input_ids"])
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+# ------------------------------------------------------------------ training a Dream
+def test_training_logits_carry_dreams_shift():
+    """The training forward (batched, right-padded) gives row p the prediction for token p as the
+    model's own forward does: Dream's row p from the hidden at p - 1."""
+    from dllm_bench.train.batches import batched_logits
+
+    torch.manual_seed(0)
+    cfg = get_preset("tiny-dream").model_config()
+    model = build_model(cfg).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.5 if name.endswith(".bias") else 0.1)   # biases large enough to matter
+    a, b = [5, 9, 11, 13, 17, 19], [7, 3, 2]
+    ids = torch.tensor([a, b + [0] * 3])
+    valid = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])
+    with torch.no_grad():
+        got = batched_logits(model, ids, valid)
+    # float64 both ways; the two paths differ only in summation order
+    torch.testing.assert_close(got[0], model(torch.tensor([a]))[0], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got[1, :3], model(torch.tensor([b]))[0], rtol=1e-9, atol=1e-9)
+    unshifted = model.lm_head(model.hidden_states(torch.tensor(a), torch.arange(6), dense_attention))
+    torch.testing.assert_close(got[0, 1:], unshifted[:-1], rtol=1e-9, atol=1e-9)
+    assert not torch.allclose(got[0, 1:], unshifted[1:])
+
+
+def test_train_writes_a_dream_checkpoint(tmp_path, monkeypatch):
+    """`dllm-bench train --model-type Dream`: Dream's config.json, weight names (biases trained),
+    tokenizer and chat template; loadable, and the layout check passes. The learning curve's probe
+    decodes with the engine: while the engine refuses Dream models it is left out here."""
+    from dllm_bench.train import loop
+    from dllm_bench.train.loop import TrainConfig, train
+
+    if engine_refusal():
+        monkeypatch.setattr(loop, "probe_accuracy", lambda *a, **k: (0.0, 0.0))
+
+    kw = dict(train_facts=(2, 3), eval_facts=2, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
+              mlp_hidden_size=64, batch_size=4, steps=3, warmup=1, eval_every=3, eval_n=2,
+              tokenizer_corpus=200, threads=1, model_type="Dream")
+    train(TrainConfig(out=str(tmp_path / "a"), **kw), log=lambda s: None)
+    train(TrainConfig(out=str(tmp_path / "b"), **kw), log=lambda s: None)
+    a = tmp_path / "a"
+    assert (a / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert check_layout(a).ok and load_config(a).family.name == "Dream"
+    w = load_file(str(a / "model.safetensors"))
+    assert set(w) == dream_names(1) and w["model.layers.0.self_attn.q_proj.bias"].abs().max() > 0
+    assert json.loads((a / "tokenizer_config.json").read_text())["chat_template"] == token_layout("Dream").chat_template
+    assert load_model(a).config.shift == 1
