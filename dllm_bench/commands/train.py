@@ -1,6 +1,6 @@
-"""`dllm-bench train`: train a tiny LLaDA-architecture masked-diffusion model on a generated task
-(`synth`, `synth-cot`; CPU) and save it as an HF LLaDA checkpoint + tokenizer + learning curve
-(dllm_bench.train.loop.train)."""
+"""`dllm-bench train`: train a tiny masked-diffusion model of either family (LLaDA, Dream) on a
+generated task (`synth`, `synth-cot`; CPU) and save it as an HF checkpoint of its family +
+tokenizer + learning curve (dllm_bench.train.loop.train)."""
 from __future__ import annotations
 
 import json
@@ -26,7 +26,9 @@ def register(app: typer.Typer) -> None:
         needles: int = typer.Option(3, help="synth-cot: digit-valued events in the chain (answer steps + 1)."),
         max_value: int = typer.Option(9, help="Operand range (1..9)."),
         window: int | None = typer.Option(None, help="Answer region length (answer + EOS padding; default: synth 16, synth-cot 32)."),
-        vocab_size: int = typer.Option(512, help="Vocabulary size (BPE + 12 LLaDA special tokens)."),
+        model_type: str = typer.Option("llada", "--model-type", help="The family: llada | Dream (its config.json, "
+                                       "weight names, special tokens; Dream's logits carry its shift)."),
+        vocab_size: int = typer.Option(512, help="Vocabulary size (BPE + the family's special tokens)."),
         d_model: int = typer.Option(128),
         n_layers: int = typer.Option(4),
         n_heads: int = typer.Option(4),
@@ -50,7 +52,7 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Write into a non-empty --out."),
         json_out: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
     ) -> None:
-        """Train a tiny LLaDA on synth or synth-cot with the masked-diffusion objective; save HF LLaDA layout."""
+        """Train a tiny LLaDA (or Dream) on synth or synth-cot with the masked-diffusion objective; save its HF layout."""
         flags = dict(locals())
         json_out = flags.pop("json_out")
         log = (lambda s: typer.echo(s, err=True)) if json_out else typer.echo

@@ -51,7 +51,8 @@ def collate(batch: Sequence[Encoded], pad_id: int, mask_answer: bool = False, ma
 
 def batched_logits(model: DenseLM, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """[B, T] ids -> [B, T, V] logits through the engine's own blocks (differentiable), keys
-    restricted to each row's valid (non-padding) positions; bidirectional like LLaDA."""
+    restricted to each row's valid (non-padding) positions; bidirectional; row p the prediction
+    for token p with the family's shift applied as `DenseLM.forward` does (Dream: hidden p - 1)."""
     B, T = ids.shape
     pos = torch.arange(T, device=ids.device).repeat(B)
     keep = valid[:, None, None, :]                                    # [B, 1, 1, T]
@@ -62,4 +63,6 @@ def batched_logits(model: DenseLM, ids: torch.Tensor, valid: torch.Tensor) -> to
         return o.transpose(1, 2).reshape(B * T, q.shape[1], q.shape[2])
 
     h = model.hidden_states(ids.reshape(-1), pos, attn)
-    return model.lm_head(h).view(B, T, -1)
+    logits = model.lm_head(h).view(B, T, -1)
+    s = model.config.shift
+    return torch.cat([logits[:, :s], logits[:, : T - s]], dim=1) if s else logits

@@ -1,6 +1,6 @@
-"""Train a tiny LLaDA-architecture masked-diffusion model on a generated task (`synth`,
-`synth-cot`) on CPU and save it as an HF-layout LLaDA checkpoint the engine loads unchanged
-(`dllm-bench train`).
+"""Train a tiny masked-diffusion model of either family (LLaDA; Dream, whose logits carry its
+shift) on a generated task (`synth`, `synth-cot`) on CPU and save it as an HF-layout checkpoint
+of its family the engine loads unchanged (`dllm-bench train`).
 
 The model is `engine.models.DenseLM` itself, trained through its own blocks with a
 batched, padding-masked attention, so the saved weights mean exactly what the engine computes.
@@ -25,14 +25,14 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG
-from dllm_bench.checkpoints.tokenizer import EOS, special_token_ids
+from dllm_bench.checkpoints.presets import FAMILY_CONFIG
+from dllm_bench.checkpoints.token_layouts import LAYOUTS
 from dllm_bench.errors import UserError
 from dllm_bench.train.batches import ANSWER_DELIM, Encoded, batched_logits, collate, encode_examples
 from dllm_bench.train.curve import probe_accuracy, write_curve
 from dllm_bench.train.tokenizer import build_task_tokenizer, save_task_tokenizer
 from engine.config import DTYPES
-from engine.models import DenseLM, ModelConfig, build_model
+from engine.models import DenseLM, ModelConfig, build_model, config_from_dict, hf_state_dict
 from workloads.tasks import generated, synth
 
 OBJECTIVES = ("llada", "plain")
@@ -52,7 +52,8 @@ class TrainConfig:
     # --- tokenizer ---
     vocab_size: int = 512                # embedding rows; learned BPE tokens + fillers + 12 specials
     tokenizer_corpus: int = 4000         # train examples the BPE is trained on
-    # --- model (LLaDA architecture) ---
+    # --- model ---
+    model_type: str = "llada"            # the family (config.json's model_type): llada | Dream
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
@@ -100,7 +101,8 @@ class TrainConfig:
         check(self.stop_after is None or self.stop_after > 0, "stop_after must be positive")
         check(min(self.d_model, self.n_layers, self.n_heads, self.n_kv_heads, self.mlp_hidden_size) > 0,
               "d_model, n_layers, n_heads, n_kv_heads and mlp_hidden_size must be positive")
-        check(min(special_token_ids(self.vocab_size).values()) > 256,
+        check(self.model_type in LAYOUTS, f"model_type must be one of {', '.join(LAYOUTS)}, got {self.model_type!r}")
+        check(min(LAYOUTS[self.model_type].ids(self.vocab_size).values()) > 256,
               f"vocab_size {self.vocab_size} leaves no room for the 256 byte tokens")
         check(self.lr > 0 and self.rope_theta > 0 and math.isfinite(self.lr * self.rope_theta),
               "lr and rope_theta must be positive numbers")
@@ -166,21 +168,23 @@ class TrainStream:
 
 # ------------------------------------------------------------------------------------ model
 def model_config(cfg: TrainConfig, special_ids: dict[str, int]) -> ModelConfig:
-    return ModelConfig(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+    """The model of `cfg` as its family reads it back from config.json (biases, shift: the family's)."""
+    base = ModelConfig(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                        n_layers=cfg.n_layers, mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=cfg.vocab_size,
                        embedding_size=cfg.vocab_size, max_sequence_length=cfg.max_sequence_length,
-                       rope_theta=cfg.rope_theta, **special_ids)
+                       rope_theta=cfg.rope_theta, model_type=cfg.model_type, **special_ids)
+    return config_from_dict(base.to_hf())
 
 
 def init_model(mcfg: ModelConfig, seed: int) -> DenseLM:
     """LLaDA's init: N(0, 0.02) for every matrix (output projections scaled by 1/sqrt(2L), GPT-2
-    style, for a stable start), RMSNorm weights 1."""
+    style, for a stable start), RMSNorm weights 1, biases (Dream's q/k/v) 0."""
     g = torch.Generator().manual_seed(seed)
     model = build_model(mcfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:
-                p.fill_(1.0)
+                p.fill_(0.0 if name.endswith(".bias") else 1.0)
                 continue
             std = 0.02
             if name.endswith("attn_out.weight") or (".blocks." in name and name.endswith("ff_out.weight")):
@@ -236,15 +240,16 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
     out = Path(cfg.out).expanduser()
 
     corpus = corpus_lines(cfg)
-    tok = build_task_tokenizer(corpus, cfg.vocab_size)
+    tok = build_task_tokenizer(corpus, cfg.vocab_size, cfg.model_type)
     probe_rows = generated.examples(cfg.task, "dev", cfg.eval_n, seed=cfg.eval_seed, context_facts=cfg.eval_facts,
                                     **task_knobs(cfg))
     try:  # the probe's answers in the window, checked before --out is made
-        probe = encode_examples(tok, probe_rows, cfg.window, special_token_ids(tok.get_vocab_size())[EOS])
+        probe = encode_examples(tok, probe_rows, cfg.window,
+                                LAYOUTS[cfg.model_type].config_ids(tok.get_vocab_size())["eos_token_id"])
     except ValueError as e:
         raise UserError(f"--window {cfg.window}: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
-    special = save_task_tokenizer(tok, out, cfg.max_sequence_length)
+    special = save_task_tokenizer(tok, out, cfg.max_sequence_length, cfg.model_type)
     mask_id, eos = special["mask_token_id"], special["eos_token_id"]
     mcfg = model_config(cfg, special)
     model = init_model(mcfg, cfg.seed)
@@ -303,15 +308,11 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
     if not curve or curve[-1]["step"] != step:
         evaluate()
 
-    # ---- save (HF LLaDA layout)
-    state = {k: v.detach().to(DTYPES[cfg.save_dtype]).contiguous() for k, v in model.state_dict().items()}
+    # ---- save (the family's HF layout)
+    state = {k: v.detach().to(DTYPES[cfg.save_dtype]).contiguous() for k, v in hf_state_dict(model).items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     os.chmod(out / "model.safetensors", 0o644)
-    hf = dict(LLADA_8B_CONFIG)
-    hf.update(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
-              mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=cfg.vocab_size, embedding_size=cfg.vocab_size,
-              max_sequence_length=cfg.max_sequence_length, rope_theta=cfg.rope_theta, torch_dtype=cfg.save_dtype,
-              **special)
+    hf = dict(FAMILY_CONFIG.get(cfg.model_type, {})) | mcfg.to_hf() | {"torch_dtype": cfg.save_dtype}
     (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     write_curve(curve, out)
     summary = {

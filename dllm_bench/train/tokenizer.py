@@ -1,6 +1,6 @@
 """The task tokenizer of `dllm-bench train`: byte-level BPE learned on synth text (digits split
-one by one, names and items end up as single tokens), learned tokens first and LLaDA's special
-tokens at the top of the vocab in LLaDA's relative order (dllm_bench.checkpoints.tokenizer's small-vocab layout),
+one by one, names and items end up as single tokens), learned tokens first and the family's special
+tokens at the top of the vocab in their real relative order (dllm_bench.checkpoints.token_layouts),
 saved so `AutoTokenizer` loads it offline."""
 from __future__ import annotations
 
@@ -10,23 +10,16 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from dllm_bench.checkpoints.tokenizer import (
-    _NAMED,
-    BOS,
-    CHAT_TEMPLATE,
-    EOS,
-    MASK,
-    _pre_tokenizer,
-    special_token_ids,
-)
+from dllm_bench.checkpoints.token_layouts import token_layout, tokenizer_config
+from dllm_bench.checkpoints.tokenizer import _pre_tokenizer, special_token_ids
 
 
-def build_task_tokenizer(corpus: Sequence[str], vocab_size: int):
+def build_task_tokenizer(corpus: Sequence[str], vocab_size: int, model_type: str = "llada"):
     """A `tokenizers.Tokenizer` of exactly `vocab_size` dense ids: BPE learned on `corpus` (as many
-    merges as min_frequency 2 allows, up to the budget), `<|reserved_N|>` fillers, then LLaDA's
-    12 special tokens at the top in LLaDA's relative order (dllm_bench.checkpoints.tokenizer's small-vocab layout)."""
+    merges as min_frequency 2 allows, up to the budget), `<|reserved_N|>` fillers, then the
+    family's special tokens at the top in their real relative order (token_layouts)."""
 
-    specials = special_token_ids(vocab_size)
+    specials = special_token_ids(vocab_size, model_type)
     budget = min(specials.values())
     if budget <= 256:
         raise ValueError(f"vocab_size {vocab_size} leaves no room for the 256 byte tokens")
@@ -52,22 +45,13 @@ def build_task_tokenizer(corpus: Sequence[str], vocab_size: int):
     return tok
 
 
-def save_task_tokenizer(tok, out: Path, model_max_length: int) -> dict[str, int]:
+def save_task_tokenizer(tok, out: Path, model_max_length: int, model_type: str = "llada") -> dict[str, int]:
     """tokenizer.json + tokenizer_config.json exactly as dllm_bench.checkpoints.tokenizer.save_tokenizer writes
     them (AutoTokenizer-loadable offline); returns the config.json special ids."""
-    specials = special_token_ids(tok.get_vocab_size())
+    layout = token_layout(model_type)
+    specials = layout.ids(tok.get_vocab_size())
     (out / "tokenizer.json").write_text(tok.to_str(pretty=False), encoding="utf-8")
-    added = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                      "single_word": False, "special": True}
-             for t, i in sorted(specials.items(), key=lambda kv: kv[1])}
-    config = {
-        "add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": added,
-        "additional_special_tokens": [t for t in sorted(specials, key=specials.get) if t not in _NAMED],
-        "bos_token": BOS, "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
-        "eos_token": EOS, "mask_token": MASK, "model_max_length": model_max_length, "pad_token": EOS,
-        "padding_side": "left", "tokenizer_class": "PreTrainedTokenizerFast",
-    }
     (out / "tokenizer_config.json").write_text(
-        json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-    return {"bos_token_id": specials[BOS], "eos_token_id": specials[EOS], "pad_token_id": specials[EOS],
-            "mask_token_id": specials[MASK]}
+        json.dumps(tokenizer_config(layout, specials, model_max_length), indent=2, sort_keys=True,
+                   ensure_ascii=False) + "\n", encoding="utf-8")
+    return layout.config_ids(tok.get_vocab_size())

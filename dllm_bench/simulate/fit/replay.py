@@ -20,7 +20,7 @@ from dllm_bench.simulate.fit.measured import MeasuredPoint
 from dllm_bench.simulate.hardware import Hardware
 from dllm_bench.simulate.implementations import MEASURED_HOST
 from dllm_bench.simulate.simulator import DTYPE_BYTES, SimSetup, simulate_point
-from engine.models import ModelConfig
+from engine.models import ModelConfig, config_from_dict
 
 
 @dataclass
@@ -49,7 +49,9 @@ def _model(run_dir: str) -> tuple[ModelConfig, str, dict, float]:
     model = ModelConfig(d_model=m["d_model"], n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], n_layers=m["n_layers"],
                         mlp_hidden_size=m["mlp_hidden_size"], vocab_size=m["vocab_size"],
                         embedding_size=m.get("padded_vocab") or m["vocab_size"],
-                        max_sequence_length=m.get("max_sequence_length") or 4096)
+                        max_sequence_length=m.get("max_sequence_length") or 4096,
+                        model_type=m.get("model_type", "llada"))
+    model = config_from_dict(model.to_hf())   # the family's own facts (biases, shift); runs before it: LLaDA
     return model, cfg["preset"]["dtype"], dict(cfg.get("baseline_defaults") or {}), float(cfg.get("memory_budget") or 0)
 
 
