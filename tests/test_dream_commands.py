@@ -1,10 +1,8 @@
 """A Dream model through the commands: which systems run it (a baseline's registry entry lists its
-families), every command of the README's table on `--model tiny-dream` (those that need the engine
-skipped, with the engine's own reason, while it refuses shifted-prediction models), the server's
+families), every command of the README's table on `--model tiny-dream`, the server's
 ChatML chat, and `train --model-type Dream`."""
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -63,31 +61,6 @@ def test_serve_refuses_a_named_baseline_without_a_dream_version(refused):
 
 
 # ------------------------------------------------------------------ every command on tiny-dream
-@functools.lru_cache(maxsize=1)
-def engine_refusal() -> str | None:
-    """The engine's refusal of a Dream model while it does not serve shifted-prediction models yet;
-    None once it does (the tests below that need it then run)."""
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-
-    with torch.device("meta"):
-        model = build_model(get_preset("tiny-dream").model_config())
-    model = model.to_empty(device="cpu")
-    try:
-        LLMEngine(EngineConfig(device="cpu", cache="none", kv_pool_tokens=64), model=model)
-    except ValueError as e:
-        if "shifted-prediction" in str(e):
-            return str(e)
-        raise
-    return None
-
-
-def needs_engine():
-    why = engine_refusal()
-    if why:
-        pytest.skip(f"the engine refuses Dream models until it serves them: {why}")
-
-
 def _json(out: str) -> dict:
     return json.loads(out[out.index("{"):])
 
@@ -104,6 +77,11 @@ def check_models_make(r, tmp):
 def check_doctor(r, tmp):
     row = next(c for c in _json(r.stdout)["checks"] if c["name"] == "checkpoint")
     assert row["status"] == "ok" and row["data"]["family"] == "Dream" and row["data"]["kv_heads"] == 2
+
+
+def check_profile_step(r, tmp):
+    doc = _json(r.stdout)
+    assert doc["model"] == "tiny-dream" and doc["steps"] >= 1 and doc["step"] and doc["composition"]
 
 
 def check_profile(r, tmp):
@@ -137,28 +115,26 @@ def check_accuracy(r, tmp):
 
 
 COMMANDS = {  # name: (args, needs the engine, check)
-    "models list": (["models", "list"], False, check_models_list),
-    "models make": (["models", "make", "tiny-dream", "--out", "{tmp}/made"], False, check_models_make),
-    "doctor": (["doctor", "--model", "tiny-dream", "--device", "cpu", "--json"], False, check_doctor),
-    "profile": (["profile", "--model", "tiny-dream", "--json"], False, check_profile),
+    "models list": (["models", "list"], check_models_list),
+    "models make": (["models", "make", "tiny-dream", "--out", "{tmp}/made"], check_models_make),
+    "doctor": (["doctor", "--model", "tiny-dream", "--device", "cpu", "--json"], check_doctor),
+    "profile": (["profile", "--model", "tiny-dream", "--json"], check_profile),
     "generate": (["generate", "--model", "tiny-dream", "--prompt", "Hi", "--gen-length", "8", "--block-length", "8",
-                  "--json"], True, check_generate),
-    "serve": (["serve", "--model", "tiny-dream", "--rps", "inf", "--num-prompts", "4", "--json"], True, check_serve),
-    "memory": (["memory", "--model", "tiny-dream", "--memory-budget", "2MiB", "--systems", "engine", "--json"], True,
+                  "--json"], check_generate),
+    "serve": (["serve", "--model", "tiny-dream", "--rps", "inf", "--num-prompts", "4", "--json"], check_serve),
+    "memory": (["memory", "--model", "tiny-dream", "--memory-budget", "2MiB", "--systems", "engine", "--json"],
                check_run),
-    "profile-step": (["profile-step", "--model", "tiny-dream", "--batch", "2", "--json"], True, check_profile),
+    "profile-step": (["profile-step", "--model", "tiny-dream", "--batch", "2", "--json"], check_profile_step),
     "simulate": (["simulate", "--model", "tiny-dream", "--hardware", "h100", "--num-prompts", "4", "--rps", "inf",
-                  "--json"], True, check_run),
+                  "--json"], check_run),
     "accuracy": (["accuracy", "--model", "tiny-dream", "--task", "synth", "--limit", "2", "--retention", "0.5",
-                  "--no-r1", "--json", "--threads", "1"], True, check_accuracy),
+                  "--no-r1", "--json", "--threads", "1"], check_accuracy),
 }
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_every_command_takes_tiny_dream(command, cache, tmp_path, monkeypatch, cli_in_process):
-    args, engine, check = COMMANDS[command]
-    if engine:
-        needs_engine()
+    args, check = COMMANDS[command]
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DLLM_BENCH_RESULTS_DIR", str(tmp_path / "runs"))
     r = cli_in_process(*(a.replace("{tmp}", str(tmp_path)) for a in args))
@@ -169,7 +145,6 @@ def test_every_command_takes_tiny_dream(command, cache, tmp_path, monkeypatch, c
 def test_server_chats_with_tiny_dream_in_chatml(cache):
     """`server --model tiny-dream`: the chat template is the checkpoint's (ChatML), so the prompt
     the engine sees is the ChatML rendering of the messages."""
-    needs_engine()
     from dllm_bench.checkpoints.load import load_tokenizer, model_dir
     from tests.server_proc import Server
 
@@ -211,13 +186,8 @@ def test_training_logits_carry_dreams_shift():
 
 def test_train_writes_a_dream_checkpoint(tmp_path, monkeypatch):
     """`dllm-bench train --model-type Dream`: Dream's config.json, weight names (biases trained),
-    tokenizer and chat template; loadable, and the layout check passes. The learning curve's probe
-    decodes with the engine: while the engine refuses Dream models it is left out here."""
-    from dllm_bench.train import loop
+    tokenizer and chat template; loadable, and the layout check passes."""
     from dllm_bench.train.loop import TrainConfig, train
-
-    if engine_refusal():
-        monkeypatch.setattr(loop, "probe_accuracy", lambda *a, **k: (0.0, 0.0))
 
     kw = dict(train_facts=(2, 3), eval_facts=2, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
               mlp_hidden_size=64, batch_size=4, steps=3, warmup=1, eval_every=3, eval_n=2,
