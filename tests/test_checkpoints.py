@@ -180,8 +180,7 @@ def test_llada_vocab_tokenizer_uses_llada_ids(tmp_path):
     real = tb.LLADA_SPECIAL_IDS
     assert special.config_fields() == {"bos_token_id": real[tb.BOS], "eos_token_id": real[tb.EOS],
                                        "pad_token_id": real[tb.EOS], "mask_token_id": real[tb.MASK]}
-    assert (special.eot_token_id, special.start_header_id, special.end_header_id) == (
-        real[tb.EOT], real[tb.START_HEADER], real[tb.END_HEADER])
+    assert special.tokens == real
     tok = _load_auto(tmp_path)
     assert len(tok) == tb.LLADA_VOCAB_SIZE
     assert {t: tok.convert_tokens_to_ids(t) for t in real} == real

@@ -83,6 +83,33 @@ def test_similar_preset_keeps_the_ratios_it_claims():
     assert row["weights_over_budget"] == pytest.approx(c.weights_bytes / parse_size(sp.memory_budget))
 
 
+def test_similar_dream_keeps_dream_7b_ratios():
+    """similar-dream is to Dream-7B what similar-1024 is to LLaDA-8B (docs/SCALING.md): LM head /
+    body and logit row / KV token within 2 % (V ≈ 1357·L at Dream's f/d and kv/d), Fast-dLLM's
+    largest batch and weights / budget as the RTX 4090 rows and cpu-default have them."""
+    big = PRESETS["dream-7b"]
+    assert (big.d_model, big.n_layers, big.n_heads, big.n_kv_heads, big.mlp_hidden_size, big.vocab_size) == (
+        3584, 28, 28, 4, 18944, 152064)
+    c8 = sim.costs(big, 2)
+    paper = sim.RequestShape(sim.mean_prompt_len("livebench"), 256, 32)
+    r8 = sim.ratios(c8, paper, 2, 2, 2)
+    # by hand: V / (L·(2d + 2kv + 3f)) and V / (2·L·kv)
+    assert close(r8["lm_head_over_body"], 152064 / (28 * (2 * 3584 + 2 * 512 + 3 * 18944)))
+    assert close(r8["logit_row_over_kv_token"], 152064 / (2 * 28 * 512))
+    sp = SERVE["similar-dream"]
+    assert sp.model == "similar-dream" and sp.length_scale == 1.0
+    p = PRESETS[sp.model]
+    assert p.n_heads % p.n_kv_heads == 0 and p.n_heads // p.n_kv_heads == big.n_heads // big.n_kv_heads == 7
+    r = sim.ratios(sim.costs(p, 4), sim.serve_shape(sp), 4, 4, 4)
+    for key in ("lm_head_over_body", "logit_row_over_kv_token"):
+        assert abs(r[key] / r8[key] - 1) <= 0.02, key
+    table = sim.similarity_table().set_index("model @ machine")
+    row, gpu = table.loc["similar-dream @ similar-dream"], table.loc["dream-7b @ rtx4090"]
+    assert abs(row["B fast-dllm"] / gpu["B fast-dllm"] - 1) <= 0.25
+    assert row["weights_over_budget"] == pytest.approx(table.loc["similar-1024 @ cpu-default"]["weights_over_budget"],
+                                                       abs=0.02)
+
+
 def test_dllm_cache_step_share_follows_its_schedule():
     """By hand for a 2-layer model, prompt 4, gen 4, intervals (prompt 3, gen 2), ratio 0.5: layer 0
     always does all 8 tokens; layer 1 does 8 at t = 1, the gen 4 at t = 3 (gen interval hits,

@@ -1,6 +1,7 @@
 """Does a checkpoint directory hold the model its config.json describes? Checked from the
-files' headers alone: config.json, the safetensors index and every shard's JSON header (names,
-dtypes, shapes, byte ranges) against `build_model(config)` built on the meta device. No tensor
+files' headers alone, for any family: config.json (read by its family, named by `model_type`),
+the safetensors index and every shard's JSON header (names, dtypes, shapes, byte ranges) against
+`build_model(config)` built on the meta device, its names mapped by the family. No tensor
 data is read, so an 8B checkpoint is checked in well under a second and a truncated download or
 a mis-assembled shard set is found before anything is loaded.
 
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from dllm_bench.errors import UserError
-from engine.models import ModelConfig, build_model, config_from_dict
+from engine.models import Family, ModelConfig, build_model, config_from_dict, family_of
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -29,11 +30,29 @@ FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}  # what the loader can cast to the 
 MAX_HEADER = 100_000_000  # the safetensors format's own bound on its JSON header
 MAX_LISTED = 5  # per kind of problem, so a wholly wrong checkpoint is a few lines, not hundreds
 
-# config.json fields the model's shapes come from: (name, optional). Checked before
-# ModelConfig sees them, so a mistyped value is one line rather than an error deep in torch.
-_SHAPE_FIELDS = (("d_model", False), ("n_heads", False), ("n_kv_heads", True), ("n_layers", False),
-                 ("mlp_hidden_size", False), ("vocab_size", False), ("embedding_size", True),
-                 ("max_sequence_length", False))
+# ModelConfig fields the model's shapes come from: (field, optional). Each family names them in
+# its own config.json (`family_keys`); they are checked there before the family reads them, so a
+# mistyped value is one line naming the family's key rather than an error deep in torch.
+SHAPE_FIELDS = (("d_model", False), ("n_heads", False), ("n_kv_heads", True), ("n_layers", False),
+                ("mlp_hidden_size", False), ("vocab_size", False), ("embedding_size", True),
+                ("max_sequence_length", True))
+ID_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")
+
+
+def family_keys(family: Family) -> dict[str, str]:
+    """ModelConfig field -> the family's config.json key, found by writing a config of distinct
+    values through the family's own `to_hf` (fields its config.json does not carry are absent)."""
+    probe = {f: 1_000_003 + i for i, f in enumerate(ModelConfig.__dataclass_fields__) if f in _INT_FIELDS}
+    hf = family.to_hf(ModelConfig(**probe, model_type=family.model_type))
+    by_value = {v: k for k, v in hf.items() if isinstance(v, int) and not isinstance(v, bool)}
+    return {f: by_value[v] for f, v in probe.items() if v in by_value}
+
+
+_INT_FIELDS = {f for f, _ in SHAPE_FIELDS} | set(ID_FIELDS)
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 @dataclass
@@ -59,7 +78,7 @@ class LayoutReport:
 
 
 def load_config(path: Path) -> ModelConfig:
-    """config.json as an ModelConfig; any way it is bad -> one UserError line."""
+    """config.json as a ModelConfig of its family; any way it is bad -> one UserError line."""
     bad = f"bad checkpoint {path}: config.json"
     try:
         raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -69,25 +88,45 @@ def load_config(path: Path) -> ModelConfig:
         raise UserError(f"{bad} is not readable JSON ({e})") from None
     if not isinstance(raw, dict):
         raise UserError(f"{bad} is not a JSON object")
-    for name, optional in _SHAPE_FIELDS:
-        v = raw.get(name)
-        if (v is None and optional) or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+    try:
+        family = family_of(raw.get("model_type"))
+    except ValueError as e:
+        raise UserError(f"{bad}: {e}") from None
+    keys = family_keys(family)
+    for name, optional in SHAPE_FIELDS:
+        key = keys.get(name)
+        if key is None:
+            continue  # the family derives it (Dream: embedding rows = vocab_size)
+        v = raw.get(key)
+        if (v is None and optional) or _positive_int(v):
             continue
-        raise UserError(f"{bad}: '{name}' must be a positive integer, got {v!r}")
-    theta = raw.get("rope_theta", 1.0)
+        raise UserError(f"{bad}: '{key}' must be a positive integer, got {v!r}")
+    for name in ID_FIELDS:
+        v = raw.get(keys.get(name, name))
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise UserError(f"{bad}: '{keys.get(name, name)}' must be a token id (an integer >= 0), got {v!r}")
+    theta = raw.get(keys.get("rope_theta", "rope_theta"), 1.0)
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (theta > 0 and math.isfinite(theta)):
         raise UserError(f"{bad}: 'rope_theta' must be a positive number, got {theta!r}")
     try:
-        return config_from_dict(raw)
+        cfg = config_from_dict(raw)
     except (TypeError, ValueError) as e:
         raise UserError(f"{bad}: {e}") from None
+    rows = cfg.padded_vocab
+    for name in ID_FIELDS:
+        v = getattr(cfg, name)
+        if v is not None and v >= rows:
+            raise UserError(f"{bad}: '{keys.get(name, name)}' {v} is outside the {rows}-row embedding")
+    return cfg
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every weight name of the model `cfg` describes -> its shape, from the engine's own module
-    tree on the meta device (nothing allocated), so this can never drift from what loads."""
+    """Every weight name of the model `cfg` describes, as its family names it in a checkpoint ->
+    its shape, from the engine's own module tree on the meta device (nothing allocated), so this
+    can never drift from what loads."""
     with torch.device("meta"):
-        return {k: tuple(v.shape) for k, v in build_model(cfg).state_dict().items()}
+        state = build_model(cfg).state_dict()
+    return {cfg.family.hf_name(k): tuple(v.shape) for k, v in state.items()}
 
 
 def read_header(file: Path) -> dict[str, TensorInfo]:

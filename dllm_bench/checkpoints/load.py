@@ -14,11 +14,10 @@ import torch
 from dllm_bench.checkpoints.layout import check_layout, load_config
 from dllm_bench.checkpoints.presets import get_preset
 from dllm_bench.checkpoints.store import resolve_model
-from dllm_bench.checkpoints.tokenizer import BOS, EOS, MASK, special_token_ids
 from dllm_bench.errors import UserError
 from engine.config import DTYPES
 from engine.engine import resolve_device
-from engine.models import DenseLM, ModelConfig, config_from_dict
+from engine.models import DenseLM, ModelConfig
 from engine.models import load_model as load_checkpoint
 
 
@@ -42,9 +41,7 @@ def load_shape(name_or_dir: str) -> ModelConfig:
     preset = get_preset(raw)
     if preset.asset:
         return load_config(resolve_model(raw))
-    ids = special_token_ids(preset.vocab_size)
-    return config_from_dict(preset.config_dict({"bos_token_id": ids[BOS], "eos_token_id": ids[EOS],
-                                                      "pad_token_id": ids[EOS], "mask_token_id": ids[MASK]}))
+    return preset.model_config()
 
 
 def load_model(name_or_dir: str, dtype: str = "float32", device: str = "auto") -> DenseLM:

@@ -1,8 +1,8 @@
-"""Write a preset as an HF-layout LLaDA checkpoint with seeded random weights.
+"""Write a preset as an HF-layout checkpoint of its family with seeded random weights.
 
-Layout (docs/ARCHITECTURE.md "Checkpoints"): config.json with every LLaDA-8B-Instruct field,
-weights under LLaDA's exact names as `model.safetensors` or HF shards + index, and the offline
-tokenizer. Each tensor is drawn from its own generator seeded by (preset seed, tensor name), so
+Layout (docs/ARCHITECTURE.md "Checkpoints"): the family's config.json (LLaDA: every
+LLaDA-8B-Instruct field), weights under the family's exact names (engine.models.hf_state_dict's
+mapping) as `model.safetensors` or HF shards + index, and the offline tokenizer. Each tensor is drawn from its own generator seeded by (preset seed, tensor name), so
 the values don't depend on the shard count or on the order tensors are written, and the same
 preset always gives the same bytes. A preset with `draw_device="cuda"` (LLaDA-8B) is drawn on
 the GPU (CUDA's generator: other bytes than a CPU's, the same on every CUDA machine).
@@ -21,39 +21,31 @@ from dllm_bench.checkpoints.presets import STAMP_FILE, Preset, get_preset
 from dllm_bench.checkpoints.tokenizer import save_tokenizer
 from dllm_bench.errors import UserError
 from engine.config import DTYPES
+from engine.models import build_model
 
 # The dtypes a checkpoint is stored in (engine.config.DTYPES minus float64: LLaDA ships bf16).
 STORAGE_DTYPES = {k: v for k, v in DTYPES.items() if k != "float64"}
 INDEX_FILE = "model.safetensors.index.json"
 INIT_STD = 0.02  # LLaDA's init_std
-BLOCK_WEIGHTS = ("attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj",
-                 "up_proj", "ff_out")
 # Files make_checkpoint owns: --force removes only these, never anything else in the directory.
 OWNED_GLOBS = ("config.json", "model*.safetensors", INDEX_FILE, "tokenizer.json",
                "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", STAMP_FILE)
 
 
 def weight_shapes(preset: Preset) -> dict[str, tuple[int, ...]]:
-    """LLaDA's HF weight names -> shapes (nn.Linear is [out, in]), in checkpoint order."""
-    d, v, m = preset.d_model, preset.vocab_size, preset.mlp_hidden_size
-    kv = preset.n_kv_heads * preset.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"model.transformer.wte.weight": (v, d)}
-    per_block = {"attn_norm": (d,), "q_proj": (d, d), "k_proj": (kv, d), "v_proj": (kv, d),
-                 "attn_out": (d, d), "ff_norm": (d,), "ff_proj": (m, d), "up_proj": (m, d),
-                 "ff_out": (d, m)}
-    for i in range(preset.n_layers):
-        for w in BLOCK_WEIGHTS:
-            shapes[f"model.transformer.blocks.{i}.{w}.weight"] = per_block[w]
-    shapes["model.transformer.ln_f.weight"] = (d,)
-    shapes["model.transformer.ff_out.weight"] = (v, d)
-    return shapes
+    """The family's HF weight names -> shapes (nn.Linear is [out, in]), in checkpoint order: the
+    engine's own module tree on the meta device, each name mapped by the family."""
+    cfg = preset.model_config()
+    with torch.device("meta"):
+        state = build_model(cfg).state_dict()
+    return {cfg.family.hf_name(k): tuple(v.shape) for k, v in state.items()}
 
 
 def init_weight(preset: Preset, name: str, shape: tuple[int, ...],
                 device: torch.device | str = "cpu") -> torch.Tensor:
-    """float32 init on `device`: RMSNorm weights 1, everything else N(0, 0.02) from a per-tensor
-    generator."""
-    if len(shape) == 1:
+    """float32 init on `device`: RMSNorm weights 1, everything else (biases too, so a bias that
+    is dropped or misplaced changes the output) N(0, 0.02) from a per-tensor generator."""
+    if len(shape) == 1 and not name.endswith(".bias"):
         return torch.ones(shape, dtype=torch.float32, device=device)
     g = torch.Generator(device=device).manual_seed(preset.seed * 1_000_003 + zlib.crc32(name.encode()))
     return torch.empty(shape, dtype=torch.float32, device=device).normal_(0.0, INIT_STD, generator=g)
@@ -141,7 +133,8 @@ def make_checkpoint(preset: Preset | str, out_dir: str | Path, shards: int | Non
         _clear_owned(out)
     out.mkdir(parents=True, exist_ok=True)
 
-    ids = save_tokenizer(out, preset.vocab_size, preset.tokenizer_learned, preset.max_sequence_length)
+    ids = save_tokenizer(out, preset.vocab_size, preset.tokenizer_learned, preset.max_sequence_length,
+                         preset.model_type)
     cfg = preset.config_dict(ids.config_fields())
     cfg["torch_dtype"] = dtype_name
     _write_json(out / "config.json", cfg)

@@ -1,7 +1,9 @@
 """Named model presets (gpt-fast `ModelArgs.from_name` style): data only.
 
-A preset is LLaDA-8B-Instruct's config with only the size fields changed, plus a weight seed and
-a tokenizer size, so every preset exercises the same code paths as the real model. Presets are
+A preset names its family (config.json's `model_type`) and a shape; its config.json is the
+family's (`ModelConfig.to_hf` through engine.models; for LLaDA on top of LLaDA-8B-Instruct's full
+config), its special ids the family's (token_layouts), plus a weight seed and a tokenizer size,
+so every preset exercises the same code paths as the real model of its family. Presets are
 made on first use into a cache directory (random weights: dllm_bench.checkpoints.make), or, for
 a preset with `asset=`, point at a checkpoint committed inside the package (a trained model);
 where a preset lives and how a name becomes a directory is dllm_bench.checkpoints.store.
@@ -11,8 +13,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from dllm_bench.checkpoints.tokenizer import LLADA_VOCAB_SIZE
+from dllm_bench.checkpoints.token_layouts import DREAM_VOCAB_SIZE, LLADA_VOCAB_SIZE, token_layout
 from dllm_bench.errors import UserError
+from engine.models import ModelConfig, config_from_dict
 
 # Bump when the bytes make_checkpoint writes for a preset change, so stale caches are remade.
 FORMAT_VERSION = 1
@@ -40,13 +43,25 @@ LLADA_AUTO_MAP = {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModelFor
                   "AutoModel": "modeling_llada.LLaDAModelLM"}
 
 
-def param_count(d_model: int, n_layers: int, kv_dim: int, mlp_hidden_size: int, vocab_rows: int) -> int:
-    """Parameters of a LLaDA model of this shape: per block two RMSNorm weights, Q and O (d×d),
-    K and V (d×kv_dim), the SwiGLU MLP (3 matrices d×mlp); plus embedding and LM head
-    (vocab_rows×d each, untied) and the final norm."""
+# Keys of a family's real config.json that ModelConfig does not describe, written under the ones
+# it does. Dream's real config.json is not readable in any stored copy, so it has none here.
+FAMILY_CONFIG: dict[str, dict] = {"llada": LLADA_8B_CONFIG}
+
+
+def param_count(d_model: int, n_layers: int, kv_dim: int, mlp_hidden_size: int, vocab_rows: int,
+                qkv_bias: bool = False) -> int:
+    """Parameters of a dense model of this shape: per block two RMSNorm weights, Q and O (d×d),
+    K and V (d×kv_dim), q/k/v biases when the family has them (Dream), the SwiGLU MLP (3 matrices
+    d×mlp); plus embedding and LM head (vocab_rows×d each, untied) and the final norm."""
     d = d_model
-    per_block = 2 * d + 2 * d * d + 2 * d * kv_dim + 3 * d * mlp_hidden_size
+    per_block = 2 * d + 2 * d * d + 2 * d * kv_dim + 3 * d * mlp_hidden_size + (d + 2 * kv_dim) * qkv_bias
     return 2 * vocab_rows * d + n_layers * per_block + d
+
+
+def model_params(cfg: ModelConfig) -> int:
+    """`param_count` of a ModelConfig."""
+    return param_count(cfg.d_model, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.mlp_hidden_size,
+                       cfg.padded_vocab, cfg.qkv_bias)
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,9 @@ class Preset:
     # reasonable time (LLaDA-8B: seconds on a GPU, minutes and 32 GB of RAM on a CPU).
     draw_device: str = "cpu"
     shards: int = 1  # safetensors shards a made checkpoint has unless asked otherwise
+    model_type: str = "llada"  # the family: config.json's model_type (engine.models' registry key)
+    rope_theta: float | None = None  # None: ModelConfig's default (LLaDA's)
+    rms_norm_eps: float | None = None
 
     @property
     def head_dim(self) -> int:
@@ -76,28 +94,41 @@ class Preset:
 
     @property
     def n_params(self) -> int:
-        return param_count(self.d_model, self.n_layers, self.n_kv_heads * self.head_dim, self.mlp_hidden_size,
-                           self.vocab_size)
+        return model_params(self.model_config())
+
+    def special_ids(self) -> dict[str, int]:
+        """The bos/eos/pad/mask ids the preset's tokenizer gives (its family's layout)."""
+        return token_layout(self.model_type).config_ids(self.vocab_size)
+
+    def model_config(self, special_ids: dict[str, int] | None = None) -> ModelConfig:
+        """The preset as its family reads it back from config.json (biases, shift: the family's)."""
+        ids = self.special_ids() if special_ids is None else special_ids
+        rope = {k: v for k in ("rope_theta", "rms_norm_eps") if (v := getattr(self, k)) is not None}
+        base = ModelConfig(d_model=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+                           n_layers=self.n_layers, mlp_hidden_size=self.mlp_hidden_size, vocab_size=self.vocab_size,
+                           embedding_size=self.vocab_size, max_sequence_length=self.max_sequence_length,
+                           model_type=self.model_type, **rope, **ids)
+        return config_from_dict(base.to_hf())
 
     def config_dict(self, special_ids: dict[str, int] | None = None) -> dict:
-        """LLaDA config.json for this size; special_ids are the tokenizer's (bos/eos/pad/mask)."""
-        cfg = dict(LLADA_8B_CONFIG)
-        cfg.update(
-            d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads, mlp_hidden_size=self.mlp_hidden_size,
-            vocab_size=self.vocab_size, embedding_size=self.vocab_size,
-            max_sequence_length=self.max_sequence_length, torch_dtype=self.dtype,
-        )
-        cfg.update(special_ids or {})
-        return cfg
+        """The family's config.json for this size; special_ids (bos/eos/pad/mask) default to the
+        preset's tokenizer's. An id not given is left out (the real LLaDA config has no bos)."""
+        hf = self.model_config(special_ids).to_hf()
+        hf = {k: v for k, v in hf.items() if not (k.endswith("_token_id") and v is None)}
+        if special_ids is not None:
+            hf = {k: v for k, v in hf.items() if not k.endswith("_token_id") or k in special_ids}
+        return dict(FAMILY_CONFIG.get(self.model_type, {})) | hf | {"torch_dtype": self.dtype}
 
     def fingerprint(self) -> dict:
         """Everything that determines the bytes of a made checkpoint (not the note)."""
         d = asdict(self)
         for k in ("note", "asset", "shards"):  # the stamp records the shard count made
             d.pop(k)
-        if d["draw_device"] == "cpu":  # added after format 1: only when set, so made caches stay valid
-            d.pop("draw_device")
+        # added after format 1: only when set, so made caches stay valid
+        for k, default in (("draw_device", "cpu"), ("model_type", "llada"), ("rope_theta", None),
+                           ("rms_norm_eps", None)):
+            if d[k] == default:
+                d.pop(k)
         return {"format": FORMAT_VERSION, "preset": d}
 
 
@@ -134,6 +165,22 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     _P("llada-8b", 4096, 32, 32, 32, 12288, LLADA_VOCAB_SIZE, tokenizer_learned=4096,
        dtype="bfloat16", draw_device="cuda", shards=6,
        note="LLaDA-8B-Instruct shape and layout; random weights, made on a CUDA device"),
+    # Dream (Qwen2 blocks: q/k/v biases, GQA, the hidden at p - 1 predicts token p). Unit tests in
+    # seconds, as `tiny`: 4 query heads over 2 KV heads, biases, a small vocab.
+    _P("tiny-dream", 64, 2, 4, 2, 128, 512, tokenizer_learned=500, model_type="Dream", rope_theta=1e6,
+       rms_norm_eps=1e-6, note="tests: Dream family (biases, shift), GQA 4q/2kv; small vocab"),
+    # Scale-similar to Dream-7B as similar-1024 is to LLaDA-8B (docs/SCALING.md): Dream-7B's FFN
+    # width (f = 37d/7) and KV share (kv = d/7: 7 query heads a KV head) keep LM head / body and
+    # logit row / KV token together, V ≈ 1357·L here; 2 KV heads so per-KV-head selection and
+    # TP=2 mean something (Qwen2.5-0.5B's attention: 14 heads of 64), eight layers as similar-1024.
+    _P("similar-dream", 896, 8, 14, 2, 4736, 10880, tokenizer_learned=4096, model_type="Dream", rope_theta=1e6,
+       rms_norm_eps=1e-6, note="scale-similar to Dream-7B (docs/SCALING.md)"),
+    # Dream-v0-Instruct-7B's shape in its sharded layout (4 bf16 shards, as Qwen2.5-7B) with random
+    # weights drawn on a GPU. max_position_embeddings: Dream's config.json is in no readable public
+    # copy; 131072 is Qwen2.5-7B's, which Dream is initialised from (its README: 2048 usable).
+    _P("dream-7b", 3584, 28, 28, 4, 18944, DREAM_VOCAB_SIZE, tokenizer_learned=4096, dtype="bfloat16",
+       draw_device="cuda", shards=4, max_sequence_length=131072, model_type="Dream", rope_theta=1e6,
+       rms_norm_eps=1e-6, note="Dream-v0-Instruct-7B shape and layout; random weights, made on a CUDA device"),
     # Committed trained checkpoint: `dllm-bench train` on synth (docs/ACCURACY.md); 4 KV heads.
     _P("tiny-math", 128, 4, 4, 4, 344, 512, tokenizer_learned=500, asset="assets/tiny-math",
        note="trained on synth (dllm-bench train); docs/ACCURACY.md"),

@@ -1,88 +1,58 @@
-"""An offline, deterministic LLaDA-style tokenizer for the embedded checkpoints.
+"""An offline, deterministic tokenizer for the embedded checkpoints of any family.
 
-LLaDA-8B's tokenizer can't be downloaded here, so presets ship their own: a byte-level BPE
+The real tokenizers can't be downloaded here, so presets ship their own: a byte-level BPE
 (digits split one by one, as arithmetic needs) trained on a small corpus generated in code,
-with LLaDA's special tokens and its Llama-3-layout chat template, saved as a
-`PreTrainedTokenizerFast` (tokenizer.json + tokenizer_config.json) that
-`transformers.AutoTokenizer.from_pretrained(dir)` loads with no network. Where the special
-tokens sit for each vocabulary size: `special_token_ids`. This module is the only place in the
-repo that knows LLaDA's ids; everything else reads them from config.json / the tokenizer.
+with the family's special tokens and chat template (token_layouts: LLaDA's Llama-3 layout,
+Dream's ChatML), saved as a `PreTrainedTokenizerFast` (tokenizer.json + tokenizer_config.json)
+that `transformers.AutoTokenizer.from_pretrained(dir)` loads with no network.
 """
 from __future__ import annotations
 
 import functools
 import json
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-LLADA_VOCAB_SIZE = 126464
+from dllm_bench.checkpoints.token_layouts import (  # noqa: F401  (re-exported for the commands and tests)
+    LAYOUTS,
+    LLADA_CHAT_TEMPLATE,
+    LLADA_SPECIAL_IDS,
+    LLADA_VOCAB_SIZE,
+    TokenLayout,
+    token_layout,
+    tokenizer_config,
+)
 
-# LLaDA-8B-Instruct's special tokens at their real ids (its tokenizer_config.json on the Hugging
-# Face Hub, GSAI-ML/LLaDA-8B-Instruct; mask id 126336 as in ML-GSAI/LLaDA@b7e6c35 generate.py).
-LLADA_SPECIAL_IDS: dict[str, int] = {
-    "<|startoftext|>": 126080,  # BOS
-    "<|endoftext|>": 126081,  # EOS and PAD
-    "<|mdm_mask|>": 126336,  # diffusion [MASK]
-    "<role>": 126340,
-    "</role>": 126341,
-    "<|arithmetic_start|>": 126342,
-    "<|arithmetic_end|>": 126343,
-    "<|number_start|>": 126344,
-    "<|number_end|>": 126345,
-    "<|start_header_id|>": 126346,
-    "<|end_header_id|>": 126347,
-    "<|eot_id|>": 126348,
-}
+# LLaDA's names, kept for the code and tests that speak LLaDA (token_layouts has every family's).
 BOS, EOS, MASK = "<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>"
 EOT, START_HEADER, END_HEADER = "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"
-_NAMED = {BOS, EOS, MASK}  # the rest are LLaDA's "additional_special_tokens"
-
-# Llama-3 layout as LLaDA uses it: BOS only before the first message, content trimmed. The
-# assistant header is appended when add_generation_prompt (LLaDA appends it always; every
-# upstream script passes add_generation_prompt=True, so the prompts are identical).
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first %}{{ bos_token }}{% endif %}"
-    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
-    "{{ message['content'] | trim }}{{ '<|eot_id|>' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
-)
+CHAT_TEMPLATE = LLADA_CHAT_TEMPLATE
+_NAMED = LAYOUTS["llada"].named
 
 
 @dataclass(frozen=True)
 class SpecialIds:
-    bos_token_id: int
-    eos_token_id: int
-    pad_token_id: int
-    mask_token_id: int
-    eot_token_id: int
-    start_header_id: int
-    end_header_id: int
+    """A written tokenizer's special tokens and the ids its config.json carries."""
+
+    tokens: dict[str, int]
+    layout: TokenLayout
 
     def config_fields(self) -> dict[str, int]:
-        """The ids LLaDA's config.json carries (the rest live only in the tokenizer)."""
-        d = asdict(self)
-        return {k: d[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id", "mask_token_id")}
+        ids = self.tokens
+        return {"bos_token_id": ids[self.layout.bos], "eos_token_id": ids[self.layout.eos],
+                "pad_token_id": ids[self.layout.eos], "mask_token_id": ids[self.layout.mask]}
 
 
-def special_token_ids(vocab_size: int) -> dict[str, int]:
-    """Where each special token goes for a vocab of this size. Vocab >= LLaDA's 126,464: at LLaDA's
-    real ids (BOS 126080, ...), the ids no learned token uses filled by `<|reserved_N|>` tokens in
-    the BPE vocab, so ids stay dense 0..V-1 (a BPE merge never produces a filler, so no text
-    encodes to one). Smaller vocab: learned tokens first, the specials at the end in LLaDA's order."""
-    if vocab_size >= LLADA_VOCAB_SIZE:
-        return dict(LLADA_SPECIAL_IDS)
-    names = sorted(LLADA_SPECIAL_IDS, key=LLADA_SPECIAL_IDS.get)
-    first = vocab_size - len(names)
-    return {name: first + i for i, name in enumerate(names)}
-
-
-def _special_ids(ids: dict[str, int]) -> SpecialIds:
-    return SpecialIds(ids[BOS], ids[EOS], ids[EOS], ids[MASK], ids[EOT], ids[START_HEADER], ids[END_HEADER])
+def special_token_ids(vocab_size: int, model_type: str = "llada") -> dict[str, int]:
+    """Where each special token of the family goes for a vocab of this size. At or above the real
+    vocabulary: at the real ids (LLaDA's BOS 126080, ...), the ids no learned token uses filled by
+    `<|reserved_N|>` tokens in the BPE vocab, so ids stay dense 0..V-1 (a BPE merge never produces
+    a filler, so no text encodes to one). Smaller vocab: learned tokens first, the specials at the
+    end in the real order."""
+    return token_layout(model_type).ids(vocab_size)
 
 
 # --------------------------------------------------------------------------- corpus
@@ -200,9 +170,9 @@ def _train_bpe(n_learned: int) -> tuple[tuple[str, ...], tuple[tuple[str, str], 
     return tuple(t for t, _ in vocab), tuple(tuple(m) for m in model["merges"])
 
 
-def build_tokenizer(vocab_size: int, n_learned: int):
+def build_tokenizer(vocab_size: int, n_learned: int, model_type: str = "llada"):
     """A `tokenizers.Tokenizer` with exactly `vocab_size` dense ids (learned, specials, fillers)."""
-    specials = special_token_ids(vocab_size)
+    specials = special_token_ids(vocab_size, model_type)
     budget = min(specials.values())  # learned tokens must stay below the first special id
     if n_learned > budget:
         raise ValueError(f"{n_learned} learned tokens don't fit below special id {budget}")
@@ -226,36 +196,18 @@ def build_tokenizer(vocab_size: int, n_learned: int):
 
 
 def save_tokenizer(out_dir: str | Path, vocab_size: int, n_learned: int,
-                   model_max_length: int = 4096) -> SpecialIds:
+                   model_max_length: int = 4096, model_type: str = "llada") -> SpecialIds:
     """Write tokenizer.json + tokenizer_config.json into out_dir; return the special ids.
 
     Files are written by hand (sorted keys) rather than by save_pretrained so the bytes don't
     depend on the transformers version, which keeps checkpoint hashes stable."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(vocab_size, n_learned)
-    specials = special_token_ids(vocab_size)
+    layout = token_layout(model_type)
+    tok = build_tokenizer(vocab_size, n_learned, model_type)
+    specials = layout.ids(vocab_size)
     (out / "tokenizer.json").write_text(tok.to_str(pretty=False), encoding="utf-8")
-    added = {
-        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": True}
-        for t, i in sorted(specials.items(), key=lambda kv: kv[1])
-    }
-    config = {
-        "add_bos_token": False,  # LLaDA: BOS comes from the chat template only
-        "add_eos_token": False,
-        "added_tokens_decoder": added,
-        "additional_special_tokens": [t for t in sorted(specials, key=specials.get) if t not in _NAMED],
-        "bos_token": BOS,
-        "chat_template": CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,  # keep decode an exact inverse of encode
-        "eos_token": EOS,
-        "mask_token": MASK,
-        "model_max_length": model_max_length,
-        "pad_token": EOS,  # pad = EOS as in LLaDA's SFT
-        "padding_side": "left",  # what every upstream generation script sets
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }
     (out / "tokenizer_config.json").write_text(
-        json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-    return _special_ids(specials)
+        json.dumps(tokenizer_config(layout, specials, model_max_length), indent=2, sort_keys=True,
+                   ensure_ascii=False) + "\n", encoding="utf-8")
+    return SpecialIds(specials, layout)

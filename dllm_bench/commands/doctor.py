@@ -10,6 +10,8 @@ import torch
 import typer
 
 from dllm_bench import inputs
+from dllm_bench.checkpoints.presets import PRESETS
+from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.console import console
 from dllm_bench.doctor import report
 from dllm_bench.doctor.run import run_checks
@@ -17,21 +19,23 @@ from dllm_bench.errors import UserError
 
 
 def _model_dir(value: str | None) -> Path | None:
-    """A directory to check. A path that is not a directory is bad input (exit 2); a directory
-    that is not a good checkpoint is what the checkpoint row reports."""
+    """A directory to check, or a preset's (made on first use). Anything else is bad input (exit
+    2); a directory that is not a good checkpoint is what the checkpoint row reports."""
     if value is None:
         return None
     path = Path(value).expanduser()
     if not path.is_dir():
-        raise UserError(f"--model {value}: not a directory (give the checkpoint's directory)")
+        if value in PRESETS:
+            return resolve_model(value)
+        raise UserError(f"--model {value}: not a directory or a model preset (give the checkpoint's directory)")
     return path
 
 
 def register(app: typer.Typer) -> None:
     @app.command("doctor")
     def doctor_cmd(
-        model: str | None = typer.Option(None, "--model", help="checkpoint directory to check (config, index, "
-                                         "safetensors headers; no weights loaded)"),
+        model: str | None = typer.Option(None, "--model", help="checkpoint directory (or model preset) to check "
+                                         "(config, index, safetensors headers; no weights loaded)"),
         device: str | None = typer.Option(None, "--device", help="cpu | cuda[:N] [cuda when present, else cpu]"),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     ) -> None:

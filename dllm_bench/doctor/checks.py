@@ -195,10 +195,12 @@ def checkpoint_check(model_dir: Path | None) -> Check:
         return Check("checkpoint", FAIL, f"{model_dir}: " + "; ".join(rep.problems), data)
     cfg = load_config(model_dir)
     tok = (model_dir / "tokenizer.json").is_file() or (model_dir / "tokenizer_config.json").is_file()
-    data.update(d_model=cfg.d_model, layers=cfg.n_layers, heads=cfg.n_heads, vocab=cfg.vocab_size, tokenizer=tok)
-    detail = (f"{model_dir}: {rep.n_params / 1e9:.2f}B parameters in {rep.n_tensors} tensors, {rep.shards} "
-              f"shard(s), {'/'.join(rep.dtypes)}; d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} "
-              f"heads, vocab {cfg.vocab_size}; config and index match the model on the meta device")
+    data.update(family=cfg.family.name, d_model=cfg.d_model, layers=cfg.n_layers, heads=cfg.n_heads,
+                kv_heads=cfg.kv_heads, vocab=cfg.vocab_size, tokenizer=tok)
+    heads = f"{cfg.n_heads} heads" + (f" over {cfg.kv_heads} KV heads" if cfg.kv_heads != cfg.n_heads else "")
+    detail = (f"{model_dir}: {cfg.family.name}, {rep.n_params / 1e9:.2f}B parameters in {rep.n_tensors} tensors, "
+              f"{rep.shards} shard(s), {'/'.join(rep.dtypes)}; d_model {cfg.d_model}, {cfg.n_layers} layers, "
+              f"{heads}, vocab {cfg.vocab_size}; config and index match the model on the meta device")
     if not tok:
         return Check("checkpoint", WARN, detail + "; no tokenizer files (text prompts need them; --prompt-ids works)",
                      data)

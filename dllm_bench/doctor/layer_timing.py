@@ -21,7 +21,7 @@ from dllm_bench.simulate.cost_model import CostModel, Forward, HostCost, LayerPa
 from dllm_bench.simulate.implementations import default_impl, get_impl
 from dllm_bench.timing import device_sync, median_time
 from engine import attention
-from engine.models import DenseBlock, ModelConfig, RotaryEmbedding, config_from_dict
+from engine.models import DenseBlock, RotaryEmbedding
 
 TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 TARGET_S = 0.25          # the predicted time of one timed pass: 1 + REPEATS passes stay near a second
@@ -41,11 +41,7 @@ def profile_for_gpu(name: str) -> str | None:
 
 
 def llada_8b_layer_config():
-    d = ModelConfig()
-    ids = {"mask_token_id": d.mask_token_id, "eos_token_id": d.eos_token_id, "pad_token_id": d.pad_token_id}
-    raw = get_preset("llada-8b").config_dict(ids)
-    raw["n_layers"] = 1
-    return config_from_dict(raw)
+    return get_preset("llada-8b").model_config().with_(n_layers=1)
 
 
 def predicted_s(hw, cfg, wbytes: int, tokens: int) -> float:

@@ -7,11 +7,12 @@ from typing import Any
 
 from dllm_bench import inputs
 from dllm_bench.checkpoints.load import load_shape
-from dllm_bench.checkpoints.presets import param_count
+from dllm_bench.checkpoints.presets import model_params
 from dllm_bench.console import console
 from dllm_bench.device_defaults import MemoryBudget, resolve_budget, resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.serve.presets import ServePreset, preset_for
+from dllm_bench.systems.families import for_family
 from dllm_bench.systems.options import check_one_device, variant_ranks
 from dllm_bench.systems.spec import BATCH_KNOB, ENGINE, SystemVariant, engine_knobs, parse_systems
 from dllm_bench.units import format_size, parse_size
@@ -102,7 +103,7 @@ def _positive(name: str, v: int | None) -> None:
 
 def weights_of(cfg: ModelConfig, dtype: str) -> int:
     """The weights' bytes from the shape alone (before anything is loaded)."""
-    n = param_count(cfg.d_model, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.mlp_hidden_size, cfg.padded_vocab)
+    n = model_params(cfg)
     return n * DTYPES[dtype].itemsize
 
 
@@ -136,7 +137,7 @@ def resolve(opts: MemoryOptions) -> MemoryRun:
     if budget.bytes <= weights:
         raise UserError(f"memory budget {format_size(budget.bytes)} does not hold the weights of {opts.model} "
                         f"({format_size(weights)} in {dev.dtype})")
-    variants = parse_systems(opts.systems or DEFAULT_SYSTEMS)
+    variants = for_family(parse_systems(opts.systems or DEFAULT_SYSTEMS), cfg.model_type, explicit=bool(opts.systems))
     for v in variants:
         if v.is_endpoint:
             raise UserError("memory measures systems in this process: --systems cannot name an endpoint")

@@ -16,7 +16,7 @@ import torch
 
 from dllm_bench import inputs
 from dllm_bench.checkpoints.load import load_shape
-from dllm_bench.checkpoints.presets import param_count
+from dllm_bench.checkpoints.presets import model_params
 from dllm_bench.device_defaults import default_dtype, is_cuda, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.simulate import hardware
@@ -94,8 +94,7 @@ def profile(o: ProfileOptions) -> dict:
         except ValueError as e:
             raise UserError(f"--tensor-parallel-size: {e}") from None
         return dict(kind="plan", base=base, model=o.model, device_memory_bytes=device_bytes, dtype=dtype, shape=shape,
-                    n_params=param_count(cfg.d_model, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.mlp_hidden_size,
-                                         cfg.padded_vocab),
+                    n_params=model_params(cfg),
                     tensor_parallel_size=n,
                     plans=engine_plans(ms, base, o.prompt_len + o.gen_length, o.block_length))
     path = inputs.checkpoint_dir(o.model)

@@ -234,6 +234,7 @@ def measure_cpu(threads: int = 2, size: int = 1024, dtype_bytes: int = 4) -> Mac
 REFERENCE_REQUEST = RequestShape(prompt_len=256, gen_length=256, block_length=32)
 PAPER_SHAPE_DATASET = "livebench"
 PAPER_GEN_LENGTH = 256
+REAL_MODELS = ("llada-8b", "dream-7b")  # each family's real shape, on every GPU of MACHINES
 
 
 def serve_shape(sp) -> RequestShape:
@@ -265,16 +266,16 @@ def similarity_row(name: str, preset: Preset, c: Costs, shape: RequestShape, dty
 
 
 def similarity_table(cpu: Machine | None = None):
-    """LLaDA-8B on every GPU of MACHINES at the paper's shapes, then every model preset at the
+    """LLaDA-8B and Dream-7B on every GPU of MACHINES at the paper's shapes, then every model preset at the
     workload of its serve preset (float32 on this CPU: `cpu` gives the ridge point)."""
     rows = []
-    big = MODELS["llada-8b"]
     paper = RequestShape(mean_prompt_len(PAPER_SHAPE_DATASET), PAPER_GEN_LENGTH, 32)
-    for m in MACHINES.values():
-        c = costs(big, m.dtype_bytes)
-        free = m.memory_bytes - m.reserved_bytes - c.weights_bytes
-        rows.append(similarity_row(f"llada-8b @ {m.name}", big, c, paper, m.dtype_bytes, m.memory_bytes, free,
-                                   DLLM_SERVE_GPU, m.memory_bytes * GPU_UTILIZATION, m.ridge))
+    for big in (MODELS[name] for name in REAL_MODELS):
+        for m in MACHINES.values():
+            c = costs(big, m.dtype_bytes)
+            free = m.memory_bytes - m.reserved_bytes - c.weights_bytes
+            rows.append(similarity_row(f"{big.name} @ {m.name}", big, c, paper, m.dtype_bytes, m.memory_bytes, free,
+                                       DLLM_SERVE_GPU, m.memory_bytes * GPU_UTILIZATION, m.ridge))
     for p in MODELS.values():
         sp = next((q for q in SERVE.values() if q.model == p.name), None)
         if sp is None or sp.memory_budget is None or sp.dataset not in LENGTHS:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dllm_bench import inputs
+from dllm_bench.checkpoints.layout import load_config
 from dllm_bench.device_defaults import SimulatedGpu, cuda_graphs_on, gpu_name, resolve_budget
 from dllm_bench.errors import UserError
 from dllm_bench.metric_options import metric_options
@@ -21,6 +22,7 @@ from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.task_prompts import TASK_DATASET
 from dllm_bench.serve.workload import build_workloads, model_info
 from dllm_bench.systems import decoding as system_decoding
+from dllm_bench.systems.families import for_family
 from dllm_bench.systems.options import RunOptions, check_backends, variant_ranks
 from dllm_bench.systems.spec import apply_baseline_batch, parse_systems
 from dllm_bench.units import comma_list, format_size
@@ -229,6 +231,8 @@ def resolve_run(opts: ServeOptions, *, weights: bool = True, wall_clock: bool = 
     mb = resolve_budget(sp.memory_budget, target, required=True)
     budget = mb.bytes
     model_dir = inputs.checkpoint_dir(sp.model, weights=weights)
+    # a system with no version for the model's family: refused when named, left out of the default list
+    variants = for_family(variants, load_config(model_dir).model_type, explicit=bool(o.systems and o.systems.strip()))
     if weights:     # before a worker spawns ranks the model cannot split into, each variant's own size too
         from dllm_bench.systems.build import check_tensor_parallel
 

@@ -152,6 +152,9 @@ class ServePreset:
 # 2 idle cores per system (dLLM-Cache the most) and measuring each baseline's largest batch
 # ~1-2 min, so two keep `serve --rps 0.5` (four systems) in 10 min; 3 took ~14 min.
 NUM_PROMPTS_SIMILAR = 2
+# similar-dream's budget: its weights (544 MB) and a KV pool whose engine concurrency and
+# Fast-dLLM batch relate to Dream-7B's on an RTX 4090 as cpu-default's do to LLaDA-8B's.
+SIMILAR_DREAM_BUDGET = "1400MiB"
 
 PRESETS: dict[str, ServePreset] = {p.name: p for p in [
     # similar-1024 keeps LLaDA-8B's LM-head / body FLOPs and logit-row / KV bytes within 4 %
@@ -193,6 +196,17 @@ PRESETS: dict[str, ServePreset] = {p.name: p for p in [
         "tiny", model="tiny", dataset="livebench", num_prompts=8, length_scale=0.05, gen_cap=16,
         block_length=8, memory_budget="8MiB", max_num_batched_tokens=256, max_num_logits=64,
         threads=1, note="tests and smoke runs: seconds per system"),
+    # Dream's counterparts of cpu-default and tiny (docs/SCALING.md): similar-dream keeps Dream-7B's
+    # LM-head / body and logit-row / KV-token ratios at the same paper-length requests.
+    ServePreset(
+        "similar-dream", model="similar-dream", dataset="livebench", num_prompts=NUM_PROMPTS_SIMILAR,
+        length_scale=1.0, gen_cap=128, gen_length=128, block_length=32, memory_budget=SIMILAR_DREAM_BUDGET,
+        max_num_batched_tokens=2048, max_num_logits=256, threads=2,
+        note="scale-similar to Dream-7B on an RTX 4090 (docs/SCALING.md)"),
+    ServePreset(
+        "tiny-dream", model="tiny-dream", dataset="livebench", num_prompts=8, length_scale=0.05, gen_cap=16,
+        block_length=8, memory_budget="8MiB", max_num_batched_tokens=256, max_num_logits=64,
+        threads=1, note="tests and smoke runs of the Dream family: seconds per system"),
     # Table 3 on a GPU: token and logit budgets "auto", scaled with the GPU's memory and the model
     # when the run is resolved (dllm_bench.step_budgets); a flag or a variant's knob wins.
     ServePreset(

@@ -13,8 +13,8 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from dllm_bench import inputs
-from dllm_bench.checkpoints.presets import param_count
-from dllm_bench.checkpoints.tokenizer import special_token_ids
+from dllm_bench.checkpoints.presets import model_params
+from dllm_bench.checkpoints.token_layouts import LAYOUTS
 from dllm_bench.errors import UserError
 from dllm_bench.repeats import repeat_seeds
 from dllm_bench.serve.config import ServeRun
@@ -31,9 +31,9 @@ def model_info(model_dir: Path, dtype: str) -> dict:
     except (OSError, ValueError) as e:
         raise UserError(f"model {model_dir}: {e}") from None
     d = cfg.d_model
-    n_params = param_count(d, cfg.n_layers, cfg.kv_heads * cfg.head_dim, cfg.mlp_hidden_size, cfg.padded_vocab)
+    n_params = model_params(cfg)
     size = DTYPES[dtype].itemsize
-    return {"vocab_size": cfg.vocab_size, "padded_vocab": cfg.padded_vocab, "d_model": d,
+    return {"model_type": cfg.model_type, "vocab_size": cfg.vocab_size, "padded_vocab": cfg.padded_vocab, "d_model": d,
             "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads,
             "head_dim": cfg.head_dim, "mlp_hidden_size": cfg.mlp_hidden_size,
             "max_sequence_length": cfg.max_sequence_length, "n_params": n_params,
@@ -44,7 +44,8 @@ def model_info(model_dir: Path, dtype: str) -> dict:
 
 def special_ids(info: dict) -> list[int]:
     ids = set(info["special_ids"])
-    ids |= {i for i in special_token_ids(info["vocab_size"]).values() if i < info["vocab_size"]}
+    layout = LAYOUTS.get(info.get("model_type", "llada"))  # a family's synthetic-tokenizer specials too
+    ids |= {i for i in (layout.ids(info["vocab_size"]).values() if layout else ()) if i < info["vocab_size"]}
     return sorted(ids)
 
 

@@ -39,7 +39,6 @@ from engine.config import EngineConfig
 from engine.decoding import FIXED
 from engine.graphs import enabled as graph_steps
 from engine.graphs import keeps
-from engine.models import ModelConfig
 from engine.parallel.sharding import RankConfig
 from engine.sampling import SamplingParams
 
@@ -53,8 +52,7 @@ def shape_only_dir(name: str) -> Path:
     (vocabulary, special ids) and the cost model, no weights."""
 
     preset = get_preset(name)
-    d = ModelConfig()
-    ids = {"mask_token_id": d.mask_token_id, "eos_token_id": d.eos_token_id, "pad_token_id": d.pad_token_id}
+    ids = {k: v for k, v in preset.special_ids().items() if k != "bos_token_id"}  # as the real configs: no bos
     out = cache_root().parent / "shapes" / name
     out.mkdir(parents=True, exist_ok=True)
     cfg = preset.config_dict(ids)

@@ -27,6 +27,7 @@ from dllm_bench.checkpoints.store import cache_root
 from dllm_bench.device_defaults import gpu_identity
 from dllm_bench.errors import UserError
 from dllm_bench.results import atomic_write_json
+from dllm_bench.systems.families import check_supports
 from dllm_bench.systems.spec import ENGINE, ENGINE_DEFAULTS, SystemVariant, baseline_knobs, engine_knobs
 from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
@@ -132,6 +133,7 @@ def make_system(name: str, model: Any, *, engine_config: EngineConfig | None = N
             check_tensor_parallel(cfg.model, n, cfg.device)
             who += f" at --tensor-parallel-size {n}" if n > 1 else ""
             return engine.open(cfg, model=model, threads=rank_threads(n))
+        check_supports(name, model.config.model_type)
         return make_baseline(name, model, max_batch_size=batch, max_model_len=max_model_len, **dict(knobs or {}))
     except ValueError as e:
         raise UserError(f"system {who}: {e}") from None
