@@ -71,8 +71,8 @@ def test_attention_moves_keys_at_the_kv_heads_width_and_biases_with_the_weights(
     assert biased.flops - plain.flops == m.layers * 33 * (3584 + 2 * 512)
     assert biased.t > plain.t
     assert m.rank_share(2).kv_heads == 2 and m.rank_share(4).kv_heads == 1
-    with pytest.raises(ValueError, match="kv_heads = 4"):
-        m.rank_share(8)
+    with pytest.raises(ValueError, match="kv_heads = 4"):      # 7 ranks split the 28 query heads, not the 4 KV heads
+        m.rank_share(7)
 
 
 # ---------------------------------------------------------------- the engine's edge rule
