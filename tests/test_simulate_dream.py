@@ -279,3 +279,17 @@ def test_bench_gpu_plans_dream_7b_with_the_systems_it_has(tmp_path, monkeypatch)
     (args,) = calls
     assert args[args.index("--model") + 1] == "dream-7b" and args[args.index("--device") + 1] == "cuda"
     assert args[args.index("--systems") + 1] == ",".join(bench.small_systems)
+
+
+def test_a_dream_serve_run_is_projected_on_dream_7b():
+    """serve's GPU projection of a CPU run on a Dream model simulates Dream-7B's shape (not the
+    paper preset's LLaDA-8B), and its reproducing command says so."""
+    from dllm_bench.serve.options import ServeOptions, resolve_run
+    from dllm_bench.simulate import projection
+
+    run = resolve_run(ServeOptions(model="tiny-dream", systems="engine", num_prompts=2, rps="inf"))
+    assert projection.skip_reason(run) is None
+    proj = projection.project(run, min_requests=4)
+    assert "--model dream-7b" in proj.command and proj.points and proj.points[0]["completed"] == 4
+    llada = resolve_run(ServeOptions(model="tiny", systems="engine", num_prompts=2, rps="inf"))
+    assert projection.projection_options(llada, 4).model is None       # the paper preset's own LLaDA-8B
