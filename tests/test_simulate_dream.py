@@ -154,12 +154,18 @@ def test_a_measured_dream_run_is_replayed_with_the_steps_it_took(dream_run):
     assert replay.setup_for(points[0], hardware.load("cpu")).shape.shift == 1
 
 
-def test_simulate_validate_replays_the_dream_run(dream_run, tmp_path, monkeypatch, capsys):
+def test_simulate_validate_and_fit_replay_the_dream_run(dream_run, tmp_path, monkeypatch, capsys):
     r = run_cli(monkeypatch, capsys, "simulate", "--hardware", "cpu", "--model", "tiny-dream", "--preset", "tiny-dream",
                 "--num-prompts", "4", "--rps", "inf", "--systems", "engine", "--result-dir", str(tmp_path),
                 "--run-id", "sim", "--validate", str(dream_run))
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "sim" / "validation.md").is_file()
+    # --fit: a profile's step terms fitted to the Dream run, each point replayed as it ran
+    out = tmp_path / "fit.json"
+    r = run_cli(monkeypatch, capsys, "simulate", "--fit", str(dream_run), "--hardware", "cpu", "--name", "dreamfit",
+                "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert hardware.load(str(out)).name == "dreamfit"
 
 
 # ---------------------------------------------------------------- commands taking a Dream model
