@@ -206,6 +206,11 @@ def test_profile_step_profiles_the_engine_on_dream(monkeypatch, capsys):
     r = run_cli(monkeypatch, capsys, "profile-step", "--model", "tiny-dream", "--system", LLADA_ONLY, "--batch", "1",
                 "--steps", "1", "--json")
     _one_error_line(r, LLADA_ONLY, DREAM)
+    # two Reuse members query 2 x (block 8 + the edge row) = 18 tokens: over a budget of 17
+    r = run_cli(monkeypatch, capsys, "profile-step", "--model", "tiny-dream", "--system",
+                "engine:max_num_batched_tokens=17", "--phase", "reuse", "--batch", "2", "--steps", "1",
+                "--prompt-len", "12", "--gen-length", "16", "--block-length", "8", "--json")
+    _one_error_line(r, "18 query tokens", "17")
 
 
 def test_ablate_measures_every_rung_with_a_dream_version(tmp_path, monkeypatch, capsys):
