@@ -176,6 +176,15 @@ def test_simulate_and_calibrate_run_on_dream_and_refuse_a_baseline_it_lacks(tmp_
     # the default systems, those with a Dream version (the engine always)
     systems = {p["system"] for p in json.loads((tmp_path / "s7b" / "summary.json").read_text())["points"]}
     assert "engine" in systems and all(supports(s.split(":")[0], DREAM) for s in systems)
+    # tensor parallelism: Dream-7B's 4 KV heads split over 2 ranks, not 8 (28 query heads: nor 8)
+    r = run_cli(monkeypatch, capsys, "simulate", "--model", "dream-7b", "--hardware", "h100", "--rps", "inf",
+                "--num-prompts", "4", "--systems", "engine:tensor_parallel_size=2", "--result-dir", str(tmp_path),
+                "--run-id", "tp2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli(monkeypatch, capsys, "simulate", "--model", "dream-7b", "--hardware", "h100", "--rps", "inf",
+                "--systems", "engine:tensor_parallel_size=8", "--result-dir", str(tmp_path), "--run-id", "tp8")
+    _one_error_line(r, "tensor-parallel size 8 does not divide")
+    assert not (tmp_path / "tp8").exists()
     out = tmp_path / "cal.json"
     r = run_cli(monkeypatch, capsys, "calibrate", "--preset", "tiny-dream", "--out", str(out), "--repeats", "1",
                 "--sizes", "1,2")
