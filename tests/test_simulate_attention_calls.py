@@ -55,8 +55,9 @@ def test_a_padded_call_costs_what_its_padded_shape_does():
     segs = (Seg(8, 20), Seg(8, 40))
     packed = LayerPass(2, segs)
     padded = LayerPass(2, segs, calls=(Call(2, 8, 40),))
-    assert packed.attention(m) == [(8 * 60 * 4.0 * 64, (2 * 16 + 2 * 60) * 64 * 4)]
-    assert padded.attention(m) == [(2 * 8 * 40 * 4.0 * 64, 2 * (2 * 8 + 2 * 40) * 64 * 4)]
+    # queries read and outputs written at the 4 query heads' width (64), keys and values at the 2 KV heads' (32)
+    assert packed.attention(m) == [(8 * 60 * 4.0 * 64, (2 * 16 * 64 + 2 * 60 * 32) * 4)]
+    assert padded.attention(m) == [(2 * 8 * 40 * 4.0 * 64, 2 * (2 * 8 * 64 + 2 * 40 * 32) * 4)]
 
 
 def test_a_replay_admits_requests_in_the_order_serve_handed_them_over(tmp_path):

@@ -59,13 +59,16 @@ def _engine_spec(**knobs: Any) -> str:
     return "engine:" + ",".join(f"{k}={fmt(knobs[k])}" for k in order)
 
 
+BASELINE = "sparse-dllm"      # the ladder's first rung: the paper's baseline
+
+
 def ladder(max_num_logits: int) -> list[Rung]:
     """The paper's Fig. 8 ladder: baseline, then one component switched on per rung."""
     if max_num_logits is None or max_num_logits < 1:
         raise UserError("the logit-budget rung needs a logit budget (--max-num-logits N, not none)")
     base = dict(scheduler="request", max_num_logits=None, cache="sparse", selection="head")
     return [
-        Rung("baseline", "Sparse-dLLM (baseline)", "sparse-dllm", (),
+        Rung("baseline", "Sparse-dLLM (baseline)", BASELINE, (),
              note="request-level static batch, uniform sparse cache (retention = the engine's)"),
         Rung("engine", "+ inference engine", _engine_spec(**base), (),
              note="continuous batching over packed varlen batches, head-centric dense KV, "

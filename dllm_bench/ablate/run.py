@@ -12,12 +12,14 @@ from dllm_bench import console as cons
 from dllm_bench import results
 from dllm_bench.ablate import ladder as ab
 from dllm_bench.ablate import tables as abt
+from dllm_bench.checkpoints.load import load_shape
 from dllm_bench.errors import UserError
 from dllm_bench.repeats import aggregate_points, repeat_seeds
 from dllm_bench.serve.options import ServeOptions, check_counts, resolve_run
 from dllm_bench.serve.points import PlannedPoint, measure_points, record_repeats, resume_id
 from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import repeat_workloads, shape_of
+from dllm_bench.systems.families import supports
 from dllm_bench.systems.spec import ENGINE, parse_system
 from workloads.serving import describe
 
@@ -35,8 +37,13 @@ def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_
     st = ab.ablation_settings(sp.name, sp.num_prompts, opts.max_num_batched_tokens, opts.max_num_logits,
                               opts.num_prompts)
     n = st["num_prompts"]
+    # A baseline rung with no version for the model's family (systems.families) stays in the
+    # tables, unmeasured (x vs it: n/a); the engine's rungs all run.
+    family = load_shape(sp.model).model_type
+    base = ab.BASELINE
     # The preset is pinned to the one the ladder was planned with.
-    run = resolve_run(replace(opts, systems="sparse-dllm", dataset=",".join(ds_list), num_prompts=n, preset=sp.name,
+    run = resolve_run(replace(opts, systems=base if supports(base, family) else ENGINE, dataset=",".join(ds_list),
+                              num_prompts=n, preset=sp.name,
                               max_num_batched_tokens=st["max_num_batched_tokens"],
                               max_num_logits=st["max_num_logits"]))
     if len(run.rps) != 1:
@@ -48,7 +55,8 @@ def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_
     beyond = ab.beyond_rungs(p.max_num_logits)
     crows = ab.cache_rows(p.max_num_logits) if rows_mode != "none" else []
     variants = {r.key: parse_system(r.spec) for r in rungs + beyond + crows}
-    run.systems = list({v.label: v for v in variants.values()}.values())
+    measured = {k for k, v in variants.items() if supports(v.name, family)}
+    run.systems = list({v.label: v for k, v in variants.items() if k in measured}.values())
     eff = ab.effective_configs(rungs + beyond + crows, run.engine_defaults, run.baseline_defaults,
                                model_dir=str(run.model_dir), dtype=p.dtype, device=p.device,
                                memory_budget=run.memory_budget, max_model_len=p.max_model_len)
@@ -81,7 +89,8 @@ def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_
               + (f"; {run.repeats} repeats (seeds {seed}..{seed + run.repeats - 1})" if run.repeats > 1 else ""),
               markup=False, highlight=False)
     for r in rungs + beyond + crows:
-        con.print(f"  {r.group:>6} {r.title}: {variants[r.key].label}", markup=False, highlight=False)
+        off = "" if r.key in measured else f" (not measured: it has no {family} version)"
+        con.print(f"  {r.group:>6} {r.title}: {variants[r.key].label}{off}", markup=False, highlight=False)
 
     planned = []
     for rep, rep_seed in enumerate(repeat_seeds(seed, run.repeats)):  # repeat-major: a whole ladder first
@@ -92,7 +101,7 @@ def ablate(opts: ServeOptions, *, datasets: str | None, cache_rows: str, result_
             rows = rungs + beyond + (crows if rows_mode == "all" or (rows_mode == "first" and i == 0) else [])
             planned += [PlannedPoint(ds, rate, variants[r.key], wl, shape,
                                      {"ablation_rung": r.key, "ablation_title": r.title}, repeat=rep, seed=rep_seed)
-                        for r in rows]
+                        for r in rows if r.key in measured]
     res = measure_points(run, planned, run_dir, con, done=results.finished_points(run_dir) if resume else set())
     if res.user_error and "max_num_logits=none" in res.user_error:
         res.user_error += (f" (the monolithic-logit rungs hold [token budget x vocab] logits: lower "

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dllm_bench.benchgpu.estimate import Costs
-from dllm_bench.benchgpu.scale import Scale
+from dllm_bench.benchgpu.scale import SMALL_SYSTEMS, Scale
 from dllm_bench.benchgpu.subcommand import Commands
 from dllm_bench.results import atomic_write_json
 
@@ -43,6 +43,7 @@ class Bench:
     small_prompts: int
     aliases: dict[str, str]             # a variant left out of serve-full -> the point that is the same system
     time_budget_s: float | None
+    small_systems: tuple[str, ...] = SMALL_SYSTEMS   # serve-22g's: those with a version for the model's family
     records: dict[str, StepRecord] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)       # lines the summary prints under its title
     started: float = field(default_factory=time.perf_counter)
@@ -70,7 +71,8 @@ class Bench:
 
     def document(self) -> dict:
         return {"scale": asdict(self.scale), "model": self.model, "model_dir": str(self.model_dir or ""),
-                "full_systems": list(self.full_systems), "aliases": self.aliases,
+                "full_systems": list(self.full_systems), "small_systems": list(self.small_systems),
+                "aliases": self.aliases,
                 "small_prompts": self.small_prompts,
                 "time_budget_s": self.time_budget_s, "elapsed_s": round(self.elapsed_s(), 1), "notes": self.notes,
                 "steps": [asdict(r) for r in self.records.values()]}

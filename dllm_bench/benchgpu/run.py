@@ -19,10 +19,12 @@ from dllm_bench.benchgpu.scale import FULL_SYSTEMS, SMALL_SYSTEMS, Scale, for_de
 from dllm_bench.benchgpu.steps.checkpoint import existing_dir
 from dllm_bench.benchgpu.steps.serve import small_rates
 from dllm_bench.benchgpu.subcommand import Commands
+from dllm_bench.checkpoints.load import load_shape
 from dllm_bench.checkpoints.presets import PRESETS
 from dllm_bench.console import console
 from dllm_bench.errors import UserError
 from dllm_bench.results import make_run_id, results_root
+from dllm_bench.systems.families import supports
 from dllm_bench.systems.spec import ENGINE_KNOB_TABLE
 
 MARGIN_S = 20.0  # of the budget kept for the parent's own work between steps
@@ -68,6 +70,12 @@ def serving_cache() -> str:
     return ENGINE_KNOB_TABLE["cache"].default
 
 
+def for_model(systems: tuple[str, ...], model: str) -> tuple[str, ...]:
+    """The systems (and variants) with a version for the family of --model (systems.families)."""
+    model_type = load_shape(model).model_type
+    return tuple(s for s in systems if supports(s.split(":")[0], model_type))
+
+
 def engine_aliases(systems: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:
     """serve-full's systems without a cache variant that is the engine's default (the `engine`
     point already measures it), and which variant each left-out one stands for."""
@@ -84,14 +92,14 @@ def prepare(opts: Options, commands: Commands) -> tuple[Bench, list[plan.Step]]:
         raise UserError(f"--time-budget must be >= 0 seconds (0: none), got {opts.time_budget_s:g}")
     steps = plan.select(opts.only)
     out = check_out(opts.out)
-    full, aliases = engine_aliases(FULL_SYSTEMS)
+    full, aliases = engine_aliases(for_model(FULL_SYSTEMS, model))
     budget = opts.time_budget_s or None
     bench = Bench(out=out, scale=scale, costs=est.costs(scale), commands=commands, model=model,
                   model_dir=existing_dir(model), full_systems=full, small_prompts=scale.small_prompts[0],
-                  aliases=aliases, time_budget_s=budget)
+                  aliases=aliases, time_budget_s=budget, small_systems=for_model(SMALL_SYSTEMS, model))
     if budget is not None and any(s.name == "serve-22g" for s in steps):
         others = sum(s.estimate(bench) for s in steps if s.name != "serve-22g")
-        bench.small_prompts = est.small_prompts(bench.costs, scale, SMALL_SYSTEMS, small_rates(bench),
+        bench.small_prompts = est.small_prompts(bench.costs, scale, bench.small_systems, small_rates(bench),
                                                 budget - MARGIN_S - others)
     return bench, steps
 

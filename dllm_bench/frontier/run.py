@@ -20,7 +20,7 @@ import typer
 
 from dllm_bench import console, inputs
 from dllm_bench.accuracy import points as acc
-from dllm_bench.checkpoints.load import load_tokenizer
+from dllm_bench.checkpoints.load import load_config, load_tokenizer
 from dllm_bench.device_defaults import resolve_device_options
 from dllm_bench.errors import UserError
 from dllm_bench.frontier import configs, output, pareto
@@ -28,6 +28,7 @@ from dllm_bench.frontier import rows as frows
 from dllm_bench.frontier.measure import ConcurrentBackend, measure
 from dllm_bench.results import atomic_write_csv, atomic_write_json, create_run
 from dllm_bench.systems import decoding as system_decoding
+from dllm_bench.systems.families import for_family
 from dllm_bench.systems.inprocess import InProcess
 from dllm_bench.systems.options import RunOptions, check_backends
 from dllm_bench.systems.spec import ENGINE, retention_knobs
@@ -104,7 +105,7 @@ def resolve(o: FrontierOptions) -> Plan:
         raise UserError(f"--task must be one of {', '.join(acc.TASKS)}, got {task!r}")
     model = o.model or TASK_MODELS.get(task or DEFAULT_TASK)
     if model is None:
-        raise UserError(f"--task {task} needs --model: a LLaDA checkpoint directory (or several, comma-separated)")
+        raise UserError(f"--task {task} needs --model: a checkpoint directory (or several, comma-separated)")
     if not 1 <= o.seeds <= 3:
         raise UserError(f"--seeds must be 1, 2 or 3 (the committed training seeds), got {o.seeds}")
     models = [m.strip() for m in model.split(",") if m.strip()]
@@ -113,6 +114,12 @@ def resolve(o: FrontierOptions) -> Plan:
     if not models or len(set(models)) != len(models):
         raise UserError(f"--model takes a comma list of distinct presets or directories, got {model!r}")
     paths = [inputs.checkpoint_dir(m, tokenizer=True, why="frontier scores text answers") for m in models]
+    families = {load_config(p).model_type for p in paths}
+    if len(families) > 1:
+        raise UserError(f"--model: the models are of different families ({', '.join(sorted(families))})")
+    # the configurations whose system has a version for the family (an unsupported one named in --systems: refused)
+    kept = for_family([c.variant for c in cfgs], families.pop(), explicit=bool(o.systems))
+    cfgs = [c for c in cfgs if c.variant in kept]
     infos = [acc.model_training_info(p).get("config", {}) for p in paths]
     task = task or infos[0].get("task") or DEFAULT_TASK
     if task not in acc.TASKS:

@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The model as the cost model sees it (LLaDA: SwiGLU MLP, untied LM head)."""
+    """The model as the cost model sees it (a dense family: SwiGLU MLP, untied LM head, GQA), with
+    what its family adds: q/k/v biases and the prediction `shift` (a Reuse step's rows before its block)."""
 
     d: int
     layers: int
@@ -28,12 +29,14 @@ class ModelShape:
     ffn: int
     vocab: int
     wbytes: int = 2          # bytes per weight / activation element (bf16 = 2, fp32 = 4)
+    qkv_bias: bool = False   # q, k, v projections carry biases (Dream)
+    shift: int = 0           # the family's prediction shift (engine.models.ModelConfig.shift)
 
     @classmethod
     def from_config(cls, cfg, wbytes: int) -> ModelShape:
         """From an engine.models.ModelConfig."""
         return cls(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.mlp_hidden_size,
-                   cfg.padded_vocab, wbytes)
+                   cfg.padded_vocab, wbytes, cfg.qkv_bias, cfg.shift)
 
     @property
     def kv_dim(self) -> int:
@@ -62,12 +65,17 @@ class ModelShape:
                        vocab=self.vocab // n)
 
     @property
+    def bias_params(self) -> int:
+        """One layer's q/k/v bias elements (0 without biases)."""
+        return (self.q_dim + 2 * self.kv_dim) * self.qkv_bias
+
+    @property
     def block_params(self) -> int:
-        return sum(k * n for _, k, n in self.gemms())
+        return sum(k * n for _, k, n in self.gemms()) + self.bias_params
 
     @property
     def linear_flops_per_token(self) -> int:
-        return 2 * self.block_params * self.layers
+        return 2 * sum(k * n for _, k, n in self.gemms()) * self.layers
 
     @property
     def lm_head_flops_per_row(self) -> int:
@@ -123,9 +131,15 @@ class LayerPass:
         """(FLOPs, bytes) of each attention call of one layer."""
         if self.calls is None:
             return [(sum(s.q * s.k for s in self.segs) * 4.0 * m.heads * m.head_dim,
-                     sum(2 * s.q + 2 * s.k for s in self.segs) * m.q_dim * m.wbytes)]
-        return [(c.g * c.q * c.k * 4.0 * m.heads * m.head_dim, c.g * (2 * c.q + 2 * c.k) * m.q_dim * m.wbytes)
+                     sum(attention_bytes(s.q, s.k, m.q_dim, m.kv_dim, m.wbytes) for s in self.segs))]
+        return [(c.g * c.q * c.k * 4.0 * m.heads * m.head_dim, c.g * attention_bytes(c.q, c.k, m.q_dim, m.kv_dim, m.wbytes))
                 for c in self.calls]
+
+
+def attention_bytes(q: int, k: int, q_dim: int, kv_dim: int, wbytes: int) -> int:
+    """What one attention call moves, no score matrix: its queries read and outputs written at the
+    query heads' width, its keys and values at the KV heads' (GQA: a KV head serves a query group)."""
+    return (2 * q * q_dim + 2 * k * kv_dim) * wbytes
 
 
 @dataclass(frozen=True)
@@ -276,6 +290,11 @@ class CostModel:
                 parts["gemm"] += p.layers * gemm_time(M, k, n, m.wbytes, self.peak, self.bw, e)
                 flops += p.layers * 2.0 * M * k * n
                 nbytes += p.layers * (k * n + M * k + M * n) * m.wbytes
+            if M and m.bias_params:                # the q/k/v biases: read with the weights, added per row
+                bb = p.layers * m.bias_params * m.wbytes
+                parts["gemm"] += bb / bw
+                flops += p.layers * M * m.bias_params
+                nbytes += bb
             if p.v_only:
                 parts["gemm"] += p.layers * gemm_time(p.v_only, m.d, m.kv_dim, m.wbytes, self.peak, self.bw, e)
                 flops += p.layers * 2.0 * p.v_only * m.d * m.kv_dim

@@ -23,7 +23,7 @@ from dllm_bench.simulate.simulator import SimSetup, resolve_sim_model
 from dllm_bench.simulate.steps_per_block import StepsPlan
 from dllm_bench.simulate.steps_per_block import parse as parse_steps
 from dllm_bench.systems.decoding import resolve as resolve_decoding
-from dllm_bench.systems.options import parallel_labels
+from dllm_bench.systems.options import parallel_labels, variant_ranks
 
 
 def simulated_gpu(hw: Hardware) -> SimulatedGpu | None:
@@ -66,6 +66,11 @@ def simulation(opts: ServeOptions, hw: Hardware, impl: str | None = None, steps_
     impls = {n: default_impl(n, hw.kind, measured_impl) for n in names} | parse_impl_overrides(impl, names)
     plan = steps_plan(run, steps_per_block, results_root)
     setup = make_setup(run, hw, impls, loadable)
+    for v in run.systems:          # the model's heads, KV heads, MLP and vocabulary split N ways, before any run dir
+        try:
+            setup.shape.rank_share(variant_ranks(v, run.engine_defaults))
+        except ValueError as e:
+            raise UserError(f"system {v.label!r}: {e}") from None
     setup.decoding, setup.steps_plan = run.decoding, plan
     if measured:
         setup.pinned = pins(measured)

@@ -3,7 +3,8 @@
 A CPU `serve` point measures a scale-similar model at a handful of requests; what a user wants to
 know is how the same systems compare on the GPU they care about. Under the measured table every
 CPU run prints the same systems on the same dataset and arrival rate, simulated with the `paper`
-preset (LLaDA-8B's shape at the paper's lengths) on the RTX 4090 profile with at least
+preset (the paper's lengths) on the real shape of the run's model family (LLaDA-8B, Dream-7B:
+`gpu_model`) on the RTX 4090 profile with at least
 MIN_REQUESTS requests per point: the real schedulers on a virtual clock (dllm_bench.simulate),
 seconds of CPU. It is labelled as simulated and comes with the `simulate` command that
 reproduces it; `serve --no-projection` skips it.
@@ -15,11 +16,13 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 
+from dllm_bench.checkpoints.presets import PRESETS
 from dllm_bench.errors import UserError
 from dllm_bench.results import fmt_rps
 from dllm_bench.serve.config import ServeRun
 from dllm_bench.serve.options import ServeOptions
 from dllm_bench.serve.points import PlannedPoint, point_summary
+from dllm_bench.serve.presets import PRESETS as SERVE_PRESETS
 from dllm_bench.serve.summary import comparisons, print_comparison
 from dllm_bench.serve.task_prompts import TASK_DATASET
 from dllm_bench.serve.workload import shape_of
@@ -51,6 +54,11 @@ class Projection:
                 "comparisons": [{k: v for k, v in c.items() if k != "summaries"} for c in self.comparisons]}
 
 
+def gpu_model(model_type: str) -> str | None:
+    """The preset of a family's real model (drawn on a GPU: llada-8b, dream-7b), simulated by its shape."""
+    return next((p.name for p in PRESETS.values() if p.model_type == model_type and p.draw_device == "cuda"), None)
+
+
 def skip_reason(run: ServeRun) -> str | None:
     """Why a run has no projection (None: it has one)."""
     if run.options is None:
@@ -61,8 +69,11 @@ def skip_reason(run: ServeRun) -> str | None:
         return "only an --endpoint was measured (its model is the server's)"
     if TASK_DATASET in run.datasets:
         return "a trained model's own task (--dataset task) has no GPU-scale counterpart"
+    family = run.model_info.get("model_type", "llada")
+    if gpu_model(family) is None:
+        return f"no GPU-scale model of the {family} family"
     if not run.decoding.fixed:
-        return (f"--decoding {run.decoding}: LLaDA-8B's forwards per block under it are not known here; "
+        return (f"--decoding {run.decoding}: the GPU model's forwards per block under it are not known here; "
                 "simulate --decoding ... --steps-per-block with a distribution recorded on the GPU model")
     return None
 
@@ -73,12 +84,22 @@ def projection_options(run: ServeRun, num_prompts: int, preset: str = PRESET) ->
     o: ServeOptions = run.options
     return ServeOptions(systems=o.systems, baseline_batch=o.baseline_batch, dataset=",".join(run.datasets),
                         rps=",".join(fmt_rps(r) for r in run.rps), burstiness=run.burstiness, seed=run.seed,
-                        retention=o.retention, num_prompts=num_prompts, preset=preset)
+                        retention=o.retention, num_prompts=num_prompts, preset=preset,
+                        model=projected_model(run.model_info.get("model_type", "llada"), preset))
+
+
+def projected_model(model_type: str, preset: str) -> str | None:
+    """The model a projection simulates: the preset's own (None) where it is of the run's family,
+    else the family's GPU-scale model (`gpu_model`)."""
+    own = PRESETS.get(SERVE_PRESETS[preset].model)
+    return None if own is not None and own.model_type == model_type else gpu_model(model_type)
 
 
 def command(o: ServeOptions, hardware: str) -> str:
     """The `dllm-bench simulate` command that reproduces the projection."""
     args = ["dllm-bench", "simulate", "--hardware", hardware, "--preset", o.preset]
+    if o.model is not None:
+        args += ["--model", o.model]
     if o.systems is not None:
         args += ["--systems", o.systems]
     if o.baseline_batch != "max-fit":

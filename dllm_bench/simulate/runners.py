@@ -95,7 +95,7 @@ class CostRunner:
 
     def _decide(self, key: tuple[int, int, int], eager: Forward, kept: bool | None = None) -> bool:
         if kept is None:
-            kept = self.keep is None or self.keep(key, padded(eager, key), eager)
+            kept = self.keep is None or self.keep(key, padded(eager, key, self.shape.shift), eager)
         self.kept[key] = kept
         self.decisions["kept" if kept else "eager"].append(list(key))
         return kept
@@ -107,7 +107,7 @@ class CostRunner:
         if not self.graphs:
             return 0
         steps = warm_up_steps(self.config, block_length, prompt_len, max_batch, holds,
-                              self.model_config.mask_token_id, self.in_place)
+                              self.model_config.mask_token_id, self.in_place, self.shape.shift)
         new = [key for key in steps if key not in self.kept]
         for key in new:
             self._decide(key, engine_forward(steps[key], self.config, self.shape, self.key_budget)[0])
@@ -125,7 +125,7 @@ class CostRunner:
             cap = self.config.max_num_logits
             st = StepStats(fw.query_tokens, fw.rows, fw.rows if cap is None else min(fw.rows, cap),
                            n_ref, len(batch) - n_ref, cache=dict(Counter(req.cache for req, _ in batch)))
-        key = graph_key(batch, self.config, self.in_place) if self.graphs else None
+        key = graph_key(batch, self.config, self.in_place, self.shape.shift) if self.graphs else None
         if key is not None:                    # the counters above are the real rows, as the engine's
             capture = key not in self.kept
             if self.inner is not None:
@@ -136,7 +136,7 @@ class CostRunner:
             else:
                 kept = self._decide(key, fw) if capture else self.kept[key]
             if kept:
-                fw = replace(padded(fw, key), capture=capture)
+                fw = replace(padded(fw, key, self.shape.shift), capture=capture)
                 if self.inner is None:
                     st = replace(st, graph=True, padded_requests=key[0])
             else:                              # its graph was slower: eager and unpadded

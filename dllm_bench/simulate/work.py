@@ -3,8 +3,9 @@ state the real scheduler or static batch hands over, never from token values.
 
 * `engine_forward`: one packed engine step: a Refresh queries its whole canvas, a Reuse its
   block against the cache (dual: every position, sparse: the kept ones, each request in its own
-  mode under `cache=auto`); logits only for the block's still-masked rows, in chunks of the logit
-  budget. With CUDA graphs a Reuse-only step runs padded to its bucket (`graph_key`; those captured at
+  mode under `cache=auto`), a shifted family's Reuse also the `shift` rows before the block
+  (query-only, never stored: engine.step_meta's `lead`); logits only for the block's still-masked
+  rows, in chunks of the logit budget. With CUDA graphs a Reuse-only step runs padded to its bucket (`graph_key`; those captured at
   warm-up, and the steps they are timed on: `warm_up_steps`).
 * `baseline_forward`: one static-batch forward of a baseline policy, padded to the batch's
   canvas, with the StepResult the real policy reports for it.
@@ -60,7 +61,7 @@ def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, sha
         else:
             # dual and sparse alike: the block's K/V are written into their slots, then every key
             # the request reserved (dual: the canvas; sparse: retained + block) is read from the pool.
-            q = blk
+            q = blk + min(req.prompt_len + req.block * blk, shape.shift)     # the edge rows: queries only
             k = req.kv_tokens
             kv_read += k
             cached += k
@@ -103,9 +104,10 @@ def key_budget(config: EngineConfig, model_config) -> int:
 
 
 def graph_key(batch: list[tuple[Request, Phase]], config: EngineConfig,
-              in_place: bool = False) -> tuple[int, int, int] | None:
+              in_place: bool = False, shift: int = 0) -> tuple[int, int, int] | None:
     """(bucket, key width, block length) of the CUDA graph a step replays (engine.graphs.StepGraphs.takes:
-    Reuse only, one block length, the padded batch within the token budget), or None: it runs eagerly.
+    Reuse only, one block length, the padded batch (each member `shift` edge rows more) within the token
+    budget), or None: it runs eagerly.
     Keys read `in_place` (`keys_in_place`): width 0, one graph serves every step of its bucket; else
     the padded-SDPA width (every member's keys to `key_width` of the longest). Whether the bucket
     keeps its graph is the runner's (runners.CostRunner); a fragmented pool's step is not known
@@ -114,9 +116,10 @@ def graph_key(batch: list[tuple[Request, Phase]], config: EngineConfig,
         return None
     bl = batch[0][0].params.block_length
     b = bucket(len(batch), batch_buckets(config.max_num_seqs))
-    if b is None or any(r.params.block_length != bl for r, _ in batch) or b * bl > config.max_num_batched_tokens:
+    if b is None or any(r.params.block_length != bl for r, _ in batch) or b * (bl + shift) > config.max_num_batched_tokens:
         return None
-    return b, _width(max(req.kv_tokens for req, _ in batch), in_place), bl   # each Reuse reads its reserved keys
+    # each Reuse reads its reserved keys, a dummy member at most its block and edge rows (StepGraphs._keys)
+    return b, _width(max(max(req.kv_tokens for req, _ in batch), bl + shift), in_place), bl
 
 
 def _width(keys: int, in_place: bool) -> int:
@@ -131,29 +134,32 @@ def keys_in_place(config: EngineConfig, gpu: bool) -> bool:
 
 
 def warm_up_steps(config: EngineConfig, block_length: int, prompt_len: int, max_batch: int | None,
-                  holds: Callable[[int], bool], mask_id: int,
-                  in_place: bool = False) -> dict[tuple[int, int, int], list[tuple[Request, Phase]]]:
+                  holds: Callable[[int], bool], mask_id: int, in_place: bool = False,
+                  shift: int = 0) -> dict[tuple[int, int, int], list[tuple[Request, Phase]]]:
     """The graphs the engine captures at warm-up (engine.graphs.warm_up_plan, as `graph_key` keys
     them), each with the Reuse step of synthetic one-block requests after a `prompt_len` prompt it
     is timed on (engine.graphs.warm_up_requests), one bucket each. Its requests are alike: one
     stands for them all (a thousand-request bucket builds no thousand requests)."""
-    mode, need, sizes = warm_up_plan(config, block_length, prompt_len, max_batch, holds)
+    mode, need, sizes = warm_up_plan(config, block_length, prompt_len, max_batch, holds, shift)
     if not sizes:
         return {}
     (req,) = warm_up_requests(1, mode, need, block_length, prompt_len, mask_id, "cpu")
-    return {(b, _width(need, in_place), block_length): [(req, Phase.REUSE)] * b for b in sizes}
+    return {(b, _width(max(need, block_length + shift), in_place), block_length): [(req, Phase.REUSE)] * b
+            for b in sizes}
 
 
-def padded(fw: Forward, key: tuple[int, int, int]) -> Forward:
-    """`fw` as its graph replays it: dummy members (one block of queries over one block of keys,
-    written to the pool's scratch slot) up to the bucket; their rows are dropped before decoding."""
+def padded(fw: Forward, key: tuple[int, int, int], shift: int = 0) -> Forward:
+    """`fw` as its graph replays it: dummy members (the `shift` edge rows and one block of queries
+    over as many keys, the block written to the pool's scratch slot: engine.graphs.pad_meta) up to
+    the bucket; their rows are dropped before decoding."""
     b, width, bl = key
     extra = b - fw.n_seq
     (p,) = fw.passes
+    nq = bl + shift
     # padded SDPA under a graph: every member's keys padded to the bucket's key width
-    calls = None if p.calls is None else (Call(b, bl, width or max(c.k for c in p.calls)),)
+    calls = None if p.calls is None else (Call(b, nq, width or max(c.k for c in p.calls)),)
     kv_read = fw.kv_read if calls is None else b * calls[0].k
-    return replace(fw, passes=(LayerPass(p.layers, p.segs + (Seg(bl, bl),) * extra, calls=calls),),
+    return replace(fw, passes=(LayerPass(p.layers, p.segs + (Seg(nq, nq),) * extra, calls=calls),),
                    kv_write=fw.kv_write + extra * bl, kv_read=kv_read, graph=True)
 
 

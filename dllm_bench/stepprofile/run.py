@@ -102,7 +102,8 @@ def check_capacity(system, info: dict, s: StepProfileSetup) -> None:
     if system.pool.capacity is not None and B * need > system.pool.capacity:
         raise UserError(f"--batch {B}: {B} requests of {length} tokens need {B * need:,} KV slots, the memory "
                         f"budget's pool holds {system.pool.capacity:,}; lower --batch or --prompt-len")
-    rows = {"refresh": length, "reuse": s.block_length, "mixed": s.block_length}.get(o.phase, 0)
+    reuse = s.block_length + system.model.config.shift    # a shifted family's Reuse also queries its edge rows
+    rows = {"refresh": length, "reuse": reuse, "mixed": reuse}.get(o.phase, 0)
     if B * rows > c.max_num_batched_tokens:            # (serve: what does not fit waits, as it would)
         raise UserError(f"--batch {B}: a {o.phase} step of {B} requests is {B * rows:,} query tokens, over the "
                         f"token budget {c.max_num_batched_tokens:,} (set it with --system "

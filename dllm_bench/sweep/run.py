@@ -10,6 +10,7 @@ from pathlib import Path
 from dllm_bench import console as cons
 from dllm_bench import results
 from dllm_bench.ablate.ladder import ABLATION_PROMPTS
+from dllm_bench.checkpoints.load import load_shape
 from dllm_bench.errors import UserError
 from dllm_bench.repeats import aggregate_points, repeat_seeds
 from dllm_bench.serve.options import ServeOptions, check_counts, check_gen_length, resolve_run
@@ -18,6 +19,8 @@ from dllm_bench.serve.presets import preset_for
 from dllm_bench.serve.workload import shape_of
 from dllm_bench.sweep import lengths as sw
 from dllm_bench.sweep.schedulers import with_schedulers
+from dllm_bench.systems.families import supports
+from dllm_bench.systems.spec import parse_systems
 from workloads.serving import describe
 
 
@@ -44,22 +47,26 @@ def sweep(opts: ServeOptions, *, vary: str, points: str | None, fixed_len: int |
     n = num_prompts if num_prompts is not None else ABLATION_PROMPTS.get(sp.name, sp.num_prompts)
     # The preset is pinned to the one the lengths were planned with;
     # the point workloads carry their own lengths, so gen_length is theirs, not the run's.
-    systems = with_schedulers(opts.systems or sw.DEFAULT_SYSTEMS, schedulers)
-    run = resolve_run(replace(opts, systems=systems, dataset="random", num_prompts=n,
-                              preset=sp.name, gen_length=None))
+    systems = parse_systems(with_schedulers(opts.systems or sw.DEFAULT_SYSTEMS, schedulers))
+    # A default system with no version for the model's family (systems.families) stays a column,
+    # unmeasured (ratios vs it: n/a); one named in --systems is refused by resolve_run.
+    family = load_shape(sp.model).model_type
+    off = [] if opts.systems else [v for v in systems if not supports(v.name, family)]
+    run = resolve_run(replace(opts, systems=",".join(v.label for v in systems if v not in off), dataset="random",
+                              num_prompts=n, preset=sp.name, gen_length=None))
     if len(run.rps) != 1:
         raise UserError("--rps takes one rate for sweep (inf = saturation, the default)")
     rate = run.rps[0]
     run.preset = replace(run.preset, dataset="random", num_prompts=n)  # describe() tells what ran
     p = run.preset
-    reference = sw.reference_label(run.systems)
+    reference = sw.reference_label(run.systems + off)
     mml = p.max_model_len or run.model_info["max_sequence_length"]
     too_long = [pt for pt in plan.points if pt[0] + pt[1] > mml]
     if too_long:
         raise UserError(f"sweep points {too_long} exceed the model's {mml} tokens")
     workloads = {plan.label(pt): sw.point_workload(run, pt, n, rate, seed) for pt in plan.points}
     run.workloads = {(lab, rate): wl for lab, wl in workloads.items()}
-    labels = [v.label for v in run.systems]
+    labels = [v.label for v in run.systems + off]
     config = {
         **run.describe(), "vary": vary, "plan": plan.to_dict(), "systems": [v.to_dict() for v in run.systems],
         "systems_labels": labels, "reference": reference, "rps": rate, "num_prompts": n,
@@ -79,7 +86,9 @@ def sweep(opts: ServeOptions, *, vary: str, points: str | None, fixed_len: int |
     con.print(f"[bold]dllm-bench sweep --vary {vary}[/bold] → {run_dir}", highlight=False)
     con.print(p.describe(), markup=False, highlight=False)
     con.print(f"{plan.rule}; points {plan.values}; {n} prompts per point; {config['measurement']}; "
-              f"systems {', '.join(labels)} (ratios vs {reference})", markup=False, highlight=False)
+              f"systems {', '.join(labels)} (ratios vs {reference})"
+              + "".join(f"; {v.label} not measured: it has no {family} version" for v in off),
+              markup=False, highlight=False)
 
     planned = []
     for rep, rep_seed in enumerate(repeat_seeds(seed, run.repeats)):  # repeat-major: a whole sweep first

@@ -33,7 +33,7 @@ def baseline_entries(bench: Bench) -> list[Entry]:
     fits = {p["system"]: p.get("max_batch_size") for p in bench.data("serve-full").get("points", [])}
     return [(name, None, int(fits[name]), "serve-full max-fit") if fits.get(name) else
             (name, None, bench.scale.full_prompts, "no serve-full max-fit: the saturation request count")
-            for name in BASELINES]
+            for name in BASELINES if name in bench.small_systems]
 
 
 def estimate(bench: Bench) -> float:

@@ -1,9 +1,10 @@
 """Steps `serve-full` and `serve-22g`: `dllm-bench serve` with fixed decoding (so every timing
-is LLaDA-8B-Instruct's), one run directory each under runs/, every point with its per-step
+is the real model's: LLaDA-8B-Instruct's, Dream-7B's), one run directory each under runs/, every point with its per-step
 trace (`--trace-steps`, where this build has it) and a --max-duration that bounds a slow point.
 
 serve-full: the paper preset at saturation on the whole GPU, the engine's default and its dual
-and sparse caches against Fast-dLLM and Sparse-dLLM at their largest static batch. serve-22g:
+and sparse caches against Fast-dLLM and Sparse-dLLM at their largest static batch (each system
+that has a version for the model's family: `Bench.full_systems`, `small_systems`). serve-22g:
 the RTX 4090's 22 GiB, where a baseline fits a batch of a few, at saturation and at 1.0 req/s.
 """
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Sequence
 from dllm_bench.benchgpu import estimate as est
 from dllm_bench.benchgpu.derive import trace_stats
 from dllm_bench.benchgpu.record import OK, Bench, StepRecord
-from dllm_bench.benchgpu.scale import SMALL_SYSTEMS
 from dllm_bench.benchgpu.subcommand import run_cli
 from dllm_bench.results import fmt_rps, load_points
 from engine.decoding import FIXED
@@ -33,7 +33,7 @@ def estimate_full(bench: Bench) -> float:
 
 
 def estimate_small(bench: Bench) -> float:
-    return est.serve_s(bench.costs, bench.scale, "small", SMALL_SYSTEMS, small_rates(bench), bench.small_prompts)
+    return est.serve_s(bench.costs, bench.scale, "small", bench.small_systems, small_rates(bench), bench.small_prompts)
 
 
 def run_full(bench: Bench, rec: StepRecord) -> None:
@@ -42,7 +42,7 @@ def run_full(bench: Bench, rec: StepRecord) -> None:
 
 
 def run_small(bench: Bench, rec: StepRecord) -> None:
-    _serve(bench, rec, "serve-22g", "small", SMALL_SYSTEMS, small_rates(bench), bench.small_prompts,
+    _serve(bench, rec, "serve-22g", "small", bench.small_systems, small_rates(bench), bench.small_prompts,
            bench.scale.small_budget)
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from dllm_bench.simulate import bounds
 from dllm_bench.simulate.calibrate.mode import Timer, mode_for
-from dllm_bench.simulate.cost_model import Efficiency, ModelShape, attention_time, gemm_time
+from dllm_bench.simulate.cost_model import Efficiency, ModelShape, attention_bytes, attention_time, gemm_time
 from dllm_bench.timing import peak_rates
 from engine import attention
 
@@ -38,12 +38,13 @@ class OpSample:
     b: int               # K (gemm) or k
     c: int               # N (gemm) or heads·head_dim (attn)
     t: float             # seconds
+    kv: int | None = None  # attn: kv_heads·head_dim, the keys' and values' width (None: c, no GQA)
 
 
 def predict(s: OpSample, eff: Efficiency, peak: float, bw: float, wbytes: int) -> float:
     if s.kind == "gemm":
         return gemm_time(s.a, s.b, s.c, wbytes, peak, bw, eff)
-    return attention_time(s.a * s.b * 4.0 * s.c, (2 * s.a + 2 * s.b) * s.c * wbytes, peak, bw, eff)
+    return attention_time(s.a * s.b * 4.0 * s.c, attention_bytes(s.a, s.b, s.c, s.kv or s.c, wbytes), peak, bw, eff)
 
 
 def fit_efficiency(samples: list[OpSample], peak: float, bw: float, wbytes: int, rounds: int = 3
@@ -202,6 +203,6 @@ def measure_ops(shape: ModelShape, dtype, repeats: int, max_elems: int = 1 << 25
         else:
             weights.clear()
             t = timed(engine_attention(a, b, shape, dtype, dev), repeats)
-        out.append(OpSample(kind, a, b, c, t))
+        out.append(OpSample(kind, a, b, c, t, shape.kv_dim if kind == "attn" else None))
         tick()
     return out

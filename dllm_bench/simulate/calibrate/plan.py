@@ -21,6 +21,7 @@ from dllm_bench.simulate import bounds
 from dllm_bench.simulate.calibrate.mode import Mode, mode_for
 from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.simulate.simulator import DTYPE_BYTES
+from dllm_bench.systems.families import for_family
 from dllm_bench.systems.options import RunOptions, check_one_device, resolve, variant_ranks
 from dllm_bench.systems.spec import (
     DEFAULT_SYSTEMS,
@@ -135,7 +136,10 @@ def plan(o: CalibrateOptions) -> Plan:
     chosen = sizes is None
     sizes = sizes or default_sizes(p, dev.type)
     model_dir = resolve_model(p.model)
-    shape = ModelShape.from_config(load_config(model_dir), DTYPE_BYTES[p.dtype])
+    cfg = load_config(model_dir)
+    shape = ModelShape.from_config(cfg, DTYPE_BYTES[p.dtype])
+    # the default systems: those with a version for the model's family; a named one it lacks: refused
+    variants = for_family(variants, cfg.model_type, explicit=o.systems != DEFAULT_SYSTEMS)
     budget = calibration_budget(dev)
     wl = preset_requests(p, model_dir, max(sizes))
     g = max(r.gen_length for r in wl)

@@ -46,12 +46,12 @@ class Replay:
 def _model(run_dir: str) -> tuple[ModelConfig, str, dict, float]:
     cfg = results.load_config(run_dir)["config"]
     m = cfg["model"]
-    model = ModelConfig(d_model=m["d_model"], n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], n_layers=m["n_layers"],
+    shape = ModelConfig(d_model=m["d_model"], n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], n_layers=m["n_layers"],
                         mlp_hidden_size=m["mlp_hidden_size"], vocab_size=m["vocab_size"],
                         embedding_size=m.get("padded_vocab") or m["vocab_size"],
                         max_sequence_length=m.get("max_sequence_length") or 4096,
-                        model_type=m.get("model_type", "llada"))
-    model = config_from_dict(model.to_hf())   # the family's own facts (biases, shift); runs before it: LLaDA
+                        model_type=m.get("model_type") or "llada")   # runs before families were recorded: LLaDA
+    model = config_from_dict(shape.to_hf())     # through its family: biases, the prediction shift
     return model, cfg["preset"]["dtype"], dict(cfg.get("baseline_defaults") or {}), float(cfg.get("memory_budget") or 0)
 
 
