@@ -22,9 +22,8 @@ from engine.regions import DECODE, in_region
 from engine.request import Phase, Request
 from engine.scheduler import serves_long
 from engine.staging import Staging
-from engine.step import StepDecisions, StepStats
+from engine.step import StepDecisions, StepMeta, StepStats
 from engine.step_context import StepContext
-from engine.step_meta import StepMeta
 from engine.unmask import rescored
 
 
@@ -36,12 +35,10 @@ class ModelRunner:
         self.decode_rows = getattr(model, "decode_rows", decode_rows)
         self.policy = POLICIES[config.cache](config, getattr(model, "head_mean", None))
         self.max_model_len = max_model_len or model.config.max_sequence_length
-        # a bound on one member's keys (a graph's kernel bound); gathered key rows per attention call
         self.key_budget = max(self.max_model_len, config.max_num_batched_tokens)
         self.key_chunk = config.max_num_batched_tokens
         self.kernel = PackedKernel(backend) if backend in PACKED else None
-        # Reuse keys read in place where the kernel can; the profiler turns it off (the larger peak)
-        self.in_place_keys = True
+        self.in_place_keys = True       # the profiler turns it off (gathered keys: the larger peak)
         self.staging = Staging(self.device)
         self.refresh_chunk = refresh_chunk or chunking.default_chunk(config)
         self.long_possible = serves_long(config)

@@ -21,18 +21,12 @@ class SamplingParams:
     temperature: float = 0.0
     remasking: str = "low_confidence"
     cfg_scale: float = 0.0
-    # seed of the request's own generators: its tokens do not depend on what it is batched with
-    seed: int = 0
+    seed: int = 0                          # the request's own generators: batch-invariant tokens
     stop: tuple[str, ...] = field(default_factory=tuple)
-    # engine.decoding: fixed (the schedule over `steps`) or a parallel policy (blocks end when unmasked);
-    # a library caller may give its text
-    decoding: Decoding = Decoding()
-    # per-block counts: "linear" (LLaDA: n // steps, the first n % steps get +1) or "timegrid"
-    # (Dream: int(n_masked * (1 - s/t)) on linspace(1, eps, steps + 1)); one block = Dream's sampler
-    schedule: str = "linear"
+    decoding: Decoding = Decoding()        # engine.decoding (a library caller may give its text)
+    schedule: str = "linear"               # per-block counts: linear (LLaDA) | timegrid (Dream; docs/DREAM_SAMPLER.md)
     eps: float = EPS
-    # Dream's algs only: the token distribution's filters, and a random choice of positions
-    top_p: float | None = None
+    top_p: float | None = None             # top_p, top_k, alg_temp: Dream's algs only
     top_k: int | None = None
     alg_temp: float | None = None
 

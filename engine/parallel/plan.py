@@ -10,8 +10,8 @@ from engine.logits import RowSegment
 from engine.ragged import ragged
 from engine.runner import ModelRunner, PackedStep, row_segments
 from engine.staging import Staging
+from engine.step import StepMeta
 from engine.step_context import StepContext
-from engine.step_meta import StepMeta
 
 
 @dataclass
