@@ -17,7 +17,7 @@ from engine.graphs import PadSpec, StepGraphs, pad_meta
 from engine.kv_cache import KVPool
 from engine.logits import DecodeResult, RowSegment, decode_rows
 from engine.models import DenseLM, ModelConfig
-from engine.ragged import padded, ragged
+from engine.ragged import offsets, padded, ragged
 from engine.regions import DECODE, in_region
 from engine.request import Phase, Request
 from engine.scheduler import serves_long
@@ -54,16 +54,21 @@ class ModelRunner:
         host_tokens, offsets, in_pool = _canvases(reqs)
         real = StepMeta.of(batch, offsets, self._host_slots, self.model_config.shift)
         m = real if pad is None else pad_meta(real, pad)
-        pos = ragged(m.q_start, m.n_q)
-        ids = host_tokens[np.minimum(np.repeat(m.offset, m.n_q) + pos, len(host_tokens) - 1)]
-        p = PackedStep(real, m, fwd.put(ids), fwd.put(pos), int(m.length.max()) - 1,
-                       StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
-                                   None if pad is None else pad.keys, self.kernel, self.in_place_keys, self.key_chunk))
+        p = self.packed(real, m, fwd, None if pad is None else pad.keys, tokens=host_tokens)
         p.plan = _plan_commit(real, reqs, host_tokens, self.model_config, main, in_pool)
         fwd.flush()
         if fwd is not main:
             main.flush()
         return p
+
+    def packed(self, real: StepMeta, m: StepMeta, fwd: Staging, static_keys: int | None = None, *,
+               tokens: np.ndarray | None = None, ids: np.ndarray | None = None) -> PackedStep:
+        """`m`'s forward inputs and attention staged in `fwd` (`real`: `m` without dummies; ids read from `tokens`)."""
+        pos = ragged(m.q_start, m.n_q)
+        ids = ids if tokens is None else tokens[np.minimum(np.repeat(m.offset, m.n_q) + pos, len(tokens) - 1)]
+        return PackedStep(real, m, fwd.put(ids), fwd.put(pos), int(m.length.max()) - 1,
+                          StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
+                                      static_keys, self.kernel, self.in_place_keys, self.key_chunk))
 
     def _host_slots(self, table: torch.Tensor) -> np.ndarray:
         return self.pool.host_slots(table) if self.pool is not None else table.cpu().numpy()
@@ -246,4 +251,4 @@ def _canvases(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, bool]:
     if pool is not None and all(getattr(r, "canvas_pool", None) is pool for r in reqs):
         return pool.host, np.fromiter((r.canvas_offset for r in reqs), dtype=np.int64, count=len(reqs)), True
     lens = np.fromiter((r.length for r in reqs), dtype=np.int64, count=len(reqs))
-    return np.concatenate([r.host_canvas for r in reqs]), np.cumsum(lens) - lens, False
+    return np.concatenate([r.host_canvas for r in reqs]), offsets(lens)[:-1], False

@@ -50,9 +50,6 @@ class SamplingParams:
         if self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
         object.__setattr__(self, "decoding", Decoding.parse(self.decoding))
-        self._check_rule()
-
-    def _check_rule(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if not 0 < self.eps < 1:
@@ -75,7 +72,7 @@ class SamplingParams:
             raise ValueError("remasking 'origin' moves each mask with probability 1 - s/t: it needs schedule 'timegrid'")
         if origin and self.alg_temp:
             raise ValueError("alg_temp chooses among ranked positions: remasking 'origin' ranks none")
-        policy = Decoding.parse(self.decoding)
+        policy = self.decoding
         if policy.fixed:
             return
         if origin or self.alg_temp:

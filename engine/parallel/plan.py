@@ -7,11 +7,9 @@ import numpy as np
 import torch
 
 from engine.logits import RowSegment
-from engine.ragged import ragged
 from engine.runner import ModelRunner, PackedStep, row_segments
 from engine.staging import Staging
 from engine.step import StepMeta
-from engine.step_context import StepContext
 
 
 @dataclass
@@ -55,11 +53,8 @@ def execute(runner: ModelRunner, plan: StepPlan) -> None:
     pool = runner.pool
     if pool.storage.shape[2] != plan.n_slots:
         pool.grow_to(plan.n_slots)
-    m = plan.meta
     fwd = runner.staging.begin()
-    ctx = StepContext(m, runner.policy, pool, runner.backend, runner.key_budget, fwd, runner.dtype, None, runner.kernel,
-                      runner.in_place_keys)
-    p = PackedStep(m, m, fwd.put(plan.ids), fwd.put(ragged(m.q_start, m.n_q)), int(m.length.max()) - 1, ctx)
+    p = runner.packed(plan.meta, plan.meta, fwd, ids=plan.ids)
     rows = fwd.put(plan.rows)
     fwd.flush()
     hidden = runner.forward(p)
