@@ -143,7 +143,7 @@ class _Entry:
     staging: Staging | None
     captured: object | None               # the PackedStep the graph was captured with
     graph: object | None = None
-    out: torch.Tensor | None = None       # the captured forward's output
+    out: torch.Tensor | None = None
     decision: str = "plain"               # graph | eager | plain (no capture: plain calls)
     graph_ms: float | None = None
     eager_ms: float | None = None

@@ -172,7 +172,7 @@ class CommitPlan:
     width: int
     flat: torch.Tensor            # [R] each candidate's cell of the [B, W] table
     rel: torch.Tensor             # [B, W] table cell -> canvas position
-    counts_t: torch.Tensor        # [B] `counts` on the device
+    counts_t: torch.Tensor
     k: torch.Tensor               # [B] the fixed schedule's count this step
     kinds: torch.Tensor | None    # [B] decoding policy codes (engine.decoding); None: all `fixed`
     values: torch.Tensor | None   # [B] their values, float64 bits
@@ -238,8 +238,8 @@ def _choose(conf: torch.Tensor, x0: torch.Tensor, entropy: torch.Tensor | None, 
 class PackedStep:
     meta: StepMeta                # the real members' scalars (offsets, phases, query ranges, slots)
     padded_meta: StepMeta         # what the forward runs: `meta`, or it plus dummy members
-    ids: torch.Tensor             # [N] packed input ids
-    positions: torch.Tensor       # [N] their canvas positions
+    ids: torch.Tensor
+    positions: torch.Tensor
     top: int                      # a bound on the largest position (RoPE table rows)
     ctx: StepContext
     plan: CommitPlan | None = None

@@ -15,7 +15,7 @@ from engine.step import StepMeta
 @dataclass
 class StepPlan:
     meta: StepMeta                      # what the forward runs (padded members included)
-    ids: np.ndarray                     # [N] packed input ids
+    ids: np.ndarray
     rows: np.ndarray                    # [R] the candidates' hidden rows
     # (start, count, T, gumbel state, Dream's params or None), as `engine.runner.row_segments`
     segments: list[tuple[int, int, float, torch.Tensor, object]]
