@@ -55,11 +55,15 @@ class LiveBytes(TorchDispatchMode):
         if key not in self.refs:
             if key in inputs:
                 return
-            n = self.sizes[key] = t.untyped_storage().nbytes()
-            self.refs[key], self.current = 0, self.current + n
-            self.peak = max(self.peak, self.current)
+            self._add(key, t)
         self.refs[key] += 1
         weakref.finalize(t, self._release, key)
+
+    def _add(self, key: int, t: torch.Tensor) -> None:
+        n = t.untyped_storage().nbytes()
+        self.refs[key], self.sizes[key] = 0, n
+        self.current += n
+        self.peak = max(self.peak, self.current)
 
     def _release(self, key: int) -> None:
         n = self.refs.get(key)
