@@ -1,6 +1,5 @@
-"""Bidirectional attention: the SDPA + GQA helper every model path calls (`sdpa`), a phase
-group's padded SDPA call (`padded_attention`), packed varlen kernels (`PackedKernel`), and
-`choose_backend`."""
+"""Bidirectional attention: SDPA with GQA (`sdpa`, `padded_attention`), packed varlen kernels
+(`PackedKernel`), keys in pieces merged by log-sum-exp, and `choose_backend`."""
 from __future__ import annotations
 
 import inspect
@@ -41,8 +40,7 @@ def torch_varlen() -> VarlenAPI | None:
 
 
 def flash_attn_import_error() -> str | None:
-    """None when `flash_attn_varlen_func` imports, else why not (a wheel for another torch fails
-    only when imported)."""
+    """None when `flash_attn_varlen_func` imports, else why not (a mismatched wheel fails only here)."""
     try:
         from flash_attn import flash_attn_varlen_func  # noqa: F401  (optional, CUDA builds)
     except Exception as e:  # ImportError, or an undefined symbol of a mismatched build (OSError)
@@ -52,7 +50,7 @@ def flash_attn_import_error() -> str | None:
 
 @dataclass(frozen=True)
 class BackendChoice:
-    name: str        # sdpa | varlen | flash_attn
+    name: str
     why: str
 
     @property
@@ -164,8 +162,7 @@ class PackedKernel:
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q kᵀ/√D) v, no causal mask: q [..., Hq, Lq, D], k/v [..., Hkv, Lk, D] (GQA);
-    mask: bool, True = attend."""
+    """softmax(q kᵀ/√D) v, no causal mask: q [..., Hq, Lq, D], k/v [..., Hkv, Lk, D]; mask: bool (True = attend) or additive."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[-3] != k.shape[-3])
 
 

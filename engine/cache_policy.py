@@ -7,12 +7,12 @@ import numpy as np
 import torch
 
 from engine import sparse
-from engine.cache_mode import CODES
 from engine.config import EngineConfig
+from engine.kv_cache import CODES
 from engine.ragged import padded, ragged
 from engine.request import Phase
 from engine.staging import Staging
-from engine.step_meta import StepMeta
+from engine.step import StepMeta
 
 
 @dataclass

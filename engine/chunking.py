@@ -12,10 +12,8 @@ from engine.memory import MemoryMeter
 from engine.models import DenseLM, rms_norm
 from engine.request import Phase, Request
 
-# The smallest chunk the profiler measures (then powers of two up to the token budget), and how
-# close to the smallest chunk's peak a larger chunk may come when none fits (`choose_chunk`).
-MIN_CHUNK = 32
-NEAR_BEST = 1.1
+MIN_CHUNK = 32      # the smallest chunk the profiler measures (then powers of two)
+NEAR_BEST = 1.1     # `choose_chunk`'s tolerance over the smallest chunk's peak
 
 
 def default_chunk(config: EngineConfig) -> int:
@@ -61,8 +59,7 @@ class LongRefresh:
             _select(q, self.kv, s, e, self.keep, slots, storage[i], self.config)
 
     def chunk_pass(self, blk, a: int, b: int) -> None:
-        """Tokens [a, b) through the rest of the layer: queries against every key, attention
-        output, residual, MLP; their hidden states replaced (their K/V are already taken)."""
+        """Tokens [a, b) through the rest of the layer (attention over every key, MLP), in place."""
         x = self.h[a:b]
         q = self._rot(a, b)(blk.q_proj(rms_norm(x, blk.attn_norm.weight, blk.eps)).view(-1, blk.n_heads, self.hd))
         o = _attend(q, self.kv, self.kernel, self.config.max_num_batched_tokens).reshape(b - a, -1)
@@ -79,11 +76,8 @@ class LongRefresh:
 @torch.no_grad()
 def refresh_rows(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
                  config: EngineConfig, chunk: int, backend: str = "sdpa") -> torch.Tensor:
-    """The chunked Refresh of `req`'s whole canvas -> the final-normed hidden states of the
-    model's `shift` rows before its current block and the block's. `phase` says what the cache
-    gets: REFRESH_STORE stores every position's K/V into the request's slots (dual), REFRESH_SELECT
-    packs the retained context K/V into its first slots (sparse); `storage`: the KV pool's
-    [layers, 2, slots, Hkv, D]."""
+    """The chunked Refresh of `req`'s canvas (its cache written as `phase` says, into `storage`: the
+    pool's [layers, 2, slots, Hkv, D]) -> the final-normed rows of `LongRefresh.block_rows`."""
     run = LongRefresh(model, req, phase, config, backend)
     bounds = [(a, min(a + chunk, req.length)) for a in range(0, req.length, chunk)]
     for i, blk in enumerate(model.blocks):
@@ -98,9 +92,8 @@ def refresh_rows(model: DenseLM, req: Request, phase: Phase, storage: torch.Tens
 @torch.no_grad()
 def measure_moments(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
                     config: EngineConfig, chunks: list[int], backend: str) -> tuple[int, int, dict[int, int]]:
-    """Measured bytes of a chunked Refresh of `req`: (its state, what the cache write adds,
-    {chunk: what a chunk's K/V pass or attention + FFN adds at most}), each at its real size on
-    the first layer (every layer has the same shapes). Its peak is state + the largest addition."""
+    """Measured bytes of a chunked Refresh of `req` on its first layer: (its state, what the cache
+    write adds, {chunk: what a chunk's K/V pass or attention + FFN adds at most})."""
     with MemoryMeter(model.device) as m:
         run = LongRefresh(model, req, phase, config, backend)
     state = m.peak_bytes
@@ -122,8 +115,7 @@ def measure_moments(model: DenseLM, req: Request, phase: Phase, storage: torch.T
 
 
 def _attend(q: torch.Tensor, kv: torch.Tensor, kernel: PackedKernel | None, key_chunk: int) -> torch.Tensor:
-    """One chunk's queries [C, Hq, D] against the whole canvas's keys: one varlen segment, or
-    padded SDPA; past `key_chunk` keys, SDPA's scores in key chunks merged by log-sum-exp."""
+    """One chunk's queries [C, Hq, D] against the whole canvas's keys (past `key_chunk`: in pieces)."""
     L = kv.shape[1]
     if kernel is None and L > key_chunk:
         n = key_piece(key_chunk, q.shape[0], q.shape[1], kv.shape[2], q.shape[2], q.dtype)
@@ -138,9 +130,8 @@ def _attend(q: torch.Tensor, kv: torch.Tensor, kernel: PackedKernel | None, key_
 
 def _select(q_block: torch.Tensor, kv: torch.Tensor, s: int, e: int, keep: int, slots: torch.Tensor,
             pool: torch.Tensor, config: EngineConfig) -> None:
-    """The sparse Refresh-select of one layer (`SparseCache.select` for one member): the block's
-    queries score the context (every position outside [s, e)), ⌊r·L_ctx⌋ tokens kept per KV head
-    and packed into the request's first slots; K and V gathered and packed one after the other."""
+    """`SparseCache.select` for one member: the block [s, e)'s queries pick `keep` context tokens
+    per KV head, their K then V packed into the first slots."""
     L = kv.shape[1]
     ctx = torch.cat([torch.arange(0, s, device=kv.device), torch.arange(e, L, device=kv.device)])
     kc = kv[0][ctx].transpose(0, 1)[None]                              # [1, Hkv, Lc, D]
@@ -153,10 +144,8 @@ def _select(q_block: torch.Tensor, kv: torch.Tensor, s: int, e: int, keep: int, 
 
 
 def choose_chunk(peaks: dict[int, int], activation_budget: int) -> int:
-    """The largest measured chunk whose chunked Refresh peak (`measure_moments`: state plus the
-    largest addition) stays within `activation_budget`. When none does (the canvas's own state
-    is over it), the largest whose peak is within `NEAR_BEST` of the smallest chunk's: smaller
-    chunks would save little memory at many more kernel launches."""
+    """The largest chunk whose peak fits `activation_budget`, else the largest within `NEAR_BEST` of
+    the smallest chunk's peak (docs/MEMORY.md, "Profiling")."""
     fits = [c for c, p in peaks.items() if p <= activation_budget]
     if fits:
         return max(fits)

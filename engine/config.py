@@ -10,11 +10,9 @@ CACHE_POLICIES = ("none", "dual", "sparse", "auto")
 SELECTIONS = ("head", "uniform")
 SCORE_QUERIES = ("mean", "max")
 SCHEDULERS = ("phase", "request", "lookahead")   # engine.scheduler.POLICIES' names
-# the one dtype-name table of the repository
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = ("auto", "sdpa", "varlen", "flash_attn")
 GPU_MEMORY_UTILIZATION = 0.9   # the automatic budget on CUDA: this share of the memory free before the weights load
-# the values each text field takes (checked in __post_init__; the CLI's parsers read them here)
 CHOICES = {"cache": CACHE_POLICIES, "selection": SELECTIONS, "score_query": SCORE_QUERIES,
            "scheduler": SCHEDULERS, "dtype": tuple(DTYPES), "attention_backend": BACKENDS}
 
@@ -25,16 +23,13 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "auto"                   # auto = cuda when available
     attention_backend: str = "auto"        # auto = on CUDA torch varlen_attn, else flash-attn, else SDPA
-    # Reuse-only steps bucketed as CUDA graphs (cuda_graphs_on): None = on CUDA; True on a CPU: plain calls
-    cuda_graphs: bool | None = None
-    # ranks of one engine (engine.parallel): heads, MLP and vocabulary split; 1 = one device
-    tensor_parallel_size: int = 1
+    cuda_graphs: bool | None = None        # Reuse-only steps as CUDA graphs (cuda_graphs_on); None = on CUDA
+    tensor_parallel_size: int = 1          # ranks of one engine (engine.parallel)
     scheduler: str = "phase"               # phase | request | lookahead (docs/SCHEDULER.md)
     max_num_batched_tokens: int = 8192     # query tokens per step
     max_num_seqs: int = 64
     max_model_len: int | None = None       # None = the checkpoint's max_sequence_length
-    # a Refresh longer than the token budget runs in chunks of this many (None: sized by the profiler)
-    refresh_chunk_tokens: int | None = None
+    refresh_chunk_tokens: int | None = None    # chunk of a Refresh over the token budget (None: profiled)
     max_num_logits: int | None = 1024      # None = monolithic full-sequence logits (an HF forward)
     cache: str = "auto"                    # none (exact LLaDA) | dual (Fast-dLLM) | sparse (dLLM-Serve) | auto
     selection: str = "head"                # head-centric per-KV-head top-k | uniform (Sparse-dLLM)
@@ -42,28 +37,22 @@ class EngineConfig:
     score_query: str = "mean"              # the block queries' mean (upstream's) | their max
     pool_window: int = 3                   # max-pool window along positions (odd)
     delay_step: int = 1                    # step within a block at which the sparse cache is built
-    # cache=auto's roofline (engine.cache_mode): query rows where a step stops being weight-bound
-    ridge_rows: int = 256
-    # ... and a step's fixed cost beyond it (launches, host work) in query rows (dllm_bench.systems.ridge)
-    overhead_rows: int = 0
+    ridge_rows: int = 256                  # cache=auto's roofline: query rows where a step stops being weight-bound
+    overhead_rows: int = 0                 # ... and a step's fixed cost in query rows (dllm_bench.systems.ridge)
     memory_budget: int | None = None       # bytes for weights + activations + KV; None = unbounded on CPU
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION   # CUDA default budget = free memory x this
     kv_pool_tokens: int | None = None      # override the profiled pool size (token slots)
     guard_fraction: float = 0.05           # of the budget, kept free against fragmentation/noise
-    # requests may sample (T > 0): the profiler then includes the float64 Gumbel noise, else T > 0 is refused
-    sampling: bool = True
+    sampling: bool = True                  # requests may sample (T > 0): the profiler counts the Gumbel noise
 
     def __post_init__(self) -> None:
         def check(cond: bool, msg: str) -> None:
             if not cond:
                 raise ValueError(msg)
 
-        check(self.cache in CACHE_POLICIES, f"cache must be one of {CACHE_POLICIES}, got {self.cache!r}")
-        check(self.selection in SELECTIONS, f"selection must be one of {SELECTIONS}, got {self.selection!r}")
-        check(self.score_query in SCORE_QUERIES, f"score_query must be one of {SCORE_QUERIES}, got {self.score_query!r}")
-        check(self.scheduler in SCHEDULERS, f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
-        check(self.dtype in DTYPES, f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
-        check(self.attention_backend in BACKENDS, f"attention backend must be one of {BACKENDS}")
+        for name, choices in CHOICES.items():
+            value = getattr(self, name)
+            check(value in choices, f"{name} must be one of {choices}, got {value!r}")
         check(self.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive")
         check(self.max_num_seqs > 0, "max_num_seqs must be positive")
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")

@@ -46,18 +46,11 @@ class StepCounters(dict):
         if self.sink is not None and started is not None:
             self.sink(StepRecord(started, time.perf_counter(), batch_size, batch_size if padded is None else padded,
                                  refresh, reuse, query_tokens, key_tokens, logits_rows, graph, cache))
-        self["steps"] += 1
-        self["forwards"] += 1
-        self["query_tokens"] += query_tokens
-        self["logits_rows"] += logits_rows
+        for k, v in dict(steps=1, forwards=1, query_tokens=query_tokens, logits_rows=logits_rows, refresh_steps=refresh,
+                         reuse_steps=reuse, stalled_steps=stalled > 0, stalled_requests=stalled,
+                         deferred_steps=deferred > 0, deferred_requests=deferred, batched_requests=batch_size).items():
+            self[k] += v
         self["max_logits_rows_in_step"] = max(self["max_logits_rows_in_step"], max_logits_rows)
-        self["refresh_steps"] += refresh
-        self["reuse_steps"] += reuse
-        self["stalled_steps"] += stalled > 0
-        self["stalled_requests"] += stalled
-        self["deferred_steps"] += deferred > 0
-        self["deferred_requests"] += deferred
-        self["batched_requests"] += batch_size
         self.batch_sizes.append(batch_size)
         self.step_log.append((refresh, reuse, query_tokens))
         while self.maxima and self.maxima[-1][1] <= batch_size:

@@ -68,7 +68,7 @@ class LLMEngine:
 
             self.profile = profile_kv_pool(self.model, config, self.backend, self.max_model_len)
             capacity = self.profile.kv_pool_tokens
-            if not self.profile.long_canvas:      # the budget holds no canvas past the token budget
+            if not self.profile.long_canvas:
                 self.max_model_len = min(self.max_model_len, config.max_num_batched_tokens)
         self.pool = KVPool(capacity, self.model_config, self.dtype, self.device)
         self.canvases = CanvasPool(self.device)
@@ -112,7 +112,7 @@ class LLMEngine:
         req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, mask, self.device,
                       time.perf_counter() if arrival_time is None else arrival_time, shift=self.model_config.shift)
         uncached = self.config.cache == "none" or self.scheduler.never_cached(req)
-        reuse = req.query_cost(Phase.REUSE)       # the block (and a shifted family's edge row)
+        reuse = req.query_cost(Phase.REUSE)
         if reuse > self.config.max_num_batched_tokens and not uncached:
             edge = f" + {req.shift} edge row" if req.shift else ""
             raise ValueError(f"block_length {params.block_length}{edge} exceeds max_num_batched_tokens "
@@ -186,19 +186,14 @@ class LLMEngine:
                 done.append(req)
         return done
 
-    generate = run_to_completion        # all prompts run concurrently; outputs in input order
+    generate = run_to_completion
 
     def stats(self) -> dict:
-        c = self.counters.stats()
-        c.update(
-            requests_dual=self.scheduler.served["dual"],
-            requests_sparse=self.scheduler.served["sparse"],
-            requests_none=self.scheduler.served["none"],
-            kv_pool_tokens=self.pool.capacity,
-            kv_pool_bytes=None if self.pool.capacity is None else self.pool.capacity * self.pool.bytes_per_token,
-            peak_kv_tokens=self.pool.peak_used,
-            peak_kv_bytes=self.pool.peak_used * self.pool.bytes_per_token,
-        )
+        c, pool = self.counters.stats(), self.pool
+        c.update({f"requests_{m}": self.scheduler.served[m] for m in ("dual", "sparse", "none")},
+                 kv_pool_tokens=pool.capacity,
+                 kv_pool_bytes=None if pool.capacity is None else pool.capacity * pool.bytes_per_token,
+                 peak_kv_tokens=pool.peak_used, peak_kv_bytes=pool.peak_used * pool.bytes_per_token)
         if self.profile is not None:
             c["profile"] = self.profile.to_dict()
         return c

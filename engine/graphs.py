@@ -8,14 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.cache_mode import AUTO
-from engine.cache_mode import CODES as CACHE_CODES
 from engine.config import EngineConfig, cuda_graphs_on
-from engine.kv_cache import kv_need
+from engine.kv_cache import AUTO, kv_need
+from engine.kv_cache import CODES as CACHE_CODES
 from engine.request import Phase, Request
 from engine.sampling import SamplingParams
 from engine.staging import Staging
-from engine.step_meta import CODES, StepMeta
+from engine.step import CODES, StepMeta
 
 KEY_GRANULE = 16          # key widths below 128 are multiples of this
 TIMED_RUNS = 3            # replays and eager runs timed per bucket (after one warm-up each)
@@ -48,8 +47,7 @@ def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
 
 def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_batch: int | None,
                  holds: Callable[[int], bool], shift: int = 0) -> tuple[str, int, list[int]]:
-    """(cache mode, KV slots each, buckets) `StepGraphs.capture_all` captures, decided without a model;
-    `shift`: the model's (a Reuse step's query rows before its block)."""
+    """(cache mode, KV slots each, buckets) `StepGraphs.capture_all` captures, decided without a model."""
     mode = "dual" if config.cache == AUTO else config.cache
     need = kv_need(mode, prompt_len + block_length, block_length, config.retention)
     if mode == "none" or need == 0:
@@ -145,7 +143,7 @@ class _Entry:
     staging: Staging | None
     captured: object | None               # the PackedStep the graph was captured with
     graph: object | None = None
-    out: torch.Tensor | None = None       # the captured forward's output
+    out: torch.Tensor | None = None
     decision: str = "plain"               # graph | eager | plain (no capture: plain calls)
     graph_ms: float | None = None
     eager_ms: float | None = None
@@ -164,8 +162,7 @@ class StepGraphs:
         self.capturer = capturer
         self.buckets = batch_buckets(runner.config.max_num_seqs)
         self.entries: dict[tuple[int, int, int], _Entry] = {}
-        self.replays = 0                     # steps run padded (graph replays or plain calls)
-        self.dummies = 0                     # dummy members they carried
+        self.replays = self.dummies = 0      # steps run padded (graph replays or plain calls), their dummies
         runner.model.rope.reserve(runner.max_model_len, runner.device, runner.dtype)
 
     def takes(self, batch) -> bool:
@@ -191,7 +188,7 @@ class StepGraphs:
         if self._in_place():
             return 0
         keys = [r.policy.reuse_keys(req) for req, _ in batch]
-        dummy = batch[0][0].block_length + r.model_config.shift    # a dummy's keys at most
+        dummy = batch[0][0].block_length + r.model_config.shift
         if r.kernel is None:
             return key_width(max(keys + [dummy]))
         return key_width(sum(keys) + (bucket(len(batch), self.buckets) - len(batch)) * dummy)

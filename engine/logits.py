@@ -29,9 +29,9 @@ class RowSegment:
 
 @dataclass
 class DecodeResult:
-    x0: torch.Tensor          # [R] proposed tokens
+    x0: torch.Tensor
     conf: torch.Tensor        # [R] confidence of the proposal (clean softmax)
-    rows_materialized: int    # logits rows computed this step
+    rows_materialized: int
     max_rows_at_once: int     # the largest logits tensor that existed, in rows
     entropy: torch.Tensor | None = None   # [R] predictive entropy (when a request decodes by entropy)
 

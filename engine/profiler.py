@@ -8,15 +8,16 @@ from dataclasses import dataclass
 import torch
 
 from engine import chunking, graphs
-from engine.cache_mode import AUTO, SERVED
 from engine.config import EngineConfig
-from engine.kv_cache import KVPool, bytes_per_token, kv_need, longest_held
+from engine.kv_cache import AUTO, SERVED, KVPool, bytes_per_token, kv_need, longest_held
 from engine.memory import MemoryMeter, budget_from_free, free_device_memory
 from engine.models import DenseLM
 from engine.request import Phase, Request
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from engine.scheduler import serves_long
+
+REFRESH_PHASE = {"none": Phase.REFRESH, "dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}
 
 
 @dataclass
@@ -65,10 +66,11 @@ def default_budget(model: DenseLM, config: EngineConfig) -> int:
     raise ValueError("a memory budget is needed to profile on CPU (e.g. --memory-budget 4GiB)")
 
 
-def _synthetic(n_tokens: int, prompt_len: int, block_length: int, model: DenseLM, temperature: float,
+def _synthetic(n_tokens: int, prompt_len: int, block_length: int, model: DenseLM, config: EngineConfig,
                cache: str) -> Request:
     gen = n_tokens - prompt_len
-    params = SamplingParams(gen_length=gen, steps=gen // block_length, block_length=block_length, temperature=temperature)
+    params = SamplingParams(gen_length=gen, steps=gen // block_length, block_length=block_length,
+                            temperature=1.0 if config.sampling else 0.0)
     return Request(f"profile-{n_tokens}", [0] * prompt_len, params, model.config.mask_token_id, model.device,
                    cache=cache)
 
@@ -94,29 +96,25 @@ def measure_activation_peak(model: DenseLM, config: EngineConfig, backend: str, 
 def mode_peaks(model: DenseLM, config: EngineConfig, backend: str,
                max_model_len: int) -> dict[str, tuple[int, int, int]]:
     """{mode: (Refresh peak, the token budget of short Reuses' peak, the largest Reuse's)}."""
-    scratch = KVPool(None, model.config, model.dtype, model.device)
-    runner = ModelRunner(model, graphs.eager(config), backend, scratch, max_model_len)
-    runner.in_place_keys = False      # gathered Reuse keys: the peak of a fragmented pool
+    runner = _scratch_runner(model, config, backend, max_model_len)
     modes = ("dual", "sparse") if config.cache == AUTO else (config.cache,)
     return {mode: _peaks(runner, model, config, max_model_len, mode) for mode in modes}
 
 
 def _peaks(runner: ModelRunner, model: DenseLM, config: EngineConfig, max_model_len: int,
            mode: str) -> tuple[int, int, int]:
-    temp = 1.0 if config.sampling else 0.0
     budget = config.max_num_batched_tokens
     L = min(max_model_len, budget)
 
     def synthetic(n_tokens: int, prompt_len: int, block_length: int) -> Request:
-        return _synthetic(n_tokens, prompt_len, block_length, model, temp, mode)
+        return _synthetic(n_tokens, prompt_len, block_length, model, config, mode)
 
     # (a) Refresh: max-length canvases filling the token budget, every generated position a candidate
     n = max(1, min(config.max_num_seqs, budget // L))
-    refresh_phase = {"dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}.get(mode, Phase.REFRESH)
-    batch = [(synthetic(L, 1, L - 1), refresh_phase) for _ in range(n)]
+    batch = [(synthetic(L, 1, L - 1), REFRESH_PHASE[mode]) for _ in range(n)]
     rest = budget - n * L
     if rest >= 2 and n < config.max_num_seqs:
-        batch.append((synthetic(rest, 1, rest - 1), refresh_phase))
+        batch.append((synthetic(rest, 1, rest - 1), REFRESH_PHASE[mode]))
     refresh_peak = _measure(runner, batch, config)
     if mode == "none":
         return refresh_peak, 0, 0
@@ -129,10 +127,18 @@ def _peaks(runner: ModelRunner, model: DenseLM, config: EngineConfig, max_model_
     return refresh_peak, _measure(runner, many, config), _measure(runner, one, config)
 
 
+def _scratch_runner(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> ModelRunner:
+    """An eager runner over an unbounded pool, its Reuse keys gathered (a fragmented pool's peak)."""
+    runner = ModelRunner(model, graphs.eager(config), backend, KVPool(None, model.config, model.dtype, model.device),
+                         max_model_len)
+    runner.in_place_keys = False
+    return runner
+
+
 def _scratch_request(n_tokens: int, block: int, model: DenseLM, config: EngineConfig, mode: str,
                      scratch: KVPool) -> Request:
     """A synthetic request whose slot table points at the pool's scratch slot (real sizes, no cache held)."""
-    req = _synthetic(n_tokens, n_tokens - block, block, model, 1.0 if config.sampling else 0.0, mode)
+    req = _synthetic(n_tokens, n_tokens - block, block, model, config, mode)
     need = kv_need(mode, n_tokens, block, config.retention)
     req.slots = torch.full((max(need, 1),), scratch.scratch, dtype=torch.long, device=model.device)
     req.kv_pool, req.kv_tokens = scratch, need
@@ -148,9 +154,8 @@ def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max
     T = config.max_num_batched_tokens
     if max_model_len <= T or not serves_long(config):
         return None
-    scratch = KVPool(None, model.config, model.dtype, model.device)
-    runner = ModelRunner(model, graphs.eager(config), backend, scratch, max_model_len)
-    runner.in_place_keys = False      # gathered Reuse keys, as measure_activation_peak
+    runner = _scratch_runner(model, config, backend, max_model_len)
+    scratch = runner.pool
     bl = min(32, T)
     chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else \
         [c for c in (chunking.MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
@@ -165,8 +170,8 @@ def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max
         if n <= T:
             continue
         req = _scratch_request(n, bl, model, config, mode, scratch)
-        phase = {"dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}.get(mode, Phase.REFRESH)
-        state, cache, per_chunk = chunking.measure_moments(model, req, phase, scratch.storage, config, chunks, backend)
+        state, cache, per_chunk = chunking.measure_moments(model, req, REFRESH_PHASE[mode], scratch.storage, config,
+                                                           chunks, backend)
         peaks = {c: max(peaks[c], state + max(cache, per_chunk[c])) for c in chunks}
         if mode != "none":
             with MemoryMeter(model.device) as meter:
@@ -181,11 +186,10 @@ def profile_kv_pool(model: DenseLM, config: EngineConfig, backend: str, max_mode
     wb = weights_bytes(model)
     modes = mode_peaks(model, config, backend, max_model_len)
     refresh_peak, reuse_peak = max(p[0] for p in modes.values()), max(p[1] + p[2] for p in modes.values())
-    peak = max(refresh_peak, reuse_peak)
-    room = budget - wb - peak - int(budget * config.guard_fraction)       # the pool at its largest
+    peak, guard = max(refresh_peak, reuse_peak), int(budget * config.guard_fraction)
     chunk, long_refresh, long_reuse = measure_long_context(
-        model, config, backend, max_model_len, peak, room, {m: p[1] for m, p in modes.items()}) or (None, 0, 0)
-    guard = int(budget * config.guard_fraction)
+        model, config, backend, max_model_len, peak, budget - wb - peak - guard,
+        {m: p[1] for m, p in modes.items()}) or (None, 0, 0)
     short = peak + graphs.memory_reserve(config, model.device, reuse_peak)
     peak = max(peak, long_refresh, long_reuse) + graphs.memory_reserve(config, model.device, max(reuse_peak, long_reuse))
     long_canvas = chunk is not None

@@ -5,15 +5,17 @@ import numpy as np
 import torch
 
 
-def excl_cumsum(xs) -> np.ndarray:
-    xs = np.asarray(xs, dtype=np.int64)
-    return np.cumsum(xs) - xs
+def offsets(lens) -> np.ndarray:
+    """[len + 1] running offsets of consecutive lengths, from 0."""
+    out = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=out[1:])
+    return out
 
 
 def ragged(starts, lens) -> np.ndarray:
     """Concatenated ranges [starts[i], starts[i] + lens[i]) as one index array."""
     starts, lens = np.asarray(starts, dtype=np.int64), np.asarray(lens, dtype=np.int64)
-    return np.repeat(starts - excl_cumsum(lens), lens) + np.arange(int(lens.sum()))
+    return np.repeat(starts - offsets(lens)[:-1], lens) + np.arange(int(lens.sum()))
 
 
 def padded(starts, lens, width: int) -> tuple[np.ndarray, np.ndarray]:

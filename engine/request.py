@@ -78,8 +78,7 @@ class Request:
     mask_id: int
     device: torch.device | str = "cpu"
     arrival_time: float = field(default_factory=time.perf_counter)
-    # none | dual | sparse for its life; under cache=auto chosen at admission (None until then)
-    cache: str | None = None
+    cache: str | None = None    # none | dual | sparse for its life (cache=auto: None until admitted)
     shift: int = 0              # the model's prediction shift: a Reuse step also queries that many rows
 
     def __post_init__(self) -> None:
@@ -95,7 +94,6 @@ class Request:
         self.block = self.step_in_block = 0
         self.decoding: Decoding = self.params.decoding
         self.schedule = self.params.block_counts(self.params.block_length)
-        # `origin`: the time grid and this step's coins (drawn once per step, at its first read)
         self.grid = timesteps(self.steps_per_block, self.params.eps) if self.params.remasking == "origin" else None
         self._moves: tuple[tuple[int, int], np.ndarray] | None = None
         self.block_steps: list[int] = []
@@ -103,7 +101,7 @@ class Request:
         self.planned_steps: list[int] | None = None
         self.gens = RequestGenerators(self.params.seed, self.device)
         self.admitted_time = self.first_token_time = self.finished_time = None
-        self.nfe = self.logits_rows = self.kv_tokens = self.kv_bytes = 0    # kv_tokens: slots reserved
+        self.nfe = self.logits_rows = self.kv_tokens = self.kv_bytes = 0
         self.slots: torch.Tensor | None = None   # its slot table in `kv_pool`
         self.kv_pool = self.canvas_offset = None
         self.canvas_pool = None     # the `CanvasPool` whose tokens `canvas` views while running
@@ -181,19 +179,7 @@ class Request:
 
     def output(self) -> RequestOutput:
         return RequestOutput(
-            request_id=self.request_id,
-            prompt_ids=list(self.prompt_ids),
-            token_ids=self.host_canvas[self.prompt_len:].tolist(),
-            nfe=self.nfe,
-            arrival_time=self.arrival_time,
-            admitted_time=self.admitted_time,
-            first_token_time=self.first_token_time,
-            finished_time=self.finished_time,
-            logits_rows=self.logits_rows,
-            kv_tokens=self.kv_tokens,
-            kv_bytes=self.kv_bytes,
-            finished=self.status is Status.FINISHED,
-            steps_per_block=list(self.block_steps),
-            block_times=list(self.block_times),
-            cache=self.cache,
-        )
+            self.request_id, list(self.prompt_ids), self.host_canvas[self.prompt_len:].tolist(), self.nfe,
+            self.arrival_time, self.admitted_time, self.first_token_time, self.finished_time, self.logits_rows,
+            self.kv_tokens, self.kv_bytes, self.status is Status.FINISHED, steps_per_block=list(self.block_steps),
+            block_times=list(self.block_times), cache=self.cache)

@@ -17,14 +17,13 @@ from engine.graphs import PadSpec, StepGraphs, pad_meta
 from engine.kv_cache import KVPool
 from engine.logits import DecodeResult, RowSegment, decode_rows
 from engine.models import DenseLM, ModelConfig
-from engine.ragged import padded, ragged
+from engine.ragged import offsets, padded, ragged
 from engine.regions import DECODE, in_region
 from engine.request import Phase, Request
 from engine.scheduler import serves_long
 from engine.staging import Staging
-from engine.step import StepDecisions, StepStats
+from engine.step import StepDecisions, StepMeta, StepStats
 from engine.step_context import StepContext
-from engine.step_meta import StepMeta
 from engine.unmask import rescored
 
 
@@ -36,12 +35,10 @@ class ModelRunner:
         self.decode_rows = getattr(model, "decode_rows", decode_rows)
         self.policy = POLICIES[config.cache](config, getattr(model, "head_mean", None))
         self.max_model_len = max_model_len or model.config.max_sequence_length
-        # a bound on one member's keys (a graph's kernel bound); gathered key rows per attention call
         self.key_budget = max(self.max_model_len, config.max_num_batched_tokens)
         self.key_chunk = config.max_num_batched_tokens
         self.kernel = PackedKernel(backend) if backend in PACKED else None
-        # Reuse keys read in place where the kernel can; the profiler turns it off (the larger peak)
-        self.in_place_keys = True
+        self.in_place_keys = True       # the profiler turns it off (gathered keys: the larger peak)
         self.staging = Staging(self.device)
         self.refresh_chunk = refresh_chunk or chunking.default_chunk(config)
         self.long_possible = serves_long(config)
@@ -57,16 +54,21 @@ class ModelRunner:
         host_tokens, offsets, in_pool = _canvases(reqs)
         real = StepMeta.of(batch, offsets, self._host_slots, self.model_config.shift)
         m = real if pad is None else pad_meta(real, pad)
-        pos = ragged(m.q_start, m.n_q)
-        ids = host_tokens[np.minimum(np.repeat(m.offset, m.n_q) + pos, len(host_tokens) - 1)]
-        p = PackedStep(real, m, fwd.put(ids), fwd.put(pos), int(m.length.max()) - 1,
-                       StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
-                                   None if pad is None else pad.keys, self.kernel, self.in_place_keys, self.key_chunk))
+        p = self.packed(real, m, fwd, None if pad is None else pad.keys, tokens=host_tokens)
         p.plan = _plan_commit(real, reqs, host_tokens, self.model_config, main, in_pool)
         fwd.flush()
         if fwd is not main:
             main.flush()
         return p
+
+    def packed(self, real: StepMeta, m: StepMeta, fwd: Staging, static_keys: int | None = None, *,
+               tokens: np.ndarray | None = None, ids: np.ndarray | None = None) -> PackedStep:
+        """`m`'s forward inputs and attention staged in `fwd` (`real`: `m` without dummies; ids read from `tokens`)."""
+        pos = ragged(m.q_start, m.n_q)
+        ids = ids if tokens is None else tokens[np.minimum(np.repeat(m.offset, m.n_q) + pos, len(tokens) - 1)]
+        return PackedStep(real, m, fwd.put(ids), fwd.put(pos), int(m.length.max()) - 1,
+                          StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
+                                      static_keys, self.kernel, self.in_place_keys, self.key_chunk))
 
     def _host_slots(self, table: torch.Tensor) -> np.ndarray:
         return self.pool.host_slots(table) if self.pool is not None else table.cpu().numpy()
@@ -170,7 +172,7 @@ class CommitPlan:
     width: int
     flat: torch.Tensor            # [R] each candidate's cell of the [B, W] table
     rel: torch.Tensor             # [B, W] table cell -> canvas position
-    counts_t: torch.Tensor        # [B] `counts` on the device
+    counts_t: torch.Tensor
     k: torch.Tensor               # [B] the fixed schedule's count this step
     kinds: torch.Tensor | None    # [B] decoding policy codes (engine.decoding); None: all `fixed`
     values: torch.Tensor | None   # [B] their values, float64 bits
@@ -236,8 +238,8 @@ def _choose(conf: torch.Tensor, x0: torch.Tensor, entropy: torch.Tensor | None, 
 class PackedStep:
     meta: StepMeta                # the real members' scalars (offsets, phases, query ranges, slots)
     padded_meta: StepMeta         # what the forward runs: `meta`, or it plus dummy members
-    ids: torch.Tensor             # [N] packed input ids
-    positions: torch.Tensor       # [N] their canvas positions
+    ids: torch.Tensor
+    positions: torch.Tensor
     top: int                      # a bound on the largest position (RoPE table rows)
     ctx: StepContext
     plan: CommitPlan | None = None
@@ -249,4 +251,4 @@ def _canvases(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, bool]:
     if pool is not None and all(getattr(r, "canvas_pool", None) is pool for r in reqs):
         return pool.host, np.fromiter((r.canvas_offset for r in reqs), dtype=np.int64, count=len(reqs)), True
     lens = np.fromiter((r.length for r in reqs), dtype=np.int64, count=len(reqs))
-    return np.concatenate([r.host_canvas for r in reqs]), np.cumsum(lens) - lens, False
+    return np.concatenate([r.host_canvas for r in reqs]), offsets(lens)[:-1], False

@@ -21,18 +21,12 @@ class SamplingParams:
     temperature: float = 0.0
     remasking: str = "low_confidence"
     cfg_scale: float = 0.0
-    # seed of the request's own generators: its tokens do not depend on what it is batched with
-    seed: int = 0
+    seed: int = 0                          # the request's own generators: batch-invariant tokens
     stop: tuple[str, ...] = field(default_factory=tuple)
-    # engine.decoding: fixed (the schedule over `steps`) or a parallel policy (blocks end when unmasked);
-    # a library caller may give its text
-    decoding: Decoding = Decoding()
-    # per-block counts: "linear" (LLaDA: n // steps, the first n % steps get +1) or "timegrid"
-    # (Dream: int(n_masked * (1 - s/t)) on linspace(1, eps, steps + 1)); one block = Dream's sampler
-    schedule: str = "linear"
+    decoding: Decoding = Decoding()        # engine.decoding (a library caller may give its text)
+    schedule: str = "linear"               # per-block counts: linear (LLaDA) | timegrid (Dream; docs/DREAM_SAMPLER.md)
     eps: float = EPS
-    # Dream's algs only: the token distribution's filters, and a random choice of positions
-    top_p: float | None = None
+    top_p: float | None = None             # top_p, top_k, alg_temp: Dream's algs only
     top_k: int | None = None
     alg_temp: float | None = None
 
@@ -56,9 +50,6 @@ class SamplingParams:
         if self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
         object.__setattr__(self, "decoding", Decoding.parse(self.decoding))
-        self._check_rule()
-
-    def _check_rule(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if not 0 < self.eps < 1:
@@ -81,7 +72,7 @@ class SamplingParams:
             raise ValueError("remasking 'origin' moves each mask with probability 1 - s/t: it needs schedule 'timegrid'")
         if origin and self.alg_temp:
             raise ValueError("alg_temp chooses among ranked positions: remasking 'origin' ranks none")
-        policy = Decoding.parse(self.decoding)
+        policy = self.decoding
         if policy.fixed:
             return
         if origin or self.alg_temp:

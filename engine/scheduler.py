@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
-from engine.cache_mode import AUTO, Shape, admission_mode, never_cached, preferred_mode
 from engine.canvas import CanvasPool
 from engine.config import EngineConfig
-from engine.kv_cache import KVPool, kv_need
+from engine.kv_cache import AUTO, KVPool, Shape, admission_mode, kv_need, never_cached, preferred_mode
 from engine.lookahead import Lookahead
 from engine.request import Phase, Request, Status
 from engine.step import Batch
@@ -38,7 +37,7 @@ class Scheduler:
         return self.config.cache == AUTO and never_cached(self.pool.capacity, self.kv_need(req, "sparse"))
 
     def admission_mode(self, req: Request) -> str | None:
-        """The mode the head of the queue is admitted in now (auto: `engine.cache_mode`), or None: it waits."""
+        """The mode the head of the queue is admitted in now (auto: `engine.kv_cache`), or None: it waits."""
         c, pool = self.config, self.pool
         if c.cache != AUTO:
             return c.cache if pool.can_reserve(self.kv_need(req, c.cache)) else None

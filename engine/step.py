@@ -1,21 +1,68 @@
-"""The runner seam: what a step hands a `Runner` and gets back (docs/ENGINE.md)."""
+"""One engine step: its requests' scalars as numpy columns (`StepMeta`), and the runner seam:
+what a step hands a `Runner` and gets back (docs/ENGINE.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Protocol
 
+import numpy as np
 import torch
 
+from engine.kv_cache import CODES as CACHE_CODES
 from engine.models import ModelConfig
+from engine.ragged import offsets
 from engine.request import Phase, Request
 
 Batch = list[tuple[Request, Phase]]
+CODES = {Phase.REFRESH: 0, Phase.REFRESH_STORE: 1, Phase.REFRESH_SELECT: 2, Phase.REUSE: 3}
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class StepMeta:
+    offset: np.ndarray        # canvas offset in the step's token tensor
+    length: np.ndarray        # canvas length
+    block_len: np.ndarray
+    block_start: np.ndarray   # canvas position of the current block
+    kv: np.ndarray            # KV slots reserved (kv_tokens)
+    k: np.ndarray             # tokens this step commits (its transfer schedule at this step)
+    phase: np.ndarray         # CODES
+    slot_base: np.ndarray     # where each member's slot table starts in `slots`
+    slot_len: np.ndarray
+    slots: np.ndarray         # every member's slot table, concatenated
+    refresh: np.ndarray       # bool: a Refresh* phase (the whole canvas is queried)
+    q_start: np.ndarray       # canvas position of the first query: 0 (Refresh*), else block start - lead
+    n_q: np.ndarray           # queries: the canvas (Refresh*) or lead + the block (Reuse)
+    cu_q: np.ndarray          # [B + 1] packed query offsets
+    lead: np.ndarray          # Reuse: query-only rows before the block (a shifted family's edge row), else 0
+    cache: np.ndarray | None = None   # each member's cache mode (kv_cache.CODES); None: the engine's policy
+
+    @classmethod
+    def of(cls, batch: Batch, offsets_: np.ndarray, host_slots, shift: int = 0) -> StepMeta:
+        """`host_slots(table)`: a slot table as a host array; `shift`: the model's prediction shift."""
+        cols = np.fromiter(chain.from_iterable(
+            (r.length, r.block_length, r.prompt_len + r.block * r.block_length, r.kv_tokens,
+             r.commit_count, CODES[p], CACHE_CODES.get(r.cache, 0)) for r, p in batch), dtype=np.int64,
+            count=7 * len(batch)).reshape(-1, 7).T
+        tables = [_EMPTY if r.slots is None else host_slots(r.slots) for r, _ in batch]
+        slot_len = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+        slots = np.concatenate(tables) if tables else _EMPTY
+        length, block_len, block_start, _, _, phase, cache = cols
+        refresh = phase != CODES[Phase.REUSE]
+        lead = np.where(refresh, 0, np.minimum(block_start, shift))
+        n_q = np.where(refresh, length, block_len + lead)
+        return cls(offsets_, *cols[:6], np.cumsum(slot_len) - slot_len, slot_len, slots, refresh,
+                   np.where(refresh, 0, block_start - lead), n_q, offsets(n_q), lead, cache)
+
+    def has(self, phase: Phase) -> np.ndarray:
+        return self.phase == CODES[phase]
 
 
 @dataclass
 class StepDecisions:
-    """Flat over the batch: batch entry `row[i]` commits `tokens[i]` at canvas position `positions[i]`
-    (confidence `confidence[i]`); entry j was charged `logits_rows[j]` logits rows."""
+    """Flat over the batch: entry `row[i]` commits `tokens[i]` at canvas position `positions[i]`
+    (confidence `confidence[i]`); request j was charged `logits_rows[j]` logits rows."""
 
     row: torch.Tensor
     positions: torch.Tensor
@@ -23,8 +70,7 @@ class StepDecisions:
     confidence: torch.Tensor
     logits_rows: list[int]
     canvas_index: torch.Tensor | None = None   # positions in the engine's canvas pool, when known
-    # one decision per candidate cell: only those where `taken` is True commit (None: all)
-    taken: torch.Tensor | None = None
+    taken: torch.Tensor | None = None          # which entries commit (None: all)
 
 
 @dataclass
@@ -36,7 +82,7 @@ class StepStats:
     reuse: int
     decisions: StepDecisions | None = None
     graph: bool = False
-    padded_requests: int | None = None      # these: the step trace's (engine.counters.StepRecord); None: the batch
+    padded_requests: int | None = None      # the step trace's (engine.counters.StepRecord); None: the batch
     key_tokens: int = 0
     cache: dict[str, int] | None = None
 

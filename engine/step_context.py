@@ -17,9 +17,9 @@ from engine.attention import (
 )
 from engine.cache_policy import CachePolicy, KeySpec
 from engine.kv_cache import KVPool
-from engine.ragged import padded, ragged
+from engine.ragged import offsets, padded, ragged
 from engine.staging import Staging
-from engine.step_meta import StepMeta
+from engine.step import StepMeta
 
 
 @dataclass
@@ -74,7 +74,7 @@ class StepContext:
                 parts = [members] if static_keys is not None else split_by_keys(members, key_lens[members], self.key_chunk)
                 self.chunks += [self._chunk(part, spec, staging) for part in parts]
         if len(self.chunks) > 1 or (self.chunks and self.chunks[0].in_place and self.chunks[0].q_index is not None):
-            for ch in self.chunks:                    # each chunk's rows go straight to their place
+            for ch in self.chunks:
                 dst = ragged(meta.cu_q[ch.members], meta.n_q[ch.members])
                 square = not self.packed and ch.q_rows is None    # [G, Lq] output, no reshape
                 ch.dst = staging.put(dst.reshape(ch.G, ch.Lq) if square else dst)
@@ -90,8 +90,7 @@ class StepContext:
             self.store_src = None if _identity(src, int(m.cu_q[-1])) else staging.put(src)
 
     def _packed_chunks(self, members: np.ndarray, spec: KeySpec, staging: Staging) -> list[_Chunk]:
-        """A phase group under a packed kernel: members whose slot table is one range read in
-        place (a graph's dummies too), the rest gathered."""
+        """A phase group under a packed kernel: members whose slot table is one range read in place, the rest gathered."""
         m, kc = self.meta, spec.cached[members]
         from_pool = self.in_place and bool(kc.all())
         if not from_pool or self.static_keys:
@@ -113,8 +112,7 @@ class StepContext:
         return [self._chunk(p, spec, staging) for p in parts + [members[i : i + 1] for i in np.flatnonzero(long)]]
 
     def _in_place(self, members: np.ndarray, keys: np.ndarray, first: np.ndarray, staging: Staging) -> _Chunk:
-        """Reuse members read in place, ordered by where their range starts (keyless ones last),
-        each a query-less segment up to its range, then itself."""
+        """Reuse members read in place by range start (keyless last): a query-less segment up to each range, then it."""
         m = self.meta
         order = np.argsort(np.where(keys > 0, first, np.iinfo(np.int64).max), kind="stable")
         members, keys, first = members[order], keys[order], first[order]
@@ -129,7 +127,7 @@ class StepContext:
         kmax = self.n_slots if static else max(1, int(seg_k.max()))
         return _Chunk(len(members), int(lq.max()), members,
                       None if not static and _identity(q_idx, int(m.cu_q[-1])) else staging.put(q_idx), None, None,
-                      kmax, in_place=True, cu_q=staging.put(_offsets(seg_q)), cu_k=staging.put(_offsets(seg_k)))
+                      kmax, in_place=True, cu_q=staging.put(offsets(seg_q)), cu_k=staging.put(offsets(seg_k)))
 
     def _chunk(self, chunk: np.ndarray, spec: KeySpec, staging: Staging) -> _Chunk:
         m = self.meta
@@ -149,7 +147,7 @@ class StepContext:
                 idx = np.concatenate([idx, np.full(self.static_keys - idx.size, idx[-1] if idx.size else 0)])
                 kmax = self.key_budget
             ch = _Chunk(G, Lq, chunk, None if _identity(q_idx, n_total) else staging.put(q_idx), None, None, kmax,
-                        cu_q=staging.put(_offsets(lq)), cu_k=staging.put(_offsets(keys)))
+                        cu_q=staging.put(offsets(lq)), cu_k=staging.put(offsets(keys)))
         else:
             kmax = self.static_keys or int(keys.max())
             idx, ok = padded(base, keys, kmax)
@@ -179,13 +177,13 @@ class StepContext:
                 ch.cu_q32, ch.cu_k32 = ch.cu_q.to(torch.int32), ch.cu_k.to(torch.int32)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        pool = self.pool.storage[layer] if self.pool is not None and self.pool.storage.numel() else None  # [2, S, Hkv, D]
+        pool = self.pool.storage[layer] if self.pool is not None and self.pool.storage.numel() else None
         if self.store_slots is not None:
             pool[0, self.store_slots] = k if self.store_src is None else k[self.store_src]
             pool[1, self.store_slots] = v if self.store_src is None else v[self.store_src]
         if self.select_plan is not None:
             self.policy.select(self.select_plan, pool, q, k, v)
-        if len(self.chunks) == 1 and self.chunks[0].dst is None:    # every member, in packed order
+        if len(self.chunks) == 1 and self.chunks[0].dst is None:
             return self._attend(self.chunks[0], q, k, v, pool).reshape(q.shape)
         out = q.new_empty(q.shape)
         for ch in self.chunks:
@@ -201,7 +199,7 @@ class StepContext:
         if ch.long_keys:
             o = attention_over_key_chunks(qq.reshape(-1, *q.shape[1:]), self._key_chunks(ch, pool))
             return o if self.packed else o.view(1, *o.shape)
-        if ch.kv_index is not None:                   # K and V of every member in one indexed read
+        if ch.kv_index is not None:
             K, V = pool.view(-1, hkv, d)[ch.kv_index].view(2, -1, hkv, d).unbind(0)
         elif ch.keys_are_queries:
             K, V = (k, v) if ch.q_index is None else (k[ch.q_index], v[ch.q_index])
@@ -226,12 +224,6 @@ def _identity(idx: np.ndarray, n: int) -> bool:
     return idx.size == n and bool((idx == np.arange(n)).all())
 
 
-def _offsets(lens: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=out[1:])
-    return out
-
-
 def _contiguous(slots: np.ndarray, base: np.ndarray, n: np.ndarray) -> np.ndarray:
     """Per member: whether its first n slot-table entries are consecutive ascending slots."""
     breaks = np.concatenate([[0], np.cumsum(np.diff(slots) != 1)])
@@ -242,7 +234,7 @@ def split_by_keys(members: np.ndarray, key_lens: np.ndarray, budget: int) -> lis
     """Consecutive members, each chunk's padded key rows (count x longest) within the budget."""
     if not members.size:
         return []
-    if len(members) * int(key_lens.max()) <= budget:       # the common case: one chunk
+    if len(members) * int(key_lens.max()) <= budget:
         return [members]
     chunks: list[np.ndarray] = []
     first, longest = 0, 0

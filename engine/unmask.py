@@ -84,7 +84,6 @@ def select_transfer(conf: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(conf, k).indices
 
 
-# ---------------------------------------------------------------- Dream's rule (docs/DREAM_SAMPLER.md)
 def timesteps(steps: int, eps: float) -> torch.Tensor:
     """Dream's float32 time grid linspace(1, eps, steps + 1), computed on the CPU."""
     return torch.linspace(1, eps, steps + 1, dtype=torch.float32)
@@ -115,8 +114,7 @@ def dream_schedule(n_masked: int, steps: int, eps: float) -> list[int]:
 
 
 def origin_moves(n_masked: int, ts: torch.Tensor, i: int, gen: torch.Generator) -> torch.Tensor:
-    """`origin` at step i: one float64 uniform per masked position from `gen`, position j moves iff
-    u_j < 1 - s/t -> bool [n_masked] on the CPU."""
+    """`origin` at step i: position j moves iff u_j < 1 - s/t, float64 u_j from `gen` -> bool [n] on the CPU."""
     u = torch.rand(n_masked, dtype=torch.float64, generator=gen, device=gen.device)
     return (u < float(transfer_fraction(ts, i))).cpu()
 
@@ -137,16 +135,14 @@ def filter_logits(logits: torch.Tensor, top_p: float | None, top_k: int | None) 
 
 
 def token_probs(logits: torch.Tensor, p) -> torch.Tensor:
-    """softmax(filter(logits / T)) in the logits' dtype (`p`: temperature, top_p, top_k); T = 0
-    divides by nothing."""
+    """softmax(filter(logits / T)) in the logits' dtype (`p`: temperature, top_p, top_k; T = 0: no division)."""
     if p.temperature > 0:
         logits = logits / p.temperature
     return torch.softmax(filter_logits(logits, p.top_p, p.top_k), dim=-1)
 
 
 def propose(probs: torch.Tensor, temperature: float, gen: torch.Generator, mask_id: int) -> torch.Tensor:
-    """x0 per row, never the mask id: argmax at T = 0, else a draw from `probs` by the exponential race
-    argmax p / E, E = -log U with float64 U from `gen` (one [rows, V] draw)."""
+    """x0 per row, never the mask id: argmax at T = 0, else the exponential race argmax p / (-log U), U from `gen`."""
     if temperature == 0 or probs.shape[0] == 0:
         return proposal_argmax(probs, mask_id)
     noise = gumbel_noise(probs.shape, 1.0, gen, probs.device)
@@ -154,8 +150,7 @@ def propose(probs: torch.Tensor, temperature: float, gen: torch.Generator, mask_
 
 
 def alg_confidence(probs: torch.Tensor, x0: torch.Tensor, alg: str) -> torch.Tensor:
-    """maskgit_plus (and origin, which ranks nothing): p(x0); topk_margin: top1 - top2; entropy:
-    sum p log(p + 1e-10) (minus the entropy)."""
+    """maskgit_plus and origin: p(x0); topk_margin: top1 - top2; entropy: Σ p log(p + 1e-10)."""
     if alg in ("maskgit_plus", "origin"):
         return probs.gather(-1, x0[:, None])[:, 0]
     if alg == "topk_margin":
@@ -168,8 +163,7 @@ def alg_confidence(probs: torch.Tensor, x0: torch.Tensor, alg: str) -> torch.Ten
 
 def dream_rows(logits: torch.Tensor, p, gen: torch.Generator | None, mask_id: int,
                entropy: bool = False) -> tuple:
-    """Dream's proposals for rows of clean logits (`p`: the request's SamplingParams) -> (x0, its
-    alg's score, the token distribution's entropy or None), scores at least float32."""
+    """Dream's proposals for rows of clean logits -> (x0, its alg's score, the entropy or None), >= float32."""
     dt = torch.promote_types(logits.dtype, torch.float32)
     probs = token_probs(logits, p)
     x0 = propose(probs, p.temperature, gen, mask_id)
@@ -178,15 +172,13 @@ def dream_rows(logits: torch.Tensor, p, gen: torch.Generator | None, mask_id: in
 
 
 def gumbel_topk_keys(conf: torch.Tensor, alg_temp: float, gen: torch.Generator) -> torch.Tensor:
-    """conf / alg_temp - log(-log U), float64 U from `gen`: the top k of these keys are k draws
-    without replacement from softmax(conf / alg_temp)."""
+    """conf / alg_temp - log(-log U): the top k are k draws without replacement from softmax(conf / alg_temp)."""
     u = torch.rand(conf.shape, dtype=torch.float64, generator=gen, device=gen.device).to(conf.device)
     return conf.to(torch.float64) / alg_temp - torch.log(-torch.log(u))
 
 
 def choose_positions(conf: torch.Tensor, k: int, alg_temp: float | None, gen: torch.Generator) -> torch.Tensor:
-    """Indices of the k rows to commit: top-k of conf, equal scores by row order as the engine's
-    ranking (engine.runner `_choose`), or (alg_temp > 0) the Gumbel top-k."""
+    """The k rows to commit: top-k of conf (ties by row order, as `runner._choose`) or alg_temp's Gumbel top-k."""
     if k <= 0:
         return conf.new_zeros(0, dtype=torch.long)
     keys = conf if not alg_temp else gumbel_topk_keys(conf, alg_temp, gen)
@@ -194,8 +186,7 @@ def choose_positions(conf: torch.Tensor, k: int, alg_temp: float | None, gen: to
 
 
 def rescored(conf: torch.Tensor, a: int, n: int, p, k: int, gens: RequestGenerators) -> torch.Tensor | None:
-    """What a request's candidates conf[a : a + n] are ranked by instead (None: unchanged):
-    `random` remasking's uniforms, or `alg_temp`'s Gumbel keys when it commits k > 0."""
+    """What conf[a : a + n] is ranked by instead (None: unchanged): `random`'s uniforms, or alg_temp's keys."""
     if p.remasking == "random":
         return random_confidence(n, gens.remask).to(conf)
     if p.alg_temp and k > 0:

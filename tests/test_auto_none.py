@@ -1,4 +1,4 @@
-"""`cache=auto` with a request no cache mode can hold (engine.cache_mode.never_cached): admitted
+"""`cache=auto` with a request no cache mode can hold (engine.kv_cache.never_cached): admitted
 `none` (no KV, every step a full Refresh, chunked beyond the token budget) instead of refused.
 
 * the rule: `none` exactly when even the sparse need exceeds the whole pool, whatever is free;
@@ -16,8 +16,7 @@ import torch
 
 from dllm_bench.checkpoints.load import load_model
 from engine import SamplingParams, chunking
-from engine.cache_mode import admission_mode
-from engine.kv_cache import kv_need
+from engine.kv_cache import admission_mode, kv_need
 from engine.request import Phase
 from tests.helpers import make_engine, metered_steps, random_prompts, run_alone, tiny_model
 from tests.test_cache_auto import _record_steps

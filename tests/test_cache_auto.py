@@ -1,4 +1,4 @@
-"""`cache=auto` (engine.cache_mode): each request served in the mode whose pool full of requests
+"""`cache=auto` (engine.kv_cache): each request served in the mode whose pool full of requests
 like it commits more tokens per unit of step time on the device's roofline (dual unless sparse's
 extra requests ride on a weight-bound step or amortise a step's fixed overhead), its mode chosen
 at admission and kept for its life (against both pure modes on the simulator:
@@ -25,8 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import SamplingParams
-from engine.cache_mode import Shape, admission_mode, preferred_mode, step_time
-from engine.kv_cache import kv_need
+from engine.kv_cache import Shape, admission_mode, kv_need, preferred_mode, step_time
 from engine.models import ModelConfig
 from engine.request import Phase
 from tests.helpers import make_engine, random_prompts, run_alone, tiny_model

@@ -1,5 +1,5 @@
 """`cache=auto` carried to the target: a canvas runs in the first mode that holds it — dual,
-sparse, then none (engine.cache_mode: a request no cache mode can hold runs without one) — so
+sparse, then none (engine.kv_cache: a request no cache mode can hold runs without one) — so
 its longest canvas there is the longest any of those modes holds, each derived from traces of
 requests that ran in it. The modes the search ran the engine in come with its traces. None, the
 one that reaches furthest (it holds no KV) and that a pool holding every probe never shows, is

@@ -17,8 +17,8 @@ from dllm_bench.memory_bench.output import profile_stats, show, write
 from dllm_bench.memory_bench.search import max_length
 from dllm_bench.memory_bench.trace import measure
 from dllm_bench.systems.spec import ENGINE, engine_knobs
-from engine.cache_mode import AUTO
 from engine.config import EngineConfig
+from engine.kv_cache import AUTO
 
 
 def memory(opts: MemoryOptions) -> dict:

@@ -1,5 +1,5 @@
 """The device's ridge in query rows (`EngineConfig.ridge_rows`, what `cache=auto` weighs:
-engine.cache_mode): the rows at which a GEMM through the weights stops being bound by reading
+engine.kv_cache): the rows at which a GEMM through the weights stops being bound by reading
 them, peak FLOP/s / bandwidth x bytes per weight / 2 (an H100 in bf16 ~260, an RTX 4090 ~180,
 an L40S ~370). A measured CUDA run measures its device's peaks once (an 8192^3 GEMM in the
 serving dtype and a 256 MiB copy: ~0.1 s); a simulated GPU takes its hardware profile's peaks,

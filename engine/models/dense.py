@@ -1,6 +1,5 @@
-"""The dense Llama-style decoder every dense family shares (RMSNorm, RoPE, GQA attention with
-optional q/k/v biases, SwiGLU MLP) on packed tokens, attention delegated to a callable so one
-forward can mix Refresh and Reuse sequences."""
+"""The dense Llama-style decoder every dense family shares (RMSNorm, RoPE, GQA with optional q/k/v
+biases, SwiGLU) on packed tokens, attention delegated to a callable (`AttentionFn`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -26,8 +25,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    """Rotate-half RoPE with a cos/sin table that grows on demand; `at(positions)` gathers the
-    rows once for a forward whose every layer rotates at the same positions."""
+    """Rotate-half RoPE, its cos/sin table grown on demand; `at(positions)`: the rows for a forward."""
 
     def __init__(self, head_dim: int, theta: float):
         self.head_dim, self.theta = head_dim, theta
@@ -93,8 +91,7 @@ class DenseBlock(nn.Module):
         self._qkv = self._gate_up = self._qkv_bias = None
 
     def fuse(self) -> None:
-        """One GEMM for q/k/v and one for gate/up: the weights concatenated, each projection's
-        weight re-pointed at its rows (same memory and state dict). `_apply` fuses again."""
+        """One GEMM for q/k/v and one for gate/up, each projection's weight a view of its rows."""
         with torch.no_grad():
             self._qkv, self._qkv_bias = _fused(self.q_proj, self.k_proj, self.v_proj)
             self._gate_up, _ = _fused(self.ff_proj, self.up_proj)
@@ -158,19 +155,13 @@ class _Norm(nn.Module):
 class _Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(cfg.padded_vocab, cfg.d_model),
-                blocks=nn.ModuleList(DenseBlock(cfg) for _ in range(cfg.n_layers)),
-                ln_f=_Norm(cfg.d_model),
-                ff_out=nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False),
-            )
-        )
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(cfg.padded_vocab, cfg.d_model), blocks=nn.ModuleList(DenseBlock(cfg) for _ in range(cfg.n_layers)),
+            ln_f=_Norm(cfg.d_model), ff_out=nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)))
 
 
 class DenseLM(nn.Module):
-    """The model on packed tokens; state-dict names are LLaDA's HF names (`model.transformer....`),
-    each family maps its own (engine.models.family.Family.hf_names)."""
+    """The model on packed tokens; state-dict names: LLaDA's (each family maps its own: Family.hf_name)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -200,8 +191,7 @@ class DenseLM(nn.Module):
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionFn,
                       rope: Rotation | None = None) -> torch.Tensor:
-        """Packed tokens -> final-normed hidden states [N, d] (logits are a separate call). `rope`:
-        the rotation at `positions` if the caller holds it."""
+        """Packed tokens -> final-normed hidden states [N, d] (`rope`: the rotation at `positions`)."""
         h = self.embed(input_ids)
         rope = rope if rope is not None else self.rope.at(positions, h.dtype)
         for i, block in enumerate(self.blocks):

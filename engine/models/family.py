@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -59,7 +59,7 @@ class ModelConfig:
 
     @property
     def kv_per_weight(self) -> float:
-        """One token's K and V bytes (every layer) per weight byte a forward reads (engine.cache_mode)."""
+        """One token's K and V bytes (every layer) per weight byte a forward reads (engine.kv_cache)."""
         return 2 * self.n_layers * self._model_kv_heads * self.head_dim / self.weights_per_forward
 
     @property
@@ -82,9 +82,6 @@ class ModelConfig:
     def to_hf(self) -> dict:
         """The family's config.json for this shape."""
         return self.family.to_hf(self)
-
-    def with_(self, **changes) -> ModelConfig:
-        return replace(self, **changes)
 
 
 @dataclass(frozen=True)

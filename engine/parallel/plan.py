@@ -7,17 +7,15 @@ import numpy as np
 import torch
 
 from engine.logits import RowSegment
-from engine.ragged import ragged
 from engine.runner import ModelRunner, PackedStep, row_segments
 from engine.staging import Staging
-from engine.step_context import StepContext
-from engine.step_meta import StepMeta
+from engine.step import StepMeta
 
 
 @dataclass
 class StepPlan:
     meta: StepMeta                      # what the forward runs (padded members included)
-    ids: np.ndarray                     # [N] packed input ids
+    ids: np.ndarray
     rows: np.ndarray                    # [R] the candidates' hidden rows
     # (start, count, T, gumbel state, Dream's params or None), as `engine.runner.row_segments`
     segments: list[tuple[int, int, float, torch.Tensor, object]]
@@ -55,11 +53,8 @@ def execute(runner: ModelRunner, plan: StepPlan) -> None:
     pool = runner.pool
     if pool.storage.shape[2] != plan.n_slots:
         pool.grow_to(plan.n_slots)
-    m = plan.meta
     fwd = runner.staging.begin()
-    ctx = StepContext(m, runner.policy, pool, runner.backend, runner.key_budget, fwd, runner.dtype, None, runner.kernel,
-                      runner.in_place_keys)
-    p = PackedStep(m, m, fwd.put(plan.ids), fwd.put(ragged(m.q_start, m.n_q)), int(m.length.max()) - 1, ctx)
+    p = runner.packed(plan.meta, plan.meta, fwd, ids=plan.ids)
     rows = fwd.put(plan.rows)
     fwd.flush()
     hidden = runner.forward(p)
