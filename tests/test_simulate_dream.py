@@ -85,7 +85,7 @@ def _reuse(prompt: int, block: int, kv: int, shift: int) -> Request:
 
 @pytest.mark.parametrize("shift", [0, 1])
 def test_a_reuse_step_of_a_shifted_model_queries_its_edge_rows(dream7b, shift):
-    """engine.step_meta: a Reuse step's queries are its block and min(block start, shift) rows
+    """engine.step.StepMeta: a Reuse step's queries are its block and min(block start, shift) rows
     before it (query-only: never stored); monolithic logits cover every query row, a logit budget
     the block's masked rows only."""
     shape = replace(dream7b, shift=shift)

@@ -4,7 +4,7 @@ state the real scheduler or static batch hands over, never from token values.
 * `engine_forward`: one packed engine step: a Refresh queries its whole canvas, a Reuse its
   block against the cache (dual: every position, sparse: the kept ones, each request in its own
   mode under `cache=auto`), a shifted family's Reuse also the `shift` rows before the block
-  (query-only, never stored: engine.step_meta's `lead`); logits only for the block's still-masked
+  (query-only, never stored: engine.step.StepMeta.lead); logits only for the block's still-masked
   rows, in chunks of the logit budget. With CUDA graphs a Reuse-only step runs padded to its bucket (`graph_key`; those captured at
   warm-up, and the steps they are timed on: `warm_up_steps`).
 * `baseline_forward`: one static-batch forward of a baseline policy, padded to the batch's
