@@ -9,6 +9,7 @@ fraction of a second; on a GPU the built-in profile named in the GPU's name, if 
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import torch
@@ -41,7 +42,7 @@ def profile_for_gpu(name: str) -> str | None:
 
 
 def llada_8b_layer_config():
-    return get_preset("llada-8b").model_config().with_(n_layers=1)
+    return dataclasses.replace(get_preset("llada-8b").model_config(), n_layers=1)
 
 
 def predicted_s(hw, cfg, wbytes: int, tokens: int) -> float:
