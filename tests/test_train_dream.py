@@ -223,3 +223,28 @@ def test_accuracy_command_on_the_dream_asset(dream_asset, tmp_path):
     assert doc["task"] == "synth" and [p["point"] for p in doc["points"]] == ["dense", "head-r0.5"]
     assert all(p["n"] == N for p in doc["points"])
     assert doc["points"][0]["accuracy"] >= FLOOR, doc["points"]
+
+
+def test_lm_eval_backend_on_the_dream_asset(dream_asset):
+    """lm-eval's simple_evaluate drives the engine on tiny-math-dream (5 dllm_synth docs, offline)
+    and scores what our own scoring of the same engine outputs gives."""
+    from dllm_bench.accuracy.backend import PointBackend
+    from dllm_bench.accuracy.evaluate import eval_synth_point
+    from dllm_bench.accuracy.lm_eval_model import run_lm_eval
+    from dllm_bench.accuracy.points import Point
+
+    model, tok, info = dream_asset
+    refusal = _engine_refusal(model)
+    if refusal:
+        pytest.skip(f"the engine refuses Dream models on this branch: {refusal}")
+    c = info["config"]
+    res = run_lm_eval("dllm_synth", {"model": "tiny-math-dream", "threads": 1}, limit=5,
+                      metadata={"synth_context_facts": c["eval_facts"], "synth_n": 5, "synth_ops": ",".join(c["ops"]),
+                                "synth_max_value": c["max_value"]})
+    got = res["results"]["dllm_synth"]
+    w = c["window"]
+    ours = eval_synth_point(PointBackend(model, tok, Point("dense", "engine", "dense", cache="none"),
+                                         gen_length=w, block_length=w, steps=w), _questions(info, 5))
+    assert res["n-samples"]["dllm_synth"]["effective"] == 5
+    assert got["exact_match,strict-match"] == pytest.approx(ours.accuracy)
+    assert ours.accuracy >= FLOOR
