@@ -101,7 +101,7 @@ def make_backend(model_args: dict) -> Backend:
     by `model_args["backend"]`, else by the part of `model_args["model"]` before ":" (e.g.
     `model=oracle:gsm8k`); without `backend=`, a model that is a preset name or a checkpoint
     directory runs on the engine (`model=tiny-math,retention=0.1,selection=head`: sparse cache at
-    r = 0.1, head-centric; no retention = the dense, exact-LLaDA engine; `system=sparse-dllm` etc.
+    r = 0.1, head-centric; no retention = the dense engine in exact mode; `system=sparse-dllm` etc.
     for baselines)."""
     model = str(model_args.get("model", ""))
     name = str(model_args.get("backend") or model.partition(":")[0])

@@ -1,8 +1,8 @@
 """Accuracy under KV retention (the paper's Fig. 6): head-centric vs uniform selection — the
 points of a run and their results.
 
-One *point* = one serving configuration: the dense reference (the engine with cache=none, i.e.
-exact LLaDA), the engine's sparse cache at (selection, retention), or a baseline system. A point
+One *point* = one serving configuration: the dense reference (the engine with cache=none: exact
+mode), the engine's sparse cache at (selection, retention), or a baseline system. A point
 runs through its backend (dllm_bench.accuracy.backend.PointBackend) and is scored by
 dllm_bench.accuracy.evaluate; decoding is greedy (temperature 0), float32 by default.
 """

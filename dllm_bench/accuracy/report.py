@@ -90,7 +90,7 @@ def plot_fig6(results: Sequence[PointResult], path: Path, title: str) -> Path:
             ax.plot(xs, ys, marker=marker, color=color, label=label)
             ax.fill_between(xs, [100 * r.ci_low for r in pts], [100 * r.ci_high for r in pts], color=color, alpha=0.12)
     ax.axhline(100 * dense.accuracy, color="black", linestyle="--", linewidth=1.2,
-               label=f"dense (r = 1, exact LLaDA): {100 * dense.accuracy:.1f}%")
+               label=f"dense (r = 1, exact mode): {100 * dense.accuracy:.1f}%")
     ax.axhline(95 * dense.accuracy, color="gray", linestyle=":", linewidth=1.0, label="95% of dense")
     if xs_all:
         ax.set_xticks(sorted(set(xs_all)))

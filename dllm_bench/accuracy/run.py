@@ -1,5 +1,5 @@
 """One `dllm-bench accuracy` run (paper §6.4, Fig. 6; docs/ACCURACY.md): accuracy per (selection,
-retention) of the engine's sparse KV cache, the dense (r = 1, exact LLaDA) reference and
+retention) of the engine's sparse KV cache, the dense (r = 1, exact mode) reference and
 optionally baseline systems.
 
 Writes <result-dir>/<run-id>/ (config.json, summary.json, metrics.csv, points/<point>/

@@ -184,6 +184,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     # Committed trained checkpoint: `dllm-bench train` on synth (docs/ACCURACY.md); 4 KV heads.
     _P("tiny-math", 128, 4, 4, 4, 344, 512, tokenizer_learned=500, asset="assets/tiny-math",
        note="trained on synth (dllm-bench train); docs/ACCURACY.md"),
+    # Committed trained Dream: tiny-math's recipe with `--model-type Dream --n-kv-heads 2` (Dream's
+    # tokens, q/k/v biases, shifted prediction, its CART objective); docs/ACCURACY.md.
+    _P("tiny-math-dream", 128, 4, 4, 2, 344, 512, tokenizer_learned=500, asset="assets/tiny-math-dream",
+       model_type="Dream", note="a Dream trained on synth (dllm-bench train --model-type Dream); docs/ACCURACY.md"),
 ]}
 # Trained checkpoints that exist only once made (`make train-synth-cot`, `make train-seeds`):
 # assets/<name>[-s<seed>], tiny-math's shape, registered when their directory is there.

@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         n_kv_heads: int = typer.Option(4),
         mlp_hidden_size: int = typer.Option(344),
         rope_theta: float = typer.Option(10000.0, help="RoPE base (config.json rope_theta)."),
-        objective: str = typer.Option("llada", help="llada (t~U(eps,1), CE/t; LLaDA SFT) | plain (CE on masked, t~U(t_min,1))."),
+        objective: str | None = typer.Option(None, help="Default the family's: llada (t~U(eps,1), CE/t; LLaDA SFT) | cart (Dream's CART-weighted CE) | plain (CE on masked, t~U(t_min,1))."),
         t_min: float = typer.Option(0.1, help="plain objective: lowest mask ratio."),
         batch_size: int = typer.Option(32),
         lr: float = typer.Option(1e-3, help="AdamW peak learning rate (warmup + cosine to 10%)."),

@@ -1,5 +1,5 @@
-"""The learning curve of `dllm-bench train`: a held-out probe (greedy LLaDA decoding of synth test
-questions through the model being trained, by the engine) and its CSV + PNG."""
+"""The learning curve of `dllm-bench train`: a held-out probe (greedy low-confidence decoding of
+synth dev questions through the model being trained) and its CSV + PNG."""
 from __future__ import annotations
 
 import csv
@@ -18,8 +18,8 @@ def probe_generate(model: DenseLM, batch: Sequence[Encoded]) -> list[list[int]]:
     remasking), the way `dllm-bench accuracy` will decode the trained model."""
     model.eval()
     window = len(batch[0].answer)
-    engine = LLMEngine(EngineConfig(cache="none", sampling=False, device=str(model.device)), model=model)
     params = SamplingParams(gen_length=window, steps=window, block_length=window, temperature=0.0)
+    engine = LLMEngine(EngineConfig(cache="none", sampling=False, device=str(model.device)), model=model)
     return [o.token_ids for o in engine.generate([e.prompt for e in batch], params)]
 
 
@@ -37,7 +37,7 @@ def probe_accuracy(model, tok, probe: Sequence[Encoded], pad_id: int, batch: int
     return hits / max(1, len(probe)), tok_hits / max(1, tok_n)
 
 
-def write_curve(curve: list[dict], out: Path) -> None:
+def write_curve(curve: list[dict], out: Path, title: str = "tiny LLaDA on synth") -> None:
     if not curve:
         return
     with open(out / "learning_curve.csv", "w", newline="", encoding="utf-8") as f:
@@ -64,6 +64,6 @@ def write_curve(curve: list[dict], out: Path) -> None:
     ax2 = ax.twinx()
     ax2.plot(xs, [r["loss"] for r in curve], color="tab:red", alpha=0.6, linestyle="--")
     ax2.set_ylabel("train loss", color="tab:red")
-    ax.set_title("tiny LLaDA on synth: learning curve", fontsize=10)
+    ax.set_title(f"{title}: learning curve", fontsize=10)
     fig.tight_layout()
     save_png(fig, out / "learning_curve.png")

@@ -4,7 +4,8 @@ of its family the engine loads unchanged (`dllm-bench train`).
 
 The model is `engine.models.DenseLM` itself, trained through its own blocks with a
 batched, padding-masked attention, so the saved weights mean exactly what the engine computes.
-The objective is LLaDA's SFT loss (`diffusion_loss`); a seeded data stream (the task's train
+The objective is the family's masked-diffusion loss (`diffusion_loss`: LLaDA's SFT with 1/t,
+Dream's CART weights, on the rows the family's shift gives); a seeded data stream (the task's train
 split), AdamW with warmup + cosine decay, a learning curve on the dev split (CSV + PNG), a step
 budget (the same seed, steps and thread count give the same weights) and a wall-clock safety cap
 `minutes`. Tokenizer: dllm_bench.train.tokenizer; batches: dllm_bench.train.batches; probe and
@@ -35,7 +36,10 @@ from engine.config import DTYPES
 from engine.models import DenseLM, ModelConfig, build_model, config_from_dict, hf_state_dict
 from workloads.tasks import generated, synth
 
-OBJECTIVES = ("llada", "plain")
+OBJECTIVES = ("llada", "cart", "plain")
+# each family's own objective (--objective's default), by model_type: LLaDA's SFT (1/t), Dream's CART
+FAMILY_OBJECTIVES = {"llada": "llada", "Dream": "cart"}
+CART_GEO_P = 0.3             # Dream's default `loss_weight_type: cart[geo_p:0.3]`
 
 
 @dataclass
@@ -63,7 +67,7 @@ class TrainConfig:
     rope_theta: float = 10000.0          # LLaDA-8B uses 500000 for head_dim 128 / 4k context; a
                                          # 32-dim head over ~150 tokens needs faster rotations
     # --- optimisation ---
-    objective: str = "llada"
+    objective: str | None = None         # None: the family's (FAMILY_OBJECTIVES)
     eps: float = 1e-3                    # LLaDA: t ~ U(eps, 1)
     t_min: float = 0.1                   # plain objective: t ~ U(t_min, 1)
     batch_size: int = 32
@@ -92,6 +96,7 @@ class TrainConfig:
 
         check(self.task in generated.TASKS, f"task must be one of {generated.TASKS}, got {self.task!r}")
         self.window = self.window or generated.WINDOWS[self.task]
+        self.objective = self.objective or FAMILY_OBJECTIVES.get(self.model_type, "llada")
         check(self.objective in OBJECTIVES, f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         check(bool(self.train_facts) and all(1 <= k <= len(synth.NAMES) for k in self.train_facts),
               f"train_facts must be in 1..{len(synth.NAMES)}")
@@ -193,26 +198,42 @@ def init_model(mcfg: ModelConfig, seed: int) -> DenseLM:
     return model.float().train()
 
 
+def cart_weights(masked: torch.Tensor, valid: torch.Tensor, p: float = CART_GEO_P) -> torch.Tensor:
+    """Dream's context-adaptive token weights (CART): a masked position's weight is half the sum,
+    over the clean (unmasked, non-padding) positions at distance d >= 2, of the geometric
+    p (1 - p)^(d - 2); zero elsewhere (ZHZisZZ/dllm dllm/pipelines/dream/trainer.py `cart_weight`
+    @c85042c, there over every unmasked position, padding included)."""
+    T = masked.shape[1]
+    idx = torch.arange(T)
+    d = (idx[:, None] - idx[None, :]).abs()
+    geo = torch.where(d >= 2, 0.5 * p * (1 - p) ** (d - 2).clamp(min=0).float(), 0.0)
+    return ((valid & ~masked).float() @ geo) * masked
+
+
 def diffusion_loss(model: DenseLM, ids, valid, region, mask_id: int, objective: str = "llada",
                    eps: float = 1e-3, t_min: float = 0.1, generator: torch.Generator | None = None):
-    """The masked-diffusion loss of one batch -> (loss, stats).
+    """The masked-diffusion loss of one batch -> (loss, stats). The logits are the model's own rows
+    (`batched_logits`: row p predicts token p, the family's shift applied).
 
     llada (LLaDA's SFT, Nie et al. 2025, Alg. 2 / eq. 5): t ~ U(eps, 1) per sequence, mask each
     answer-region token (answer + EOS, EOS-padded to a fixed window; prompt tokens never) with
     probability t, sum over masked tokens of CE / t, divided by the answer-region length, mean
-    over the batch. plain (an option only; lower variance for short windows): t ~ U(t_min, 1),
-    mean CE over all masked tokens of the batch."""
+    over the batch. cart (Dream's, ZHZisZZ/dllm dllm/pipelines/dream/trainer.py and
+    dllm/core/trainers/mdlm.py @c85042c): the same masking and per-sequence normalisation, each
+    masked token's CE weighted by `cart_weights` instead of 1/t. plain (an option only; lower
+    variance for short windows): t ~ U(t_min, 1), mean CE over all masked tokens of the batch."""
     B = ids.shape[0]
-    lo = eps if objective == "llada" else t_min
+    lo = t_min if objective == "plain" else eps
     t = torch.rand(B, 1, generator=generator) * (1 - lo) + lo
     m = (torch.rand(ids.shape, generator=generator) < t) & region
     noisy = torch.where(m, torch.full_like(ids, mask_id), ids)
     logits = batched_logits(model, noisy, valid)
     ce = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten(), reduction="none").view(ids.shape)
-    if objective == "llada":
-        loss = ((ce * m / t).sum(1) / region.sum(1).clamp(min=1)).mean()
-    else:
+    if objective == "plain":
         loss = (ce * m).sum() / m.sum().clamp(min=1)
+    else:
+        w = m / t if objective == "llada" else cart_weights(m, valid)
+        loss = ((ce * w).sum(1) / region.sum(1).clamp(min=1)).mean()
     return loss, {"masked_ce": float((ce.detach() * m).sum() / m.sum().clamp(min=1))}
 
 
@@ -253,7 +274,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
     mask_id, eos = special["mask_token_id"], special["eos_token_id"]
     mcfg = model_config(cfg, special)
     model = init_model(mcfg, cfg.seed)
-    log(f"model: d{cfg.d_model} L{cfg.n_layers} h{cfg.n_heads}/kv{cfg.n_kv_heads} ff{cfg.mlp_hidden_size} "
+    log(f"model: {mcfg.family.name} d{cfg.d_model} L{cfg.n_layers} h{cfg.n_heads}/kv{cfg.n_kv_heads} ff{cfg.mlp_hidden_size} "
         f"V{cfg.vocab_size}: {n_params(model) / 1e6:.2f} M params; objective {cfg.objective}; "
         f"threads {torch.get_num_threads()}")
     stream = TrainStream(cfg, tok, eos)
@@ -314,7 +335,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
     os.chmod(out / "model.safetensors", 0o644)
     hf = dict(FAMILY_CONFIG.get(cfg.model_type, {})) | mcfg.to_hf() | {"torch_dtype": cfg.save_dtype}
     (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    write_curve(curve, out)
+    write_curve(curve, out, f"tiny {mcfg.family.name} on {cfg.task}")
     summary = {
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
         "params": n_params(model), "steps_done": step, "stopped_by": stopped,
