@@ -9,7 +9,7 @@ import torch
 
 from engine.models import DenseLM, build_model, config_from_dict, hf_state_dict
 from engine.sampling import SamplingParams
-from tests.helpers import plain_attention, random_prompts
+from tests.helpers import plain_attention, random_prompts, randomized
 
 F64 = torch.float64
 MASK, EOS, BOS = 97, 96, 95
@@ -22,15 +22,7 @@ DREAM = {"model_type": "Dream", "architectures": ["DreamModel"], "hidden_size": 
 def tiny_dream(seed: int = 0, **overrides) -> DenseLM:
     """Weights ~ N(0, 0.5²) (biases too), norms ~ 1: logits spread widely, so a wrong row or key
     set changes decisions."""
-    g = torch.Generator().manual_seed(seed)
-    model = build_model(config_from_dict({**DREAM, **overrides}))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(0.5 * torch.randn(p.shape, generator=g))
-    return model.to(F64).eval()
+    return randomized(build_model(config_from_dict({**DREAM, **overrides})), seed).to(F64).eval()
 
 
 def dream_prompts(n: int, lengths, seed: int = 0) -> list[list[int]]:

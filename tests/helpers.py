@@ -22,15 +22,19 @@ def tiny_config(**overrides) -> ModelConfig:
 def tiny_model(dtype: torch.dtype = torch.float64, n_kv_heads: int = 2, seed: int = 0, **overrides) -> DenseLM:
     """Random LLaDA with weights ~ N(0, 0.5²): large logits spread, so a changed computation
     (stale cache, wrong key set, wrong row) changes decisions and a test can fail."""
+    return randomized(build_model(tiny_config(n_kv_heads=n_kv_heads, **overrides)), seed).to(dtype).eval()
+
+
+def randomized(model, seed: int):
+    """The model with weights ~ N(0, 0.5²) (biases too) and norms ~ 1 + N(0, 0.1²), seeded."""
     g = torch.Generator().manual_seed(seed)
-    model = build_model(tiny_config(n_kv_heads=n_kv_heads, **overrides))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.5 * torch.randn(p.shape, generator=g))
-    return model.to(dtype).eval()
+    return model
 
 
 def random_prompts(n: int, lengths, seed: int = 0, vocab: int = 298) -> list[list[int]]:
