@@ -51,6 +51,11 @@ class SystemSpec:
     families: tuple[str, ...] = ("llada", "Dream")   # the model_types it runs (each its upstream code for that family)
     absent_knobs: dict = field(default_factory=dict)  # model_type -> knobs its code for that family lacks
     family_defaults: dict = field(default_factory=dict)  # model_type -> knob defaults its code for that family uses
+    family_peaks: dict = field(default_factory=dict)  # model_type -> its Refresh peak where that family's code differs
+
+    def peak_on(self, model_type: str) -> RefreshPeak | None:
+        """Its Refresh memory per token on a model of `model_type` (its code for that family)."""
+        return self.family_peaks.get(model_type, self.refresh_peak)
 
     def knobs_for(self, model_type: str) -> dict:
         """Its knobs with their defaults on a model of `model_type`; {} if it does not run that family."""
@@ -94,6 +99,9 @@ SYSTEMS: dict[str, SystemSpec] = {
         # generate.py's get_transfer_index (threshold) and get_transfer_index_dynamic (factor)
         decoding_knobs=dict(threshold="threshold", factor="factor"),
         refresh_peak=RefreshPeak(kv_copies=1, logit_copies=1, fp64_logit_copies=2),
+        # dream/model/generation_utils_block.py: the logits, their shifted copy and the softmax over
+        # the whole canvas, all in the model dtype (no float64 upcast as in llada/generate.py)
+        family_peaks={"Dream": RefreshPeak(kv_copies=1, logit_copies=3)},
         upstream_impl="hf-fast-dllm",
         absent_knobs={"Dream": ("factor",)},   # factor is llada/generate.py's alone
     ),

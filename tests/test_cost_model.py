@@ -279,3 +279,22 @@ def test_every_registry_baseline_is_simulated_from_its_facts():
     assert default_impl("engine", "gpu") == "engine"
     with pytest.raises(ValueError, match="no cost description"):
         baseline_work("no-such-system")
+
+
+def test_a_baseline_peak_is_its_code_for_the_family():
+    """Fast-dLLM's Dream code keeps its logits in the model dtype (LLaDA's upcasts two copies to
+    float64), so on a Dream-7B shape its static batch is sized without the float64 copies."""
+    from baselines import SYSTEMS
+    from dllm_bench.simulate.memory import baseline_bytes_per_token, baseline_max_batch
+
+    dream = ModelShape(d=3584, layers=28, heads=28, kv_heads=4, head_dim=128, ffn=18944, vocab=152064, wbytes=2,
+                       qkv_bias=True, shift=1, family="Dream")
+    as_llada = replace(dream, family="llada")
+    assert SYSTEMS["fast-dllm"].peak_on("Dream").fp64_logit_copies == 0
+    assert baseline_bytes_per_token("fast-dllm", dream) == dream.kv_bytes_per_token + dream.vocab * 3 * 2
+    assert baseline_bytes_per_token("fast-dllm", as_llada) == (
+        dream.kv_bytes_per_token + dream.vocab * (1 * 2 + 2 * 8))
+    budget = 0.9 * 24 * 2**30
+    assert baseline_max_batch("fast-dllm", dream, budget, 1024) > baseline_max_batch("fast-dllm", as_llada, budget, 1024)
+    # a system whose code is the same on both families keeps one peak
+    assert SYSTEMS["sparse-dllm"].peak_on("Dream") is SYSTEMS["sparse-dllm"].refresh_peak

@@ -85,8 +85,9 @@ def test_similar_preset_keeps_the_ratios_it_claims():
 
 def test_similar_dream_keeps_dream_7b_ratios():
     """similar-dream is to Dream-7B what similar-1024 is to LLaDA-8B (docs/SCALING.md): LM head /
-    body and logit row / KV token within 2 % (V ≈ 1357·L at Dream's f/d and kv/d), Fast-dLLM's
-    largest batch and weights / budget as the RTX 4090 rows and cpu-default have them."""
+    body and logit row / KV token within 2 % (V ≈ 1357·L at Dream's f/d and kv/d), weights / budget
+    as cpu-default has it. Fast-dLLM's largest batch is half the RTX 4090's (docs/SCALING.md), but
+    holds the 8 requests of the Dream serve benchmark (issue goal: --num-prompts 8) in one batch."""
     big = PRESETS["dream-7b"]
     assert (big.d_model, big.n_layers, big.n_heads, big.n_kv_heads, big.mlp_hidden_size, big.vocab_size) == (
         3584, 28, 28, 4, 18944, 152064)
@@ -105,7 +106,7 @@ def test_similar_dream_keeps_dream_7b_ratios():
         assert abs(r[key] / r8[key] - 1) <= 0.02, key
     table = sim.similarity_table().set_index("model @ machine")
     row, gpu = table.loc["similar-dream @ similar-dream"], table.loc["dream-7b @ rtx4090"]
-    assert abs(row["B fast-dllm"] / gpu["B fast-dllm"] - 1) <= 0.25
+    assert 8 <= row["B fast-dllm"] <= gpu["B fast-dllm"]
     assert row["weights_over_budget"] == pytest.approx(table.loc["similar-1024 @ cpu-default"]["weights_over_budget"],
                                                        abs=0.02)
 

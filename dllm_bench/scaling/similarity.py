@@ -149,8 +149,8 @@ def dllm_cache_step_share(p: Preset, shape: RequestShape, prompt_interval: int =
     return total / steps
 
 
-# The cache-reusing baselines' Refresh peaks (baselines.registry.RefreshPeak).
-BASELINE_PEAKS: dict[str, RefreshPeak] = {n: s.refresh_peak for n, s in SYSTEMS.items() if s.refresh_peak and s.reuses}
+# The cache-reusing baselines (their Refresh peaks: baselines.registry.RefreshPeak, per family).
+BASELINE_PEAKS: tuple[str, ...] = tuple(n for n, s in SYSTEMS.items() if s.refresh_peak and s.reuses)
 
 
 def peak_bytes_per_token(peak: RefreshPeak, c: Costs, dtype_bytes: int) -> float:
@@ -160,9 +160,10 @@ def peak_bytes_per_token(peak: RefreshPeak, c: Costs, dtype_bytes: int) -> float
     return peak.kv_copies * c.kv_bytes_per_token + c.vocab * logit + c.act_bytes_per_token
 
 
-def largest_static_batch(c: Costs, free_bytes: float, length: float, system: str, dtype_bytes: int) -> int:
-    """Largest B whose Refresh peak (B requests of `length` tokens) fits `free_bytes`."""
-    per_request = peak_bytes_per_token(BASELINE_PEAKS[system], c, dtype_bytes) * length
+def largest_static_batch(c: Costs, free_bytes: float, length: float, system: str, dtype_bytes: int,
+                         model_type: str = "llada") -> int:
+    """Largest B whose Refresh peak (B requests of `length` tokens, a `model_type` model) fits `free_bytes`."""
+    per_request = peak_bytes_per_token(SYSTEMS[system].peak_on(model_type), c, dtype_bytes) * length
     return int(free_bytes // per_request)
 
 
@@ -254,7 +255,8 @@ def similarity_row(name: str, preset: Preset, c: Costs, shape: RequestShape, dty
     row = {"model @ machine": name, **ratios(c, shape, dtype_bytes, dtype_bytes, dtype_bytes),
            "weights_over_budget": c.weights_bytes / budget,
            "request_kv_over_free": c.kv_bytes_per_token * ref.length / free}
-    row.update({f"B {s}": largest_static_batch(c, free, ref.length, s, dtype_bytes) for s in BASELINE_PEAKS})
+    row.update({f"B {s}": largest_static_batch(c, free, ref.length, s, dtype_bytes, preset.model_type)
+                for s in BASELINE_PEAKS})
     row["engine n"] = n
     knobs = PAPER_BASELINE_KNOBS["dllm-cache"]
     row["dllm-cache step share"] = dllm_cache_step_share(

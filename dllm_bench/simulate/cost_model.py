@@ -31,12 +31,13 @@ class ModelShape:
     wbytes: int = 2          # bytes per weight / activation element (bf16 = 2, fp32 = 4)
     qkv_bias: bool = False   # q, k, v projections carry biases (Dream)
     shift: int = 0           # the family's prediction shift (engine.models.ModelConfig.shift)
+    family: str = "llada"    # config.json's model_type: which upstream code each baseline runs on it
 
     @classmethod
     def from_config(cls, cfg, wbytes: int) -> ModelShape:
         """From an engine.models.ModelConfig."""
         return cls(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.mlp_hidden_size,
-                   cfg.padded_vocab, wbytes, cfg.qkv_bias, cfg.shift)
+                   cfg.padded_vocab, wbytes, cfg.qkv_bias, cfg.shift, cfg.model_type)
 
     @property
     def kv_dim(self) -> int:

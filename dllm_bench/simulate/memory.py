@@ -72,8 +72,8 @@ def engine_kv_tokens(shape: ModelShape, budget: float, max_num_batched_tokens: i
 
 def baseline_bytes_per_token(system: str, shape: ModelShape) -> float:
     """A static batch's live bytes per token at its Refresh forward: the registry's KV and logit
-    copies (baselines.registry.RefreshPeak), as `models similarity` counts them."""
-    peak = SYSTEMS[system].refresh_peak
+    copies on the model's family (baselines.registry.RefreshPeak), as `models similarity` counts them."""
+    peak = SYSTEMS[system].peak_on(shape.family)
     logits = shape.vocab * (peak.logit_copies * shape.wbytes + peak.fp64_logit_copies * 8)
     return peak.kv_copies * shape.kv_bytes_per_token + logits
 
