@@ -15,12 +15,12 @@ from engine.models import ModelConfig, build_model
 from tests.dream_plain import (
     MASK,
     DreamParams,
-    dllm_cache_logits,
     plain_fast,
     plain_sparse,
     sampling,
     tiny_dream,
 )
+from tests.plain_caches import dllm_cache_logits
 
 
 @pytest.fixture(scope="module")
