@@ -23,15 +23,9 @@ from engine import SamplingParams
 from engine.kv_cache import retained_tokens
 from engine.request import Phase
 from engine.unmask import proposal_argmax
-from tests.dream_helpers import (
-    MASK,
-    dream_prompts,
-    plain_full,
-    plain_shifted_dual_generate,
-    plain_window,
-    tiny_dream,
-)
+from tests.dream_helpers import MASK, dream_prompts, tiny_dream
 from tests.helpers import kv_of, make_engine, run_alone
+from tests.plain_dual import plain_dual_cache_generate, plain_full, plain_window
 from tests.test_engine_mechanisms import _plain_layer_qkv, plain_head_selection, plain_uniform_selection
 
 
@@ -101,7 +95,7 @@ def test_dual_equals_plain_dual_under_the_edge_rule(model):
         params = SamplingParams(gen_length=gen, steps=steps, block_length=block, temperature=temp,
                                 remasking=remask, seed=seed)
         prompt = dream_prompts(1, P, seed=200 + seed)[0]
-        want = plain_shifted_dual_generate(model, prompt, params)
+        want = plain_dual_cache_generate(model, prompt, params)
         out = make_engine(model, cache="dual", max_num_logits=4).generate([prompt], params)[0]
         assert out.token_ids == want, (P, gen, block, steps, temp, remask)
         differs += want != reference_generate(model, prompt, params)[0]
