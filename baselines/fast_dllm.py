@@ -138,6 +138,14 @@ class FastDLLM(Policy):
         cap = max(batch.steps_per_block, batch.block_length) if parallel else batch.steps_per_block
         return batch.step_in_block >= cap
 
+    def fixed_forwards(self, batch: Batch) -> int:
+        """Until no MASK is left. LLaDA: through the schedule's last nonzero step (a zero tail,
+        S > block_length, is skipped). Dream: S (its grid's zero counts come first, step S - 1
+        commits what is left), or the full forward alone for a one-token block."""
+        if self.dream:
+            return batch.steps_per_block if max(sum(s) for s in batch.schedules) > 1 else 1
+        return max(1, *(max((i + 1 for i, k in enumerate(s) if k), default=0) for s in batch.schedules))
+
     def kv_row_tokens(self, batch: Batch) -> list[int]:
         if not self.k:
             return [0] * batch.size

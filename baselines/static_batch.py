@@ -106,7 +106,12 @@ class Policy:
 
     def block_done(self, batch: Batch) -> bool:
         """Checked after each step (step_in_block already advanced). LLaDA's loop: S steps."""
-        return batch.step_in_block >= batch.steps_per_block
+        return batch.step_in_block >= self.fixed_forwards(batch)
+
+    def fixed_forwards(self, batch: Batch) -> int:
+        """The forwards the current block takes under fixed-step decoding, from counts alone (what a
+        cost model reads: it commits no tokens). LLaDA's loop: S."""
+        return batch.steps_per_block
 
     def kv_row_tokens(self, batch: Batch) -> list[int]:
         """Each row's own tokens currently held in the cache."""
@@ -123,6 +128,45 @@ class Policy:
         """Bytes really held by the cache: unique storages, since cached slices may be views."""
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self.cache_tensors()}
         return sum(storages.values())
+
+
+class Delegating(Policy):
+    """Every hook of another policy (`real`): the base of a wrapper that charges, times or records
+    its forwards while the batching, block ends and caches stay the real policy's."""
+
+    def __init__(self, real: Policy):
+        super().__init__(real.model)
+        self.real, self.name, self.knobs = real, real.name, dict(real.knobs)
+
+    def block_length(self, params: SamplingParams) -> int:
+        return self.real.block_length(params)
+
+    def check_request(self, params: SamplingParams) -> None:
+        self.real.check_request(params)
+
+    def begin(self, batch: Batch) -> None:
+        self.real.begin(batch)
+
+    def step(self, batch: Batch) -> StepResult:
+        return self.real.step(batch)
+
+    def block_done(self, batch: Batch) -> bool:
+        return self.real.block_done(batch)
+
+    def fixed_forwards(self, batch: Batch) -> int:
+        return self.real.fixed_forwards(batch)
+
+    def kv_row_tokens(self, batch: Batch) -> list[int]:
+        return self.real.kv_row_tokens(batch)
+
+    def kv_token_bytes(self) -> int:
+        return self.real.kv_token_bytes()
+
+    def cache_tensors(self) -> list[torch.Tensor]:
+        return self.real.cache_tensors()
+
+    def cache_bytes(self) -> int:
+        return self.real.cache_bytes()
 
 
 class StaticBatchSystem:

@@ -81,6 +81,15 @@ def run_cli(monkeypatch, capsys, *args: str):
     return subprocess.CompletedProcess(list(args), code, out.out, out.err)
 
 
+def one_error_line(r, *words: str) -> str:
+    """Bad input as every command reports it: exit 2 and exactly one `error:` line on stderr,
+    naming each of `words` (r: a CompletedProcess) -> the line."""
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.stderr[-2000:]
+    assert all(w in lines[0] for w in words), lines[0]
+    return lines[0]
+
+
 def metered_steps(eng: LLMEngine):
     """Runs a one-request engine step by step under the memory meter: the request's output, each
     step's measured peak bytes and each step's query rows."""

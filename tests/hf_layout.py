@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from dllm_bench.checkpoints.make import INDEX_FILE, init_weight, plan_shards, weight_shapes
-from dllm_bench.checkpoints.presets import LLADA_AUTO_MAP, Preset
+from dllm_bench.checkpoints.presets import Preset
 from dllm_bench.checkpoints.tokenizer import BOS, EOS, MASK
 from dllm_bench.errors import UserError
 from tests import hf_tokenizer
@@ -32,6 +32,10 @@ HF_TINY = Preset("hf-tiny", d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp
                  tokenizer_learned=N_LEARNED, dtype="bfloat16",
                  note="LLaDA-8B-Instruct's file layout at toy size (hf_layout); not registered")
 GENERATION_CONFIG_VERSION = "4.38.2"  # the transformers_version the real generation_config.json names
+# LLaDA-8B-Instruct's real config.json; its auto_map names remote code (written here, never imported)
+REAL_LLADA_CONFIG: dict = json.loads((Path(__file__).resolve().parent / "data" / "llada-8b-instruct" / "config.json")
+                                     .read_text(encoding="utf-8"))
+LLADA_AUTO_MAP: dict = REAL_LLADA_CONFIG["auto_map"]
 
 
 def shard_name(k: int, n: int) -> str:

@@ -9,15 +9,15 @@ a whole row with -inf outside the candidates), with the per-request randomness c
 """
 import pytest
 import torch
-import torch.nn.functional as F
 
 from baselines import SYSTEMS, make_system, profile_max_batch
 from baselines.profile import measure_run
 from baselines.reference_llada import reference_generate
-from engine.models import ModelConfig, build_model, dense_attention, rms_norm
+from engine.models import ModelConfig, build_model, dense_attention
 from engine.profiler import weights_bytes as weight_bytes
 from engine.sampling import SamplingParams
 from engine.unmask import RequestGenerators, transfer_schedule
+from tests.plain_caches import dllm_cache_logits, frozen_keys, kept_keys
 
 MASK = 299
 
@@ -101,21 +101,11 @@ def plain_fast(model, p, sp, cache="dual", threshold=None):
     s_ = Plain(model, p, sp)
     nfe = 0
     for s, e, sched in s_.blocks():
-        frozen = {}
-
-        def record(i, q, k, v, frozen=frozen):
-            frozen[i] = (k.clone(), v.clone())
-            return dense_attention(i, q, k, v)
-
+        record, window = frozen_keys()
         s_.commit(s_.forward(record), 0, s, e, sched[0], torch.float64, threshold=threshold)
         nfe += 1
         hi = e if cache == "dual" else s_.L
-
-        def cached(i, q, k, v, frozen=frozen, s=s, hi=hi):
-            k2, v2 = frozen[i][0].clone(), frozen[i][1].clone()
-            k2[s:hi], v2[s:hi] = k[s:hi], v[s:hi]
-            return dense_attention(i, q, k2, v2)
-
+        cached = window(s, hi)
         i = 1
         while (s_.x[s:e] == MASK).any() and i < (sp.steps_per_block if threshold is None else 10**9):
             s_.commit(s_.forward(cached)[s:hi], s, s, e, sched[i] if threshold is None else 0, torch.float64,
@@ -130,80 +120,22 @@ def plain_sparse(model, p, sp, keep_ratio, kernel):
     the kept context (frozen at step 1), every other key masked out."""
     s_ = Plain(model, p, sp)
     for s, e, sched in s_.blocks():
-        ctx = torch.tensor([j for j in range(s_.L) if not s <= j < e])
-        kept = {}
+        select, masked = kept_keys(model, s_.L, s, e, keep_ratio, kernel)
         for i, k in enumerate(sched):
-            if i == 0:
-                logits = s_.forward()
-            elif i == 1:
-                def select(li, q, kk, vv, s=s, e=e, ctx=ctx, kept=kept):
-                    qm = q[s:e].mean(0)
-                    imp = torch.einsum("hd,lhd->hl", qm, kk[ctx]).mean(0)
-                    r = (kernel or 1) // 2
-                    pooled = torch.stack([imp[max(0, j - r): j + r + 1].max() for j in range(len(ctx))])
-                    keep = ctx[torch.topk(pooled, int(len(ctx) * keep_ratio)).indices]
-                    allow = torch.zeros(s_.L, dtype=torch.bool)
-                    allow[keep] = True
-                    allow[s:e] = True
-                    kept[li] = (kk.clone(), vv.clone(), allow)
-                    return dense_attention(li, q, kk, vv)
-                logits = s_.forward(select)
-            else:
-                def masked(li, q, kk, vv, s=s, e=e, kept=kept):
-                    k0, v0, allow = kept[li]
-                    k2, v2 = k0.clone(), v0.clone()
-                    k2[s:e], v2[s:e] = kk[s:e], vv[s:e]
-                    o = F.scaled_dot_product_attention(q.transpose(0, 1), k2.transpose(0, 1), v2.transpose(0, 1),
-                                                       attn_mask=allow[None, None, :])
-                    return o.transpose(0, 1)
-                logits = s_.forward(masked)
+            logits = s_.forward(dense_attention if i == 0 else select if i == 1 else masked)
             s_.commit(logits, 0, s, e, k, torch.float64)
     return s_.out()
 
 
 def plain_dllm_cache(model, p, sp, pi, gi, ratio):
-    """Per-layer loop over explicit full-length caches {k, v, attn, mlp}; each step recomputes
-    only the rows the refresh rule and V-verify choose, then reads everything from the cache."""
+    """Per-layer loop over explicit full-length caches {k, v, attn, mlp} (tests.plain_caches); each
+    step recomputes only the rows the refresh rule and V-verify choose, then reads the cache."""
     s_ = Plain(model, p, sp)
-    P, L = s_.P, s_.L
-    gen, allrows = torch.arange(P, L), torch.arange(L)
-    caches = [dict() for _ in model.blocks]
-    t = 0
+    logits_of = dllm_cache_logits(model, s_.P, pi, gi, ratio)
     for s, e, sched in s_.blocks():
         for k in sched:
-            t += 1
-            h = model.embed(s_.x)
-            for li, blk in enumerate(model.blocks):
-                c = caches[li]
-                rp, rg = (t - 1) % pi == 0 or li == 0, (t - 1) % gi == 0 or li == 0
-                nrm = rms_norm(h, blk.attn_norm.weight, blk.eps)
-                if rp and rg:
-                    rq = rk = rv = rm = allrows
-                elif rg:
-                    rq = rk = rv = rm = gen
-                else:
-                    rq = rk = rv = rm = torch.arange(P) if rp else torch.arange(0)
-                    if 0 < ratio <= 1:
-                        sim = F.cosine_similarity(blk.v_proj(nrm[gen]), c["v"][gen].reshape(len(gen), -1), dim=-1)
-                        idx = P + torch.topk(sim, int(len(gen) * ratio), largest=False).indices
-                        rq = rk = rm = torch.cat([rq, idx])
-                        rv = torch.cat([rv, gen])
-                if t == 1:                      # every layer refreshes everything at t = 1
-                    kv = torch.zeros(L, blk.n_kv, blk.head_dim, dtype=h.dtype)
-                    c.update(k=kv, v=kv.clone(), attn=torch.zeros_like(h), mlp=torch.zeros_like(h))
-                if len(rq):
-                    def proj(lin, rows, H, nrm=nrm, D=blk.head_dim):
-                        return lin(nrm[rows]).view(len(rows), H, D)
-                    c["k"][rk] = model.rope(proj(blk.k_proj, rk, blk.n_kv), rk)
-                    c["v"][rv] = proj(blk.v_proj, rv, blk.n_kv)
-                    q = model.rope(proj(blk.q_proj, rq, blk.n_heads), rq)
-                    c["attn"][rq] = blk.attn_out(dense_attention(li, q, c["k"], c["v"]).reshape(len(rq), -1))
-                h = h + c["attn"]
-                if len(rm):
-                    c["mlp"][rm] = blk.mlp(h[rm])
-                h = h + c["mlp"]
-            logits = model.lm_head(model.final_norm(h))
-            s_.commit(logits[P:], P, s, e, k, logits.dtype, exp_argmax=True)
+            logits = logits_of(s_.x)
+            s_.commit(logits[s_.P:], s_.P, s, e, k, logits.dtype, exp_argmax=True)
     return s_.out()
 
 

@@ -15,12 +15,12 @@ from engine.models import ModelConfig, build_model
 from tests.dream_plain import (
     MASK,
     DreamParams,
-    dllm_cache_logits,
     plain_fast,
     plain_sparse,
     sampling,
     tiny_dream,
 )
+from tests.plain_caches import dllm_cache_logits
 
 
 @pytest.fixture(scope="module")
@@ -246,3 +246,24 @@ def test_each_system_runs_the_families_its_upstream_code_has(model):
         sysm.add_request(prompt(4), DreamParams(gen_length=8, block_length=8, steps=8, alg="origin"))
     with pytest.raises(ValueError, match="remasking must be one of"):
         make_system("dream", model).add_request(prompt(4), DreamParams(gen_length=8, steps=8, block_length=8, alg="x"))
+
+
+@pytest.mark.parametrize("family", ["llada", "Dream"])
+def test_fast_dllm_has_the_same_cache_modes_on_either_family(model, family, tmp_path, monkeypatch, capsys):
+    """Upstream Fast-dLLM also decodes without a cache on either family (llada/generate.py
+    `generate`; Dream's generation_utils.py `alg='confidence_threshold'`); the fast-dllm system has
+    its two cached modes on both alike, and `none` is refused in one line, on either model."""
+    from baselines.fast_dllm import CACHES
+    from tests.helpers import one_error_line, run_cli, tiny_model
+
+    m = model if family == "Dream" else tiny_model()
+    assert CACHES == ("dual", "prefix")
+    for cache in CACHES:
+        assert make_system("fast-dllm", m, fast_dllm_cache=cache).policy.cache == cache
+    with pytest.raises(ValueError, match=r"fast_dllm_cache must be one of \('dual', 'prefix'\), got 'none'"):
+        make_system("fast-dllm", m, fast_dllm_cache="none")
+    r = run_cli(monkeypatch, capsys, "serve", "--model", "tiny-dream" if family == "Dream" else "tiny",
+                "--systems", "fast-dllm:fast_dllm_cache=none", "--num-prompts", "1", "--rps", "inf",
+                "--result-dir", str(tmp_path), "--run-id", "bad")
+    one_error_line(r, "fast_dllm_cache must be one of")
+    assert not (tmp_path / "bad").exists()

@@ -19,10 +19,11 @@ from safetensors import safe_open
 
 from dllm_bench.checkpoints import tokenizer as tb
 from dllm_bench.checkpoints.make import INDEX_FILE, make_checkpoint, weight_shapes
-from dllm_bench.checkpoints.presets import LLADA_8B_CONFIG, PRESETS, STAMP_FILE, get_preset
+from dllm_bench.checkpoints.presets import PRESETS, STAMP_FILE, get_preset
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.errors import UserError
 from engine.models import config_from_pretrained
+from tests.hf_layout import REAL_LLADA_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,7 +78,7 @@ def test_tiny_bytes_are_deterministic(tiny_dir, tmp_path):
 
 def test_config_has_llada_fields(tiny_dir):
     cfg = json.loads((tiny_dir / "config.json").read_text())
-    assert set(LLADA_8B_CONFIG) <= set(cfg)
+    assert set(REAL_LLADA_CONFIG) - {"auto_map"} <= set(cfg)      # the real file's keys but its remote code
     p = get_preset("tiny")
     assert (cfg["d_model"], cfg["n_layers"], cfg["n_heads"], cfg["n_kv_heads"]) == (64, 2, 4, 2)
     assert cfg["vocab_size"] == cfg["embedding_size"] == p.vocab_size

@@ -26,6 +26,7 @@ from dllm_bench.simulate.cost_model import (
     gemm_time,
 )
 from dllm_bench.simulate.implementations import get_impl
+from tests.helpers import one_error_line
 
 LLADA_8B = ModelShape(d=4096, layers=32, heads=32, kv_heads=32, head_dim=128, ffn=12288, vocab=126464, wbytes=2)
 
@@ -114,9 +115,7 @@ def test_malformed_hardware_file_is_one_line_exit_2(tmp_path, content):
     bad.write_text(content)
     r = subprocess.run([sys.executable, "-m", "dllm_bench.cli", "simulate", "--preset", "tiny", "--hardware", str(bad),
                         "--result-dir", str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "hw.json" in lines[0]
+    one_error_line(r, "hw.json")
     assert not (tmp_path / "runs").exists()
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from dllm_bench import results
 from dllm_bench.report import current
 from dllm_bench.report import document as rp
-from tests.helpers import run_cli
+from tests.helpers import one_error_line, run_cli
 from tests.test_ablate_sweep_report import _fixture_runs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -132,8 +132,7 @@ def test_bad_blocks_and_options_are_one_error_line_and_write_nothing(tmp_path, m
     ]
     for args, msg in cases:
         r = run_cli(monkeypatch, capsys, "report", *args)
-        lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], (args, r)
+        one_error_line(r, msg)
     assert "hand-written" in good.read_text()                    # the bad Y.md stopped every write
     bad.write_text(f"{current.OPEN} runs/serve-fx -->\nno end\n")
     r = run_cli(monkeypatch, capsys, "report", "--docs", str(bad))

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from dllm_bench.cli import app
 from dllm_bench.doctor import checks, generation, layer_timing, report
 from dllm_bench.doctor.checks import FAIL, OK, SKIP, WARN, Check
+from tests.helpers import one_error_line
 
 ROWS = ("device", "torch", "attention", "dtypes", "memory", "checkpoint", "generate", "generate bf16",
         "layer timing")
@@ -110,8 +111,7 @@ def test_a_check_that_raises_is_a_failed_row_and_the_rest_still_run(env, monkeyp
 def test_bad_input_is_one_line_and_exit_2(tmp_path, cli_in_process):
     for args in (["--model", str(tmp_path / "nope")], ["--device", "tpu"]):
         r = cli_in_process("doctor", *args)
-        lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+        one_error_line(r)
 
 
 # ---------------------------------------------------------------- GPU paths, CUDA faked

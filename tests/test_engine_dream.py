@@ -20,19 +20,12 @@ import torch
 
 from baselines.reference_llada import reference_generate
 from engine import SamplingParams
-from engine.kv_cache import retained_tokens
 from engine.request import Phase
 from engine.unmask import proposal_argmax
-from tests.dream_helpers import (
-    MASK,
-    dream_prompts,
-    plain_full,
-    plain_shifted_dual_generate,
-    plain_window,
-    tiny_dream,
-)
+from tests.dream_helpers import MASK, dream_prompts, tiny_dream
 from tests.helpers import kv_of, make_engine, run_alone
-from tests.test_engine_mechanisms import _plain_layer_qkv, plain_head_selection, plain_uniform_selection
+from tests.plain_dual import plain_dual_cache_generate, plain_full, plain_window
+from tests.test_engine_mechanisms import check_refresh_select
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +94,7 @@ def test_dual_equals_plain_dual_under_the_edge_rule(model):
         params = SamplingParams(gen_length=gen, steps=steps, block_length=block, temperature=temp,
                                 remasking=remask, seed=seed)
         prompt = dream_prompts(1, P, seed=200 + seed)[0]
-        want = plain_shifted_dual_generate(model, prompt, params)
+        want = plain_dual_cache_generate(model, prompt, params)
         out = make_engine(model, cache="dual", max_num_logits=4).generate([prompt], params)[0]
         assert out.token_ids == want, (P, gen, block, steps, temp, remask)
         differs += want != reference_generate(model, prompt, params)[0]
@@ -201,33 +194,7 @@ def test_sparse_full_retention_without_delay_equals_dual(model, selection):
 def test_refresh_select_packs_the_plainly_selected_rows_per_kv_head(model, selection):
     """The delayed select step of a GQA 7:1 Dream: head-centric keeps, per KV head, the top tokens
     by the max over its 7 query heads (dLLM-Serve); uniform one set for both heads (Sparse-dLLM)."""
-    P, params, r = 8, SamplingParams(gen_length=16, steps=8, block_length=8), 0.5
-    eng = make_engine(model, cache="sparse", retention=r, selection=selection, delay_step=1)
-    eng.add_request(dream_prompts(1, P, seed=5)[0], params)
-    differ = 0
-    for step in range(6):
-        req = eng.scheduler.running[0] if eng.scheduler.running else eng.scheduler.waiting[0]
-        canvas, (s, e) = req.canvas.clone(), req.block_range
-        eng.step()
-        if step not in (1, 5):
-            continue
-        lc = req.length - params.block_length
-        keep = retained_tokens(lc, r)
-        kept = kv_of(req)[:, :, :, :keep]
-        ctx = torch.cat([torch.arange(0, s), torch.arange(e, req.length)])
-        with torch.no_grad():
-            layers = _plain_layer_qkv(model, canvas)
-        for li, (q, k, v) in enumerate(layers):
-            k_ctx = k[ctx].transpose(0, 1)
-            if selection == "uniform":
-                sets = [plain_uniform_selection(q[s:e], k_ctx, r, eng.config.pool_window)] * k.shape[1]
-            else:
-                sets = plain_head_selection(q[s:e], k_ctx, keep, eng.config.pool_window)
-            differ += len({frozenset(c) for c in sets}) > 1
-            for h, chosen in enumerate(sets):
-                pos = ctx[sorted(chosen)]
-                torch.testing.assert_close(kept[li, 0, h], k[pos, h], rtol=0, atol=1e-9)
-                torch.testing.assert_close(kept[li, 1, h], v[pos, h], rtol=0, atol=1e-9)
+    differ = check_refresh_select(model, dream_prompts(1, 8, seed=5)[0], selection)
     assert (differ > 0) == (selection == "head")          # the KV heads really choose apart
 
 

@@ -2,8 +2,9 @@
 
 * cache=none reproduces baselines.reference_llada.reference_generate (LLaDA's sampler) token for token, NFE = steps;
 * batch invariance: requests decoded together get exactly the tokens each gets alone;
-* cache=dual equals a plainly written Fast-dLLM dual cache (NVlabs/Fast-dLLM@24cc59e) written below
-  against the model's building blocks only (no engine.runner), and differs from cache=none;
+* cache=dual equals a plainly written Fast-dLLM dual cache (NVlabs/Fast-dLLM@24cc59e,
+  tests/plain_dual.py) against the model's building blocks only (no engine.runner), and differs
+  from cache=none;
 * the varlen attention backend equals a plain softmax(QK^T/sqrt(d))V, GQA and Lq != Lk included.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from engine import SamplingParams
 from engine.attention import resolve_backend, varlen_attention
 from engine.models import dense_attention
 from tests.helpers import make_engine, plain_attention, random_prompts, run_alone, tiny_model
+from tests.plain_dual import plain_dual_cache_generate
 
 F64 = torch.float64
 
@@ -84,62 +86,6 @@ def test_batch_invariance(model, cache):
 
 
 # ---------------------------------------------------------------- plain Fast-dLLM dual cache
-def _no_rope(t, positions):
-    return t
-
-
-@torch.no_grad()
-def plain_dual_cache_generate(model, prompt, params: SamplingParams) -> list[int]:
-    """Fast-dLLM `generate_with_dual_cache` (threshold=None): at each block start a full forward
-    caches every layer's pre-RoPE K and V for all L positions; the other steps of the block feed
-    only the block, each layer overwrites the block's K/V in the cache and attends over all L
-    (RoPE re-applied to all keys at positions 0..L-1). Randomness follows engine.unmask's
-    contract: noise / uniforms drawn for the block's masked rows in position order."""
-    mask = model.config.mask_token_id
-    P, bl, S = len(prompt), params.block_length, params.steps_per_block
-    x = torch.tensor(list(prompt) + [mask] * params.gen_length)
-    L = x.numel()
-    all_pos = torch.arange(L)
-    g_noise = torch.Generator().manual_seed(params.seed)
-    g_remask = torch.Generator().manual_seed(params.seed ^ 0x5DEECE66D)
-    for b in range(params.num_blocks):
-        s, e = P + b * bl, P + (b + 1) * bl
-        n = int((x[s:e] == mask).sum())
-        sched = [n // S + (1 if i < n % S else 0) for i in range(S)]
-        cache: list[list[torch.Tensor]] = []
-        for i in range(S):
-            full = i == 0
-            q_pos = all_pos if full else torch.arange(s, e)
-            h = model.embed(x if full else x[s:e])
-            for li, block in enumerate(model.blocks):
-                q, k, v = block.qkv(h, q_pos, _no_rope)
-                if full:
-                    cache.append([k.clone(), v.clone()])
-                else:
-                    cache[li][0][s:e] = k
-                    cache[li][1][s:e] = v
-                K, V = cache[li]
-                a = plain_attention(model.rope(q, q_pos), model.rope(K, all_pos), V)
-                h = h + block.attn_out(a.reshape(h.shape[0], -1))
-                h = h + block.mlp(h)
-            logits = model.lm_head(model.final_norm(h))
-            cand = torch.nonzero(x[s:e] == mask).squeeze(-1) + s     # positions >= e excluded
-            lg = logits[cand if full else cand - s].to(F64)
-            score = lg
-            if params.temperature > 0:
-                u = torch.rand(lg.shape, dtype=F64, generator=g_noise)
-                score = lg.exp() / (-torch.log(u)) ** params.temperature
-            x0 = score.index_fill(-1, torch.tensor([mask]), -torch.inf).argmax(-1)   # never the mask id
-            if params.remasking == "random":
-                conf = torch.rand(cand.numel(), dtype=F64, generator=g_remask)
-            else:
-                conf = lg.softmax(-1).gather(-1, x0[:, None])[:, 0]   # float64, as Fast-dLLM
-            if sched[i] > 0:
-                pick = torch.topk(conf, sched[i]).indices
-                x[cand[pick]] = x0[pick]
-    return x[P:].tolist()
-
-
 DUAL_CASES = [  # (prompt_len, gen, block, steps, temperature, remasking, seed, n_kv_heads)
     (6, 16, 8, 16, 0.0, "low_confidence", 0, 2),
     (10, 12, 4, 6, 0.0, "low_confidence", 1, 4),

@@ -183,12 +183,14 @@ def _plain_layer_qkv(model, x):
     return out
 
 
-@pytest.mark.parametrize("selection", ["uniform", "head"])
-def test_refresh_select_packs_the_plainly_selected_rows(model, selection):
-    """The delayed select step scores the context with the block's own queries of that step."""
-    P, params, r = 8, SamplingParams(gen_length=16, steps=8, block_length=8), 0.5
+def check_refresh_select(model, prompt: list[int], selection: str) -> int:
+    """One sparse request (retention 0.5, delay 1) over two blocks: at each select step every
+    layer's kept K/V are, per KV head, the plainly selected context rows of that step's canvas
+    (scored with the block's own queries). -> how many layers' KV heads chose different sets."""
+    params, r = SamplingParams(gen_length=16, steps=8, block_length=8), 0.5
     eng = make_engine(model, cache="sparse", retention=r, selection=selection, delay_step=1)
-    eng.add_request(random_prompts(1, P, seed=5)[0], params)
+    eng.add_request(prompt, params)
+    differ = 0
     for step in range(6):                     # block 0: steps 0-3, select at 1; block 1: select at 5
         req = eng.scheduler.running[0] if eng.scheduler.running else eng.scheduler.waiting[0]
         canvas, (s, e) = req.canvas.clone(), req.block_range
@@ -208,10 +210,18 @@ def test_refresh_select_packs_the_plainly_selected_rows(model, selection):
                 sets = [plain_uniform_selection(q[s:e], k_ctx, r, eng.config.pool_window)] * k.shape[1]
             else:
                 sets = plain_head_selection(q[s:e], k_ctx, keep, eng.config.pool_window)
+            differ += len({frozenset(c) for c in sets}) > 1
             for h, chosen in enumerate(sets):
                 pos = ctx[sorted(chosen)]
                 torch.testing.assert_close(kept[li, 0, h], k[pos, h], rtol=0, atol=1e-9)
                 torch.testing.assert_close(kept[li, 1, h], v[pos, h], rtol=0, atol=1e-9)
+    return differ
+
+
+@pytest.mark.parametrize("selection", ["uniform", "head"])
+def test_refresh_select_packs_the_plainly_selected_rows(model, selection):
+    """The delayed select step scores the context with the block's own queries of that step."""
+    check_refresh_select(model, random_prompts(1, 8, seed=5)[0], selection)
 
 
 # ---------------------------------------------------------------- scheduler policy, abort

@@ -33,6 +33,7 @@ from dllm_bench.systems.spec import (
     split_specs,
 )
 from dllm_bench.units import format_size, parse_size
+from tests.helpers import one_error_line
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_FILES = ("config.json", "summary.json", "requests.jsonl", "metrics.csv")
@@ -304,10 +305,7 @@ def test_serve_ctrl_c_keeps_finished_points(tmp_path):
 def test_bad_input_exit_2_one_line_no_run_dir(tmp_path, args, msg, cli_in_process):
     r = cli_in_process("serve", "--model", "tiny", "--systems", "engine", "--num-prompts", "2",
                        "--result-dir", str(tmp_path), *args)
-    assert r.returncode == 2, r.stderr
-    assert "Traceback" not in r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], r.stderr
+    one_error_line(r, msg)
     assert r.stdout == ""
     assert not any(tmp_path.iterdir())                         # no run directory left behind
 

@@ -22,7 +22,7 @@ from engine.config import EngineConfig
 from engine.graphs import warm_up_plan
 from engine.request import Phase, Request
 from engine.sampling import SamplingParams
-from tests.helpers import run_cli
+from tests.helpers import one_error_line, run_cli
 
 DREAM = "Dream"
 # A system with no Dream version (the plain LLaDA sampler runs LLaDA only): what a command must
@@ -183,7 +183,7 @@ def test_simulate_and_calibrate_run_on_dream_and_refuse_a_baseline_it_lacks(tmp_
     assert r.returncode == 0, r.stderr[-2000:]
     r = run_cli(monkeypatch, capsys, "simulate", "--model", "dream-7b", "--hardware", "h100", "--rps", "inf",
                 "--systems", "engine:tensor_parallel_size=8", "--result-dir", str(tmp_path), "--run-id", "tp8")
-    _one_error_line(r, "tensor-parallel size 8 does not divide")
+    one_error_line(r, "tensor-parallel size 8 does not divide")
     assert not (tmp_path / "tp8").exists()
     out = tmp_path / "cal.json"
     r = run_cli(monkeypatch, capsys, "calibrate", "--preset", "tiny-dream", "--out", str(out), "--repeats", "1",
@@ -194,15 +194,8 @@ def test_simulate_and_calibrate_run_on_dream_and_refuse_a_baseline_it_lacks(tmp_
                  "--result-dir", str(tmp_path), "--run-id", "bad"],
                 ["calibrate", "--preset", "tiny-dream", "--out", str(tmp_path / "bad.json")]):
         r = run_cli(monkeypatch, capsys, *cmd, "--systems", f"engine,{LLADA_ONLY}")
-        lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and len(lines) == 1 and "Dream" in lines[0] and LLADA_ONLY in lines[0], r.stderr
+        one_error_line(r, "Dream", LLADA_ONLY)
     assert not (tmp_path / "bad").exists() and not (tmp_path / "bad.json").exists()
-
-
-def _one_error_line(r, *words) -> None:
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.stderr[-2000:]
-    assert all(w in lines[0] for w in words), lines[0]
 
 
 def test_profile_step_profiles_the_engine_on_dream(monkeypatch, capsys):
@@ -214,12 +207,12 @@ def test_profile_step_profiles_the_engine_on_dream(monkeypatch, capsys):
     assert doc["model"] == "tiny-dream" and doc["system"] == "engine" and doc["batch"] == 2
     r = run_cli(monkeypatch, capsys, "profile-step", "--model", "tiny-dream", "--system", LLADA_ONLY, "--batch", "1",
                 "--steps", "1", "--json")
-    _one_error_line(r, LLADA_ONLY, DREAM)
+    one_error_line(r, LLADA_ONLY, DREAM)
     # two Reuse members query 2 x (block 8 + the edge row) = 18 tokens: over a budget of 17
     r = run_cli(monkeypatch, capsys, "profile-step", "--model", "tiny-dream", "--system",
                 "engine:max_num_batched_tokens=17", "--phase", "reuse", "--batch", "2", "--steps", "1",
                 "--prompt-len", "12", "--gen-length", "16", "--block-length", "8", "--json")
-    _one_error_line(r, "18 query tokens", "17")
+    one_error_line(r, "18 query tokens", "17")
 
 
 def test_ablate_measures_every_rung_with_a_dream_version(tmp_path, monkeypatch, capsys):
@@ -250,7 +243,7 @@ def test_sweep_runs_on_dream_with_its_reference_where_it_has_one(tmp_path, monke
         assert (row[f"{ref} tok/s"] is not None) == supports(ref, DREAM)
     r = run_cli(monkeypatch, capsys, "sweep", "--model", "tiny-dream", "--preset", "tiny-dream", "--vary", "input-len",
                 "--systems", f"engine,{LLADA_ONLY}", "--result-dir", str(tmp_path), "--run-id", "bad")
-    _one_error_line(r, LLADA_ONLY, DREAM)
+    one_error_line(r, LLADA_ONLY, DREAM)
     assert not (tmp_path / "bad").exists()
 
 
@@ -264,7 +257,7 @@ def test_frontier_runs_the_configurations_with_a_dream_version(tmp_path, monkeyp
     assert {"engine:cache=dual", "engine:cache=sparse"} <= {x["system"] for x in rows}
     assert all(supports(x["system"].split(":")[0], DREAM) and x["n"] == 2 for x in rows)
     r = run_cli(monkeypatch, capsys, *args, "--systems", f"engine:cache=dual,{LLADA_ONLY}", "--run-id", "bad")
-    _one_error_line(r, LLADA_ONLY, DREAM)
+    one_error_line(r, LLADA_ONLY, DREAM)
     assert not (tmp_path / "bad").exists()
 
 

@@ -10,6 +10,7 @@ import pytest
 from dllm_bench.errors import UserError
 from dllm_bench.simulate.hardware import load
 from dllm_bench.simulate.paper import checks, published, setting, tables
+from tests.helpers import one_error_line
 
 
 @pytest.fixture
@@ -53,8 +54,7 @@ def test_figures_divide_by_the_declared_sparse_dllm_batch():
                                   ("--paper", "holdout", "--paper-batch", "fast-dllm=2")])
 def test_bad_declared_inputs_are_one_line_exit_2(args, cli_in_process):
     r = cli_in_process("simulate", *args)
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:")
+    one_error_line(r)
     with pytest.raises(UserError):
         setting.parse_declared("livebench=12,osc", None)
 

@@ -1,12 +1,12 @@
 """Named model presets (gpt-fast `ModelArgs.from_name` style): data only.
 
 A preset names its family (config.json's `model_type`) and a shape; its config.json is the
-family's (`ModelConfig.to_hf` through engine.models; for LLaDA on top of LLaDA-8B-Instruct's full
-config), its special ids the family's (token_layouts), plus a weight seed and a tokenizer size,
-so every preset exercises the same code paths as the real model of its family. Presets are
-made on first use into a cache directory (random weights: dllm_bench.checkpoints.make), or, for
-a preset with `asset=`, point at a checkpoint committed inside the package (a trained model);
-where a preset lives and how a name becomes a directory is dllm_bench.checkpoints.store.
+family's template for that shape (`ModelConfig.to_hf` through engine.models), its special ids the
+family's (token_layouts), plus a weight seed and a tokenizer size, so every preset exercises
+the same code paths as the real model of its family. Presets are made on first use into a cache
+directory (random weights: dllm_bench.checkpoints.make), or, for a preset with `asset=`, point at
+a checkpoint committed inside the package (a trained model); where a preset lives and how a name
+becomes a directory is dllm_bench.checkpoints.store.
 """
 from __future__ import annotations
 
@@ -20,32 +20,6 @@ from engine.models import ModelConfig, config_from_dict
 # Bump when the bytes make_checkpoint writes for a preset change, so stale caches are remade.
 FORMAT_VERSION = 1
 STAMP_FILE = "dllm_bench_preset.json"
-
-# LLaDA-8B-Instruct's config.json (Hugging Face Hub, GSAI-ML/LLaDA-8B-Instruct), all fields minus auto_map (no remote
-# code here) and minus the special-token ids (they come from the tokenizer that is written). The real file is in
-# tests/data/llada-8b-instruct/, and tests/test_real_layout.py holds this dict to it.
-LLADA_8B_CONFIG: dict = {
-    "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0,
-    "architectures": ["LLaDAModelLM"], "attention_dropout": 0.0, "attention_layer_norm": False,
-    "attention_layer_norm_with_affine": True, "bias_for_layer_norm": False, "block_group_size": 1,
-    "block_type": "llama", "d_model": 4096, "embedding_dropout": 0.0, "embedding_size": 126464,
-    "flash_attention": False, "include_bias": False, "include_qkv_bias": False,
-    "init_cutoff_factor": None, "init_device": "meta", "init_fn": "mitchell", "init_std": 0.02,
-    "input_emb_norm": False, "layer_norm_type": "rms", "layer_norm_with_affine": True,
-    "max_sequence_length": 4096, "mlp_hidden_size": 12288, "mlp_ratio": 4, "model_type": "llada",
-    "multi_query_attention": None, "n_heads": 32, "n_kv_heads": 32, "n_layers": 32,
-    "precision": "amp_bf16", "residual_dropout": 0.0, "rms_norm_eps": 1e-05, "rope": True,
-    "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
-    "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 126464, "weight_tying": False,
-}
-# The real config's auto_map (remote code it names; the hf-sharded layout writes it, nothing here imports it).
-LLADA_AUTO_MAP = {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
-                  "AutoModel": "modeling_llada.LLaDAModelLM"}
-
-
-# Keys of a family's real config.json that ModelConfig does not describe, written under the ones
-# it does. Dream's real config.json is not readable in any stored copy, so it has none here.
-FAMILY_CONFIG: dict[str, dict] = {"llada": LLADA_8B_CONFIG}
 
 
 def param_count(d_model: int, n_layers: int, kv_dim: int, mlp_hidden_size: int, vocab_rows: int,
@@ -117,7 +91,7 @@ class Preset:
         hf = {k: v for k, v in hf.items() if not (k.endswith("_token_id") and v is None)}
         if special_ids is not None:
             hf = {k: v for k, v in hf.items() if not k.endswith("_token_id") or k in special_ids}
-        return dict(FAMILY_CONFIG.get(self.model_type, {})) | hf | {"torch_dtype": self.dtype}
+        return hf | {"torch_dtype": self.dtype}
 
     def fingerprint(self) -> dict:
         """Everything that determines the bytes of a made checkpoint (not the note)."""

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from baselines.static_batch import Batch, Policy, StepResult
+from baselines.static_batch import Batch, Delegating, Policy, StepResult
 from dllm_bench.simulate.clock import VirtualClock
 from dllm_bench.simulate.cost_model import Forward, ModelShape
 from dllm_bench.simulate.work import (
@@ -159,14 +159,13 @@ def cost_engine(config: EngineConfig, runner: CostRunner):
     return engine
 
 
-class CostPolicy(Policy):
+class CostPolicy(Delegating):
     """A baseline's forward schedule charged to the clock; `real` is the baseline's own policy
-    object (its validated knobs, cache accounting rules)."""
+    object (its validated knobs and requests, its block and block end, cache accounting rules)."""
 
     def __init__(self, real: Policy, shape: ModelShape, cost: Cost, clock: VirtualClock, planned: bool = False):
-        super().__init__(real.model)
-        self.real, self.shape, self.cost, self.clock = real, shape, cost, clock
-        self.name, self.knobs = real.name, dict(real.knobs)
+        super().__init__(real)
+        self.shape, self.cost, self.clock = shape, cost, clock
         self.work = baseline_work(real.name)
         self.parallel = any(self.knobs.get(k) is not None for k in ("threshold", "factor"))
         if self.parallel and not planned:
@@ -177,6 +176,9 @@ class CostPolicy(Policy):
         self._bytes = real.kv_token_bytes()
         # A static batch repeats the same few forwards: memoise (cost, result) on what decides them.
         self._memo: dict = {}
+
+    def begin(self, batch: Batch) -> None:
+        """No cache to drop: nothing runs."""
 
     def _key(self, batch: Batch) -> tuple:
         return (batch.size, batch.length, batch.prompt_len, batch.block, batch.step_in_block, *self.work.memo_key(batch))
@@ -197,17 +199,16 @@ class CostPolicy(Policy):
     def block_done(self, batch: Batch) -> bool:
         if self.parallel:             # the slowest row's planned forwards for this block
             return batch.step_in_block >= max(r.planned_steps[batch.block % len(r.planned_steps)] for r in batch.reqs)
-        if self.work.ends_when_unmasked:
-            i = batch.step_in_block
-            if all(sum(s[:i]) >= sum(s) for s in batch.schedules):
-                return True
-        return super().block_done(batch)
+        return batch.step_in_block >= self.real.fixed_forwards(batch)
 
     def kv_row_tokens(self, batch: Batch) -> list[int]:
         return self.work.kv_row_tokens(self.knobs, batch)
 
     def kv_token_bytes(self) -> int:
         return self._bytes
+
+    def cache_tensors(self) -> list:
+        return []
 
     def cache_bytes(self) -> int:
         return 0  # no storage exists; stats report peak_kv_tokens

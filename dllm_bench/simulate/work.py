@@ -187,10 +187,8 @@ def _full(batch: Batch, shape: ModelShape, kv_write: int = 0) -> tuple[Forward, 
 
 class BaselineWork:
     """What one baseline computes per forward and holds in KV (its policy in baselines/*.py):
-    `forward`, `kv_row_tokens` (each row's cached tokens after a step), `memo_key` (what besides
-    the batch's shape decides a forward) and `ends_when_unmasked` (a block ends when no MASK is
-    left rather than after its scheduled steps)."""
-    ends_when_unmasked = False
+    `forward`, `kv_row_tokens` (each row's cached tokens after a step) and `memo_key` (what besides
+    the batch's shape decides a forward). When a block ends is the policy's own `fixed_forwards`."""
 
     def forward(self, knobs: dict, batch: Batch, shape: ModelShape) -> tuple[Forward, StepResult]:
         return _full(batch, shape)
@@ -203,8 +201,6 @@ class BaselineWork:
 
 
 class FastDLLMWork(BaselineWork):
-    ends_when_unmasked = True   # a schedule's zero tail is skipped
-
     def forward(self, knobs, batch, shape):
         B, L, i = batch.size, batch.length, batch.step_in_block
         s, e = batch.block_range

@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from dllm_bench.checkpoints.presets import FAMILY_CONFIG
 from dllm_bench.checkpoints.token_layouts import LAYOUTS
 from dllm_bench.errors import UserError
 from dllm_bench.train.batches import ANSWER_DELIM, Encoded, batched_logits, collate, encode_examples
@@ -333,7 +332,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
     state = {k: v.detach().to(DTYPES[cfg.save_dtype]).contiguous() for k, v in hf_state_dict(model).items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     os.chmod(out / "model.safetensors", 0o644)
-    hf = dict(FAMILY_CONFIG.get(cfg.model_type, {})) | mcfg.to_hf() | {"torch_dtype": cfg.save_dtype}
+    hf = mcfg.to_hf() | {"torch_dtype": cfg.save_dtype}
     (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     write_curve(curve, out, f"tiny {mcfg.family.name} on {cfg.task}")
     summary = {

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from baselines import make_policy
-from baselines.static_batch import Batch, Policy, StaticBatchSystem, StepResult
+from baselines.static_batch import Batch, Delegating, Policy, StaticBatchSystem, StepResult
 from dllm_bench.simulate.calibrate.mode import CPU, Mode
 from dllm_bench.simulate.clock import VirtualClock
 from dllm_bench.simulate.cost_model import CostModel, Forward, HostCost, ModelShape
@@ -28,32 +28,17 @@ from engine.engine import LLMEngine
 from engine.graphs import enabled as graphs_enabled
 
 
-class RecordingPolicy(Policy):
+class RecordingPolicy(Delegating):
     """The real policy, with the Forward of each of its steps recorded."""
 
     def __init__(self, real: Policy, shape: ModelShape):
-        super().__init__(real.model)
-        self.real, self.shape, self.name, self.knobs = real, shape, real.name, real.knobs
+        super().__init__(real)
+        self.shape = shape
         self.forwards: list[Forward] = []
-
-    def begin(self, batch: Batch) -> None:
-        self.real.begin(batch)
 
     def step(self, batch: Batch) -> StepResult:
         self.forwards.append(baseline_forward(self.name, self.knobs, batch, self.shape)[0])
         return self.real.step(batch)
-
-    def block_done(self, batch: Batch) -> bool:
-        return self.real.block_done(batch)
-
-    def kv_row_tokens(self, batch: Batch) -> list[int]:
-        return self.real.kv_row_tokens(batch)
-
-    def kv_token_bytes(self) -> int:
-        return self.real.kv_token_bytes()
-
-    def cache_tensors(self):
-        return self.real.cache_tensors()
 
 
 def _timed_steps(system, forwards: list, prompts, params, device, max_steps: int | None = None
