@@ -182,7 +182,8 @@ def test_the_makefile_makes_every_run_the_models_block_reads():
     systems = re.search(r"^MODELS_SYSTEMS := (.+)$", make, re.M)[1]
     labels = {v.label for v in parse_systems(systems.replace("$(comma)", ","))}
     # The simulated runs carry the ladder at their logit budget, the engine and the baselines.
-    budget = int(re.search(r"--max-num-logits (\d+)", re.search(r"^MODELS_SIM = (.+)$", make, re.M)[1])[1])
+    sim = re.search(r"^MODELS_SIM = ((?:.*\\\n)*.*)$", make, re.M)[1]
+    budget = int(re.search(r"--max-num-logits (\d+)", sim)[1])
     assert set(_labels(budget).values()) <= labels and {"engine", "fast-dllm", "dllm-cache", "sparse-dllm"} <= labels
     block = next(m for m in current.BLOCK.finditer((REPO / "docs" / "MODELS.md").read_text()) if m["table"] == "models")
     folder, _, names = block["src"].rpartition("/")

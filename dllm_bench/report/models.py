@@ -188,7 +188,7 @@ def table(run_dirs: list[Path]) -> str:
             label = f"{cols[t]} on {machine[1]}"
             serving = _one([r for r in fam if r.kind in ("serve", "simulate")], f"{label}, engine vs baselines")
             laddered = _one([r for r in fam if r.rungs()], f"{label}, the ladder")
-            models.append(next((r.model for r in fam), "–"))
+            models.append(" + ".join(dict.fromkeys(r.model for r in fam)) or "–")
             cells[MEASURES[0]].append(kv_cell(laddered, dataset) if laddered else "–")
             text, s = versus_best(serving, dataset) if serving else ("–", None)
             cells[MEASURES[1]].append(text)
