@@ -172,7 +172,7 @@ def test_a_comma_list_waits_for_every_run_and_refuses_what_it_cannot_read(tmp_pa
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], (src, r)
         assert "hand" in doc.read_text()
     # Runs that share no dataset: one error line too.
-    _run(runs, "serve-osc", DREAM, "similar-dream", {}, {"engine": [1.0], "fast-dllm": [1.0]}, dataset="osc")
+    _run(runs, "serve", "serve-osc", DREAM, "similar-dream", {}, {"engine": [1.0], "fast-dllm": [1.0]}, dataset="osc")
     r = run_cli(monkeypatch, capsys, "report", "--docs", str(_doc(tmp_path, "results/current/serve-llada,serve-osc")))
     assert r.returncode == 2 and "share no dataset" in r.stderr
 
