@@ -183,8 +183,22 @@ MEMORY_SYSTEMS := $(subst $(space),$(comma),engine:max_num_batched_tokens=1024 \
 	engine:cache=sparse,max_num_batched_tokens=1024 engine:cache=none,max_num_batched_tokens=1024 \
 	engine:cache=dual,max_num_batched_tokens=1024 llada fast-dllm dllm-cache sparse-dllm)
 
+# docs/MODELS.md: LLaDA-8B against Dream-7B (by shape) on each GPU profile, saturated on livebench:
+# the engine, the three baselines and the ablation ladder's engine rungs (dllm_bench.ablate.ladder,
+# the logit-budget rung at MODELS_SIM's logit budget), 3 workload seeds. Their CPU counterparts are
+# docs-measured's serve-cpu-default, serve-similar-dream, ablate and ablate-similar-dream.
+MODELS_SYSTEMS := engine,fast-dllm,dllm-cache,sparse-dllm,engine:scheduler=request,max_num_logits=none,cache=sparse,selection=head,engine:scheduler=phase,max_num_logits=none,cache=sparse,selection=head,engine:scheduler=phase,max_num_logits=2048,cache=sparse,selection=head
+MODELS_SIM = simulate --preset paper --model $(2) --hardware $(1) --dataset livebench --rps inf --num-prompts 200 \
+	--repeats 3 --max-num-logits 2048 --systems $(MODELS_SYSTEMS)
+
 docs-simulated:
 	$(call keep,parallel-rtx4090,$(PARALLEL_SIM))
+	$(call keep,models-rtx4090-llada-8b,$(call MODELS_SIM,rtx4090,llada-8b))
+	$(call keep,models-rtx4090-dream-7b,$(call MODELS_SIM,rtx4090,dream-7b))
+	$(call keep,models-l40s-llada-8b,$(call MODELS_SIM,l40s,llada-8b))
+	$(call keep,models-l40s-dream-7b,$(call MODELS_SIM,l40s,dream-7b))
+	$(call keep,models-h100-llada-8b,$(call MODELS_SIM,h100,llada-8b))
+	$(call keep,models-h100-dream-7b,$(call MODELS_SIM,h100,dream-7b))
 	$(call keep,scheduler-l40s-16384,$(call SCHED_SIM,l40s,16384,0.5$(comma)0.6$(comma)0.7$(comma)0.8))
 	$(call keep,scheduler-rtx4090-4000,$(call SCHED_SIM,rtx4090,4000,0.35$(comma)0.4$(comma)0.5$(comma)0.6))
 	$(call keep,scheduler-l40s-4000,$(call SCHED_SIM,l40s,4000,0.5$(comma)0.6$(comma)0.7$(comma)0.8))
@@ -201,6 +215,10 @@ docs-memory:
 
 docs-measured:
 	$(call keep,ablate,ablate --repeats 3)
+	$(call keep,ablate-similar-dream,ablate --preset similar-dream --datasets livebench --cache-rows none \
+		--num-prompts 3 --repeats 3)
+	$(call keep,serve-cpu-default,serve --preset cpu-default --rps inf --num-prompts 8 --repeats 3)
+	$(call keep,serve-similar-dream,serve --preset similar-dream --rps inf --num-prompts 8 --repeats 3)
 	$(call keep,sweep-input-len,sweep --vary input-len --gen-length 128 --num-prompts 4 --repeats 3)
 	$(call keep,sweep-output-len,sweep --vary output-len --num-prompts 2 --repeats 3)
 	$(call keep,frontier-synth-cot,frontier --model synth-cot)

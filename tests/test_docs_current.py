@@ -37,7 +37,7 @@ def test_committed_results_hold_only_what_the_tables_read():
         wanted = {f for g in current.INPUTS[kind] for f in run.glob(g)}
         assert files == wanted, f"{run.name}: {sorted(str(f.relative_to(run)) for f in files - wanted)}"
         total += sum(f.stat().st_size for f in files)
-    assert total < 1 << 20
+    assert total < 2 << 20     # 0.9 MiB before docs/MODELS.md's nine runs, 1.6 MiB with them
 
 
 def _doc(root: Path, *sources: str, pending: bool = False) -> Path:

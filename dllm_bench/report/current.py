@@ -6,7 +6,8 @@
 
 and the block is rendered, by the report's own table functions, from the committed files it
 names: a run directory (its kind's table) or a hardware profile that carries its validation; a
-TABLE (`scheduler`, `memory`) renders every run directory PATH matches (a glob) as one table. So
+TABLE (`scheduler`, `memory`, `models`) renders every run directory PATH matches as one table
+(PATH: a glob, or a comma list of names and globs in one folder, each matching something). So
 a doc shows what those files give at this commit; `--check` and tests/test_docs_current.py fail
 on a block that differs. A block marked `(pending)` after its path keeps its hand-written text
 while the path matches nothing, and is rendered (the mark dropped) once it does. `--keep RUN`
@@ -26,6 +27,7 @@ from dllm_bench.ablate import tables as ab
 from dllm_bench.errors import UserError
 from dllm_bench.frontier.output import markdown as frontier_markdown
 from dllm_bench.report import benchmarks as bench
+from dllm_bench.report import models
 from dllm_bench.report import sections as sec
 from dllm_bench.report.memory import memory_line, memory_table
 from dllm_bench.report.scheduler import scheduler_line
@@ -134,6 +136,11 @@ def _scheduler_runs(run_dirs: list[Path]) -> str:
     return "\n".join(lines) + f"\n\n{scheduler_summary(run_dirs)}"
 
 
+def _models_runs(run_dirs: list[Path]) -> str:
+    lines = [f"* {_origin(d, doc)}: {models.run_line(doc)}." for d in run_dirs for doc in [results.load_config(d)]]
+    return "\n".join(lines) + f"\n\n{models.table(run_dirs)}"
+
+
 def _bench(run_dir: Path, doc: dict) -> str:
     return f"{_origin(run_dir, doc)}.\n\n{bench.table_of(run_dir)}"
 
@@ -141,9 +148,10 @@ def _bench(run_dir: Path, doc: dict) -> str:
 RENDER: dict[str, Callable[[Path, dict], str]] = {
     "serve": _serve, "simulate": _simulate, "ablate": _ablate, "sweep": _sweep, "accuracy": _accuracy,
     "frontier": _frontier, "memory": _memory, **{k: _bench for k in bench.TABLES}}
-# A named table renders several run directories of one kind (a block's TABLE before its glob).
-TABLES: dict[str, tuple[str, Callable[[list[Path]], str]]] = {
-    "scheduler": ("simulate", _scheduler_runs), "memory": ("memory", _memory_runs)}
+# A named table renders several run directories of the kinds it reads (a block's TABLE before its path).
+TABLES: dict[str, tuple[tuple[str, ...], Callable[[list[Path]], str]]] = {
+    "scheduler": (("simulate",), _scheduler_runs), "memory": (("memory",), _memory_runs),
+    "models": (models.KINDS, _models_runs)}
 
 
 def run_kind(path: Path) -> str:
@@ -160,8 +168,18 @@ def run_kind(path: Path) -> str:
 
 
 def sources(base: Path, src: str) -> list[Path]:
-    """The files a block's path names under `base`: the path itself, or every match of a glob."""
-    return sorted(base.glob(src)) if src and not src.startswith("/") else []
+    """The files a block's path names under `base`: the path itself, or every match of a glob, or
+    of each name of a comma list in the path's last part (none when one of those matches nothing)."""
+    if not src or src.startswith("/"):
+        return []
+    folder, _, names = src.rpartition("/")
+    found: set[Path] = set()
+    for name in names.split(","):
+        match = set(base.glob(f"{folder}/{name}" if folder else name)) if name else set()
+        if not match:
+            return []
+        found |= match
+    return sorted(found)
 
 
 def render(path: Path, table: str | None = None) -> str:
@@ -171,9 +189,9 @@ def render(path: Path, table: str | None = None) -> str:
         if table not in TABLES:
             raise UserError(f"{path}: no table named {table!r} (tables: {', '.join(TABLES)})")
         paths = sources(path.parent, path.name)
-        kinds = {run_kind(p) for p in paths}
-        if kinds != {TABLES[table][0]}:
-            raise UserError(f"{path}: the {table} table reads {TABLES[table][0]} runs, found {sorted(kinds) or 'none'}")
+        kinds, wanted = {run_kind(p) for p in paths}, TABLES[table][0]
+        if not kinds or not kinds <= set(wanted):
+            raise UserError(f"{path}: the {table} table reads {' or '.join(wanted)} runs, found {sorted(kinds) or 'none'}")
     else:
         kind = run_kind(path)
     try:

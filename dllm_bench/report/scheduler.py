@@ -166,7 +166,7 @@ def scheduler_line(doc: dict) -> str:
     p, eng = cfg.get("preset") or {}, cfg.get("engine_defaults") or {}
     spb = (cfg.get("steps_per_block") or {}).get("source")
     systems = ", ".join(s["label"] for s in cfg.get("systems") or [])
-    rates = ", ".join(f"{r:g}" for r in cfg.get("rps") or [])
+    rates = ", ".join(f"{float(r):g}" for r in cfg.get("rps") or [])   # "inf" as JSON keeps it
     workload = f"{cfg.get('num_prompts', 0):,} requests per point on {', '.join(cfg.get('datasets') or [])} at {rates} req/s"
     engine = (f"preset {p.get('name', '?')}, {p.get('dtype', '?')}, {'CUDA graphs' if eng.get('cuda_graphs') else 'eager'}, "
               f"token budget {eng.get('max_num_batched_tokens', 0):,}, logit budget {eng.get('max_num_logits', 0):,}, "
