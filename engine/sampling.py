@@ -62,10 +62,10 @@ class SamplingParams:
         origin = self.remasking == "origin"
         _refuse(origin and self.schedule != "timegrid",
                 "remasking 'origin' moves each mask with probability 1 - s/t: it needs schedule 'timegrid'")
-        ranked = bool(self.alg_temp)
-        _refuse(origin and ranked, "alg_temp chooses among ranked positions: remasking 'origin' ranks none")
+        alg_temp_on = bool(self.alg_temp)
+        _refuse(origin and alg_temp_on, "alg_temp chooses among ranked positions: remasking 'origin' ranks none")
         policy, free = self.decoding, not self.decoding.fixed
-        _refuse(free and (origin or ranked), f"decoding {policy} takes a confidence prefix: it cannot combine "
+        _refuse(free and (origin or alg_temp_on), f"decoding {policy} takes a confidence prefix: it cannot combine "
                 f"with {'remasking origin' if origin else 'alg_temp'} (use decoding 'fixed')")
         _refuse(free and self.remasking == "entropy" and policy.kind in ("threshold", "factor"),
                 f"decoding {policy} compares probabilities: remasking 'entropy' scores by minus the entropy "

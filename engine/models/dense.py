@@ -160,7 +160,8 @@ class DenseLM(nn.Module):
         self.config = cfg
         self.model = nn.Module()
         self.model.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(cfg.padded_vocab, cfg.d_model), blocks=nn.ModuleList(DenseBlock(cfg) for _ in range(cfg.n_layers)),
+            wte=nn.Embedding(cfg.padded_vocab, cfg.d_model),
+            blocks=nn.ModuleList(DenseBlock(cfg) for _ in range(cfg.n_layers)),
             ln_f=_Norm(cfg.d_model), ff_out=nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)))
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
 

@@ -23,8 +23,8 @@ _DEFAULTS = {"num_key_value_heads": 32, "rope_theta": 10000.0, "rms_norm_eps": 1
 _BLOCK = {"attn_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
           "v_proj": "self_attn.v_proj", "attn_out": "self_attn.o_proj", "ff_norm": "post_attention_layernorm",
           "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "ff_out": "mlp.down_proj"}
-_TOP = {"model.transformer.wte.weight": "model.embed_tokens.weight", "model.transformer.ln_f.weight": "model.norm.weight",
-        "model.transformer.ff_out.weight": "lm_head.weight"}
+_TOP = {"model.transformer.wte.weight": "model.embed_tokens.weight",
+        "model.transformer.ln_f.weight": "model.norm.weight", "model.transformer.ff_out.weight": "lm_head.weight"}
 _IN_BLOCK = re.compile(r"model\.transformer\.blocks\.(\d+)\.(\w+)\.(weight|bias)")
 
 

@@ -164,7 +164,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     files = weight_files(path)
     with torch.device("meta"):
         model = build_model(cfg)
-    hf = {cfg.family.hf_name(k): k for k in model.state_dict()}
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    hf = {cfg.family.hf_name(k): k for k in expected}
     state: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -174,15 +175,13 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
         # cast shard by shard: the peak is the cast model plus one shard
         state.update({hf[k]: v.to(dtype) for k, v in shard.items() if k in hf})
         del shard
-    expected = {k: v.shape for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(state))
     if missing:
         raise ValueError(f"checkpoint {path} lacks {len(missing)} weights, e.g. {cfg.family.hf_name(missing[0])}")
     for k, shape in expected.items():
-        if tuple(state[k].shape) != tuple(shape):
+        if tuple(state[k].shape) != shape:
             raise ValueError(f"weight {cfg.family.hf_name(k)} has shape {tuple(state[k].shape)}, "
-                             f"config implies {tuple(shape)}")
+                             f"config implies {shape}")
     model.load_state_dict({k: state[k] for k in expected}, assign=True)
-    model = model.to(device).eval()
-    model.fuse()
+    model.to(device).eval().fuse()
     return model
