@@ -72,13 +72,10 @@ class SamplingParams:
                 "(use maskgit_plus or topk_margin, or decoding entropy:γ)")
 
     @classmethod
-    def dream(cls, gen_length: int = 128, steps: int = 128, eps: float = EPS, alg: str = "origin",
-              alg_temp: float | None = None, temperature: float = 0.0, top_p: float | None = None,
-              top_k: int | None = None, seed: int = 0, **kw) -> SamplingParams:
-        """Dream's `diffusion_generate` arguments (its defaults) as params: one block, the time grid."""
-        return cls(gen_length=gen_length, steps=steps, block_length=gen_length, temperature=temperature,
-                   remasking=alg, seed=seed, schedule="timegrid", eps=eps, top_p=top_p, top_k=top_k,
-                   alg_temp=alg_temp, **kw)
+    def dream(cls, gen_length: int = 128, alg: str = "origin", **kw) -> SamplingParams:
+        """Dream's `diffusion_generate` arguments as params (eps, alg, alg_temp, temperature, top_p, top_k
+        default as upstream's): one block, the time grid."""
+        return cls(gen_length=gen_length, block_length=gen_length, remasking=alg, schedule="timegrid", **kw)
 
     @property
     def dream_rule(self) -> bool:
