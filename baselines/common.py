@@ -23,7 +23,7 @@ from engine.attention import sdpa
 from engine.models import DenseBlock, DenseLM
 from engine.regions import DECODE, LM_HEAD, in_region
 from engine.request import Request
-from engine.unmask import gumbel_argmax, proposal_argmax, random_confidence, select_transfer
+from engine.unmask import gumbel_argmax, proposal_argmax, random_confidence
 
 
 def project(block: DenseBlock, h: torch.Tensor, pos: torch.Tensor, rope):
@@ -126,7 +126,7 @@ def decide(batch: Batch, logits: torch.Tensor, q_start: int, conf_dtype: torch.d
         if factor is not None:
             chosen = torch.topk(conf, _factor_count(torch.sort(conf, descending=True).values.tolist(), factor)).indices
         elif threshold is None:
-            chosen = select_transfer(conf, ks[i])
+            chosen = torch.topk(conf, ks[i]).indices
         else:
             # Best one always; every further one only if its confidence reaches the threshold.
             order = torch.topk(conf, n).indices

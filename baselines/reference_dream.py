@@ -14,9 +14,9 @@ from engine.sampling import SamplingParams
 from engine.unmask import (  # noqa: F401  (Dream's rule lives in the engine; re-exported here)
     RequestGenerators,
     alg_confidence,
-    choose_positions,
     dream_schedule,
     filter_logits,
+    gumbel_topk_keys,
     propose,
     timesteps,
     token_probs,
@@ -27,6 +27,14 @@ from engine.unmask import (  # noqa: F401  (Dream's rule lives in the engine; re
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]   # canvas [L] -> [L, V], row p predicts token p
 # The arguments of Dream's `diffusion_generate` (upstream defaults) are the engine's params
 DreamSampling = SamplingParams.dream
+
+
+def choose_positions(conf: torch.Tensor, k: int, alg_temp: float | None, gen: torch.Generator) -> torch.Tensor:
+    """The k rows to commit: top-k of conf (ties by row order, as the engine's ranking) or alg_temp's Gumbel top-k."""
+    if k <= 0:
+        return conf.new_zeros(0, dtype=torch.long)
+    keys = conf if not alg_temp else gumbel_topk_keys(conf, alg_temp, gen)
+    return torch.sort(keys, descending=True, stable=True).indices[:k]
 
 
 def dense_logits(model) -> LogitsFn:

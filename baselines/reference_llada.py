@@ -15,7 +15,6 @@ from engine.unmask import (
     confidence_at,
     gumbel_argmax,
     random_confidence,
-    select_transfer,
     transfer_schedule,
 )
 
@@ -56,6 +55,6 @@ def reference_generate(model: DenseLM, prompt_ids: list[int], params: SamplingPa
                 conf = confidence_at(cand_logits, x0, dtype=cand_logits.dtype)
             else:
                 conf = random_confidence(cand.numel(), gens.remask)
-            chosen = select_transfer(conf, k)
+            chosen = torch.topk(conf, k).indices
             x[cand[chosen]] = x0[chosen]
     return x[P:].tolist(), nfe

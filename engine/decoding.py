@@ -10,14 +10,14 @@ import torch
 FIXED = "fixed"
 KINDS = (FIXED, "threshold", "factor", "entropy")
 CODE = {k: i for i, k in enumerate(KINDS)}
+# kind -> (an example value, the valid range, its test)
+_VALUES = {"threshold": ("0.9", "0 < τ ≤ 1", lambda v: 0 < v <= 1), "factor": ("1.0", "f > 0", lambda v: v > 0),
+           "entropy": ("0.5", "γ ≥ 0", lambda v: v >= 0)}
 
 
 @dataclass(frozen=True)
 class Decoding:
-    """fixed: the linear schedule's count each step. threshold:τ (0 < τ ≤ 1): the most confident
-    candidate and every other reaching τ (Fast-dLLM `get_transfer_index`). factor:f (f > 0): sorted
-    c(1) ≥ c(2) ≥ …, the (i+1)-th taken while c(i+1) ≥ 1 − f/(i+2) (`get_transfer_index_dynamic`).
-    entropy:γ (γ ≥ 0): in confidence order while their entropies sum ≤ γ. The first always."""
+    """A policy: fixed | threshold:τ | factor:f | entropy:γ, each taking at least one (rules: docs/FRONTIER.md)."""
 
     kind: str = FIXED
     value: float = 0.0
@@ -27,21 +27,20 @@ class Decoding:
         """'fixed' | 'threshold:0.9' | 'factor:1.0' | 'entropy:0.5' -> Decoding (ValueError if not)."""
         if isinstance(spec, Decoding):
             return spec
-        text = str(spec).strip().lower()
-        kind, _, arg = text.partition(":")
+        kind, _, arg = str(spec).strip().lower().partition(":")
         if kind not in KINDS:
             raise ValueError(f"decoding must be one of fixed, threshold:τ, factor:f, entropy:γ; got {spec!r}")
+        if kind == FIXED and arg:
+            raise ValueError(f"decoding 'fixed' takes no value, got {spec!r}")
         if kind == FIXED:
-            if arg:
-                raise ValueError(f"decoding 'fixed' takes no value, got {spec!r}")
             return cls()
+        example, valid, ok = _VALUES[kind]
         try:
             v = float(arg)
         except ValueError:
-            raise ValueError(f"decoding {kind} needs a number, e.g. {kind}:{_EXAMPLE[kind]}; got {spec!r}") from None
-        ok = {"threshold": 0 < v <= 1, "factor": v > 0, "entropy": v >= 0}[kind]
-        if not ok or not np.isfinite(v):
-            raise ValueError(f"decoding {kind} must satisfy {_RANGE[kind]}, got {v}")
+            raise ValueError(f"decoding {kind} needs a number, e.g. {kind}:{example}; got {spec!r}") from None
+        if not ok(v) or not np.isfinite(v):
+            raise ValueError(f"decoding {kind} must satisfy {valid}, got {v}")
         return cls(kind, v)
 
     @property
@@ -50,10 +49,6 @@ class Decoding:
 
     def __str__(self) -> str:
         return FIXED if self.fixed else f"{self.kind}:{self.value:g}"
-
-
-_EXAMPLE = {"threshold": "0.9", "factor": "1.0", "entropy": "0.5"}
-_RANGE = {"threshold": "0 < τ ≤ 1", "factor": "f > 0", "entropy": "γ ≥ 0"}
 
 
 def policy_columns(policies: list[Decoding]) -> tuple[np.ndarray, np.ndarray]:
@@ -65,9 +60,9 @@ def policy_columns(policies: list[Decoding]) -> tuple[np.ndarray, np.ndarray]:
 
 def commit_mask(conf: torch.Tensor, entropy: torch.Tensor | None, counts: torch.Tensor, k: torch.Tensor,
                 kinds: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor:
-    """Which ranks each request commits -> bool [B, W], a prefix of each row: conf [B, W] sorted
-    descending (non-candidates last), entropy alike (None: unused), counts [B] candidates, k [B]
-    the fixed count, kinds / values [B] (`policy_columns`; None: all `fixed`)."""
+    """Which ranks each request commits -> bool [B, W], a prefix of each row: conf [B, W] sorted descending
+    (non-candidates last), entropy alike (None: unused), counts [B] candidates, k [B] the fixed count, kinds /
+    values [B] (`policy_columns`; None: all `fixed`)."""
     B, W = conf.shape
     r = torch.arange(W, device=conf.device).expand(B, W)
     take = r < torch.minimum(k, counts)[:, None]                                     # fixed

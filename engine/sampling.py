@@ -13,6 +13,11 @@ SCHEDULES = ("linear", "timegrid")
 EPS = 1e-3
 
 
+def _refuse(bad: bool, message: str) -> None:
+    if bad:
+        raise ValueError(message)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     gen_length: int = 128
@@ -33,63 +38,44 @@ class SamplingParams:
     def __post_init__(self) -> None:
         for name in ("gen_length", "steps", "block_length"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if self.gen_length % self.block_length:
-            raise ValueError(
-                f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})"
-            )
-        if self.steps % self.num_blocks:
-            raise ValueError(
-                f"steps ({self.steps}) must be divisible by the number of blocks ({self.num_blocks})"
-            )
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.remasking not in REMASKING + DREAM_ALGS:
-            raise ValueError(f"remasking must be one of {REMASKING + DREAM_ALGS}, got {self.remasking!r}")
-        if self.cfg_scale < 0:
-            raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+            _refuse(not isinstance(v, int) or v <= 0, f"{name} must be a positive integer, got {v!r}")
+        _refuse(self.gen_length % self.block_length != 0,
+                f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})")
+        _refuse(self.steps % self.num_blocks != 0,
+                f"steps ({self.steps}) must be divisible by the number of blocks ({self.num_blocks})")
+        _refuse(self.temperature < 0, f"temperature must be >= 0, got {self.temperature}")
+        rules = REMASKING + DREAM_ALGS
+        _refuse(self.remasking not in rules, f"remasking must be one of {rules}, got {self.remasking!r}")
+        _refuse(self.cfg_scale < 0, f"cfg_scale must be >= 0, got {self.cfg_scale}")
         object.__setattr__(self, "decoding", Decoding.parse(self.decoding))
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if not 0 < self.eps < 1:
-            raise ValueError(f"eps must be in (0, 1), got {self.eps!r}")
-        if self.eps != EPS and self.schedule != "timegrid":
-            raise ValueError(f"eps applies to schedule 'timegrid' (Dream's time grid), not to {self.schedule!r}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool)
-                                       or self.top_k < 1):
-            raise ValueError(f"top_k must be a positive integer, got {self.top_k!r}")
-        if self.alg_temp is not None and not self.alg_temp >= 0:
-            raise ValueError(f"alg_temp must be >= 0, got {self.alg_temp!r}")
+        _refuse(self.schedule not in SCHEDULES, f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        _refuse(not 0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps!r}")
+        _refuse(self.eps != EPS and self.schedule != "timegrid",
+                f"eps applies to schedule 'timegrid' (Dream's time grid), not to {self.schedule!r}")
+        _refuse(self.top_p is not None and not 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
+        _refuse(self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool)
+                                            or self.top_k < 1), f"top_k must be a positive integer, got {self.top_k!r}")
+        _refuse(self.alg_temp is not None and not self.alg_temp >= 0, f"alg_temp must be >= 0, got {self.alg_temp!r}")
         given = [n for n in ("top_p", "top_k", "alg_temp") if getattr(self, n) is not None]
-        if given and not self.dream_rule:
-            raise ValueError(f"{', '.join(given)} apply to Dream's algs (remasking one of {DREAM_ALGS}), "
-                             f"not to {self.remasking!r}")
+        _refuse(bool(given) and not self.dream_rule, f"{', '.join(given)} apply to Dream's algs (remasking one of "
+                f"{DREAM_ALGS}), not to {self.remasking!r}")
         origin = self.remasking == "origin"
-        if origin and self.schedule != "timegrid":
-            raise ValueError("remasking 'origin' moves each mask with probability 1 - s/t: it needs schedule 'timegrid'")
-        if origin and self.alg_temp:
-            raise ValueError("alg_temp chooses among ranked positions: remasking 'origin' ranks none")
-        policy = self.decoding
-        if policy.fixed:
-            return
-        if origin or self.alg_temp:
-            raise ValueError(f"decoding {policy} takes a confidence prefix: it cannot combine with "
-                             f"{'remasking origin' if origin else 'alg_temp'} (use decoding 'fixed')")
-        if self.remasking == "entropy" and policy.kind in ("threshold", "factor"):
-            raise ValueError(f"decoding {policy} compares probabilities: remasking 'entropy' scores by minus "
-                             "the entropy (use maskgit_plus or topk_margin, or decoding entropy:γ)")
+        _refuse(origin and self.schedule != "timegrid",
+                "remasking 'origin' moves each mask with probability 1 - s/t: it needs schedule 'timegrid'")
+        alg_temp_on = bool(self.alg_temp)
+        _refuse(origin and alg_temp_on, "alg_temp chooses among ranked positions: remasking 'origin' ranks none")
+        policy, free = self.decoding, not self.decoding.fixed
+        _refuse(free and (origin or alg_temp_on), f"decoding {policy} takes a confidence prefix: it cannot combine "
+                f"with {'remasking origin' if origin else 'alg_temp'} (use decoding 'fixed')")
+        _refuse(free and self.remasking == "entropy" and policy.kind in ("threshold", "factor"),
+                f"decoding {policy} compares probabilities: remasking 'entropy' scores by minus the entropy "
+                "(use maskgit_plus or topk_margin, or decoding entropy:γ)")
 
     @classmethod
-    def dream(cls, gen_length: int = 128, steps: int = 128, eps: float = EPS, alg: str = "origin",
-              alg_temp: float | None = None, temperature: float = 0.0, top_p: float | None = None,
-              top_k: int | None = None, seed: int = 0, **kw) -> SamplingParams:
-        """Dream's `diffusion_generate` arguments (its defaults) as params: one block, the time grid."""
-        return cls(gen_length=gen_length, steps=steps, block_length=gen_length, temperature=temperature,
-                   remasking=alg, seed=seed, schedule="timegrid", eps=eps, top_p=top_p, top_k=top_k,
-                   alg_temp=alg_temp, **kw)
+    def dream(cls, gen_length: int = 128, alg: str = "origin", **kw) -> SamplingParams:
+        """Dream's `diffusion_generate` arguments as params (eps, alg, alg_temp, temperature, top_p, top_k
+        default as upstream's): one block, the time grid."""
+        return cls(gen_length=gen_length, block_length=gen_length, remasking=alg, schedule="timegrid", **kw)
 
     @property
     def dream_rule(self) -> bool:

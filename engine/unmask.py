@@ -39,7 +39,7 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, gen: torch.Generator
 
 def gumbel_noise(shape, temperature: float, gen: torch.Generator | None, device) -> torch.Tensor:
     """(−log U)^T, U ~ U(0,1) in float64 from the request's generator."""
-    u = torch.rand(shape, dtype=torch.float64, generator=gen, device=_gen_device(gen)).to(device)
+    u = torch.rand(shape, dtype=torch.float64, generator=gen, device="cpu" if gen is None else gen.device).to(device)
     u.log_().neg_()
     if temperature != 1:
         u.pow_(temperature)
@@ -62,26 +62,14 @@ def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype: torch.dtype | N
     return shifted.exp_().sum(-1, dtype=dt).reciprocal_()
 
 
-def entropy_of(logits: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+def entropy_of(logits: torch.Tensor) -> torch.Tensor:
     """The predictive entropy −Σ p log p of every row of clean logits (at least float32)."""
-    lf = logits.to(dtype or torch.promote_types(logits.dtype, torch.float32))
-    logp = torch.log_softmax(lf, dim=-1)
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 
 def random_confidence(n: int, gen: torch.Generator) -> torch.Tensor:
-    return torch.rand(n, dtype=torch.float64, generator=gen, device=_gen_device(gen))
-
-
-def _gen_device(gen: torch.Generator | None) -> torch.device:
-    return torch.device("cpu") if gen is None else gen.device
-
-
-def select_transfer(conf: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (into the candidate rows) of the k most confident; k may be 0."""
-    if k <= 0:
-        return conf.new_zeros(0, dtype=torch.long)
-    return torch.topk(conf, k).indices
+    return torch.rand(n, dtype=torch.float64, generator=gen, device=gen.device)
 
 
 def timesteps(steps: int, eps: float) -> torch.Tensor:
@@ -107,9 +95,8 @@ def dream_schedule(n_masked: int, steps: int, eps: float) -> list[int]:
     """The time grid's per-step counts over `n_masked` masks (they sum to n_masked)."""
     ts, left, out = timesteps(steps, eps), n_masked, []
     for i in range(steps):
-        k = transfer_count(left, ts, i)
-        out.append(k)
-        left -= k
+        out.append(transfer_count(left, ts, i))
+        left -= out[-1]
     return out
 
 
@@ -145,8 +132,7 @@ def propose(probs: torch.Tensor, temperature: float, gen: torch.Generator, mask_
     """x0 per row, never the mask id: argmax at T = 0, else the exponential race argmax p / (-log U), U from `gen`."""
     if temperature == 0 or probs.shape[0] == 0:
         return proposal_argmax(probs, mask_id)
-    noise = gumbel_noise(probs.shape, 1.0, gen, probs.device)
-    return proposal_argmax(probs.to(torch.float64) / noise, mask_id)
+    return proposal_argmax(probs.to(torch.float64) / gumbel_noise(probs.shape, 1.0, gen, probs.device), mask_id)
 
 
 def alg_confidence(probs: torch.Tensor, x0: torch.Tensor, alg: str) -> torch.Tensor:
@@ -161,8 +147,7 @@ def alg_confidence(probs: torch.Tensor, x0: torch.Tensor, alg: str) -> torch.Ten
     raise ValueError(f"no confidence for alg {alg!r}")
 
 
-def dream_rows(logits: torch.Tensor, p, gen: torch.Generator | None, mask_id: int,
-               entropy: bool = False) -> tuple:
+def dream_rows(logits: torch.Tensor, p, gen: torch.Generator | None, mask_id: int, entropy: bool = False) -> tuple:
     """Dream's proposals for rows of clean logits -> (x0, its alg's score, the entropy or None), >= float32."""
     dt = torch.promote_types(logits.dtype, torch.float32)
     probs = token_probs(logits, p)
@@ -175,14 +160,6 @@ def gumbel_topk_keys(conf: torch.Tensor, alg_temp: float, gen: torch.Generator) 
     """conf / alg_temp - log(-log U): the top k are k draws without replacement from softmax(conf / alg_temp)."""
     u = torch.rand(conf.shape, dtype=torch.float64, generator=gen, device=gen.device).to(conf.device)
     return conf.to(torch.float64) / alg_temp - torch.log(-torch.log(u))
-
-
-def choose_positions(conf: torch.Tensor, k: int, alg_temp: float | None, gen: torch.Generator) -> torch.Tensor:
-    """The k rows to commit: top-k of conf (ties by row order, as `runner._choose`) or alg_temp's Gumbel top-k."""
-    if k <= 0:
-        return conf.new_zeros(0, dtype=torch.long)
-    keys = conf if not alg_temp else gumbel_topk_keys(conf, alg_temp, gen)
-    return torch.sort(keys, descending=True, stable=True).indices[:k]
 
 
 def rescored(conf: torch.Tensor, a: int, n: int, p, k: int, gens: RequestGenerators) -> torch.Tensor | None:

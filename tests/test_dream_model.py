@@ -33,6 +33,20 @@ def test_dream_config_maps_to_the_engine_facts():
     assert config_from_dict(cfg.to_hf()) == cfg          # config.json written and read back
 
 
+def test_keys_a_dream_config_leaves_out_take_dreamconfigs_defaults():
+    """Upstream's DreamConfig (ZHZisZZ/dllm dllm/pipelines/dream/models/configuration_dream.py): an
+    absent num_key_value_heads is 32, a null one the head count; rope_theta, rms_norm_eps and
+    max_position_embeddings default to 1e4, 1e-6 and 32768 (not LLaDA-8B's 5e5, 1e-5, 4096)."""
+    shape = ("num_key_value_heads", "rope_theta", "rms_norm_eps", "max_position_embeddings")
+    bare = {k: v for k, v in DREAM.items() if k not in shape} | {"hidden_size": 512, "num_attention_heads": 64}
+    cfg = config_from_dict(bare)
+    assert (cfg.kv_heads, cfg.rope_theta, cfg.rms_norm_eps, cfg.max_sequence_length) == (32, 10000.0, 1e-6, 32768)
+    assert config_from_dict(bare | {"num_key_value_heads": None}).kv_heads == 64
+    assert config_from_dict(DREAM | {"num_key_value_heads": None}).kv_heads == 6
+    with pytest.raises(ValueError, match="n_heads by n_kv_heads"):      # 6 query heads cannot share 32 KV heads
+        config_from_dict({k: v for k, v in DREAM.items() if k != "num_key_value_heads"})
+
+
 def test_dream_equals_bidirectional_qwen2_in_float64():
     transformers = pytest.importorskip("transformers")
     cfg = config_from_dict(DREAM)

@@ -152,21 +152,17 @@ class _Norm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
 
-class _Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(cfg.padded_vocab, cfg.d_model), blocks=nn.ModuleList(DenseBlock(cfg) for _ in range(cfg.n_layers)),
-            ln_f=_Norm(cfg.d_model), ff_out=nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)))
-
-
 class DenseLM(nn.Module):
     """The model on packed tokens; state-dict names: LLaDA's (each family maps its own: Family.hf_name)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.model = _Transformer(cfg)
+        self.model = nn.Module()
+        self.model.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(cfg.padded_vocab, cfg.d_model),
+            blocks=nn.ModuleList(DenseBlock(cfg) for _ in range(cfg.n_layers)),
+            ln_f=_Norm(cfg.d_model), ff_out=nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)))
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
 
     @property

@@ -16,12 +16,15 @@ _FIELDS = (("d_model", "hidden_size"), ("n_heads", "num_attention_heads"), ("n_k
            ("eos_token_id", "eos_token_id"), ("pad_token_id", "pad_token_id"), ("bos_token_id", "bos_token_id"))
 _REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
              "mask_token_id")
+# DreamConfig's defaults for keys a config.json leaves out (ZHZisZZ/dllm@ca176752
+# dllm/pipelines/dream/models/configuration_dream.py); a null num_key_value_heads means num_attention_heads
+_DEFAULTS = {"num_key_value_heads": 32, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768}
 # our block module -> Dream's, under model.layers.N
 _BLOCK = {"attn_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
           "v_proj": "self_attn.v_proj", "attn_out": "self_attn.o_proj", "ff_norm": "post_attention_layernorm",
           "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "ff_out": "mlp.down_proj"}
-_TOP = {"model.transformer.wte.weight": "model.embed_tokens.weight", "model.transformer.ln_f.weight": "model.norm.weight",
-        "model.transformer.ff_out.weight": "lm_head.weight"}
+_TOP = {"model.transformer.wte.weight": "model.embed_tokens.weight",
+        "model.transformer.ln_f.weight": "model.norm.weight", "model.transformer.ff_out.weight": "lm_head.weight"}
 _IN_BLOCK = re.compile(r"model\.transformer\.blocks\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -35,6 +38,9 @@ def _from_hf(d: dict) -> ModelConfig:
         raise ValueError("rope_scaling is not supported (Dream-7B has none)")
     if d.get("use_sliding_window"):
         raise ValueError("sliding-window attention is not supported (Dream attends to the whole canvas)")
+    d = _DEFAULTS | d
+    if d["num_key_value_heads"] is None:
+        d = d | {"num_key_value_heads": d["num_attention_heads"]}
     kw = {ours: d[theirs] for ours, theirs in _FIELDS if d.get(theirs) is not None}
     kw.setdefault("eos_token_id", kw.get("pad_token_id", 0))
     kw.setdefault("pad_token_id", kw["eos_token_id"])

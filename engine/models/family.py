@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -42,25 +42,21 @@ class ModelConfig:
         return self.n_kv_heads or self.n_heads
 
     @property
-    def _model_kv_heads(self) -> int:
-        """The whole model's KV heads (a tensor-parallel rank's `kv_heads` are its share)."""
-        return self.n_kv_heads or self.n_heads
-
-    @property
     def padded_vocab(self) -> int:
         """LM-head (and embedding) rows, which may exceed the tokenizer's vocabulary."""
         return self.embedding_size or self.vocab_size
 
     @property
     def weights_per_forward(self) -> int:
-        """Parameters a forward reads: the blocks' matrices and the LM head."""
-        d, kv, f, q = self.d_model, self._model_kv_heads * self.head_dim, self.mlp_hidden_size, self.n_heads * self.head_dim
+        """Parameters a forward reads: the blocks' matrices and the LM head (the whole model's, not a rank's)."""
+        d, f, q = self.d_model, self.mlp_hidden_size, self.n_heads * self.head_dim
+        kv = (self.n_kv_heads or self.n_heads) * self.head_dim
         return self.n_layers * (d * (q + 2 * kv) + q * d + 3 * d * f) + d * self.padded_vocab
 
     @property
     def kv_per_weight(self) -> float:
         """One token's K and V bytes (every layer) per weight byte a forward reads (engine.kv_cache)."""
-        return 2 * self.n_layers * self._model_kv_heads * self.head_dim / self.weights_per_forward
+        return 2 * self.n_layers * (self.n_kv_heads or self.n_heads) * self.head_dim / self.weights_per_forward
 
     @property
     def pair_per_row(self) -> float:
@@ -70,11 +66,6 @@ class ModelConfig:
     @property
     def family(self) -> Family:
         return family_of(self.model_type)
-
-    def check(self) -> ModelConfig:
-        if self.d_model % self.n_heads or self.n_heads % self.kv_heads:
-            raise ValueError("d_model must divide by n_heads and n_heads by n_kv_heads")
-        return self
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -113,7 +104,10 @@ def family_of(model_type: str | None) -> Family:
 
 def config_from_dict(d: dict) -> ModelConfig:
     """A config.json's contents -> ModelConfig, by its family."""
-    return family_of(d.get("model_type")).from_hf(d).check()
+    cfg = family_of(d.get("model_type")).from_hf(d)
+    if cfg.d_model % cfg.n_heads or cfg.n_heads % cfg.kv_heads:
+        raise ValueError("d_model must divide by n_heads and n_heads by n_kv_heads")
+    return cfg
 
 
 def config_from_pretrained(path: str | Path) -> ModelConfig:
@@ -127,10 +121,6 @@ def config_from_pretrained(path: str | Path) -> ModelConfig:
     if not isinstance(d, dict):
         raise ValueError(f"{p} is not a JSON object")
     return config_from_dict(d)
-
-
-def config_fields() -> set[str]:
-    return {f.name for f in fields(ModelConfig)}
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:
@@ -174,7 +164,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     files = weight_files(path)
     with torch.device("meta"):
         model = build_model(cfg)
-    hf = {model.config.family.hf_name(k): k for k in model.state_dict()}
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    hf = {cfg.family.hf_name(k): k for k in expected}
     state: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -184,15 +175,13 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
         # cast shard by shard: the peak is the cast model plus one shard
         state.update({hf[k]: v.to(dtype) for k, v in shard.items() if k in hf})
         del shard
-    expected = {k: v.shape for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(state))
     if missing:
         raise ValueError(f"checkpoint {path} lacks {len(missing)} weights, e.g. {cfg.family.hf_name(missing[0])}")
     for k, shape in expected.items():
-        if tuple(state[k].shape) != tuple(shape):
+        if tuple(state[k].shape) != shape:
             raise ValueError(f"weight {cfg.family.hf_name(k)} has shape {tuple(state[k].shape)}, "
-                             f"config implies {tuple(shape)}")
+                             f"config implies {shape}")
     model.load_state_dict({k: state[k] for k in expected}, assign=True)
-    model = model.to(device).eval()
-    model.fuse()
+    model.to(device).eval().fuse()
     return model

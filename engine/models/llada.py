@@ -2,8 +2,10 @@
 the dense decoder's; no biases, no shift, untied LM head."""
 from __future__ import annotations
 
+from dataclasses import fields
+
 from engine.models.dense import DenseLM
-from engine.models.family import Family, ModelConfig, config_fields, register
+from engine.models.family import Family, ModelConfig, register
 
 _OURS_ONLY = ("model_type", "qkv_bias", "shift")
 # LLaDA-8B-Instruct's config.json (GSAI-ML/LLaDA-8B-Instruct on the Hugging Face Hub) less auto_map (no
@@ -32,7 +34,7 @@ def _from_hf(d: dict) -> ModelConfig:
         raise ValueError("biased LLaDA variants are not supported (LLaDA has no biases)")
     if d.get("alibi") or d.get("rope") is False:
         raise ValueError("only RoPE LLaDA checkpoints are supported")
-    known = config_fields() - set(_OURS_ONLY)
+    known = {f.name for f in fields(ModelConfig)} - set(_OURS_ONLY)
     return ModelConfig(**{k: v for k, v in d.items() if k in known}, model_type="llada")
 
 
