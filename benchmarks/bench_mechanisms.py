@@ -24,7 +24,7 @@ from rich.console import Console
 from dllm_bench.checkpoints.load import load_model
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine import logits as logits_mod
-from engine.attention import varlen_attention
+from engine.attention import padded_attention
 from engine.kv_cache import retained_tokens
 from engine.profiler import profile_kv_pool
 
@@ -46,17 +46,17 @@ def bench_memory(model, tokens: int, budget: int, max_model_len: int, logit_rows
 
 def bench_reuse_attention(context: int = 2048, block: int = 32, heads: int = 32, head_dim: int = 128,
                           requests: int = 8, retention: float = 0.1, reps: int = 20) -> dict:
+    """Each request's block queries over its context and block keys, through the engine's padded SDPA."""
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(requests * block, heads, head_dim, generator=g)
-    cu = [i * block for i in range(requests + 1)]
+    q = torch.randn(requests, block, heads, head_dim, generator=g)
     res = {}
     for label, n_ctx in (("dense", context), ("sparse", retained_tokens(context, retention))):
-        keys = [torch.randn(heads, n_ctx + block, head_dim, generator=g) for _ in range(requests)]
-        vals = [torch.randn(heads, n_ctx + block, head_dim, generator=g) for _ in range(requests)]
-        varlen_attention(q, cu, keys, vals)  # warm-up
+        keys = torch.randn(requests, n_ctx + block, heads, head_dim, generator=g)
+        vals = torch.randn(requests, n_ctx + block, heads, head_dim, generator=g)
+        padded_attention(q, keys, vals, None)  # warm-up
         t = time.perf_counter()
         for _ in range(reps):
-            varlen_attention(q, cu, keys, vals)
+            padded_attention(q, keys, vals, None)
         res[label] = (time.perf_counter() - t) / reps
     return res | dict(context=context, requests=requests, retention=retention, block=block, reps=reps)
 
