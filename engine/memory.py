@@ -31,33 +31,24 @@ class LiveBytes(TorchDispatchMode):
         self.device_type = device_type
         self.refs: dict[int, int] = {}
         self.sizes: dict[int, int] = {}
-        self.current = 0
-        self.peak = 0
+        self.current = self.peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         # an output aliasing an input (a view, an in-place result) is not an allocation
         inputs = {t.untyped_storage().data_ptr() for t in self._mine((args, kwargs))}
         for t in self._mine(out):
-            self._track(t, inputs)
+            key = t.untyped_storage().data_ptr()
+            if key == 0 or (key not in self.refs and key in inputs):
+                continue
+            if key not in self.refs:
+                self._add(key, t)
+            self.refs[key] += 1
+            weakref.finalize(t, self._release, key)
         return out
 
     def _mine(self, obj):
         return (t for t in _tensors(obj) if t.device.type == self.device_type and not t.is_meta)
-
-    def reset_peak(self) -> None:
-        self.peak = self.current
-
-    def _track(self, t: torch.Tensor, inputs: set[int]) -> None:
-        key = t.untyped_storage().data_ptr()
-        if key == 0:
-            return
-        if key not in self.refs:
-            if key in inputs:
-                return
-            self._add(key, t)
-        self.refs[key] += 1
-        weakref.finalize(t, self._release, key)
 
     def _add(self, key: int, t: torch.Tensor) -> None:
         n = t.untyped_storage().nbytes()
@@ -99,7 +90,6 @@ class MemoryMeter:
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._base
         else:
-            assert self.mode is not None
             self.mode.__exit__(*exc)
             self.peak_bytes = self.mode.peak
 
