@@ -22,6 +22,7 @@ import torch
 from rich.console import Console
 
 from dllm_bench.checkpoints.load import load_model
+from dllm_bench.profiling.run import requests_that_fit
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine import logits as logits_mod
 from engine.attention import padded_attention
@@ -39,7 +40,7 @@ def bench_memory(model, tokens: int, budget: int, max_model_len: int, logit_rows
         t = time.perf_counter()
         p = profile_kv_pool(model, cfg, "sdpa", max_model_len)
         out[label] = dict(refresh_peak=p.refresh_peak_bytes, activation_peak=p.activation_peak_bytes,
-                          kv_pool_tokens=p.kv_pool_tokens, fit=p.requests_that_fit(256, 256, 32, capped=False),
+                          kv_pool_tokens=p.kv_pool_tokens, fit=requests_that_fit(p, 256, 256, 32, capped=False),
                           seconds=time.perf_counter() - t)
     return out
 

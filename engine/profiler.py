@@ -43,12 +43,6 @@ class MemoryProfile:
     # False when the budget holds the steps within the token budget but not a longer canvas.
     long_canvas: bool = True
 
-    def requests_that_fit(self, prompt_len: int, gen_length: int, block_length: int, capped: bool = True) -> int:
-        """Concurrent requests of this shape the KV pool admits (and max_num_seqs, if capped)."""
-        need = kv_need(self.cache, prompt_len + gen_length, block_length, self.retention)
-        by_kv = self.kv_pool_tokens // need if need else self.max_num_seqs
-        return min(by_kv, self.max_num_seqs) if capped else by_kv
-
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
