@@ -73,8 +73,7 @@ class BackendChoice:
 
 
 def choose_backend(name: str, device, dtype: torch.dtype | None = None) -> BackendChoice:
-    """auto: on CUDA in fp16/bf16 torch's varlen_attn, else flash-attn, else padded SDPA. A backend
-    named must be usable here (ValueError; on a CPU: the tests' stand-ins)."""
+    """Backend `name` and why (auto: on CUDA in fp16/bf16 varlen_attn, else flash-attn, else SDPA); ValueError."""
     device = torch.device(device)
     half = dtype is None or dtype in HALF_DTYPES
     if name == "sdpa":
@@ -121,8 +120,7 @@ def _auto(device: torch.device, dtype, half: bool) -> BackendChoice:
 
 
 class PackedKernel:
-    """One varlen call over packed q [Nq, Hq, D] and k/v [Nk, Hkv, D]: segment b's queries are
-    q[cu_q[b]:cu_q[b+1]], its keys k[cu_k[b]:cu_k[b+1]] (int32 [B+1]; `max_q`/`max_k` bound them)."""
+    """One varlen call: packed q [Nq, Hq, D], k/v [Nk, Hkv, D]; segment b: q[cu_q[b]:cu_q[b+1]], k[cu_k[b]:cu_k[b+1]]"""
 
     def __init__(self, backend: str):
         self.backend = backend
@@ -149,7 +147,7 @@ class PackedKernel:
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q kᵀ/√D) v, no causal mask: q [..., Hq, Lq, D], k/v [..., Hkv, Lk, D]; mask: bool (True = attend) or additive."""
+    """softmax(q kᵀ/√D) v, not causal: q [..., Hq, Lq, D], k/v [..., Hkv, Lk, D]; mask: bool (True: attend) or bias"""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[-3] != k.shape[-3])
 
 
@@ -168,8 +166,7 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
 
 
 def key_piece(key_chunk: int, q_rows: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> int:
-    """Keys per piece of `attention_over_key_chunks` whose gathered K/V, upcasts and scores take
-    no more than `key_chunk` gathered K/V rows do (docs/MEMORY.md, "A long Reuse")."""
+    """Keys per piece of `attention_over_key_chunks` taking no more than `key_chunk` gathered K/V rows do."""
     es = torch.empty(0, dtype=dtype).element_size()
     acc = 4 if dtype in HALF_DTYPES else es
     row = 2 * hkv * d * es
@@ -177,8 +174,7 @@ def key_piece(key_chunk: int, q_rows: int, hq: int, hkv: int, d: int, dtype: tor
 
 
 def attention_over_key_chunks(q: torch.Tensor, pieces) -> torch.Tensor:
-    """q [Lq, Hq, D] against keys in pieces of (k, v) [Hkv, Lk_i, D], merged by log-sum-exp:
-    only one piece's scores live at once (docs/MEMORY.md, "A long Reuse")."""
+    """q [Lq, Hq, D] over pieces of (k, v) [Hkv, Lk_i, D] merged by log-sum-exp, one piece at a time (docs/MEMORY.md)"""
     Lq, Hq, D = q.shape
     acc = torch.float32 if q.dtype in HALF_DTYPES else q.dtype
     out = m = den = None

@@ -66,7 +66,8 @@ class EngineConfig:
         check(self.kv_pool_tokens is None or self.kv_pool_tokens >= 0, "kv_pool_tokens must be >= 0")
         check(0 <= self.guard_fraction < 1, "guard_fraction must be in [0, 1)")
         check(self.max_model_len is None or self.max_model_len > 0, "max_model_len must be positive")
-        check(self.refresh_chunk_tokens is None or self.refresh_chunk_tokens > 0, "refresh_chunk_tokens must be positive")
+        check(self.refresh_chunk_tokens is None or self.refresh_chunk_tokens > 0,
+              "refresh_chunk_tokens must be positive")
 
     def to_dict(self) -> dict:
         return asdict(self)

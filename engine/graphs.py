@@ -227,9 +227,7 @@ class StepGraphs:
             return None
         if entry.graph is not None:
             entry.graph.replay()
-            hidden = entry.out
-        else:
-            hidden = r.forward(entry.captured)
+        hidden = entry.out if entry.graph is not None else r.forward(entry.captured)
         entry.dummies += spec.members - len(batch)
         self.replays += 1
         self.dummies += spec.members - len(batch)

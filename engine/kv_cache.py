@@ -67,7 +67,8 @@ def step_time(n_dual, n_sparse, s: Shape):
     reuse = (n_dual * (S - k_d) + n_sparse * (S - k_s)) * s.block / S
     keys = (n_dual * (S - k_d) * s.dual_need + n_sparse * (S - k_s) * s.sparse_need) / S
     base = np.maximum(s.ridge * (1 + keys * s.kv_per_weight), reuse)
-    extra = (n_dual * k_d + n_sparse * k_s) / S * np.maximum(0.0, reuse + s.length * (1 + s.length * s.pair_per_row) - base)
+    refresh = reuse + s.length * (1 + s.length * s.pair_per_row)
+    extra = (n_dual * k_d + n_sparse * k_s) / S * np.maximum(0.0, refresh - base)
     return s.overhead + base + extra, (n_dual + n_sparse) * s.block / S
 
 
