@@ -12,11 +12,8 @@ def _tensors(obj):
     """The tensors in an op's (nested) arguments or outputs, without tree_flatten's per-leaf cost."""
     if isinstance(obj, torch.Tensor):
         yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
+    elif isinstance(obj, (list, tuple, dict)):
+        for o in obj.values() if isinstance(obj, dict) else obj:
             yield from _tensors(o)
     elif obj is not None and not isinstance(obj, (int, float, bool, str, torch.dtype, torch.device)):
         yield from (t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor))
