@@ -111,10 +111,7 @@ class SlotRanges:
         self.size = size
 
     def grow(self, size: int) -> None:
-        if self.free and self.free[-1][1] == self.size:
-            self.free[-1][1] = size
-        else:
-            self.free.append([self.size, size])
+        self.put([(self.size, size)])
         self.size = size
 
     def take(self, n: int, contiguous: bool = False) -> list[tuple[int, int]] | None:
