@@ -22,9 +22,10 @@ import torch
 from rich.console import Console
 
 from dllm_bench.checkpoints.load import load_model
+from dllm_bench.profiling.run import requests_that_fit
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine import logits as logits_mod
-from engine.attention import varlen_attention
+from engine.attention import padded_attention
 from engine.kv_cache import retained_tokens
 from engine.profiler import profile_kv_pool
 
@@ -39,24 +40,24 @@ def bench_memory(model, tokens: int, budget: int, max_model_len: int, logit_rows
         t = time.perf_counter()
         p = profile_kv_pool(model, cfg, "sdpa", max_model_len)
         out[label] = dict(refresh_peak=p.refresh_peak_bytes, activation_peak=p.activation_peak_bytes,
-                          kv_pool_tokens=p.kv_pool_tokens, fit=p.requests_that_fit(256, 256, 32, capped=False),
+                          kv_pool_tokens=p.kv_pool_tokens, fit=requests_that_fit(p, 256, 256, 32, capped=False),
                           seconds=time.perf_counter() - t)
     return out
 
 
 def bench_reuse_attention(context: int = 2048, block: int = 32, heads: int = 32, head_dim: int = 128,
                           requests: int = 8, retention: float = 0.1, reps: int = 20) -> dict:
+    """Each request's block queries over its context and block keys, through the engine's padded SDPA."""
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(requests * block, heads, head_dim, generator=g)
-    cu = [i * block for i in range(requests + 1)]
+    q = torch.randn(requests, block, heads, head_dim, generator=g)
     res = {}
     for label, n_ctx in (("dense", context), ("sparse", retained_tokens(context, retention))):
-        keys = [torch.randn(heads, n_ctx + block, head_dim, generator=g) for _ in range(requests)]
-        vals = [torch.randn(heads, n_ctx + block, head_dim, generator=g) for _ in range(requests)]
-        varlen_attention(q, cu, keys, vals)  # warm-up
+        keys = torch.randn(requests, n_ctx + block, heads, head_dim, generator=g)
+        vals = torch.randn(requests, n_ctx + block, heads, head_dim, generator=g)
+        padded_attention(q, keys, vals, None)  # warm-up
         t = time.perf_counter()
         for _ in range(reps):
-            varlen_attention(q, cu, keys, vals)
+            padded_attention(q, keys, vals, None)
         res[label] = (time.perf_counter() - t) / reps
     return res | dict(context=context, requests=requests, retention=retention, block=block, reps=reps)
 

@@ -1,5 +1,5 @@
-"""Bidirectional attention: SDPA with GQA (`sdpa`, `padded_attention`), packed varlen kernels
-(`PackedKernel`), keys in pieces merged by log-sum-exp, and `choose_backend`."""
+"""Bidirectional attention: SDPA with GQA, packed varlen kernels (`PackedKernel`), keys in pieces
+merged by log-sum-exp, and which backend a device runs (`choose_backend`)."""
 from __future__ import annotations
 
 import inspect
@@ -16,11 +16,10 @@ LABELS = {"sdpa": "padded SDPA", "varlen": "torch varlen_attn", "flash_attn": "f
 
 @dataclass(frozen=True)
 class VarlenAPI:
-    """torch's varlen_attn as this torch has it (its keyword arguments grew across releases)."""
+    """torch's varlen_attn as this torch has it: `gqa` if it takes enable_gqa (torch >= 2.12)."""
 
     fn: Callable
-    gqa: bool      # takes enable_gqa (torch >= 2.12); without it K/V heads are repeated for GQA
-    paged: bool    # takes seqused_k and block_table (torch >= 2.12); unused (docs/PERFORMANCE.md)
+    gqa: bool
 
 
 def torch_varlen() -> VarlenAPI | None:
@@ -36,7 +35,7 @@ def torch_varlen() -> VarlenAPI | None:
         return None
     if not {"cu_seq_q", "cu_seq_k", "max_q", "max_k"} <= params.keys():
         return None
-    return VarlenAPI(fn, "enable_gqa" in params, {"seqused_k", "block_table"} <= params.keys())
+    return VarlenAPI(fn, "enable_gqa" in params)
 
 
 def flash_attn_import_error() -> str | None:
@@ -46,6 +45,21 @@ def flash_attn_import_error() -> str | None:
     except Exception as e:  # ImportError, or an undefined symbol of a mismatched build (OSError)
         return f"{type(e).__name__}: {e}".splitlines()[0]
     return None
+
+
+def _kernel(name: str) -> tuple[str, bool] | None:
+    """(what it is, whether it runs on a CPU) of packed backend `name` if this install has it."""
+    if name == "varlen":
+        api = torch_varlen()
+        if api is None:
+            return None
+        gqa = "" if api.gqa else "; GQA by repeated K/V heads"
+        return f"torch {torch.__version__}'s FlashAttention varlen kernels{gqa}", getattr(api.fn, "RUNS_ON_CPU", False)
+    if flash_attn_import_error() is not None:
+        return None
+    import flash_attn
+
+    return f"flash-attn {getattr(flash_attn, '__version__', '?')}", getattr(flash_attn, "RUNS_ON_CPU", False)
 
 
 @dataclass(frozen=True)
@@ -59,34 +73,27 @@ class BackendChoice:
 
 
 def choose_backend(name: str, device, dtype: torch.dtype | None = None) -> BackendChoice:
-    """auto: on CUDA in fp16/bf16 torch's varlen_attn, else flash-attn, else padded SDPA; else
-    padded SDPA. A backend named must be usable here (ValueError; on a CPU: the tests' stand-ins)."""
+    """Backend `name` and why (auto: on CUDA in fp16/bf16 varlen_attn, else flash-attn, else SDPA); ValueError."""
     device = torch.device(device)
+    half = dtype is None or dtype in HALF_DTYPES
     if name == "sdpa":
         return BackendChoice("sdpa", "attention_backend=sdpa")
-    half = dtype is None or dtype in HALF_DTYPES
     if name == "auto":
         return _auto(device, dtype, half)
     if name not in PACKED:
         raise ValueError(f"unknown attention backend {name!r}")
-    if name == "varlen":
-        api = torch_varlen()
-        if api is None:
-            raise ValueError(f"attention backend varlen needs torch >= 2.10 (torch.nn.attention.varlen.varlen_attn); "
-                             f"this is torch {torch.__version__}")
-        on_cpu, why = getattr(api.fn, "RUNS_ON_CPU", False), _varlen_why(api)
-    else:
-        err = flash_attn_import_error()
-        if err is not None:
-            raise ValueError(f"attention backend flash_attn needs the flash-attn package (pip install '.[gpu]'): {err}")
-        import flash_attn
-
-        on_cpu, why = getattr(flash_attn, "RUNS_ON_CPU", False), f"flash-attn {getattr(flash_attn, '__version__', '?')}"
+    found = _kernel(name)
+    if found is None and name == "varlen":
+        raise ValueError(f"attention backend varlen needs torch >= 2.10 (torch.nn.attention.varlen.varlen_attn); "
+                         f"this is torch {torch.__version__}")
+    if found is None:
+        raise ValueError(f"attention backend flash_attn needs the flash-attn package (pip install '.[gpu]'): "
+                         f"{flash_attn_import_error()}")
     if not half:
         raise ValueError(f"attention backend {name} supports only float16/bfloat16, not {dtype}")
-    if device.type != "cuda" and not on_cpu:
+    if device.type != "cuda" and not found[1]:
         raise ValueError(f"attention backend {name} needs CUDA")
-    return BackendChoice(name, f"attention_backend={name}: {why}")
+    return BackendChoice(name, f"attention_backend={name}: {found[0]}")
 
 
 def resolve_backend(name: str, device, dtype: torch.dtype | None = None) -> str:
@@ -98,53 +105,32 @@ def _auto(device: torch.device, dtype, half: bool) -> BackendChoice:
         return BackendChoice("sdpa", f"on {device.type}: the varlen kernels are CUDA-only")
     if not half:
         return BackendChoice("sdpa", f"the model is {str(dtype).removeprefix('torch.')}; varlen kernels take fp16/bf16")
-    cap = _capability(device)
+    try:
+        cap = tuple(torch.cuda.get_device_capability(device)) if torch.cuda.is_available() else None
+    except Exception:  # a faked CUDA (tests) has no device to ask
+        cap = None
     if cap is not None and cap < (8, 0):
         return BackendChoice("sdpa", f"sm_{cap[0]}{cap[1]}: FlashAttention varlen kernels need sm_80 or newer")
-    api = torch_varlen()
-    if api is not None:
-        return BackendChoice("varlen", _varlen_why(api))
     no_torch = f"torch {torch.__version__} has no varlen_attn (torch >= 2.10)"
-    err = flash_attn_import_error()
-    if err is None:
-        import flash_attn
-
-        return BackendChoice("flash_attn", f"flash-attn {getattr(flash_attn, '__version__', '?')}; {no_torch}")
-    return BackendChoice("sdpa", f"{no_torch} and flash-attn does not import: {err}")
-
-
-def _varlen_why(api: VarlenAPI) -> str:
-    gqa = "" if api.gqa else "; GQA by repeated K/V heads"
-    return f"torch {torch.__version__}'s FlashAttention varlen kernels{gqa}"
-
-
-def _capability(device: torch.device) -> tuple[int, int] | None:
-    """The GPU's compute capability; None where CUDA is faked (tests) or not initialized."""
-    if not torch.cuda.is_available():
-        return None
-    try:
-        return tuple(torch.cuda.get_device_capability(device))
-    except Exception:  # a faked CUDA (tests) has no device to ask
-        return None
+    for name in PACKED:
+        found = _kernel(name)
+        if found is not None:
+            return BackendChoice(name, found[0] if name == "varlen" else f"{found[0]}; {no_torch}")
+    return BackendChoice("sdpa", f"{no_torch} and flash-attn does not import: {flash_attn_import_error()}")
 
 
 class PackedKernel:
-    """One varlen call over packed q [Nq, Hq, D] and k/v [Nk, Hkv, D]: segment b's queries are
-    q[cu_q[b]:cu_q[b+1]], its keys k[cu_k[b]:cu_k[b+1]] (int32 [B+1]; `max_q`/`max_k` bound them)."""
+    """One varlen call: packed q [Nq, Hq, D], k/v [Nk, Hkv, D]; segment b: q[cu_q[b]:cu_q[b+1]], k[cu_k[b]:cu_k[b+1]]"""
 
     def __init__(self, backend: str):
         self.backend = backend
         if backend == "varlen":
             api = torch_varlen()
-            if api is None:
-                raise ValueError("torch has no varlen_attn")
             self._fn, self._gqa = api.fn, api.gqa
-        elif backend == "flash_attn":
+        else:
             from flash_attn import flash_attn_varlen_func
 
             self._fn, self._gqa = flash_attn_varlen_func, True
-        else:
-            raise ValueError(f"{backend} is not a packed backend")
 
     def reads_in_place(self, hq: int, hkv: int) -> bool:
         """Whether k/v can be a pool layer as it is (not so where GQA needs repeated heads)."""
@@ -153,16 +139,15 @@ class PackedKernel:
     def __call__(self, q, k, v, cu_q, cu_k, max_q: int, max_k: int) -> torch.Tensor:
         if self.backend == "flash_attn":
             return self._fn(q, k, v, cu_q, cu_k, max_q, max_k, causal=False)
-        if q.shape[1] == k.shape[1]:
-            return self._fn(q, k, v, cu_q, cu_k, max_q, max_k)
-        if self._gqa:
-            return self._fn(q, k, v, cu_q, cu_k, max_q, max_k, enable_gqa=True)
-        g = q.shape[1] // k.shape[1]
-        return self._fn(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), cu_q, cu_k, max_q, max_k)
+        if q.shape[1] != k.shape[1] and not self._gqa:
+            g = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+        return self._fn(q, k, v, cu_q, cu_k, max_q, max_k, **gqa)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q kᵀ/√D) v, no causal mask: q [..., Hq, Lq, D], k/v [..., Hkv, Lk, D]; mask: bool (True = attend) or additive."""
+    """softmax(q kᵀ/√D) v, not causal: q [..., Hq, Lq, D], k/v [..., Hkv, Lk, D]; mask: bool (True: attend) or bias"""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[-3] != k.shape[-3])
 
 
@@ -180,40 +165,8 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     return sdpa(qt, k.transpose(1, 2), v.transpose(1, 2), bias).transpose(1, 2)
 
 
-def varlen_call(backend: str, q: torch.Tensor, cu_q, k: torch.Tensor, v: torch.Tensor, cu_k) -> torch.Tensor:
-    """A packed backend's call with host lists for cu_q / cu_k (doctor, calibration, tests)."""
-    max_q = max(b - a for a, b in zip(cu_q, cu_q[1:]))
-    max_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
-    tensor = lambda c: torch.tensor(c, dtype=torch.int32, device=q.device)  # noqa: E731
-    return PackedKernel(backend)(q, k, v, tensor(cu_q), tensor(cu_k), int(max_q), int(max_k))
-
-
-def varlen_attention(q: torch.Tensor, cu_q: list[int], keys: list[torch.Tensor], values: list[torch.Tensor],
-                     backend: str = "sdpa") -> torch.Tensor:
-    """q [Nq, Hq, D] packed; segment i attends over keys[i] / values[i] ([Hkv, Lk_i, D]) -> [Nq, Hq, D]."""
-    lk = [t.shape[1] for t in keys]
-    if backend in PACKED:
-        kp = torch.cat([t.transpose(0, 1) for t in keys])
-        vp = torch.cat([t.transpose(0, 1) for t in values])
-        return varlen_call(backend, q, cu_q, kp, vp, [0, *torch.tensor(lk).cumsum(0).tolist()])
-    lq = [cu_q[i + 1] - cu_q[i] for i in range(len(keys))]
-    G, Lq, Lk = len(keys), max(lq), max(lk)
-    qp = q.new_zeros(G, Lq, *q.shape[1:])
-    kp = q.new_zeros(G, Lk, keys[0].shape[0], q.shape[-1])
-    vp = torch.zeros_like(kp)
-    mask = torch.zeros(G, Lk, dtype=torch.bool, device=q.device)
-    for i in range(G):
-        qp[i, : lq[i]] = q[cu_q[i] : cu_q[i + 1]]
-        kp[i, : lk[i]] = keys[i].transpose(0, 1)
-        vp[i, : lk[i]] = values[i].transpose(0, 1)
-        mask[i, : lk[i]] = True
-    o = padded_attention(qp, kp, vp, key_bias(mask, q.dtype))
-    return torch.cat([o[i, : lq[i]] for i in range(G)])
-
-
 def key_piece(key_chunk: int, q_rows: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> int:
-    """Keys per piece of `attention_over_key_chunks` whose gathered K/V, upcasts and scores take
-    no more than `key_chunk` gathered K/V rows do (docs/MEMORY.md, "A long Reuse")."""
+    """Keys per piece of `attention_over_key_chunks` taking no more than `key_chunk` gathered K/V rows do."""
     es = torch.empty(0, dtype=dtype).element_size()
     acc = 4 if dtype in HALF_DTYPES else es
     row = 2 * hkv * d * es
@@ -221,8 +174,7 @@ def key_piece(key_chunk: int, q_rows: int, hq: int, hkv: int, d: int, dtype: tor
 
 
 def attention_over_key_chunks(q: torch.Tensor, pieces) -> torch.Tensor:
-    """q [Lq, Hq, D] against keys in pieces of (k, v) [Hkv, Lk_i, D], merged by log-sum-exp:
-    only one piece's scores live at once (docs/MEMORY.md, "A long Reuse")."""
+    """q [Lq, Hq, D] over pieces of (k, v) [Hkv, Lk_i, D] merged by log-sum-exp, one piece at a time (docs/MEMORY.md)"""
     Lq, Hq, D = q.shape
     acc = torch.float32 if q.dtype in HALF_DTYPES else q.dtype
     out = m = den = None

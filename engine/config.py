@@ -6,15 +6,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-CACHE_POLICIES = ("none", "dual", "sparse", "auto")
-SELECTIONS = ("head", "uniform")
-SCORE_QUERIES = ("mean", "max")
 SCHEDULERS = ("phase", "request", "lookahead")   # engine.scheduler.POLICIES' names
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-BACKENDS = ("auto", "sdpa", "varlen", "flash_attn")
 GPU_MEMORY_UTILIZATION = 0.9   # the automatic budget on CUDA: this share of the memory free before the weights load
-CHOICES = {"cache": CACHE_POLICIES, "selection": SELECTIONS, "score_query": SCORE_QUERIES,
-           "scheduler": SCHEDULERS, "dtype": tuple(DTYPES), "attention_backend": BACKENDS}
+CHOICES = {"cache": ("none", "dual", "sparse", "auto"), "selection": ("head", "uniform"),
+           "score_query": ("mean", "max"), "scheduler": SCHEDULERS, "dtype": tuple(DTYPES),
+           "attention_backend": ("auto", "sdpa", "varlen", "flash_attn")}
 
 
 @dataclass
@@ -51,22 +48,19 @@ class EngineConfig:
                 raise ValueError(msg)
 
         for name, choices in CHOICES.items():
-            value = getattr(self, name)
-            check(value in choices, f"{name} must be one of {choices}, got {value!r}")
-        check(self.max_num_batched_tokens > 0, "max_num_batched_tokens must be positive")
-        check(self.max_num_seqs > 0, "max_num_seqs must be positive")
+            check(getattr(self, name) in choices, f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            check(getattr(self, name) > 0, f"{name} must be positive")
+        for name in ("memory_budget", "max_model_len", "refresh_chunk_tokens"):
+            check(getattr(self, name) is None or getattr(self, name) > 0, f"{name} must be positive")
+        for name in ("delay_step", "ridge_rows", "overhead_rows"):
+            check(getattr(self, name) >= 0, f"{name} must be >= 0")
+        check(self.kv_pool_tokens is None or self.kv_pool_tokens >= 0, "kv_pool_tokens must be >= 0")
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         check(self.max_num_logits is None or self.max_num_logits > 0, "max_num_logits must be positive (or None)")
         check(0 < self.retention <= 1, f"retention must be in (0, 1], got {self.retention}")
         check(self.pool_window > 0 and self.pool_window % 2 == 1, "pool_window must be a positive odd number")
-        check(self.delay_step >= 0, "delay_step must be >= 0")
-        check(self.ridge_rows >= 0, "ridge_rows must be >= 0")
-        check(self.overhead_rows >= 0, "overhead_rows must be >= 0")
-        check(self.memory_budget is None or self.memory_budget > 0, "memory_budget must be positive")
-        check(self.kv_pool_tokens is None or self.kv_pool_tokens >= 0, "kv_pool_tokens must be >= 0")
         check(0 <= self.guard_fraction < 1, "guard_fraction must be in [0, 1)")
-        check(self.max_model_len is None or self.max_model_len > 0, "max_model_len must be positive")
-        check(self.refresh_chunk_tokens is None or self.refresh_chunk_tokens > 0, "refresh_chunk_tokens must be positive")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -30,11 +30,6 @@ def eager(config: EngineConfig) -> EngineConfig:
     return dataclasses.replace(config, cuda_graphs=False)
 
 
-def memory_reserve(config: EngineConfig, device, reuse_peak: int) -> int:
-    """Bytes the profiler keeps from the KV pool for captured graphs' memory pool (`reuse_peak`)."""
-    return reuse_peak if enabled(config, device) and config.cache != "none" else 0
-
-
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
     """1, 2, 4, 8, then every 8 up to max_num_seqs (and max_num_seqs itself)."""
     sizes = {b for b in (1, 2, 4) if b <= max_num_seqs} | set(range(8, max_num_seqs + 1, 8)) | {max_num_seqs}
@@ -155,8 +150,7 @@ class StepGraphs:
     """Per (bucket, key width, block length): a staging buffer and, with a `capturer`, its graph."""
 
     def __init__(self, runner, capturer=None):
-        self.runner = runner
-        self.pool = runner.pool
+        self.runner, self.pool = runner, runner.pool
         if capturer is None and runner.device.type == "cuda" and self.pool.capacity is not None:
             capturer = CudaCapture()
         self.capturer = capturer
@@ -198,18 +192,8 @@ class StepGraphs:
                        self.runner.model_config.shift)
         return spec, (spec.members, spec.keys, batch[0][0].block_length)
 
-    def capture(self, batch) -> bool:
-        """Decide `batch`'s bucket now, as its first served step would (counts no step); True if new."""
-        if not self.takes(batch):
-            return False
-        spec, key = self._spec(batch)
-        if key in self.entries:
-            return False
-        self._first(key, batch, spec)
-        return True
-
     def capture_all(self, block_length: int, prompt_len: int = 1, max_batch: int | None = None) -> int:
-        """Decide every bucket for Reuse steps of `block_length` at warm-up (`warm_up_plan`) -> how many."""
+        """Decide every bucket for Reuse steps of `block_length` now, as its first step would -> how many new."""
         r = self.runner
         mode, need, sizes = warm_up_plan(r.config, block_length, prompt_len, max_batch, self.pool.can_reserve,
                                          r.model_config.shift)
@@ -218,8 +202,12 @@ class StepGraphs:
             reqs = warm_up_requests(b, mode, need, block_length, prompt_len, r.model_config.mask_token_id, r.device)
             for req in reqs:
                 req.slots, req.kv_pool = self.pool.reserve(need), self.pool
+            batch = [(req, Phase.REUSE) for req in reqs]
             try:
-                new += self.capture([(req, Phase.REUSE) for req in reqs])
+                spec, key = self._spec(batch) if self.takes(batch) else (None, None)
+                if spec is not None and key not in self.entries:
+                    self._first(key, batch, spec)
+                    new += 1
             finally:
                 for req in reqs:
                     self.pool.release(need, req.slots)
@@ -239,9 +227,7 @@ class StepGraphs:
             return None
         if entry.graph is not None:
             entry.graph.replay()
-            hidden = entry.out
-        else:
-            hidden = r.forward(entry.captured)
+        hidden = entry.out if entry.graph is not None else r.forward(entry.captured)
         entry.dummies += spec.members - len(batch)
         self.replays += 1
         self.dummies += spec.members - len(batch)

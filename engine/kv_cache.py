@@ -18,9 +18,7 @@ def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
 
 def retained_tokens(context_len: int, retention: float) -> int:
     """⌊r·L_ctx⌋, rounded down as Sparse-dLLM and dLLM-Serve do."""
-    if context_len <= 0:
-        return 0
-    return min(context_len, int(context_len * retention))
+    return max(0, min(context_len, int(context_len * retention)))
 
 
 def kv_need(cache: str, length: int, block_length: int, retention: float) -> int:
@@ -46,12 +44,6 @@ CODES = {"none": 0, "dual": 1, "sparse": 2}
 SPARSE_MARGIN = 0.05
 
 
-def refreshes(mode: str, steps_per_block: int, delay_step: int) -> int:
-    """Full-canvas Refreshes per block: dual 1, sparse delay_step + 1 (none: every step)."""
-    s = steps_per_block
-    return 1 if mode == "dual" else min(s, delay_step + 1) if mode == "sparse" else s
-
-
 @dataclass(frozen=True)
 class Shape:
     """A request as the mix sees it (canvas, block, steps per block, KV needs) on the device's roofline."""
@@ -71,11 +63,12 @@ class Shape:
 def step_time(n_dual, n_sparse, s: Shape):
     """Roofline time in query rows of a step of `n_dual` + `n_sparse` requests of shape `s`; its tokens."""
     S = s.steps
-    k_d, k_s = refreshes("dual", S, s.delay_step), refreshes("sparse", S, s.delay_step)
+    k_d, k_s = 1, min(S, s.delay_step + 1)       # Refreshes per block: dual one, sparse delay_step + 1
     reuse = (n_dual * (S - k_d) + n_sparse * (S - k_s)) * s.block / S
     keys = (n_dual * (S - k_d) * s.dual_need + n_sparse * (S - k_s) * s.sparse_need) / S
     base = np.maximum(s.ridge * (1 + keys * s.kv_per_weight), reuse)
-    extra = (n_dual * k_d + n_sparse * k_s) / S * np.maximum(0.0, reuse + s.length * (1 + s.length * s.pair_per_row) - base)
+    refresh = reuse + s.length * (1 + s.length * s.pair_per_row)
+    extra = (n_dual * k_d + n_sparse * k_s) / S * np.maximum(0.0, refresh - base)
     return s.overhead + base + extra, (n_dual + n_sparse) * s.block / S
 
 
@@ -118,10 +111,7 @@ class SlotRanges:
         self.size = size
 
     def grow(self, size: int) -> None:
-        if self.free and self.free[-1][1] == self.size:
-            self.free[-1][1] = size
-        else:
-            self.free.append([self.size, size])
+        self.put([(self.size, size)])
         self.size = size
 
     def take(self, n: int, contiguous: bool = False) -> list[tuple[int, int]] | None:
@@ -155,11 +145,9 @@ class SlotRanges:
 
 class KVPool:
     def __init__(self, capacity_tokens: int | None, cfg: ModelConfig, dtype: torch.dtype, device):
-        self.capacity = capacity_tokens
-        self.cfg, self.dtype, self.device = cfg, dtype, device
+        self.capacity, self.cfg, self.dtype, self.device = capacity_tokens, cfg, dtype, device
         self.bytes_per_token = bytes_per_token(cfg, dtype)
-        self.used = 0
-        self.peak_used = 0
+        self.used = self.peak_used = 0
         self.storage = self._alloc((capacity_tokens or 0) + 1)
         self.ranges = SlotRanges(self.storage.shape[2])
         self.scratch = self.ranges.take(1)[0][0]

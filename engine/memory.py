@@ -12,11 +12,8 @@ def _tensors(obj):
     """The tensors in an op's (nested) arguments or outputs, without tree_flatten's per-leaf cost."""
     if isinstance(obj, torch.Tensor):
         yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
+    elif isinstance(obj, (list, tuple, dict)):
+        for o in obj.values() if isinstance(obj, dict) else obj:
             yield from _tensors(o)
     elif obj is not None and not isinstance(obj, (int, float, bool, str, torch.dtype, torch.device)):
         yield from (t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor))
@@ -31,33 +28,24 @@ class LiveBytes(TorchDispatchMode):
         self.device_type = device_type
         self.refs: dict[int, int] = {}
         self.sizes: dict[int, int] = {}
-        self.current = 0
-        self.peak = 0
+        self.current = self.peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         # an output aliasing an input (a view, an in-place result) is not an allocation
         inputs = {t.untyped_storage().data_ptr() for t in self._mine((args, kwargs))}
         for t in self._mine(out):
-            self._track(t, inputs)
+            key = t.untyped_storage().data_ptr()
+            if key == 0 or (key not in self.refs and key in inputs):
+                continue
+            if key not in self.refs:
+                self._add(key, t)
+            self.refs[key] += 1
+            weakref.finalize(t, self._release, key)
         return out
 
     def _mine(self, obj):
         return (t for t in _tensors(obj) if t.device.type == self.device_type and not t.is_meta)
-
-    def reset_peak(self) -> None:
-        self.peak = self.current
-
-    def _track(self, t: torch.Tensor, inputs: set[int]) -> None:
-        key = t.untyped_storage().data_ptr()
-        if key == 0:
-            return
-        if key not in self.refs:
-            if key in inputs:
-                return
-            self._add(key, t)
-        self.refs[key] += 1
-        weakref.finalize(t, self._release, key)
 
     def _add(self, key: int, t: torch.Tensor) -> None:
         n = t.untyped_storage().nbytes()
@@ -99,7 +87,6 @@ class MemoryMeter:
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._base
         else:
-            assert self.mode is not None
             self.mode.__exit__(*exc)
             self.peak_bytes = self.mode.peak
 

@@ -43,12 +43,6 @@ class MemoryProfile:
     # False when the budget holds the steps within the token budget but not a longer canvas.
     long_canvas: bool = True
 
-    def requests_that_fit(self, prompt_len: int, gen_length: int, block_length: int, capped: bool = True) -> int:
-        """Concurrent requests of this shape the KV pool admits (and max_num_seqs, if capped)."""
-        need = kv_need(self.cache, prompt_len + gen_length, block_length, self.retention)
-        by_kv = self.kv_pool_tokens // need if need else self.max_num_seqs
-        return min(by_kv, self.max_num_seqs) if capped else by_kv
-
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -105,25 +99,21 @@ def _peaks(runner: ModelRunner, model: DenseLM, config: EngineConfig, max_model_
            mode: str) -> tuple[int, int, int]:
     budget = config.max_num_batched_tokens
     L = min(max_model_len, budget)
-
-    def synthetic(n_tokens: int, prompt_len: int, block_length: int) -> Request:
-        return _synthetic(n_tokens, prompt_len, block_length, model, config, mode)
-
     # (a) Refresh: max-length canvases filling the token budget, every generated position a candidate
     n = max(1, min(config.max_num_seqs, budget // L))
-    batch = [(synthetic(L, 1, L - 1), REFRESH_PHASE[mode]) for _ in range(n)]
+    batch = [(_synthetic(L, 1, L - 1, model, config, mode), REFRESH_PHASE[mode]) for _ in range(n)]
     rest = budget - n * L
     if rest >= 2 and n < config.max_num_seqs:
-        batch.append((synthetic(rest, 1, rest - 1), REFRESH_PHASE[mode]))
+        batch.append((_synthetic(rest, 1, rest - 1, model, config, mode), REFRESH_PHASE[mode]))
     refresh_peak = _measure(runner, batch, config)
     if mode == "none":
         return refresh_peak, 0, 0
     # (b) Reuse: the token budget full of short Reuse queries, plus the largest single Reuse.
     bl = min(32, max(1, L // 2))
     n_reuse = max(1, min(config.max_num_seqs, budget // bl))
-    many = [(synthetic(2 * bl, bl, bl), Phase.REUSE) for _ in range(n_reuse)]
+    many = [(_synthetic(2 * bl, bl, bl, model, config, mode), Phase.REUSE) for _ in range(n_reuse)]
     big_bl = min(bl, L - 1)
-    one = [(synthetic(L, L - big_bl, big_bl), Phase.REUSE)]
+    one = [(_synthetic(L, L - big_bl, big_bl, model, config, mode), Phase.REUSE)]
     return refresh_peak, _measure(runner, many, config), _measure(runner, one, config)
 
 
@@ -135,19 +125,8 @@ def _scratch_runner(model: DenseLM, config: EngineConfig, backend: str, max_mode
     return runner
 
 
-def _scratch_request(n_tokens: int, block: int, model: DenseLM, config: EngineConfig, mode: str,
-                     scratch: KVPool) -> Request:
-    """A synthetic request whose slot table points at the pool's scratch slot (real sizes, no cache held)."""
-    req = _synthetic(n_tokens, n_tokens - block, block, model, config, mode)
-    need = kv_need(mode, n_tokens, block, config.retention)
-    req.slots = torch.full((max(need, 1),), scratch.scratch, dtype=torch.long, device=model.device)
-    req.kv_pool, req.kv_tokens = scratch, need
-    return req
-
-
 def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int,
-                         activation_peak: int, room: int | None = None,
-                         short_reuse: dict[str, int] | None = None) -> tuple[int, int, int] | None:
+                         activation_peak: int, room: int, short_reuse: dict[str, int]) -> tuple[int, int, int] | None:
     """(chunk, chunked Refresh peak, the peak of a Reuse with keys at max_model_len beside
     `short_reuse[mode]`) for canvases beyond the token budget, or None; the largest over the
     modes served. `room`: the bytes the KV pool and this reservation share."""
@@ -156,27 +135,30 @@ def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max
         return None
     runner = _scratch_runner(model, config, backend, max_model_len)
     scratch = runner.pool
-    bl = min(32, T)
     chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else \
         [c for c in (chunking.MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
     peaks: dict[int, int] = dict.fromkeys(chunks, 0)
     reuse = 0
     slots = None
     for mode in sorted(SERVED[config.cache], key=lambda m: m != "none"):
-        if mode != "none" and room is not None and slots is None:
+        if mode != "none" and slots is None:
             taken = max(0, min(peaks.values()) - activation_peak)          # none's least reservation
             slots = max(0, room - taken) // bytes_per_token(model.config, model.dtype)
         n = max_model_len if slots is None else longest_held(mode, slots, config.retention, max_model_len)
         if n <= T:
             continue
-        req = _scratch_request(n, bl, model, config, mode, scratch)
+        bl = min(32, T)           # a synthetic request whose slot table points at the scratch slot: no cache held
+        req = _synthetic(n, n - bl, bl, model, config, mode)
+        need = kv_need(mode, n, bl, config.retention)
+        req.slots = torch.full((max(need, 1),), scratch.scratch, dtype=torch.long, device=model.device)
+        req.kv_pool, req.kv_tokens = scratch, need
         state, cache, per_chunk = chunking.measure_moments(model, req, REFRESH_PHASE[mode], scratch.storage, config,
                                                            chunks, backend)
         peaks = {c: max(peaks[c], state + max(cache, per_chunk[c])) for c in chunks}
         if mode != "none":
             with MemoryMeter(model.device) as meter:
                 runner.run([(req, Phase.REUSE)])
-            reuse = max(reuse, meter.peak_bytes + (short_reuse or {}).get(mode, 0))
+            reuse = max(reuse, meter.peak_bytes + short_reuse[mode])
     chunk = chunking.choose_chunk(peaks, activation_peak)
     return chunk, peaks[chunk], reuse
 
@@ -190,8 +172,9 @@ def profile_kv_pool(model: DenseLM, config: EngineConfig, backend: str, max_mode
     chunk, long_refresh, long_reuse = measure_long_context(
         model, config, backend, max_model_len, peak, budget - wb - peak - guard,
         {m: p[1] for m, p in modes.items()}) or (None, 0, 0)
-    short = peak + graphs.memory_reserve(config, model.device, reuse_peak)
-    peak = max(peak, long_refresh, long_reuse) + graphs.memory_reserve(config, model.device, max(reuse_peak, long_reuse))
+    graph_pool = graphs.enabled(config, model.device) and config.cache != "none"   # captured graphs' memory
+    short = peak + (reuse_peak if graph_pool else 0)
+    peak = max(peak, long_refresh, long_reuse) + (max(reuse_peak, long_reuse) if graph_pool else 0)
     long_canvas = chunk is not None
     if long_canvas and budget - wb - peak - guard < 0 <= budget - wb - short - guard:
         # Room for every step within the token budget but not for a longer canvas: serve the

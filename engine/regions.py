@@ -1,15 +1,13 @@
-"""Named parts of a step a caller can observe: `region(name)` enters `observe`'s factory(name), if any."""
+"""Named parts of a step a profiler can observe: `region(name)` runs inside `observe`'s factory(name), if any."""
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 LM_HEAD = "lm_head"     # the final norm and LM head GEMM of the decoded rows
 DECODE = "decode"       # proposals, confidences, the commit choice
 
-Factory = Callable[[str], AbstractContextManager]
+Factory = Callable[[str], contextlib.AbstractContextManager]
 _factory: Factory | None = None
 
 
@@ -20,15 +18,11 @@ def observe(factory: Factory | None) -> Factory | None:
     return previous
 
 
-def region(name: str) -> AbstractContextManager:
-    return contextlib.nullcontext() if _factory is None else _factory(name)
+@contextlib.contextmanager
+def region(name: str):
+    """`with region(name):`, or on a function `@region(name)` (`in_region`)."""
+    with contextlib.nullcontext() if _factory is None else _factory(name):
+        yield
 
 
-def in_region(name: str):
-    def wrap(fn):
-        @functools.wraps(fn)
-        def inner(*args, **kwargs):
-            with region(name):
-                return fn(*args, **kwargs)
-        return inner
-    return wrap
+in_region = region

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.attention import key_bias, padded_attention
 from engine.models import DenseLM, ModelConfig, build_model
 
 MASK, EOS = 299, 298
@@ -61,6 +62,24 @@ def plain_attention(q, k, v):
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def padded_varlen(q, cu_q: list[int], keys, values):
+    """q [Nq, Hq, D] packed; segment i attends over keys[i] / values[i] ([Hkv, Lk_i, D]) through the
+    engine's padded SDPA (engine.attention.padded_attention, key_bias) -> [Nq, Hq, D]."""
+    lq, lk = [b - a for a, b in zip(cu_q, cu_q[1:])], [t.shape[1] for t in keys]
+    G = len(keys)
+    qp = q.new_zeros(G, max(lq), *q.shape[1:])
+    kp = q.new_zeros(G, max(lk), keys[0].shape[0], q.shape[-1])
+    vp = torch.zeros_like(kp)
+    mask = torch.zeros(G, max(lk), dtype=torch.bool, device=q.device)
+    for i in range(G):
+        qp[i, : lq[i]] = q[cu_q[i] : cu_q[i + 1]]
+        kp[i, : lk[i]] = keys[i].transpose(0, 1)
+        vp[i, : lk[i]] = values[i].transpose(0, 1)
+        mask[i, : lk[i]] = True
+    o = padded_attention(qp, kp, vp, key_bias(mask, q.dtype))
+    return torch.cat([o[i, : lq[i]] for i in range(G)])
 
 
 def run_cli(monkeypatch, capsys, *args: str):

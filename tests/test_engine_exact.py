@@ -5,7 +5,7 @@
 * cache=dual equals a plainly written Fast-dLLM dual cache (NVlabs/Fast-dLLM@24cc59e,
   tests/plain_dual.py) against the model's building blocks only (no engine.runner), and differs
   from cache=none;
-* the varlen attention backend equals a plain softmax(QK^T/sqrt(d))V, GQA and Lq != Lk included.
+* packed segments through padded SDPA (the CPU backend) equal a plain softmax(QK^T/sqrt(d))V, GQA and Lq != Lk included.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch
 
 from baselines.reference_llada import reference_generate
 from engine import SamplingParams
-from engine.attention import resolve_backend, varlen_attention
+from engine.attention import resolve_backend
 from engine.models import dense_attention
-from tests.helpers import make_engine, plain_attention, random_prompts, run_alone, tiny_model
+from tests.helpers import make_engine, padded_varlen, plain_attention, random_prompts, run_alone, tiny_model
 from tests.plain_dual import plain_dual_cache_generate
 
 F64 = torch.float64
@@ -123,7 +123,7 @@ def test_varlen_sdpa_equals_plain_softmax(hkv):
     q = torch.randn(cu[-1], hq, d, dtype=F64, generator=g)
     keys = [torch.randn(hkv, n, d, dtype=F64, generator=g) for n in lk]
     values = [torch.randn(hkv, n, d, dtype=F64, generator=g) for n in lk]
-    out = varlen_attention(q, cu, keys, values, resolve_backend("auto", torch.device("cpu")))
+    out = padded_varlen(q, cu, keys, values)      # the padded SDPA a CPU attends with
     for i in range(len(lq)):
         want = plain_attention(q[cu[i] : cu[i + 1]], keys[i].transpose(0, 1), values[i].transpose(0, 1))
         torch.testing.assert_close(out[cu[i] : cu[i + 1]], want, rtol=0, atol=1e-12)

@@ -112,7 +112,8 @@ def attention_check(dev: torch.device) -> Check:
                      "or pip install -e '.[gpu]' for flash-attn", data)
     try:
         q = torch.randn(8, 2, 64, dtype=torch.bfloat16, device=dev)
-        out = attention.varlen_call(choice.name, q, [0, 8], q, q, [0, 8])
+        cu = torch.tensor([0, 8], dtype=torch.int32, device=dev)
+        out = attention.PackedKernel(choice.name)(q, q, q, cu, cu, 8, 8)
         torch.cuda.synchronize(dev)
         ok = bool(torch.isfinite(out).all())
     except Exception as e:  # a kernel missing for this architecture raises at the call

@@ -19,7 +19,7 @@ class _Tagged(LiveBytes):
         self.at_peak: dict[int, tuple[int, str]] = {}
 
     def reset_peak(self) -> None:
-        super().reset_peak()
+        self.peak = self.current
         self._snapshot()
 
     def _snapshot(self) -> None:

@@ -27,8 +27,10 @@ from dllm_bench.systems.profiles import profile_pools
 from dllm_bench.units import parse_size
 from engine import EngineConfig
 from engine.config import DTYPES
+from engine.kv_cache import kv_need
 from engine.memory import budget_from_free
 from engine.models import config_from_pretrained
+from engine.profiler import MemoryProfile
 
 
 @dataclass(frozen=True)
@@ -102,12 +104,20 @@ def profile(o: ProfileOptions) -> dict:
     base = dataclasses.replace(base, model=str(path), tensor_parallel_size=n)
     results = profile_pools({"logit budget": base, "monolithic": dataclasses.replace(base, max_num_logits=None)},
                             mml, o.threads or 1)
-    profiles = {k: (v.to_dict() | {"requests_that_fit": v.requests_that_fit(o.prompt_len, o.gen_length,
-                                                                            o.block_length)})
-                if not isinstance(v, str) else {"error": v} for k, v in results.items()}
+    profiles = {k: {"error": v} if isinstance(v, str) else
+                v.to_dict() | {"requests_that_fit": requests_that_fit(v, o.prompt_len, o.gen_length, o.block_length)}
+                for k, v in results.items()}
     return dict(kind="measured", base=base, model=o.model, shape=shape, tensor_parallel_size=n, profiles=profiles)
 
 
 def json_doc(doc: dict) -> dict:
     """What `--json` prints (the document less the tables' own keys)."""
     return {k: v for k, v in doc.items() if k not in ("kind", "base")}
+
+
+def requests_that_fit(p: MemoryProfile, prompt_len: int, gen_length: int, block_length: int,
+                      capped: bool = True) -> int:
+    """Concurrent requests of this shape a profile's KV pool admits (and max_num_seqs, if capped)."""
+    need = kv_need(p.cache, prompt_len + gen_length, block_length, p.retention)
+    by_kv = p.kv_pool_tokens // need if need else p.max_num_seqs
+    return min(by_kv, p.max_num_seqs) if capped else by_kv
