@@ -1,4 +1,4 @@
-"""What each KV cache policy stores, selects and reads, as columns over a `StepMeta` (docs/MECHANISMS.md)."""
+"""What each KV cache mode stores, selects and reads, as columns over a `StepMeta` (docs/MECHANISMS.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,52 +22,48 @@ class KeySpec:
     store_from: np.ndarray  # slot-table index where this step's fresh K/V (lead rows aside) go (-1: none)
 
 
+@dataclass
+class SelectPlan:
+    G: int
+    q_index: torch.Tensor        # [G*blmax] packed rows of each member's block queries (padded)
+    blmax: int
+    q_len: torch.Tensor | None   # block lengths when they differ
+    ctx_index: torch.Tensor      # [G*lcmax] packed rows of each member's context (padded)
+    lcmax: int
+    ctx_len: torch.Tensor | None  # context lengths when they differ
+    groups: list                 # (context length, tokens kept, members or None = all): one top-k each
+    kmax: int
+    keep_rows: tuple             # (member, rank) of every kept token of the [G, kmax] packing
+    slots: torch.Tensor          # the members' slot tables, concatenated
+
+
 class CachePolicy:
+    """`config.cache` over a step's members (`auto`: each member's own mode, `StepMeta.cache`; docs/ENGINE.md)."""
+
     def __init__(self, config: EngineConfig, head_mean=None):
         self.config = config
         self.head_mean = head_mean      # uniform selection on a tensor-parallel rank (engine.sparse)
+        self.selects = config.cache in ("sparse", "auto")
 
     def spec(self, m: StepMeta) -> KeySpec:
-        return KeySpec(np.zeros_like(m.n_q), m.n_q, np.full_like(m.n_q, -1))
-
-    def plan_select(self, m: StepMeta, staging: Staging):
-        return None
+        """none: the fresh canvas; dual: Reuse reads all L slots, the block's overwritten in place; sparse:
+        Reuse reads [retained ; block], the block's slots after the retained ones."""
+        mode = m.cache if self.config.cache == "auto" else np.full_like(m.n_q, CODES[self.config.cache])
+        dual, reuse = mode == CODES["dual"], ~m.refresh
+        dual_reuse, sparse_reuse = reuse & dual, reuse & (mode == CODES["sparse"])
+        stores = dual & m.has(Phase.REFRESH_STORE)
+        return KeySpec(np.select([dual_reuse, sparse_reuse], [m.length, m.kv], 0),
+                       np.where(dual_reuse | sparse_reuse, 0, m.n_q),
+                       np.select([dual_reuse, sparse_reuse, stores], [m.block_start, m.kv - m.block_len, 0], -1))
 
     def reuse_keys(self, req) -> int:
         """Keys a request's Reuse step attends to (all read from its cache slots)."""
-        return req.length
-
-
-class NoCache(CachePolicy):
-    """Exact LLaDA: keys = the request's own fresh canvas K/V, nothing cached."""
-
-
-class DualCache(CachePolicy):
-    """Fast-dLLM's dual cache: the block-start Refresh stores every K/V; a Reuse step overwrites
-    the block's slots in place and attends over all L."""
-
-    def spec(self, m):
-        reuse = ~m.refresh
-        return KeySpec(np.where(reuse, m.length, 0), np.where(reuse, 0, m.n_q),
-                       np.where(reuse, m.block_start, np.where(m.has(Phase.REFRESH_STORE), 0, -1)))
-
-
-class SparseCache(CachePolicy):
-    """dLLM-Serve's sparse KV: the Refresh at `delay_step` packs the retained context K/V into the
-    first slots; a Reuse step writes the block's after them and attends over [retained ; block]."""
-
-    def reuse_keys(self, req) -> int:
-        return req.kv_tokens
-
-    def spec(self, m):
-        reuse = ~m.refresh
-        return KeySpec(np.where(reuse, m.kv, 0), np.where(reuse, 0, m.n_q),
-                       np.where(reuse, m.kv - m.block_len, -1))
+        return req.kv_tokens if self.selects else req.length
 
     def plan_select(self, m: StepMeta, staging: Staging) -> SelectPlan | None:
         """Index tensors of one step's Refresh-select, for the members that keep anything."""
         g = np.flatnonzero(m.has(Phase.REFRESH_SELECT) & (m.kv > m.block_len))
-        if not g.size:
+        if not self.selects or not g.size:
             return None
         bl, start, a = m.block_len[g], m.block_start[g], m.cu_q[g]
         lc = m.length[g] - bl
@@ -100,33 +96,3 @@ class SparseCache(CachePolicy):
                                  plan.q_len, plan.ctx_len, self.head_mean)
         pool[0, plan.slots] = sparse.pack(kc, idx).transpose(1, 2)[plan.keep_rows]
         pool[1, plan.slots] = sparse.pack(vc, idx).transpose(1, 2)[plan.keep_rows]
-
-
-@dataclass
-class SelectPlan:
-    G: int
-    q_index: torch.Tensor        # [G*blmax] packed rows of each member's block queries (padded)
-    blmax: int
-    q_len: torch.Tensor | None   # block lengths when they differ
-    ctx_index: torch.Tensor      # [G*lcmax] packed rows of each member's context (padded)
-    lcmax: int
-    ctx_len: torch.Tensor | None  # context lengths when they differ
-    groups: list                 # (context length, tokens kept, members or None = all): one top-k each
-    kmax: int
-    keep_rows: tuple             # (member, rank) of every kept token of the [G, kmax] packing
-    slots: torch.Tensor          # the members' slot tables, concatenated
-
-
-class AutoCache(SparseCache):
-    """Dual, sparse and none members in one step (`cache=auto`), each by its own policy's spec."""
-
-    def spec(self, m):
-        specs = {CODES["dual"]: DualCache.spec(self, m), CODES["sparse"]: SparseCache.spec(self, m),
-                 CODES["none"]: CachePolicy.spec(self, m)}
-        members = [m.cache == code for code in specs]
-        return KeySpec(*(np.select(members, [getattr(s, f) for s in specs.values()])
-                         for f in ("cached", "fresh", "store_from")))
-
-
-POLICIES: dict[str, type[CachePolicy]] = {"none": NoCache, "dual": DualCache, "sparse": SparseCache,
-                                          "auto": AutoCache}
