@@ -10,7 +10,6 @@ import torch
 
 from engine import chunking, graphs
 from engine.attention import PACKED, PackedKernel
-from engine.cache_policy import CachePolicy
 from engine.config import EngineConfig
 from engine.decoding import commit_mask, policy_columns
 from engine.graphs import PadSpec, StepGraphs, pad_meta
@@ -23,7 +22,7 @@ from engine.request import Phase, Request
 from engine.scheduler import serves_long
 from engine.staging import Staging
 from engine.step import StepDecisions, StepMeta, StepStats
-from engine.step_context import StepContext
+from engine.step_context import CachePolicy, StepContext
 from engine.unmask import rescored
 
 
