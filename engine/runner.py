@@ -68,8 +68,7 @@ class ModelRunner:
         else:
             tokens = np.concatenate([r.host_canvas for r in reqs])
             starts = offsets(np.fromiter((r.length for r in reqs), dtype=np.int64, count=len(reqs)))[:-1]
-        host_slots = self.pool.host_slots if self.pool is not None else lambda table: table.cpu().numpy()
-        m = StepMeta.of(batch, starts, host_slots, self.model_config.shift)
+        m = StepMeta.of(batch, starts, self.pool.host_slots, self.model_config.shift)
         return m, _plan_commit(m, reqs, tokens, self.model_config, staging, in_pool), tokens
 
     def packed(self, real: StepMeta, m: StepMeta, fwd: Staging, static_keys: int | None = None, *,
@@ -132,13 +131,13 @@ class ModelRunner:
         m, c, _ = self._plan([(r, Phase.REUSE if i in long else p) for i, (r, p) in enumerate(batch)],
                              self.long_staging.begin())
         self.long_staging.flush()
-        storage = self.pool.storage if self.pool is not None else None
         parts, decodes = {}, []            # member -> (its decode, first row, rows)
         for i in long:
             r, p = batch[i]
             a, n = int(c.seg_start[i]), int(c.counts[i])
             one = dataclasses.replace(c, seg_start=np.zeros(1, dtype=np.int64), counts=c.counts[i : i + 1])
-            hidden = chunking.refresh_rows(self.model, r, p, storage, self.config, self.refresh_chunk, self.backend)
+            hidden = chunking.refresh_rows(self.model, r, p, self.pool.storage, self.config, self.refresh_chunk,
+                                           self.backend)
             decodes.append(self._decode([r], hidden, one, c.rows[a : a + n] - int(m.cu_q[i])))
             parts[i] = (decodes[-1], 0, n)
             del hidden
