@@ -14,7 +14,6 @@ MONOLITHIC_DECODE_ROWS = 64
 @dataclass
 class RowSegment:
     """Rows [start, start + count) of the gathered row list belong to one request."""
-
     start: int
     count: int
     temperature: float

@@ -22,9 +22,7 @@ class Staging:
         """`buffered`: through a buffer even on the CPU (what a CUDA graph replay relies on)."""
         self.device = torch.device(device)
         self.on_host = self.device.type == "cpu" and not buffered
-        self.segments: list[_Segment] = []
-        if capacity and not self.on_host:
-            self.segments.append(_Segment(capacity, self.device))
+        self.segments = [_Segment(capacity, self.device)] if capacity and not self.on_host else []
 
     @property
     def used(self) -> int:

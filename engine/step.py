@@ -61,7 +61,6 @@ class StepMeta:
 @dataclass
 class StepDecisions:
     """Entry i: request `row[i]` commits `tokens[i]` at `positions[i]`; request j is charged `logits_rows[j]` rows."""
-
     row: torch.Tensor
     positions: torch.Tensor
     tokens: torch.Tensor
