@@ -11,15 +11,9 @@ from engine.unmask import confidence_at, dream_rows, entropy_of, gumbel_argmax, 
 MONOLITHIC_DECODE_ROWS = 64
 
 
-def lm_head_logits(lm_head, hidden: torch.Tensor) -> torch.Tensor:
-    with region(LM_HEAD):
-        return lm_head(hidden)
-
-
 @dataclass
 class RowSegment:
     """Rows [start, start + count) of the gathered row list belong to one request."""
-
     start: int
     count: int
     temperature: float
@@ -36,16 +30,26 @@ class DecodeResult:
     entropy: torch.Tensor | None = None   # [R] predictive entropy (when a request decodes by entropy)
 
 
-def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
-                  mask_id: int, entropy: bool = False) -> tuple:
-    return by_rule(logits, c0, segments, mask_id, entropy, lambda part, at: _llada_chunk(part, at, segments, mask_id,
-                                                                                      entropy))
+def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int,
+                  entropy: bool = False) -> tuple:
+    """Rows [c0, c0 + len) -> (x0, conf, entropy or None): the argmax, Gumbel's at T > 0, or Dream's rule."""
+
+    def plain(part: torch.Tensor, at: int) -> tuple:
+        x0 = proposal_argmax(part, mask_id)
+        for seg in segments:
+            a, b = max(seg.start, at), min(seg.start + seg.count, at + part.shape[0])
+            if seg.temperature != 0 and a < b:
+                x0[a - at : b - at] = gumbel_argmax(part[a - at : b - at], seg.temperature, seg.gen, mask_id)
+        ent = entropy_of(part) if entropy else None
+        return x0, confidence_at(part, x0, inplace=True), ent    # the chunk is consumed: read last
+
+    return by_rule(logits, c0, segments, mask_id, entropy, plain)
 
 
 def by_rule(logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool, plain,
             full=None) -> tuple:
-    """Rows [c0, c0 + len) -> (x0, conf, entropy or None): Dream's rule (engine.unmask.dream_rows) on
-    its segments' rows, `plain(rows, first row)` on the others; `full(rows)`: their whole vocabulary."""
+    """Rows [c0, c0 + len) -> (x0, conf, entropy or None): Dream's rule (engine.unmask.dream_rows) on its
+    segments' rows, `plain(rows, first row)` on the others; `full(rows)`: their whole vocabulary."""
     n = logits.shape[0]
     spans = [(max(s.start - c0, 0), min(s.start + s.count - c0, n), s) for s in segments if s.dream is not None]
     spans = [t for t in spans if t[0] < t[1]]
@@ -63,34 +67,22 @@ def by_rule(logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: 
     return torch.cat(x0), torch.cat(conf), torch.cat(ent) if entropy else None
 
 
-def _llada_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment],
-                 mask_id: int, entropy: bool = False) -> tuple:
-    x0 = proposal_argmax(logits, mask_id)
-    c1 = c0 + logits.shape[0]
-    for seg in segments:
-        if seg.temperature == 0:
-            continue
-        a, b = max(seg.start, c0), min(seg.start + seg.count, c1)
-        if a < b:
-            x0[a - c0 : b - c0] = gumbel_argmax(logits[a - c0 : b - c0], seg.temperature, seg.gen, mask_id)
-    ent = entropy_of(logits) if entropy else None
-    return x0, confidence_at(logits, x0, inplace=True), ent    # the chunk is consumed: read last
-
-
 @in_region(DECODE)
 def decode_rows(lm_head, hidden: torch.Tensor, row_index: torch.Tensor, segments: list[RowSegment],
                 max_num_logits: int | None, mask_id: int, entropy: bool = False, chunk=_decode_chunk) -> DecodeResult:
     """Proposals for `row_index`'s rows of `hidden`, `chunk` decoding each logits chunk (None: monolithic)."""
     R = row_index.numel()
     if max_num_logits is None:
-        full = lm_head_logits(lm_head, hidden)
+        with region(LM_HEAD):
+            full = lm_head(hidden)
         parts = [chunk(full[row_index[c0 : c0 + MONOLITHIC_DECODE_ROWS]], c0, segments, mask_id, entropy)
                  for c0 in range(0, R, MONOLITHIC_DECODE_ROWS)]
         rows = at_once = hidden.shape[0]
     else:
         picked, parts = hidden[row_index], []
         for c0 in range(0, R, max_num_logits):
-            logits = lm_head_logits(lm_head, picked[c0 : c0 + max_num_logits])
+            with region(LM_HEAD):
+                logits = lm_head(picked[c0 : c0 + max_num_logits])
             parts.append(chunk(logits, c0, segments, mask_id, entropy))
             del logits                              # freed before the next chunk exists
         rows, at_once = R, min(R, max_num_logits)

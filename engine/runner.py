@@ -10,7 +10,6 @@ import torch
 
 from engine import chunking, graphs
 from engine.attention import PACKED, PackedKernel
-from engine.cache_policy import POLICIES
 from engine.config import EngineConfig
 from engine.decoding import commit_mask, policy_columns
 from engine.graphs import PadSpec, StepGraphs, pad_meta
@@ -23,7 +22,7 @@ from engine.request import Phase, Request
 from engine.scheduler import serves_long
 from engine.staging import Staging
 from engine.step import StepDecisions, StepMeta, StepStats
-from engine.step_context import StepContext
+from engine.step_context import CachePolicy, StepContext
 from engine.unmask import rescored
 
 
@@ -33,16 +32,16 @@ class ModelRunner:
         self.model, self.config, self.backend, self.pool = model, config, backend, pool
         self.model_config, self.dtype, self.device = model.config, model.dtype, model.device
         self.decode_rows = getattr(model, "decode_rows", decode_rows)
-        self.policy = POLICIES[config.cache](config, getattr(model, "head_mean", None))
+        self.policy = CachePolicy(config, getattr(model, "head_mean", None))
         self.max_model_len = max_model_len or model.config.max_sequence_length
         self.key_budget = max(self.max_model_len, config.max_num_batched_tokens)
         self.key_chunk = config.max_num_batched_tokens
         self.kernel = PackedKernel(backend) if backend in PACKED else None
         self.in_place_keys = True       # the profiler turns it off (gathered keys: the larger peak)
-        self.staging = Staging(self.device)
-        self.refresh_chunk = refresh_chunk or chunking.default_chunk(config)
+        self.staging, self.long_staging = Staging(self.device), Staging(self.device)
+        # a Refresh over the token budget runs in chunks: profiled, else half the token budget
+        self.refresh_chunk = refresh_chunk or config.refresh_chunk_tokens or max(1, config.max_num_batched_tokens // 2)
         self.long_possible = serves_long(config)
-        self.long_staging = Staging(self.device)
         self.graphs = StepGraphs(self) if graphs.enabled(config, self.device) and pool is not None else None
 
     def prepare(self, batch: list[tuple[Request, Phase]], pad: PadSpec | None = None,
@@ -50,16 +49,27 @@ class ModelRunner:
         """The step's inputs, attention and commit plan, staged (`pad`: dummies; `fwd_staging`: a graph's)."""
         main = self.staging.begin()
         fwd = main if fwd_staging is None else fwd_staging.begin()
-        reqs = [r for r, _ in batch]
-        host_tokens, offsets, in_pool = _canvases(reqs)
-        real = StepMeta.of(batch, offsets, self._host_slots, self.model_config.shift)
-        m = real if pad is None else pad_meta(real, pad)
-        p = self.packed(real, m, fwd, None if pad is None else pad.keys, tokens=host_tokens)
-        p.plan = _plan_commit(real, reqs, host_tokens, self.model_config, main, in_pool)
+        real, plan, tokens = self._plan(batch, main)
+        p = self.packed(real, real if pad is None else pad_meta(real, pad), fwd, None if pad is None else pad.keys,
+                        tokens=tokens)
+        p.plan = plan
         fwd.flush()
         if fwd is not main:
             main.flush()
         return p
+
+    def _plan(self, batch: list[tuple[Request, Phase]], staging: Staging) -> tuple[StepMeta, CommitPlan, np.ndarray]:
+        """The step's columns, commit plan and host tokens (the canvas pool's when it holds every canvas)."""
+        reqs = [r for r, _ in batch]
+        pool = getattr(reqs[0], "canvas_pool", None)
+        in_pool = pool is not None and all(getattr(r, "canvas_pool", None) is pool for r in reqs)
+        if in_pool:
+            tokens, starts = pool.host, np.fromiter((r.canvas_offset for r in reqs), dtype=np.int64, count=len(reqs))
+        else:
+            tokens = np.concatenate([r.host_canvas for r in reqs])
+            starts = offsets(np.fromiter((r.length for r in reqs), dtype=np.int64, count=len(reqs)))[:-1]
+        m = StepMeta.of(batch, starts, self.pool.host_slots, self.model_config.shift)
+        return m, _plan_commit(m, reqs, tokens, self.model_config, staging, in_pool), tokens
 
     def packed(self, real: StepMeta, m: StepMeta, fwd: Staging, static_keys: int | None = None, *,
                tokens: np.ndarray | None = None, ids: np.ndarray | None = None) -> PackedStep:
@@ -70,9 +80,6 @@ class ModelRunner:
                           StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
                                       static_keys, self.kernel, self.in_place_keys, self.key_chunk))
 
-    def _host_slots(self, table: torch.Tensor) -> np.ndarray:
-        return self.pool.host_slots(table) if self.pool is not None else table.cpu().numpy()
-
     def forward(self, p: PackedStep) -> torch.Tensor:
         """The forward of a prepared step (what CUDA graphs capture)."""
         p.ctx.finalize()
@@ -81,11 +88,11 @@ class ModelRunner:
 
     @torch.no_grad()
     def run(self, batch: list[tuple[Request, Phase]]) -> StepStats:
-        reqs = [r for r, _ in batch]
-        budget = self.config.max_num_batched_tokens
-        if self.long_possible and any(r.length > budget and p is not Phase.REUSE for r, p in batch):
-            m, c, res, queries, keys = self._run_long(batch)
-            n_ref, padded, graph = sum(p is not Phase.REUSE for _, p in batch), len(batch), False
+        reqs, budget = [r for r, _ in batch], self.config.max_num_batched_tokens
+        long = [i for i, (r, p) in enumerate(batch) if p is not Phase.REUSE and r.length > budget]
+        if self.long_possible and long:
+            m, c, res, queries, keys = self._run_long(batch, long)
+            n_ref, n_padded, graph = sum(p is not Phase.REUSE for _, p in batch), len(batch), False
         else:
             step = self.graphs.run(batch) if self.graphs is not None and self.graphs.takes(batch) else None
             if step is not None:
@@ -95,7 +102,7 @@ class ModelRunner:
                 hidden = self.forward(p)
             m, c = p.meta, p.plan
             res = self._decode(reqs, hidden, c)
-            queries, n_ref, padded = int(m.cu_q[-1]), int(m.refresh.sum()), len(p.padded_meta.n_q)
+            queries, n_ref, n_padded = int(m.cu_q[-1]), int(m.refresh.sum()), len(p.padded_meta.n_q)
             keys = self._keys(m)
         conf = res.conf
         for i, r in enumerate(reqs):
@@ -107,7 +114,7 @@ class ModelRunner:
         monolithic = self.config.max_num_logits is None
         decisions = _choose(conf, res.x0, res.entropy, c, (m.n_q if monolithic else c.counts).tolist())
         return StepStats(queries, res.rows_materialized, res.max_rows_at_once, n_ref, len(batch) - n_ref,
-                         decisions, key_tokens=keys, padded_requests=padded, graph=graph,
+                         decisions, key_tokens=keys, padded_requests=n_padded, graph=graph,
                          cache=dict(Counter(r.cache or self.config.cache for r in reqs)))
 
     def _keys(self, m: StepMeta) -> int:
@@ -116,40 +123,34 @@ class ModelRunner:
 
     def _decode(self, reqs: list[Request], hidden: torch.Tensor, c: CommitPlan, rows: torch.Tensor | None = None):
         """The candidates' proposals under the logit budget (`rows`: their hidden rows)."""
-        segments = row_segments(reqs, c)
-        return self.decode_rows(self.model.lm_head, hidden, c.rows if rows is None else rows, segments,
+        return self.decode_rows(self.model.lm_head, hidden, c.rows if rows is None else rows, row_segments(reqs, c),
                                 self.config.max_num_logits, self.model_config.mask_token_id, entropy=c.entropy)
 
-    def _run_long(self, batch: list[tuple[Request, Phase]]) -> tuple:
-        """Each Refresh over the token budget chunked and decoded, then the others packed."""
-        budget = self.config.max_num_batched_tokens
-        reqs = [r for r, _ in batch]
-        host_tokens, offsets, in_pool = _canvases(reqs)
-        long = [i for i, (r, p) in enumerate(batch) if p is not Phase.REUSE and r.length > budget]
-        m = StepMeta.of([(r, Phase.REUSE if i in long else p) for i, (r, p) in enumerate(batch)], offsets,
-                        self._host_slots, self.model_config.shift)
-        c = _plan_commit(m, reqs, host_tokens, self.model_config, self.long_staging.begin(), in_pool)
+    def _run_long(self, batch: list[tuple[Request, Phase]], long: list[int]) -> tuple:
+        """The `long` members' Refresh chunked and decoded, then the others packed."""
+        m, c, _ = self._plan([(r, Phase.REUSE if i in long else p) for i, (r, p) in enumerate(batch)],
+                             self.long_staging.begin())
         self.long_staging.flush()
-        storage = self.pool.storage if self.pool is not None else None
         parts, decodes = {}, []            # member -> (its decode, first row, rows)
         for i in long:
             r, p = batch[i]
-            hidden = chunking.refresh_rows(self.model, r, p, storage, self.config, self.refresh_chunk, self.backend)
             a, n = int(c.seg_start[i]), int(c.counts[i])
             one = dataclasses.replace(c, seg_start=np.zeros(1, dtype=np.int64), counts=c.counts[i : i + 1])
+            hidden = chunking.refresh_rows(self.model, r, p, self.pool.storage, self.config, self.refresh_chunk,
+                                           self.backend)
             decodes.append(self._decode([r], hidden, one, c.rows[a : a + n] - int(m.cu_q[i])))
             parts[i] = (decodes[-1], 0, n)
             del hidden
         short = [i for i in range(len(batch)) if i not in parts]
-        queries = keys = sum(reqs[i].length for i in long)
+        queries = keys = sum(batch[i][0].length for i in long)
         if short:
             ps = self.prepare([batch[i] for i in short])
-            decodes.append(self._decode([reqs[i] for i in short], self.forward(ps),
+            decodes.append(self._decode([batch[i][0] for i in short], self.forward(ps),
                                         dataclasses.replace(ps.plan, entropy=c.entropy)))
             queries += int(ps.meta.cu_q[-1])
             keys += self._keys(ps.meta)
-            for j, i in enumerate(short):
-                parts[i] = (decodes[-1], int(ps.plan.seg_start[j]), int(ps.plan.counts[j]))
+            parts.update((i, (decodes[-1], int(ps.plan.seg_start[j]), int(ps.plan.counts[j])))
+                         for j, i in enumerate(short))
 
         def cat(field: str) -> torch.Tensor | None:
             if getattr(decodes[0], field) is None:
@@ -163,13 +164,10 @@ class ModelRunner:
 
 @dataclass
 class CommitPlan:
-    """The candidates' hidden rows (each block's masked positions p, read at p - shift) and their
-    cells in a [B, W] table."""
-
-    rows: torch.Tensor            # [R] each candidate's hidden row (position p: p - shift), request then position order
+    """The candidates (each block's masked positions p, read at hidden row p - shift), cells of a [B, W] table."""
+    rows: torch.Tensor            # [R] each candidate's hidden row, request then position order
     counts: np.ndarray            # [B] candidates per request
     seg_start: np.ndarray         # [B] each request's first candidate in `rows`
-    width: int
     flat: torch.Tensor            # [R] each candidate's cell of the [B, W] table
     rel: torch.Tensor             # [B, W] table cell -> canvas position
     counts_t: torch.Tensor
@@ -196,12 +194,11 @@ def _plan_commit(m: StepMeta, reqs: list[Request], host_tokens: np.ndarray, cfg:
     rows = (hid - m.q_start[:, None] + m.cu_q[:-1, None])[cand]
     counts = cand.sum(1)
     fixed = all(p.fixed for p in policies)
-    kinds, values = (None, None) if fixed else policy_columns(policies)
-    B = len(counts)
-    return CommitPlan(staging.put(rows), counts, np.cumsum(counts) - counts, W, staging.put(np.flatnonzero(cand)),
-                      staging.put(rel), staging.put(counts), staging.put(m.k), None if fixed else staging.put(kinds),
-                      None if fixed else staging.put(values), any(p.kind == "entropy" for p in policies),
-                      staging.put(np.repeat(np.arange(B), W)), staging.put(m.offset) if in_pool else None)
+    kinds, values = (None, None) if fixed else map(staging.put, policy_columns(policies))
+    return CommitPlan(staging.put(rows), counts, np.cumsum(counts) - counts, staging.put(np.flatnonzero(cand)),
+                      staging.put(rel), staging.put(counts), staging.put(m.k), kinds, values,
+                      any(p.kind == "entropy" for p in policies), staging.put(np.repeat(np.arange(len(reqs)), W)),
+                      staging.put(m.offset) if in_pool else None)
 
 
 def row_segments(reqs: list[Request], c: CommitPlan) -> list[RowSegment]:
@@ -215,7 +212,7 @@ def row_segments(reqs: list[Request], c: CommitPlan) -> list[RowSegment]:
 def _choose(conf: torch.Tensor, x0: torch.Tensor, entropy: torch.Tensor | None, c: CommitPlan,
             logits_rows: list[int]) -> StepDecisions:
     """Each request's candidates by confidence (ties: lower position first), its policy's prefix taken."""
-    B, W = len(c.counts), c.width
+    B, W = c.rel.shape
 
     def table(v: torch.Tensor, fill) -> torch.Tensor:
         t = torch.full((B * W,), fill, dtype=v.dtype, device=v.device)
@@ -229,9 +226,9 @@ def _choose(conf: torch.Tensor, x0: torch.Tensor, entropy: torch.Tensor | None, 
     take = commit_mask(s_conf, s_ent, c.counts_t, c.k, c.kinds, c.values)
     positions = c.rel.gather(1, order)
     tokens = table(x0, 0).gather(1, order)
+    pool_index = None if c.canvas_start is None else (c.canvas_start[:, None] + positions).view(-1)
     return StepDecisions(c.row, positions.view(-1), tokens.view(-1), s_conf.view(-1), logits_rows,
-                         canvas_index=None if c.canvas_start is None else (c.canvas_start[:, None] + positions).view(-1),
-                         taken=take.view(-1))
+                         canvas_index=pool_index, taken=take.view(-1))
 
 
 @dataclass
@@ -244,11 +241,3 @@ class PackedStep:
     ctx: StepContext
     plan: CommitPlan | None = None
 
-
-def _canvases(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(host tokens holding every canvas, each one's offset, whether that is the engine's canvas pool)."""
-    pool = getattr(reqs[0], "canvas_pool", None)
-    if pool is not None and all(getattr(r, "canvas_pool", None) is pool for r in reqs):
-        return pool.host, np.fromiter((r.canvas_offset for r in reqs), dtype=np.int64, count=len(reqs)), True
-    lens = np.fromiter((r.length for r in reqs), dtype=np.int64, count=len(reqs))
-    return np.concatenate([r.host_canvas for r in reqs]), offsets(lens)[:-1], False

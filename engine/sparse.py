@@ -32,14 +32,6 @@ def score_context(q_block: torch.Tensor, k_ctx: torch.Tensor, selection: str, qu
     return (s.mean((1, 2)) if head_mean is None else head_mean(s))[:, None]
 
 
-def max_pool(scores: torch.Tensor, window: int) -> torch.Tensor:
-    """Along the last axis of [..., Lc]; -inf padding at the end never wins a window."""
-    if window <= 1:
-        return scores
-    flat = scores.reshape(-1, 1, scores.shape[-1])
-    return F.max_pool1d(flat, window, stride=1, padding=window // 2).view(scores.shape)
-
-
 def select_many(q_block, k_ctx, groups: list, kmax: int, selection: str, window: int, query: str = "mean",
                 q_len: torch.Tensor | None = None, ctx_len: torch.Tensor | None = None, head_mean=None) -> torch.Tensor:
     """Kept context indices of G members padded to one shape -> [G, Hkv, kmax] (`groups`: one top-k each)."""
@@ -48,7 +40,8 @@ def select_many(q_block, k_ctx, groups: list, kmax: int, selection: str, window:
     if ctx_len is not None:
         pad = torch.arange(lc, device=s.device)[None] >= ctx_len[:, None]
         s = s.masked_fill(pad[:, None], -torch.inf)
-    s = max_pool(s, window)
+    if window > 1:                              # -inf padding at the end never wins a window
+        s = F.max_pool1d(s.reshape(-1, 1, lc), window, stride=1, padding=window // 2).view(s.shape)
     if len(groups) == 1 and groups[0][2] is None:
         c, n, _ = groups[0]
         return torch.topk(s[..., :c], n, dim=-1).indices.sort(-1).values.expand(G, hkv, n)

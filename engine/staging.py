@@ -22,10 +22,7 @@ class Staging:
         """`buffered`: through a buffer even on the CPU (what a CUDA graph replay relies on)."""
         self.device = torch.device(device)
         self.on_host = self.device.type == "cpu" and not buffered
-        self.segments: list[_Segment] = []
-        self.copies = 0                               # copies enqueued by the last flush
-        if capacity and not self.on_host:
-            self.segments.append(_Segment(capacity, self.device))
+        self.segments = [_Segment(capacity, self.device)] if capacity and not self.on_host else []
 
     @property
     def used(self) -> int:
@@ -58,8 +55,6 @@ class Staging:
 
     def flush(self) -> None:
         """Enqueue the copies of everything put since `begin` (none on the CPU)."""
-        self.copies = 0
         for s in self.segments:
             if s.used:
                 s.device[: s.used].copy_(s.pinned[: s.used], non_blocking=True)
-                self.copies += 1

@@ -1,5 +1,4 @@
-"""One engine step: its requests' scalars as numpy columns (`StepMeta`), and the runner seam:
-what a step hands a `Runner` and gets back (docs/ENGINE.md)."""
+"""One step's requests as numpy columns (`StepMeta`), and the runner seam: what a `Runner` gets and returns."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,9 +60,7 @@ class StepMeta:
 
 @dataclass
 class StepDecisions:
-    """Flat over the batch: entry `row[i]` commits `tokens[i]` at canvas position `positions[i]`
-    (confidence `confidence[i]`); request j was charged `logits_rows[j]` logits rows."""
-
+    """Entry i: request `row[i]` commits `tokens[i]` at `positions[i]`; request j is charged `logits_rows[j]` rows."""
     row: torch.Tensor
     positions: torch.Tensor
     tokens: torch.Tensor

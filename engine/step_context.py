@@ -1,5 +1,5 @@
-"""StepContext: the attention callable of one packed engine step, built once per step on the
-host from `StepMeta`, called once per layer (docs/ENGINE.md)."""
+"""A step's attention: each member's keys by its cache mode (`CachePolicy`) and the per-layer callable
+(`StepContext`), planned on the host from `StepMeta` (docs/ENGINE.md, docs/MECHANISMS.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,19 +7,97 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.attention import (
-    PACKED,
-    PackedKernel,
-    attention_over_key_chunks,
-    key_bias,
-    key_piece,
-    padded_attention,
-)
-from engine.cache_policy import CachePolicy, KeySpec
-from engine.kv_cache import KVPool
+from engine import sparse
+from engine.attention import PACKED, attention_over_key_chunks, key_bias, key_piece, padded_attention
+from engine.config import EngineConfig
+from engine.kv_cache import CODES, KVPool
 from engine.ragged import offsets, padded, ragged
+from engine.request import Phase
 from engine.staging import Staging
 from engine.step import StepMeta
+
+
+@dataclass
+class KeySpec:
+    cached: np.ndarray      # keys read from the request's slots (its first `cached` table entries)
+    fresh: np.ndarray       # keys that are this step's own fresh K/V rows (its first `fresh` queries)
+    store_from: np.ndarray  # slot-table index where this step's fresh K/V (lead rows aside) go (-1: none)
+
+
+@dataclass
+class SelectPlan:
+    G: int
+    q_index: torch.Tensor        # [G*blmax] packed rows of each member's block queries (padded)
+    blmax: int
+    q_len: torch.Tensor | None   # block lengths when they differ
+    ctx_index: torch.Tensor      # [G*lcmax] packed rows of each member's context (padded)
+    lcmax: int
+    ctx_len: torch.Tensor | None  # context lengths when they differ
+    groups: list                 # (context length, tokens kept, members or None = all): one top-k each
+    kmax: int
+    keep_rows: tuple             # (member, rank) of every kept token of the [G, kmax] packing
+    slots: torch.Tensor          # the members' slot tables, concatenated
+
+
+class CachePolicy:
+    """`config.cache` over a step's members (`auto`: each member's own mode, `StepMeta.cache`; docs/ENGINE.md)."""
+
+    def __init__(self, config: EngineConfig, head_mean=None):
+        self.config = config
+        self.head_mean = head_mean      # uniform selection on a tensor-parallel rank (engine.sparse)
+        self.selects = config.cache in ("sparse", "auto")
+
+    def spec(self, m: StepMeta) -> KeySpec:
+        """none: the fresh canvas; dual: Reuse reads all L slots, the block's overwritten in place; sparse:
+        Reuse reads [retained ; block], the block's slots after the retained ones."""
+        mode = m.cache if self.config.cache == "auto" else np.full_like(m.n_q, CODES[self.config.cache])
+        dual, reuse = mode == CODES["dual"], ~m.refresh
+        dual_reuse, sparse_reuse = reuse & dual, reuse & (mode == CODES["sparse"])
+        stores = dual & m.has(Phase.REFRESH_STORE)
+        return KeySpec(np.select([dual_reuse, sparse_reuse], [m.length, m.kv], 0),
+                       np.where(dual_reuse | sparse_reuse, 0, m.n_q),
+                       np.select([dual_reuse, sparse_reuse, stores], [m.block_start, m.kv - m.block_len, 0], -1))
+
+    def reuse_keys(self, req) -> int:
+        """Keys a request's Reuse step attends to (all read from its cache slots)."""
+        return req.kv_tokens if self.selects else req.length
+
+    def plan_select(self, m: StepMeta, staging: Staging) -> SelectPlan | None:
+        """Index tensors of one step's Refresh-select, for the members that keep anything."""
+        g = np.flatnonzero(m.has(Phase.REFRESH_SELECT) & (m.kv > m.block_len))
+        if not self.selects or not g.size:
+            return None
+        bl, start, a = m.block_len[g], m.block_start[g], m.cu_q[g]
+        lc = m.length[g] - bl
+        blmax, lcmax = int(bl.max()), int(lc.max())
+        q_index, _ = padded(a + start, bl, blmax)
+        j = np.arange(lcmax)
+        pos = j + bl[:, None] * (j >= start[:, None])
+        ctx_index = a[:, None] + pos * (j < lc[:, None])
+        keep = m.kv[g] - bl
+        kmax = int(keep.max())
+        keep_rows = np.nonzero(np.arange(kmax) < keep[:, None])              # (member, rank) kept
+        shapes: dict[tuple[int, int], list[int]] = {}
+        for i, key in enumerate(zip(lc.tolist(), keep.tolist())):
+            shapes.setdefault(key, []).append(i)
+        groups = [(c, n, None if len(shapes) == 1 else staging.put(np.asarray(mem))) for (c, n), mem in shapes.items()]
+        return SelectPlan(len(g), staging.put(q_index.reshape(-1)), blmax,
+                          None if (bl == blmax).all() else staging.put(bl),
+                          staging.put(ctx_index.reshape(-1)), lcmax,
+                          None if (lc == lcmax).all() else staging.put(lc), groups, kmax,
+                          tuple(map(staging.put, keep_rows)), staging.put(m.slots[ragged(m.slot_base[g], keep)]))
+
+    def select(self, plan: SelectPlan, pool: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """One layer's Refresh-select: keep ⌊r·L_ctx⌋ context tokens per KV head, packed into the first slots."""
+        c, G = self.config, plan.G
+        hkv, d = k.shape[1:]
+        qb = q[plan.q_index].view(G, plan.blmax, *q.shape[1:])
+        kc = k[plan.ctx_index].view(G, plan.lcmax, hkv, d).transpose(1, 2)
+        vc = v[plan.ctx_index].view(G, plan.lcmax, hkv, d).transpose(1, 2)
+        idx = sparse.select_many(qb, kc, plan.groups, plan.kmax, c.selection, c.pool_window, c.score_query,
+                                 plan.q_len, plan.ctx_len, self.head_mean)
+        pool[0, plan.slots] = sparse.pack(kc, idx).transpose(1, 2)[plan.keep_rows]
+        pool[1, plan.slots] = sparse.pack(vc, idx).transpose(1, 2)[plan.keep_rows]
 
 
 @dataclass
@@ -28,10 +106,9 @@ class _Chunk:
     Lq: int                            # padded: query rows per member; packed: the longest
     members: np.ndarray                # the step's members in this chunk, in order
     q_index: torch.Tensor | None       # packed query rows ([G*Lq] padded, [ΣLq] packed); None: q as it is
-    kv_index: torch.Tensor | None      # keys from the pool: its rows, K slots then the same slots' V rows
-    fresh_index: torch.Tensor | None   # keys from the step's own K/V: their packed rows
     kmax: int                          # padded: keys per member; packed: a bound on a member's keys
-    keys_are_queries: bool = False     # the keys are the step's K/V at the query rows (a Refresh)
+    kv_index: torch.Tensor | None = None     # keys from the pool: its rows, K slots then the same slots' V rows
+    fresh_index: torch.Tensor | None = None  # else keys from the step's own K/V: their packed rows (None: k)
     in_place: bool = False             # packed: the keys are the pool layer itself (`_in_place`)
     long_keys: bool = False            # one member's pool keys past `key_chunk`: attended in key chunks
     key_mask: torch.Tensor | None = None   # padded: [G, kmax] 1 = a real key (None: all are)
@@ -45,42 +122,19 @@ class _Chunk:
 
 
 class StepContext:
-    """`static_keys` (a CUDA graph's bucket): every member's keys padded to this many (padded),
-    the group's to this many in all (packed), or 0: read in place. `in_place`: False gathers
-    every group's keys (the profiler's worst case). `key_chunk`: gathered key rows per call."""
+    """`static_keys`: a CUDA graph bucket's keys per member (padded) or per group (packed), 0: read in place;
+    `in_place=False` gathers every group's keys; `key_chunk`: gathered key rows per call."""
 
     def __init__(self, meta: StepMeta, policy: CachePolicy, pool: KVPool | None, backend: str, key_budget: int,
-                 staging: Staging, dtype: torch.dtype, static_keys: int | None = None,
-                 kernel: PackedKernel | None = None, in_place: bool = True, key_chunk: int | None = None):
-        self.meta, self.policy, self.pool, self.backend, self.dtype = meta, policy, pool, backend, dtype
+                 staging: Staging, dtype: torch.dtype, static_keys: int | None = None, kernel=None,
+                 in_place: bool = True, key_chunk: int | None = None):
+        self.meta, self.policy, self.pool, self.kernel, self.dtype = meta, policy, pool, kernel, dtype
         self.static_keys, self.key_budget, self.key_chunk = static_keys, key_budget, key_chunk or key_budget
         self.packed = backend in PACKED
-        self.kernel = kernel if kernel is not None or not self.packed else PackedKernel(backend)
         self.n_slots = pool.storage.shape[2] if pool is not None else 0
-        self.in_place = in_place and self.packed and pool is not None and self.kernel.reads_in_place(
+        self.in_place = in_place and self.packed and pool is not None and kernel.reads_in_place(
             pool.cfg.n_heads, pool.cfg.kv_heads)
-        spec = policy.spec(meta)
-        self._plan_stores(spec, staging)
-        self.select_plan = policy.plan_select(meta, staging)
-        self.chunks: list[_Chunk] = []
-        key_lens = spec.cached + spec.fresh
-        for refresh in (True, False):
-            members = np.flatnonzero(meta.refresh == refresh)
-            if not members.size:
-                continue
-            if self.packed:
-                self.chunks += self._packed_chunks(members, spec, staging)
-            else:
-                parts = [members] if static_keys is not None else split_by_keys(members, key_lens[members], self.key_chunk)
-                self.chunks += [self._chunk(part, spec, staging) for part in parts]
-        if len(self.chunks) > 1 or (self.chunks and self.chunks[0].in_place and self.chunks[0].q_index is not None):
-            for ch in self.chunks:
-                dst = ragged(meta.cu_q[ch.members], meta.n_q[ch.members])
-                square = not self.packed and ch.q_rows is None    # [G, Lq] output, no reshape
-                ch.dst = staging.put(dst.reshape(ch.G, ch.Lq) if square else dst)
-
-    def _plan_stores(self, spec: KeySpec, staging: Staging) -> None:
-        m = self.meta
+        spec, m = policy.spec(meta), meta
         st = np.flatnonzero(spec.store_from >= 0)
         self.store_slots = self.store_src = None
         if st.size:                   # every query row but the query-only `lead` rows (docs/ENGINE.md)
@@ -88,28 +142,42 @@ class StepContext:
             self.store_slots = staging.put(m.slots[ragged(m.slot_base[st] + spec.store_from[st], n)])
             src = ragged(m.cu_q[st] + m.lead[st], n)
             self.store_src = None if _identity(src, int(m.cu_q[-1])) else staging.put(src)
+        self.select_plan = policy.plan_select(meta, staging)
+        self.chunks: list[_Chunk] = []
+        for refresh in (True, False):
+            members = np.flatnonzero(meta.refresh == refresh)
+            if not members.size:
+                continue
+            if self.packed:
+                self.chunks += self._packed_chunks(members, spec, staging)
+            else:
+                key_lens = (spec.cached + spec.fresh)[members]
+                parts = [members] if static_keys is not None else split_by_keys(members, key_lens, self.key_chunk)
+                self.chunks += [self._chunk(part, spec, staging) for part in parts]
+        if len(self.chunks) > 1 or (self.chunks and self.chunks[0].in_place and self.chunks[0].q_index is not None):
+            for ch in self.chunks:
+                dst = ragged(meta.cu_q[ch.members], meta.n_q[ch.members])
+                square = not self.packed and ch.q_rows is None    # [G, Lq] output, no reshape
+                ch.dst = staging.put(dst.reshape(ch.G, ch.Lq) if square else dst)
 
     def _packed_chunks(self, members: np.ndarray, spec: KeySpec, staging: Staging) -> list[_Chunk]:
-        """A phase group under a packed kernel: members whose slot table is one range read in place, the rest gathered."""
-        m, kc = self.meta, spec.cached[members]
-        from_pool = self.in_place and bool(kc.all())
-        if not from_pool or self.static_keys:
-            if self.static_keys == 0:
-                raise AssertionError("a graph's in-place step (static keys 0) on a group not read in place")
-            return self._gathered(members, spec, staging)
-        first = m.slots[m.slot_base[members]]
-        dummy = first == self.pool.scratch
-        whole = _contiguous(m.slots, m.slot_base[members], kc) | dummy
-        if self.static_keys == 0 and not whole.all():
-            raise AssertionError("a graph's in-place step needs every slot table in one piece")
-        out = [self._in_place(members[whole], np.where(dummy, 0, kc)[whole], first[whole], staging)] if whole.any() else []
-        return out + (self._gathered(members[~whole], spec, staging) if not whole.all() else [])
-
-    def _gathered(self, members: np.ndarray, spec: KeySpec, staging: Staging) -> list[_Chunk]:
-        """Packed members gathered into one call, each with pool keys past `key_chunk` alone."""
+        """A phase group under a packed kernel: members whose slot table is one range read in place, the rest
+        gathered into one call, each with pool keys past `key_chunk` alone."""
+        m, kc, out = self.meta, spec.cached[members], []
+        if self.in_place and kc.all() and not self.static_keys:
+            first = m.slots[m.slot_base[members]]
+            dummy = first == self.pool.scratch
+            whole = _contiguous(m.slots, m.slot_base[members], kc) | dummy
+            if self.static_keys == 0 and not whole.all():
+                raise AssertionError("a graph's in-place step needs every slot table in one piece")
+            if whole.any():
+                out.append(self._in_place(members[whole], np.where(dummy, 0, kc)[whole], first[whole], staging))
+            members = members[~whole]
+        elif self.static_keys == 0:
+            raise AssertionError("a graph's in-place step (static keys 0) on a group not read in place")
         long = spec.cached[members] > (self.key_chunk if not self.static_keys else np.iinfo(np.int64).max)
         parts = [members[~long]] if not long.all() else []
-        return [self._chunk(p, spec, staging) for p in parts + [members[i : i + 1] for i in np.flatnonzero(long)]]
+        return out + [self._chunk(p, spec, staging) for p in parts + [members[i : i + 1] for i in np.flatnonzero(long)]]
 
     def _in_place(self, members: np.ndarray, keys: np.ndarray, first: np.ndarray, staging: Staging) -> _Chunk:
         """Reuse members read in place by range start (keyless last): a query-less segment up to each range, then it."""
@@ -126,8 +194,8 @@ class StepContext:
         static = self.static_keys is not None         # a graph: the order is staged even when it is the identity
         kmax = self.n_slots if static else max(1, int(seg_k.max()))
         return _Chunk(len(members), int(lq.max()), members,
-                      None if not static and _identity(q_idx, int(m.cu_q[-1])) else staging.put(q_idx), None, None,
-                      kmax, in_place=True, cu_q=staging.put(offsets(seg_q)), cu_k=staging.put(offsets(seg_k)))
+                      None if not static and _identity(q_idx, int(m.cu_q[-1])) else staging.put(q_idx), kmax,
+                      in_place=True, cu_q=staging.put(offsets(seg_q)), cu_k=staging.put(offsets(seg_k)))
 
     def _chunk(self, chunk: np.ndarray, spec: KeySpec, staging: Staging) -> _Chunk:
         m = self.meta
@@ -146,26 +214,22 @@ class StepContext:
             if self.static_keys:                      # padded to a static total with the last real key
                 idx = np.concatenate([idx, np.full(self.static_keys - idx.size, idx[-1] if idx.size else 0)])
                 kmax = self.key_budget
-            ch = _Chunk(G, Lq, chunk, None if _identity(q_idx, n_total) else staging.put(q_idx), None, None, kmax,
+            ch = _Chunk(G, Lq, chunk, None if _identity(q_idx, n_total) else staging.put(q_idx), kmax,
                         cu_q=staging.put(offsets(lq)), cu_k=staging.put(offsets(keys)))
         else:
             kmax = self.static_keys or int(keys.max())
             idx, ok = padded(base, keys, kmax)
             q_idx, q_ok = padded(starts, lq, Lq)
-            ragged_q = not (lq == Lq).all()
-            flat_q = q_idx.reshape(-1)
-            ch = _Chunk(G, Lq, chunk, None if (not ragged_q and _identity(flat_q, n_total)) else staging.put(flat_q),
-                        None, None, kmax,
+            flat_q = q_idx.reshape(-1)                # ragged Lq repeats rows, so it is never the identity
+            ch = _Chunk(G, Lq, chunk, None if _identity(flat_q, n_total) else staging.put(flat_q), kmax,
                         key_mask=staging.put(ok) if self.static_keys or not (keys == kmax).all() else None,
-                        q_rows=tuple(map(staging.put, np.nonzero(q_ok))) if ragged_q else None)
+                        q_rows=None if (lq == Lq).all() else tuple(map(staging.put, np.nonzero(q_ok))))
         if from_pool:
             slots = m.slots[np.minimum(idx, len(m.slots) - 1).reshape(-1)]
             ch.long_keys = G == 1 and not self.static_keys and kmax > self.key_chunk
             ch.kv_index = staging.put(slots if ch.long_keys else np.concatenate([slots, slots + self.n_slots]))
-        elif np.array_equal(idx, q_idx):              # no second gather of the same rows
-            ch.keys_are_queries = True
-        else:
-            ch.fresh_index = staging.put(idx.reshape(-1))
+        else:                                         # keys at the query rows: no second gather of them
+            ch.fresh_index = ch.q_index if np.array_equal(idx, q_idx) else staging.put(idx.reshape(-1))
         return ch
 
     def finalize(self) -> None:
@@ -196,28 +260,21 @@ class StepContext:
         qq = q if ch.q_index is None else q[ch.q_index]
         if ch.in_place:
             return self.kernel(qq, pool[0], pool[1], ch.cu_q32, ch.cu_k32, ch.Lq, ch.kmax)
-        if ch.long_keys:
-            o = attention_over_key_chunks(qq.reshape(-1, *q.shape[1:]), self._key_chunks(ch, pool))
+        if ch.long_keys:            # the pool's K and V a piece at a time, gathered heads first: [Hkv, n, D]
+            n = key_piece(self.key_chunk, ch.Lq, self.pool.cfg.n_heads, hkv, d, pool.dtype)
+            kt, vt = pool[0].transpose(0, 1), pool[1].transpose(0, 1)
+            pieces = ((kt[:, ch.kv_index[a : a + n]], vt[:, ch.kv_index[a : a + n]]) for a in range(0, ch.kmax, n))
+            o = attention_over_key_chunks(qq.reshape(-1, *q.shape[1:]), pieces)
             return o if self.packed else o.view(1, *o.shape)
         if ch.kv_index is not None:
             K, V = pool.view(-1, hkv, d)[ch.kv_index].view(2, -1, hkv, d).unbind(0)
-        elif ch.keys_are_queries:
-            K, V = (k, v) if ch.q_index is None else (k[ch.q_index], v[ch.q_index])
         else:
-            K, V = k[ch.fresh_index], v[ch.fresh_index]
+            K, V = (k, v) if ch.fresh_index is None else (k[ch.fresh_index], v[ch.fresh_index])
         if self.packed:
             return self.kernel(qq, K, V, ch.cu_q32, ch.cu_k32, ch.Lq, ch.kmax)
         o = padded_attention(qq.view(ch.G, ch.Lq, *q.shape[1:]), K.view(ch.G, ch.kmax, hkv, d),
                              V.view(ch.G, ch.kmax, hkv, d), ch.bias)
         return o if ch.q_rows is None else o[ch.q_rows]
-
-    def _key_chunks(self, ch: _Chunk, pool):
-        """A long member's K and V from the pool, a piece at a time (`key_piece`)."""
-        _, hkv, d = pool.shape[1:]
-        n = key_piece(self.key_chunk, ch.Lq, self.pool.cfg.n_heads, hkv, d, pool.dtype)
-        for a in range(0, ch.kmax, n):
-            idx = ch.kv_index[a : a + n]                    # gathered heads first: [Hkv, n, D]
-            yield pool[0].transpose(0, 1)[:, idx], pool[1].transpose(0, 1)[:, idx]
 
 
 def _identity(idx: np.ndarray, n: int) -> bool:
