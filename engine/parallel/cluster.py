@@ -4,6 +4,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import multiprocessing.connection
 import os
 import signal
 import time
@@ -160,9 +161,8 @@ class Cluster:
         except RuntimeError as e:             # gloo and NCCL raise RuntimeErrors
             if self.closed or isinstance(e, RankFailure):
                 raise
-            deadline = time.monotonic() + 2.0     # a worker that died: let its exit code arrive
-            while self.procs and all(p.exitcode is None for p in self.procs) and time.monotonic() < deadline:
-                time.sleep(0.02)
+            if self.procs:                        # a worker that died: let its exit code arrive
+                multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout=2.0)
             dead = next((r for r, p in enumerate(self.procs, 1) if p.exitcode is not None), None)
             lines = str(e).strip().splitlines()
             why = (self.exit_reason(dead, starting=False) if dead is not None else
@@ -177,12 +177,10 @@ class Cluster:
 
     def exit_reason(self, rank: int, starting: bool) -> str:
         """Why worker `rank` ended: the error it recorded, else its exit code."""
-        why = None
         with contextlib.suppress(Exception):
             if self.store.check([f"error/{rank}"]):
                 why = self.store.get(f"error/{rank}").decode()
-        if why:
-            return f"tensor-parallel rank {rank} failed{' while starting' if starting else ''}: {why}"
+                return f"tensor-parallel rank {rank} failed{' while starting' if starting else ''}: {why}"
         when = "while starting" if starting else "mid-run"
         return f"tensor-parallel rank {rank} exited {when} (exit code {self.procs[rank - 1].exitcode})"
 

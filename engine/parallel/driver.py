@@ -38,8 +38,7 @@ def worker_build(tp: TPGroup, config: EngineConfig) -> None:
 
 def worker_step(tp: TPGroup, meta: StepMeta, ids: np.ndarray, rows: np.ndarray, segments: list[tuple],
                 entropy: bool, n_slots: int) -> None:
-    """A worker's share of the driver's step (`meta` padded, `segments` as RowSegment's with generator
-    states, `n_slots` the driver's KV slots): the forward and the decode, nothing committed."""
+    """A worker's share of the driver's step (`segments`: RowSegment's, generator states): forward, decode."""
     runner = tp.runner
     if runner.pool.storage.shape[2] != n_slots:
         runner.pool.grow_to(n_slots)            # an unbounded pool grew on the driver
@@ -65,9 +64,6 @@ class ParallelEngine(LLMEngine):
     def __init__(self, config: EngineConfig, cluster: Cluster | None = None, threads: int = 1):
         self.own_cluster = cluster is None
         self.cluster = cluster or Cluster.start(config.tensor_parallel_size, config.device, threads)
-        if self.cluster.tp.size != config.tensor_parallel_size:
-            raise ValueError(f"the cluster has {self.cluster.tp.size} ranks, the config asks for "
-                             f"{config.tensor_parallel_size}")
         config = graphs.eager(config)
         self.cluster.send(worker_build, config)
         with self.cluster.guard():

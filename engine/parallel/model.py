@@ -6,15 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 
 from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
 from engine.logits import DecodeResult, RowSegment, by_rule, decode_rows
-from engine.models.dense import DenseLM
-from engine.models.family import ModelConfig, build_model, config_from_pretrained, weight_files
+from engine.models import DenseLM, ModelConfig, build_model, config_from_pretrained, weight_files
 from engine.parallel.cluster import TPGroup
 from engine.profiler import MemoryProfile, profile_kv_pool
 from engine.unmask import gumbel_noise, gumbel_scores, proposal_argmax
@@ -38,10 +36,9 @@ class RankConfig(ModelConfig):
     @classmethod
     def of(cls, cfg: ModelConfig, tp_size: int) -> RankConfig:
         """ValueError unless every split dimension divides by `tp_size` (whole heads per rank)."""
-        if tp_size < 1:
-            raise ValueError(f"tensor-parallel size must be >= 1, got {tp_size}")
-        for what, size in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.kv_heads), ("mlp_hidden_size",
-                           cfg.mlp_hidden_size), ("the vocabulary (embedding_size)", cfg.padded_vocab)):
+        sizes = {"n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads, "mlp_hidden_size": cfg.mlp_hidden_size,
+                 "the vocabulary (embedding_size)": cfg.padded_vocab}
+        for what, size in sizes.items():
             if size % tp_size:
                 raise ValueError(f"tensor-parallel size {tp_size} does not divide {what} = {size}")
         return cls(**cfg.to_dict(), tp_size=tp_size)
@@ -56,19 +53,14 @@ def split_of(name: str) -> str:
 
 def slice_of(name: str, shape: tuple[int, ...], rank: int, size: int) -> tuple[slice, ...]:
     """The rank's part of weight `name` of full `shape` ([out, in] for linears)."""
-    kind = split_of(name)
-    if kind == REPLICATED:
-        return tuple(slice(None) for _ in shape)
-    axis = 1 if kind == ROW else 0
-    n = shape[axis] // size
+    axis = {COLUMN: 0, VOCAB: 0, ROW: 1}.get(split_of(name))      # None: replicated
+    n = 0 if axis is None else shape[axis] // size
     return tuple(slice(rank * n, (rank + 1) * n) if i == axis else slice(None) for i in range(len(shape)))
 
 
 @dataclass
-class _ShardShape(ModelConfig):
-    """A rank's share of the sizes (heads, MLP columns, vocabulary rows) to build its modules; `head_dim` the model's."""
-
-    tp_size: int = 1
+class _ShardShape(RankConfig):
+    """A rank's query heads, MLP columns and vocabulary rows too, to build its modules (`head_dim`: the model's)."""
 
     @property
     def head_dim(self) -> int:
@@ -80,15 +72,14 @@ class ShardedLM(DenseLM):
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup):
         config, n = RankConfig.of(cfg, tp.size), tp.size
-        super().__init__(_ShardShape(**{**cfg.to_dict(), "n_heads": cfg.n_heads // n, "n_kv_heads": cfg.kv_heads // n,
+        super().__init__(_ShardShape(**{**config.to_dict(), "n_heads": cfg.n_heads // n, "n_kv_heads": cfg.kv_heads,
                                         "mlp_hidden_size": cfg.mlp_hidden_size // n,
-                                        "embedding_size": cfg.padded_vocab // n}, tp_size=n))
+                                        "embedding_size": cfg.padded_vocab // n}))
         self.config, self.tp, self.vocab_start = config, tp, tp.rank * cfg.padded_vocab // n
 
-    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn, rope=None) -> torch.Tensor:
-        """DenseLM's, each block's row-parallel attention and MLP outputs summed over the ranks."""
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn, rope) -> torch.Tensor:
+        """DenseLM's (`rope` given), each block's row-parallel attention and MLP outputs summed over the ranks."""
         h = self.embed(input_ids)
-        rope = rope if rope is not None else self.rope.at(positions, h.dtype)
         for i, blk in enumerate(self.blocks):
             q, k, v = blk.qkv(h, positions, rope)
             h = h + self.tp.all_reduce(blk.attn_out(attn(i, q, k, v).reshape(h.shape[0], -1)))
@@ -116,8 +107,7 @@ class ShardedLM(DenseLM):
         def plain(part: torch.Tensor, at: int):
             return combine(self.tp.all_gather(self.proposal(part, at, segments, mask_id, entropy)), part.dtype, entropy)
 
-        def columns(part: torch.Tensor) -> torch.Tensor:
-            """[rows, V/N] on every rank -> [rows, V], the ranks' columns side by side."""
+        def columns(part: torch.Tensor) -> torch.Tensor:      # [rows, V/N] -> [rows, V], every rank's columns
             return self.tp.all_gather(part).permute(1, 0, 2).reshape(part.shape[0], -1)
 
         return by_rule(logits, c0, segments, mask_id, entropy, plain, columns)
@@ -181,8 +171,6 @@ def _argmax(scores: torch.Tensor, mask_col: int | None) -> torch.Tensor:
 def load_sharded(path: str | Path, tp: TPGroup, dtype: torch.dtype) -> ShardedLM:
     """The rank's slices of an HF checkpoint of any family (the single-device loader's checks)."""
     path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     cfg = config_from_pretrained(path)
     with torch.device("meta"):
         model = ShardedLM(cfg, tp)
@@ -192,9 +180,7 @@ def load_sharded(path: str | Path, tp: TPGroup, dtype: torch.dtype) -> ShardedLM
     for f in weight_files(path):
         try:
             with safe_open(str(path / f), framework="pt", device="cpu") as st:
-                for hf in st.keys():
-                    if hf not in ours:
-                        continue
+                for hf in (k for k in st.keys() if k in ours):
                     name, piece = ours[hf], st.get_slice(hf)
                     if tuple(piece.get_shape()) != full[name]:
                         raise ValueError(f"weight {hf} has shape {tuple(piece.get_shape())}, "
@@ -228,5 +214,5 @@ def build_rank(tp: TPGroup, config: EngineConfig) -> RankBuild:
     if capacity is None and (config.memory_budget is not None or model.device.type == "cuda"):
         profile = profile_kv_pool(model, config, backend, max_model_len)
         tokens = torch.tensor([profile.kv_pool_tokens], device=tp.device)
-        capacity = int(tp.all_reduce(tokens, dist.ReduceOp.MIN).item())
+        capacity = int(tp.all_reduce(tokens, torch.distributed.ReduceOp.MIN).item())
     return RankBuild(model, backend, max_model_len, capacity, profile)
