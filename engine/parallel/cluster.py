@@ -51,8 +51,7 @@ class TPGroup:
 
 
 def init_group(rank: int, size: int, device: str, store=None) -> TPGroup:
-    """Join the group through `store` (spawned workers) or torchrun's environment; on GPUs rank r uses
-    cuda:<local rank>."""
+    """Join the group through `store` (spawned workers) or torchrun's environment; a GPU rank: cuda:<local rank>."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)

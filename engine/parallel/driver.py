@@ -13,7 +13,6 @@ from engine.kv_cache import KVPool
 from engine.logits import RowSegment
 from engine.parallel.cluster import Cluster, TPGroup
 from engine.parallel.model import build_rank
-from engine.request import RequestOutput
 from engine.runner import ModelRunner, row_segments
 from engine.step import StepMeta
 
@@ -54,10 +53,6 @@ def worker_step(tp: TPGroup, meta: StepMeta, ids: np.ndarray, rows: np.ndarray, 
                        runner.model_config.mask_token_id, entropy=entropy)
 
 
-def worker_close(tp: TPGroup) -> None:
-    tp.runner = None
-
-
 class ParallelEngine(LLMEngine):
     """An engine over `config.tensor_parallel_size` ranks (`cluster`: running ranks, else its own)."""
 
@@ -75,7 +70,7 @@ class ParallelEngine(LLMEngine):
         runner.pool = self.pool                 # the engine's pool: the workers' pools have its slots
         self.profile = built.profile
 
-    def step(self) -> list[RequestOutput]:
+    def step(self):
         with self.cluster.guard():
             return super().step()
 
@@ -86,4 +81,4 @@ class ParallelEngine(LLMEngine):
         if self.own_cluster or self.cluster.busy:
             self.cluster.close()
         else:
-            self.cluster.send(worker_close)
+            self.cluster.send(setattr, "runner", None)       # setattr(tp, ...): each worker drops its engine

@@ -1,5 +1,4 @@
-"""One rank's model: its slice of every weight (Megatron's split), read shard-wise from the checkpoint, its
-logits decoded across the ranks' vocabulary columns, and what every rank builds for an engine (docs/PARALLEL.md)."""
+"""A rank's model: its slices of the weights (read shard-wise), its vocabulary-parallel decode (docs/PARALLEL.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,7 +57,6 @@ def slice_of(name: str, shape: tuple[int, ...], rank: int, size: int) -> tuple[s
     return tuple(slice(rank * n, (rank + 1) * n) if i == axis else slice(None) for i in range(len(shape)))
 
 
-@dataclass
 class _ShardShape(RankConfig):
     """A rank's query heads, MLP columns and vocabulary rows too, to build its modules (`head_dim`: the model's)."""
 
@@ -102,8 +100,7 @@ class ShardedLM(DenseLM):
         return decode_rows(*args, chunk=self.decode_chunk, **kwargs)
 
     def decode_chunk(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool):
-        """`decode_rows`' chunk over this rank's logit columns: rows [c0, c0 + len) -> (x0, conf, entropy or None)
-        on every rank, one all-gather of each rank's proposal; Dream's rule reads its rows whole, gathered."""
+        """Rows [c0, c0 + len) -> (x0, conf, entropy or None) on every rank from each rank's gathered `proposal`."""
         def plain(part: torch.Tensor, at: int):
             return combine(self.tp.all_gather(self.proposal(part, at, segments, mask_id, entropy)), part.dtype, entropy)
 
@@ -118,7 +115,7 @@ class ShardedLM(DenseLM):
         n, width = logits.shape
         start = self.vocab_start
         mask_col = mask_id - start if start <= mask_id < start + width else None
-        col = _argmax(logits, mask_col)
+        col = logits.argmax(-1) if mask_col is None else proposal_argmax(logits, mask_col)
         key = logits.gather(1, col[:, None])[:, 0].to(torch.float64)
         for seg in segments:
             a, b = max(seg.start, c0), min(seg.start + seg.count, c0 + n)
@@ -126,7 +123,7 @@ class ShardedLM(DenseLM):
                 continue
             noise = gumbel_noise((b - a, self.config.padded_vocab), seg.temperature, seg.gen, logits.device)
             scores = gumbel_scores(logits[a - c0 : b - c0], noise[:, start : start + width])
-            c = _argmax(scores, mask_col)
+            c = scores.argmax(-1) if mask_col is None else proposal_argmax(scores, mask_col)
             col[a - c0 : b - c0] = c
             key[a - c0 : b - c0] = scores.gather(1, c[:, None])[:, 0]
         # as engine.unmask.confidence_at, in place; entropy adds one [rows, V/N] temporary
@@ -140,9 +137,6 @@ class ShardedLM(DenseLM):
         else:
             cols.append(shifted.exp_().sum(-1, dtype=dt).double())
         return torch.stack(cols, dim=1)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError("a tensor-parallel rank holds logit columns only: decode through the engine")
 
 
 def combine(gathered: torch.Tensor, dtype: torch.dtype, entropy: bool):
@@ -162,10 +156,6 @@ def combine(gathered: torch.Tensor, dtype: torch.dtype, entropy: bool):
     total = (w * s).sum(0)
     spread = (w * (gathered[..., ENT].to(dt) + (m - top) * s)).sum(0)
     return x0, conf, total.log() - spread / total
-
-
-def _argmax(scores: torch.Tensor, mask_col: int | None) -> torch.Tensor:
-    return scores.argmax(-1) if mask_col is None else proposal_argmax(scores, mask_col)
 
 
 def load_sharded(path: str | Path, tp: TPGroup, dtype: torch.dtype) -> ShardedLM:
