@@ -4,7 +4,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import multiprocessing.connection
 import os
 import signal
 import time
@@ -160,8 +159,9 @@ class Cluster:
         except RuntimeError as e:             # gloo and NCCL raise RuntimeErrors
             if self.closed or isinstance(e, RankFailure):
                 raise
-            if self.procs:                        # a worker that died: let its exit code arrive
-                multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout=2.0)
+            deadline = time.monotonic() + 2.0     # a worker that died: let its exit code arrive
+            while self.procs and all(p.exitcode is None for p in self.procs) and time.monotonic() < deadline:
+                time.sleep(0.02)
             dead = next((r for r, p in enumerate(self.procs, 1) if p.exitcode is not None), None)
             lines = str(e).strip().splitlines()
             why = (self.exit_reason(dead, starting=False) if dead is not None else
