@@ -20,7 +20,7 @@ from baselines.reference_llada import reference_generate
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.models import config_from_dict
 from engine.parallel import Cluster, ParallelEngine
-from engine.parallel.sharding import RankConfig
+from engine.parallel.model import RankConfig
 from tests.dream_helpers import DREAM, dream_prompts, tiny_dream, write_dream_checkpoint
 from tests.helpers import make_engine
 

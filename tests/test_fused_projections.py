@@ -6,9 +6,8 @@ from __future__ import annotations
 import torch
 
 from engine.models import load_model
-from engine.parallel.group import TPGroup
-from engine.parallel.loader import load_sharded
-from engine.parallel.sharding import slice_of
+from engine.parallel.cluster import TPGroup
+from engine.parallel.model import load_sharded, slice_of
 from tests.helpers import tiny_model
 from tests.test_parallel import write_checkpoint
 

@@ -25,9 +25,7 @@ from safetensors.torch import save_file
 from engine import EngineConfig, LLMEngine, SamplingParams, graphs
 from engine.models import load_model
 from engine.parallel import Cluster, ParallelEngine, RankFailure
-from engine.parallel.loader import load_sharded
-from engine.parallel.rank import build_rank
-from engine.parallel.sharding import REPLICATED, slice_of, split_of
+from engine.parallel.model import REPLICATED, build_rank, load_sharded, slice_of, split_of
 from engine.profiler import profile_kv_pool
 from tests.helpers import random_prompts, tiny_model
 

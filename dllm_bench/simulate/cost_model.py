@@ -54,7 +54,7 @@ class ModelShape:
                 ("gate_up", self.d, 2 * self.ffn), ("down", self.ffn, self.d))
 
     def rank_share(self, n: int) -> ModelShape:
-        """What one of n tensor-parallel ranks holds and computes (engine.parallel.sharding): its
+        """What one of n tensor-parallel ranks holds and computes (engine.parallel.model): its
         query and KV heads, MLP columns and vocabulary rows; d (the residual stream) whole."""
         if n == 1:
             return self

@@ -39,7 +39,7 @@ from engine.config import EngineConfig
 from engine.decoding import Decoding
 from engine.graphs import enabled as graph_steps
 from engine.graphs import keeps
-from engine.parallel.sharding import RankConfig
+from engine.parallel.model import RankConfig
 from engine.sampling import SamplingParams
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}

@@ -144,14 +144,14 @@ def check_tensor_parallel(model_dir: str | os.PathLike, n: int, device: str) -> 
     MLP and vocabulary split into n, and one GPU per rank (nothing to check for one rank).
     Cheap (config only), so a command checks it before it spawns anything or writes a run
     directory."""
-    from engine.parallel.sharding import check_divisible
+    from engine.parallel.model import RankConfig
 
     if n == 1:
         return
     if resolve_device(device).type == "cuda" and n > torch.cuda.device_count():
         raise UserError(f"tensor_parallel_size {n} needs {n} GPUs, this machine has {torch.cuda.device_count()}")
     try:
-        check_divisible(config_from_pretrained(model_dir), n)
+        RankConfig.of(config_from_pretrained(model_dir), n)
     except ValueError as e:
         raise UserError(f"system 'engine' at tensor_parallel_size {n}: {e}") from None
 

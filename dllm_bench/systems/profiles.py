@@ -8,10 +8,11 @@ from collections.abc import Mapping
 
 from dllm_bench.checkpoints.load import load_model
 from dllm_bench.systems.build import check_tensor_parallel
+from engine import graphs
 from engine.attention import resolve_backend
-from engine.config import EngineConfig
+from engine.config import DTYPES, EngineConfig
 from engine.parallel import Cluster
-from engine.parallel.rank import rank_profile
+from engine.parallel.model import load_sharded
 from engine.profiler import MemoryProfile, profile_kv_pool
 
 
@@ -32,12 +33,17 @@ def profile_pools(configs: Mapping[str, EngineConfig], max_model_len: int,
     cluster = Cluster.spawn(n, "cpu", threads)
     try:
         for label, cfg in configs.items():
-            ranks = cluster.collective_rpc(rank_profile, cfg, max_model_len)
+            ranks = cluster.collective_rpc(_rank_profile, cfg, max_model_len)
             bad = next((r for r in ranks if isinstance(r, str)), None)
             out[label] = bad or dataclasses.replace(ranks[0], kv_pool_tokens=min(r.kv_pool_tokens for r in ranks))
     finally:
         cluster.close()
     return out
+
+
+def _rank_profile(tp, cfg: EngineConfig, max_model_len: int) -> MemoryProfile | str:
+    """This rank's profile of `cfg` over its shard (on every rank at once; ranks run eager)."""
+    return _one_device(load_sharded(cfg.model, tp, DTYPES[cfg.dtype]), graphs.eager(cfg), max_model_len)
 
 
 def _one_device(model, cfg: EngineConfig, max_model_len: int) -> MemoryProfile | str:

@@ -1,4 +1,4 @@
-"""The ranks of a tensor-parallel engine as processes, the workers' message loop, and their failures."""
+"""The ranks of a tensor-parallel engine: their process group, the workers' loop, and their failures."""
 from __future__ import annotations
 
 import atexit
@@ -12,43 +12,68 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from engine.config import EngineConfig
-from engine.parallel.group import RankFailure, TPGroup, destroy, init_group
-from engine.parallel.plan import StepPlan, execute
-from engine.parallel.rank import build_rank, worker_runner
-
 JOIN_TIMEOUT = datetime.timedelta(minutes=5)
+STEP_TIMEOUT = datetime.timedelta(minutes=30)      # the longest a step's collective waits for a stuck peer
+IDLE_TIMEOUT = datetime.timedelta(days=365)
+STOP = None
+
+
+class RankFailure(RuntimeError):
+    """A rank of the tensor-parallel group failed or exited: the run cannot continue."""
 
 
 @dataclass
-class Build:
-    config: EngineConfig
+class TPGroup:
+    rank: int
+    size: int
+    device: torch.device
+    group: object          # tensors: all-reduce, all-gather (NCCL on GPU, gloo on CPU)
+    host_group: object     # host objects: the driver's messages (gloo)
+    runner: object = None  # a worker's share of the engine it serves (engine.parallel.driver)
+
+    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        """In place (no new memory for the meter to count); returns t."""
+        dist.all_reduce(t, op=op, group=self.group)
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """[N, *t.shape]: every rank's t, in rank order."""
+        out = [torch.empty_like(t) for _ in range(self.size)]
+        dist.all_gather(out, t.contiguous(), group=self.group)
+        return torch.stack(out)
+
+    def broadcast(self, obj=None):
+        """The driver's `obj` on every rank (workers pass nothing)."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.host_group)
+        return box[0]
 
 
-@dataclass
-class Call:
-    fn: object        # fn(tp, *args), importable by name
-    args: tuple
-
-
-CLOSE, STOP = "close", "stop"     # drop the engine; end the worker
+def init_group(rank: int, size: int, device: str, store=None) -> TPGroup:
+    """Join the group through `store` (spawned workers) or torchrun's environment; a GPU rank: cuda:<local rank>."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count()))
+        torch.cuda.set_device(dev)
+    join = {"init_method": "env://"} if store is None else {"store": store}
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=size,
+                            timeout=STEP_TIMEOUT, **join)
+    return TPGroup(rank, size, dev, dist.group.WORLD, dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT))
 
 
 def serve(tp: TPGroup) -> None:
-    """A worker rank: execute the driver's messages until it says stop."""
-    runner = None
+    """A worker rank: run the driver's calls fn(tp, *args) (its result gathered if asked) until it says stop."""
     while True:
         msg = tp.broadcast()
-        if isinstance(msg, StepPlan):
-            execute(runner, msg)
-        elif isinstance(msg, Build):
-            runner = worker_runner(build_rank(tp, msg.config), msg.config)
-        elif isinstance(msg, Call):
-            dist.gather_object(msg.fn(tp, *msg.args), None, dst=0, group=tp.host_group)
-        elif msg == CLOSE:
-            runner = None
-        elif msg == STOP:
+        if msg is STOP:
+            dist.destroy_process_group()
             return
+        fn, args, reply = msg
+        out = fn(tp, *args)
+        if reply:
+            dist.gather_object(out, None, dst=0, group=tp.host_group)
 
 
 def _worker_main(rank: int, size: int, port: int, device: str, threads: int) -> None:
@@ -62,7 +87,6 @@ def _worker_main(rank: int, size: int, port: int, device: str, threads: int) -> 
         with contextlib.suppress(Exception):
             store.set(f"error/{rank}", f"{type(e).__name__}: {e}".splitlines()[0])
         os._exit(1)
-    destroy()
 
 
 def launched_by_torchrun() -> bool:
@@ -70,66 +94,61 @@ def launched_by_torchrun() -> bool:
 
 
 class Cluster:
-    def __init__(self, tp: TPGroup, procs: list | None = None, store=None):
+    """The driver's side of the ranks: rank 0's group and the workers it spawned (none under torchrun)."""
+
+    def __init__(self, tp: TPGroup | None, procs: list | None = None, store=None):
         self.tp, self.procs, self.store = tp, procs or [], store
         self.closed = self.busy = False
         atexit.register(self.close)
 
     @classmethod
     def start(cls, size: int, device: str = "cpu", threads: int = 1) -> Cluster:
-        """The driver of a new cluster: torchrun's when launched by it, else spawned workers."""
-        if launched_by_torchrun():
-            return cls.from_env(size, device)
-        return cls.spawn(size, device, threads)
+        """torchrun's rank 0 (its other ranks serve, then exit the process), else a spawned cluster."""
+        if not launched_by_torchrun():
+            return cls.spawn(size, device, threads)
+        world = int(os.environ["WORLD_SIZE"])
+        if world != size:
+            raise ValueError(f"torchrun started {world} processes but the tensor-parallel size is {size}")
+        tp = init_group(int(os.environ["RANK"]), size, device)
+        if tp.rank == 0:
+            return cls(tp)
+        serve(tp)
+        raise SystemExit(0)
 
     @classmethod
     def spawn(cls, size: int, device: str = "cpu", threads: int = 1) -> Cluster:
         """Start ranks 1..size-1 (`threads` torch threads each) and join them as rank 0."""
         store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=JOIN_TIMEOUT, wait_for_workers=False)
         ctx = torch.multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=_worker_main, args=(r, size, store.port, device, threads), daemon=True,
-                             name=f"tp-rank-{r}") for r in range(1, size)]
-        for p in procs:
+        cluster = cls(None, [ctx.Process(target=_worker_main, args=(r, size, store.port, device, threads),
+                                         daemon=True, name=f"tp-rank-{r}") for r in range(1, size)], store)
+        for p in cluster.procs:
             p.start()
-        keys = [f"ready/{r}" for r in range(1, size)]
         deadline = time.monotonic() + JOIN_TIMEOUT.total_seconds()
-        while not store.check(keys):
-            dead = next((r for r, p in enumerate(procs, 1) if not p.is_alive()), None)
+        while not store.check([f"ready/{r}" for r in range(1, size)]):
+            dead = next((r for r, p in enumerate(cluster.procs, 1) if not p.is_alive()), None)
             if dead is not None or time.monotonic() > deadline:
-                cluster = cls(None, procs, store)
                 cluster.close(kill=True)
                 raise RankFailure("tensor-parallel workers did not start in time" if dead is None else
-                                  cluster.startup_failure(dead))
+                                  cluster.exit_reason(dead, starting=True))
             time.sleep(0.02)
         if torch.device(device).type == "cpu":
             torch.set_num_threads(threads)
-        return cls(init_group(0, size, device, store), procs, store)
+        cluster.tp = init_group(0, size, device, store)
+        return cluster
 
-    @classmethod
-    def from_env(cls, size: int, device: str = "cpu") -> Cluster:
-        """torchrun: rank 0 returns the driver; any other rank serves, then exits the process."""
-        world = int(os.environ["WORLD_SIZE"])
-        if world != size:
-            raise ValueError(f"torchrun started {world} processes but the tensor-parallel size is {size}")
-        tp = init_group(int(os.environ["RANK"]), size, device)
-        if tp.is_driver:
-            return cls(tp)
-        serve(tp)
-        destroy()
-        raise SystemExit(0)
+    def send(self, fn, *args) -> None:
+        """fn(tp, *args) on every worker (`fn` importable by name); the driver runs its own share."""
+        with self.guard():
+            self.tp.broadcast((fn, args, False))
 
     def collective_rpc(self, fn, *args) -> list:
         """fn(tp, *args) on every rank at once; every rank's result in rank order (`fn` importable)."""
-        self.send(Call(fn, args))
+        out = [None] * self.tp.size
         with self.guard():
-            mine = fn(self.tp, *args)
-            out = [None] * self.tp.size
-            dist.gather_object(mine, out, dst=0, group=self.tp.host_group)
+            self.tp.broadcast((fn, args, True))
+            dist.gather_object(fn(self.tp, *args), out, dst=0, group=self.tp.host_group)
         return out
-
-    def send(self, msg) -> None:
-        with self.guard():
-            self.tp.broadcast(msg)
 
     @contextlib.contextmanager
     def guard(self):
@@ -137,50 +156,40 @@ class Cluster:
         self.busy = True
         try:
             yield
-        except Exception as e:
+        except RuntimeError as e:             # gloo and NCCL raise RuntimeErrors
             if self.closed or isinstance(e, RankFailure):
                 raise
-            err = self.failure(e)
+            deadline = time.monotonic() + 2.0     # a worker that died: let its exit code arrive
+            while self.procs and all(p.exitcode is None for p in self.procs) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            dead = next((r for r, p in enumerate(self.procs, 1) if p.exitcode is not None), None)
+            lines = str(e).strip().splitlines()
+            why = (self.exit_reason(dead, starting=False) if dead is not None else
+                   f"tensor-parallel step failed: {lines[0] if lines else type(e).__name__}")
             self.close(kill=True)
-            if err is e:
-                raise
-            raise err from None
+            raise RankFailure(why) from None
+        except Exception:
+            self.close(kill=True)
+            raise
         # not in a `finally`: interrupted, the cluster stays busy, so closing it kills the workers
         self.busy = False
 
-    def failure(self, exc: Exception) -> Exception:
-        """What ended the run: the driver's own error, a worker that exited, or the collective's error."""
-        if not isinstance(exc, RuntimeError):     # gloo and NCCL raise RuntimeErrors
-            return exc
-        deadline = time.monotonic() + 2.0
-        while self.procs and all(p.exitcode is None for p in self.procs) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        for r, p in enumerate(self.procs, 1):
-            if p.exitcode is None:
-                continue
-            why = self._error(r)
-            return RankFailure(f"tensor-parallel rank {r} failed: {why}" if why else
-                               f"tensor-parallel rank {r} exited mid-run (exit code {p.exitcode})")
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return RankFailure(f"tensor-parallel step failed: {first}")
-
-    def startup_failure(self, rank: int) -> str:
-        why = self._error(rank)
-        return (f"tensor-parallel rank {rank} failed while starting: {why}" if why else
-                f"tensor-parallel rank {rank} exited while starting (exit code {self.procs[rank - 1].exitcode})")
-
-    def _error(self, rank: int) -> str | None:
+    def exit_reason(self, rank: int, starting: bool) -> str:
+        """Why worker `rank` ended: the error it recorded, else its exit code."""
         with contextlib.suppress(Exception):
-            if self.store is not None and self.store.check([f"error/{rank}"]):
-                return self.store.get(f"error/{rank}").decode()
-        return None
+            if self.store.check([f"error/{rank}"]):
+                why = self.store.get(f"error/{rank}").decode()
+                return f"tensor-parallel rank {rank} failed{' while starting' if starting else ''}: {why}"
+        when = "while starting" if starting else "mid-run"
+        return f"tensor-parallel rank {rank} exited {when} (exit code {self.procs[rank - 1].exitcode})"
 
     def close(self, kill: bool = False) -> None:
-        """Stop the workers and leave the group (idempotent; also at exit)."""
+        """Stop the workers (at once when `kill` or mid-step) and leave the group (idempotent; also at exit)."""
         if self.closed:
             return
         self.closed = True
-        if not (kill or self.busy):
+        kill = kill or self.busy          # mid-step the workers wait in a collective: they would never read STOP
+        if not kill:
             with contextlib.suppress(Exception):
                 self.tp.broadcast(STOP)
         for p in self.procs:
@@ -190,4 +199,4 @@ class Cluster:
                 p.join()
         if self.tp is not None:
             with contextlib.suppress(Exception):
-                destroy()
+                dist.destroy_process_group()

@@ -3,26 +3,54 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+import torch
+
 from engine import graphs
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.parallel.cluster import CLOSE, Build, Cluster
-from engine.parallel.plan import RecordingStaging, plan_of
-from engine.parallel.rank import build_rank
-from engine.request import RequestOutput
-from engine.runner import ModelRunner
+from engine.kv_cache import KVPool
+from engine.logits import RowSegment
+from engine.parallel.cluster import Cluster, TPGroup
+from engine.parallel.model import build_rank
+from engine.runner import ModelRunner, row_segments
+from engine.step import StepMeta
 
 
 class DriverRunner(ModelRunner):
-    def __init__(self, model, config: EngineConfig, backend: str, cluster: Cluster, max_model_len: int):
-        super().__init__(model, config, backend, None, max_model_len)   # the engine attaches its pool
-        self.staging = RecordingStaging(self.device)
-        self.cluster = cluster
-
     def prepare(self, batch, pad=None, fwd_staging=None):
+        """The step prepared here, and its plan sent to every worker."""
         p = super().prepare(batch, pad, fwd_staging)
-        self.cluster.send(plan_of(p, batch, self.staging, self.pool.storage.shape[2]))
+        segments = [(s.start, s.count, s.temperature, s.gen.get_state(), s.dream)
+                    for s in row_segments([r for r, _ in batch], p.plan)]
+        self.cluster.send(worker_step, p.padded_meta, p.ids.cpu().numpy(), p.plan.rows.cpu().numpy(), segments,
+                          p.plan.entropy, self.pool.storage.shape[2])
         return p
+
+
+def worker_build(tp: TPGroup, config: EngineConfig) -> None:
+    """A worker's share of a new engine: the same `ModelRunner` over its shard and its own KV pool."""
+    b = build_rank(tp, config)
+    pool = KVPool(b.capacity, b.model.config, b.model.dtype, b.model.device)
+    tp.runner = ModelRunner(b.model, config, b.backend, pool, b.max_model_len)
+
+
+def worker_step(tp: TPGroup, meta: StepMeta, ids: np.ndarray, rows: np.ndarray, segments: list[tuple],
+                entropy: bool, n_slots: int) -> None:
+    """A worker's share of the driver's step (`segments`: RowSegment's, generator states): forward, decode."""
+    runner = tp.runner
+    if runner.pool.storage.shape[2] != n_slots:
+        runner.pool.grow_to(n_slots)            # an unbounded pool grew on the driver
+    fwd = runner.staging.begin()
+    p = runner.packed(meta, meta, fwd, ids=ids)
+    row_index = fwd.put(rows)
+    fwd.flush()
+    hidden = runner.forward(p)
+    gen_device = runner.device if runner.device.type == "cuda" else "cpu"
+    segments = [RowSegment(a, n, t, torch.Generator(device=gen_device).set_state(state), dream)
+                for a, n, t, state, dream in segments]
+    runner.decode_rows(runner.model.lm_head, hidden, row_index, segments, runner.config.max_num_logits,
+                       runner.model_config.mask_token_id, entropy=entropy)
 
 
 class ParallelEngine(LLMEngine):
@@ -31,31 +59,26 @@ class ParallelEngine(LLMEngine):
     def __init__(self, config: EngineConfig, cluster: Cluster | None = None, threads: int = 1):
         self.own_cluster = cluster is None
         self.cluster = cluster or Cluster.start(config.tensor_parallel_size, config.device, threads)
-        if self.cluster.tp.size != config.tensor_parallel_size:
-            raise ValueError(f"the cluster has {self.cluster.tp.size} ranks, the config asks for "
-                             f"{config.tensor_parallel_size}")
         config = graphs.eager(config)
-        self.cluster.send(Build(config))
+        self.cluster.send(worker_build, config)
         with self.cluster.guard():
             built = build_rank(self.cluster.tp, config)
         config = dataclasses.replace(config, kv_pool_tokens=built.capacity)
-        runner = DriverRunner(built.model, config, built.backend, self.cluster, built.max_model_len)
+        runner = DriverRunner(built.model, config, built.backend, None, built.max_model_len)
+        runner.cluster = self.cluster
         super().__init__(config, runner=runner)
-        runner.pool = self.pool
+        runner.pool = self.pool                 # the engine's pool: the workers' pools have its slots
         self.profile = built.profile
 
-    def step(self) -> list[RequestOutput]:
+    def step(self):
         with self.cluster.guard():
             return super().step()
 
     def close(self) -> None:
-        """Drop this engine on every rank; stop the ranks if the cluster is its own."""
+        """Drop this engine on every rank, or stop the ranks if the cluster is its own or was interrupted mid-step."""
         if self.cluster.closed:
             return
-        if self.cluster.busy:
-            # interrupted mid-step: the workers wait in a collective and would never read CLOSE
-            self.cluster.close(kill=True)
-            return
-        self.cluster.send(CLOSE)
-        if self.own_cluster:
+        if self.own_cluster or self.cluster.busy:
             self.cluster.close()
+        else:
+            self.cluster.send(setattr, "runner", None)       # setattr(tp, ...): each worker drops its engine

@@ -1,77 +1,208 @@
-"""One rank's model (its heads, MLP columns, vocabulary rows); hooks `decode_rows`, `head_mean`."""
+"""A rank's model: its slices of the weights (read shard-wise), its vocabulary-parallel decode (docs/PARALLEL.md)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from safetensors import SafetensorError, safe_open
 
-from engine.models import DenseBlock, DenseLM, ModelConfig, RotaryEmbedding
-from engine.models.dense import _Norm
-from engine.parallel.group import TPGroup
-from engine.parallel.sharding import RankConfig, vocab_range
-from engine.parallel.vocab_decode import VocabParallelDecode
+from engine.attention import resolve_backend
+from engine.config import DTYPES, EngineConfig
+from engine.logits import DecodeResult, RowSegment, by_rule, decode_rows
+from engine.models import DenseLM, ModelConfig, build_model, config_from_pretrained, weight_files
+from engine.parallel.cluster import TPGroup
+from engine.profiler import MemoryProfile, profile_kv_pool
+from engine.unmask import gumbel_noise, gumbel_scores, proposal_argmax
 
-
-class ShardedBlock(DenseBlock):
-    """A block over the rank's heads and MLP columns (its sizes come from the rank's share)."""
-
-    def __init__(self, cfg: ModelConfig, tp: TPGroup):
-        nn.Module.__init__(self)     # DenseBlock's own __init__ would allocate the full block
-        n, d, hd = tp.size, cfg.d_model, cfg.head_dim
-        self.tp = tp
-        self.n_heads, self.n_kv, self.head_dim, self.eps = cfg.n_heads // n, cfg.kv_heads // n, hd, cfg.rms_norm_eps
-        self.attn_norm = _Norm(d)
-        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=cfg.qkv_bias)
-        self.attn_out = nn.Linear(self.n_heads * hd, d, bias=False)
-        self.ff_norm = _Norm(d)
-        self.ff_proj = nn.Linear(d, cfg.mlp_hidden_size // n, bias=False)
-        self.up_proj = nn.Linear(d, cfg.mlp_hidden_size // n, bias=False)
-        self.ff_out = nn.Linear(cfg.mlp_hidden_size // n, d, bias=False)
-        self._qkv = self._gate_up = self._qkv_bias = None
-
-    def forward(self, x, positions, rope, layer: int, attn):
-        q, k, v = self.qkv(x, positions, rope)
-        a = attn(layer, q, k, v).reshape(x.shape[0], -1)
-        x = x + self.tp.all_reduce(self.attn_out(a))
-        return x + self.tp.all_reduce(self.mlp(x))
+COLUMN, ROW, VOCAB, REPLICATED = "column", "row", "vocab", "replicated"
+KEY, TOKEN, LOGIT, MAX, SUM, ENT = range(6)       # the columns of a rank's proposal per row
+_BLOCK = {"q_proj": COLUMN, "k_proj": COLUMN, "v_proj": COLUMN, "attn_out": ROW,
+          "ff_proj": COLUMN, "up_proj": COLUMN, "ff_out": ROW, "attn_norm": REPLICATED, "ff_norm": REPLICATED}
 
 
-class _ShardedTransformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPGroup):
-        super().__init__()
-        rows = cfg.padded_vocab // tp.size
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(rows, cfg.d_model),
-            blocks=nn.ModuleList(ShardedBlock(cfg, tp) for _ in range(cfg.n_layers)),
-            ln_f=_Norm(cfg.d_model),
-            ff_out=nn.Linear(cfg.d_model, rows, bias=False),
-        ))
+@dataclass
+class RankConfig(ModelConfig):
+    """The checkpoint's config as one rank sees it: global fields unchanged, `kv_heads` the rank's."""
+
+    tp_size: int = 1
+
+    @property
+    def kv_heads(self) -> int:
+        return (self.n_kv_heads or self.n_heads) // self.tp_size
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, tp_size: int) -> RankConfig:
+        """ValueError unless every split dimension divides by `tp_size` (whole heads per rank)."""
+        sizes = {"n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads, "mlp_hidden_size": cfg.mlp_hidden_size,
+                 "the vocabulary (embedding_size)": cfg.padded_vocab}
+        for what, size in sizes.items():
+            if size % tp_size:
+                raise ValueError(f"tensor-parallel size {tp_size} does not divide {what} = {size}")
+        return cls(**cfg.to_dict(), tp_size=tp_size)
+
+
+def split_of(name: str) -> str:
+    parts = name.split(".")
+    if "blocks" in parts:
+        return _BLOCK[parts[-2]]
+    return VOCAB if parts[-2] in ("wte", "ff_out") else REPLICATED
+
+
+def slice_of(name: str, shape: tuple[int, ...], rank: int, size: int) -> tuple[slice, ...]:
+    """The rank's part of weight `name` of full `shape` ([out, in] for linears)."""
+    axis = {COLUMN: 0, VOCAB: 0, ROW: 1}.get(split_of(name))      # None: replicated
+    n = 0 if axis is None else shape[axis] // size
+    return tuple(slice(rank * n, (rank + 1) * n) if i == axis else slice(None) for i in range(len(shape)))
+
+
+class _ShardShape(RankConfig):
+    """A rank's query heads, MLP columns and vocabulary rows too, to build its modules (`head_dim`: the model's)."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // (self.n_heads * self.tp_size)
 
 
 class ShardedLM(DenseLM):
-    """Built on the meta device; `engine.parallel.loader` fills it with the rank's slices."""
+    """Built on the meta device; `load_sharded` fills it with the rank's slices."""
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup):
-        nn.Module.__init__(self)     # not DenseLM's: that would build the full model
-        self.config = RankConfig.of(cfg, tp.size)
-        self.tp = tp
-        self.vocab_start, self.vocab_end = vocab_range(cfg, tp.rank, tp.size)
-        self.model = _ShardedTransformer(cfg, tp)
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
-        self.decode_rows = VocabParallelDecode(tp, self.vocab_start, cfg.padded_vocab)
+        config, n = RankConfig.of(cfg, tp.size), tp.size
+        super().__init__(_ShardShape(**{**config.to_dict(), "n_heads": cfg.n_heads // n, "n_kv_heads": cfg.kv_heads,
+                                        "mlp_hidden_size": cfg.mlp_hidden_size // n,
+                                        "embedding_size": cfg.padded_vocab // n}))
+        self.config, self.tp, self.vocab_start = config, tp, tp.rank * cfg.padded_vocab // n
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn, rope) -> torch.Tensor:
+        """DenseLM's (`rope` given), each block's row-parallel attention and MLP outputs summed over the ranks."""
+        h = self.embed(input_ids)
+        for i, blk in enumerate(self.blocks):
+            q, k, v = blk.qkv(h, positions, rope)
+            h = h + self.tp.all_reduce(blk.attn_out(attn(i, q, k, v).reshape(h.shape[0], -1)))
+            h = h + self.tp.all_reduce(blk.mlp(h))
+        return self.final_norm(h)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Each rank looks up the ids in its rows (zeros elsewhere); one all-reduce sums them."""
+        wte = self.model.transformer.wte.weight
         local = input_ids - self.vocab_start
-        outside = (local < 0) | (local >= self.vocab_end - self.vocab_start)
-        h = F.embedding(local.masked_fill(outside, 0), self.model.transformer.wte.weight)
-        return self.tp.all_reduce(h.masked_fill_(outside[:, None], 0))
+        outside = (local < 0) | (local >= wte.shape[0])
+        return self.tp.all_reduce(F.embedding(local.masked_fill(outside, 0), wte).masked_fill_(outside[:, None], 0))
 
     def head_mean(self, scores: torch.Tensor) -> torch.Tensor:
         """[G, H, g, Lc] scores of this rank's heads -> [G, Lc], the mean over every rank's heads."""
         return self.tp.all_reduce(scores.sum((1, 2))) / (scores.shape[1] * scores.shape[2] * self.tp.size)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError("a tensor-parallel rank holds logit columns only: decode through the engine")
+    def decode_rows(self, *args, **kwargs) -> DecodeResult:
+        """`engine.logits.decode_rows` over this rank's logit columns."""
+        return decode_rows(*args, chunk=self.decode_chunk, **kwargs)
+
+    def decode_chunk(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool):
+        """Rows [c0, c0 + len) -> (x0, conf, entropy or None) on every rank from each rank's gathered `proposal`."""
+        def plain(part: torch.Tensor, at: int):
+            return combine(self.tp.all_gather(self.proposal(part, at, segments, mask_id, entropy)), part.dtype, entropy)
+
+        def columns(part: torch.Tensor) -> torch.Tensor:      # [rows, V/N] -> [rows, V], every rank's columns
+            return self.tp.all_gather(part).permute(1, 0, 2).reshape(part.shape[0], -1)
+
+        return by_rule(logits, c0, segments, mask_id, entropy, plain, columns)
+
+    def proposal(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int,
+                 entropy: bool) -> torch.Tensor:
+        """[rows, 5 or 6] float64: this rank's candidate and log-sum-exp parts per row (columns KEY..ENT)."""
+        n, width = logits.shape
+        start = self.vocab_start
+        mask_col = mask_id - start if start <= mask_id < start + width else None
+        col = logits.argmax(-1) if mask_col is None else proposal_argmax(logits, mask_col)
+        key = logits.gather(1, col[:, None])[:, 0].to(torch.float64)
+        for seg in segments:
+            a, b = max(seg.start, c0), min(seg.start + seg.count, c0 + n)
+            if seg.temperature == 0 or a >= b:
+                continue
+            noise = gumbel_noise((b - a, self.config.padded_vocab), seg.temperature, seg.gen, logits.device)
+            scores = gumbel_scores(logits[a - c0 : b - c0], noise[:, start : start + width])
+            c = scores.argmax(-1) if mask_col is None else proposal_argmax(scores, mask_col)
+            col[a - c0 : b - c0] = c
+            key[a - c0 : b - c0] = scores.gather(1, c[:, None])[:, 0]
+        # as engine.unmask.confidence_at, in place; entropy adds one [rows, V/N] temporary
+        dt = torch.promote_types(logits.dtype, torch.float32)
+        m = logits.amax(-1, keepdim=True)
+        cols = [key, (col + start).to(torch.float64), logits.gather(1, col[:, None])[:, 0].double(), m[:, 0].double()]
+        shifted = logits.sub_(m)
+        if entropy:
+            e = shifted.exp()
+            cols += [e.sum(-1, dtype=dt).double(), (e * shifted).sum(-1, dtype=dt).double()]
+        else:
+            cols.append(shifted.exp_().sum(-1, dtype=dt).double())
+        return torch.stack(cols, dim=1)
+
+
+def combine(gathered: torch.Tensor, dtype: torch.dtype, entropy: bool):
+    """gathered [N, rows, 5|6] (every rank's `proposal`) -> (x0, conf, entropy or None)."""
+    dt = torch.promote_types(dtype, torch.float32)
+    winner = gathered[..., KEY].argmax(0)                         # ties: the first (lowest) rank
+    best = gathered.gather(0, winner[None, :, None].expand(1, *gathered.shape[1:]))[0]
+    x0 = best[:, TOKEN].long()
+    l_x0 = best[:, LOGIT].to(dt)
+    m, s = gathered[..., MAX].to(dt), gathered[..., SUM].to(dt)
+    conf = (s * (m - l_x0).exp()).sum(0).reciprocal()
+    if not entropy:
+        return x0, conf, None
+    # H = log S − Σ_r e^{m_r − M} (u_r + (m_r − M) s_r) / S with S = Σ_r e^{m_r − M} s_r
+    top = m.amax(0)
+    w = (m - top).exp()
+    total = (w * s).sum(0)
+    spread = (w * (gathered[..., ENT].to(dt) + (m - top) * s)).sum(0)
+    return x0, conf, total.log() - spread / total
+
+
+def load_sharded(path: str | Path, tp: TPGroup, dtype: torch.dtype) -> ShardedLM:
+    """The rank's slices of an HF checkpoint of any family (the single-device loader's checks)."""
+    path = Path(path)
+    cfg = config_from_pretrained(path)
+    with torch.device("meta"):
+        model = ShardedLM(cfg, tp)
+        full = {k: tuple(v.shape) for k, v in build_model(cfg).state_dict().items()}
+    ours = {cfg.family.hf_name(k): k for k in full}      # the checkpoint's names -> ours
+    state: dict[str, torch.Tensor] = {}
+    for f in weight_files(path):
+        try:
+            with safe_open(str(path / f), framework="pt", device="cpu") as st:
+                for hf in (k for k in st.keys() if k in ours):
+                    name, piece = ours[hf], st.get_slice(hf)
+                    if tuple(piece.get_shape()) != full[name]:
+                        raise ValueError(f"weight {hf} has shape {tuple(piece.get_shape())}, "
+                                         f"config implies {full[name]}")
+                    state[name] = piece[slice_of(name, full[name], tp.rank, tp.size)].to(tp.device, dtype)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"corrupt safetensors file {path / f}: {e}") from None
+    missing = sorted(set(full) - set(state))
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks {len(missing)} weights, e.g. {cfg.family.hf_name(missing[0])}")
+    model.load_state_dict(state, assign=True)
+    model.fuse()                 # each rank's own q/k/v and gate/up slices, fused (DenseBlock.fuse)
+    return model.eval()
+
+
+@dataclass
+class RankBuild:
+    model: ShardedLM
+    backend: str
+    max_model_len: int
+    capacity: int | None              # KV token slots per rank (None: unbounded, CPU without a budget)
+    profile: MemoryProfile | None     # this rank's own profile
+
+
+def build_rank(tp: TPGroup, config: EngineConfig) -> RankBuild:
+    """A rank's model shard and, when the pool is bounded, its profile (the smallest pool of any rank)."""
+    model = load_sharded(config.model, tp, DTYPES[config.dtype])
+    backend = resolve_backend(config.attention_backend, model.device, model.dtype)
+    max_model_len = config.max_model_len or model.config.max_sequence_length
+    capacity, profile = config.kv_pool_tokens, None
+    if capacity is None and (config.memory_budget is not None or model.device.type == "cuda"):
+        profile = profile_kv_pool(model, config, backend, max_model_len)
+        tokens = torch.tensor([profile.kv_pool_tokens], device=tp.device)
+        capacity = int(tp.all_reduce(tokens, torch.distributed.ReduceOp.MIN).item())
+    return RankBuild(model, backend, max_model_len, capacity, profile)
