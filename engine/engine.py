@@ -13,7 +13,7 @@ from engine.canvas import CanvasPool
 from engine.config import DTYPES, EngineConfig
 from engine.counters import StepCounters
 from engine.graphs import StepGraphs
-from engine.kv_cache import KVPool
+from engine.kv_cache import AUTO, KVPool, never_cached
 from engine.models import DenseLM, load_model
 from engine.ragged import padded, to_device
 from engine.request import Phase, Request, RequestOutput, Status
@@ -21,6 +21,20 @@ from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler, long_refusal, long_schedulers
 from engine.step import Batch, Runner, StepDecisions
+
+
+def open_engine(config: EngineConfig, model: DenseLM | None = None, runner: Runner | None = None, *,
+                threads: int = 1, cluster=None) -> LLMEngine:
+    """`engine.open`: the engine `config` describes, on one device or over `tensor_parallel_size` ranks
+    (`model`: loaded; `runner`: any `Runner`; `cluster`: ranks running)."""
+    if config.tensor_parallel_size == 1 or runner is not None:
+        return LLMEngine(config, model=model, runner=runner)
+    if model is not None:
+        raise ValueError("an engine over several ranks loads its shards of config.model on each rank: "
+                         "give no loaded model")
+    from engine.parallel.driver import ParallelEngine
+
+    return ParallelEngine(config, cluster=cluster, threads=threads)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -84,43 +98,37 @@ class LLMEngine:
                     arrival_time: float | None = None) -> str:
         """Queue a request; raise ValueError if it could never run (it must not block the queue)."""
         prompt_ids = [int(t) for t in prompt_ids]
-        mask = self.model_config.mask_token_id
+        c, mc, budget = self.config, self.model_config, self.config.max_num_batched_tokens
         if not prompt_ids:
             raise ValueError("empty prompt")
-        if mask in prompt_ids:
-            raise ValueError(f"prompt contains the mask token id {mask}")
-        vocab = self.model_config.padded_vocab
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
-        if params.temperature > 0 and not self.config.sampling:
+        if mc.mask_token_id in prompt_ids:
+            raise ValueError(f"prompt contains the mask token id {mc.mask_token_id}")
+        if min(prompt_ids) < 0 or max(prompt_ids) >= mc.padded_vocab:
+            raise ValueError(f"prompt token ids must lie in [0, {mc.padded_vocab})")
+        if params.temperature > 0 and not c.sampling:
             raise ValueError("this engine was configured (and profiled) for greedy decoding: temperature must be 0")
         if params.cfg_scale > 0:
             raise ValueError("the engine does not implement classifier-free guidance (use the reference sampler)")
-        length = len(prompt_ids) + params.gen_length
+        length, trained = len(prompt_ids) + params.gen_length, mc.max_sequence_length
         if length > self.max_model_len:
-            trained = self.model_config.max_sequence_length
             what = (f"the model's length of {trained} tokens (max_model_len)" if self.max_model_len == trained else
                     f"max_model_len {self.max_model_len} (the model's length: {trained} tokens)")
             raise ValueError(f"prompt + gen_length = {length} exceeds {what}")
-        refusal = long_refusal(self.config)
-        if length > self.config.max_num_batched_tokens and refusal:
-            raise ValueError(
-                f"{refusal}, so a canvas longer than the token budget cannot be served: prompt + gen_length = "
-                f"{length} exceeds max_num_batched_tokens {self.config.max_num_batched_tokens} (such a canvas "
-                f"is refreshed in chunks under scheduler={' | '.join(long_schedulers())} on one device)"
-            )
-        req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, mask, self.device,
-                      time.perf_counter() if arrival_time is None else arrival_time, shift=self.model_config.shift)
-        uncached = self.config.cache == "none" or self.scheduler.never_cached(req)
-        reuse = req.query_cost(Phase.REUSE)
-        if reuse > self.config.max_num_batched_tokens and not uncached:
+        if length > budget and long_refusal(c):
+            raise ValueError(f"{long_refusal(c)}, so a canvas longer than the token budget cannot be served: "
+                             f"prompt + gen_length = {length} exceeds max_num_batched_tokens {budget} (such a canvas "
+                             f"is refreshed in chunks under scheduler={' | '.join(long_schedulers())} on one device)")
+        req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, mc.mask_token_id, self.device,
+                      time.perf_counter() if arrival_time is None else arrival_time, shift=mc.shift)
+        need = self.scheduler.kv_need(req)      # waiting under auto: sparse's, the least
+        uncached = c.cache == "none" or (c.cache == AUTO and never_cached(self.pool.capacity, need))
+        if req.query_cost(Phase.REUSE) > budget and not uncached:
             edge = f" + {req.shift} edge row" if req.shift else ""
             raise ValueError(f"block_length {params.block_length}{edge} exceeds max_num_batched_tokens "
-                             f"{self.config.max_num_batched_tokens}: its Reuse steps could never be scheduled")
-        need = self.scheduler.kv_need(req)
+                             f"{budget}: its Reuse steps could never be scheduled")
         if not uncached and not self.pool.can_ever_fit(need):
             raise ValueError(f"request needs {need} KV token slots but the pool holds {self.pool.capacity}")
-        self.scheduler.add(req)
+        self.scheduler.waiting.append(req)
         return req.request_id
 
     def abort(self, request_id: str) -> None:
