@@ -1,6 +1,7 @@
 """LLMEngine: continuous batching of diffusion requests (add_request / step / generate / abort)."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from engine.counters import StepCounters
 from engine.graphs import StepGraphs
 from engine.kv_cache import AUTO, KVPool, never_cached
 from engine.models import DenseLM, load_model
-from engine.ragged import padded, to_device
+from engine.ragged import to_device
 from engine.request import Phase, Request, RequestOutput, Status
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
@@ -56,7 +57,7 @@ def run_to_completion(system, prompts, params, progress=None) -> list[RequestOut
     return [out[i] for i in ids]
 
 
-class LLMEngine:
+class LLMEngine(contextlib.AbstractContextManager):
     """One device's engine; `runner`: any `engine.step.Runner` (without a model: `kv_pool_tokens`)."""
 
     def __init__(self, config: EngineConfig, model: DenseLM | None = None, runner: Runner | None = None):
@@ -177,19 +178,9 @@ class LLMEngine:
 
     def advance(self, batch: Batch, now: float, committed: bool = True) -> list[Request]:
         """Move the cursors -> the finished requests (`committed` False: blocks end as planned)."""
-        ends = {id(r): r.block_done(committed) for r, _ in batch}
-        nxt = [r for r, _ in batch if ends[id(r)] and r.block + 1 < r.num_blocks]
-        masked = {}
-        if nxt:
-            lens = np.fromiter((r.block_length for r in nxt), dtype=np.int64, count=len(nxt))
-            starts = np.fromiter((r.canvas_offset + r.prompt_len + (r.block + 1) * r.block_length
-                                  for r in nxt), dtype=np.int64, count=len(nxt))
-            idx, valid = padded(starts, lens, int(lens.max()))
-            tokens = self.canvases.host[idx]
-            masked = dict(zip(map(id, nxt), ((tokens == self.model_config.mask_token_id) & valid).sum(1).tolist()))
         done = []
         for req, _ in batch:
-            req.advance(now, masked.get(id(req)), ends[id(req)])
+            req.advance(now, req.block_done(committed))
             if req.status is Status.FINISHED:
                 done.append(req)
         return done
@@ -208,9 +199,6 @@ class LLMEngine:
 
     def close(self) -> None:
         pass
-
-    def __enter__(self) -> LLMEngine:
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()

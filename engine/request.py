@@ -147,8 +147,8 @@ class Request:
         s, e = self.block_range
         return not (self.host_canvas[s:e] == self.mask_id).any()
 
-    def advance(self, now: float, masked: int | None = None, done: bool | None = None) -> None:
-        """One step done: move the cursor, record times (`masked`, `done`: if the caller knows them)."""
+    def advance(self, now: float, done: bool | None = None) -> None:
+        """One step done: move the cursor, record times (`done`: whether it ended the block, if known)."""
         done = self.block_done() if done is None else done
         self.step_in_block += 1
         if done:
@@ -162,8 +162,7 @@ class Request:
                 self.finished_time = now
                 self.status = Status.FINISHED
             else:
-                if masked is None:
-                    masked = int((self.host_canvas[slice(*self.block_range)] == self.mask_id).sum())
+                masked = int((self.host_canvas[slice(*self.block_range)] == self.mask_id).sum())
                 self.schedule = self.params.block_counts(masked)
 
     def output(self) -> RequestOutput:

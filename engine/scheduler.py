@@ -29,7 +29,7 @@ class Scheduler:
         self.stalled = 0            # running requests the last schedule() left out
         self.deferred = 0           # running requests the last step had wait by plan (ledger or credit)
         self.served = Counter()     # requests admitted per cache mode
-        self.policy: SchedulingPolicy = POLICIES[config.scheduler](config)
+        self.policy: PhasePolicy = POLICIES[config.scheduler](config)
         self.cost, self.plan, self.credit = self.policy.cost, self.policy.plan, self.policy.credit
 
     def kv_need(self, req: Request, mode: str | None = None) -> int:
@@ -110,35 +110,20 @@ class RefreshCredit:
         return False
 
 
-class SchedulingPolicy:
-    """Which running requests a step takes, what each is charged, when the head is admitted."""
+class PhasePolicy:
+    """Greedy FCFS by phase cost; `whole_canvas` (scheduler=request) charges every step the whole canvas."""
 
     plan: Lookahead | None = None           # the ledger of a planning policy
-    chunks_long_refresh: bool = False       # admits a canvas over the token budget (RefreshCredit)
-    long_refusal: str = ""                  # why not, if it does not
+    chunks_long_refresh = True              # admits a canvas over the token budget (RefreshCredit)
+    long_refusal = ""                       # why not, if it does not
 
     def __init__(self, config: EngineConfig):
         self.config = config
+        self.whole_canvas = config.scheduler == "request"
         self.credit = RefreshCredit(config.max_num_batched_tokens)   # stays empty under lookahead
-
-    def cost(self, req: Request, phase: Phase) -> int:
-        return req.query_cost(phase)
 
     def accrues(self, req: Request, phase: Phase) -> bool:
         """Whether this step of `req` is charged over several steps (its cost is over the budget)."""
-        return False
-
-
-class PhasePolicy(SchedulingPolicy):
-    """Greedy FCFS by phase cost; `whole_canvas` (scheduler=request) charges every step the whole canvas."""
-
-    chunks_long_refresh = True
-
-    def __init__(self, config: EngineConfig):
-        super().__init__(config)
-        self.whole_canvas = config.scheduler == "request"
-
-    def accrues(self, req: Request, phase: Phase) -> bool:
         return (self.whole_canvas or phase.is_refresh) and req.length > self.config.max_num_batched_tokens
 
     def cost(self, req: Request, phase: Phase) -> int:
@@ -189,9 +174,11 @@ class PhasePolicy(SchedulingPolicy):
         return batch
 
 
-class LookaheadPolicy(SchedulingPolicy):
-    """The running requests the plan has in this step, then FCFS admission while the head's first step fits."""
+class LookaheadPolicy(PhasePolicy):
+    """The phase costs; who runs: the running requests the plan has in this step, then FCFS admission while
+    the head's first step fits."""
 
+    chunks_long_refresh = False
     long_refusal = "its ledger plans every step whole within the token budget"
 
     def __init__(self, config: EngineConfig):
@@ -212,7 +199,7 @@ class LookaheadPolicy(SchedulingPolicy):
         return batch
 
 
-POLICIES: dict[str, type[SchedulingPolicy]] = {"phase": PhasePolicy, "request": PhasePolicy,
+POLICIES: dict[str, type[PhasePolicy]] = {"phase": PhasePolicy, "request": PhasePolicy,
                                                "lookahead": LookaheadPolicy}
 
 
@@ -265,10 +252,10 @@ class Ledger:
         self.tokens = np.zeros(size, dtype=np.int64)
 
     def _hold(self, end: int) -> None:
-        n = end - self.base
-        if n > len(self.tokens):
-            self.tokens = np.concatenate([self.tokens, np.zeros(max(n, 2 * len(self.tokens)) - len(self.tokens),
-                                                                dtype=np.int64)])
+        """Room up to step `end`: the array at least doubles."""
+        short = end - self.base - len(self.tokens)
+        if short > 0:
+            self.tokens = np.concatenate([self.tokens, np.zeros(max(short, len(self.tokens)), dtype=np.int64)])
 
     def at(self, t: int) -> int:
         i = t - self.base
