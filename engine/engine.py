@@ -16,6 +16,7 @@ from engine.counters import StepCounters
 from engine.graphs import StepGraphs
 from engine.kv_cache import AUTO, KVPool, never_cached
 from engine.models import DenseLM, load_model
+from engine.profiler import profile_kv_pool
 from engine.ragged import to_device
 from engine.request import Phase, Request, RequestOutput, Status
 from engine.runner import ModelRunner
@@ -79,8 +80,6 @@ class LLMEngine(contextlib.AbstractContextManager):
         if capacity is None and (config.memory_budget is not None or self.device.type == "cuda"):
             if self.model is None:
                 raise ValueError("an injected runner without a model cannot be profiled: set kv_pool_tokens")
-            from engine.profiler import profile_kv_pool
-
             self.profile = profile_kv_pool(self.model, config, self.backend, self.max_model_len)
             capacity = self.profile.kv_pool_tokens
             if not self.profile.long_canvas:
