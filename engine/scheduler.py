@@ -273,12 +273,6 @@ class Ledger:
             self.tokens = np.concatenate([self.tokens[k:], np.zeros(k, dtype=np.int64)])
             self.base = t
 
-    def first_fit(self, start: int, room: int) -> int:
-        """The first step >= start whose planned load is <= room (room >= 0: an empty step)."""
-        i = max(start - self.base, 0)
-        hits = np.flatnonzero(self.tokens[i:] <= room)
-        return start + int(hits[0]) if hits.size else self.base + max(len(self.tokens), i)
-
     def place(self, costs: np.ndarray, start: int, budget: int) -> np.ndarray:
         """Each step at the earliest slot after the previous one (from `start`) where it fits the budget."""
         slots = np.empty(len(costs), dtype=np.int64)
@@ -290,8 +284,9 @@ class Ledger:
             m = int(over[0]) if over.size else len(costs) - k
             slots[k : k + m] = np.arange(s, s + m)
             k, s = k + m, s + m
-            if k < len(costs):
-                s = self.first_fit(s + 1, budget - int(costs[k]))
+            if k < len(costs):      # the next step: the first later slot with room for it (past the array: empty)
+                fits = np.flatnonzero(self.tokens[s + 1 - self.base :] <= budget - int(costs[k]))
+                s = s + 1 + int(fits[0]) if fits.size else self.base + len(self.tokens)
         return slots
 
 
