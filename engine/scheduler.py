@@ -54,10 +54,12 @@ class Scheduler:
         return self.policy.schedule(self, now)
 
     def admit_head(self, now: float) -> Request | None:
-        """The head of the queue run in the mode it gets now (whole-life KV reserved, canvas placed), or None."""
+        """The head of the queue admitted in the mode it gets now, or None if the KV pool cannot take it."""
         mode = self.admission_mode(self.waiting[0])
-        if mode is None:
-            return None
+        return None if mode is None else self._admit(mode, now)
+
+    def _admit(self, mode: str, now: float) -> Request:
+        """The head of the queue runs in `mode`: its whole-life KV reserved, its canvas placed."""
         req = self.waiting.popleft()
         req.cache, req.status, req.admitted_time = mode, Status.RUNNING, now
         self.served[mode] += 1
