@@ -25,20 +25,6 @@ from engine.scheduler import Scheduler, long_refusal, long_schedulers
 from engine.step import Batch, Runner, StepDecisions
 
 
-def open_engine(config: EngineConfig, model: DenseLM | None = None, runner: Runner | None = None, *,
-                threads: int = 1, cluster=None) -> LLMEngine:
-    """`engine.open`: the engine `config` describes, on one device or over `tensor_parallel_size` ranks
-    (`model`: loaded; `runner`: any `Runner`; `cluster`: ranks running)."""
-    if config.tensor_parallel_size == 1 or runner is not None:
-        return LLMEngine(config, model=model, runner=runner)
-    if model is not None:
-        raise ValueError("an engine over several ranks loads its shards of config.model on each rank: "
-                         "give no loaded model")
-    from engine.parallel.driver import ParallelEngine
-
-    return ParallelEngine(config, cluster=cluster, threads=threads)
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
