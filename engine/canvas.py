@@ -32,13 +32,10 @@ class CanvasPool:
         """A contiguous range of n cells (growing both arrays if needed) -> its offset."""
         got = self.ranges.take(n, contiguous=True)
         if got is None:
-            old, old_host = self.tokens, self.host
-            size = max(2 * old.numel(), old.numel() + n, 1024)
-            self.tokens = torch.zeros(size, dtype=torch.long, device=self.device)   # free cells hold a valid id
-            self.tokens[: old.numel()] = old
-            self.host = np.zeros(size, dtype=np.int64)
-            self.host[: old_host.size] = old_host
-            self.ranges.grow(size)
+            added = max(len(self.host), n, 1024 - len(self.host))   # zeros (a valid id): twice the size or room for n
+            self.tokens = torch.cat([self.tokens, torch.zeros(added, dtype=torch.long, device=self.device)])
+            self.host = np.concatenate([self.host, np.zeros(added, dtype=np.int64)])
+            self.ranges.grow(len(self.host))
             for off, r in self.placed.items():      # re-point the views at the new storage
                 r.canvas = self.tokens[off : off + r.length]
                 r.host_canvas = self.host[off : off + r.length]
@@ -49,7 +46,6 @@ class CanvasPool:
         off = req.canvas_offset
         if self.placed.pop(off, None) is None:
             return
-        req.canvas = req.canvas.clone()
-        req.host_canvas = req.host_canvas.copy()
+        req.canvas, req.host_canvas = req.canvas.clone(), req.host_canvas.copy()
         req.canvas_offset = req.canvas_pool = None
         self.ranges.put([(off, off + req.length)])

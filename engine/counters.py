@@ -3,26 +3,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from collections.abc import Callable
 
 STEP_HISTORY = 4096      # per-step entries kept (the aggregates are exact whatever the number of steps)
-
-
-class StepRecord(NamedTuple):
-    """One forward as `StepCounters.sink` sees it (perf_counter times; `cache`: members per mode)."""
-
-    started: float
-    ended: float
-    requests: int
-    padded_requests: int
-    refresh: int
-    reuse: int
-    query_rows: int
-    key_tokens: int
-    logit_rows: int
-    graph: bool
-    cache: Mapping[str, int] | None
 
 
 class StepCounters(dict):
@@ -34,18 +17,17 @@ class StepCounters(dict):
                          deferred_steps=0, deferred_requests=0, batched_requests=0)
         self.batch_sizes: deque[int] = deque(maxlen=STEP_HISTORY)
         self.step_log: deque[tuple[int, int, int]] = deque(maxlen=STEP_HISTORY)
-        # (step number, batch size) of every step no later step matched or beat (`max_batch_since`)
+        # (step number, batch size) of every step no later step matched or beat
         self.maxima: list[tuple[int, int]] = []
-        self.sink: Callable[[StepRecord], None] | None = None
+        self.sink: Callable | None = None        # a step trace's: called with each forward's fields
 
     def record(self, batch_size: int, query_tokens: int, logits_rows: int, max_logits_rows: int,
                refresh: int, reuse: int, stalled: int = 0, deferred: int = 0, *, started: float | None = None,
-               key_tokens: int = 0, padded: int | None = None, graph: bool = False,
-               cache: Mapping[str, int] | None = None) -> None:
+               key_tokens: int = 0, padded: int | None = None, graph: bool = False, cache: dict | None = None) -> None:
         """One forward (`stalled`: left out by the budget, `deferred`: by the plan; `started`: sink it)."""
         if self.sink is not None and started is not None:
-            self.sink(StepRecord(started, time.perf_counter(), batch_size, batch_size if padded is None else padded,
-                                 refresh, reuse, query_tokens, key_tokens, logits_rows, graph, cache))
+            self.sink(started, time.perf_counter(), batch_size, batch_size if padded is None else padded,
+                      refresh, reuse, query_tokens, key_tokens, logits_rows, graph, cache)
         for k, v in dict(steps=1, forwards=1, query_tokens=query_tokens, logits_rows=logits_rows, refresh_steps=refresh,
                          reuse_steps=reuse, stalled_steps=stalled > 0, stalled_requests=stalled,
                          deferred_steps=deferred > 0, deferred_requests=deferred, batched_requests=batch_size).items():
@@ -60,8 +42,3 @@ class StepCounters(dict):
     def stats(self) -> dict:
         return dict(self, batch_sizes=list(self.batch_sizes), step_composition=[list(s) for s in self.step_log],
                     batch_size_maxima=[list(m) for m in self.maxima])
-
-
-def max_batch_since(maxima, steps: int) -> int | None:
-    """The largest batch of the steps after step number `steps`, from `StepCounters.maxima`."""
-    return next((size for step, size in maxima if step > steps), None)

@@ -1,6 +1,7 @@
 """LLMEngine: continuous batching of diffusion requests (add_request / step / generate / abort)."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Sequence
@@ -13,9 +14,10 @@ from engine.canvas import CanvasPool
 from engine.config import DTYPES, EngineConfig
 from engine.counters import StepCounters
 from engine.graphs import StepGraphs
-from engine.kv_cache import KVPool
+from engine.kv_cache import AUTO, KVPool, never_cached
 from engine.models import DenseLM, load_model
-from engine.ragged import padded, to_device
+from engine.profiler import profile_kv_pool
+from engine.ragged import to_device
 from engine.request import Phase, Request, RequestOutput, Status
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
@@ -42,7 +44,7 @@ def run_to_completion(system, prompts, params, progress=None) -> list[RequestOut
     return [out[i] for i in ids]
 
 
-class LLMEngine:
+class LLMEngine(contextlib.AbstractContextManager):
     """One device's engine; `runner`: any `engine.step.Runner` (without a model: `kv_pool_tokens`)."""
 
     def __init__(self, config: EngineConfig, model: DenseLM | None = None, runner: Runner | None = None):
@@ -64,8 +66,6 @@ class LLMEngine:
         if capacity is None and (config.memory_budget is not None or self.device.type == "cuda"):
             if self.model is None:
                 raise ValueError("an injected runner without a model cannot be profiled: set kv_pool_tokens")
-            from engine.profiler import profile_kv_pool
-
             self.profile = profile_kv_pool(self.model, config, self.backend, self.max_model_len)
             capacity = self.profile.kv_pool_tokens
             if not self.profile.long_canvas:
@@ -84,43 +84,37 @@ class LLMEngine:
                     arrival_time: float | None = None) -> str:
         """Queue a request; raise ValueError if it could never run (it must not block the queue)."""
         prompt_ids = [int(t) for t in prompt_ids]
-        mask = self.model_config.mask_token_id
+        c, mc, budget = self.config, self.model_config, self.config.max_num_batched_tokens
         if not prompt_ids:
             raise ValueError("empty prompt")
-        if mask in prompt_ids:
-            raise ValueError(f"prompt contains the mask token id {mask}")
-        vocab = self.model_config.padded_vocab
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
-        if params.temperature > 0 and not self.config.sampling:
+        if mc.mask_token_id in prompt_ids:
+            raise ValueError(f"prompt contains the mask token id {mc.mask_token_id}")
+        if min(prompt_ids) < 0 or max(prompt_ids) >= mc.padded_vocab:
+            raise ValueError(f"prompt token ids must lie in [0, {mc.padded_vocab})")
+        if params.temperature > 0 and not c.sampling:
             raise ValueError("this engine was configured (and profiled) for greedy decoding: temperature must be 0")
         if params.cfg_scale > 0:
             raise ValueError("the engine does not implement classifier-free guidance (use the reference sampler)")
-        length = len(prompt_ids) + params.gen_length
+        length, trained = len(prompt_ids) + params.gen_length, mc.max_sequence_length
         if length > self.max_model_len:
-            trained = self.model_config.max_sequence_length
             what = (f"the model's length of {trained} tokens (max_model_len)" if self.max_model_len == trained else
                     f"max_model_len {self.max_model_len} (the model's length: {trained} tokens)")
             raise ValueError(f"prompt + gen_length = {length} exceeds {what}")
-        refusal = long_refusal(self.config)
-        if length > self.config.max_num_batched_tokens and refusal:
-            raise ValueError(
-                f"{refusal}, so a canvas longer than the token budget cannot be served: prompt + gen_length = "
-                f"{length} exceeds max_num_batched_tokens {self.config.max_num_batched_tokens} (such a canvas "
-                f"is refreshed in chunks under scheduler={' | '.join(long_schedulers())} on one device)"
-            )
-        req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, mask, self.device,
-                      time.perf_counter() if arrival_time is None else arrival_time, shift=self.model_config.shift)
-        uncached = self.config.cache == "none" or self.scheduler.never_cached(req)
-        reuse = req.query_cost(Phase.REUSE)
-        if reuse > self.config.max_num_batched_tokens and not uncached:
+        if length > budget and long_refusal(c):
+            raise ValueError(f"{long_refusal(c)}, so a canvas longer than the token budget cannot be served: "
+                             f"prompt + gen_length = {length} exceeds max_num_batched_tokens {budget} (such a canvas "
+                             f"is refreshed in chunks under scheduler={' | '.join(long_schedulers())} on one device)")
+        req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, mc.mask_token_id, self.device,
+                      time.perf_counter() if arrival_time is None else arrival_time, shift=mc.shift)
+        need = self.scheduler.kv_need(req)      # waiting under auto: sparse's, the least
+        uncached = c.cache == "none" or (c.cache == AUTO and never_cached(self.pool.capacity, need))
+        if req.query_cost(Phase.REUSE) > budget and not uncached:
             edge = f" + {req.shift} edge row" if req.shift else ""
             raise ValueError(f"block_length {params.block_length}{edge} exceeds max_num_batched_tokens "
-                             f"{self.config.max_num_batched_tokens}: its Reuse steps could never be scheduled")
-        need = self.scheduler.kv_need(req)
+                             f"{budget}: its Reuse steps could never be scheduled")
         if not uncached and not self.pool.can_ever_fit(need):
             raise ValueError(f"request needs {need} KV token slots but the pool holds {self.pool.capacity}")
-        self.scheduler.add(req)
+        self.scheduler.waiting.append(req)
         return req.request_id
 
     def abort(self, request_id: str) -> None:
@@ -169,19 +163,9 @@ class LLMEngine:
 
     def advance(self, batch: Batch, now: float, committed: bool = True) -> list[Request]:
         """Move the cursors -> the finished requests (`committed` False: blocks end as planned)."""
-        ends = {id(r): r.block_done(committed) for r, _ in batch}
-        nxt = [r for r, _ in batch if ends[id(r)] and r.block + 1 < r.num_blocks]
-        masked = {}
-        if nxt:
-            lens = np.fromiter((r.block_length for r in nxt), dtype=np.int64, count=len(nxt))
-            starts = np.fromiter((r.canvas_offset + r.prompt_len + (r.block + 1) * r.block_length
-                                  for r in nxt), dtype=np.int64, count=len(nxt))
-            idx, valid = padded(starts, lens, int(lens.max()))
-            tokens = self.canvases.host[idx]
-            masked = dict(zip(map(id, nxt), ((tokens == self.model_config.mask_token_id) & valid).sum(1).tolist()))
         done = []
         for req, _ in batch:
-            req.advance(now, masked.get(id(req)), ends[id(req)])
+            req.advance(now, req.block_done(committed))
             if req.status is Status.FINISHED:
                 done.append(req)
         return done
@@ -200,9 +184,6 @@ class LLMEngine:
 
     def close(self) -> None:
         pass
-
-    def __enter__(self) -> LLMEngine:
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()

@@ -26,13 +26,10 @@ class Phase(enum.Enum):
 
 def phase_at(step_in_block: int, cache: str, delay_step: int) -> Phase:
     """The phase of a block's step `step_in_block` under a cache policy."""
-    i = step_in_block
     if cache == "dual":
-        return Phase.REFRESH_STORE if i == 0 else Phase.REUSE
-    if cache == "sparse":
-        if i < delay_step:
-            return Phase.REFRESH
-        return Phase.REFRESH_SELECT if i == delay_step else Phase.REUSE
+        return Phase.REFRESH_STORE if step_in_block == 0 else Phase.REUSE
+    if cache == "sparse" and step_in_block >= delay_step:
+        return Phase.REFRESH_SELECT if step_in_block == delay_step else Phase.REUSE
     return Phase.REFRESH
 
 
@@ -66,9 +63,6 @@ class RequestOutput:
     def tokens_per_forward(self) -> float:
         return len(self.token_ids) / self.nfe if self.nfe else 0.0
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
 
 @dataclass
 class Request:
@@ -82,24 +76,23 @@ class Request:
     shift: int = 0              # the model's prediction shift: a Reuse step also queries that many rows
 
     def __post_init__(self) -> None:
+        p = self.params
         self.prompt_len = len(self.prompt_ids)
-        self.length = self.prompt_len + self.params.gen_length
-        self.block_length = self.params.block_length
-        self.steps_per_block = self.params.steps_per_block
-        self.num_blocks = self.params.num_blocks
+        self.length = self.prompt_len + p.gen_length
+        self.block_length, self.steps_per_block, self.num_blocks = p.block_length, p.steps_per_block, p.num_blocks
         self.host_canvas = np.full(self.length, self.mask_id, dtype=np.int64)
         self.host_canvas[: self.prompt_len] = self.prompt_ids
         self.canvas = torch.from_numpy(self.host_canvas.copy()).to(self.device)
         self.status = Status.WAITING
         self.block = self.step_in_block = 0
-        self.decoding: Decoding = self.params.decoding
-        self.schedule = self.params.block_counts(self.params.block_length)
-        self.grid = timesteps(self.steps_per_block, self.params.eps) if self.params.remasking == "origin" else None
+        self.decoding: Decoding = p.decoding
+        self.schedule = p.block_counts(p.block_length)
+        self.grid = timesteps(self.steps_per_block, p.eps) if p.remasking == "origin" else None
         self._moves: tuple[tuple[int, int], np.ndarray] | None = None
         self.block_steps: list[int] = []
         self.block_times: list[float] = []
         self.planned_steps: list[int] | None = None
-        self.gens = RequestGenerators(self.params.seed, self.device)
+        self.gens = RequestGenerators(p.seed, self.device)
         self.admitted_time = self.first_token_time = self.finished_time = None
         self.nfe = self.logits_rows = self.kv_tokens = self.kv_bytes = 0
         self.slots: torch.Tensor | None = None   # its slot table in `kv_pool`
@@ -110,10 +103,6 @@ class Request:
     def block_range(self) -> tuple[int, int]:
         s = self.prompt_len + self.block * self.block_length
         return s, s + self.block_length
-
-    @property
-    def context_len(self) -> int:
-        return self.length - self.block_length
 
     @property
     def is_finished(self) -> bool:
@@ -158,8 +147,8 @@ class Request:
         s, e = self.block_range
         return not (self.host_canvas[s:e] == self.mask_id).any()
 
-    def advance(self, now: float, masked: int | None = None, done: bool | None = None) -> None:
-        """One step done: move the cursor, record times (`masked`, `done`: if the caller knows them)."""
+    def advance(self, now: float, done: bool | None = None) -> None:
+        """One step done: move the cursor, record times (`done`: whether it ended the block, if known)."""
         done = self.block_done() if done is None else done
         self.step_in_block += 1
         if done:
@@ -173,8 +162,7 @@ class Request:
                 self.finished_time = now
                 self.status = Status.FINISHED
             else:
-                if masked is None:
-                    masked = int((self.host_canvas[slice(*self.block_range)] == self.mask_id).sum())
+                masked = int((self.host_canvas[slice(*self.block_range)] == self.mask_id).sum())
                 self.schedule = self.params.block_counts(masked)
 
     def output(self) -> RequestOutput:

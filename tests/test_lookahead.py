@@ -1,4 +1,4 @@
-"""The look-ahead scheduler (engine.lookahead, `scheduler=lookahead`), checked at every step:
+"""The look-ahead scheduler (engine.scheduler.Lookahead, `scheduler=lookahead`), checked at every step:
 
 * in the engine (random arrivals, lengths, budgets, cache policies, KV pools; the fake runner of
   test_scheduler_properties): every invariant of the phase scheduler (token, logit and KV
@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from dllm_bench.systems.spec import engine_knobs, parse_system
 from engine import SamplingParams
-from engine.lookahead import Lookahead, planned_costs
 from engine.request import Request, phase_at
+from engine.scheduler import Lookahead, planned_costs
 from tests.helpers import MASK, make_engine, random_prompts, tiny_model
 from tests.test_scheduler_properties import MODEL, _drive, fake_run, workloads
 

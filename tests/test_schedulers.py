@@ -4,8 +4,7 @@ cost flag (the behaviour is tested in test_scheduler_properties, test_lookahead,
 from __future__ import annotations
 
 from engine.config import SCHEDULERS, EngineConfig
-from engine.lookahead import Lookahead
-from engine.scheduler import POLICIES, LookaheadPolicy, PhasePolicy, Scheduler
+from engine.scheduler import POLICIES, Lookahead, LookaheadPolicy, PhasePolicy, Scheduler
 
 
 def test_every_scheduler_name_has_a_policy():

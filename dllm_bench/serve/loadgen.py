@@ -18,8 +18,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from engine.counters import max_batch_since
-
 # Names a workload item may use for its arrival offset (seconds from the start). The first
 # one present wins; workloads/ is free to pick any of them.
 ARRIVAL_FIELDS = ("arrival", "arrival_offset", "offset", "arrival_s", "timestamp")
@@ -58,7 +56,9 @@ def _stats_delta(before: Mapping, after: Mapping) -> dict:
             new = after["steps"] - before["steps"]
         out["batch_sizes"] = sizes[max(len(sizes) - new, 0):] if new > 0 else []
     if isinstance(after.get("batch_size_maxima"), list) and isinstance(before.get("steps"), int):
-        out["max_batch_size"] = max_batch_since(after["batch_size_maxima"], before["steps"])
+        # the maxima are (step, batch size) of every step no later one matched or beat
+        out["max_batch_size"] = next((size for step, size in after["batch_size_maxima"] if step > before["steps"]),
+                                     None)
     a, b = after.get("step_composition"), before.get("step_composition")
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         out["step_composition"] = {k: v - b.get(k, 0) for k, v in a.items()}

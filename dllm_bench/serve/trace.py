@@ -1,7 +1,7 @@
 """Per-step traces (`--trace-steps`): one JSON line per forward of the measured system, written
 to `steps.jsonl` beside the point's requests.jsonl (the simulator is fitted to them).
 
-Each row is a `StepRecord` the system's `StepCounters` hands its sink (an engine step or a
+Each row is the `StepRecord` a system's `StepCounters` hands its sink (an engine step or a
 baseline's forward) as TRACE_FIELDS, with the step's number and start time: `step` (0, 1, ...
 over the replay), `t_s` (seconds since the replay started, the clock of requests.jsonl),
 `wall_ms`, `requests`, `padded_requests`, `refresh`, `reuse`, `query_rows`, `key_tokens`,
@@ -15,9 +15,7 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any
-
-from engine.counters import StepRecord
+from typing import Any, NamedTuple
 
 STEPS_FILE = "steps.jsonl"
 PART_SUFFIX = ".part"
@@ -29,8 +27,26 @@ TRACE_FIELDS = ("wall_ms", "requests", "padded_requests", "refresh", "reuse", "q
                 "logit_rows", "graph", "cache")
 
 
-def row(r: StepRecord) -> dict[str, Any]:
-    """A forward's trace row: `t_start` and TRACE_FIELDS (`cache` only when told)."""
+class StepRecord(NamedTuple):
+    """One forward, as `engine.counters.StepCounters.record` hands its sink the fields (perf_counter times)."""
+
+    started: float
+    ended: float
+    requests: int
+    padded_requests: int
+    refresh: int
+    reuse: int
+    query_rows: int
+    key_tokens: int
+    logit_rows: int
+    graph: bool
+    cache: dict[str, int] | None
+
+
+def row(*fields) -> dict[str, Any]:
+    """A forward's trace row from the fields a `StepCounters.sink` gets: `t_start` and TRACE_FIELDS
+    (`cache` only when told)."""
+    r = StepRecord(*fields)
     out = {"t_start": r.started, "wall_ms": (r.ended - r.started) * 1e3, "requests": r.requests,
            "padded_requests": r.padded_requests, "refresh": r.refresh, "reuse": r.reuse, "query_rows": r.query_rows,
            "key_tokens": r.key_tokens, "logit_rows": r.logit_rows, "graph": r.graph}
@@ -57,8 +73,8 @@ class StepTrace:
     def start(self, t0: float) -> None:
         self.origin = t0
 
-    def __call__(self, record: StepRecord) -> None:
-        fields = row(record)
+    def __call__(self, *record) -> None:
+        fields = row(*record)
         t = fields.pop("t_start")
         out = {"step": self.steps, "t_s": t - (self.origin if self.origin is not None else t), **fields}
         self.file.write(json.dumps(out) + "\n")

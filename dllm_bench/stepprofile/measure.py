@@ -81,7 +81,7 @@ def measure(system, prompts: list[list[int]], params: SamplingParams, phase: str
     batch = len(prompts)
     gap = max(1, params.steps_per_block // batch) if phase == "mixed" else 0
     rows: list[dict] = []
-    system.counters.sink = lambda r: rows.append(trace.row(r))
+    system.counters.sink = lambda *r: rows.append(trace.row(*r))
     out = Measured()
     pending: deque[list[int]] = deque()
     since_admit = gap

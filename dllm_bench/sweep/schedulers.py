@@ -1,7 +1,7 @@
 """`dllm-bench sweep --scheduler phase,lookahead`: the engine's scheduler as a sweep setting. Each
 engine system of the run that does not choose a scheduler itself is swept once per scheduler
 listed (its label gains `scheduler=S`), so the Fig. 7 table puts, e.g., the paper's phase
-scheduler and the look-ahead one (engine.lookahead, docs/SCHEDULER.md) side by side against
+scheduler and the look-ahead one (engine.scheduler.Lookahead, docs/SCHEDULER.md) side by side against
 the same baseline on the same fixed-length workloads. Baselines and engines that set
 `scheduler=` are kept as given.
 """
