@@ -79,7 +79,7 @@ class StepStats:
     reuse: int
     decisions: StepDecisions | None = None
     graph: bool = False
-    padded_requests: int | None = None      # the step trace's (engine.counters.StepRecord); None: the batch
+    padded_requests: int | None = None      # the step trace's padded batch; None: the batch
     key_tokens: int = 0
     cache: dict[str, int] | None = None
 
