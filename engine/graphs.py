@@ -16,17 +16,14 @@ from engine.sampling import SamplingParams
 from engine.staging import Staging
 from engine.step import CODES, StepMeta
 
-KEY_GRANULE = 16          # key widths below 128 are multiples of this
 TIMED_RUNS = 3            # replays and eager runs timed per bucket (after one warm-up each)
 
 
 def enabled(config: EngineConfig, device) -> bool:
-    """Whether steps run bucketed: `cuda_graphs`, by default on CUDA (on a CPU: plain calls)."""
     return cuda_graphs_on(config.cuda_graphs, torch.device(device))
 
 
 def eager(config: EngineConfig) -> EngineConfig:
-    """`config` without graphs (the profiler's measured steps, tensor-parallel ranks)."""
     return dataclasses.replace(config, cuda_graphs=False)
 
 
@@ -57,32 +54,20 @@ def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_b
     return mode, need, sizes
 
 
-def warm_up_requests(b: int, mode: str, need: int, block_length: int, prompt_len: int, mask_id: int,
-                     device) -> list[Request]:
-    """The `b` synthetic one-block requests a bucket is captured on (slots: the caller's)."""
-    params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
-    reqs = [Request(f"graph-{b}-{i}", [0] * prompt_len, params, mask_id, device, cache=mode) for i in range(b)]
-    for req in reqs:
-        req.kv_tokens = need
-    return reqs
-
-
 def keeps(graph_ms: float, eager_ms: float) -> bool:
-    """A bucket replays its graph only if it timed faster than the step eager, unpadded."""
     return graph_ms < eager_ms
 
 
 def key_width(n: int) -> int:
     """n keys rounded up to a multiple of max(16, 2^⌊log2 n⌋ / 8): at most 1/8 more from 128 on."""
     n = max(int(n), 1)
-    step = max(KEY_GRANULE, (1 << (n.bit_length() - 1)) >> 3)
+    step = max(16, (1 << (n.bit_length() - 1)) >> 3)
     return -(-n // step) * step
 
 
 @dataclass
 class PadSpec:
     """Dummy members appended to a Reuse-only step."""
-
     members: int                  # members after padding (the batch bucket)
     keys: int                     # static keys: gathered in all (packed) or per member (padded); 0 = in place
     scratch: int                  # the pool slot no request owns
@@ -122,7 +107,6 @@ class CudaCapture:
         return graph, out
 
     def time_ms(self, fn, what: str) -> float:
-        """Mean milliseconds of `fn` over TIMED_RUNS calls after an untimed one."""
         fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -139,7 +123,6 @@ class _Entry:
     captured: object | None               # the PackedStep the graph was captured with
     graph: object | None = None
     out: torch.Tensor | None = None
-    decision: str = "plain"               # graph | eager | plain (no capture: plain calls)
     graph_ms: float | None = None
     eager_ms: float | None = None
     steps: int = 0
@@ -151,9 +134,8 @@ class StepGraphs:
 
     def __init__(self, runner, capturer=None):
         self.runner, self.pool = runner, runner.pool
-        if capturer is None and runner.device.type == "cuda" and self.pool.capacity is not None:
-            capturer = CudaCapture()
-        self.capturer = capturer
+        cuda = runner.device.type == "cuda" and self.pool.capacity is not None
+        self.capturer = CudaCapture() if capturer is None and cuda else capturer
         self.buckets = batch_buckets(runner.config.max_num_seqs)
         self.entries: dict[tuple[int, int, int], _Entry] = {}
         self.replays = self.dummies = 0      # steps run padded (graph replays or plain calls), their dummies
@@ -194,49 +176,47 @@ class StepGraphs:
 
     def capture_all(self, block_length: int, prompt_len: int = 1, max_batch: int | None = None) -> int:
         """Decide every bucket for Reuse steps of `block_length` now, as its first step would -> how many new."""
-        r = self.runner
+        r, before = self.runner, len(self.entries)
         mode, need, sizes = warm_up_plan(r.config, block_length, prompt_len, max_batch, self.pool.can_reserve,
                                          r.model_config.shift)
-        new = 0
+        params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
         for b in sizes:
-            reqs = warm_up_requests(b, mode, need, block_length, prompt_len, r.model_config.mask_token_id, r.device)
+            reqs = [Request(f"graph-{b}-{i}", [0] * prompt_len, params, r.model_config.mask_token_id, r.device,
+                            cache=mode) for i in range(b)]
             for req in reqs:
-                req.slots, req.kv_pool = self.pool.reserve(need), self.pool
+                req.kv_tokens, req.slots, req.kv_pool = need, self.pool.reserve(need), self.pool
             batch = [(req, Phase.REUSE) for req in reqs]
             try:
                 spec, key = self._spec(batch) if self.takes(batch) else (None, None)
                 if spec is not None and key not in self.entries:
-                    self._first(key, batch, spec)
-                    new += 1
+                    self._first(batch, spec, key)
             finally:
                 for req in reqs:
                     self.pool.release(need, req.slots)
-        return new
+        return len(self.entries) - before
 
     def run(self, batch) -> tuple[object, torch.Tensor, bool] | None:
         """The step padded -> (PackedStep, the real rows' hidden states, replayed?); None: it runs eager."""
-        r = self.runner
         spec, key = self._spec(batch)
         entry = self.entries.get(key)
         if entry is None:
-            entry, p = self._first(key, batch, spec)
-        elif entry.decision != "eager":
-            p = r.prepare(batch, spec, entry.staging)
+            entry, p = self._first(batch, spec, key)
+        elif entry.staging is not None:
+            p = self.runner.prepare(batch, spec, entry.staging)
         entry.steps += 1
-        if entry.decision == "eager":
+        if entry.staging is None:
             return None
         if entry.graph is not None:
             entry.graph.replay()
-        hidden = entry.out if entry.graph is not None else r.forward(entry.captured)
+        hidden = entry.out if entry.graph is not None else self.runner.forward(entry.captured)
         entry.dummies += spec.members - len(batch)
         self.replays += 1
         self.dummies += spec.members - len(batch)
         return p, hidden[: int(p.meta.cu_q[-1])], entry.graph is not None
 
-    def _first(self, key, batch, spec: PadSpec):
-        """A bucket's first step: its staging buffer, and with a capturer its graph."""
+    def _first(self, batch, spec: PadSpec, key):
+        """A bucket's first step: its staging buffer, and with a capturer its graph (kept if faster than eager)."""
         r, cap = self.runner, self.capturer
-        eager_ms = None
         if cap is not None:                      # first, while nothing of the padded step is staged
             unpadded = r.prepare(batch)
             eager_ms = cap.time_ms(lambda: r.forward(unpadded), "eager")
@@ -249,13 +229,13 @@ class StepGraphs:
             graph, out = cap.capture(lambda: r.forward(p))
             entry.graph_ms, entry.eager_ms = cap.time_ms(graph.replay, "graph"), eager_ms
             if keeps(entry.graph_ms, eager_ms):
-                entry.graph, entry.out, entry.decision = graph, out, "graph"
+                entry.graph, entry.out = graph, out
             else:
                 entry.staging = entry.captured = None
-                entry.decision = "eager"
         return entry, p
 
     def report(self) -> list[dict]:
-        return [{"batch": b, "keys": k, "block_length": bl, "decision": e.decision, "graph_ms": e.graph_ms,
-                 "eager_ms": e.eager_ms, "steps": e.steps, "dummies": e.dummies}
+        return [{"batch": b, "keys": k, "block_length": bl,
+                 "decision": "plain" if e.graph_ms is None else "graph" if e.graph is not None else "eager",
+                 "graph_ms": e.graph_ms, "eager_ms": e.eager_ms, "steps": e.steps, "dummies": e.dummies}
                 for (b, k, bl), e in sorted(self.entries.items())]
