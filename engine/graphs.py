@@ -1,14 +1,14 @@
 """CUDA graphs for Reuse-only steps, padded to batch buckets, kept only where they are faster."""
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import takewhile
 
 import numpy as np
 import torch
 
-from engine.config import EngineConfig, cuda_graphs_on
+from engine.config import EngineConfig
 from engine.kv_cache import AUTO, kv_need
 from engine.kv_cache import CODES as CACHE_CODES
 from engine.request import Phase, Request
@@ -17,14 +17,6 @@ from engine.staging import Staging
 from engine.step import CODES, StepMeta
 
 TIMED_RUNS = 3            # replays and eager runs timed per bucket (after one warm-up each)
-
-
-def enabled(config: EngineConfig, device) -> bool:
-    return cuda_graphs_on(config.cuda_graphs, torch.device(device))
-
-
-def eager(config: EngineConfig) -> EngineConfig:
-    return dataclasses.replace(config, cuda_graphs=False)
 
 
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
@@ -46,12 +38,9 @@ def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_b
         return mode, need, []
     buckets = batch_buckets(config.max_num_seqs)
     last = (bucket(max_batch, buckets) if max_batch is not None else None) or buckets[-1]
-    sizes = []
-    for b in buckets:
-        if b > last or b * (block_length + shift) > config.max_num_batched_tokens or not holds(b * need):
-            break
-        sizes.append(b)
-    return mode, need, sizes
+    tokens = block_length + shift
+    sizes = takewhile(lambda b: b <= last and b * tokens <= config.max_num_batched_tokens and holds(b * need), buckets)
+    return mode, need, list(sizes)
 
 
 def keeps(graph_ms: float, eager_ms: float) -> bool:
@@ -89,11 +78,10 @@ def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
                     cu_q=np.concatenate([m.cu_q, m.cu_q[-1] + nq * np.arange(1, n + 1, dtype=np.int64)]))
 
 
+@dataclass
 class CudaCapture:
     """Captures a forward as a CUDA graph and times calls with CUDA events."""
-
-    def __init__(self):
-        self.mempool = torch.cuda.graph_pool_handle()
+    mempool: object = field(default_factory=torch.cuda.graph_pool_handle)
 
     def capture(self, fn):
         stream = torch.cuda.Stream()
@@ -143,28 +131,22 @@ class StepGraphs:
 
     def takes(self, batch) -> bool:
         """Reuse-only, one block length, within the largest bucket and the token budget once padded."""
-        if any(p is not Phase.REUSE for _, p in batch):
-            return False
-        bl = batch[0][0].block_length
-        b = bucket(len(batch), self.buckets)
-        if b is None or any(r.block_length != bl for r, _ in batch) or \
+        bl, b = batch[0][0].block_length, bucket(len(batch), self.buckets)
+        if b is None or any(p is not Phase.REUSE or r.block_length != bl for r, p in batch) or \
                 b * (bl + self.runner.model_config.shift) > self.runner.config.max_num_batched_tokens:
             return False
-        if self._in_place():   # a fragmented slot table runs eager, not a graph per key width
+        keys = self._keys(batch)
+        if keys == 0:   # read in place: a fragmented slot table runs eager, not a graph per key width
             return all(self.pool.contiguous(req.slots) for req, _ in batch)
-        return self.runner.kernel is not None or b * self._keys(batch) <= self.runner.key_budget
-
-    def _in_place(self) -> bool:
-        r = self.runner
-        return r.kernel is not None and r.in_place_keys and r.kernel.reads_in_place(r.model_config.n_heads,
-                                                                                  r.model_config.kv_heads)
+        return self.runner.kernel is not None or b * keys <= self.runner.key_budget
 
     def _keys(self, batch) -> int:
-        r = self.runner
-        if self._in_place():
+        """The padded step's static keys: 0 = read in place, else gathered in all (packed) or per member."""
+        r, cfg = self.runner, self.runner.model_config
+        if r.kernel is not None and r.in_place_keys and r.kernel.reads_in_place(cfg.n_heads, cfg.kv_heads):
             return 0
         keys = [r.policy.reuse_keys(req) for req, _ in batch]
-        dummy = batch[0][0].block_length + r.model_config.shift
+        dummy = batch[0][0].block_length + cfg.shift
         if r.kernel is None:
             return key_width(max(keys + [dummy]))
         return key_width(sum(keys) + (bucket(len(batch), self.buckets) - len(batch)) * dummy)
@@ -198,14 +180,11 @@ class StepGraphs:
     def run(self, batch) -> tuple[object, torch.Tensor, bool] | None:
         """The step padded -> (PackedStep, the real rows' hidden states, replayed?); None: it runs eager."""
         spec, key = self._spec(batch)
-        entry = self.entries.get(key)
-        if entry is None:
-            entry, p = self._first(batch, spec, key)
-        elif entry.staging is not None:
-            p = self.runner.prepare(batch, spec, entry.staging)
+        entry = self.entries.get(key) or self._first(batch, spec, key)
         entry.steps += 1
         if entry.staging is None:
             return None
+        p = self.runner.prepare(batch, spec, entry.staging)
         if entry.graph is not None:
             entry.graph.replay()
         hidden = entry.out if entry.graph is not None else self.runner.forward(entry.captured)
@@ -214,7 +193,7 @@ class StepGraphs:
         self.dummies += spec.members - len(batch)
         return p, hidden[: int(p.meta.cu_q[-1])], entry.graph is not None
 
-    def _first(self, batch, spec: PadSpec, key):
+    def _first(self, batch, spec: PadSpec, key) -> _Entry:
         """A bucket's first step: its staging buffer, and with a capturer its graph (kept if faster than eager)."""
         r, cap = self.runner, self.capturer
         if cap is not None:                      # first, while nothing of the padded step is staged
@@ -232,7 +211,7 @@ class StepGraphs:
                 entry.graph, entry.out = graph, out
             else:
                 entry.staging = entry.captured = None
-        return entry, p
+        return entry
 
     def report(self) -> list[dict]:
         return [{"batch": b, "keys": k, "block_length": bl,

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine import chunking, graphs
+from engine import chunking
 from engine.attention import PACKED, PackedKernel
-from engine.config import EngineConfig
+from engine.config import EngineConfig, cuda_graphs_on
 from engine.decoding import commit_mask, policy_columns
 from engine.graphs import PadSpec, StepGraphs, pad_meta
 from engine.kv_cache import KVPool
@@ -41,7 +41,7 @@ class ModelRunner:
         self.staging, self.long_staging = Staging(self.device), Staging(self.device)
         # a Refresh over the token budget runs in chunks: profiled, else half the token budget
         self.refresh_chunk = refresh_chunk or config.refresh_chunk_tokens or max(1, config.max_num_batched_tokens // 2)
-        self.graphs = StepGraphs(self) if graphs.enabled(config, self.device) and pool is not None else None
+        self.graphs = StepGraphs(self) if cuda_graphs_on(config.cuda_graphs, self.device) and pool is not None else None
 
     def prepare(self, batch: list[tuple[Request, Phase]], pad: PadSpec | None = None,
                 fwd_staging: Staging | None = None) -> PackedStep:
@@ -104,7 +104,8 @@ class ModelRunner:
     @torch.no_grad()
     def run(self, batch: list[tuple[Request, Phase]]) -> StepStats:
         reqs = [r for r, _ in batch]
-        long = [i for i, (r, p) in enumerate(batch) if p is not Phase.REUSE and r.length > self.config.max_num_batched_tokens]
+        budget = self.config.max_num_batched_tokens
+        long = [i for i, (r, p) in enumerate(batch) if p is not Phase.REUSE and r.length > budget]
         if long and serves_long(self.config):
             m, c, res, queries, keys = self._run_long(batch, long)
             n_ref, n_padded, graph = sum(p is not Phase.REUSE for _, p in batch), len(batch), False
@@ -165,8 +166,8 @@ class ModelRunner:
             parts.update((i, (decodes[-1], int(ps.plan.seg_start[j]), int(ps.plan.counts[j])))
                          for j, i in enumerate(short))
         pieces = [parts[i] for i in range(len(batch))]
-        x0, conf, entropy = (None if getattr(decodes[0], f) is None else
-                             torch.cat([getattr(d, f)[a : a + n] for d, a, n in pieces]) for f in ("x0", "conf", "entropy"))
+        x0, conf, entropy = (None if getattr(decodes[0], f) is None else torch.cat(
+            [getattr(d, f)[a : a + n] for d, a, n in pieces]) for f in ("x0", "conf", "entropy"))
         return m, c, DecodeResult(x0, conf, sum(d.rows_materialized for d in decodes),
                                   max(d.max_rows_at_once for d in decodes), entropy), queries, keys
 
@@ -202,9 +203,7 @@ def _choose(conf: torch.Tensor, x0: torch.Tensor, entropy: torch.Tensor | None, 
     B, W = c.rel.shape
 
     def table(v: torch.Tensor, fill) -> torch.Tensor:
-        t = torch.full((B * W,), fill, dtype=v.dtype, device=v.device)
-        t[c.flat] = v
-        return t.view(B, W)
+        return v.new_full((B * W,), fill).index_put_((c.flat,), v).view(B, W)
 
     score = table(conf, -torch.inf)
     order = torch.sort(score, dim=1, descending=True, stable=True).indices
