@@ -8,21 +8,19 @@ from itertools import takewhile
 import numpy as np
 import torch
 
+from engine import kv_cache
 from engine.config import EngineConfig
-from engine.kv_cache import AUTO, kv_need
-from engine.kv_cache import CODES as CACHE_CODES
 from engine.request import Phase, Request
 from engine.sampling import SamplingParams
 from engine.staging import Staging
 from engine.step import CODES, StepMeta
 
-TIMED_RUNS = 3            # replays and eager runs timed per bucket (after one warm-up each)
+TIMED_RUNS = 3
 
 
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
     """1, 2, 4, 8, then every 8 up to max_num_seqs (and max_num_seqs itself)."""
-    sizes = {b for b in (1, 2, 4) if b <= max_num_seqs} | set(range(8, max_num_seqs + 1, 8)) | {max_num_seqs}
-    return tuple(sorted(sizes))
+    return tuple(sorted({b for b in (1, 2, 4) if b <= max_num_seqs} | {*range(8, max_num_seqs + 1, 8), max_num_seqs}))
 
 
 def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
@@ -32,15 +30,12 @@ def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
 def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_batch: int | None,
                  holds: Callable[[int], bool], shift: int = 0) -> tuple[str, int, list[int]]:
     """(cache mode, KV slots each, buckets) `StepGraphs.capture_all` captures, decided without a model."""
-    mode = "dual" if config.cache == AUTO else config.cache
-    need = kv_need(mode, prompt_len + block_length, block_length, config.retention)
-    if mode == "none" or need == 0:
-        return mode, need, []
+    mode = "dual" if config.cache == kv_cache.AUTO else config.cache
+    need = kv_cache.kv_need(mode, prompt_len + block_length, block_length, config.retention)    # 0: no cache, no Reuse
     buckets = batch_buckets(config.max_num_seqs)
     last = (bucket(max_batch, buckets) if max_batch is not None else None) or buckets[-1]
-    tokens = block_length + shift
-    sizes = takewhile(lambda b: b <= last and b * tokens <= config.max_num_batched_tokens and holds(b * need), buckets)
-    return mode, need, list(sizes)
+    return mode, need, list(takewhile(lambda b: need > 0 and b <= last and holds(b * need)
+                                      and b * (block_length + shift) <= config.max_num_batched_tokens, buckets))
 
 
 def keeps(graph_ms: float, eager_ms: float) -> bool:
@@ -56,21 +51,18 @@ def key_width(n: int) -> int:
 
 @dataclass
 class PadSpec:
-    """Dummy members appended to a Reuse-only step."""
-    members: int                  # members after padding (the batch bucket)
+    members: int
     keys: int                     # static keys: gathered in all (packed) or per member (padded); 0 = in place
-    scratch: int                  # the pool slot no request owns
+    scratch: int                  # KVPool.scratch
     lead: int = 0                 # query-only rows before each block (the model's shift), dummies' too
 
 
 def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
     """`m` (Reuse members, one block length) plus dummy members up to `spec.members`."""
     n, bl, s = spec.members - len(m.n_q), int(m.block_len[0]), spec.lead
-    if n <= 0:
-        return m
     nq = bl + s                   # a dummy's canvas: `lead` rows, then its block
     dummy = dict(offset=0, length=nq, block_len=bl, block_start=s, kv=bl, k=0, phase=CODES[Phase.REUSE], slot_len=nq,
-                 refresh=False, q_start=0, n_q=nq, lead=s, cache=CACHE_CODES["dual"])
+                 refresh=False, q_start=0, n_q=nq, lead=s, cache=kv_cache.CODES["dual"])
     cols = {f: np.concatenate([getattr(m, f), np.full(n, v, dtype=getattr(m, f).dtype)])
             for f, v in dummy.items() if getattr(m, f) is not None}
     return StepMeta(**cols, slot_base=np.concatenate([m.slot_base, len(m.slots) + nq * np.arange(n, dtype=np.int64)]),
@@ -80,7 +72,6 @@ def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
 
 @dataclass
 class CudaCapture:
-    """Captures a forward as a CUDA graph and times calls with CUDA events."""
     mempool: object = field(default_factory=torch.cuda.graph_pool_handle)
 
     def capture(self, fn):
@@ -124,8 +115,7 @@ class StepGraphs:
         self.runner, self.pool = runner, runner.pool
         cuda = runner.device.type == "cuda" and self.pool.capacity is not None
         self.capturer = CudaCapture() if capturer is None and cuda else capturer
-        self.buckets = batch_buckets(runner.config.max_num_seqs)
-        self.entries: dict[tuple[int, int, int], _Entry] = {}
+        self.buckets, self.entries = batch_buckets(runner.config.max_num_seqs), {}     # (b, keys, bl) -> _Entry
         self.replays = self.dummies = 0      # steps run padded (graph replays or plain calls), their dummies
         runner.model.rope.reserve(runner.max_model_len, runner.device, runner.dtype)
 
@@ -135,26 +125,21 @@ class StepGraphs:
         if b is None or any(p is not Phase.REUSE or r.block_length != bl for r, p in batch) or \
                 b * (bl + self.runner.model_config.shift) > self.runner.config.max_num_batched_tokens:
             return False
-        keys = self._keys(batch)
+        keys = self._spec(batch)[0].keys
         if keys == 0:   # read in place: a fragmented slot table runs eager, not a graph per key width
             return all(self.pool.contiguous(req.slots) for req, _ in batch)
         return self.runner.kernel is not None or b * keys <= self.runner.key_budget
 
-    def _keys(self, batch) -> int:
-        """The padded step's static keys: 0 = read in place, else gathered in all (packed) or per member."""
-        r, cfg = self.runner, self.runner.model_config
-        if r.kernel is not None and r.in_place_keys and r.kernel.reads_in_place(cfg.n_heads, cfg.kv_heads):
-            return 0
-        keys = [r.policy.reuse_keys(req) for req, _ in batch]
-        dummy = batch[0][0].block_length + cfg.shift
-        if r.kernel is None:
-            return key_width(max(keys + [dummy]))
-        return key_width(sum(keys) + (bucket(len(batch), self.buckets) - len(batch)) * dummy)
-
     def _spec(self, batch) -> tuple[PadSpec, tuple[int, int, int]]:
-        spec = PadSpec(bucket(len(batch), self.buckets), self._keys(batch), self.pool.scratch,
-                       self.runner.model_config.shift)
-        return spec, (spec.members, spec.keys, batch[0][0].block_length)
+        """The padding and its bucket's key (static keys: 0 = read in place, else gathered in all or per member)."""
+        r, cfg, bl = self.runner, self.runner.model_config, batch[0][0].block_length
+        b = bucket(len(batch), self.buckets)
+        if r.kernel is not None and r.in_place_keys and r.kernel.reads_in_place(cfg.n_heads, cfg.kv_heads):
+            keys = 0
+        else:
+            each, dummy = [r.policy.reuse_keys(req) for req, _ in batch], bl + cfg.shift
+            keys = key_width(max(each + [dummy]) if r.kernel is None else sum(each) + (b - len(batch)) * dummy)
+        return PadSpec(b, keys, self.pool.scratch, cfg.shift), (b, keys, bl)
 
     def capture_all(self, block_length: int, prompt_len: int = 1, max_batch: int | None = None) -> int:
         """Decide every bucket for Reuse steps of `block_length` now, as its first step would -> how many new."""
@@ -163,17 +148,15 @@ class StepGraphs:
                                          r.model_config.shift)
         params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
         for b in sizes:
-            reqs = [Request(f"graph-{b}-{i}", [0] * prompt_len, params, r.model_config.mask_token_id, r.device,
-                            cache=mode) for i in range(b)]
-            for req in reqs:
+            batch = [(Request(f"graph-{b}-{i}", [0] * prompt_len, params, r.model_config.mask_token_id, r.device,
+                              cache=mode), Phase.REUSE) for i in range(b)]
+            for req, _ in batch:
                 req.kv_tokens, req.slots, req.kv_pool = need, self.pool.reserve(need), self.pool
-            batch = [(req, Phase.REUSE) for req in reqs]
             try:
-                spec, key = self._spec(batch) if self.takes(batch) else (None, None)
-                if spec is not None and key not in self.entries:
-                    self._first(batch, spec, key)
+                if self.takes(batch) and self._spec(batch)[1] not in self.entries:
+                    self._first(batch, *self._spec(batch))
             finally:
-                for req in reqs:
+                for req, _ in batch:
                     self.pool.release(need, req.slots)
         return len(self.entries) - before
 
@@ -189,8 +172,7 @@ class StepGraphs:
             entry.graph.replay()
         hidden = entry.out if entry.graph is not None else self.runner.forward(entry.captured)
         entry.dummies += spec.members - len(batch)
-        self.replays += 1
-        self.dummies += spec.members - len(batch)
+        self.replays, self.dummies = self.replays + 1, self.dummies + spec.members - len(batch)
         return p, hidden[: int(p.meta.cu_q[-1])], entry.graph is not None
 
     def _first(self, batch, spec: PadSpec, key) -> _Entry:
@@ -207,14 +189,7 @@ class StepGraphs:
         if cap is not None:
             graph, out = cap.capture(lambda: r.forward(p))
             entry.graph_ms, entry.eager_ms = cap.time_ms(graph.replay, "graph"), eager_ms
-            if keeps(entry.graph_ms, eager_ms):
-                entry.graph, entry.out = graph, out
-            else:
-                entry.staging = entry.captured = None
+            if not keeps(entry.graph_ms, eager_ms):
+                entry.staging = entry.captured = graph = out = None
+            entry.graph, entry.out = graph, out
         return entry
-
-    def report(self) -> list[dict]:
-        return [{"batch": b, "keys": k, "block_length": bl,
-                 "decision": "plain" if e.graph_ms is None else "graph" if e.graph is not None else "eager",
-                 "graph_ms": e.graph_ms, "eager_ms": e.eager_ms, "steps": e.steps, "dummies": e.dummies}
-                for (b, k, bl), e in sorted(self.entries.items())]
