@@ -33,9 +33,9 @@ def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_b
     mode = "dual" if config.cache == kv_cache.AUTO else config.cache
     need = kv_cache.kv_need(mode, prompt_len + block_length, block_length, config.retention)    # 0: no cache, no Reuse
     buckets = batch_buckets(config.max_num_seqs)
-    last = (bucket(max_batch, buckets) if max_batch is not None else None) or buckets[-1]
-    return mode, need, list(takewhile(lambda b: need > 0 and b <= last and holds(b * need)
-                                      and b * (block_length + shift) <= config.max_num_batched_tokens, buckets))
+    last = min((bucket(max_batch, buckets) if max_batch is not None else None) or buckets[-1],
+               config.max_num_batched_tokens // (block_length + shift))     # a padded step within the token budget
+    return mode, need, list(takewhile(lambda b: need > 0 and b <= last and holds(b * need), buckets))
 
 
 def keeps(graph_ms: float, eager_ms: float) -> bool:
@@ -53,7 +53,7 @@ def key_width(n: int) -> int:
 class PadSpec:
     members: int
     keys: int                     # static keys: gathered in all (packed) or per member (padded); 0 = in place
-    scratch: int                  # KVPool.scratch
+    scratch: int
     lead: int = 0                 # query-only rows before each block (the model's shift), dummies' too
 
 

@@ -119,7 +119,7 @@ def graph_key(batch: list[tuple[Request, Phase]], config: EngineConfig,
     b = bucket(len(batch), batch_buckets(config.max_num_seqs))
     if b is None or any(r.params.block_length != bl for r, _ in batch) or b * (bl + shift) > config.max_num_batched_tokens:
         return None
-    # each Reuse reads its reserved keys, a dummy member at most its block and edge rows (StepGraphs._keys)
+    # each Reuse reads its reserved keys, a dummy member at most its block and edge rows (StepGraphs._spec)
     return b, _width(max(max(req.kv_tokens for req, _ in batch), bl + shift), in_place), bl
 
 
