@@ -1,39 +1,26 @@
 """CUDA graphs for Reuse-only steps, padded to batch buckets, kept only where they are faster."""
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import takewhile
 
 import numpy as np
 import torch
 
-from engine.config import EngineConfig, cuda_graphs_on
-from engine.kv_cache import AUTO, kv_need
-from engine.kv_cache import CODES as CACHE_CODES
+from engine import kv_cache
+from engine.config import EngineConfig
 from engine.request import Phase, Request
 from engine.sampling import SamplingParams
 from engine.staging import Staging
 from engine.step import CODES, StepMeta
 
-KEY_GRANULE = 16          # key widths below 128 are multiples of this
-TIMED_RUNS = 3            # replays and eager runs timed per bucket (after one warm-up each)
-
-
-def enabled(config: EngineConfig, device) -> bool:
-    """Whether steps run bucketed: `cuda_graphs`, by default on CUDA (on a CPU: plain calls)."""
-    return cuda_graphs_on(config.cuda_graphs, torch.device(device))
-
-
-def eager(config: EngineConfig) -> EngineConfig:
-    """`config` without graphs (the profiler's measured steps, tensor-parallel ranks)."""
-    return dataclasses.replace(config, cuda_graphs=False)
+TIMED_RUNS = 3
 
 
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
     """1, 2, 4, 8, then every 8 up to max_num_seqs (and max_num_seqs itself)."""
-    sizes = {b for b in (1, 2, 4) if b <= max_num_seqs} | set(range(8, max_num_seqs + 1, 8)) | {max_num_seqs}
-    return tuple(sorted(sizes))
+    return tuple(sorted({b for b in (1, 2, 4) if b <= max_num_seqs} | {*range(8, max_num_seqs + 1, 8), max_num_seqs}))
 
 
 def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
@@ -43,60 +30,39 @@ def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
 def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_batch: int | None,
                  holds: Callable[[int], bool], shift: int = 0) -> tuple[str, int, list[int]]:
     """(cache mode, KV slots each, buckets) `StepGraphs.capture_all` captures, decided without a model."""
-    mode = "dual" if config.cache == AUTO else config.cache
-    need = kv_need(mode, prompt_len + block_length, block_length, config.retention)
-    if mode == "none" or need == 0:
-        return mode, need, []
+    mode = "dual" if config.cache == kv_cache.AUTO else config.cache
+    need = kv_cache.kv_need(mode, prompt_len + block_length, block_length, config.retention)    # 0: no cache, no Reuse
     buckets = batch_buckets(config.max_num_seqs)
-    last = (bucket(max_batch, buckets) if max_batch is not None else None) or buckets[-1]
-    sizes = []
-    for b in buckets:
-        if b > last or b * (block_length + shift) > config.max_num_batched_tokens or not holds(b * need):
-            break
-        sizes.append(b)
-    return mode, need, sizes
-
-
-def warm_up_requests(b: int, mode: str, need: int, block_length: int, prompt_len: int, mask_id: int,
-                     device) -> list[Request]:
-    """The `b` synthetic one-block requests a bucket is captured on (slots: the caller's)."""
-    params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
-    reqs = [Request(f"graph-{b}-{i}", [0] * prompt_len, params, mask_id, device, cache=mode) for i in range(b)]
-    for req in reqs:
-        req.kv_tokens = need
-    return reqs
+    last = min((bucket(max_batch, buckets) if max_batch is not None else None) or buckets[-1],
+               config.max_num_batched_tokens // (block_length + shift))     # a padded step within the token budget
+    return mode, need, list(takewhile(lambda b: need > 0 and b <= last and holds(b * need), buckets))
 
 
 def keeps(graph_ms: float, eager_ms: float) -> bool:
-    """A bucket replays its graph only if it timed faster than the step eager, unpadded."""
     return graph_ms < eager_ms
 
 
 def key_width(n: int) -> int:
     """n keys rounded up to a multiple of max(16, 2^⌊log2 n⌋ / 8): at most 1/8 more from 128 on."""
     n = max(int(n), 1)
-    step = max(KEY_GRANULE, (1 << (n.bit_length() - 1)) >> 3)
+    step = max(16, (1 << (n.bit_length() - 1)) >> 3)
     return -(-n // step) * step
 
 
 @dataclass
 class PadSpec:
-    """Dummy members appended to a Reuse-only step."""
-
-    members: int                  # members after padding (the batch bucket)
+    members: int
     keys: int                     # static keys: gathered in all (packed) or per member (padded); 0 = in place
-    scratch: int                  # the pool slot no request owns
+    scratch: int
     lead: int = 0                 # query-only rows before each block (the model's shift), dummies' too
 
 
 def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
     """`m` (Reuse members, one block length) plus dummy members up to `spec.members`."""
     n, bl, s = spec.members - len(m.n_q), int(m.block_len[0]), spec.lead
-    if n <= 0:
-        return m
     nq = bl + s                   # a dummy's canvas: `lead` rows, then its block
     dummy = dict(offset=0, length=nq, block_len=bl, block_start=s, kv=bl, k=0, phase=CODES[Phase.REUSE], slot_len=nq,
-                 refresh=False, q_start=0, n_q=nq, lead=s, cache=CACHE_CODES["dual"])
+                 refresh=False, q_start=0, n_q=nq, lead=s, cache=kv_cache.CODES["dual"])
     cols = {f: np.concatenate([getattr(m, f), np.full(n, v, dtype=getattr(m, f).dtype)])
             for f, v in dummy.items() if getattr(m, f) is not None}
     return StepMeta(**cols, slot_base=np.concatenate([m.slot_base, len(m.slots) + nq * np.arange(n, dtype=np.int64)]),
@@ -104,11 +70,9 @@ def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
                     cu_q=np.concatenate([m.cu_q, m.cu_q[-1] + nq * np.arange(1, n + 1, dtype=np.int64)]))
 
 
+@dataclass
 class CudaCapture:
-    """Captures a forward as a CUDA graph and times calls with CUDA events."""
-
-    def __init__(self):
-        self.mempool = torch.cuda.graph_pool_handle()
+    mempool: object = field(default_factory=torch.cuda.graph_pool_handle)
 
     def capture(self, fn):
         stream = torch.cuda.Stream()
@@ -122,7 +86,6 @@ class CudaCapture:
         return graph, out
 
     def time_ms(self, fn, what: str) -> float:
-        """Mean milliseconds of `fn` over TIMED_RUNS calls after an untimed one."""
         fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -139,7 +102,6 @@ class _Entry:
     captured: object | None               # the PackedStep the graph was captured with
     graph: object | None = None
     out: torch.Tensor | None = None
-    decision: str = "plain"               # graph | eager | plain (no capture: plain calls)
     graph_ms: float | None = None
     eager_ms: float | None = None
     steps: int = 0
@@ -151,92 +113,71 @@ class StepGraphs:
 
     def __init__(self, runner, capturer=None):
         self.runner, self.pool = runner, runner.pool
-        if capturer is None and runner.device.type == "cuda" and self.pool.capacity is not None:
-            capturer = CudaCapture()
-        self.capturer = capturer
-        self.buckets = batch_buckets(runner.config.max_num_seqs)
-        self.entries: dict[tuple[int, int, int], _Entry] = {}
+        cuda = runner.device.type == "cuda" and self.pool.capacity is not None
+        self.capturer = CudaCapture() if capturer is None and cuda else capturer
+        self.buckets, self.entries = batch_buckets(runner.config.max_num_seqs), {}     # (b, keys, bl) -> _Entry
         self.replays = self.dummies = 0      # steps run padded (graph replays or plain calls), their dummies
         runner.model.rope.reserve(runner.max_model_len, runner.device, runner.dtype)
 
     def takes(self, batch) -> bool:
         """Reuse-only, one block length, within the largest bucket and the token budget once padded."""
-        if any(p is not Phase.REUSE for _, p in batch):
-            return False
-        bl = batch[0][0].block_length
-        b = bucket(len(batch), self.buckets)
-        if b is None or any(r.block_length != bl for r, _ in batch) or \
+        bl, b = batch[0][0].block_length, bucket(len(batch), self.buckets)
+        if b is None or any(p is not Phase.REUSE or r.block_length != bl for r, p in batch) or \
                 b * (bl + self.runner.model_config.shift) > self.runner.config.max_num_batched_tokens:
             return False
-        if self._in_place():   # a fragmented slot table runs eager, not a graph per key width
+        keys = self._spec(batch)[0].keys
+        if keys == 0:   # read in place: a fragmented slot table runs eager, not a graph per key width
             return all(self.pool.contiguous(req.slots) for req, _ in batch)
-        return self.runner.kernel is not None or b * self._keys(batch) <= self.runner.key_budget
-
-    def _in_place(self) -> bool:
-        r = self.runner
-        return r.kernel is not None and r.in_place_keys and r.kernel.reads_in_place(r.model_config.n_heads,
-                                                                                  r.model_config.kv_heads)
-
-    def _keys(self, batch) -> int:
-        r = self.runner
-        if self._in_place():
-            return 0
-        keys = [r.policy.reuse_keys(req) for req, _ in batch]
-        dummy = batch[0][0].block_length + r.model_config.shift
-        if r.kernel is None:
-            return key_width(max(keys + [dummy]))
-        return key_width(sum(keys) + (bucket(len(batch), self.buckets) - len(batch)) * dummy)
+        return self.runner.kernel is not None or b * keys <= self.runner.key_budget
 
     def _spec(self, batch) -> tuple[PadSpec, tuple[int, int, int]]:
-        spec = PadSpec(bucket(len(batch), self.buckets), self._keys(batch), self.pool.scratch,
-                       self.runner.model_config.shift)
-        return spec, (spec.members, spec.keys, batch[0][0].block_length)
+        """The padding and its bucket's key (static keys: 0 = read in place, else gathered in all or per member)."""
+        r, cfg, bl = self.runner, self.runner.model_config, batch[0][0].block_length
+        b = bucket(len(batch), self.buckets)
+        if r.kernel is not None and r.in_place_keys and r.kernel.reads_in_place(cfg.n_heads, cfg.kv_heads):
+            keys = 0
+        else:
+            each, dummy = [r.policy.reuse_keys(req) for req, _ in batch], bl + cfg.shift
+            keys = key_width(max(each + [dummy]) if r.kernel is None else sum(each) + (b - len(batch)) * dummy)
+        return PadSpec(b, keys, self.pool.scratch, cfg.shift), (b, keys, bl)
 
     def capture_all(self, block_length: int, prompt_len: int = 1, max_batch: int | None = None) -> int:
         """Decide every bucket for Reuse steps of `block_length` now, as its first step would -> how many new."""
-        r = self.runner
+        r, before = self.runner, len(self.entries)
         mode, need, sizes = warm_up_plan(r.config, block_length, prompt_len, max_batch, self.pool.can_reserve,
                                          r.model_config.shift)
-        new = 0
+        params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
         for b in sizes:
-            reqs = warm_up_requests(b, mode, need, block_length, prompt_len, r.model_config.mask_token_id, r.device)
-            for req in reqs:
-                req.slots, req.kv_pool = self.pool.reserve(need), self.pool
-            batch = [(req, Phase.REUSE) for req in reqs]
+            batch = [(Request(f"graph-{b}-{i}", [0] * prompt_len, params, r.model_config.mask_token_id, r.device,
+                              cache=mode), Phase.REUSE) for i in range(b)]
+            for req, _ in batch:
+                req.kv_tokens, req.slots, req.kv_pool = need, self.pool.reserve(need), self.pool
             try:
-                spec, key = self._spec(batch) if self.takes(batch) else (None, None)
-                if spec is not None and key not in self.entries:
-                    self._first(key, batch, spec)
-                    new += 1
+                if self.takes(batch) and self._spec(batch)[1] not in self.entries:
+                    self._first(batch, *self._spec(batch))
             finally:
-                for req in reqs:
+                for req, _ in batch:
                     self.pool.release(need, req.slots)
-        return new
+        return len(self.entries) - before
 
     def run(self, batch) -> tuple[object, torch.Tensor, bool] | None:
         """The step padded -> (PackedStep, the real rows' hidden states, replayed?); None: it runs eager."""
-        r = self.runner
         spec, key = self._spec(batch)
-        entry = self.entries.get(key)
-        if entry is None:
-            entry, p = self._first(key, batch, spec)
-        elif entry.decision != "eager":
-            p = r.prepare(batch, spec, entry.staging)
+        entry = self.entries.get(key) or self._first(batch, spec, key)
         entry.steps += 1
-        if entry.decision == "eager":
+        if entry.staging is None:
             return None
+        p = self.runner.prepare(batch, spec, entry.staging)
         if entry.graph is not None:
             entry.graph.replay()
-        hidden = entry.out if entry.graph is not None else r.forward(entry.captured)
+        hidden = entry.out if entry.graph is not None else self.runner.forward(entry.captured)
         entry.dummies += spec.members - len(batch)
-        self.replays += 1
-        self.dummies += spec.members - len(batch)
+        self.replays, self.dummies = self.replays + 1, self.dummies + spec.members - len(batch)
         return p, hidden[: int(p.meta.cu_q[-1])], entry.graph is not None
 
-    def _first(self, key, batch, spec: PadSpec):
-        """A bucket's first step: its staging buffer, and with a capturer its graph."""
+    def _first(self, batch, spec: PadSpec, key) -> _Entry:
+        """A bucket's first step: its staging buffer, and with a capturer its graph (kept if faster than eager)."""
         r, cap = self.runner, self.capturer
-        eager_ms = None
         if cap is not None:                      # first, while nothing of the padded step is staged
             unpadded = r.prepare(batch)
             eager_ms = cap.time_ms(lambda: r.forward(unpadded), "eager")
@@ -248,14 +189,7 @@ class StepGraphs:
         if cap is not None:
             graph, out = cap.capture(lambda: r.forward(p))
             entry.graph_ms, entry.eager_ms = cap.time_ms(graph.replay, "graph"), eager_ms
-            if keeps(entry.graph_ms, eager_ms):
-                entry.graph, entry.out, entry.decision = graph, out, "graph"
-            else:
-                entry.staging = entry.captured = None
-                entry.decision = "eager"
-        return entry, p
-
-    def report(self) -> list[dict]:
-        return [{"batch": b, "keys": k, "block_length": bl, "decision": e.decision, "graph_ms": e.graph_ms,
-                 "eager_ms": e.eager_ms, "steps": e.steps, "dummies": e.dummies}
-                for (b, k, bl), e in sorted(self.entries.items())]
+            if not keeps(entry.graph_ms, eager_ms):
+                entry.staging = entry.captured = graph = out = None
+            entry.graph, entry.out = graph, out
+        return entry

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import chunking, graphs
-from engine.config import EngineConfig
+from engine import chunking
+from engine.config import EngineConfig, cuda_graphs_on
 from engine.kv_cache import AUTO, SERVED, KVPool, bytes_per_token, kv_need, longest_held
 from engine.memory import MemoryMeter, budget_from_free, free_device_memory
 from engine.models import DenseLM
@@ -119,8 +119,8 @@ def _peaks(runner: ModelRunner, model: DenseLM, config: EngineConfig, max_model_
 
 def _scratch_runner(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> ModelRunner:
     """An eager runner over an unbounded pool, its Reuse keys gathered (a fragmented pool's peak)."""
-    runner = ModelRunner(model, graphs.eager(config), backend, KVPool(None, model.config, model.dtype, model.device),
-                         max_model_len)
+    pool = KVPool(None, model.config, model.dtype, model.device)
+    runner = ModelRunner(model, dataclasses.replace(config, cuda_graphs=False), backend, pool, max_model_len)
     runner.in_place_keys = False
     return runner
 
@@ -172,7 +172,7 @@ def profile_kv_pool(model: DenseLM, config: EngineConfig, backend: str, max_mode
     chunk, long_refresh, long_reuse = measure_long_context(
         model, config, backend, max_model_len, peak, budget - wb - peak - guard,
         {m: p[1] for m, p in modes.items()}) or (None, 0, 0)
-    graph_pool = graphs.enabled(config, model.device) and config.cache != "none"   # captured graphs' memory
+    graph_pool = cuda_graphs_on(config.cuda_graphs, model.device) and config.cache != "none"   # captured graphs' memory
     short = peak + (reuse_peak if graph_pool else 0)
     peak = max(peak, long_refresh, long_reuse) + (max(reuse_peak, long_reuse) if graph_pool else 0)
     long_canvas = chunk is not None

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from dllm_bench.stepprofile.summary import graph_buckets
 from engine import SamplingParams
 from engine.graphs import PadSpec, StepGraphs, batch_buckets, bucket, key_width
 from engine.staging import Staging
@@ -56,7 +57,7 @@ def test_bucketed_steps_give_the_tokens_of_unpadded_ones(cache):
     assert g.replays > len(g.entries) > 0                      # captured once per bucket, replayed after
     assert g.dummies > 0                                       # some steps really were padded
     assert {k[0] for k in g.entries} <= set(g.buckets)
-    assert all(row["decision"] == "plain" and row["graph_ms"] is None for row in g.report())
+    assert all(row["decision"] == "plain" and row["graph_ms"] is None for row in graph_buckets(g))
 
 
 def test_a_replay_reads_the_new_steps_metadata():
@@ -164,7 +165,7 @@ def test_a_bucket_keeps_its_graph_only_if_it_measured_faster(graph_ms, eager_ms,
     got, eng = _run("dual", graphs=True, capturer=cap)
     assert got == want                                         # exact whichever way each bucket ran
     g = eng.runner.graphs
-    report = g.report()
+    report = graph_buckets(g)
     assert report and all(r["decision"] == ("graph" if kept else "eager") for r in report)
     assert all((r["graph_ms"], r["eager_ms"]) == (graph_ms, eager_ms) for r in report)
     assert cap.timed == ["eager", "graph"] * len(report)       # once per bucket, at its first step

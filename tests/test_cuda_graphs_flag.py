@@ -33,12 +33,12 @@ def test_cpu_default_is_off():
 @pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1"])
 @pytest.mark.parametrize("flag", [None, True, False])
 def test_the_command_and_the_engine_decide_alike(device, flag):
-    """What a command records (device_defaults) is what the engine runs (engine.graphs.enabled)."""
+    """What a command records (device_defaults) is what the engine runs (engine.config.cuda_graphs_on)."""
     import torch
 
-    from engine.graphs import enabled
+    from engine.config import cuda_graphs_on as engine_rule
 
-    assert cuda_graphs_on(flag, device) == enabled(EngineConfig(cuda_graphs=flag), torch.device(device))
+    assert cuda_graphs_on(flag, device) == engine_rule(EngineConfig(cuda_graphs=flag).cuda_graphs, torch.device(device))
 
 
 def test_engine_knob_parses_booleans_and_overrides_the_runs_value():

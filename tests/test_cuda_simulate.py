@@ -118,7 +118,7 @@ def test_a_flag_or_a_knob_still_wins_on_a_gpu_profile(monkeypatch):
 
 
 def test_the_engine_replays_graphs_on_one_gpu_and_runs_eager_over_ranks(monkeypatch):
-    """As engine.graphs.eager on every rank: a tensor-parallel engine's ranks capture no graphs."""
+    """As engine.parallel.driver on every rank: a tensor-parallel engine's ranks capture no graphs."""
     _no_cuda(monkeypatch)
     sim, setup = simulation(ServeOptions(preset="paper", systems="engine,engine:tensor_parallel_size=2",
                                          num_prompts=4, rps="inf"), load("rtx4090"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dllm_bench.stepprofile.summary import graph_buckets
 from engine import SamplingParams
 from engine.graphs import StepGraphs, warm_up_plan
 from tests.helpers import make_engine, random_prompts, tiny_model
@@ -38,18 +39,18 @@ def test_graphs_captured_at_warm_up_serve_exact_tokens_without_capturing_again(c
     assert eng.capture_graphs(4, prompt_len=PROMPT + 4) == len(g.buckets) == 4    # 1, 2, 4, 8
     decided, timed = set(g.entries), list(cap.timed)
     assert timed == ["eager", "graph"] * 4
-    assert all(r["decision"] == "graph" and r["steps"] == 0 for r in g.report())
+    assert all(r["decision"] == "graph" and r["steps"] == 0 for r in graph_buckets(g))
     assert g.replays == 0 and eng.pool.used == 0 and eng.counters["steps"] == 0
     assert _serve(eng) == want
     assert set(g.entries) == decided and cap.timed == timed          # nothing captured while serving
-    assert g.replays > 0 and sum(r["steps"] for r in g.report()) == g.replays
+    assert g.replays > 0 and sum(r["steps"] for r in graph_buckets(g)) == g.replays
 
 
 def test_warm_up_capture_stops_at_the_token_budget_and_leaves_the_pool_empty():
     eng = make_engine(MODEL, cache="dual", max_num_seqs=8, max_num_batched_tokens=16, cuda_graphs=True)
     assert eng.capture_graphs(4, prompt_len=3) == 3                   # buckets 1, 2, 4: 8 x 4 > 16
     assert sorted(k[0] for k in eng.runner.graphs.entries) == [1, 2, 4]
-    assert all(r["decision"] == "plain" for r in eng.runner.graphs.report())
+    assert all(r["decision"] == "plain" for r in graph_buckets(eng.runner.graphs))
     assert eng.pool.used == 0
     assert eng.capture_graphs(4, prompt_len=3) == 0                   # already decided
 

@@ -22,8 +22,9 @@ from dllm_bench.simulate.hardware import load
 from dllm_bench.simulate.options import simulation
 from dllm_bench.simulate.runners import CostRunner
 from dllm_bench.simulate.simulator import simulate_point
+from dllm_bench.simulate.work import warm_up_requests
 from engine.config import EngineConfig
-from engine.graphs import keeps, warm_up_requests
+from engine.graphs import keeps
 from engine.request import Phase
 from tests.helpers import tiny_config
 from tests.test_cuda_simulate import _no_cuda

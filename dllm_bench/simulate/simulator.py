@@ -35,9 +35,8 @@ from dllm_bench.simulate.work import keys_in_place
 from dllm_bench.systems.build import GRAPH_KEEP, KEEP_ALL, TIMED, WARM_UP, WARM_UP_PROMPT, warm_up_batch
 from dllm_bench.systems.decoding import resolve as resolve_decoding
 from dllm_bench.systems.spec import baseline_knobs, engine_knobs
-from engine.config import EngineConfig
+from engine.config import EngineConfig, cuda_graphs_on
 from engine.decoding import Decoding
-from engine.graphs import enabled as graph_steps
 from engine.graphs import keeps
 from engine.parallel.model import RankConfig
 from engine.sampling import SamplingParams
@@ -166,8 +165,8 @@ def _engine(variant, setup: SimSetup, clock: VirtualClock, info: dict, warm: tup
     # a rank's view of the model (its KV heads): the pool counts one GPU's bytes
     model_config = setup.model_config if n == 1 else RankConfig.of(setup.model_config, n)
     gpu = setup.hardware.kind == "gpu"
-    # tensor-parallel ranks run eager (engine.graphs.eager), whatever cuda_graphs says
-    graphs = n == 1 and graph_steps(cfg, "cuda" if gpu else "cpu")
+    # tensor-parallel ranks run eager (engine.parallel.driver), whatever cuda_graphs says
+    graphs = n == 1 and cuda_graphs_on(cfg.cuda_graphs, torch.device("cuda" if gpu else "cpu"))
     # Today's serve captures the graphs at warm-up, outside the point, and on a GPU keeps a bucket's
     # graph only if it timed faster than eager (plain calls on a CPU keep all); a measured run is
     # replayed as it ran (its pin: an older run captured them in the point and kept every one; a

@@ -29,8 +29,9 @@ from baselines.sparse_dllm import SparseDLLM
 from baselines.static_batch import Batch, StepResult
 from dllm_bench.simulate.cost_model import Call, Forward, LayerPass, ModelShape, Seg
 from engine.config import EngineConfig
-from engine.graphs import batch_buckets, bucket, key_width, warm_up_plan, warm_up_requests
+from engine.graphs import batch_buckets, bucket, key_width, warm_up_plan
 from engine.request import Phase, Request
+from engine.sampling import SamplingParams
 from engine.step_context import split_by_keys
 
 
@@ -118,7 +119,7 @@ def graph_key(batch: list[tuple[Request, Phase]], config: EngineConfig,
     b = bucket(len(batch), batch_buckets(config.max_num_seqs))
     if b is None or any(r.params.block_length != bl for r, _ in batch) or b * (bl + shift) > config.max_num_batched_tokens:
         return None
-    # each Reuse reads its reserved keys, a dummy member at most its block and edge rows (StepGraphs._keys)
+    # each Reuse reads its reserved keys, a dummy member at most its block and edge rows (StepGraphs._spec)
     return b, _width(max(max(req.kv_tokens for req, _ in batch), bl + shift), in_place), bl
 
 
@@ -138,7 +139,7 @@ def warm_up_steps(config: EngineConfig, block_length: int, prompt_len: int, max_
                   shift: int = 0) -> dict[tuple[int, int, int], list[tuple[Request, Phase]]]:
     """The graphs the engine captures at warm-up (engine.graphs.warm_up_plan, as `graph_key` keys
     them), each with the Reuse step of synthetic one-block requests after a `prompt_len` prompt it
-    is timed on (engine.graphs.warm_up_requests), one bucket each. Its requests are alike: one
+    is timed on (`warm_up_requests`), one bucket each. Its requests are alike: one
     stands for them all (a thousand-request bucket builds no thousand requests)."""
     mode, need, sizes = warm_up_plan(config, block_length, prompt_len, max_batch, holds, shift)
     if not sizes:
@@ -146,6 +147,17 @@ def warm_up_steps(config: EngineConfig, block_length: int, prompt_len: int, max_
     (req,) = warm_up_requests(1, mode, need, block_length, prompt_len, mask_id, "cpu")
     return {(b, _width(max(need, block_length + shift), in_place), block_length): [(req, Phase.REUSE)] * b
             for b in sizes}
+
+
+def warm_up_requests(b: int, mode: str, need: int, block_length: int, prompt_len: int, mask_id: int,
+                     device) -> list[Request]:
+    """The `b` synthetic one-block requests a bucket is timed on, as engine.graphs.StepGraphs.capture_all
+    builds them (slots: the caller's)."""
+    params = SamplingParams(gen_length=block_length, steps=block_length, block_length=block_length)
+    reqs = [Request(f"graph-{b}-{i}", [0] * prompt_len, params, mask_id, device, cache=mode) for i in range(b)]
+    for req in reqs:
+        req.kv_tokens = need
+    return reqs
 
 
 def padded(fw: Forward, key: tuple[int, int, int], shift: int = 0) -> Forward:

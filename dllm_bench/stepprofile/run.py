@@ -24,7 +24,7 @@ from dllm_bench.simulate.cost_model import ModelShape
 from dllm_bench.stepprofile import phases
 from dllm_bench.stepprofile.measure import measure
 from dllm_bench.stepprofile.options import MAX_FIT, StepProfileOptions, StepProfileSetup, resolve
-from dllm_bench.stepprofile.summary import document
+from dllm_bench.stepprofile.summary import document, graph_buckets
 from dllm_bench.stepprofile.work import record_work
 from dllm_bench.systems.build import WorkloadShape, build_system, warm_up
 from engine.config import DTYPES
@@ -81,7 +81,7 @@ def profile_step(opts: StepProfileOptions, log: Callable[[str], None] = lambda m
                 bound)
     doc = document(s, built.info, pk, m, shape)
     graphs = getattr(getattr(system, "runner", None), "graphs", None)   # the engine's CUDA-graph buckets
-    doc["graph_buckets"] = graphs.report() if graphs is not None else None
+    doc["graph_buckets"] = graph_buckets(graphs) if graphs is not None else None
     return doc
 
 

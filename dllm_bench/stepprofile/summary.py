@@ -24,6 +24,15 @@ TOP = 10
 ROW_FIELDS = ("requests", "padded_requests", "refresh", "reuse", "query_rows", "key_tokens", "logit_rows")
 
 
+def graph_buckets(graphs) -> list[dict]:
+    """Per CUDA-graph bucket of an engine's `StepGraphs`: its decision (graph, eager: its graph timed slower,
+    plain: no capturer), both timings, steps and dummies."""
+    return [{"batch": b, "keys": k, "block_length": bl,
+             "decision": "plain" if e.graph_ms is None else "graph" if e.graph is not None else "eager",
+             "graph_ms": e.graph_ms, "eager_ms": e.eager_ms, "steps": e.steps, "dummies": e.dummies}
+            for (b, k, bl), e in sorted(graphs.entries.items())]
+
+
 def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 

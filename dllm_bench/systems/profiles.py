@@ -8,7 +8,6 @@ from collections.abc import Mapping
 
 from dllm_bench.checkpoints.load import load_model
 from dllm_bench.systems.build import check_tensor_parallel
-from engine import graphs
 from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
 from engine.parallel import Cluster
@@ -43,7 +42,8 @@ def profile_pools(configs: Mapping[str, EngineConfig], max_model_len: int,
 
 def _rank_profile(tp, cfg: EngineConfig, max_model_len: int) -> MemoryProfile | str:
     """This rank's profile of `cfg` over its shard (on every rank at once; ranks run eager)."""
-    return _one_device(load_sharded(cfg.model, tp, DTYPES[cfg.dtype]), graphs.eager(cfg), max_model_len)
+    eager = dataclasses.replace(cfg, cuda_graphs=False)
+    return _one_device(load_sharded(cfg.model, tp, DTYPES[cfg.dtype]), eager, max_model_len)
 
 
 def _one_device(model, cfg: EngineConfig, max_model_len: int) -> MemoryProfile | str:

@@ -6,7 +6,6 @@ import dataclasses
 import numpy as np
 import torch
 
-from engine import graphs
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.kv_cache import KVPool
@@ -59,7 +58,7 @@ class ParallelEngine(LLMEngine):
     def __init__(self, config: EngineConfig, cluster: Cluster | None = None, threads: int = 1):
         self.own_cluster = cluster is None
         self.cluster = cluster or Cluster.start(config.tensor_parallel_size, config.device, threads)
-        config = graphs.eager(config)
+        config = dataclasses.replace(config, cuda_graphs=False)
         self.cluster.send(worker_build, config)
         with self.cluster.guard():
             built = build_rank(self.cluster.tp, config)

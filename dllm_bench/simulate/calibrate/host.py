@@ -24,8 +24,8 @@ from dllm_bench.simulate.cost_model import CostModel, Forward, HostCost, ModelSh
 from dllm_bench.simulate.runners import CostRunner
 from dllm_bench.simulate.work import baseline_forward
 from dllm_bench.timing import device_sync
+from engine.config import cuda_graphs_on
 from engine.engine import LLMEngine
-from engine.graphs import enabled as graphs_enabled
 
 
 class RecordingPolicy(Delegating):
@@ -80,7 +80,7 @@ def engine_steps(model, config, shape: ModelShape, prompts, params, mode: Mode =
     try:
         # the Forward of a step replayed through a CUDA graph is padded to its bucket, a capture marked
         eng.runner = CostRunner(model.config, config, shape, lambda fw: fws.append(fw) or 0.0, VirtualClock(),
-                                model.dtype, inner=eng.runner, graphs=graphs_enabled(config, model.device))
+                                model.dtype, inner=eng.runner, graphs=cuda_graphs_on(config.cuda_graphs, model.device))
         return _warm_then_time(eng, fws, prompts, params, model.device, mode)
     finally:
         del eng
