@@ -25,7 +25,8 @@ from safetensors.torch import save_file
 from engine import EngineConfig, LLMEngine, SamplingParams, graphs
 from engine.models import load_model
 from engine.parallel import Cluster, ParallelEngine, RankFailure
-from engine.parallel.model import REPLICATED, build_rank, load_sharded, slice_of, split_of
+from engine.parallel.driver import build_rank
+from engine.parallel.model import REPLICATED, load_sharded, slice_of, split_of
 from engine.profiler import profile_kv_pool
 from tests.helpers import random_prompts, tiny_model
 
@@ -151,8 +152,8 @@ def test_checkpoint_loads_shard_wise(cluster, tmp_path):
 def _profile(tp, path: str, budget: int) -> dict:
     cfg = _config(path, memory_budget=budget, max_num_batched_tokens=256, max_model_len=128, max_num_seqs=8,
                   tensor_parallel_size=tp.size)
-    b = build_rank(tp, graphs.eager(cfg))
-    return b.profile.to_dict() | {"capacity": b.capacity}
+    runner, profile = build_rank(tp, graphs.eager(cfg))
+    return profile.to_dict() | {"capacity": runner.config.kv_pool_tokens}
 
 
 def test_kv_pool_per_rank_holds_twice_the_tokens(cluster, ckpt):

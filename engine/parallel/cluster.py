@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from engine.engine import resolve_device
+
 JOIN_TIMEOUT = datetime.timedelta(minutes=5)
 STEP_TIMEOUT = datetime.timedelta(minutes=30)      # the longest a step's collective waits for a stuck peer
 IDLE_TIMEOUT = datetime.timedelta(days=365)
@@ -27,12 +29,11 @@ class TPGroup:
     rank: int
     size: int
     device: torch.device
-    group: object          # tensors: all-reduce, all-gather (NCCL on GPU, gloo on CPU)
-    host_group: object     # host objects: the driver's messages (gloo)
-    runner: object = None  # a worker's share of the engine it serves (engine.parallel.driver)
+    group: object          # tensors (NCCL on GPU, gloo on CPU)
+    host_group: object     # the driver's messages (gloo)
+    runner: object = None  # a worker's share of the engine it serves
 
     def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
-        """In place (no new memory for the meter to count); returns t."""
         dist.all_reduce(t, op=op, group=self.group)
         return t
 
@@ -43,7 +44,6 @@ class TPGroup:
         return torch.stack(out)
 
     def broadcast(self, obj=None):
-        """The driver's `obj` on every rank (workers pass nothing)."""
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self.host_group)
         return box[0]
@@ -51,9 +51,7 @@ class TPGroup:
 
 def init_group(rank: int, size: int, device: str, store=None) -> TPGroup:
     """Join the group through `store` (spawned workers) or torchrun's environment; a GPU rank: cuda:<local rank>."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = resolve_device(device)
     if dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count()))
         torch.cuda.set_device(dev)
@@ -126,13 +124,10 @@ class Cluster:
             p.start()
         deadline = time.monotonic() + JOIN_TIMEOUT.total_seconds()
         while not store.check([f"ready/{r}" for r in range(1, size)]):
-            dead = next((r for r, p in enumerate(cluster.procs, 1) if not p.is_alive()), None)
-            if dead is not None or time.monotonic() > deadline:
-                cluster.close(kill=True)
-                raise RankFailure("tensor-parallel workers did not start in time" if dead is None else
-                                  cluster.exit_reason(dead, starting=True))
+            if time.monotonic() > deadline or cluster.dead():
+                raise cluster.failure("tensor-parallel workers did not start in time", starting=True)
             time.sleep(0.02)
-        if torch.device(device).type == "cpu":
+        if resolve_device(device).type == "cpu":
             torch.set_num_threads(threads)
         cluster.tp = init_group(0, size, device, store)
         return cluster
@@ -156,32 +151,33 @@ class Cluster:
         self.busy = True
         try:
             yield
-        except RuntimeError as e:             # gloo and NCCL raise RuntimeErrors
-            if self.closed or isinstance(e, RankFailure):
+        except Exception as e:
+            if not isinstance(e, RuntimeError) or isinstance(e, RankFailure) or self.closed:
+                self.close(kill=True)
                 raise
-            deadline = time.monotonic() + 2.0     # a worker that died: let its exit code arrive
-            while self.procs and all(p.exitcode is None for p in self.procs) and time.monotonic() < deadline:
+            deadline = time.monotonic() + 2.0     # gloo and NCCL raise at once: let a dead worker's exit code arrive
+            while self.procs and not self.dead() and time.monotonic() < deadline:
                 time.sleep(0.02)
-            dead = next((r for r, p in enumerate(self.procs, 1) if p.exitcode is not None), None)
             lines = str(e).strip().splitlines()
-            why = (self.exit_reason(dead, starting=False) if dead is not None else
-                   f"tensor-parallel step failed: {lines[0] if lines else type(e).__name__}")
-            self.close(kill=True)
-            raise RankFailure(why) from None
-        except Exception:
-            self.close(kill=True)
-            raise
+            raise self.failure(f"tensor-parallel step failed: {lines[0] if lines else type(e).__name__}") from None
         # not in a `finally`: interrupted, the cluster stays busy, so closing it kills the workers
         self.busy = False
 
-    def exit_reason(self, rank: int, starting: bool) -> str:
-        """Why worker `rank` ended: the error it recorded, else its exit code."""
-        with contextlib.suppress(Exception):
-            if self.store.check([f"error/{rank}"]):
-                why = self.store.get(f"error/{rank}").decode()
-                return f"tensor-parallel rank {rank} failed{' while starting' if starting else ''}: {why}"
-        when = "while starting" if starting else "mid-run"
-        return f"tensor-parallel rank {rank} exited {when} (exit code {self.procs[rank - 1].exitcode})"
+    def dead(self) -> int | None:
+        return next((r for r, p in enumerate(self.procs, 1) if p.exitcode is not None), None)
+
+    def failure(self, otherwise: str, starting: bool = False) -> RankFailure:
+        """The cluster ended; why: the first exited worker's recorded error or exit code, else `otherwise`."""
+        rank, why = self.dead(), otherwise
+        if rank is not None:
+            when = "while starting" if starting else "mid-run"
+            why = f"tensor-parallel rank {rank} exited {when} (exit code {self.procs[rank - 1].exitcode})"
+            with contextlib.suppress(Exception):
+                if self.store.check([f"error/{rank}"]):
+                    error = self.store.get(f"error/{rank}").decode()
+                    why = f"tensor-parallel rank {rank} failed{' while starting' if starting else ''}: {error}"
+        self.close(kill=True)
+        return RankFailure(why)
 
     def close(self, kill: bool = False) -> None:
         """Stop the workers (at once when `kill` or mid-step) and leave the group (idempotent; also at exit)."""

@@ -7,19 +7,20 @@ import numpy as np
 import torch
 
 from engine import graphs
-from engine.config import EngineConfig
+from engine.attention import resolve_backend
+from engine.config import DTYPES, EngineConfig
 from engine.engine import LLMEngine
 from engine.kv_cache import KVPool
 from engine.logits import RowSegment
 from engine.parallel.cluster import Cluster, TPGroup
-from engine.parallel.model import build_rank
+from engine.parallel.model import load_sharded
+from engine.profiler import MemoryProfile, profile_kv_pool
 from engine.runner import ModelRunner, row_segments
 from engine.step import StepMeta
 
 
 class DriverRunner(ModelRunner):
     def prepare(self, batch, pad=None, fwd_staging=None):
-        """The step prepared here, and its plan sent to every worker."""
         p = super().prepare(batch, pad, fwd_staging)
         segments = [(s.start, s.count, s.temperature, s.gen.get_state(), s.dream)
                     for s in row_segments([r for r, _ in batch], p.plan)]
@@ -28,11 +29,24 @@ class DriverRunner(ModelRunner):
         return p
 
 
+def build_rank(tp: TPGroup, config: EngineConfig, runner=ModelRunner) -> tuple[ModelRunner, MemoryProfile | None]:
+    """A rank's runner over its shard (no pool yet) and, if the pool is bounded, its profile; the runner's
+    `kv_pool_tokens` then the smallest pool of any rank."""
+    model = load_sharded(config.model, tp, DTYPES[config.dtype])
+    backend = resolve_backend(config.attention_backend, model.device, model.dtype)
+    profile = None
+    if config.kv_pool_tokens is None and (config.memory_budget is not None or model.device.type == "cuda"):
+        profile = profile_kv_pool(model, config, backend, config.max_model_len or model.config.max_sequence_length)
+        tokens = torch.tensor([profile.kv_pool_tokens], device=tp.device)
+        tokens = tp.all_reduce(tokens, torch.distributed.ReduceOp.MIN)
+        config = dataclasses.replace(config, kv_pool_tokens=int(tokens.item()))
+    return runner(model, config, backend, None, config.max_model_len), profile
+
+
 def worker_build(tp: TPGroup, config: EngineConfig) -> None:
-    """A worker's share of a new engine: the same `ModelRunner` over its shard and its own KV pool."""
-    b = build_rank(tp, config)
-    pool = KVPool(b.capacity, b.model.config, b.model.dtype, b.model.device)
-    tp.runner = ModelRunner(b.model, config, b.backend, pool, b.max_model_len)
+    runner, _ = build_rank(tp, config)
+    runner.pool = KVPool(runner.config.kv_pool_tokens, runner.model_config, runner.dtype, runner.device)
+    tp.runner = runner
 
 
 def worker_step(tp: TPGroup, meta: StepMeta, ids: np.ndarray, rows: np.ndarray, segments: list[tuple],
@@ -62,13 +76,10 @@ class ParallelEngine(LLMEngine):
         config = graphs.eager(config)
         self.cluster.send(worker_build, config)
         with self.cluster.guard():
-            built = build_rank(self.cluster.tp, config)
-        config = dataclasses.replace(config, kv_pool_tokens=built.capacity)
-        runner = DriverRunner(built.model, config, built.backend, None, built.max_model_len)
+            runner, profile = build_rank(self.cluster.tp, config, DriverRunner)
         runner.cluster = self.cluster
-        super().__init__(config, runner=runner)
-        runner.pool = self.pool                 # the engine's pool: the workers' pools have its slots
-        self.profile = built.profile
+        super().__init__(runner.config, runner=runner)
+        runner.pool, self.profile = self.pool, profile
 
     def step(self):
         with self.cluster.guard():
@@ -81,4 +92,4 @@ class ParallelEngine(LLMEngine):
         if self.own_cluster or self.cluster.busy:
             self.cluster.close()
         else:
-            self.cluster.send(setattr, "runner", None)       # setattr(tp, ...): each worker drops its engine
+            self.cluster.send(setattr, "runner", None)
