@@ -37,11 +37,11 @@ class TPGroup:
         dist.all_reduce(t, op=op, group=self.group)
         return t
 
-    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
-        """[N, *t.shape]: every rank's t, in rank order."""
+    def all_gather(self, t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+        """[N, *t.shape] in rank order, or every rank's t joined along `dim`."""
         out = [torch.empty_like(t) for _ in range(self.size)]
         dist.all_gather(out, t.contiguous(), group=self.group)
-        return torch.stack(out)
+        return torch.stack(out) if dim is None else torch.cat(out, dim)
 
     def broadcast(self, obj=None):
         box = [obj]
@@ -50,7 +50,6 @@ class TPGroup:
 
 
 def init_group(rank: int, size: int, device: str, store=None) -> TPGroup:
-    """Join the group through `store` (spawned workers) or torchrun's environment; a GPU rank: cuda:<local rank>."""
     dev = resolve_device(device)
     if dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count()))
@@ -62,16 +61,11 @@ def init_group(rank: int, size: int, device: str, store=None) -> TPGroup:
 
 
 def serve(tp: TPGroup) -> None:
-    """A worker rank: run the driver's calls fn(tp, *args) (its result gathered if asked) until it says stop."""
-    while True:
-        msg = tp.broadcast()
-        if msg is STOP:
-            dist.destroy_process_group()
-            return
-        fn, args, reply = msg
-        out = fn(tp, *args)
-        if reply:
-            dist.gather_object(out, None, dst=0, group=tp.host_group)
+    """A worker rank: run the driver's calls fn(tp, *args) until it says stop."""
+    while (msg := tp.broadcast()) is not STOP:
+        fn, args = msg
+        fn(tp, *args)
+    dist.destroy_process_group()
 
 
 def _worker_main(rank: int, size: int, port: int, device: str, threads: int) -> None:
@@ -115,7 +109,6 @@ class Cluster:
 
     @classmethod
     def spawn(cls, size: int, device: str = "cpu", threads: int = 1) -> Cluster:
-        """Start ranks 1..size-1 (`threads` torch threads each) and join them as rank 0."""
         store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=JOIN_TIMEOUT, wait_for_workers=False)
         ctx = torch.multiprocessing.get_context("spawn")
         cluster = cls(None, [ctx.Process(target=_worker_main, args=(r, size, store.port, device, threads),
@@ -135,15 +128,7 @@ class Cluster:
     def send(self, fn, *args) -> None:
         """fn(tp, *args) on every worker (`fn` importable by name); the driver runs its own share."""
         with self.guard():
-            self.tp.broadcast((fn, args, False))
-
-    def collective_rpc(self, fn, *args) -> list:
-        """fn(tp, *args) on every rank at once; every rank's result in rank order (`fn` importable)."""
-        out = [None] * self.tp.size
-        with self.guard():
-            self.tp.broadcast((fn, args, True))
-            dist.gather_object(fn(self.tp, *args), out, dst=0, group=self.tp.host_group)
-        return out
+            self.tp.broadcast((fn, args))
 
     @contextlib.contextmanager
     def guard(self):
@@ -158,8 +143,8 @@ class Cluster:
             deadline = time.monotonic() + 2.0     # gloo and NCCL raise at once: let a dead worker's exit code arrive
             while self.procs and not self.dead() and time.monotonic() < deadline:
                 time.sleep(0.02)
-            lines = str(e).strip().splitlines()
-            raise self.failure(f"tensor-parallel step failed: {lines[0] if lines else type(e).__name__}") from None
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise self.failure(f"tensor-parallel step failed: {first}") from None
         # not in a `finally`: interrupted, the cluster stays busy, so closing it kills the workers
         self.busy = False
 
@@ -190,9 +175,8 @@ class Cluster:
                 self.tp.broadcast(STOP)
         for p in self.procs:
             p.join(timeout=0 if kill else 10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+            p.kill()
+            p.join()
         if self.tp is not None:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()

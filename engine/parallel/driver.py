@@ -44,9 +44,8 @@ def build_rank(tp: TPGroup, config: EngineConfig, runner=ModelRunner) -> tuple[M
 
 
 def worker_build(tp: TPGroup, config: EngineConfig) -> None:
-    runner, _ = build_rank(tp, config)
-    runner.pool = KVPool(runner.config.kv_pool_tokens, runner.model_config, runner.dtype, runner.device)
-    tp.runner = runner
+    tp.runner, _ = build_rank(tp, config)
+    tp.runner.pool = KVPool(tp.runner.config.kv_pool_tokens, tp.runner.model_config, tp.runner.dtype, tp.runner.device)
 
 
 def worker_step(tp: TPGroup, meta: StepMeta, ids: np.ndarray, rows: np.ndarray, segments: list[tuple],
@@ -60,8 +59,7 @@ def worker_step(tp: TPGroup, meta: StepMeta, ids: np.ndarray, rows: np.ndarray, 
     row_index = fwd.put(rows)
     fwd.flush()
     hidden = runner.forward(p)
-    gen_device = runner.device if runner.device.type == "cuda" else "cpu"
-    segments = [RowSegment(a, n, t, torch.Generator(device=gen_device).set_state(state), dream)
+    segments = [RowSegment(a, n, t, torch.Generator(device=runner.device).set_state(state), dream)
                 for a, n, t, state, dream in segments]
     runner.decode_rows(runner.model.lm_head, hidden, row_index, segments, runner.config.max_num_logits,
                        runner.model_config.mask_token_id, entropy=entropy)
@@ -87,9 +85,7 @@ class ParallelEngine(LLMEngine):
 
     def close(self) -> None:
         """Drop this engine on every rank, or stop the ranks if the cluster is its own or was interrupted mid-step."""
-        if self.cluster.closed:
-            return
         if self.own_cluster or self.cluster.busy:
             self.cluster.close()
-        else:
+        elif not self.cluster.closed:
             self.cluster.send(setattr, "runner", None)

@@ -13,10 +13,8 @@ from engine.models import DenseLM, ModelConfig, load_model
 from engine.parallel.cluster import TPGroup
 from engine.unmask import gumbel_noise, gumbel_scores, proposal_argmax
 
-COLUMN, ROW, VOCAB, REPLICATED = "column", "row", "vocab", "replicated"
 KEY, TOKEN, LOGIT, MAX, SUM, ENT = range(6)       # the columns of a rank's proposal per row
-_BLOCK = {"q_proj": COLUMN, "k_proj": COLUMN, "v_proj": COLUMN, "attn_out": ROW,
-          "ff_proj": COLUMN, "up_proj": COLUMN, "ff_out": ROW, "attn_norm": REPLICATED, "ff_norm": REPLICATED}
+_BLOCK_AXIS = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "attn_out": 1, "ff_proj": 0, "up_proj": 0, "ff_out": 1}
 
 
 @dataclass
@@ -46,16 +44,10 @@ class _ShardShape(RankConfig):
         return self.d_model // (self.n_heads * self.tp_size)
 
 
-def split_of(name: str) -> str:
-    parts = name.split(".")
-    if "blocks" in parts:
-        return _BLOCK[parts[-2]]
-    return VOCAB if parts[-2] in ("wte", "ff_out") else REPLICATED
-
-
 def slice_of(name: str, shape: tuple[int, ...], rank: int, size: int) -> tuple[slice, ...]:
-    """The rank's part of weight `name` of full `shape` ([out, in] for linears)."""
-    axis = {COLUMN: 0, VOCAB: 0, ROW: 1}.get(split_of(name))
+    """The rank's part of weight `name` of full `shape` ([out, in] for linears; norms whole, docs/PARALLEL.md)."""
+    module = name.split(".")[-2]
+    axis = _BLOCK_AXIS.get(module) if ".blocks." in name else 0 if module in ("wte", "ff_out") else None
     n = 0 if axis is None else shape[axis] // size
     return tuple(slice(rank * n, (rank + 1) * n) if i == axis else slice(None) for i in range(len(shape)))
 
@@ -72,7 +64,7 @@ class ShardedLM(DenseLM):
         self.decode_rows = partial(decode_rows, chunk=self.decode_chunk)
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn, rope) -> torch.Tensor:
-        """DenseLM's, each block's row-parallel attention and MLP outputs summed over the ranks."""
+        """DenseLM's, each block's row-parallel outputs summed over the ranks."""
         h = self.embed(input_ids)
         for i, blk in enumerate(self.blocks):
             q, k, v = blk.qkv(h, positions, rope)
@@ -91,14 +83,23 @@ class ShardedLM(DenseLM):
         return self.tp.all_reduce(scores.sum((1, 2))) / (scores.shape[1] * scores.shape[2] * self.tp.size)
 
     def decode_chunk(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool):
-        """`engine.logits.by_rule` over this rank's logit columns: LLaDA's rule from every rank's `proposal`."""
+        """`engine.logits.by_rule` over this rank's logit columns, LLaDA's rule from every rank's `proposal`."""
         def plain(part: torch.Tensor, at: int):
-            return combine(self.tp.all_gather(self.proposal(part, at, segments, mask_id, entropy)), part.dtype, entropy)
+            ranks = self.tp.all_gather(self.proposal(part, at, segments, mask_id, entropy))   # [N, rows, KEY..]
+            dt = torch.promote_types(part.dtype, torch.float32)
+            winner = ranks[..., KEY].argmax(0)                        # ties: the first (lowest) rank
+            best = ranks.gather(0, winner[None, :, None].expand(1, *ranks.shape[1:]))[0]
+            x0, l_x0 = best[:, TOKEN].long(), best[:, LOGIT].to(dt)
+            m, s = ranks[..., MAX].to(dt), ranks[..., SUM].to(dt)
+            conf = (s * (m - l_x0).exp()).sum(0).reciprocal()
+            if not entropy:
+                return x0, conf, None
+            top = m.amax(0)
+            w = (m - top).exp()
+            total = (w * s).sum(0)
+            return x0, conf, total.log() - (w * (ranks[..., ENT].to(dt) + (m - top) * s)).sum(0) / total
 
-        def columns(part: torch.Tensor) -> torch.Tensor:      # [rows, V/N] -> [rows, V], every rank's columns
-            return self.tp.all_gather(part).permute(1, 0, 2).reshape(part.shape[0], -1)
-
-        return by_rule(logits, c0, segments, mask_id, entropy, plain, columns)
+        return by_rule(logits, c0, segments, mask_id, entropy, plain, partial(self.tp.all_gather, dim=1))
 
     def proposal(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int,
                  entropy: bool) -> torch.Tensor:
@@ -121,28 +122,11 @@ class ShardedLM(DenseLM):
         m = logits.amax(-1, keepdim=True)
         cols = [key, (col + start).to(torch.float64), logits.gather(1, col[:, None])[:, 0].double(), m[:, 0].double()]
         shifted = logits.sub_(m)
+        e = shifted.exp() if entropy else shifted.exp_()
+        cols.append(e.sum(-1, dtype=dt).double())
         if entropy:
-            e = shifted.exp()
-            cols += [e.sum(-1, dtype=dt).double(), (e * shifted).sum(-1, dtype=dt).double()]
-        else:
-            cols.append(shifted.exp_().sum(-1, dtype=dt).double())
+            cols.append((e * shifted).sum(-1, dtype=dt).double())
         return torch.stack(cols, dim=1)
-
-
-def combine(gathered: torch.Tensor, dtype: torch.dtype, entropy: bool):
-    """gathered [N, rows, 5|6] (every rank's `proposal`) -> (x0, conf, entropy or None)."""
-    dt = torch.promote_types(dtype, torch.float32)
-    winner = gathered[..., KEY].argmax(0)                         # ties: the first (lowest) rank
-    best = gathered.gather(0, winner[None, :, None].expand(1, *gathered.shape[1:]))[0]
-    x0, l_x0 = best[:, TOKEN].long(), best[:, LOGIT].to(dt)
-    m, s = gathered[..., MAX].to(dt), gathered[..., SUM].to(dt)
-    conf = (s * (m - l_x0).exp()).sum(0).reciprocal()
-    if not entropy:
-        return x0, conf, None
-    top = m.amax(0)
-    w = (m - top).exp()
-    total = (w * s).sum(0)
-    return x0, conf, total.log() - (w * (gathered[..., ENT].to(dt) + (m - top) * s)).sum(0) / total
 
 
 def load_sharded(path: str | Path, tp: TPGroup, dtype: torch.dtype) -> ShardedLM:
