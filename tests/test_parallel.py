@@ -25,8 +25,7 @@ from safetensors.torch import save_file
 from dllm_bench.systems.profiles import on_every_rank
 from engine import EngineConfig, LLMEngine, SamplingParams, graphs
 from engine.models import load_model
-from engine.parallel import Cluster, ParallelEngine, RankFailure
-from engine.parallel.driver import build_rank
+from engine.parallel.driver import Cluster, ParallelEngine, RankFailure, build_rank
 from engine.parallel.model import load_sharded, slice_of
 from engine.profiler import profile_kv_pool
 from tests.helpers import random_prompts, tiny_model

@@ -13,7 +13,7 @@ from dllm_bench.systems.build import check_tensor_parallel
 from engine import graphs
 from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
-from engine.parallel import Cluster
+from engine.parallel.driver import Cluster
 from engine.parallel.model import load_sharded
 from engine.profiler import MemoryProfile, profile_kv_pool
 

@@ -1,4 +1,4 @@
-"""A rank's model: its slices of the weights, read shard-wise, and its vocabulary-parallel decode (docs/PARALLEL.md)."""
+"""A rank's model: its collectives, its slices of the weights read shard-wise, its vocabulary-parallel decode."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,11 +6,11 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from engine.logits import RowSegment, by_rule, decode_rows
 from engine.models import DenseLM, ModelConfig, load_model
-from engine.parallel.cluster import TPGroup
 from engine.unmask import gumbel_noise, gumbel_scores, proposal_argmax
 
 KEY, TOKEN, LOGIT, MAX, SUM, ENT = range(6)       # the columns of a rank's proposal per row
@@ -18,9 +18,33 @@ _BLOCK_AXIS = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "attn_out": 1, "ff_proj": 
 
 
 @dataclass
+class TPGroup:
+    rank: int
+    size: int
+    device: torch.device
+    group: object          # tensors (NCCL on GPU, gloo on CPU)
+    host_group: object     # the driver's messages (gloo)
+    runner: object = None  # a worker's share of the engine it serves
+
+    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        dist.all_reduce(t, op=op, group=self.group)
+        return t
+
+    def all_gather(self, t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+        """[N, *t.shape] in rank order, or every rank's t joined along `dim`."""
+        out = [torch.empty_like(t) for _ in range(self.size)]
+        dist.all_gather(out, t.contiguous(), group=self.group)
+        return torch.stack(out) if dim is None else torch.cat(out, dim)
+
+    def broadcast(self, obj=None):
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.host_group)
+        return box[0]
+
+
+@dataclass
 class RankConfig(ModelConfig):
     """The checkpoint's config as one rank sees it: global fields unchanged, `kv_heads` the rank's."""
-
     tp_size: int = 1
 
     @property
@@ -29,7 +53,6 @@ class RankConfig(ModelConfig):
 
     @classmethod
     def of(cls, cfg: ModelConfig, tp_size: int) -> RankConfig:
-        """ValueError unless every split dimension divides by `tp_size` (whole heads per rank)."""
         sizes = {"n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads, "mlp_hidden_size": cfg.mlp_hidden_size,
                  "the vocabulary (embedding_size)": cfg.padded_vocab}
         for what, size in sizes.items():
@@ -64,7 +87,6 @@ class ShardedLM(DenseLM):
         self.decode_rows = partial(decode_rows, chunk=self.decode_chunk)
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn, rope) -> torch.Tensor:
-        """DenseLM's, each block's row-parallel outputs summed over the ranks."""
         h = self.embed(input_ids)
         for i, blk in enumerate(self.blocks):
             q, k, v = blk.qkv(h, positions, rope)
@@ -83,7 +105,6 @@ class ShardedLM(DenseLM):
         return self.tp.all_reduce(scores.sum((1, 2))) / (scores.shape[1] * scores.shape[2] * self.tp.size)
 
     def decode_chunk(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool):
-        """`engine.logits.by_rule` over this rank's logit columns, LLaDA's rule from every rank's `proposal`."""
         def plain(part: torch.Tensor, at: int):
             ranks = self.tp.all_gather(self.proposal(part, at, segments, mask_id, entropy))   # [N, rows, KEY..]
             dt = torch.promote_types(part.dtype, torch.float32)
@@ -101,8 +122,7 @@ class ShardedLM(DenseLM):
 
         return by_rule(logits, c0, segments, mask_id, entropy, plain, partial(self.tp.all_gather, dim=1))
 
-    def proposal(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int,
-                 entropy: bool) -> torch.Tensor:
+    def proposal(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool):
         """[rows, 5 or 6] float64: this rank's candidate and log-sum-exp parts per row (columns KEY..ENT)."""
         n, width = logits.shape
         start = self.vocab_start
@@ -130,5 +150,4 @@ class ShardedLM(DenseLM):
 
 
 def load_sharded(path: str | Path, tp: TPGroup, dtype: torch.dtype) -> ShardedLM:
-    """The rank's slices of an HF checkpoint of any family, each read alone."""
     return load_model(path, dtype, tp.device, partial(ShardedLM, tp=tp), partial(slice_of, rank=tp.rank, size=tp.size))
