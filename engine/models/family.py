@@ -173,7 +173,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
                 for hf in (k for k in st.keys() if k in ours):
                     name, piece = ours[hf], st.get_slice(hf)
                     if tuple(piece.get_shape()) != full[name]:
-                        raise ValueError(f"weight {hf} has shape {tuple(piece.get_shape())}, config implies {full[name]}")
+                        raise ValueError(f"weight {hf} has shape {tuple(piece.get_shape())}, "
+                                         f"config implies {full[name]}")
                     state[name] = (piece[part(name, full[name])] if part else st.get_tensor(hf)).to(device, dtype)
         except (SafetensorError, OSError) as e:
             raise ValueError(f"corrupt safetensors file {path / f}: {e}") from None

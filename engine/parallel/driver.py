@@ -80,8 +80,8 @@ class Cluster:
         """torchrun's rank 0 (its other ranks serve, then exit the process), else a spawned cluster."""
         if not launched_by_torchrun():
             return cls.spawn(size, device, threads)
-        if int(os.environ["WORLD_SIZE"]) != size:
-            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes but the tensor-parallel size is {size}")
+        if (world := int(os.environ["WORLD_SIZE"])) != size:
+            raise ValueError(f"torchrun started {world} processes but the tensor-parallel size is {size}")
         tp = init_group(int(os.environ["RANK"]), size, device)
         if tp.rank == 0:
             return cls(tp)
@@ -150,7 +150,7 @@ class Cluster:
         if self.closed:
             return
         self.closed = True
-        kill = kill or self.busy          # mid-step the workers wait in a collective: they would never read the stop (None)
+        kill = kill or self.busy          # mid-step the workers wait in a collective: they would never read a stop
         if not kill:
             with contextlib.suppress(Exception):
                 self.tp.broadcast(None)
