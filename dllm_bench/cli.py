@@ -17,7 +17,7 @@ import typer.main
 
 from dllm_bench import inputs
 from dllm_bench.errors import EXIT_USAGE, UserError
-from engine.parallel import RankFailure
+from engine.parallel.driver import RankFailure
 
 # An error that is not bad input prints one line; with this set, its whole traceback instead.
 TRACEBACK_ENV = "DLLM_BENCH_TRACEBACK"

@@ -19,7 +19,7 @@ import torch
 from baselines.reference_llada import reference_generate
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.models import config_from_dict
-from engine.parallel import Cluster, ParallelEngine
+from engine.parallel.driver import Cluster, ParallelEngine
 from engine.parallel.model import RankConfig
 from tests.dream_helpers import DREAM, dream_prompts, tiny_dream, write_dream_checkpoint
 from tests.helpers import make_engine

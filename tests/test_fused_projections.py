@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.models import load_model
-from engine.parallel.cluster import TPGroup
-from engine.parallel.model import load_sharded, slice_of
+from engine.parallel.model import TPGroup, load_sharded, slice_of
 from tests.helpers import tiny_model
 from tests.test_parallel import write_checkpoint
 

@@ -22,10 +22,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from dllm_bench.systems.profiles import on_every_rank
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.models import load_model
-from engine.parallel import Cluster, ParallelEngine, RankFailure
-from engine.parallel.model import REPLICATED, build_rank, load_sharded, slice_of, split_of
+from engine.parallel.driver import Cluster, ParallelEngine, RankFailure, build_rank
+from engine.parallel.model import load_sharded, slice_of
 from engine.profiler import profile_kv_pool
 from tests.helpers import random_prompts, tiny_model
 
@@ -137,8 +138,8 @@ def test_checkpoint_loads_shard_wise(cluster, tmp_path):
 
     path = make_checkpoint("tiny", tmp_path / "tiny", shards=2)
     full = load_model(path, torch.float32).state_dict()
-    ranks = cluster.collective_rpc(_held, str(path))
-    sharded = [k for k in full if split_of(k) != REPLICATED]
+    ranks = on_every_rank(cluster, _held, str(path))
+    sharded = [k for k in full if ranks[0][k].shape != full[k].shape]
     assert len(sharded) == 2 + 7 * load_model(path).config.n_layers
     for r, held in enumerate(ranks):
         assert held.keys() == full.keys()
@@ -151,8 +152,8 @@ def test_checkpoint_loads_shard_wise(cluster, tmp_path):
 def _profile(tp, path: str, budget: int) -> dict:
     cfg = _config(path, memory_budget=budget, max_num_batched_tokens=256, max_model_len=128, max_num_seqs=8,
                   tensor_parallel_size=tp.size)
-    b = build_rank(tp, dataclasses.replace(cfg, cuda_graphs=False))
-    return b.profile.to_dict() | {"capacity": b.capacity}
+    runner, profile = build_rank(tp, dataclasses.replace(cfg, cuda_graphs=False))
+    return profile.to_dict() | {"capacity": runner.config.kv_pool_tokens}
 
 
 def test_kv_pool_per_rank_holds_twice_the_tokens(cluster, ckpt):
@@ -162,7 +163,7 @@ def test_kv_pool_per_rank_holds_twice_the_tokens(cluster, ckpt):
     budget = 32 * 2**20
     one = profile_kv_pool(load_model(ckpt, F64), _config(ckpt, memory_budget=budget, max_num_batched_tokens=256,
                                                          max_model_len=128, max_num_seqs=8), "sdpa", 128)
-    ranks = cluster.collective_rpc(_profile, str(ckpt), budget)
+    ranks = on_every_rank(cluster, _profile, str(ckpt), budget)
     assert ranks[0]["capacity"] == ranks[1]["capacity"] == min(r["kv_pool_tokens"] for r in ranks)
     for r in ranks:
         assert r["bytes_per_token"] * 2 == one.bytes_per_token

@@ -15,7 +15,7 @@ from dllm_bench.systems.spec import ENGINE
 from dllm_bench.systems.step_budgets import AUTO, StepBudgets, engine_budgets
 from engine.config import DTYPES, EngineConfig
 from engine.models import DenseLM, ModelConfig, config_from_pretrained
-from engine.parallel.cluster import launched_by_torchrun
+from engine.parallel.driver import launched_by_torchrun
 
 # A command's own step budgets on a CPU, where nothing scales with device memory.
 CPU_BUDGETS = (8192, 1024)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import torch.distributed as dist
+
 from dllm_bench.checkpoints.load import load_model
 from dllm_bench.systems.build import check_tensor_parallel
 from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
-from engine.parallel import Cluster
+from engine.parallel.driver import Cluster
 from engine.parallel.model import load_sharded
 from engine.profiler import MemoryProfile, profile_kv_pool
 
@@ -32,11 +34,24 @@ def profile_pools(configs: Mapping[str, EngineConfig], max_model_len: int,
     cluster = Cluster.spawn(n, "cpu", threads)
     try:
         for label, cfg in configs.items():
-            ranks = cluster.collective_rpc(_rank_profile, cfg, max_model_len)
+            ranks = on_every_rank(cluster, _rank_profile, cfg, max_model_len)
             bad = next((r for r in ranks if isinstance(r, str)), None)
             out[label] = bad or dataclasses.replace(ranks[0], kv_pool_tokens=min(r.kv_pool_tokens for r in ranks))
     finally:
         cluster.close()
+    return out
+
+
+def on_every_rank(cluster: Cluster, fn, *args) -> list:
+    """fn(tp, *args) on every rank of `cluster` at once (`fn` importable by name): each rank's result, in rank order."""
+    cluster.send(_gathered, fn, *args)
+    with cluster.guard():
+        return _gathered(cluster.tp, fn, *args)
+
+
+def _gathered(tp, fn, *args) -> list:
+    out = [None] * tp.size
+    dist.gather_object(fn(tp, *args), out if tp.rank == 0 else None, dst=0, group=tp.host_group)
     return out
 
 

@@ -152,36 +152,35 @@ def weight_files(path: Path) -> list[str]:
     return files
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> nn.Module:
-    """Load an HF checkpoint directory (single file or sharded safetensors) of any registered family."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               build: Callable[[ModelConfig], nn.Module] = build_model, part: Callable | None = None) -> nn.Module:
+    """An HF checkpoint directory of any registered family, read tensor by tensor; `build`: the (meta) model to
+    fill, `part(name, full shape)`: the slices of each weight it holds (the whole weight if None)."""
+    from safetensors import SafetensorError, safe_open
 
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     cfg = config_from_pretrained(path)
-    files = weight_files(path)
     with torch.device("meta"):
-        model = build_model(cfg)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    hf = {cfg.family.hf_name(k): k for k in expected}
+        model = build(cfg)
+        full = {k: tuple(v.shape) for k, v in build_model(cfg).state_dict().items()}
+    ours = {cfg.family.hf_name(k): k for k in full}
     state: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in weight_files(path):
         try:
-            shard = load_file(str(path / f), device=str(device))
+            with safe_open(str(path / f), framework="pt", device="cpu") as st:
+                for hf in (k for k in st.keys() if k in ours):
+                    name, piece = ours[hf], st.get_slice(hf)
+                    if tuple(piece.get_shape()) != full[name]:
+                        raise ValueError(f"weight {hf} has shape {tuple(piece.get_shape())}, "
+                                         f"config implies {full[name]}")
+                    state[name] = (piece[part(name, full[name])] if part else st.get_tensor(hf)).to(device, dtype)
         except (SafetensorError, OSError) as e:
             raise ValueError(f"corrupt safetensors file {path / f}: {e}") from None
-        # cast shard by shard: the peak is the cast model plus one shard
-        state.update({hf[k]: v.to(dtype) for k, v in shard.items() if k in hf})
-        del shard
-    missing = sorted(set(expected) - set(state))
+    missing = sorted(set(full) - set(state))
     if missing:
         raise ValueError(f"checkpoint {path} lacks {len(missing)} weights, e.g. {cfg.family.hf_name(missing[0])}")
-    for k, shape in expected.items():
-        if tuple(state[k].shape) != shape:
-            raise ValueError(f"weight {cfg.family.hf_name(k)} has shape {tuple(state[k].shape)}, "
-                             f"config implies {shape}")
-    model.load_state_dict({k: state[k] for k in expected}, assign=True)
+    model.load_state_dict(state, assign=True)
     model.to(device).eval().fuse()
     return model

@@ -1,31 +1,50 @@
-"""A rank's model: its slices of the weights (read shard-wise), its vocabulary-parallel decode (docs/PARALLEL.md)."""
+"""A rank's model: its collectives, its slices of the weights read shard-wise, its vocabulary-parallel decode."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
 
-from engine.attention import resolve_backend
-from engine.config import DTYPES, EngineConfig
-from engine.logits import DecodeResult, RowSegment, by_rule, decode_rows
-from engine.models import DenseLM, ModelConfig, build_model, config_from_pretrained, weight_files
-from engine.parallel.cluster import TPGroup
-from engine.profiler import MemoryProfile, profile_kv_pool
+from engine.logits import RowSegment, by_rule, decode_rows
+from engine.models import DenseLM, ModelConfig, load_model
 from engine.unmask import gumbel_noise, gumbel_scores, proposal_argmax
 
-COLUMN, ROW, VOCAB, REPLICATED = "column", "row", "vocab", "replicated"
 KEY, TOKEN, LOGIT, MAX, SUM, ENT = range(6)       # the columns of a rank's proposal per row
-_BLOCK = {"q_proj": COLUMN, "k_proj": COLUMN, "v_proj": COLUMN, "attn_out": ROW,
-          "ff_proj": COLUMN, "up_proj": COLUMN, "ff_out": ROW, "attn_norm": REPLICATED, "ff_norm": REPLICATED}
+_BLOCK_AXIS = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "attn_out": 1, "ff_proj": 0, "up_proj": 0, "ff_out": 1}
+
+
+@dataclass
+class TPGroup:
+    rank: int
+    size: int
+    device: torch.device
+    group: object          # tensors (NCCL on GPU, gloo on CPU)
+    host_group: object     # the driver's messages (gloo)
+    runner: object = None  # a worker's share of the engine it serves
+
+    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        dist.all_reduce(t, op=op, group=self.group)
+        return t
+
+    def all_gather(self, t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+        """[N, *t.shape] in rank order, or every rank's t joined along `dim`."""
+        out = [torch.empty_like(t) for _ in range(self.size)]
+        dist.all_gather(out, t.contiguous(), group=self.group)
+        return torch.stack(out) if dim is None else torch.cat(out, dim)
+
+    def broadcast(self, obj=None):
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.host_group)
+        return box[0]
 
 
 @dataclass
 class RankConfig(ModelConfig):
     """The checkpoint's config as one rank sees it: global fields unchanged, `kv_heads` the rank's."""
-
     tp_size: int = 1
 
     @property
@@ -34,7 +53,6 @@ class RankConfig(ModelConfig):
 
     @classmethod
     def of(cls, cfg: ModelConfig, tp_size: int) -> RankConfig:
-        """ValueError unless every split dimension divides by `tp_size` (whole heads per rank)."""
         sizes = {"n_heads": cfg.n_heads, "n_kv_heads": cfg.kv_heads, "mlp_hidden_size": cfg.mlp_hidden_size,
                  "the vocabulary (embedding_size)": cfg.padded_vocab}
         for what, size in sizes.items():
@@ -43,30 +61,22 @@ class RankConfig(ModelConfig):
         return cls(**cfg.to_dict(), tp_size=tp_size)
 
 
-def split_of(name: str) -> str:
-    parts = name.split(".")
-    if "blocks" in parts:
-        return _BLOCK[parts[-2]]
-    return VOCAB if parts[-2] in ("wte", "ff_out") else REPLICATED
-
-
-def slice_of(name: str, shape: tuple[int, ...], rank: int, size: int) -> tuple[slice, ...]:
-    """The rank's part of weight `name` of full `shape` ([out, in] for linears)."""
-    axis = {COLUMN: 0, VOCAB: 0, ROW: 1}.get(split_of(name))      # None: replicated
-    n = 0 if axis is None else shape[axis] // size
-    return tuple(slice(rank * n, (rank + 1) * n) if i == axis else slice(None) for i in range(len(shape)))
-
-
 class _ShardShape(RankConfig):
-    """A rank's query heads, MLP columns and vocabulary rows too, to build its modules (`head_dim`: the model's)."""
-
     @property
     def head_dim(self) -> int:
         return self.d_model // (self.n_heads * self.tp_size)
 
 
+def slice_of(name: str, shape: tuple[int, ...], rank: int, size: int) -> tuple[slice, ...]:
+    """The rank's part of weight `name` of full `shape` ([out, in] for linears; norms whole, docs/PARALLEL.md)."""
+    module = name.split(".")[-2]
+    axis = _BLOCK_AXIS.get(module) if ".blocks." in name else 0 if module in ("wte", "ff_out") else None
+    n = 0 if axis is None else shape[axis] // size
+    return tuple(slice(rank * n, (rank + 1) * n) if i == axis else slice(None) for i in range(len(shape)))
+
+
 class ShardedLM(DenseLM):
-    """Built on the meta device; `load_sharded` fills it with the rank's slices."""
+    """A `DenseLM` over the rank's heads, MLP columns and vocabulary rows (its `config`: a `RankConfig`)."""
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup):
         config, n = RankConfig.of(cfg, tp.size), tp.size
@@ -74,9 +84,9 @@ class ShardedLM(DenseLM):
                                         "mlp_hidden_size": cfg.mlp_hidden_size // n,
                                         "embedding_size": cfg.padded_vocab // n}))
         self.config, self.tp, self.vocab_start = config, tp, tp.rank * cfg.padded_vocab // n
+        self.decode_rows = partial(decode_rows, chunk=self.decode_chunk)
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn, rope) -> torch.Tensor:
-        """DenseLM's (`rope` given), each block's row-parallel attention and MLP outputs summed over the ranks."""
         h = self.embed(input_ids)
         for i, blk in enumerate(self.blocks):
             q, k, v = blk.qkv(h, positions, rope)
@@ -85,7 +95,6 @@ class ShardedLM(DenseLM):
         return self.final_norm(h)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Each rank looks up the ids in its rows (zeros elsewhere); one all-reduce sums them."""
         wte = self.model.transformer.wte.weight
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= wte.shape[0])
@@ -95,22 +104,25 @@ class ShardedLM(DenseLM):
         """[G, H, g, Lc] scores of this rank's heads -> [G, Lc], the mean over every rank's heads."""
         return self.tp.all_reduce(scores.sum((1, 2))) / (scores.shape[1] * scores.shape[2] * self.tp.size)
 
-    def decode_rows(self, *args, **kwargs) -> DecodeResult:
-        """`engine.logits.decode_rows` over this rank's logit columns."""
-        return decode_rows(*args, chunk=self.decode_chunk, **kwargs)
-
     def decode_chunk(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool):
-        """Rows [c0, c0 + len) -> (x0, conf, entropy or None) on every rank from each rank's gathered `proposal`."""
         def plain(part: torch.Tensor, at: int):
-            return combine(self.tp.all_gather(self.proposal(part, at, segments, mask_id, entropy)), part.dtype, entropy)
+            ranks = self.tp.all_gather(self.proposal(part, at, segments, mask_id, entropy))   # [N, rows, KEY..]
+            dt = torch.promote_types(part.dtype, torch.float32)
+            winner = ranks[..., KEY].argmax(0)                        # ties: the first (lowest) rank
+            best = ranks.gather(0, winner[None, :, None].expand(1, *ranks.shape[1:]))[0]
+            x0, l_x0 = best[:, TOKEN].long(), best[:, LOGIT].to(dt)
+            m, s = ranks[..., MAX].to(dt), ranks[..., SUM].to(dt)
+            conf = (s * (m - l_x0).exp()).sum(0).reciprocal()
+            if not entropy:
+                return x0, conf, None
+            top = m.amax(0)
+            w = (m - top).exp()
+            total = (w * s).sum(0)
+            return x0, conf, total.log() - (w * (ranks[..., ENT].to(dt) + (m - top) * s)).sum(0) / total
 
-        def columns(part: torch.Tensor) -> torch.Tensor:      # [rows, V/N] -> [rows, V], every rank's columns
-            return self.tp.all_gather(part).permute(1, 0, 2).reshape(part.shape[0], -1)
+        return by_rule(logits, c0, segments, mask_id, entropy, plain, partial(self.tp.all_gather, dim=1))
 
-        return by_rule(logits, c0, segments, mask_id, entropy, plain, columns)
-
-    def proposal(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int,
-                 entropy: bool) -> torch.Tensor:
+    def proposal(self, logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool):
         """[rows, 5 or 6] float64: this rank's candidate and log-sum-exp parts per row (columns KEY..ENT)."""
         n, width = logits.shape
         start = self.vocab_start
@@ -126,83 +138,16 @@ class ShardedLM(DenseLM):
             c = scores.argmax(-1) if mask_col is None else proposal_argmax(scores, mask_col)
             col[a - c0 : b - c0] = c
             key[a - c0 : b - c0] = scores.gather(1, c[:, None])[:, 0]
-        # as engine.unmask.confidence_at, in place; entropy adds one [rows, V/N] temporary
         dt = torch.promote_types(logits.dtype, torch.float32)
         m = logits.amax(-1, keepdim=True)
         cols = [key, (col + start).to(torch.float64), logits.gather(1, col[:, None])[:, 0].double(), m[:, 0].double()]
         shifted = logits.sub_(m)
+        e = shifted.exp() if entropy else shifted.exp_()
+        cols.append(e.sum(-1, dtype=dt).double())
         if entropy:
-            e = shifted.exp()
-            cols += [e.sum(-1, dtype=dt).double(), (e * shifted).sum(-1, dtype=dt).double()]
-        else:
-            cols.append(shifted.exp_().sum(-1, dtype=dt).double())
+            cols.append((e * shifted).sum(-1, dtype=dt).double())
         return torch.stack(cols, dim=1)
 
 
-def combine(gathered: torch.Tensor, dtype: torch.dtype, entropy: bool):
-    """gathered [N, rows, 5|6] (every rank's `proposal`) -> (x0, conf, entropy or None)."""
-    dt = torch.promote_types(dtype, torch.float32)
-    winner = gathered[..., KEY].argmax(0)                         # ties: the first (lowest) rank
-    best = gathered.gather(0, winner[None, :, None].expand(1, *gathered.shape[1:]))[0]
-    x0 = best[:, TOKEN].long()
-    l_x0 = best[:, LOGIT].to(dt)
-    m, s = gathered[..., MAX].to(dt), gathered[..., SUM].to(dt)
-    conf = (s * (m - l_x0).exp()).sum(0).reciprocal()
-    if not entropy:
-        return x0, conf, None
-    # H = log S − Σ_r e^{m_r − M} (u_r + (m_r − M) s_r) / S with S = Σ_r e^{m_r − M} s_r
-    top = m.amax(0)
-    w = (m - top).exp()
-    total = (w * s).sum(0)
-    spread = (w * (gathered[..., ENT].to(dt) + (m - top) * s)).sum(0)
-    return x0, conf, total.log() - spread / total
-
-
 def load_sharded(path: str | Path, tp: TPGroup, dtype: torch.dtype) -> ShardedLM:
-    """The rank's slices of an HF checkpoint of any family (the single-device loader's checks)."""
-    path = Path(path)
-    cfg = config_from_pretrained(path)
-    with torch.device("meta"):
-        model = ShardedLM(cfg, tp)
-        full = {k: tuple(v.shape) for k, v in build_model(cfg).state_dict().items()}
-    ours = {cfg.family.hf_name(k): k for k in full}      # the checkpoint's names -> ours
-    state: dict[str, torch.Tensor] = {}
-    for f in weight_files(path):
-        try:
-            with safe_open(str(path / f), framework="pt", device="cpu") as st:
-                for hf in (k for k in st.keys() if k in ours):
-                    name, piece = ours[hf], st.get_slice(hf)
-                    if tuple(piece.get_shape()) != full[name]:
-                        raise ValueError(f"weight {hf} has shape {tuple(piece.get_shape())}, "
-                                         f"config implies {full[name]}")
-                    state[name] = piece[slice_of(name, full[name], tp.rank, tp.size)].to(tp.device, dtype)
-        except (SafetensorError, OSError) as e:
-            raise ValueError(f"corrupt safetensors file {path / f}: {e}") from None
-    missing = sorted(set(full) - set(state))
-    if missing:
-        raise ValueError(f"checkpoint {path} lacks {len(missing)} weights, e.g. {cfg.family.hf_name(missing[0])}")
-    model.load_state_dict(state, assign=True)
-    model.fuse()                 # each rank's own q/k/v and gate/up slices, fused (DenseBlock.fuse)
-    return model.eval()
-
-
-@dataclass
-class RankBuild:
-    model: ShardedLM
-    backend: str
-    max_model_len: int
-    capacity: int | None              # KV token slots per rank (None: unbounded, CPU without a budget)
-    profile: MemoryProfile | None     # this rank's own profile
-
-
-def build_rank(tp: TPGroup, config: EngineConfig) -> RankBuild:
-    """A rank's model shard and, when the pool is bounded, its profile (the smallest pool of any rank)."""
-    model = load_sharded(config.model, tp, DTYPES[config.dtype])
-    backend = resolve_backend(config.attention_backend, model.device, model.dtype)
-    max_model_len = config.max_model_len or model.config.max_sequence_length
-    capacity, profile = config.kv_pool_tokens, None
-    if capacity is None and (config.memory_budget is not None or model.device.type == "cuda"):
-        profile = profile_kv_pool(model, config, backend, max_model_len)
-        tokens = torch.tensor([profile.kv_pool_tokens], device=tp.device)
-        capacity = int(tp.all_reduce(tokens, torch.distributed.ReduceOp.MIN).item())
-    return RankBuild(model, backend, max_model_len, capacity, profile)
+    return load_model(path, dtype, tp.device, partial(ShardedLM, tp=tp), partial(slice_of, rank=tp.rank, size=tp.size))
