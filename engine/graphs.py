@@ -13,8 +13,7 @@ from engine.kv_cache import AUTO, kv_need
 from engine.kv_cache import CODES as CACHE_CODES
 from engine.request import Phase, Request
 from engine.sampling import SamplingParams
-from engine.staging import Staging
-from engine.step import CODES, StepMeta
+from engine.step import CODES, Staging, StepMeta
 
 KEY_GRANULE = 16          # key widths below 128 are multiples of this
 TIMED_RUNS = 3            # replays and eager runs timed per bucket (after one warm-up each)

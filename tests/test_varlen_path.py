@@ -22,7 +22,7 @@ import torch
 from engine import SamplingParams
 from engine.attention import PackedKernel, choose_backend, resolve_backend
 from engine.graphs import StepGraphs
-from engine.staging import Staging
+from engine.step import Staging
 from engine.step_context import StepContext
 from tests.helpers import make_engine, random_prompts, tiny_model
 from tests.standins import torch_varlen as standin
