@@ -17,7 +17,6 @@ from engine.graphs import StepGraphs
 from engine.kv_cache import AUTO, KVPool, never_cached
 from engine.models import DenseLM, load_model
 from engine.profiler import profile_kv_pool
-from engine.ragged import to_device
 from engine.request import Phase, Request, RequestOutput, Status
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
@@ -149,7 +148,8 @@ class LLMEngine(contextlib.AbstractContextManager):
         """The decided tokens written into the canvas pool, then read back in one device-to-host copy."""
         offsets = np.fromiter((r.canvas_offset for r, _ in batch), dtype=np.int64, count=len(batch))
         cols = [d.row.long(), d.positions.long(), d.tokens.long()]
-        index = to_device(offsets, self.device)[d.row] + d.positions if d.canvas_index is None else d.canvas_index
+        index = d.canvas_index if d.canvas_index is not None else (
+            torch.from_numpy(offsets).to(self.device, non_blocking=True)[d.row] + d.positions)
         if d.taken is not None:
             # entries that do not commit write the pool's trash cell (no real cell written twice)
             index = torch.where(d.taken, index, self.canvases.trash)

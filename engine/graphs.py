@@ -12,8 +12,7 @@ from engine import kv_cache
 from engine.config import EngineConfig
 from engine.request import Phase, Request
 from engine.sampling import SamplingParams
-from engine.staging import Staging
-from engine.step import CODES, StepMeta
+from engine.step import CODES, Staging, StepMeta
 
 TIMED_RUNS = 3
 

@@ -16,12 +16,10 @@ from engine.graphs import PadSpec, StepGraphs, pad_meta
 from engine.kv_cache import KVPool
 from engine.logits import DecodeResult, RowSegment, decode_rows
 from engine.models import DenseLM
-from engine.ragged import offsets, padded, ragged
 from engine.regions import DECODE, in_region
 from engine.request import Phase, Request
 from engine.scheduler import serves_long
-from engine.staging import Staging
-from engine.step import StepDecisions, StepMeta, StepStats
+from engine.step import Staging, StepDecisions, StepMeta, StepStats, offsets, padded, ragged
 from engine.step_context import CachePolicy, StepContext
 from engine.unmask import rescored
 
@@ -126,8 +124,8 @@ class ModelRunner:
                          padded_requests=n_padded, graph=graph, cache=cache)
 
     def _keys(self, m: StepMeta) -> int:
-        spec = self.policy.spec(m)
-        return int(spec.cached.sum() + spec.fresh.sum())
+        cached, fresh, _ = self.policy.spec(m)
+        return int(cached.sum() + fresh.sum())
 
     def _decode(self, reqs: list[Request], hidden: torch.Tensor, c: CommitPlan, rows: torch.Tensor | None = None):
         return self.decode_rows(self.model.lm_head, hidden, c.rows if rows is None else rows, row_segments(reqs, c),

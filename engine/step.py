@@ -1,4 +1,4 @@
-"""One step's requests as numpy columns (`StepMeta`), and the runner seam: what a `Runner` gets and returns."""
+"""A step on the host: its columns (`StepMeta`), index arrays and their one copy (`Staging`); the runner seam."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,7 +10,6 @@ import torch
 
 from engine.kv_cache import CODES as CACHE_CODES
 from engine.models import ModelConfig
-from engine.ragged import offsets
 from engine.request import Phase, Request
 
 Batch = list[tuple[Request, Phase]]
@@ -18,24 +17,43 @@ CODES = {Phase.REFRESH: 0, Phase.REFRESH_STORE: 1, Phase.REFRESH_SELECT: 2, Phas
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
+def offsets(lens) -> np.ndarray:
+    out = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=out[1:])
+    return out
+
+
+def ragged(starts, lens) -> np.ndarray:
+    """Concatenated ranges [starts[i], starts[i] + lens[i]) as one index array."""
+    starts, lens = np.asarray(starts, dtype=np.int64), np.asarray(lens, dtype=np.int64)
+    return np.repeat(starts - offsets(lens)[:-1], lens) + np.arange(int(lens.sum()))
+
+
+def padded(starts, lens, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """[G, width] indices starts[g] + j, valid where j < lens[g] (a pad repeats the row's first) -> (index, valid)."""
+    j = np.arange(width)
+    valid = j < np.asarray(lens, dtype=np.int64)[:, None]
+    return np.asarray(starts, dtype=np.int64)[:, None] + j * valid, valid
+
+
 @dataclass
 class StepMeta:
-    offset: np.ndarray        # canvas offset in the step's token tensor
-    length: np.ndarray        # canvas length
+    offset: np.ndarray        # of the canvas in the step's token tensor
+    length: np.ndarray
     block_len: np.ndarray
-    block_start: np.ndarray   # canvas position of the current block
-    kv: np.ndarray            # KV slots reserved (kv_tokens)
-    k: np.ndarray             # tokens this step commits (its transfer schedule at this step)
-    phase: np.ndarray         # CODES
-    slot_base: np.ndarray     # where each member's slot table starts in `slots`
+    block_start: np.ndarray
+    kv: np.ndarray            # KV slots reserved
+    k: np.ndarray             # tokens this step commits
+    phase: np.ndarray
+    slot_base: np.ndarray     # where each member's slot table starts in `slots` (the tables end to end)
     slot_len: np.ndarray
-    slots: np.ndarray         # every member's slot table, concatenated
-    refresh: np.ndarray       # bool: a Refresh* phase (the whole canvas is queried)
-    q_start: np.ndarray       # canvas position of the first query: 0 (Refresh*), else block start - lead
-    n_q: np.ndarray           # queries: the canvas (Refresh*) or lead + the block (Reuse)
-    cu_q: np.ndarray          # [B + 1] packed query offsets
-    lead: np.ndarray          # Reuse: query-only rows before the block (a shifted family's edge row), else 0
-    cache: np.ndarray | None = None   # each member's cache mode (kv_cache.CODES); None: the engine's policy
+    slots: np.ndarray
+    refresh: np.ndarray
+    q_start: np.ndarray
+    n_q: np.ndarray           # the canvas (Refresh*) or lead + the block (Reuse)
+    cu_q: np.ndarray
+    lead: np.ndarray          # Reuse: query-only rows before the block (a shifted family's edge row)
+    cache: np.ndarray | None = None   # kv_cache.CODES per member; None: the engine's policy
 
     @classmethod
     def of(cls, batch: Batch, offsets_: np.ndarray, host_slots, shift: int = 0) -> StepMeta:
@@ -46,16 +64,59 @@ class StepMeta:
             count=7 * len(batch)).reshape(-1, 7).T
         tables = [_EMPTY if r.slots is None else host_slots(r.slots) for r, _ in batch]
         slot_len = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
-        slots = np.concatenate(tables) if tables else _EMPTY
         length, block_len, block_start, _, _, phase, cache = cols
         refresh = phase != CODES[Phase.REUSE]
         lead = np.where(refresh, 0, np.minimum(block_start, shift))
         n_q = np.where(refresh, length, block_len + lead)
-        return cls(offsets_, *cols[:6], np.cumsum(slot_len) - slot_len, slot_len, slots, refresh,
+        return cls(offsets_, *cols[:6], offsets(slot_len)[:-1], slot_len, np.concatenate([_EMPTY, *tables]), refresh,
                    np.where(refresh, 0, block_start - lead), n_q, offsets(n_q), lead, cache)
 
-    def has(self, phase: Phase) -> np.ndarray:
-        return self.phase == CODES[phase]
+
+class _Segment:
+    def __init__(self, n: int, device: torch.device):
+        self.pinned = torch.empty(n, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.host = self.pinned.numpy()
+        self.device = torch.empty(n, dtype=torch.int64, device=device)
+        self.used = 0
+
+
+class Staging:
+    """Buffers kept from step to step, grown by doubling; `buffered`: even on the CPU (as a CUDA graph needs)."""
+
+    def __init__(self, device, capacity: int = 0, buffered: bool = False):
+        self.device = torch.device(device)
+        self.on_host = self.device.type == "cpu" and not buffered
+        self.segments = [_Segment(capacity, self.device)] if capacity and not self.on_host else []
+
+    @property
+    def used(self) -> int:
+        return sum(s.used for s in self.segments)
+
+    def begin(self) -> Staging:
+        """Start a step's puts at offset 0 (merging last step's segments into one buffer)."""
+        if len(self.segments) > 1:
+            self.segments = [_Segment(sum(s.device.numel() for s in self.segments), self.device)]
+        for s in self.segments:
+            s.used = 0
+        return self
+
+    def put(self, a: np.ndarray) -> torch.Tensor:
+        a = np.asarray(a)
+        if self.on_host:
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+        if not self.segments or self.segments[-1].used + a.size > self.segments[-1].device.numel():
+            total = sum(s.device.numel() for s in self.segments)
+            self.segments.append(_Segment(max(a.size, total, 1 << 14), self.device))
+        seg = self.segments[-1]
+        seg.host[seg.used : seg.used + a.size] = a.reshape(-1)
+        seg.used += a.size
+        return seg.device[seg.used - a.size : seg.used].view(a.shape)
+
+    def flush(self) -> None:
+        """Enqueue the copies of everything put since `begin` (none on the CPU)."""
+        for s in self.segments:
+            if s.used:
+                s.device[: s.used].copy_(s.pinned[: s.used], non_blocking=True)
 
 
 @dataclass
@@ -85,7 +146,7 @@ class StepStats:
 
 
 class Runner(Protocol):
-    model_config: ModelConfig     # mask id, vocabulary, layer/head sizes (KV bytes per token)
+    model_config: ModelConfig
     dtype: torch.dtype            # of the KV cache
     device: torch.device
 

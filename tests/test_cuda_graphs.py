@@ -20,7 +20,7 @@ import torch
 from dllm_bench.stepprofile.summary import graph_buckets
 from engine import SamplingParams
 from engine.graphs import PadSpec, StepGraphs, batch_buckets, bucket, key_width
-from engine.staging import Staging
+from engine.step import Staging
 from tests.helpers import make_engine, random_prompts, tiny_model
 
 F64 = torch.float64

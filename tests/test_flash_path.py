@@ -57,7 +57,7 @@ def test_flash_path_matches_the_padded_sdpa_path_in_bf16(cache, standin):
     def check(batch) -> int:
         prep = r.prepare(batch)
         m = prep.padded_meta
-        from engine.staging import Staging
+        from engine.step import Staging
 
         sdpa_ctx = StepContext(m, r.policy, r.pool, "sdpa", r.key_budget, Staging("cpu"), r.dtype)
         n = int(m.cu_q[-1])

@@ -23,7 +23,7 @@ from dllm_bench.stepprofile.summary import graph_buckets
 from engine import SamplingParams
 from engine.attention import PackedKernel, choose_backend, resolve_backend
 from engine.graphs import StepGraphs
-from engine.staging import Staging
+from engine.step import Staging
 from engine.step_context import StepContext
 from tests.helpers import make_engine, random_prompts, tiny_model
 from tests.standins import torch_varlen as standin
