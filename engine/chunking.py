@@ -1,5 +1,5 @@
-"""A Refresh longer than the token budget, run layer by layer in chunks of its tokens, and the chunk the
-profiler picks for it (docs/MEMORY.md, "The chunked Refresh"; its scheduling: engine.scheduler)."""
+"""A Refresh longer than the token budget, run layer by layer in chunks of its tokens (docs/MEMORY.md,
+"The chunked Refresh"; its scheduling: engine.scheduler; its chunk: engine.profiler)."""
 from __future__ import annotations
 
 import torch
@@ -7,12 +7,8 @@ import torch
 from engine import sparse
 from engine.attention import PACKED, PackedKernel, attention_over_key_chunks, key_piece, padded_attention
 from engine.config import EngineConfig
-from engine.memory import MemoryMeter
 from engine.models import DenseLM, rms_norm
 from engine.request import Phase, Request
-
-MIN_CHUNK = 32      # the smallest chunk the profiler measures (then powers of two)
-NEAR_BEST = 1.1     # `choose_chunk`'s tolerance over the smallest chunk's peak
 
 
 class LongRefresh:
@@ -97,32 +93,3 @@ def refresh_rows(model: DenseLM, req: Request, phase: Phase, storage: torch.Tens
         for a, b in bounds:
             run.chunk_pass(blk, a, b)
     return run.block_rows()
-
-
-@torch.no_grad()
-def measure_moments(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
-                    config: EngineConfig, chunks: list[int], backend: str) -> tuple[int, int, dict[int, int]]:
-    """Measured bytes of `req`'s chunked Refresh on its first layer: (its state, what the cache write adds,
-    {chunk: what a chunk's K/V pass or attention + FFN adds at most})."""
-
-    def peak(moment, *args) -> int:
-        with MemoryMeter(model.device) as meter:
-            moment(*args)
-        return meter.peak_bytes
-
-    with MemoryMeter(model.device) as m:
-        run = LongRefresh(model, req, phase, config, backend)
-    blk = model.blocks[0]
-    for a in range(0, req.length, max(chunks)):
-        run.kv_pass(blk, a, min(a + max(chunks), req.length))
-    cache = peak(run.cache, 0, blk, storage)
-    return m.peak_bytes, cache, {c: max(peak(run.kv_pass, blk, 0, c), peak(run.chunk_pass, blk, 0, c)) for c in chunks}
-
-
-def choose_chunk(peaks: dict[int, int], activation_budget: int) -> int:
-    """The largest chunk whose peak fits, else the largest within `NEAR_BEST` of the least (docs/MEMORY.md)."""
-    fits = [c for c, p in peaks.items() if p <= activation_budget]
-    if fits:
-        return max(fits)
-    best = min(peaks.values())
-    return max(c for c, p in peaks.items() if p <= best * NEAR_BEST)

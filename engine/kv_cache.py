@@ -30,15 +30,6 @@ def kv_need(cache: str, length: int, block_length: int, retention: float) -> int
     return 0
 
 
-def longest_held(cache: str, slots: int, retention: float, cap: int) -> int:
-    """The longest canvas (at most `cap`) whose least KV need in mode `cache` fits `slots`."""
-    lo, hi = 0, cap
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if kv_need(cache, mid, 1, retention) <= slots else (lo, mid - 1)
-    return lo
-
-
 AUTO = "auto"
 CODES = {"none": 0, "dual": 1, "sparse": 2}
 SPARSE_MARGIN = 0.05
@@ -90,9 +81,6 @@ def never_cached(capacity: int | None, sparse_need: int) -> bool:
     return capacity is not None and sparse_need > capacity
 
 
-SERVED = {"none": ("none",), "dual": ("dual",), "sparse": ("sparse",), AUTO: ("dual", "sparse", "none")}
-
-
 def admission_mode(free: int | None, dual_need: int, sparse_need: int, preferred: str,
                    capacity: int | None = None) -> str | None:
     """The mode the head of the queue is admitted in, or None: it waits (`none` if never cached)."""
@@ -122,15 +110,14 @@ class SlotRanges:
                 return [(r[0] - n, r[0])]
         if contiguous or sum(e - s for s, e in self.free) < n:
             return None
-        got, left = [], n
-        while left:
-            s, e = self.free[0]
-            k = min(left, e - s)
+        got = []
+        while n:
+            s, e = self.free.pop(0)
+            k = min(n, e - s)
             got.append((s, s + k))
-            left -= k
-            self.free[0][0] += k
-            if self.free[0][0] == e:
-                self.free.pop(0)
+            n -= k
+            if k < e - s:
+                self.free.insert(0, [s + k, e])
         return got
 
     def put(self, pieces: list[tuple[int, int]]) -> None:
@@ -151,8 +138,7 @@ class KVPool:
         self.storage = self._alloc((capacity_tokens or 0) + 1)
         self.ranges = SlotRanges(self.storage.shape[2])
         self.scratch = self.ranges.take(1)[0][0]
-        self.pieces: dict[int, list[tuple[int, int]]] = {}   # id(slot table) -> its ranges
-        self.host: dict[int, np.ndarray] = {}                 # id(slot table) -> a host copy
+        self.tables: dict[int, tuple[list[tuple[int, int]], np.ndarray]] = {}   # id(slot table): its ranges, host copy
 
     def _alloc(self, n: int) -> torch.Tensor:
         c = self.cfg
@@ -179,7 +165,7 @@ class KVPool:
             pieces = self.ranges.take(n)
         host = np.concatenate([np.arange(s, e) for s, e in pieces])
         table = torch.from_numpy(host.copy()).to(self.device)
-        self.pieces[id(table)], self.host[id(table)] = pieces, host
+        self.tables[id(table)] = pieces, host
         return table
 
     def grow_to(self, n: int) -> None:
@@ -189,22 +175,19 @@ class KVPool:
         self.ranges.grow(n)
 
     def host_slots(self, table: torch.Tensor) -> np.ndarray:
-        host = self.host.get(id(table))
-        return host if host is not None else table.cpu().numpy()
+        return self.tables[id(table)][1] if id(table) in self.tables else table.cpu().numpy()
 
     def contiguous(self, table: torch.Tensor | None) -> bool:
         """Whether a slot table is one run of consecutive slots (read in place by a packed kernel)."""
         if table is None:
             return False
-        pieces = self.pieces.get(id(table))
-        if pieces is not None:
-            return len(pieces) == 1
-        host = self.host_slots(table)
+        if id(table) in self.tables:
+            return len(self.tables[id(table)][0]) == 1
+        host = table.cpu().numpy()
         return bool(host.size) and bool((np.diff(host) == 1).all())
 
     def release(self, n: int, table: torch.Tensor | None = None) -> None:
         self.used -= n
         assert self.used >= 0
         if table is not None:
-            self.ranges.put(self.pieces.pop(id(table)))
-            self.host.pop(id(table), None)
+            self.ranges.put(self.tables.pop(id(table))[0])

@@ -5,7 +5,6 @@ import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 
 def _tensors(obj):
@@ -15,8 +14,6 @@ def _tensors(obj):
     elif isinstance(obj, (list, tuple, dict)):
         for o in obj.values() if isinstance(obj, dict) else obj:
             yield from _tensors(o)
-    elif obj is not None and not isinstance(obj, (int, float, bool, str, torch.dtype, torch.device)):
-        yield from (t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor))
 
 
 class LiveBytes(TorchDispatchMode):
@@ -32,11 +29,10 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        # an output aliasing an input (a view, an in-place result) is not an allocation
         inputs = {t.untyped_storage().data_ptr() for t in self._mine((args, kwargs))}
         for t in self._mine(out):
             key = t.untyped_storage().data_ptr()
-            if key == 0 or (key not in self.refs and key in inputs):
+            if key == 0 or (key not in self.refs and key in inputs):    # a view or an in-place result
                 continue
             if key not in self.refs:
                 self._add(key, t)
@@ -54,14 +50,11 @@ class LiveBytes(TorchDispatchMode):
         self.peak = max(self.peak, self.current)
 
     def _release(self, key: int) -> None:
-        n = self.refs.get(key)
-        if n is None:
-            return
-        if n <= 1:
-            del self.refs[key]
-            self.current -= self.sizes.pop(key)
-        else:
-            self.refs[key] = n - 1
+        if key in self.refs:
+            self.refs[key] -= 1
+            if not self.refs[key]:
+                del self.refs[key]
+                self.current -= self.sizes.pop(key)
 
 
 class MemoryMeter:
@@ -70,20 +63,19 @@ class MemoryMeter:
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.peak_bytes = 0
-        self.mode: LiveBytes | None = None     # the CPU count (None on CUDA)
+        self.mode = None if self.device.type == "cuda" else LiveBytes()
 
     def __enter__(self) -> MemoryMeter:
-        if self.device.type == "cuda":
+        if self.mode is None:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
         else:
-            self.mode = LiveBytes()
             self.mode.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.device.type == "cuda":
+        if self.mode is None:
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._base
         else:

@@ -2,14 +2,17 @@
 left of the budget goes to the KV pool (docs/ENGINE.md; docs/MEMORY.md)."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
-from engine import chunking, graphs
+from engine import graphs
+from engine.chunking import LongRefresh
 from engine.config import EngineConfig
-from engine.kv_cache import AUTO, SERVED, KVPool, bytes_per_token, kv_need, longest_held
+from engine.kv_cache import AUTO, KVPool, bytes_per_token, kv_need
 from engine.memory import MemoryMeter, budget_from_free, free_device_memory
 from engine.models import DenseLM
 from engine.request import Phase, Request
@@ -18,6 +21,8 @@ from engine.sampling import SamplingParams
 from engine.scheduler import serves_long
 
 REFRESH_PHASE = {"none": Phase.REFRESH, "dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}
+MIN_CHUNK = 32      # the smallest chunk measured, then powers of two
+NEAR_BEST = 1.1     # no chunk fits: the largest within this factor of the least peak
 
 
 @dataclass
@@ -36,12 +41,10 @@ class MemoryProfile:
     max_num_seqs: int
     cache: str
     retention: float
-    # a Refresh longer than the token budget (0/None when none is served): chunk, peaks
-    refresh_chunk_tokens: int | None = None
+    refresh_chunk_tokens: int | None = None     # a Refresh over the token budget: its chunk and peaks
     long_refresh_peak_bytes: int = 0
     long_reuse_peak_bytes: int = 0
-    # False when the budget holds the steps within the token budget but not a longer canvas.
-    long_canvas: bool = True
+    long_canvas: bool = True                    # False: no canvas past the token budget fits the budget
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -60,24 +63,24 @@ def default_budget(model: DenseLM, config: EngineConfig) -> int:
     raise ValueError("a memory budget is needed to profile on CPU (e.g. --memory-budget 4GiB)")
 
 
-def _synthetic(n_tokens: int, prompt_len: int, block_length: int, model: DenseLM, config: EngineConfig,
-               cache: str) -> Request:
-    gen = n_tokens - prompt_len
-    params = SamplingParams(gen_length=gen, steps=gen // block_length, block_length=block_length,
-                            temperature=1.0 if config.sampling else 0.0)
-    return Request(f"profile-{n_tokens}", [0] * prompt_len, params, model.config.mask_token_id, model.device,
+def _synthetic(model: DenseLM, config: EngineConfig, cache: str, n_tokens: int, block: int) -> Request:
+    params = SamplingParams(gen_length=block, steps=1, block_length=block, temperature=1.0 if config.sampling else 0.0)
+    return Request(f"profile-{n_tokens}", [0] * (n_tokens - block), params, model.config.mask_token_id, model.device,
                    cache=cache)
 
 
-def _measure(runner: ModelRunner, batch: list[tuple[Request, Phase]], config: EngineConfig) -> int:
-    pool = runner.pool
-    for req, _ in batch:  # caches live in the pool, outside the activation measurement
-        need = kv_need(req.cache, req.length, req.params.block_length, config.retention)
-        req.slots, req.kv_pool, req.kv_tokens = pool.reserve(need), pool, need
+def _measure(runner: ModelRunner, config: EngineConfig, mode: str, phase: Phase, shapes: list[tuple[int, int]]) -> int:
+    """The peak bytes of one step of synthetic (canvas, block) `shapes`, their caches reserved outside it."""
+    batch = []
+    for n, block in shapes:
+        req = _synthetic(runner.model, config, mode, n, block)
+        req.kv_tokens = kv_need(mode, n, block, config.retention)
+        req.slots, req.kv_pool = runner.pool.reserve(req.kv_tokens), runner.pool
+        batch.append((req, phase))
     with MemoryMeter(runner.model.device) as meter:
         runner.run(batch)
     for req, _ in batch:
-        pool.release(req.kv_tokens, req.slots)
+        runner.pool.release(req.kv_tokens, req.slots)
     return meter.peak_bytes
 
 
@@ -97,24 +100,18 @@ def mode_peaks(model: DenseLM, config: EngineConfig, backend: str,
 
 def _peaks(runner: ModelRunner, model: DenseLM, config: EngineConfig, max_model_len: int,
            mode: str) -> tuple[int, int, int]:
-    budget = config.max_num_batched_tokens
-    L = min(max_model_len, budget)
-    # (a) Refresh: max-length canvases filling the token budget, every generated position a candidate
-    n = max(1, min(config.max_num_seqs, budget // L))
-    batch = [(_synthetic(L, 1, L - 1, model, config, mode), REFRESH_PHASE[mode]) for _ in range(n)]
-    rest = budget - n * L
-    if rest >= 2 and n < config.max_num_seqs:
-        batch.append((_synthetic(rest, 1, rest - 1, model, config, mode), REFRESH_PHASE[mode]))
-    refresh_peak = _measure(runner, batch, config)
+    T = config.max_num_batched_tokens
+    L = min(max_model_len, T)
+    n = max(1, min(config.max_num_seqs, T // L))
+    rest = T - n * L
+    tail = [(rest, rest - 1)] if rest >= 2 and n < config.max_num_seqs else []
+    refresh_peak = _measure(runner, config, mode, REFRESH_PHASE[mode], [(L, L - 1)] * n + tail)
     if mode == "none":
         return refresh_peak, 0, 0
-    # (b) Reuse: the token budget full of short Reuse queries, plus the largest single Reuse.
     bl = min(32, max(1, L // 2))
-    n_reuse = max(1, min(config.max_num_seqs, budget // bl))
-    many = [(_synthetic(2 * bl, bl, bl, model, config, mode), Phase.REUSE) for _ in range(n_reuse)]
-    big_bl = min(bl, L - 1)
-    one = [(_synthetic(L, L - big_bl, big_bl, model, config, mode), Phase.REUSE)]
-    return refresh_peak, _measure(runner, many, config), _measure(runner, one, config)
+    many = [(2 * bl, bl)] * max(1, min(config.max_num_seqs, T // bl))
+    return (refresh_peak, _measure(runner, config, mode, Phase.REUSE, many),
+            _measure(runner, config, mode, Phase.REUSE, [(L, min(bl, L - 1))]))
 
 
 def _scratch_runner(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> ModelRunner:
@@ -123,6 +120,27 @@ def _scratch_runner(model: DenseLM, config: EngineConfig, backend: str, max_mode
                          max_model_len)
     runner.in_place_keys = False
     return runner
+
+
+@torch.no_grad()
+def measure_moments(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
+                    config: EngineConfig, chunks: list[int], backend: str) -> dict[int, int]:
+    """{chunk: peak bytes of `req`'s chunked Refresh}: its state, then the most of the cache write and
+    a chunk's K/V pass or attention + FFN, measured on its first layer."""
+
+    def peak(moment, *args) -> int:
+        with MemoryMeter(model.device) as meter:
+            moment(*args)
+        return meter.peak_bytes
+
+    with MemoryMeter(model.device) as state:
+        run = LongRefresh(model, req, phase, config, backend)
+    blk = model.blocks[0]
+    for a in range(0, req.length, max(chunks)):
+        run.kv_pass(blk, a, min(a + max(chunks), req.length))
+    cache = peak(run.cache, 0, blk, storage)
+    return {c: state.peak_bytes + max(cache, peak(run.kv_pass, blk, 0, c), peak(run.chunk_pass, blk, 0, c))
+            for c in chunks}
 
 
 def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int,
@@ -136,58 +154,54 @@ def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max
     runner = _scratch_runner(model, config, backend, max_model_len)
     scratch = runner.pool
     chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else \
-        [c for c in (chunking.MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
-    peaks: dict[int, int] = dict.fromkeys(chunks, 0)
+        [c for c in (MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
+    peaks = dict.fromkeys(chunks, 0)
     reuse = 0
     slots = None
-    for mode in sorted(SERVED[config.cache], key=lambda m: m != "none"):
-        if mode != "none" and slots is None:
-            taken = max(0, min(peaks.values()) - activation_peak)          # none's least reservation
-            slots = max(0, room - taken) // bytes_per_token(model.config, model.dtype)
-        n = max_model_len if slots is None else longest_held(mode, slots, config.retention, max_model_len)
+    for mode in ("none", "dual", "sparse") if config.cache == AUTO else (config.cache,):
+        n = max_model_len
+        if mode != "none":
+            if slots is None:       # what none's least reservation leaves the pool
+                taken = max(0, min(peaks.values()) - activation_peak)
+                slots = max(0, room - taken) // bytes_per_token(model.config, model.dtype)
+            need = partial(kv_need, mode, block_length=1, retention=config.retention)
+            n = max(0, bisect.bisect_right(range(max_model_len + 1), slots, key=need) - 1)
         if n <= T:
             continue
-        bl = min(32, T)           # a synthetic request whose slot table points at the scratch slot: no cache held
-        req = _synthetic(n, n - bl, bl, model, config, mode)
-        need = kv_need(mode, n, bl, config.retention)
-        req.slots = torch.full((max(need, 1),), scratch.scratch, dtype=torch.long, device=model.device)
-        req.kv_pool, req.kv_tokens = scratch, need
-        state, cache, per_chunk = chunking.measure_moments(model, req, REFRESH_PHASE[mode], scratch.storage, config,
-                                                           chunks, backend)
-        peaks = {c: max(peaks[c], state + max(cache, per_chunk[c])) for c in chunks}
+        bl = min(32, T)
+        req = _synthetic(model, config, mode, n, bl)
+        req.kv_pool, req.kv_tokens = scratch, kv_need(mode, n, bl, config.retention)
+        req.slots = torch.full((max(req.kv_tokens, 1),), scratch.scratch, dtype=torch.long, device=model.device)
+        measured = measure_moments(model, req, REFRESH_PHASE[mode], scratch.storage, config, chunks, backend)
+        peaks = {c: max(peaks[c], measured[c]) for c in chunks}
         if mode != "none":
             with MemoryMeter(model.device) as meter:
                 runner.run([(req, Phase.REUSE)])
             reuse = max(reuse, meter.peak_bytes + short_reuse[mode])
-    chunk = chunking.choose_chunk(peaks, activation_peak)
+    fits = [c for c, p in peaks.items() if p <= activation_peak]
+    chunk = max(fits) if fits else max(c for c, p in peaks.items() if p <= min(peaks.values()) * NEAR_BEST)
     return chunk, peaks[chunk], reuse
 
 
 def profile_kv_pool(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> MemoryProfile:
-    budget = default_budget(model, config)
-    wb = weights_bytes(model)
+    budget, wb = default_budget(model, config), weights_bytes(model)
     modes = mode_peaks(model, config, backend, max_model_len)
     refresh_peak, reuse_peak = max(p[0] for p in modes.values()), max(p[1] + p[2] for p in modes.values())
     peak, guard = max(refresh_peak, reuse_peak), int(budget * config.guard_fraction)
+    room = budget - wb - guard
     chunk, long_refresh, long_reuse = measure_long_context(
-        model, config, backend, max_model_len, peak, budget - wb - peak - guard,
-        {m: p[1] for m, p in modes.items()}) or (None, 0, 0)
+        model, config, backend, max_model_len, peak, room - peak, {m: p[1] for m, p in modes.items()}) or (None, 0, 0)
     graph_pool = graphs.enabled(config, model.device) and config.cache != "none"   # captured graphs' memory
     short = peak + (reuse_peak if graph_pool else 0)
     peak = max(peak, long_refresh, long_reuse) + (max(reuse_peak, long_reuse) if graph_pool else 0)
     long_canvas = chunk is not None
-    if long_canvas and budget - wb - peak - guard < 0 <= budget - wb - short - guard:
-        # Room for every step within the token budget but not for a longer canvas: serve the
-        # former (the engine refuses the latter, saying why) rather than refuse every request.
+    if long_canvas and peak > room >= short:
         chunk, long_refresh, long_reuse, peak, long_canvas = None, 0, 0, short, False
-    free = budget - wb - peak - guard
-    if free < 0:
-        raise ValueError(
-            f"memory budget {budget / 2**20:.0f} MiB is too small: weights {wb / 2**20:.0f} MiB + "
-            f"activation peak {peak / 2**20:.0f} MiB + guard {guard / 2**20:.0f} MiB"
-        )
+    if peak > room:
+        raise ValueError(f"memory budget {budget / 2**20:.0f} MiB is too small: weights {wb / 2**20:.0f} MiB + "
+                         f"activation peak {peak / 2**20:.0f} MiB + guard {guard / 2**20:.0f} MiB")
     bpt = bytes_per_token(model.config, model.dtype)
-    tokens = free // bpt
+    tokens = (room - peak) // bpt
     return MemoryProfile(
         budget_bytes=budget, weights_bytes=wb, activation_peak_bytes=peak, refresh_peak_bytes=refresh_peak,
         reuse_peak_bytes=reuse_peak, guard_bytes=guard, kv_pool_bytes=tokens * bpt, kv_pool_tokens=tokens,
