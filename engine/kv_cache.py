@@ -12,7 +12,6 @@ from engine.models import ModelConfig
 
 
 def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """K and V of one token in every layer."""
     return cfg.n_layers * 2 * cfg.kv_heads * cfg.head_dim * torch.empty(0, dtype=dtype).element_size()
 
 

@@ -1,19 +1,21 @@
-"""Offline memory profiler: the worst admissible steps run under the memory meter, and what is
-left of the budget goes to the KV pool (docs/ENGINE.md; docs/MEMORY.md)."""
+"""The memory meter (the CUDA allocator's peak, or the live storages a step creates on a CPU) and the offline
+profiler: the worst admissible steps run under it, what is left of the budget goes to the KV pool
+(docs/ENGINE.md; docs/MEMORY.md)."""
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import weakref
 from dataclasses import dataclass
 from functools import partial
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import graphs
 from engine.chunking import LongRefresh
 from engine.config import EngineConfig
 from engine.kv_cache import AUTO, KVPool, bytes_per_token, kv_need
-from engine.memory import MemoryMeter, budget_from_free, free_device_memory
 from engine.models import DenseLM
 from engine.request import Phase, Request
 from engine.runner import ModelRunner
@@ -23,6 +25,97 @@ from engine.scheduler import serves_long
 REFRESH_PHASE = {"none": Phase.REFRESH, "dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}
 MIN_CHUNK = 32      # the smallest chunk measured, then powers of two
 NEAR_BEST = 1.1     # no chunk fits: the largest within this factor of the least peak
+
+
+class LiveBytes(TorchDispatchMode):
+    """While entered: the bytes of the storages ops create on `device_type` that a tensor still
+    refers to (`current`) and their `peak`. Storages from before it are never counted."""
+
+    def __init__(self, device_type: str = "cpu") -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.refs: dict[int, int] = {}
+        self.sizes: dict[int, int] = {}
+        self.current = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in self._mine((args, kwargs))}
+        for t in self._mine(out):
+            key = t.untyped_storage().data_ptr()
+            if key == 0 or (key not in self.refs and key in inputs):    # a view or an in-place result
+                continue
+            if key not in self.refs:
+                self._add(key, t)
+            self.refs[key] += 1
+            weakref.finalize(t, self._release, key)
+        return out
+
+    def _mine(self, obj):
+        """This device's tensors in an op's (nested) arguments or outputs, without tree_flatten's per-leaf cost."""
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type == self.device_type and not obj.is_meta:
+                yield obj
+        elif isinstance(obj, (list, tuple, dict)):
+            for o in obj.values() if isinstance(obj, dict) else obj:
+                yield from self._mine(o)
+
+    def _add(self, key: int, t: torch.Tensor) -> None:
+        n = t.untyped_storage().nbytes()
+        self.refs[key], self.sizes[key] = 0, n
+        self.current += n
+        self.peak = max(self.peak, self.current)
+
+    def _release(self, key: int) -> None:
+        if key in self.refs:
+            self.refs[key] -= 1
+            if not self.refs[key]:
+                del self.refs[key]
+                self.current -= self.sizes.pop(key)
+
+
+class MemoryMeter:
+    """`with MemoryMeter(device) as m: ...` then `m.peak_bytes` (bytes above the starting level)."""
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.peak_bytes = 0
+        self.mode = None if self.device.type == "cuda" else LiveBytes()
+
+    def __enter__(self) -> MemoryMeter:
+        if self.mode is None:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        else:
+            self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.mode is None:
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._base
+        else:
+            self.mode.__exit__(*exc)
+            self.peak_bytes = self.mode.peak
+
+
+def peak_bytes(device: torch.device, fn, *args) -> int:
+    with MemoryMeter(device) as meter:
+        fn(*args)
+    return meter.peak_bytes
+
+
+def free_device_memory(device: torch.device | str) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device once this process's cached blocks are returned."""
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free), int(total)
+
+
+def budget_from_free(free: int, resident: int, utilization: float) -> int:
+    """The default GPU budget: `utilization` of the memory free before the weights (`resident`) loaded."""
+    return int((free + resident) * utilization)
 
 
 @dataclass
@@ -77,17 +170,10 @@ def _measure(runner: ModelRunner, config: EngineConfig, mode: str, phase: Phase,
         req.kv_tokens = kv_need(mode, n, block, config.retention)
         req.slots, req.kv_pool = runner.pool.reserve(req.kv_tokens), runner.pool
         batch.append((req, phase))
-    with MemoryMeter(runner.model.device) as meter:
-        runner.run(batch)
+    peak = peak_bytes(runner.model.device, runner.run, batch)
     for req, _ in batch:
         runner.pool.release(req.kv_tokens, req.slots)
-    return meter.peak_bytes
-
-
-def measure_activation_peak(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int):
-    """(refresh_peak, reuse_peak) bytes of the worst admissible steps (auto: dual's or sparse's)."""
-    peaks = mode_peaks(model, config, backend, max_model_len).values()
-    return max(p[0] for p in peaks), max(p[1] + p[2] for p in peaks)
+    return peak
 
 
 def mode_peaks(model: DenseLM, config: EngineConfig, backend: str,
@@ -123,26 +209,6 @@ def _scratch_runner(model: DenseLM, config: EngineConfig, backend: str, max_mode
 
 
 @torch.no_grad()
-def measure_moments(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
-                    config: EngineConfig, chunks: list[int], backend: str) -> dict[int, int]:
-    """{chunk: peak bytes of `req`'s chunked Refresh}: its state, then the most of the cache write and
-    a chunk's K/V pass or attention + FFN, measured on its first layer."""
-
-    def peak(moment, *args) -> int:
-        with MemoryMeter(model.device) as meter:
-            moment(*args)
-        return meter.peak_bytes
-
-    with MemoryMeter(model.device) as state:
-        run = LongRefresh(model, req, phase, config, backend)
-    blk = model.blocks[0]
-    for a in range(0, req.length, max(chunks)):
-        run.kv_pass(blk, a, min(a + max(chunks), req.length))
-    cache = peak(run.cache, 0, blk, storage)
-    return {c: state.peak_bytes + max(cache, peak(run.kv_pass, blk, 0, c), peak(run.chunk_pass, blk, 0, c))
-            for c in chunks}
-
-
 def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int,
                          activation_peak: int, room: int, short_reuse: dict[str, int]) -> tuple[int, int, int] | None:
     """(chunk, chunked Refresh peak, the peak of a Reuse with keys at max_model_len beside
@@ -172,12 +238,17 @@ def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max
         req = _synthetic(model, config, mode, n, bl)
         req.kv_pool, req.kv_tokens = scratch, kv_need(mode, n, bl, config.retention)
         req.slots = torch.full((max(req.kv_tokens, 1),), scratch.scratch, dtype=torch.long, device=model.device)
-        measured = measure_moments(model, req, REFRESH_PHASE[mode], scratch.storage, config, chunks, backend)
-        peaks = {c: max(peaks[c], measured[c]) for c in chunks}
+        with MemoryMeter(model.device) as state:      # then its moments on the first layer, chunk by chunk
+            run = LongRefresh(model, req, REFRESH_PHASE[mode], config, backend)
+        for a in range(0, n, max(chunks)):
+            run.kv_pass(model.blocks[0], a, min(a + max(chunks), n))
+        cache = peak_bytes(model.device, run.cache, 0, model.blocks[0], scratch.storage)
+        for c in chunks:
+            moment = max(peak_bytes(model.device, f, model.blocks[0], 0, c) for f in (run.kv_pass, run.chunk_pass))
+            peaks[c] = max(peaks[c], state.peak_bytes + max(cache, moment))
+        del run
         if mode != "none":
-            with MemoryMeter(model.device) as meter:
-                runner.run([(req, Phase.REUSE)])
-            reuse = max(reuse, meter.peak_bytes + short_reuse[mode])
+            reuse = max(reuse, peak_bytes(model.device, runner.run, [(req, Phase.REUSE)]) + short_reuse[mode])
     fits = [c for c, p in peaks.items() if p <= activation_peak]
     chunk = max(fits) if fits else max(c for c, p in peaks.items() if p <= min(peaks.values()) * NEAR_BEST)
     return chunk, peaks[chunk], reuse
