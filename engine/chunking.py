@@ -15,9 +15,8 @@ class LongRefresh:
     """One chunked Refresh's state (the canvas's hidden states, one layer's K/V) and its moments."""
 
     def __init__(self, model: DenseLM, req: Request, phase: Phase, config: EngineConfig, backend: str):
-        cfg = model.config
         self.model, self.req, self.config = model, req, config
-        self.L, self.hkv, self.hd = req.length, cfg.kv_heads, cfg.head_dim
+        self.L, self.hkv, self.hd = req.length, model.config.kv_heads, model.config.head_dim
         self.positions = torch.arange(self.L, device=model.device)
         self.h = model.embed(req.canvas)                           # [L, d]: updated in place, layer by layer
         self.kv = self.h.new_empty(2, self.L, self.hkv, self.hd)  # one layer's K/V of the whole canvas
@@ -75,15 +74,12 @@ class LongRefresh:
         del o
         self.h[a:b] = x + blk.mlp(x)
 
-    def block_rows(self) -> torch.Tensor:
-        """The block's rows and, for a shifted family, the `shift` rows before it (a Reuse step's rows)."""
-        return self.model.final_norm(self.h[self.s - min(self.s, self.model.config.shift) : self.e])
-
 
 @torch.no_grad()
 def refresh_rows(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
                  config: EngineConfig, chunk: int, backend: str = "sdpa") -> torch.Tensor:
-    """`req`'s chunked Refresh, its cache written as `phase` says into `storage` -> `LongRefresh.block_rows`."""
+    """`req`'s chunked Refresh, its cache written as `phase` says into `storage` -> the block's rows (a shifted
+    family's: and the `shift` rows before it, as a Reuse step's)."""
     run = LongRefresh(model, req, phase, config, backend)
     bounds = [(a, min(a + chunk, req.length)) for a in range(0, req.length, chunk)]
     for i, blk in enumerate(model.blocks):
@@ -92,4 +88,4 @@ def refresh_rows(model: DenseLM, req: Request, phase: Phase, storage: torch.Tens
         run.cache(i, blk, storage)
         for a, b in bounds:
             run.chunk_pass(blk, a, b)
-    return run.block_rows()
+    return model.final_norm(run.h[run.s - min(run.s, model.config.shift) : run.e])

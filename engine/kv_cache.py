@@ -134,14 +134,11 @@ class KVPool:
         self.capacity, self.cfg, self.dtype, self.device = capacity_tokens, cfg, dtype, device
         self.bytes_per_token = bytes_per_token(cfg, dtype)
         self.used = self.peak_used = 0
-        self.storage = self._alloc((capacity_tokens or 0) + 1)
+        self.storage = torch.empty(cfg.n_layers, 2, (capacity_tokens or 0) + 1, cfg.kv_heads, cfg.head_dim,
+                                   dtype=dtype, device=device)
         self.ranges = SlotRanges(self.storage.shape[2])
         self.scratch = self.ranges.take(1)[0][0]
         self.tables: dict[int, tuple[list[tuple[int, int]], np.ndarray]] = {}   # id(slot table): its ranges, host copy
-
-    def _alloc(self, n: int) -> torch.Tensor:
-        c = self.cfg
-        return torch.empty(c.n_layers, 2, n, c.kv_heads, c.head_dim, dtype=self.dtype, device=self.device)
 
     def can_ever_fit(self, n: int) -> bool:
         return self.capacity is None or n <= self.capacity
@@ -169,7 +166,7 @@ class KVPool:
 
     def grow_to(self, n: int) -> None:
         old = self.storage
-        self.storage = self._alloc(n)
+        self.storage = old.new_empty(old.shape[0], 2, n, *old.shape[3:])
         self.storage[:, :, : old.shape[2]] = old
         self.ranges.grow(n)
 
@@ -178,12 +175,7 @@ class KVPool:
 
     def contiguous(self, table: torch.Tensor | None) -> bool:
         """Whether a slot table is one run of consecutive slots (read in place by a packed kernel)."""
-        if table is None:
-            return False
-        if id(table) in self.tables:
-            return len(self.tables[id(table)][0]) == 1
-        host = table.cpu().numpy()
-        return bool(host.size) and bool((np.diff(host) == 1).all())
+        return table is not None and len(self.tables[id(table)][0]) == 1
 
     def release(self, n: int, table: torch.Tensor | None = None) -> None:
         self.used -= n

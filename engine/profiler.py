@@ -61,9 +61,8 @@ class LiveBytes(TorchDispatchMode):
                 yield from self._mine(o)
 
     def _add(self, key: int, t: torch.Tensor) -> None:
-        n = t.untyped_storage().nbytes()
-        self.refs[key], self.sizes[key] = 0, n
-        self.current += n
+        self.refs[key], self.sizes[key] = 0, t.untyped_storage().nbytes()
+        self.current += self.sizes[key]
         self.peak = max(self.peak, self.current)
 
     def _release(self, key: int) -> None:
@@ -79,7 +78,6 @@ class MemoryMeter:
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
-        self.peak_bytes = 0
         self.mode = None if self.device.type == "cuda" else LiveBytes()
 
     def __enter__(self) -> MemoryMeter:
@@ -156,36 +154,34 @@ def default_budget(model: DenseLM, config: EngineConfig) -> int:
     raise ValueError("a memory budget is needed to profile on CPU (e.g. --memory-budget 4GiB)")
 
 
-def _synthetic(model: DenseLM, config: EngineConfig, cache: str, n_tokens: int, block: int) -> Request:
+def _synthetic(runner: ModelRunner, config: EngineConfig, mode: str, n: int, block: int, scratch=False) -> Request:
+    """A one-block canvas of `n` tokens, its KV reserved in the runner's pool (`scratch`: all at the scratch slot)."""
+    model, pool = runner.model, runner.pool
     params = SamplingParams(gen_length=block, steps=1, block_length=block, temperature=1.0 if config.sampling else 0.0)
-    return Request(f"profile-{n_tokens}", [0] * (n_tokens - block), params, model.config.mask_token_id, model.device,
-                   cache=cache)
+    req = Request(f"profile-{n}", [0] * (n - block), params, model.config.mask_token_id, model.device, cache=mode)
+    req.kv_pool, req.kv_tokens = pool, kv_need(mode, n, block, config.retention)
+    req.slots = torch.full((max(req.kv_tokens, 1),), pool.scratch, dtype=torch.long, device=model.device) if scratch \
+        else pool.reserve(req.kv_tokens)
+    return req
 
 
 def _measure(runner: ModelRunner, config: EngineConfig, mode: str, phase: Phase, shapes: list[tuple[int, int]]) -> int:
     """The peak bytes of one step of synthetic (canvas, block) `shapes`, their caches reserved outside it."""
-    batch = []
-    for n, block in shapes:
-        req = _synthetic(runner.model, config, mode, n, block)
-        req.kv_tokens = kv_need(mode, n, block, config.retention)
-        req.slots, req.kv_pool = runner.pool.reserve(req.kv_tokens), runner.pool
-        batch.append((req, phase))
+    batch = [(_synthetic(runner, config, mode, n, block), phase) for n, block in shapes]
     peak = peak_bytes(runner.model.device, runner.run, batch)
     for req, _ in batch:
         runner.pool.release(req.kv_tokens, req.slots)
     return peak
 
 
-def mode_peaks(model: DenseLM, config: EngineConfig, backend: str,
-               max_model_len: int) -> dict[str, tuple[int, int, int]]:
+def mode_peaks(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> dict[str, tuple]:
     """{mode: (Refresh peak, the token budget of short Reuses' peak, the largest Reuse's)}."""
     runner = _scratch_runner(model, config, backend, max_model_len)
     modes = ("dual", "sparse") if config.cache == AUTO else (config.cache,)
-    return {mode: _peaks(runner, model, config, max_model_len, mode) for mode in modes}
+    return {mode: _peaks(runner, config, max_model_len, mode) for mode in modes}
 
 
-def _peaks(runner: ModelRunner, model: DenseLM, config: EngineConfig, max_model_len: int,
-           mode: str) -> tuple[int, int, int]:
+def _peaks(runner: ModelRunner, config: EngineConfig, max_model_len: int, mode: str) -> tuple[int, int, int]:
     T = config.max_num_batched_tokens
     L = min(max_model_len, T)
     n = max(1, min(config.max_num_seqs, T // L))
@@ -218,31 +214,23 @@ def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max
     if max_model_len <= T or not serves_long(config):
         return None
     runner = _scratch_runner(model, config, backend, max_model_len)
-    scratch = runner.pool
     chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else \
         [c for c in (MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
-    peaks = dict.fromkeys(chunks, 0)
-    reuse = 0
-    slots = None
+    peaks, reuse, slots = dict.fromkeys(chunks, 0), 0, None
     for mode in ("none", "dual", "sparse") if config.cache == AUTO else (config.cache,):
-        n = max_model_len
-        if mode != "none":
-            if slots is None:       # what none's least reservation leaves the pool
-                taken = max(0, min(peaks.values()) - activation_peak)
-                slots = max(0, room - taken) // bytes_per_token(model.config, model.dtype)
-            need = partial(kv_need, mode, block_length=1, retention=config.retention)
-            n = max(0, bisect.bisect_right(range(max_model_len + 1), slots, key=need) - 1)
+        if mode != "none" and slots is None:        # what none's least reservation leaves the pool
+            taken = max(0, min(peaks.values()) - activation_peak)
+            slots = max(0, room - taken) // bytes_per_token(model.config, model.dtype)
+        need = partial(kv_need, mode, block_length=1, retention=config.retention)
+        n = max_model_len if mode == "none" else bisect.bisect_right(range(max_model_len + 1), slots, key=need) - 1
         if n <= T:
             continue
-        bl = min(32, T)
-        req = _synthetic(model, config, mode, n, bl)
-        req.kv_pool, req.kv_tokens = scratch, kv_need(mode, n, bl, config.retention)
-        req.slots = torch.full((max(req.kv_tokens, 1),), scratch.scratch, dtype=torch.long, device=model.device)
-        with MemoryMeter(model.device) as state:      # then its moments on the first layer, chunk by chunk
+        req = _synthetic(runner, config, mode, n, min(32, T), scratch=True)
+        with MemoryMeter(model.device) as state:      # its state, then each moment on the first layer
             run = LongRefresh(model, req, REFRESH_PHASE[mode], config, backend)
         for a in range(0, n, max(chunks)):
             run.kv_pass(model.blocks[0], a, min(a + max(chunks), n))
-        cache = peak_bytes(model.device, run.cache, 0, model.blocks[0], scratch.storage)
+        cache = peak_bytes(model.device, run.cache, 0, model.blocks[0], runner.pool.storage)
         for c in chunks:
             moment = max(peak_bytes(model.device, f, model.blocks[0], 0, c) for f in (run.kv_pass, run.chunk_pass))
             peaks[c] = max(peaks[c], state.peak_bytes + max(cache, moment))
@@ -276,8 +264,7 @@ def profile_kv_pool(model: DenseLM, config: EngineConfig, backend: str, max_mode
     return MemoryProfile(
         budget_bytes=budget, weights_bytes=wb, activation_peak_bytes=peak, refresh_peak_bytes=refresh_peak,
         reuse_peak_bytes=reuse_peak, guard_bytes=guard, kv_pool_bytes=tokens * bpt, kv_pool_tokens=tokens,
-        bytes_per_token=bpt, max_num_logits=config.max_num_logits,
-        max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
-        cache=config.cache, retention=config.retention, refresh_chunk_tokens=chunk,
-        long_refresh_peak_bytes=long_refresh, long_reuse_peak_bytes=long_reuse, long_canvas=long_canvas,
-    )
+        bytes_per_token=bpt, max_num_logits=config.max_num_logits, max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens, cache=config.cache, retention=config.retention,
+        refresh_chunk_tokens=chunk, long_refresh_peak_bytes=long_refresh, long_reuse_peak_bytes=long_reuse,
+        long_canvas=long_canvas)

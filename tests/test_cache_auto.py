@@ -194,7 +194,7 @@ def test_auto_is_profiled_for_the_worst_step_of_either_mode(monkeypatch):
     assert measure("auto") == (max(dual[0], sparse[0]), max(dual[1], sparse[1]))
     seen = []
 
-    def peaks(runner, model, config, max_model_len, mode):
+    def peaks(runner, config, max_model_len, mode):
         seen.append(mode)
         return {"dual": (10, 30, 20), "sparse": (30, 10, 10)}[mode]     # (Refresh, short Reuses, one Reuse)
     monkeypatch.setattr(profiler, "_peaks", peaks)
