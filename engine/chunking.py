@@ -78,8 +78,7 @@ class LongRefresh:
 @torch.no_grad()
 def refresh_rows(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
                  config: EngineConfig, chunk: int, backend: str = "sdpa") -> torch.Tensor:
-    """`req`'s chunked Refresh, its cache written as `phase` says into `storage` -> the block's rows (a shifted
-    family's: and the `shift` rows before it, as a Reuse step's)."""
+    """`req`'s chunked Refresh, its cache written into `storage` -> its block's rows (a Reuse step's rows)."""
     run = LongRefresh(model, req, phase, config, backend)
     bounds = [(a, min(a + chunk, req.length)) for a in range(0, req.length, chunk)]
     for i, blk in enumerate(model.blocks):

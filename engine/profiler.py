@@ -1,6 +1,5 @@
-"""The memory meter (the CUDA allocator's peak, or the live storages a step creates on a CPU) and the offline
-profiler: the worst admissible steps run under it, what is left of the budget goes to the KV pool
-(docs/ENGINE.md; docs/MEMORY.md)."""
+"""The memory meter (CUDA allocator peak, or a CPU step's live storages) and the offline profiler: the worst
+admissible steps run under it, what is left of the budget goes to the KV pool (docs/ENGINE.md, MEMORY.md)."""
 from __future__ import annotations
 
 import bisect
@@ -28,14 +27,12 @@ NEAR_BEST = 1.1     # no chunk fits: the largest within this factor of the least
 
 
 class LiveBytes(TorchDispatchMode):
-    """While entered: the bytes of the storages ops create on `device_type` that a tensor still
-    refers to (`current`) and their `peak`. Storages from before it are never counted."""
+    """While entered: the bytes of live storages ops create on `device_type` (`current`) and their `peak`."""
 
     def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
         self.device_type = device_type
-        self.refs: dict[int, int] = {}
-        self.sizes: dict[int, int] = {}
+        self.refs, self.sizes = {}, {}      # storage -> live tensors, bytes
         self.current = self.peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -53,9 +50,8 @@ class LiveBytes(TorchDispatchMode):
 
     def _mine(self, obj):
         """This device's tensors in an op's (nested) arguments or outputs, without tree_flatten's per-leaf cost."""
-        if isinstance(obj, torch.Tensor):
-            if obj.device.type == self.device_type and not obj.is_meta:
-                yield obj
+        if isinstance(obj, torch.Tensor) and obj.device.type == self.device_type and not obj.is_meta:
+            yield obj
         elif isinstance(obj, (list, tuple, dict)):
             for o in obj.values() if isinstance(obj, dict) else obj:
                 yield from self._mine(o)
@@ -205,66 +201,52 @@ def _scratch_runner(model: DenseLM, config: EngineConfig, backend: str, max_mode
 
 
 @torch.no_grad()
-def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int,
-                         activation_peak: int, room: int, short_reuse: dict[str, int]) -> tuple[int, int, int] | None:
-    """(chunk, chunked Refresh peak, the peak of a Reuse with keys at max_model_len beside
-    `short_reuse[mode]`) for canvases beyond the token budget, or None; the largest over the
-    modes served. `room`: the bytes the KV pool and this reservation share."""
-    T = config.max_num_batched_tokens
-    if max_model_len <= T or not serves_long(config):
-        return None
-    runner = _scratch_runner(model, config, backend, max_model_len)
-    chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else \
-        [c for c in (MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
-    peaks, reuse, slots = dict.fromkeys(chunks, 0), 0, None
-    for mode in ("none", "dual", "sparse") if config.cache == AUTO else (config.cache,):
-        if mode != "none" and slots is None:        # what none's least reservation leaves the pool
-            taken = max(0, min(peaks.values()) - activation_peak)
-            slots = max(0, room - taken) // bytes_per_token(model.config, model.dtype)
-        need = partial(kv_need, mode, block_length=1, retention=config.retention)
-        n = max_model_len if mode == "none" else bisect.bisect_right(range(max_model_len + 1), slots, key=need) - 1
-        if n <= T:
-            continue
-        req = _synthetic(runner, config, mode, n, min(32, T), scratch=True)
-        with MemoryMeter(model.device) as state:      # its state, then each moment on the first layer
-            run = LongRefresh(model, req, REFRESH_PHASE[mode], config, backend)
-        for a in range(0, n, max(chunks)):
-            run.kv_pass(model.blocks[0], a, min(a + max(chunks), n))
-        cache = peak_bytes(model.device, run.cache, 0, model.blocks[0], runner.pool.storage)
-        for c in chunks:
-            moment = max(peak_bytes(model.device, f, model.blocks[0], 0, c) for f in (run.kv_pass, run.chunk_pass))
-            peaks[c] = max(peaks[c], state.peak_bytes + max(cache, moment))
-        del run
-        if mode != "none":
-            reuse = max(reuse, peak_bytes(model.device, runner.run, [(req, Phase.REUSE)]) + short_reuse[mode])
-    fits = [c for c, p in peaks.items() if p <= activation_peak]
-    chunk = max(fits) if fits else max(c for c, p in peaks.items() if p <= min(peaks.values()) * NEAR_BEST)
-    return chunk, peaks[chunk], reuse
-
-
 def profile_kv_pool(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> MemoryProfile:
-    budget, wb = default_budget(model, config), weights_bytes(model)
+    budget, wb, T = default_budget(model, config), weights_bytes(model), config.max_num_batched_tokens
     modes = mode_peaks(model, config, backend, max_model_len)
     refresh_peak, reuse_peak = max(p[0] for p in modes.values()), max(p[1] + p[2] for p in modes.values())
     peak, guard = max(refresh_peak, reuse_peak), int(budget * config.guard_fraction)
     room = budget - wb - guard
-    chunk, long_refresh, long_reuse = measure_long_context(
-        model, config, backend, max_model_len, peak, room - peak, {m: p[1] for m, p in modes.items()}) or (None, 0, 0)
+    chunk, long_refresh, long_reuse = None, 0, 0
+    if max_model_len > T and serves_long(config):     # canvases past the token budget: chunked Refresh, long Reuse
+        runner = _scratch_runner(model, config, backend, max_model_len)
+        chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else \
+            [c for c in (MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
+        peaks, slots = dict.fromkeys(chunks, 0), None
+        for mode in ("none", "dual", "sparse") if config.cache == AUTO else (config.cache,):
+            if mode != "none" and slots is None:        # what none's least reservation leaves the pool
+                taken = max(0, min(peaks.values()) - peak)
+                slots = max(0, room - peak - taken) // bytes_per_token(model.config, model.dtype)
+            need = partial(kv_need, mode, block_length=1, retention=config.retention)
+            n = max_model_len if mode == "none" else bisect.bisect_right(range(max_model_len + 1), slots, key=need) - 1
+            if n <= T:
+                continue
+            req = _synthetic(runner, config, mode, n, min(32, T), scratch=True)
+            with MemoryMeter(model.device) as state:      # its state, then each moment on the first layer
+                run = LongRefresh(model, req, REFRESH_PHASE[mode], config, backend)
+            for a in range(0, n, max(chunks)):
+                run.kv_pass(model.blocks[0], a, min(a + max(chunks), n))
+            cache = peak_bytes(model.device, run.cache, 0, model.blocks[0], runner.pool.storage)
+            for c in chunks:
+                moment = max(peak_bytes(model.device, f, model.blocks[0], 0, c) for f in (run.kv_pass, run.chunk_pass))
+                peaks[c] = max(peaks[c], state.peak_bytes + max(cache, moment))
+            del run
+            if mode != "none":
+                reuse = peak_bytes(model.device, runner.run, [(req, Phase.REUSE)]) + modes[mode][1]
+                long_reuse = max(long_reuse, reuse)
+        fits = [c for c, p in peaks.items() if p <= peak]
+        chunk = max(fits) if fits else max(c for c, p in peaks.items() if p <= min(peaks.values()) * NEAR_BEST)
+        long_refresh = peaks[chunk]
     graph_pool = graphs.enabled(config, model.device) and config.cache != "none"   # captured graphs' memory
     short = peak + (reuse_peak if graph_pool else 0)
     peak = max(peak, long_refresh, long_reuse) + (max(reuse_peak, long_reuse) if graph_pool else 0)
-    long_canvas = chunk is not None
-    if long_canvas and peak > room >= short:
-        chunk, long_refresh, long_reuse, peak, long_canvas = None, 0, 0, short, False
+    if chunk is not None and peak > room >= short:
+        chunk, long_refresh, long_reuse, peak = None, 0, 0, short
     if peak > room:
         raise ValueError(f"memory budget {budget / 2**20:.0f} MiB is too small: weights {wb / 2**20:.0f} MiB + "
                          f"activation peak {peak / 2**20:.0f} MiB + guard {guard / 2**20:.0f} MiB")
     bpt = bytes_per_token(model.config, model.dtype)
     tokens = (room - peak) // bpt
-    return MemoryProfile(
-        budget_bytes=budget, weights_bytes=wb, activation_peak_bytes=peak, refresh_peak_bytes=refresh_peak,
-        reuse_peak_bytes=reuse_peak, guard_bytes=guard, kv_pool_bytes=tokens * bpt, kv_pool_tokens=tokens,
-        bytes_per_token=bpt, max_num_logits=config.max_num_logits, max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens, cache=config.cache, retention=config.retention,
-        refresh_chunk_tokens=chunk, long_refresh_peak_bytes=long_refresh, long_reuse_peak_bytes=long_reuse,
-        long_canvas=long_canvas)
+    return MemoryProfile(budget, wb, peak, refresh_peak, reuse_peak, guard, tokens * bpt, tokens, bpt,
+                         config.max_num_logits, config.max_num_batched_tokens, config.max_num_seqs, config.cache,
+                         config.retention, chunk, long_refresh, long_reuse, chunk is not None)
