@@ -16,7 +16,6 @@ def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
 
 
 def retained_tokens(context_len: int, retention: float) -> int:
-    """⌊r·L_ctx⌋, rounded down as Sparse-dLLM and dLLM-Serve do."""
     return max(0, min(context_len, int(context_len * retention)))
 
 
@@ -70,13 +69,11 @@ def preferred_mode(capacity: int, max_seqs: int, s: Shape) -> str:
         return "dual"
     if n_dual == 0:
         return "sparse"
-    t_dual, tok_dual = step_time(n_dual, 0, s)
-    t_sparse, tok_sparse = step_time(0, n_sparse, s)
+    (t_dual, tok_dual), (t_sparse, tok_sparse) = step_time(n_dual, 0, s), step_time(0, n_sparse, s)
     return "sparse" if tok_sparse / t_sparse > (1 + SPARSE_MARGIN) * tok_dual / t_dual else "dual"
 
 
 def never_cached(capacity: int | None, sparse_need: int) -> bool:
-    """No mode can ever hold a request whose sparse need exceeds the pool: it runs `none`."""
     return capacity is not None and sparse_need > capacity
 
 
@@ -110,14 +107,11 @@ class SlotRanges:
         if contiguous or sum(e - s for s, e in self.free) < n:
             return None
         got = []
-        while n:
+        while self.free[0][1] - self.free[0][0] < n:       # whole ranges from the front, then the rest first fit
             s, e = self.free.pop(0)
-            k = min(n, e - s)
-            got.append((s, s + k))
-            n -= k
-            if k < e - s:
-                self.free.insert(0, [s + k, e])
-        return got
+            got.append((s, e))
+            n -= e - s
+        return got + self.take(n)
 
     def put(self, pieces: list[tuple[int, int]]) -> None:
         merged: list[list[int]] = []

@@ -178,8 +178,7 @@ def mode_peaks(model: DenseLM, config: EngineConfig, backend: str, max_model_len
 
 
 def _peaks(runner: ModelRunner, config: EngineConfig, max_model_len: int, mode: str) -> tuple[int, int, int]:
-    T = config.max_num_batched_tokens
-    L = min(max_model_len, T)
+    T, L = config.max_num_batched_tokens, min(max_model_len, config.max_num_batched_tokens)
     n = max(1, min(config.max_num_seqs, T // L))
     rest = T - n * L
     tail = [(rest, rest - 1)] if rest >= 2 and n < config.max_num_seqs else []
