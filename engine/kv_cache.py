@@ -149,9 +149,8 @@ class KVPool:
         if n == 0:
             return None
         pieces = self.ranges.take(n)
-        if pieces is None:
-            slots = self.storage.shape[2]
-            self.grow_to(max(2 * slots, slots + n))
+        if pieces is None:      # an unbounded pool doubles, or grows by n
+            self.grow_to(self.storage.shape[2] + max(self.storage.shape[2], n))
             pieces = self.ranges.take(n)
         host = np.concatenate([np.arange(s, e) for s, e in pieces])
         table = torch.from_numpy(host.copy()).to(self.device)

@@ -131,7 +131,7 @@ class MemoryProfile:
     refresh_chunk_tokens: int | None = None     # a Refresh over the token budget: its chunk and peaks
     long_refresh_peak_bytes: int = 0
     long_reuse_peak_bytes: int = 0
-    long_canvas: bool = True                    # False: no canvas past the token budget fits the budget
+    long_canvas: bool = True                    # False: no canvas past the token budget is served
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -150,14 +150,15 @@ def default_budget(model: DenseLM, config: EngineConfig) -> int:
     raise ValueError("a memory budget is needed to profile on CPU (e.g. --memory-budget 4GiB)")
 
 
-def _synthetic(runner: ModelRunner, config: EngineConfig, mode: str, n: int, block: int, scratch=False) -> Request:
+def _synthetic(runner: ModelRunner, config: EngineConfig, mode: str, n: int, block: int,
+               scratch: bool = False) -> Request:
     """A one-block canvas of `n` tokens, its KV reserved in the runner's pool (`scratch`: all at the scratch slot)."""
     model, pool = runner.model, runner.pool
     params = SamplingParams(gen_length=block, steps=1, block_length=block, temperature=1.0 if config.sampling else 0.0)
     req = Request(f"profile-{n}", [0] * (n - block), params, model.config.mask_token_id, model.device, cache=mode)
     req.kv_pool, req.kv_tokens = pool, kv_need(mode, n, block, config.retention)
-    req.slots = torch.full((max(req.kv_tokens, 1),), pool.scratch, dtype=torch.long, device=model.device) if scratch \
-        else pool.reserve(req.kv_tokens)
+    req.slots = (torch.full((max(req.kv_tokens, 1),), pool.scratch, dtype=torch.long, device=model.device)
+                 if scratch else pool.reserve(req.kv_tokens))
     return req
 
 
