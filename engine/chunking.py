@@ -78,7 +78,7 @@ class LongRefresh:
 @torch.no_grad()
 def refresh_rows(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
                  config: EngineConfig, chunk: int, backend: str = "sdpa") -> torch.Tensor:
-    """`req`'s chunked Refresh, its cache written into `storage` -> its block's rows (a Reuse step's rows)."""
+    """`req`'s chunked Refresh, its cache written into `storage` -> the rows a Reuse step queries (block, shift)."""
     run = LongRefresh(model, req, phase, config, backend)
     bounds = [(a, min(a + chunk, req.length)) for a in range(0, req.length, chunk)]
     for i, blk in enumerate(model.blocks):
