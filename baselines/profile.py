@@ -8,9 +8,8 @@ from collections.abc import Callable
 import torch
 
 from baselines.registry import make_system
-from engine.memory import MemoryMeter
 from engine.models import DenseLM
-from engine.profiler import weights_bytes
+from engine.profiler import MemoryMeter, weights_bytes
 from engine.sampling import SamplingParams
 
 
@@ -21,7 +20,7 @@ def profile_max_batch(model: DenseLM, memory_budget_bytes: int, prompt_len: int,
     """Largest static batch B whose measured peak (activations incl. full-sequence logits +
     caches, weights excluded) fits `memory_budget_bytes - weights`. Returns (B, measured peak at B).
 
-    `measure(B) -> peak bytes` defaults to running `system` at batch B under engine.memory's
+    `measure(B) -> peak bytes` defaults to running `system` at batch B under engine.profiler's
     MemoryMeter for `run_steps` steps (None: the first block plus one step, which visits every
     phase of every policy with its caches held; pass a large number for a whole generation).
     The search assumes the peak grows with B: it starts at the affine prediction from B = 1 and

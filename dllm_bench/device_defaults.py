@@ -17,8 +17,8 @@ from dllm_bench.errors import UserError
 from dllm_bench.units import format_size, parse_size
 from engine import config as engine_defaults
 from engine.config import DTYPES, GPU_MEMORY_UTILIZATION
-from engine.memory import budget_from_free
-from engine.memory import free_device_memory as _free_memory
+from engine.profiler import budget_from_free
+from engine.profiler import free_device_memory as _free_memory
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def gpu_name(device: Device) -> str | None:
 
 
 def free_device_memory(device: str | torch.device) -> tuple[int, int]:
-    """(free, total) bytes of a CUDA device (`auto` resolved): engine.memory.free_device_memory."""
+    """(free, total) bytes of a CUDA device (`auto` resolved): engine.profiler.free_device_memory."""
     return _free_memory(resolve_device(device))
 
 

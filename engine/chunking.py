@@ -1,5 +1,5 @@
-"""A Refresh longer than the token budget, run layer by layer in chunks of its tokens, and the chunk the
-profiler picks for it (docs/MEMORY.md, "The chunked Refresh"; its scheduling: engine.scheduler)."""
+"""A Refresh longer than the token budget, run layer by layer in chunks of its tokens (docs/MEMORY.md,
+"The chunked Refresh"; its scheduling: engine.scheduler; its chunk: engine.profiler)."""
 from __future__ import annotations
 
 import torch
@@ -7,21 +7,16 @@ import torch
 from engine import sparse
 from engine.attention import PACKED, PackedKernel, attention_over_key_chunks, key_piece, padded_attention
 from engine.config import EngineConfig
-from engine.memory import MemoryMeter
 from engine.models import DenseLM, rms_norm
 from engine.request import Phase, Request
-
-MIN_CHUNK = 32      # the smallest chunk the profiler measures (then powers of two)
-NEAR_BEST = 1.1     # `choose_chunk`'s tolerance over the smallest chunk's peak
 
 
 class LongRefresh:
     """One chunked Refresh's state (the canvas's hidden states, one layer's K/V) and its moments."""
 
     def __init__(self, model: DenseLM, req: Request, phase: Phase, config: EngineConfig, backend: str):
-        cfg = model.config
         self.model, self.req, self.config = model, req, config
-        self.L, self.hkv, self.hd = req.length, cfg.kv_heads, cfg.head_dim
+        self.L, self.hkv, self.hd = req.length, model.config.kv_heads, model.config.head_dim
         self.positions = torch.arange(self.L, device=model.device)
         self.h = model.embed(req.canvas)                           # [L, d]: updated in place, layer by layer
         self.kv = self.h.new_empty(2, self.L, self.hkv, self.hd)  # one layer's K/V of the whole canvas
@@ -79,15 +74,11 @@ class LongRefresh:
         del o
         self.h[a:b] = x + blk.mlp(x)
 
-    def block_rows(self) -> torch.Tensor:
-        """The block's rows and, for a shifted family, the `shift` rows before it (a Reuse step's rows)."""
-        return self.model.final_norm(self.h[self.s - min(self.s, self.model.config.shift) : self.e])
-
 
 @torch.no_grad()
 def refresh_rows(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
                  config: EngineConfig, chunk: int, backend: str = "sdpa") -> torch.Tensor:
-    """`req`'s chunked Refresh, its cache written as `phase` says into `storage` -> `LongRefresh.block_rows`."""
+    """`req`'s chunked Refresh, its cache written into `storage` -> the rows a Reuse step queries (block, shift)."""
     run = LongRefresh(model, req, phase, config, backend)
     bounds = [(a, min(a + chunk, req.length)) for a in range(0, req.length, chunk)]
     for i, blk in enumerate(model.blocks):
@@ -96,33 +87,4 @@ def refresh_rows(model: DenseLM, req: Request, phase: Phase, storage: torch.Tens
         run.cache(i, blk, storage)
         for a, b in bounds:
             run.chunk_pass(blk, a, b)
-    return run.block_rows()
-
-
-@torch.no_grad()
-def measure_moments(model: DenseLM, req: Request, phase: Phase, storage: torch.Tensor | None,
-                    config: EngineConfig, chunks: list[int], backend: str) -> tuple[int, int, dict[int, int]]:
-    """Measured bytes of `req`'s chunked Refresh on its first layer: (its state, what the cache write adds,
-    {chunk: what a chunk's K/V pass or attention + FFN adds at most})."""
-
-    def peak(moment, *args) -> int:
-        with MemoryMeter(model.device) as meter:
-            moment(*args)
-        return meter.peak_bytes
-
-    with MemoryMeter(model.device) as m:
-        run = LongRefresh(model, req, phase, config, backend)
-    blk = model.blocks[0]
-    for a in range(0, req.length, max(chunks)):
-        run.kv_pass(blk, a, min(a + max(chunks), req.length))
-    cache = peak(run.cache, 0, blk, storage)
-    return m.peak_bytes, cache, {c: max(peak(run.kv_pass, blk, 0, c), peak(run.chunk_pass, blk, 0, c)) for c in chunks}
-
-
-def choose_chunk(peaks: dict[int, int], activation_budget: int) -> int:
-    """The largest chunk whose peak fits, else the largest within `NEAR_BEST` of the least (docs/MEMORY.md)."""
-    fits = [c for c, p in peaks.items() if p <= activation_budget]
-    if fits:
-        return max(fits)
-    best = min(peaks.values())
-    return max(c for c, p in peaks.items() if p <= best * NEAR_BEST)
+    return model.final_norm(run.h[run.s - min(run.s, model.config.shift) : run.e])

@@ -12,12 +12,10 @@ from engine.models import ModelConfig
 
 
 def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """K and V of one token in every layer."""
     return cfg.n_layers * 2 * cfg.kv_heads * cfg.head_dim * torch.empty(0, dtype=dtype).element_size()
 
 
 def retained_tokens(context_len: int, retention: float) -> int:
-    """⌊r·L_ctx⌋, rounded down as Sparse-dLLM and dLLM-Serve do."""
     return max(0, min(context_len, int(context_len * retention)))
 
 
@@ -28,15 +26,6 @@ def kv_need(cache: str, length: int, block_length: int, retention: float) -> int
     if cache in ("sparse", "auto"):
         return retained_tokens(length - block_length, retention) + block_length
     return 0
-
-
-def longest_held(cache: str, slots: int, retention: float, cap: int) -> int:
-    """The longest canvas (at most `cap`) whose least KV need in mode `cache` fits `slots`."""
-    lo, hi = 0, cap
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if kv_need(cache, mid, 1, retention) <= slots else (lo, mid - 1)
-    return lo
 
 
 AUTO = "auto"
@@ -80,17 +69,12 @@ def preferred_mode(capacity: int, max_seqs: int, s: Shape) -> str:
         return "dual"
     if n_dual == 0:
         return "sparse"
-    t_dual, tok_dual = step_time(n_dual, 0, s)
-    t_sparse, tok_sparse = step_time(0, n_sparse, s)
+    (t_dual, tok_dual), (t_sparse, tok_sparse) = step_time(n_dual, 0, s), step_time(0, n_sparse, s)
     return "sparse" if tok_sparse / t_sparse > (1 + SPARSE_MARGIN) * tok_dual / t_dual else "dual"
 
 
 def never_cached(capacity: int | None, sparse_need: int) -> bool:
-    """No mode can ever hold a request whose sparse need exceeds the pool: it runs `none`."""
     return capacity is not None and sparse_need > capacity
-
-
-SERVED = {"none": ("none",), "dual": ("dual",), "sparse": ("sparse",), AUTO: ("dual", "sparse", "none")}
 
 
 def admission_mode(free: int | None, dual_need: int, sparse_need: int, preferred: str,
@@ -122,16 +106,12 @@ class SlotRanges:
                 return [(r[0] - n, r[0])]
         if contiguous or sum(e - s for s, e in self.free) < n:
             return None
-        got, left = [], n
-        while left:
-            s, e = self.free[0]
-            k = min(left, e - s)
-            got.append((s, s + k))
-            left -= k
-            self.free[0][0] += k
-            if self.free[0][0] == e:
-                self.free.pop(0)
-        return got
+        got = []
+        while self.free[0][1] - self.free[0][0] < n:       # whole ranges from the front, then the rest first fit
+            s, e = self.free.pop(0)
+            got.append((s, e))
+            n -= e - s
+        return got + self.take(n)
 
     def put(self, pieces: list[tuple[int, int]]) -> None:
         merged: list[list[int]] = []
@@ -148,15 +128,11 @@ class KVPool:
         self.capacity, self.cfg, self.dtype, self.device = capacity_tokens, cfg, dtype, device
         self.bytes_per_token = bytes_per_token(cfg, dtype)
         self.used = self.peak_used = 0
-        self.storage = self._alloc((capacity_tokens or 0) + 1)
+        self.storage = torch.empty(cfg.n_layers, 2, (capacity_tokens or 0) + 1, cfg.kv_heads, cfg.head_dim,
+                                   dtype=dtype, device=device)
         self.ranges = SlotRanges(self.storage.shape[2])
         self.scratch = self.ranges.take(1)[0][0]
-        self.pieces: dict[int, list[tuple[int, int]]] = {}   # id(slot table) -> its ranges
-        self.host: dict[int, np.ndarray] = {}                 # id(slot table) -> a host copy
-
-    def _alloc(self, n: int) -> torch.Tensor:
-        c = self.cfg
-        return torch.empty(c.n_layers, 2, n, c.kv_heads, c.head_dim, dtype=self.dtype, device=self.device)
+        self.tables: dict[int, tuple[list[tuple[int, int]], np.ndarray]] = {}   # id(slot table): its ranges, host copy
 
     def can_ever_fit(self, n: int) -> bool:
         return self.capacity is None or n <= self.capacity
@@ -173,38 +149,29 @@ class KVPool:
         if n == 0:
             return None
         pieces = self.ranges.take(n)
-        if pieces is None:
-            slots = self.storage.shape[2]
-            self.grow_to(max(2 * slots, slots + n))
+        if pieces is None:      # an unbounded pool doubles, or grows by n
+            self.grow_to(self.storage.shape[2] + max(self.storage.shape[2], n))
             pieces = self.ranges.take(n)
         host = np.concatenate([np.arange(s, e) for s, e in pieces])
         table = torch.from_numpy(host.copy()).to(self.device)
-        self.pieces[id(table)], self.host[id(table)] = pieces, host
+        self.tables[id(table)] = pieces, host
         return table
 
     def grow_to(self, n: int) -> None:
         old = self.storage
-        self.storage = self._alloc(n)
+        self.storage = old.new_empty(old.shape[0], 2, n, *old.shape[3:])
         self.storage[:, :, : old.shape[2]] = old
         self.ranges.grow(n)
 
     def host_slots(self, table: torch.Tensor) -> np.ndarray:
-        host = self.host.get(id(table))
-        return host if host is not None else table.cpu().numpy()
+        return self.tables[id(table)][1] if id(table) in self.tables else table.cpu().numpy()
 
     def contiguous(self, table: torch.Tensor | None) -> bool:
         """Whether a slot table is one run of consecutive slots (read in place by a packed kernel)."""
-        if table is None:
-            return False
-        pieces = self.pieces.get(id(table))
-        if pieces is not None:
-            return len(pieces) == 1
-        host = self.host_slots(table)
-        return bool(host.size) and bool((np.diff(host) == 1).all())
+        return table is not None and len(self.tables[id(table)][0]) == 1
 
     def release(self, n: int, table: torch.Tensor | None = None) -> None:
         self.used -= n
         assert self.used >= 0
         if table is not None:
-            self.ranges.put(self.pieces.pop(id(table)))
-            self.host.pop(id(table), None)
+            self.ranges.put(self.tables.pop(id(table))[0])

@@ -1,16 +1,19 @@
-"""Offline memory profiler: the worst admissible steps run under the memory meter, and what is
-left of the budget goes to the KV pool (docs/ENGINE.md; docs/MEMORY.md)."""
+"""The memory meter (CUDA allocator peak, or a CPU step's live storages) and the offline profiler: the worst
+admissible steps run under it, what is left of the budget goes to the KV pool (docs/ENGINE.md, MEMORY.md)."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import weakref
 from dataclasses import dataclass
+from functools import partial
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine import chunking
+from engine.chunking import LongRefresh
 from engine.config import EngineConfig, cuda_graphs_on
-from engine.kv_cache import AUTO, SERVED, KVPool, bytes_per_token, kv_need, longest_held
-from engine.memory import MemoryMeter, budget_from_free, free_device_memory
+from engine.kv_cache import AUTO, KVPool, bytes_per_token, kv_need
 from engine.models import DenseLM
 from engine.request import Phase, Request
 from engine.runner import ModelRunner
@@ -18,6 +21,94 @@ from engine.sampling import SamplingParams
 from engine.scheduler import serves_long
 
 REFRESH_PHASE = {"none": Phase.REFRESH, "dual": Phase.REFRESH_STORE, "sparse": Phase.REFRESH_SELECT}
+MIN_CHUNK = 32      # the smallest chunk measured, then powers of two
+NEAR_BEST = 1.1     # no chunk fits: the largest within this factor of the least peak
+
+
+class LiveBytes(TorchDispatchMode):
+    """While entered: the bytes of live storages ops create on `device_type` (`current`) and their `peak`."""
+
+    def __init__(self, device_type: str = "cpu") -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.refs, self.sizes = {}, {}      # storage -> live tensors, bytes
+        self.current = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in self._mine((args, kwargs))}
+        for t in self._mine(out):
+            key = t.untyped_storage().data_ptr()
+            if key == 0 or (key not in self.refs and key in inputs):    # a view or an in-place result
+                continue
+            if key not in self.refs:
+                self._add(key, t)
+            self.refs[key] += 1
+            weakref.finalize(t, self._release, key)
+        return out
+
+    def _mine(self, obj):
+        """This device's tensors in an op's (nested) arguments or outputs, without tree_flatten's per-leaf cost."""
+        if isinstance(obj, torch.Tensor) and obj.device.type == self.device_type and not obj.is_meta:
+            yield obj
+        elif isinstance(obj, (list, tuple, dict)):
+            for o in obj.values() if isinstance(obj, dict) else obj:
+                yield from self._mine(o)
+
+    def _add(self, key: int, t: torch.Tensor) -> None:
+        self.refs[key], self.sizes[key] = 0, t.untyped_storage().nbytes()
+        self.current += self.sizes[key]
+        self.peak = max(self.peak, self.current)
+
+    def _release(self, key: int) -> None:
+        if key in self.refs:
+            self.refs[key] -= 1
+            if not self.refs[key]:
+                del self.refs[key]
+                self.current -= self.sizes.pop(key)
+
+
+class MemoryMeter:
+    """`with MemoryMeter(device) as m: ...` then `m.peak_bytes` (bytes above the starting level)."""
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.mode = None if self.device.type == "cuda" else LiveBytes()
+
+    def __enter__(self) -> MemoryMeter:
+        if self.mode is None:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        else:
+            self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.mode is None:
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._base
+        else:
+            self.mode.__exit__(*exc)
+            self.peak_bytes = self.mode.peak
+
+
+def peak_bytes(device: torch.device, fn, *args) -> int:
+    with MemoryMeter(device) as meter:
+        fn(*args)
+    return meter.peak_bytes
+
+
+def free_device_memory(device: torch.device | str) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device once this process's cached blocks are returned."""
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free), int(total)
+
+
+def budget_from_free(free: int, resident: int, utilization: float) -> int:
+    """The default GPU budget: `utilization` of the memory free before the weights (`resident`) loaded."""
+    return int((free + resident) * utilization)
 
 
 @dataclass
@@ -36,12 +127,10 @@ class MemoryProfile:
     max_num_seqs: int
     cache: str
     retention: float
-    # a Refresh longer than the token budget (0/None when none is served): chunk, peaks
-    refresh_chunk_tokens: int | None = None
+    refresh_chunk_tokens: int | None = None     # a Refresh over the token budget: its chunk and peaks
     long_refresh_peak_bytes: int = 0
     long_reuse_peak_bytes: int = 0
-    # False when the budget holds the steps within the token budget but not a longer canvas.
-    long_canvas: bool = True
+    long_canvas: bool = True                    # False: no canvas past the token budget is served
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -60,61 +149,46 @@ def default_budget(model: DenseLM, config: EngineConfig) -> int:
     raise ValueError("a memory budget is needed to profile on CPU (e.g. --memory-budget 4GiB)")
 
 
-def _synthetic(n_tokens: int, prompt_len: int, block_length: int, model: DenseLM, config: EngineConfig,
-               cache: str) -> Request:
-    gen = n_tokens - prompt_len
-    params = SamplingParams(gen_length=gen, steps=gen // block_length, block_length=block_length,
-                            temperature=1.0 if config.sampling else 0.0)
-    return Request(f"profile-{n_tokens}", [0] * prompt_len, params, model.config.mask_token_id, model.device,
-                   cache=cache)
+def _synthetic(runner: ModelRunner, config: EngineConfig, mode: str, n: int, block: int,
+               scratch: bool = False) -> Request:
+    """A one-block canvas of `n` tokens, its KV reserved in the runner's pool (`scratch`: all at the scratch slot)."""
+    model, pool = runner.model, runner.pool
+    params = SamplingParams(gen_length=block, steps=1, block_length=block, temperature=1.0 if config.sampling else 0.0)
+    req = Request(f"profile-{n}", [0] * (n - block), params, model.config.mask_token_id, model.device, cache=mode)
+    req.kv_pool, req.kv_tokens = pool, kv_need(mode, n, block, config.retention)
+    req.slots = (torch.full((max(req.kv_tokens, 1),), pool.scratch, dtype=torch.long, device=model.device)
+                 if scratch else pool.reserve(req.kv_tokens))
+    return req
 
 
-def _measure(runner: ModelRunner, batch: list[tuple[Request, Phase]], config: EngineConfig) -> int:
-    pool = runner.pool
-    for req, _ in batch:  # caches live in the pool, outside the activation measurement
-        need = kv_need(req.cache, req.length, req.params.block_length, config.retention)
-        req.slots, req.kv_pool, req.kv_tokens = pool.reserve(need), pool, need
-    with MemoryMeter(runner.model.device) as meter:
-        runner.run(batch)
+def _measure(runner: ModelRunner, config: EngineConfig, mode: str, phase: Phase, shapes: list[tuple[int, int]]) -> int:
+    """The peak bytes of one step of synthetic (canvas, block) `shapes`, their caches reserved outside it."""
+    batch = [(_synthetic(runner, config, mode, n, block), phase) for n, block in shapes]
+    peak = peak_bytes(runner.model.device, runner.run, batch)
     for req, _ in batch:
-        pool.release(req.kv_tokens, req.slots)
-    return meter.peak_bytes
+        runner.pool.release(req.kv_tokens, req.slots)
+    return peak
 
 
-def measure_activation_peak(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int):
-    """(refresh_peak, reuse_peak) bytes of the worst admissible steps (auto: dual's or sparse's)."""
-    peaks = mode_peaks(model, config, backend, max_model_len).values()
-    return max(p[0] for p in peaks), max(p[1] + p[2] for p in peaks)
-
-
-def mode_peaks(model: DenseLM, config: EngineConfig, backend: str,
-               max_model_len: int) -> dict[str, tuple[int, int, int]]:
+def mode_peaks(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> dict[str, tuple]:
     """{mode: (Refresh peak, the token budget of short Reuses' peak, the largest Reuse's)}."""
     runner = _scratch_runner(model, config, backend, max_model_len)
     modes = ("dual", "sparse") if config.cache == AUTO else (config.cache,)
-    return {mode: _peaks(runner, model, config, max_model_len, mode) for mode in modes}
+    return {mode: _peaks(runner, config, max_model_len, mode) for mode in modes}
 
 
-def _peaks(runner: ModelRunner, model: DenseLM, config: EngineConfig, max_model_len: int,
-           mode: str) -> tuple[int, int, int]:
-    budget = config.max_num_batched_tokens
-    L = min(max_model_len, budget)
-    # (a) Refresh: max-length canvases filling the token budget, every generated position a candidate
-    n = max(1, min(config.max_num_seqs, budget // L))
-    batch = [(_synthetic(L, 1, L - 1, model, config, mode), REFRESH_PHASE[mode]) for _ in range(n)]
-    rest = budget - n * L
-    if rest >= 2 and n < config.max_num_seqs:
-        batch.append((_synthetic(rest, 1, rest - 1, model, config, mode), REFRESH_PHASE[mode]))
-    refresh_peak = _measure(runner, batch, config)
+def _peaks(runner: ModelRunner, config: EngineConfig, max_model_len: int, mode: str) -> tuple[int, int, int]:
+    T, L = config.max_num_batched_tokens, min(max_model_len, config.max_num_batched_tokens)
+    n = max(1, min(config.max_num_seqs, T // L))
+    rest = T - n * L
+    tail = [(rest, rest - 1)] if rest >= 2 and n < config.max_num_seqs else []
+    refresh_peak = _measure(runner, config, mode, REFRESH_PHASE[mode], [(L, L - 1)] * n + tail)
     if mode == "none":
         return refresh_peak, 0, 0
-    # (b) Reuse: the token budget full of short Reuse queries, plus the largest single Reuse.
     bl = min(32, max(1, L // 2))
-    n_reuse = max(1, min(config.max_num_seqs, budget // bl))
-    many = [(_synthetic(2 * bl, bl, bl, model, config, mode), Phase.REUSE) for _ in range(n_reuse)]
-    big_bl = min(bl, L - 1)
-    one = [(_synthetic(L, L - big_bl, big_bl, model, config, mode), Phase.REUSE)]
-    return refresh_peak, _measure(runner, many, config), _measure(runner, one, config)
+    many = [(2 * bl, bl)] * max(1, min(config.max_num_seqs, T // bl))
+    return (refresh_peak, _measure(runner, config, mode, Phase.REUSE, many),
+            _measure(runner, config, mode, Phase.REUSE, [(L, min(bl, L - 1))]))
 
 
 def _scratch_runner(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> ModelRunner:
@@ -125,74 +199,53 @@ def _scratch_runner(model: DenseLM, config: EngineConfig, backend: str, max_mode
     return runner
 
 
-def measure_long_context(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int,
-                         activation_peak: int, room: int, short_reuse: dict[str, int]) -> tuple[int, int, int] | None:
-    """(chunk, chunked Refresh peak, the peak of a Reuse with keys at max_model_len beside
-    `short_reuse[mode]`) for canvases beyond the token budget, or None; the largest over the
-    modes served. `room`: the bytes the KV pool and this reservation share."""
-    T = config.max_num_batched_tokens
-    if max_model_len <= T or not serves_long(config):
-        return None
-    runner = _scratch_runner(model, config, backend, max_model_len)
-    scratch = runner.pool
-    chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else \
-        [c for c in (chunking.MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
-    peaks: dict[int, int] = dict.fromkeys(chunks, 0)
-    reuse = 0
-    slots = None
-    for mode in sorted(SERVED[config.cache], key=lambda m: m != "none"):
-        if mode != "none" and slots is None:
-            taken = max(0, min(peaks.values()) - activation_peak)          # none's least reservation
-            slots = max(0, room - taken) // bytes_per_token(model.config, model.dtype)
-        n = max_model_len if slots is None else longest_held(mode, slots, config.retention, max_model_len)
-        if n <= T:
-            continue
-        bl = min(32, T)           # a synthetic request whose slot table points at the scratch slot: no cache held
-        req = _synthetic(n, n - bl, bl, model, config, mode)
-        need = kv_need(mode, n, bl, config.retention)
-        req.slots = torch.full((max(need, 1),), scratch.scratch, dtype=torch.long, device=model.device)
-        req.kv_pool, req.kv_tokens = scratch, need
-        state, cache, per_chunk = chunking.measure_moments(model, req, REFRESH_PHASE[mode], scratch.storage, config,
-                                                           chunks, backend)
-        peaks = {c: max(peaks[c], state + max(cache, per_chunk[c])) for c in chunks}
-        if mode != "none":
-            with MemoryMeter(model.device) as meter:
-                runner.run([(req, Phase.REUSE)])
-            reuse = max(reuse, meter.peak_bytes + short_reuse[mode])
-    chunk = chunking.choose_chunk(peaks, activation_peak)
-    return chunk, peaks[chunk], reuse
-
-
+@torch.no_grad()
 def profile_kv_pool(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> MemoryProfile:
-    budget = default_budget(model, config)
-    wb = weights_bytes(model)
+    budget, wb, T = default_budget(model, config), weights_bytes(model), config.max_num_batched_tokens
     modes = mode_peaks(model, config, backend, max_model_len)
     refresh_peak, reuse_peak = max(p[0] for p in modes.values()), max(p[1] + p[2] for p in modes.values())
     peak, guard = max(refresh_peak, reuse_peak), int(budget * config.guard_fraction)
-    chunk, long_refresh, long_reuse = measure_long_context(
-        model, config, backend, max_model_len, peak, budget - wb - peak - guard,
-        {m: p[1] for m, p in modes.items()}) or (None, 0, 0)
+    room = budget - wb - guard
+    chunk, long_refresh, long_reuse = None, 0, 0
+    if max_model_len > T and serves_long(config):     # canvases past the token budget: chunked Refresh, long Reuse
+        runner = _scratch_runner(model, config, backend, max_model_len)
+        chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else \
+            [c for c in (MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
+        peaks, slots = dict.fromkeys(chunks, 0), None
+        for mode in ("none", "dual", "sparse") if config.cache == AUTO else (config.cache,):
+            if mode != "none" and slots is None:        # what none's least reservation leaves the pool
+                taken = max(0, min(peaks.values()) - peak)
+                slots = max(0, room - peak - taken) // bytes_per_token(model.config, model.dtype)
+            need = partial(kv_need, mode, block_length=1, retention=config.retention)
+            n = max_model_len if mode == "none" else bisect.bisect_right(range(max_model_len + 1), slots, key=need) - 1
+            if n <= T:
+                continue
+            req = _synthetic(runner, config, mode, n, min(32, T), scratch=True)
+            with MemoryMeter(model.device) as state:      # its state, then each moment on the first layer
+                run = LongRefresh(model, req, REFRESH_PHASE[mode], config, backend)
+            for a in range(0, n, max(chunks)):
+                run.kv_pass(model.blocks[0], a, min(a + max(chunks), n))
+            cache = peak_bytes(model.device, run.cache, 0, model.blocks[0], runner.pool.storage)
+            for c in chunks:
+                moment = max(peak_bytes(model.device, f, model.blocks[0], 0, c) for f in (run.kv_pass, run.chunk_pass))
+                peaks[c] = max(peaks[c], state.peak_bytes + max(cache, moment))
+            del run
+            if mode != "none":
+                reuse = peak_bytes(model.device, runner.run, [(req, Phase.REUSE)]) + modes[mode][1]
+                long_reuse = max(long_reuse, reuse)
+        fits = [c for c, p in peaks.items() if p <= peak]
+        chunk = max(fits) if fits else max(c for c, p in peaks.items() if p <= min(peaks.values()) * NEAR_BEST)
+        long_refresh = peaks[chunk]
     graph_pool = cuda_graphs_on(config.cuda_graphs, model.device) and config.cache != "none"   # captured graphs' memory
     short = peak + (reuse_peak if graph_pool else 0)
     peak = max(peak, long_refresh, long_reuse) + (max(reuse_peak, long_reuse) if graph_pool else 0)
-    long_canvas = chunk is not None
-    if long_canvas and budget - wb - peak - guard < 0 <= budget - wb - short - guard:
-        # Room for every step within the token budget but not for a longer canvas: serve the
-        # former (the engine refuses the latter, saying why) rather than refuse every request.
-        chunk, long_refresh, long_reuse, peak, long_canvas = None, 0, 0, short, False
-    free = budget - wb - peak - guard
-    if free < 0:
-        raise ValueError(
-            f"memory budget {budget / 2**20:.0f} MiB is too small: weights {wb / 2**20:.0f} MiB + "
-            f"activation peak {peak / 2**20:.0f} MiB + guard {guard / 2**20:.0f} MiB"
-        )
+    if chunk is not None and peak > room >= short:
+        chunk, long_refresh, long_reuse, peak = None, 0, 0, short
+    if peak > room:
+        raise ValueError(f"memory budget {budget / 2**20:.0f} MiB is too small: weights {wb / 2**20:.0f} MiB + "
+                         f"activation peak {peak / 2**20:.0f} MiB + guard {guard / 2**20:.0f} MiB")
     bpt = bytes_per_token(model.config, model.dtype)
-    tokens = free // bpt
-    return MemoryProfile(
-        budget_bytes=budget, weights_bytes=wb, activation_peak_bytes=peak, refresh_peak_bytes=refresh_peak,
-        reuse_peak_bytes=reuse_peak, guard_bytes=guard, kv_pool_bytes=tokens * bpt, kv_pool_tokens=tokens,
-        bytes_per_token=bpt, max_num_logits=config.max_num_logits,
-        max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
-        cache=config.cache, retention=config.retention, refresh_chunk_tokens=chunk,
-        long_refresh_peak_bytes=long_refresh, long_reuse_peak_bytes=long_reuse, long_canvas=long_canvas,
-    )
+    tokens = (room - peak) // bpt
+    return MemoryProfile(budget, wb, peak, refresh_peak, reuse_peak, guard, tokens * bpt, tokens, bpt,
+                         config.max_num_logits, config.max_num_batched_tokens, config.max_num_seqs, config.cache,
+                         config.retention, chunk, long_refresh, long_reuse, chunk is not None)

@@ -114,7 +114,7 @@ def metered_steps(eng: LLMEngine):
     step's measured peak bytes and each step's query rows."""
     import time
 
-    from engine.memory import MemoryMeter
+    from engine.profiler import MemoryMeter
 
     peaks, queries, out = [], [], None
     while eng.has_unfinished():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dllm_bench.checkpoints.load import load_model
-from engine import SamplingParams, chunking
+from engine import SamplingParams, profiler
 from engine.kv_cache import admission_mode, kv_need
 from engine.request import Phase
 from tests.helpers import make_engine, metered_steps, random_prompts, run_alone, tiny_model
@@ -87,12 +87,12 @@ def test_long_canvas_completes_under_auto_within_the_profiled_budget(monkeypatch
     kw = dict(cache="auto", retention=0.5, max_num_batched_tokens=budget_tokens, max_num_logits=16,
               max_model_len=length, guard_fraction=0.0)
     seen = []
-    measure = chunking.measure_moments
+    measure = profiler.LongRefresh
 
     def recording(model, req, *args):
         seen.append((req.cache, req.length))
         return measure(model, req, *args)
-    monkeypatch.setattr(chunking, "measure_moments", recording)
+    monkeypatch.setattr(profiler, "LongRefresh", recording)
     probe = make_engine(model, memory_budget=64 * 2**20, **kw).profile
     assert sorted(seen) == [("dual", length), ("none", length), ("sparse", length)]
     budget = probe.weights_bytes + probe.activation_peak_bytes + 40 * probe.bytes_per_token

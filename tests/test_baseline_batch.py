@@ -79,7 +79,7 @@ def test_budget_probe_meters_the_whole_workload_at_once_then_frees_it(spec):
     import torch
 
     from dllm_bench.serve.worker import budget_probe
-    from engine.memory import MemoryMeter
+    from engine.profiler import MemoryMeter
     from engine.sampling import SamplingParams
 
     def build():

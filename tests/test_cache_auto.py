@@ -186,13 +186,15 @@ def test_auto_is_profiled_for_the_worst_step_of_either_mode(monkeypatch):
     _warm(model)
 
     def measure(cache: str) -> tuple[int, int]:
-        cfg = EngineConfig(cache=cache, max_num_batched_tokens=64, max_num_logits=8, device="cpu", retention=0.5)
-        return profiler.measure_activation_peak(model, cfg, "sdpa", 64)
+        cfg = EngineConfig(cache=cache, max_num_batched_tokens=64, max_num_logits=8, device="cpu", retention=0.5,
+                           memory_budget=2**30)
+        prof = profiler.profile_kv_pool(model, cfg, "sdpa", 64)
+        return prof.refresh_peak_bytes, prof.reuse_peak_bytes
     dual, sparse = measure("dual"), measure("sparse")
     assert measure("auto") == (max(dual[0], sparse[0]), max(dual[1], sparse[1]))
     seen = []
 
-    def peaks(runner, model, config, max_model_len, mode):
+    def peaks(runner, config, max_model_len, mode):
         seen.append(mode)
         return {"dual": (10, 30, 20), "sparse": (30, 10, 10)}[mode]     # (Refresh, short Reuses, one Reuse)
     monkeypatch.setattr(profiler, "_peaks", peaks)

@@ -265,7 +265,7 @@ def test_a_second_engine_in_one_process_gets_the_same_pool_budget(cuda):
 
 def test_the_run_budget_and_the_engines_own_default_are_one_formula(cuda, monkeypatch):
     """`auto` is measured before the weights load, the engine's default after they did: both are
-    0.9 x the memory free before loading (engine.memory.budget_from_free counts the loaded
+    0.9 x the memory free before loading (engine.profiler.budget_from_free counts the loaded
     weights back), so an engine built without a budget gets the run's budget. Integer bytes:
     equality is the claim."""
     from engine.config import EngineConfig

@@ -92,7 +92,7 @@ def test_monolithic_decode_costs_the_logits_of_an_hf_forward_and_no_row_copy():
     returns them, and no further [R, V] copy of the decoded rows (which made a whole-generation
     block — the profiler's worst step — cost ~3x the logits)."""
     from engine.logits import MONOLITHIC_DECODE_ROWS, RowSegment, decode_rows
-    from engine.memory import MemoryMeter
+    from engine.profiler import MemoryMeter
 
     nq, d, v = 512, 16, 2048
     head = torch.nn.Linear(d, v, bias=False)

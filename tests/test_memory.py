@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.memory import MemoryMeter
+from engine.profiler import MemoryMeter
 from tests.helpers import (
     live_bytes,
     make_engine,

@@ -13,7 +13,7 @@ from dllm_bench import device_defaults
 from dllm_bench.checkpoints.layout import check_layout, load_config
 from dllm_bench.units import format_size
 from engine import attention
-from engine.memory import budget_from_free
+from engine.profiler import budget_from_free
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skipped"
 STATUSES = (OK, WARN, FAIL, SKIP)

@@ -22,7 +22,7 @@ from dllm_bench.memory_bench.options import MemoryRun, Target, weights_of
 from dllm_bench.memory_bench.trace import Trace, tagger
 from engine.config import DTYPES, EngineConfig
 from engine.models import DenseLM, ModelConfig
-from engine.profiler import measure_activation_peak
+from engine.profiler import mode_peaks
 
 WIDTH = {"logits": lambda c: c.padded_vocab, "ffn": lambda c: c.mlp_hidden_size, "attention": lambda c: c.d_model,
          "kv": lambda c: c.n_layers * c.kv_heads * c.head_dim}
@@ -89,8 +89,8 @@ def engine_reservation(model: DenseLM, run: MemoryRun, config: EngineConfig, tar
     category and scaled to the target's token budget (FFN, attention) and logit budget
     (logits)."""
     with LiveTracker(model.device, tagger(model)) as tracker:
-        measure_activation_peak(model, config, "sdpa" if run.device.type == "cpu" else config.attention_backend,
-                                min(config.max_num_batched_tokens, run.trained_length))
+        mode_peaks(model, config, "sdpa" if run.device.type == "cpu" else config.attention_backend,
+                   min(config.max_num_batched_tokens, run.trained_length))
     scale = scaler(model.config, run.dtype, target)
     t_src, t_dst = config.max_num_batched_tokens, target.engine_knobs["max_num_batched_tokens"]
     r_src = config.max_num_logits or t_src

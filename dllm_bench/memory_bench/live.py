@@ -1,12 +1,12 @@
 """`LiveTracker`: every storage allocated on a device over a whole run, its live bytes, their
-peak and, by label, what was live at the peak (engine.memory's count, on any device type)."""
+peak and, by label, what was live at the peak (engine.profiler's count, on any device type)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
 
-from engine.memory import LiveBytes
+from engine.profiler import LiveBytes
 
 
 class _Tagged(LiveBytes):
@@ -41,7 +41,7 @@ class _Tagged(LiveBytes):
 class LiveTracker:
     """Every storage allocated on `device` while entered, until freed: the live bytes, their peak
     (`reset_peak` starts a new one, e.g. per step) and what was live at the peak by `tag`'s label.
-    Unlike engine.memory.MemoryMeter it counts on CUDA too (a breakdown beside the allocator's peak)."""
+    Unlike engine.profiler.MemoryMeter it counts on CUDA too (a breakdown beside the allocator's peak)."""
 
     def __init__(self, device: torch.device | str, tag: Callable[[torch.Tensor], str]):
         self._mode = _Tagged(torch.device(device).type, tag)

@@ -28,9 +28,8 @@ from dllm_bench.units import parse_size
 from engine import EngineConfig
 from engine.config import DTYPES
 from engine.kv_cache import kv_need
-from engine.memory import budget_from_free
 from engine.models import config_from_pretrained
-from engine.profiler import MemoryProfile
+from engine.profiler import MemoryProfile, budget_from_free
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,7 @@ from dllm_bench.systems.build import (  # noqa: E402
 )
 from dllm_bench.systems.spec import SystemVariant  # noqa: E402
 from engine.decoding import FIXED, Decoding  # noqa: E402
-from engine.memory import MemoryMeter  # noqa: E402  (the profiler's meter: the budget is held, not only accounted)
-from engine.profiler import weights_bytes  # noqa: E402
+from engine.profiler import MemoryMeter, weights_bytes  # noqa: E402  (the meter: the budget is held, not only accounted)
 from engine.sampling import SamplingParams  # noqa: E402
 
 
