@@ -3,8 +3,6 @@ q/k/v biases and GQA, attention made bidirectional, and Qwen's next-token head k
 state at p - 1 predicts token p (`shift` = 1). Config and weight names: its modeling_dream.py."""
 from __future__ import annotations
 
-import re
-
 from engine.models.dense import DenseLM
 from engine.models.family import Family, ModelConfig, register
 
@@ -25,7 +23,6 @@ _BLOCK = {"attn_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj"
           "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "ff_out": "mlp.down_proj"}
 _TOP = {"model.transformer.wte.weight": "model.embed_tokens.weight",
         "model.transformer.ln_f.weight": "model.norm.weight", "model.transformer.ff_out.weight": "lm_head.weight"}
-_IN_BLOCK = re.compile(r"model\.transformer\.blocks\.(\d+)\.(\w+)\.(weight|bias)")
 
 
 def _from_hf(d: dict) -> ModelConfig:
@@ -39,29 +36,25 @@ def _from_hf(d: dict) -> ModelConfig:
     if d.get("use_sliding_window"):
         raise ValueError("sliding-window attention is not supported (Dream attends to the whole canvas)")
     d = _DEFAULTS | d
-    if d["num_key_value_heads"] is None:
-        d = d | {"num_key_value_heads": d["num_attention_heads"]}
     kw = {ours: d[theirs] for ours, theirs in _FIELDS if d.get(theirs) is not None}
+    kw.setdefault("n_kv_heads", kw["n_heads"])
     kw.setdefault("eos_token_id", kw.get("pad_token_id", 0))
     kw.setdefault("pad_token_id", kw["eos_token_id"])
     return ModelConfig(**kw, embedding_size=kw["vocab_size"], model_type="Dream", qkv_bias=True, shift=1)
 
 
 def _to_hf(cfg: ModelConfig) -> dict:
-    d = {theirs: getattr(cfg, ours) for ours, theirs in _FIELDS}
-    return d | {"model_type": "Dream", "architectures": ["DreamModel"], "hidden_act": "silu",
-                "tie_word_embeddings": False, "rope_scaling": None, "use_sliding_window": False,
-                "attention_dropout": 0.0, "auto_map": {"AutoConfig": "configuration_dream.DreamConfig",
-                                                       "AutoModel": "modeling_dream.DreamModel"}}
+    return {theirs: getattr(cfg, ours) for ours, theirs in _FIELDS} | {
+        "model_type": "Dream", "architectures": ["DreamModel"], "hidden_act": "silu", "tie_word_embeddings": False,
+        "rope_scaling": None, "use_sliding_window": False, "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"}}
 
 
 def _hf_name(name: str) -> str:
     if name in _TOP:
         return _TOP[name]
-    m = _IN_BLOCK.fullmatch(name)
-    if not m:
-        raise KeyError(f"no Dream name for {name}")
-    return f"model.layers.{m[1]}.{_BLOCK[m[2]]}.{m[3]}"
+    layer, module, kind = name.removeprefix("model.transformer.blocks.").split(".")
+    return f"model.layers.{layer}.{_BLOCK[module]}.{kind}"
 
 
-DREAM = register(Family("Dream", "Dream", _from_hf, _to_hf, hf_name=_hf_name, model_class=DenseLM))
+register(Family("Dream", "Dream", _from_hf, _to_hf, hf_name=_hf_name, model_class=DenseLM))
