@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import sdpa
-
-if TYPE_CHECKING:
-    from engine.models.family import ModelConfig
+from engine.models.family import ModelConfig
 
 # attn(layer_idx, q [N, Hq, D], k [N, Hkv, D], v [N, Hkv, D]) -> [N, Hq, D]; q and k carry RoPE.
 AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -67,13 +64,11 @@ class DenseBlock(nn.Module):
         d, hd, f = cfg.d_model, cfg.head_dim, cfg.mlp_hidden_size
         self.n_heads, self.n_kv, self.head_dim, self.eps = cfg.n_heads, cfg.kv_heads, hd, cfg.rms_norm_eps
         self.attn_norm = nn.RMSNorm(d)
-        self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=cfg.qkv_bias)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d, n * hd, bias=cfg.qkv_bias)
+                                                 for n in (cfg.n_heads, self.n_kv, self.n_kv))
         self.attn_out = nn.Linear(cfg.n_heads * hd, d, bias=False)
         self.ff_norm = nn.RMSNorm(d)
-        self.ff_proj = nn.Linear(d, f, bias=False)
-        self.up_proj = nn.Linear(d, f, bias=False)
+        self.ff_proj, self.up_proj = nn.Linear(d, f, bias=False), nn.Linear(d, f, bias=False)
         self.ff_out = nn.Linear(f, d, bias=False)
         self._qkv = self._gate_up = self._qkv_bias = None
 
