@@ -18,13 +18,11 @@ def torch_varlen() -> tuple[Callable, bool] | None:
     """torch's varlen_attn (torch >= 2.10) and whether it takes enable_gqa (>= 2.12); None if absent."""
     try:
         from torch.nn.attention.varlen import varlen_attn
-
         params = inspect.signature(varlen_attn).parameters
     except (ImportError, TypeError, ValueError):
         return None
-    if not {"cu_seq_q", "cu_seq_k", "max_q", "max_k"} <= params.keys():
-        return None
-    return varlen_attn, "enable_gqa" in params
+    fits = {"cu_seq_q", "cu_seq_k", "max_q", "max_k"} <= params.keys()
+    return (varlen_attn, "enable_gqa" in params) if fits else None
 
 
 def flash_attn_import_error() -> str | None:
@@ -47,7 +45,6 @@ def _kernel(name: str) -> tuple[str, bool] | None:
     if flash_attn_import_error() is not None:
         return None
     import flash_attn
-
     return f"flash-attn {getattr(flash_attn, '__version__', '?')}", getattr(flash_attn, "RUNS_ON_CPU", False)
 
 
@@ -106,7 +103,7 @@ def _auto(device: torch.device, dtype, half: bool) -> BackendChoice:
 
 
 class PackedKernel:
-    """One varlen call: packed q [Nq, Hq, D], k/v [Nk, Hkv, D]; segment b: q[cu_q[b]:cu_q[b+1]], k[cu_k[b]:cu_k[b+1]]"""
+    """One varlen call over packed q [Nq, Hq, D], k/v [Nk, Hkv, D]: segment b's rows cu_q[b]:cu_q[b+1] (keys: cu_k)."""
 
     def __init__(self, backend: str):
         self.backend = backend
@@ -114,7 +111,6 @@ class PackedKernel:
             self._fn, self._gqa = torch_varlen()
         else:
             from flash_attn import flash_attn_varlen_func
-
             self._fn, self._gqa = flash_attn_varlen_func, True
 
     def reads_in_place(self, hq: int, hkv: int) -> bool:

@@ -22,7 +22,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _rotate(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, positions=None) -> torch.Tensor:
-    """Rotate-half as the halves swapped times the signed sin: one roll, the same products."""
     xf = x.to(cos.dtype)
     return (xf * cos + xf.roll(x.shape[-1] // 2, dims=-1) * sin).to(x.dtype)
 

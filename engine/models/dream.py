@@ -14,8 +14,7 @@ _FIELDS = (("d_model", "hidden_size"), ("n_heads", "num_attention_heads"), ("n_k
            ("eos_token_id", "eos_token_id"), ("pad_token_id", "pad_token_id"), ("bos_token_id", "bos_token_id"))
 _REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
              "mask_token_id")
-# DreamConfig's defaults for keys a config.json leaves out (ZHZisZZ/dllm@ca176752
-# dllm/pipelines/dream/models/configuration_dream.py); a null num_key_value_heads means num_attention_heads
+# DreamConfig's defaults for absent keys (ZHZisZZ/dllm@ca176752 dllm/pipelines/dream/models/configuration_dream.py)
 _DEFAULTS = {"num_key_value_heads": 32, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768}
 # our block module -> Dream's, under model.layers.N
 _BLOCK = {"attn_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
@@ -37,7 +36,7 @@ def _from_hf(d: dict) -> ModelConfig:
         raise ValueError("sliding-window attention is not supported (Dream attends to the whole canvas)")
     d = _DEFAULTS | d
     kw = {ours: d[theirs] for ours, theirs in _FIELDS if d.get(theirs) is not None}
-    kw.setdefault("n_kv_heads", kw["n_heads"])
+    kw.setdefault("n_kv_heads", kw["n_heads"])      # a null num_key_value_heads: one KV head per query head
     kw.setdefault("eos_token_id", kw.get("pad_token_id", 0))
     kw.setdefault("pad_token_id", kw["eos_token_id"])
     return ModelConfig(**kw, embedding_size=kw["vocab_size"], model_type="Dream", qkv_bias=True, shift=1)

@@ -13,8 +13,7 @@ from torch import nn
 
 @dataclass
 class ModelConfig:
-    """One checkpoint's shape and token ids in the engine's names (defaults: LLaDA-8B's shape); `shift` 1:
-    the hidden at position p - 1 predicts token p (Dream)."""
+    """One checkpoint's shape and token ids in the engine's names (defaults: LLaDA-8B's; `shift`: docs/MODELS.md)."""
 
     d_model: int = 4096
     n_heads: int = 32
@@ -73,8 +72,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class Family:
-    """A model family: its user-facing name, config.json's `model_type`, that file both ways (`from_hf` raises
-    ValueError naming what it refuses), our weight name -> the checkpoint's, and its module class."""
+    """What a model family brings (docs/ARCHITECTURE.md, "Adding a model family")."""
 
     name: str
     model_type: str
