@@ -63,27 +63,19 @@ def choose_backend(name: str, device, dtype: torch.dtype | None = None) -> Backe
     device, half = torch.device(device), dtype is None or dtype in HALF_DTYPES
     if name == "sdpa":
         return BackendChoice("sdpa", "attention_backend=sdpa")
-    if name == "auto":
-        return _auto(device, dtype, half)
-    if name not in PACKED:
+    if name in PACKED:
+        found = _kernel(name)
+        if found is None:
+            need = (f"the flash-attn package (pip install '.[gpu]'): {flash_attn_import_error()}" if name != "varlen"
+                    else f"torch >= 2.10 (torch.nn.attention.varlen.varlen_attn); this is torch {torch.__version__}")
+            raise ValueError(f"attention backend {name} needs {need}")
+        if not half:
+            raise ValueError(f"attention backend {name} supports only float16/bfloat16, not {dtype}")
+        if device.type != "cuda" and not found[1]:
+            raise ValueError(f"attention backend {name} needs CUDA")
+        return BackendChoice(name, f"attention_backend={name}: {found[0]}")
+    if name != "auto":
         raise ValueError(f"unknown attention backend {name!r}")
-    found = _kernel(name)
-    if found is None:
-        need = (f"torch >= 2.10 (torch.nn.attention.varlen.varlen_attn); this is torch {torch.__version__}"
-                if name == "varlen" else f"the flash-attn package (pip install '.[gpu]'): {flash_attn_import_error()}")
-        raise ValueError(f"attention backend {name} needs {need}")
-    if not half:
-        raise ValueError(f"attention backend {name} supports only float16/bfloat16, not {dtype}")
-    if device.type != "cuda" and not found[1]:
-        raise ValueError(f"attention backend {name} needs CUDA")
-    return BackendChoice(name, f"attention_backend={name}: {found[0]}")
-
-
-def resolve_backend(name: str, device, dtype: torch.dtype | None = None) -> str:
-    return choose_backend(name, device, dtype).name
-
-
-def _auto(device: torch.device, dtype, half: bool) -> BackendChoice:
     if device.type != "cuda":
         return BackendChoice("sdpa", f"on {device.type}: the varlen kernels are CUDA-only")
     if not half:
@@ -95,11 +87,15 @@ def _auto(device: torch.device, dtype, half: bool) -> BackendChoice:
     if cap < (8, 0):
         return BackendChoice("sdpa", f"sm_{cap[0]}{cap[1]}: FlashAttention varlen kernels need sm_80 or newer")
     no_torch = f"torch {torch.__version__} has no varlen_attn (torch >= 2.10)"
-    for name in PACKED:
-        found = _kernel(name)
+    for packed in PACKED:
+        found = _kernel(packed)
         if found is not None:
-            return BackendChoice(name, found[0] if name == "varlen" else f"{found[0]}; {no_torch}")
+            return BackendChoice(packed, found[0] if packed == "varlen" else f"{found[0]}; {no_torch}")
     return BackendChoice("sdpa", f"{no_torch} and flash-attn does not import: {flash_attn_import_error()}")
+
+
+def resolve_backend(name: str, device, dtype: torch.dtype | None = None) -> str:
+    return choose_backend(name, device, dtype).name
 
 
 class PackedKernel:

@@ -169,8 +169,7 @@ class DenseLM(nn.Module):
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[B, L] -> logits [B, L, V], row p predicting token p (from the hidden at p - shift, row 0 its own)."""
-        L = input_ids.shape[1]
-        pos = torch.arange(L, device=input_ids.device)
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
         logits = torch.stack([self.lm_head(self.hidden_states(row, pos, dense_attention)) for row in input_ids])
         s = self.config.shift
-        return torch.cat([logits[:, :s], logits[:, : L - s]], dim=1) if s else logits
+        return torch.cat([logits[:, :s], logits[:, :-s]], dim=1) if s else logits

@@ -16,7 +16,6 @@ _REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "interme
              "mask_token_id")
 # DreamConfig's defaults for absent keys (ZHZisZZ/dllm@ca176752 dllm/pipelines/dream/models/configuration_dream.py)
 _DEFAULTS = {"num_key_value_heads": 32, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768}
-# our block module -> Dream's, under model.layers.N
 _BLOCK = {"attn_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
           "v_proj": "self_attn.v_proj", "attn_out": "self_attn.o_proj", "ff_norm": "post_attention_layernorm",
           "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "ff_out": "mlp.down_proj"}

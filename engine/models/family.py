@@ -113,8 +113,7 @@ def build_model(cfg: ModelConfig) -> nn.Module:
 
 
 def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    name = model.config.family.hf_name
-    return {name(k): v for k, v in model.state_dict().items()}
+    return {model.config.family.hf_name(k): v for k, v in model.state_dict().items()}
 
 
 def weight_files(path: Path) -> list[str]:
