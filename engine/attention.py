@@ -81,8 +81,8 @@ def choose_backend(name: str, device, dtype: torch.dtype | None = None) -> Backe
     if not half:
         return BackendChoice("sdpa", f"the model is {str(dtype).removeprefix('torch.')}; varlen kernels take fp16/bf16")
     try:
-        cap = tuple(torch.cuda.get_device_capability(device))
-    except Exception:  # no device to ask (a faked CUDA in tests)
+        cap = tuple(torch.cuda.get_device_capability(device)) if torch.cuda.is_available() else (8, 0)
+    except Exception:  # a faked CUDA (tests) has no device to ask
         cap = (8, 0)
     if cap < (8, 0):
         return BackendChoice("sdpa", f"sm_{cap[0]}{cap[1]}: FlashAttention varlen kernels need sm_80 or newer")
