@@ -22,6 +22,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _rotate(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, positions=None) -> torch.Tensor:
+    """x [N, H, D] rotated at the positions its cos/sin rows were gathered at (`positions`: ignored)."""
     xf = x.to(cos.dtype)
     return (xf * cos + xf.roll(x.shape[-1] // 2, dims=-1) * sin).to(x.dtype)
 
