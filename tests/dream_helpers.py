@@ -33,6 +33,6 @@ def write_dream_checkpoint(model: DenseLM, path):
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(model.config.to_hf()))
+    (path / "config.json").write_text(json.dumps(model.config.family.to_hf(model.config)))
     save_file({k: v.contiguous() for k, v in hf_state_dict(model).items()}, str(path / "model.safetensors"))
     return path

@@ -30,7 +30,7 @@ def test_dream_config_maps_to_the_engine_facts():
     assert (cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.n_layers) == (48, 6, 2, 8, 2)
     assert (cfg.mlp_hidden_size, cfg.padded_vocab, cfg.mask_token_id, cfg.eos_token_id) == (80, 97, 96, 95)
     assert cfg.shift == 1 and cfg.qkv_bias and cfg.max_sequence_length == 256
-    assert config_from_dict(cfg.to_hf()) == cfg          # config.json written and read back
+    assert config_from_dict(cfg.family.to_hf(cfg)) == cfg          # config.json written and read back
 
 
 def test_keys_a_dream_config_leaves_out_take_dreamconfigs_defaults():
@@ -106,7 +106,7 @@ def test_a_sharded_dream_checkpoint_loads_with_its_names_and_biases(tmp_path):
     state = hf_state_dict(m)
     assert "model.layers.1.self_attn.k_proj.bias" in state and "lm_head.weight" in state
     assert "model.layers.0.self_attn.o_proj.bias" not in state
-    path = _write(tmp_path / "d", cfg.to_hf(), state)
+    path = _write(tmp_path / "d", cfg.family.to_hf(cfg), state)
     assert config_from_pretrained(path) == cfg
     loaded = load_model(path, torch.float64)
     ids = torch.randint(0, 96, (1, 7), generator=torch.Generator().manual_seed(0))
@@ -123,7 +123,7 @@ def test_a_bad_dream_checkpoint_is_one_line(tmp_path, change, message):
     state = hf_state_dict(_random_model(cfg))
     change(state)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_model(_write(tmp_path / "d", cfg.to_hf(), state), torch.float64)
+        load_model(_write(tmp_path / "d", cfg.family.to_hf(cfg), state), torch.float64)
 
 
 def test_an_unknown_model_type_names_the_supported_families():

@@ -1,7 +1,7 @@
 """Named model presets (gpt-fast `ModelArgs.from_name` style): data only.
 
 A preset names its family (config.json's `model_type`) and a shape; its config.json is the
-family's template for that shape (`ModelConfig.to_hf` through engine.models), its special ids the
+family's template for that shape (`Family.to_hf` through engine.models), its special ids the
 family's (token_layouts), plus a weight seed and a tokenizer size, so every preset exercises
 the same code paths as the real model of its family. Presets are made on first use into a cache
 directory (random weights: dllm_bench.checkpoints.make), or, for a preset with `asset=`, point at
@@ -82,12 +82,13 @@ class Preset:
                            n_layers=self.n_layers, mlp_hidden_size=self.mlp_hidden_size, vocab_size=self.vocab_size,
                            embedding_size=self.vocab_size, max_sequence_length=self.max_sequence_length,
                            model_type=self.model_type, **rope, **ids)
-        return config_from_dict(base.to_hf())
+        return config_from_dict(base.family.to_hf(base))
 
     def config_dict(self, special_ids: dict[str, int] | None = None) -> dict:
         """The family's config.json for this size; special_ids (bos/eos/pad/mask) default to the
         preset's tokenizer's. An id not given is left out (the real LLaDA config has no bos)."""
-        hf = self.model_config(special_ids).to_hf()
+        cfg = self.model_config(special_ids)
+        hf = cfg.family.to_hf(cfg)
         hf = {k: v for k, v in hf.items() if not (k.endswith("_token_id") and v is None)}
         if special_ids is not None:
             hf = {k: v for k, v in hf.items() if not k.endswith("_token_id") or k in special_ids}

@@ -177,7 +177,7 @@ def model_config(cfg: TrainConfig, special_ids: dict[str, int]) -> ModelConfig:
                        n_layers=cfg.n_layers, mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=cfg.vocab_size,
                        embedding_size=cfg.vocab_size, max_sequence_length=cfg.max_sequence_length,
                        rope_theta=cfg.rope_theta, model_type=cfg.model_type, **special_ids)
-    return config_from_dict(base.to_hf())
+    return config_from_dict(base.family.to_hf(base))
 
 
 def init_model(mcfg: ModelConfig, seed: int) -> DenseLM:
@@ -332,7 +332,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, command: str | N
     state = {k: v.detach().to(DTYPES[cfg.save_dtype]).contiguous() for k, v in hf_state_dict(model).items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     os.chmod(out / "model.safetensors", 0o644)
-    hf = mcfg.to_hf() | {"torch_dtype": cfg.save_dtype}
+    hf = mcfg.family.to_hf(mcfg) | {"torch_dtype": cfg.save_dtype}
     (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     write_curve(curve, out, f"tiny {mcfg.family.name} on {cfg.task}")
     summary = {

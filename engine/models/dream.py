@@ -3,8 +3,6 @@ q/k/v biases and GQA, attention made bidirectional, and Qwen's next-token head k
 state at p - 1 predicts token p (`shift` = 1). Config and weight names: its modeling_dream.py."""
 from __future__ import annotations
 
-import re
-
 from engine.models.dense import DenseLM
 from engine.models.family import Family, ModelConfig, register
 
@@ -16,16 +14,13 @@ _FIELDS = (("d_model", "hidden_size"), ("n_heads", "num_attention_heads"), ("n_k
            ("eos_token_id", "eos_token_id"), ("pad_token_id", "pad_token_id"), ("bos_token_id", "bos_token_id"))
 _REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
              "mask_token_id")
-# DreamConfig's defaults for keys a config.json leaves out (ZHZisZZ/dllm@ca176752
-# dllm/pipelines/dream/models/configuration_dream.py); a null num_key_value_heads means num_attention_heads
+# DreamConfig's defaults for absent keys (ZHZisZZ/dllm@ca176752 dllm/pipelines/dream/models/configuration_dream.py)
 _DEFAULTS = {"num_key_value_heads": 32, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768}
-# our block module -> Dream's, under model.layers.N
 _BLOCK = {"attn_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
           "v_proj": "self_attn.v_proj", "attn_out": "self_attn.o_proj", "ff_norm": "post_attention_layernorm",
           "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "ff_out": "mlp.down_proj"}
 _TOP = {"model.transformer.wte.weight": "model.embed_tokens.weight",
         "model.transformer.ln_f.weight": "model.norm.weight", "model.transformer.ff_out.weight": "lm_head.weight"}
-_IN_BLOCK = re.compile(r"model\.transformer\.blocks\.(\d+)\.(\w+)\.(weight|bias)")
 
 
 def _from_hf(d: dict) -> ModelConfig:
@@ -39,29 +34,25 @@ def _from_hf(d: dict) -> ModelConfig:
     if d.get("use_sliding_window"):
         raise ValueError("sliding-window attention is not supported (Dream attends to the whole canvas)")
     d = _DEFAULTS | d
-    if d["num_key_value_heads"] is None:
-        d = d | {"num_key_value_heads": d["num_attention_heads"]}
     kw = {ours: d[theirs] for ours, theirs in _FIELDS if d.get(theirs) is not None}
+    kw.setdefault("n_kv_heads", kw["n_heads"])      # a null num_key_value_heads: one KV head per query head
     kw.setdefault("eos_token_id", kw.get("pad_token_id", 0))
     kw.setdefault("pad_token_id", kw["eos_token_id"])
     return ModelConfig(**kw, embedding_size=kw["vocab_size"], model_type="Dream", qkv_bias=True, shift=1)
 
 
 def _to_hf(cfg: ModelConfig) -> dict:
-    d = {theirs: getattr(cfg, ours) for ours, theirs in _FIELDS}
-    return d | {"model_type": "Dream", "architectures": ["DreamModel"], "hidden_act": "silu",
-                "tie_word_embeddings": False, "rope_scaling": None, "use_sliding_window": False,
-                "attention_dropout": 0.0, "auto_map": {"AutoConfig": "configuration_dream.DreamConfig",
-                                                       "AutoModel": "modeling_dream.DreamModel"}}
+    return {theirs: getattr(cfg, ours) for ours, theirs in _FIELDS} | {
+        "model_type": "Dream", "architectures": ["DreamModel"], "hidden_act": "silu", "tie_word_embeddings": False,
+        "rope_scaling": None, "use_sliding_window": False, "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"}}
 
 
 def _hf_name(name: str) -> str:
     if name in _TOP:
         return _TOP[name]
-    m = _IN_BLOCK.fullmatch(name)
-    if not m:
-        raise KeyError(f"no Dream name for {name}")
-    return f"model.layers.{m[1]}.{_BLOCK[m[2]]}.{m[3]}"
+    layer, module, kind = name.removeprefix("model.transformer.blocks.").split(".")
+    return f"model.layers.{layer}.{_BLOCK[module]}.{kind}"
 
 
-DREAM = register(Family("Dream", "Dream", _from_hf, _to_hf, hf_name=_hf_name, model_class=DenseLM))
+register(Family("Dream", "Dream", _from_hf, _to_hf, hf_name=_hf_name, model_class=DenseLM))

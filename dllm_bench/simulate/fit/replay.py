@@ -51,7 +51,7 @@ def _model(run_dir: str) -> tuple[ModelConfig, str, dict, float]:
                         embedding_size=m.get("padded_vocab") or m["vocab_size"],
                         max_sequence_length=m.get("max_sequence_length") or 4096,
                         model_type=m.get("model_type") or "llada")   # runs before families were recorded: LLaDA
-    model = config_from_dict(shape.to_hf())     # through its family: biases, the prediction shift
+    model = config_from_dict(shape.family.to_hf(shape))     # through its family: biases, the prediction shift
     return model, cfg["preset"]["dtype"], dict(cfg.get("baseline_defaults") or {}), float(cfg.get("memory_budget") or 0)
 
 
