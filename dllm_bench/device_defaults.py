@@ -60,8 +60,8 @@ def is_cuda(device: Device) -> bool:
 
 
 def default_dtype(device: Device) -> str:
-    """The engine's default dtype on `device` (engine.config.default_dtype: bfloat16 on CUDA)."""
-    return engine_defaults.default_dtype(resolve_device(device))
+    """The dtype a run takes unless told: bfloat16 on CUDA (LLaDA's own), float32 elsewhere."""
+    return "bfloat16" if resolve_device(device).type == "cuda" else "float32"
 
 
 def cuda_graphs_on(flag: bool | None, device: Device) -> bool:

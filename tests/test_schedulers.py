@@ -18,4 +18,4 @@ def test_the_scheduler_holds_the_named_policy():
         assert type(s.policy) is kinds[name]
         assert getattr(s.policy, "whole_canvas", False) == (name == "request")
         assert isinstance(s.plan, Lookahead) == (name == "lookahead")
-        assert s.credit is s.policy.credit and not s.credit.credit
+        assert not s.policy.credit and not s.policy.granted
