@@ -1,5 +1,4 @@
-"""The dLLM serving engine, depending on nothing else in this repository: `with engine.open(EngineConfig(
-model=path)) as eng: outputs = eng.generate(prompts, SamplingParams(gen_length=64))`."""
+"""The dLLM serving engine (nothing else of ours): `engine.open(EngineConfig(model=path)).generate(prompts, params)`."""
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.engine import open_engine as open

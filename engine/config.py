@@ -1,5 +1,4 @@
-"""EngineConfig: one dataclass that flows everywhere, a switch for every mechanism (what `dllm-bench ablate`
-flips; its fields: docs/ENGINE.md, "EngineConfig")."""
+"""EngineConfig: one dataclass that flows everywhere, every mechanism's switch (docs/ENGINE.md, "EngineConfig")."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
@@ -12,7 +11,6 @@ GPU_MEMORY_UTILIZATION = 0.9
 CHOICES = {"cache": ("none", "dual", "sparse", "auto"), "selection": ("head", "uniform"),
            "score_query": ("mean", "max"), "scheduler": SCHEDULERS, "dtype": tuple(DTYPES),
            "attention_backend": ("auto", "sdpa", "varlen", "flash_attn")}
-# field -> (the test its value passes, what it must be); None passes where the field is optional
 RULES = {**dict.fromkeys(("max_num_batched_tokens", "max_num_seqs", "max_model_len", "refresh_chunk_tokens",
                           "max_num_logits", "memory_budget"), (lambda v: v > 0, "positive")),
          **dict.fromkeys(("kv_pool_tokens", "delay_step", "ridge_rows", "overhead_rows"), (lambda v: v >= 0, ">= 0")),

@@ -1,5 +1,4 @@
-"""LLMEngine: continuous batching of diffusion requests (add_request / step / generate / abort), the step
-counters every serving system reports, and `open_engine` (`engine.open`) on one device or over ranks."""
+"""LLMEngine (continuous batching of diffusion requests), its step counters and `open_engine` (`engine.open`)."""
 from __future__ import annotations
 
 import contextlib
@@ -62,12 +61,6 @@ class StepCounters(dict):
                     batch_size_maxima=[list(m) for m in self.maxima])
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def run_to_completion(system, prompts, params, progress=None) -> list[RequestOutput]:
     """Add every prompt to a serving system and step it until all finish; outputs in input order."""
     plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
@@ -90,7 +83,8 @@ class LLMEngine(contextlib.AbstractContextManager):
             raise ValueError("tensor_parallel_size > 1 is an engine over several ranks: build it with "
                              "engine.open(config)")
         if model is None and runner is None:
-            model = load_model(config.model, DTYPES[config.dtype], resolve_device(config.device))
+            device = ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
+            model = load_model(config.model, DTYPES[config.dtype], torch.device(device))
         self.model = model if model is not None else getattr(runner, "model", None)
         source = runner if runner is not None else model
         self.device, self.dtype = source.device, source.dtype
@@ -98,8 +92,7 @@ class LLMEngine(contextlib.AbstractContextManager):
         self.max_model_len = config.max_model_len or self.model_config.max_sequence_length
         self.attention = choose_backend(config.attention_backend, self.device, self.dtype)
         self.backend = self.attention.name
-        self.profile = None
-        capacity = config.kv_pool_tokens
+        self.profile, capacity = None, config.kv_pool_tokens
         if capacity is None and (config.memory_budget is not None or self.device.type == "cuda"):
             if self.model is None:
                 raise ValueError("an injected runner without a model cannot be profiled: set kv_pool_tokens")
@@ -173,22 +166,20 @@ class LLMEngine(contextlib.AbstractContextManager):
         st = self.runner.run(batch)
         if st.decisions is not None:
             self.commit(batch, st.decisions)
-        done = []
-        for req in self.advance(batch, time.perf_counter(), committed=st.decisions is not None):
+        finished = self.advance(batch, time.perf_counter(), committed=st.decisions is not None)
+        for req in finished:
             self.scheduler.finish(req)
-            done.append(req.output())
         self.counters.record(len(batch), st.query_tokens, st.logits_rows, st.max_logits_rows, st.refresh, st.reuse,
                              self.scheduler.stalled, self.scheduler.deferred, started=started,
                              key_tokens=st.key_tokens, padded=st.padded_requests, graph=st.graph, cache=st.cache)
-        return done
+        return [req.output() for req in finished]
 
     def commit(self, batch: Batch, d: StepDecisions) -> None:
         """The decided tokens written into the canvas pool, then read back in one device-to-host copy."""
         offsets = np.fromiter((r.canvas_offset for r, _ in batch), dtype=np.int64, count=len(batch))
         cols = [d.row.long(), d.positions.long(), d.tokens.long()]
         index = to_device(offsets, self.device)[d.row] + d.positions if d.canvas_index is None else d.canvas_index
-        if d.taken is not None:
-            # entries that do not commit write the pool's trash cell (no real cell written twice)
+        if d.taken is not None:     # entries that do not commit write the trash cell (no cell written twice)
             index = torch.where(d.taken, index, self.canvases.trash)
             cols.append(d.taken.long())
         self.canvases.tokens[index] = d.tokens

@@ -1,5 +1,4 @@
-"""A request (its canvas of prompt + MASKs, block cursor, phase, timestamps and counters) and the pool
-holding every running canvas in one token tensor mirrored on the host."""
+"""A request (canvas of prompt + MASKs, block cursor, phase, times, counters); the pool of running canvases."""
 from __future__ import annotations
 
 import enum
@@ -84,15 +83,12 @@ class Request:
         self.decoding = p.decoding
         self.schedule = p.block_counts(p.block_length)
         self.grid = timesteps(self.steps_per_block, p.eps) if p.remasking == "origin" else None
-        self._moves: tuple[tuple[int, int], np.ndarray] | None = None
-        self.block_steps: list[int] = []
-        self.block_times: list[float] = []
-        self.planned_steps: list[int] | None = None
+        self.block_steps, self.block_times = [], []
+        self.planned_steps = self._moves = None     # forwards per block where none commit; `moves` at a cursor
         self.gens = RequestGenerators(p.seed, self.device)
         self.admitted_time = self.first_token_time = self.finished_time = None
         self.nfe = self.logits_rows = self.kv_tokens = self.kv_bytes = 0
-        self.slots: torch.Tensor | None = None
-        self.kv_pool = self.canvas_offset = self.canvas_pool = None
+        self.slots = self.kv_pool = self.canvas_offset = self.canvas_pool = None     # set when admitted
 
     @property
     def block_range(self) -> tuple[int, int]:
@@ -149,8 +145,7 @@ class Request:
         if done:
             self.block_steps.append(self.step_in_block)
             self.block_times.append(now)
-            self.step_in_block = 0
-            self.block += 1
+            self.step_in_block, self.block = 0, self.block + 1
             if self.first_token_time is None:
                 self.first_token_time = now
             if self.is_finished:
@@ -179,14 +174,10 @@ class CanvasPool:
         self.trash = self._take(1)                  # a cell no canvas owns: writes that commit nothing
 
     def place(self, req: Request) -> None:
-        n = req.length
-        off = self._take(n)
-        self.tokens[off : off + n] = req.canvas
-        self.host[off : off + n] = req.host_canvas
+        off = self._take(req.length)
+        self.tokens[off : off + req.length] = req.canvas
+        self.host[off : off + req.length] = req.host_canvas
         self.placed[off] = req
-        self._view(off, req)
-
-    def _view(self, off: int, req: Request) -> None:
         req.canvas, req.host_canvas = self.tokens[off : off + req.length], self.host[off : off + req.length]
         req.canvas_offset, req.canvas_pool = off, self
 
@@ -198,15 +189,14 @@ class CanvasPool:
             self.tokens = torch.cat([self.tokens, torch.zeros(added, dtype=torch.long, device=self.device)])
             self.host = np.concatenate([self.host, np.zeros(added, dtype=np.int64)])
             self.ranges.grow(len(self.host))
-            for off, r in self.placed.items():
-                self._view(off, r)
+            for off, r in self.placed.items():     # re-point the views at the new storage
+                r.canvas, r.host_canvas = self.tokens[off : off + r.length], self.host[off : off + r.length]
             got = self.ranges.take(n, contiguous=True)
         return got[0][0]
 
     def release(self, req: Request) -> None:
         off = req.canvas_offset
-        if self.placed.pop(off, None) is None:
-            return
+        del self.placed[off]
         req.canvas, req.host_canvas = req.canvas.clone(), req.host_canvas.copy()
         req.canvas_offset = req.canvas_pool = None
         self.ranges.put([(off, off + req.length)])

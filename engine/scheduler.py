@@ -1,5 +1,4 @@
-"""The scheduler: queues, admission, and the phase and look-ahead policies deciding who runs each step
-(docs/SCHEDULER.md)."""
+"""The scheduler: queues, admission, and the policies deciding who runs each step (docs/SCHEDULER.md)."""
 from __future__ import annotations
 
 import itertools
@@ -13,18 +12,15 @@ from engine.kv_cache import AUTO, KVPool, Shape, admission_mode, kv_need, prefer
 from engine.request import CanvasPool, Phase, Request, Status, phase_at
 from engine.step import Batch
 
-SHARE = 0.5     # a long Refresh's share of a contended step (the rest is left to the requests behind it)
-
 
 class Scheduler:
     """The waiting queue and the running set; the policy schedules them, admitting through `admit_head`."""
 
-    def __init__(self, config: EngineConfig, pool: KVPool, canvases: CanvasPool | None = None):
+    def __init__(self, config: EngineConfig, pool: KVPool, canvases: CanvasPool):
         self.config, self.pool, self.canvases = config, pool, canvases
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.stalled = 0            # running requests the last schedule() left out
-        self.deferred = 0           # running requests the last step had wait by plan (ledger or credit)
+        self.stalled = self.deferred = 0    # running requests the last step left out: over budget, by plan
         self.served = Counter()
         self.policy: PhasePolicy = POLICIES[config.scheduler](config)
         self.cost, self.plan = self.policy.cost, self.policy.plan
@@ -54,8 +50,7 @@ class Scheduler:
         req.kv_tokens = kv_need(mode, req.length, req.block_length, self.config.retention)
         req.kv_bytes = req.kv_tokens * self.pool.bytes_per_token
         req.slots, req.kv_pool = self.pool.reserve(req.kv_tokens), self.pool
-        if self.canvases is not None:
-            self.canvases.place(req)
+        self.canvases.place(req)
         self.running.append(req)
         return req
 
@@ -66,8 +61,7 @@ class Scheduler:
             self.plan.drop(req)
         self.pool.release(req.kv_tokens, req.slots)
         req.slots = None
-        if self.canvases is not None:
-            self.canvases.release(req)
+        self.canvases.release(req)
 
     def abort(self, request_id: str) -> None:
         for req in [*self.waiting, *self.running]:
@@ -83,20 +77,20 @@ class Scheduler:
 class PhasePolicy:
     """Greedy FCFS by phase cost; `whole_canvas` (scheduler=request) charges every step the whole canvas."""
 
-    plan: Lookahead | None = None           # the ledger of a planning policy
+    plans = False                           # a planning policy (its `plan`: a Lookahead)
     chunks_long_refresh = True              # admits a canvas over the token budget (its Refresh on credit)
     long_refusal = ""                       # why not, if it does not
 
     def __init__(self, config: EngineConfig):
         self.config = config
         self.whole_canvas = config.scheduler == "request"
-        self.share = max(1, int(config.max_num_batched_tokens * SHARE))
+        self.plan = Lookahead(config.max_num_batched_tokens, config.cache, config.delay_step) if self.plans else None
+        self.share = max(1, config.max_num_batched_tokens // 2)     # a long Refresh's share of a contended step
         self.credit: dict[int, int] = {}        # id(request) -> budget accrued toward its long Refresh
         self.granted: dict[int, int] = {}       # this step's grants
 
     def grant(self, req: Request, room: int, demand_after: int) -> bool:
-        """Grant `req`'s long Refresh part of the `room` left (those behind ask `demand_after`); True: it runs now
-        (docs/MEMORY.md, "Scheduling")."""
+        """Grant `req`'s long Refresh part of the `room` left (those behind ask `demand_after`); True: it runs now."""
         have = self.credit.get(id(req), 0)
         g = min(room, req.length - have, max(min(room, self.share), room - demand_after))
         self.granted[id(req)] = g
@@ -118,9 +112,7 @@ class PhasePolicy:
     def schedule(self, q: Scheduler, now: float) -> Batch:
         """The running requests in FCFS order, then the queue's head while they fit; nobody overtakes."""
         c, T = self.config, self.config.max_num_batched_tokens
-        batch: Batch = []
-        accruing: Batch = []                            # long Refreshes charged, not run this step
-        tokens = 0
+        batch, accruing, tokens = [], [], 0             # accruing: long Refreshes charged, not run this step
         self.granted.clear()
         while len(batch) + len(accruing) < len(q.running) or q.waiting:
             i = len(batch) + len(accruing)              # the next request's place in the running set
@@ -150,12 +142,9 @@ class PhasePolicy:
 class LookaheadPolicy(PhasePolicy):
     """The phase costs; who runs: those the plan has in this step, then FCFS admission while the head fits."""
 
+    plans = True
     chunks_long_refresh = False
     long_refusal = "its ledger plans every step whole within the token budget"
-
-    def __init__(self, config: EngineConfig):
-        super().__init__(config)
-        self.plan = Lookahead(config.max_num_batched_tokens, config.cache, config.delay_step)
 
     def schedule(self, q: Scheduler, now: float) -> Batch:
         c, plan = self.config, self.plan
@@ -190,10 +179,8 @@ def long_schedulers() -> list[str]:
     return [name for name, policy in POLICIES.items() if policy.chunks_long_refresh]
 
 
-# ---------------------------------------------------------------- the look-ahead plan (the paper's §7)
 def planned_costs(req: Request, cache: str, delay_step: int) -> np.ndarray:
-    """Query tokens of `req`'s remaining planned steps, a block at its longest (parallel decoding: one step per
-    position; past its planned end: one more step)."""
+    """Query tokens of `req`'s remaining planned steps, each block at its longest (docs/SCHEDULER.md)."""
     n, i = req.steps_per_block if req.decoding.fixed else req.block_length, req.step_in_block
     block = np.array([req.query_cost(phase_at(k, cache, delay_step)) for k in range(max(n, i + 1))], dtype=np.int64)
     return np.concatenate([block[i:], np.tile(block[:n], req.num_blocks - req.block - 1)])
@@ -251,8 +238,7 @@ class Lookahead:
 
     def due(self, running: list[Request]) -> list[Request]:
         """The running requests that run this step, in running (FCFS) order."""
-        t, out = self.now, []
-        self.stalled = 0
+        t, out, self.stalled = self.now, [], 0
         for req in running:
             p = self.plans[id(req)]
             cursor = (req.block, req.step_in_block)
