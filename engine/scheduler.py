@@ -77,14 +77,14 @@ class Scheduler:
 class PhasePolicy:
     """Greedy FCFS by phase cost; `whole_canvas` (scheduler=request) charges every step the whole canvas."""
 
-    plans = False                           # a planning policy (its `plan`: a Lookahead)
+    planning = False                        # its `plan`: a Lookahead
     chunks_long_refresh = True              # admits a canvas over the token budget (its Refresh on credit)
     long_refusal = ""                       # why not, if it does not
 
     def __init__(self, config: EngineConfig):
         self.config = config
         self.whole_canvas = config.scheduler == "request"
-        self.plan = Lookahead(config.max_num_batched_tokens, config.cache, config.delay_step) if self.plans else None
+        self.plan = Lookahead(config.max_num_batched_tokens, config.cache, config.delay_step) if self.planning else None
         self.share = max(1, config.max_num_batched_tokens // 2)     # a long Refresh's share of a contended step
         self.credit: dict[int, int] = {}        # id(request) -> budget accrued toward its long Refresh
         self.granted: dict[int, int] = {}       # this step's grants
@@ -142,7 +142,7 @@ class PhasePolicy:
 class LookaheadPolicy(PhasePolicy):
     """The phase costs; who runs: those the plan has in this step, then FCFS admission while the head fits."""
 
-    plans = True
+    planning = True
     chunks_long_refresh = False
     long_refusal = "its ledger plans every step whole within the token budget"
 
