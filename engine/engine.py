@@ -1,4 +1,4 @@
-"""LLMEngine (continuous batching of diffusion requests), its step counters and `open_engine` (`engine.open`)."""
+"""LLMEngine: continuous batching of diffusion requests (add_request / step / generate / abort); its step counters."""
 from __future__ import annotations
 
 import contextlib
@@ -212,16 +212,3 @@ class LLMEngine(contextlib.AbstractContextManager):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def open_engine(config: EngineConfig, model: DenseLM | None = None, runner: Runner | None = None, *,
-                threads: int = 1, cluster=None) -> LLMEngine:
-    """The engine `config` describes (`model`: loaded; `runner`: any `Runner`; `cluster`: ranks running)."""
-    if config.tensor_parallel_size == 1 or runner is not None:
-        return LLMEngine(config, model=model, runner=runner)
-    if model is not None:
-        raise ValueError("an engine over several ranks loads its shards of config.model on each rank: "
-                         "give no loaded model")
-    from engine.parallel.driver import ParallelEngine
-
-    return ParallelEngine(config, cluster=cluster, threads=threads)

@@ -195,8 +195,7 @@ class CanvasPool:
         return got[0][0]
 
     def release(self, req: Request) -> None:
-        off = req.canvas_offset
-        del self.placed[off]
+        del self.placed[req.canvas_offset]
+        self.ranges.put([(req.canvas_offset, req.canvas_offset + req.length)])
         req.canvas, req.host_canvas = req.canvas.clone(), req.host_canvas.copy()
         req.canvas_offset = req.canvas_pool = None
-        self.ranges.put([(off, off + req.length)])
