@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.counters import StepCounters
-from engine.engine import run_to_completion
+from engine.engine import StepCounters, run_to_completion
 from engine.kv_cache import bytes_per_token
 from engine.models import DenseLM
 from engine.request import Request, RequestOutput, Status

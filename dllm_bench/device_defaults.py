@@ -47,10 +47,8 @@ def resolve_device(device: Device) -> torch.device:
     """`auto` (or None) -> cuda when present, else cpu; a SimulatedGpu -> cuda; anything else as given."""
     if isinstance(device, SimulatedGpu):
         return torch.device("cuda")
-    if device is None or str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        return engine_defaults.resolve_device("auto" if device is None else str(device))
     except RuntimeError:
         raise UserError(f"--device must be auto, cpu or cuda[:N], got {device!r}") from None
 

@@ -1,33 +1,63 @@
-"""LLMEngine: continuous batching of diffusion requests (add_request / step / generate / abort)."""
+"""LLMEngine: continuous batching of diffusion requests (add_request / step / generate / abort); its step counters."""
 from __future__ import annotations
 
 import contextlib
 import itertools
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from engine.attention import choose_backend
-from engine.canvas import CanvasPool
-from engine.config import DTYPES, EngineConfig
-from engine.counters import StepCounters
+from engine.config import DTYPES, EngineConfig, resolve_device
 from engine.graphs import StepGraphs
-from engine.kv_cache import AUTO, KVPool, never_cached
+from engine.kv_cache import AUTO, KVPool, kv_need, never_cached
 from engine.models import DenseLM, load_model
 from engine.profiler import profile_kv_pool
-from engine.request import Phase, Request, RequestOutput, Status
+from engine.request import CanvasPool, Request, RequestOutput, Status
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler, long_refusal, long_schedulers
 from engine.step import Batch, Runner, StepDecisions
 
+STEP_HISTORY = 4096      # per-step entries kept (the aggregates are exact whatever the number of steps)
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+
+class StepCounters(dict):
+    """Cumulative counters, the last steps' `batch_sizes` and `step_log`, and the batch-size suffix maxima."""
+
+    def __init__(self) -> None:
+        super().__init__(steps=0, forwards=0, query_tokens=0, logits_rows=0, max_logits_rows_in_step=0,
+                         refresh_steps=0, reuse_steps=0, stalled_steps=0, stalled_requests=0,
+                         deferred_steps=0, deferred_requests=0, batched_requests=0)
+        self.batch_sizes: deque[int] = deque(maxlen=STEP_HISTORY)
+        self.step_log: deque[tuple[int, int, int]] = deque(maxlen=STEP_HISTORY)
+        self.maxima: list[tuple[int, int]] = []  # (step, batch size) of every step no later step matched or beat
+        self.sink: Callable | None = None        # a step trace's: called with each forward's fields
+
+    def record(self, batch_size: int, query_tokens: int, logits_rows: int, max_logits_rows: int,
+               refresh: int, reuse: int, stalled: int = 0, deferred: int = 0, *, started: float | None = None,
+               key_tokens: int = 0, padded: int | None = None, graph: bool = False, cache: dict | None = None) -> None:
+        """One forward (`stalled`: left out by the budget, `deferred`: by the plan; `started`: sink it)."""
+        if self.sink is not None and started is not None:
+            self.sink(started, time.perf_counter(), batch_size, batch_size if padded is None else padded,
+                      refresh, reuse, query_tokens, key_tokens, logits_rows, graph, cache)
+        for k, v in dict(steps=1, forwards=1, query_tokens=query_tokens, logits_rows=logits_rows, refresh_steps=refresh,
+                         reuse_steps=reuse, stalled_steps=stalled > 0, stalled_requests=stalled,
+                         deferred_steps=deferred > 0, deferred_requests=deferred, batched_requests=batch_size).items():
+            self[k] += v
+        self["max_logits_rows_in_step"] = max(self["max_logits_rows_in_step"], max_logits_rows)
+        self.batch_sizes.append(batch_size)
+        self.step_log.append((refresh, reuse, query_tokens))
+        while self.maxima and self.maxima[-1][1] <= batch_size:
+            self.maxima.pop()
+        self.maxima.append((self["steps"], batch_size))
+
+    def stats(self) -> dict:
+        return dict(self, batch_sizes=list(self.batch_sizes), step_composition=[list(s) for s in self.step_log],
+                    batch_size_maxima=[list(m) for m in self.maxima])
 
 
 def run_to_completion(system, prompts, params, progress=None) -> list[RequestOutput]:
@@ -60,8 +90,7 @@ class LLMEngine(contextlib.AbstractContextManager):
         self.max_model_len = config.max_model_len or self.model_config.max_sequence_length
         self.attention = choose_backend(config.attention_backend, self.device, self.dtype)
         self.backend = self.attention.name
-        self.profile = None
-        capacity = config.kv_pool_tokens
+        self.profile, capacity = None, config.kv_pool_tokens
         if capacity is None and (config.memory_budget is not None or self.device.type == "cuda"):
             if self.model is None:
                 raise ValueError("an injected runner without a model cannot be profiled: set kv_pool_tokens")
@@ -105,10 +134,10 @@ class LLMEngine(contextlib.AbstractContextManager):
                              f"is refreshed in chunks under scheduler={' | '.join(long_schedulers())} on one device)")
         req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, mc.mask_token_id, self.device,
                       time.perf_counter() if arrival_time is None else arrival_time, shift=mc.shift)
-        need = self.scheduler.kv_need(req)      # waiting under auto: sparse's, the least
+        need = kv_need(c.cache, length, params.block_length, c.retention)     # under auto: sparse's, the least
         uncached = c.cache == "none" or (c.cache == AUTO and never_cached(self.pool.capacity, need))
-        if req.query_cost(Phase.REUSE) > budget and not uncached:
-            edge = f" + {req.shift} edge row" if req.shift else ""
+        if params.block_length + mc.shift > budget and not uncached:
+            edge = f" + {mc.shift} edge row" if mc.shift else ""
             raise ValueError(f"block_length {params.block_length}{edge} exceeds max_num_batched_tokens "
                              f"{budget}: its Reuse steps could never be scheduled")
         if not uncached and not self.pool.can_ever_fit(need):
@@ -135,14 +164,13 @@ class LLMEngine(contextlib.AbstractContextManager):
         st = self.runner.run(batch)
         if st.decisions is not None:
             self.commit(batch, st.decisions)
-        done = []
-        for req in self.advance(batch, time.perf_counter(), committed=st.decisions is not None):
+        finished = self.advance(batch, time.perf_counter(), committed=st.decisions is not None)
+        for req in finished:
             self.scheduler.finish(req)
-            done.append(req.output())
         self.counters.record(len(batch), st.query_tokens, st.logits_rows, st.max_logits_rows, st.refresh, st.reuse,
                              self.scheduler.stalled, self.scheduler.deferred, started=started,
                              key_tokens=st.key_tokens, padded=st.padded_requests, graph=st.graph, cache=st.cache)
-        return done
+        return [req.output() for req in finished]
 
     def commit(self, batch: Batch, d: StepDecisions) -> None:
         """The decided tokens written into the canvas pool, then read back in one device-to-host copy."""
@@ -150,8 +178,7 @@ class LLMEngine(contextlib.AbstractContextManager):
         cols = [d.row.long(), d.positions.long(), d.tokens.long()]
         index = d.canvas_index if d.canvas_index is not None else (
             torch.from_numpy(offsets).to(self.device, non_blocking=True)[d.row] + d.positions)
-        if d.taken is not None:
-            # entries that do not commit write the pool's trash cell (no real cell written twice)
+        if d.taken is not None:     # entries that do not commit write the trash cell (no cell written twice)
             index = torch.where(d.taken, index, self.canvases.trash)
             cols.append(d.taken.long())
         self.canvases.tokens[index] = d.tokens
@@ -163,12 +190,9 @@ class LLMEngine(contextlib.AbstractContextManager):
 
     def advance(self, batch: Batch, now: float, committed: bool = True) -> list[Request]:
         """Move the cursors -> the finished requests (`committed` False: blocks end as planned)."""
-        done = []
         for req, _ in batch:
             req.advance(now, req.block_done(committed))
-            if req.status is Status.FINISHED:
-                done.append(req)
-        return done
+        return [req for req, _ in batch if req.status is Status.FINISHED]
 
     generate = run_to_completion
 
@@ -187,4 +211,3 @@ class LLMEngine(contextlib.AbstractContextManager):
 
     def __exit__(self, *exc) -> None:
         self.close()
-

@@ -1,4 +1,4 @@
-"""A request: its canvas (prompt + MASKs), block cursor, phase, timestamps and counters."""
+"""A request (canvas of prompt + MASKs, block cursor, phase, times, counters); the pool of running canvases."""
 from __future__ import annotations
 
 import enum
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.decoding import Decoding
+from engine.kv_cache import SlotRanges
 from engine.sampling import SamplingParams
 from engine.unmask import RequestGenerators, origin_moves, timesteps
 
@@ -25,7 +25,6 @@ class Phase(enum.Enum):
 
 
 def phase_at(step_in_block: int, cache: str, delay_step: int) -> Phase:
-    """The phase of a block's step `step_in_block` under a cache policy."""
     if cache == "dual":
         return Phase.REFRESH_STORE if step_in_block == 0 else Phase.REUSE
     if cache == "sparse" and step_in_block >= delay_step:
@@ -33,11 +32,7 @@ def phase_at(step_in_block: int, cache: str, delay_step: int) -> Phase:
     return Phase.REFRESH
 
 
-class Status(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-    ABORTED = "aborted"
+Status = enum.Enum("Status", ["WAITING", "RUNNING", "FINISHED", "ABORTED"])
 
 
 @dataclass
@@ -55,9 +50,9 @@ class RequestOutput:
     kv_bytes: int = 0
     finished: bool = True
     text: str | None = None
-    steps_per_block: list[int] = field(default_factory=list)   # forwards each finished block took
-    block_times: list[float] = field(default_factory=list)     # when each block was committed (ITL)
-    cache: str | None = None                                   # the cache mode it was served in (none/dual/sparse)
+    steps_per_block: list[int] = field(default_factory=list)
+    block_times: list[float] = field(default_factory=list)
+    cache: str | None = None
 
     @property
     def tokens_per_forward(self) -> float:
@@ -85,19 +80,15 @@ class Request:
         self.canvas = torch.from_numpy(self.host_canvas.copy()).to(self.device)
         self.status = Status.WAITING
         self.block = self.step_in_block = 0
-        self.decoding: Decoding = p.decoding
+        self.decoding = p.decoding
         self.schedule = p.block_counts(p.block_length)
         self.grid = timesteps(self.steps_per_block, p.eps) if p.remasking == "origin" else None
-        self._moves: tuple[tuple[int, int], np.ndarray] | None = None
-        self.block_steps: list[int] = []
-        self.block_times: list[float] = []
-        self.planned_steps: list[int] | None = None
+        self.block_steps, self.block_times = [], []
+        self.planned_steps = self._moves = None     # forwards per block where none commit; `moves` at a cursor
         self.gens = RequestGenerators(p.seed, self.device)
         self.admitted_time = self.first_token_time = self.finished_time = None
         self.nfe = self.logits_rows = self.kv_tokens = self.kv_bytes = 0
-        self.slots: torch.Tensor | None = None   # its slot table in `kv_pool`
-        self.kv_pool = self.canvas_offset = None
-        self.canvas_pool = None     # the `CanvasPool` whose tokens `canvas` views while running
+        self.slots = self.kv_pool = self.canvas_offset = self.canvas_pool = None     # set when admitted
 
     @property
     def block_range(self) -> tuple[int, int]:
@@ -126,16 +117,17 @@ class Request:
         moves = self.moves()
         return self.schedule[self.step_in_block] if moves is None else int(moves.sum())
 
+    def masked(self) -> int:
+        s, e = self.block_range
+        return int((self.host_canvas[s:e] == self.mask_id).sum())
+
     def moves(self) -> np.ndarray | None:
-        """`origin`: which of the block's masked positions (in order) this step commits, one coin
-        each from the remask stream (engine.unmask.origin_moves); None for the other rules."""
+        """`origin`: which of the block's masked positions this step commits (engine.unmask.origin_moves)."""
         if self.grid is None:
             return None
         at = (self.block, self.step_in_block)
         if self._moves is None or self._moves[0] != at:
-            s, e = self.block_range
-            n = int((self.host_canvas[s:e] == self.mask_id).sum())
-            self._moves = at, origin_moves(n, self.grid, self.step_in_block, self.gens.remask).numpy()
+            self._moves = at, origin_moves(self.masked(), self.grid, self.step_in_block, self.gens.remask).numpy()
         return self._moves[1]
 
     def block_done(self, committed: bool = True) -> bool:
@@ -144,8 +136,7 @@ class Request:
             plan = self.planned_steps
             n = self.steps_per_block if self.decoding.fixed or plan is None else plan[self.block % len(plan)]
             return self.step_in_block + 1 >= n
-        s, e = self.block_range
-        return not (self.host_canvas[s:e] == self.mask_id).any()
+        return self.masked() == 0
 
     def advance(self, now: float, done: bool | None = None) -> None:
         """One step done: move the cursor, record times (`done`: whether it ended the block, if known)."""
@@ -154,16 +145,14 @@ class Request:
         if done:
             self.block_steps.append(self.step_in_block)
             self.block_times.append(now)
-            self.step_in_block = 0
-            self.block += 1
+            self.step_in_block, self.block = 0, self.block + 1
             if self.first_token_time is None:
                 self.first_token_time = now
             if self.is_finished:
                 self.finished_time = now
                 self.status = Status.FINISHED
             else:
-                masked = int((self.host_canvas[slice(*self.block_range)] == self.mask_id).sum())
-                self.schedule = self.params.block_counts(masked)
+                self.schedule = self.params.block_counts(self.masked())
 
     def output(self) -> RequestOutput:
         return RequestOutput(
@@ -171,3 +160,42 @@ class Request:
             self.arrival_time, self.admitted_time, self.first_token_time, self.finished_time, self.logits_rows,
             self.kv_tokens, self.kv_bytes, self.status is Status.FINISHED, steps_per_block=list(self.block_steps),
             block_times=list(self.block_times), cache=self.cache)
+
+
+class CanvasPool:
+    """Every running request's canvas in one token tensor mirrored on the host (`req.canvas` views a range)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.tokens = torch.empty(0, dtype=torch.long, device=device)
+        self.host = np.empty(0, dtype=np.int64)
+        self.ranges = SlotRanges(0)
+        self.placed: dict[int, Request] = {}
+        self.trash = self._take(1)                  # a cell no canvas owns: writes that commit nothing
+
+    def place(self, req: Request) -> None:
+        off = self._take(req.length)
+        self.tokens[off : off + req.length] = req.canvas
+        self.host[off : off + req.length] = req.host_canvas
+        self.placed[off] = req
+        req.canvas, req.host_canvas = self.tokens[off : off + req.length], self.host[off : off + req.length]
+        req.canvas_offset, req.canvas_pool = off, self
+
+    def _take(self, n: int) -> int:
+        """A contiguous range of n cells (growing both arrays if needed) -> its offset."""
+        got = self.ranges.take(n, contiguous=True)
+        if got is None:
+            added = max(len(self.host), n, 1024 - len(self.host))   # zeros (a valid id): twice the size or room for n
+            self.tokens = torch.cat([self.tokens, torch.zeros(added, dtype=torch.long, device=self.device)])
+            self.host = np.concatenate([self.host, np.zeros(added, dtype=np.int64)])
+            self.ranges.grow(len(self.host))
+            for off, r in self.placed.items():     # re-point the views at the new storage
+                r.canvas, r.host_canvas = self.tokens[off : off + r.length], self.host[off : off + r.length]
+            got = self.ranges.take(n, contiguous=True)
+        return got[0][0]
+
+    def release(self, req: Request) -> None:
+        del self.placed[req.canvas_offset]
+        self.ranges.put([(req.canvas_offset, req.canvas_offset + req.length)])
+        req.canvas, req.host_canvas = req.canvas.clone(), req.host_canvas.copy()
+        req.canvas_offset = req.canvas_pool = None

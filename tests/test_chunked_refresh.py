@@ -117,7 +117,7 @@ def test_reuse_work_runs_while_a_long_refresh_accrues(gqa):
         names = {r.request_id for r, _ in batch}
         for rid in ran:
             ran[rid].append(rid in names)
-        if eng.scheduler.credit.credit:
+        if eng.scheduler.policy.credit:
             assert eng.scheduler.deferred == 1          # a planned wait, not a stall
         st = eng.runner.run(batch)
         eng.commit(batch, st.decisions)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import SamplingParams
-from engine.kv_cache import retained_tokens
+from engine.kv_cache import kv_need, retained_tokens
 from engine.request import Status
 from tests.helpers import (
     kv_of,
@@ -258,11 +258,10 @@ def test_abort_releases_kv(model, cache):
     params = SamplingParams(gen_length=8, steps=8, block_length=4)
     a, b, c = random_prompts(3, 12, seed=9)
     eng = make_engine(model, cache=cache, retention=1.0, kv_pool_tokens=20)
-    need = eng.scheduler.kv_need
     ra = eng.add_request(a, params)
     eng.step()
     req_a = eng.scheduler.running[0]
-    assert eng.pool.used == req_a.kv_tokens == need(req_a) > 0
+    assert eng.pool.used == req_a.kv_tokens == kv_need(cache, req_a.length, req_a.block_length, 1.0) > 0
     rb = eng.add_request(b, params)                      # waits: the pool can't hold both
     eng.step()
     req_b = eng.scheduler.waiting[0]

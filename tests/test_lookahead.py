@@ -122,7 +122,7 @@ def drive_planner(run: dict) -> None:
             assert int(la.plans[id(q)].slots[0]) == t
         costs = [q.query_cost(phase_at(q.step_in_block, cache, delay)) for q in batch]
         assert sum(costs) <= B
-        assert la.ledger.at(t) == sum(costs)            # the plan is what runs
+        assert la.ledger[t] == sum(costs)               # the plan is what runs
         assert bool(batch) == bool(running or waiting)  # no idle step
         la.tick()
         for q in batch:                                  # the step: each cursor moves

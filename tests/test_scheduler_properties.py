@@ -124,7 +124,7 @@ def _drive(eng, cfg: dict, reqs: list[dict]) -> None:
         long = [sched.policy.accrues(r, p) for r, p in batch]
         costs = [sched.cost(r, p) for r, p in batch]
         # Long canvases' steps are charged their grants (run or accruing), the others their cost.
-        grants = sum(sched.credit.granted.values())
+        grants = sum(sched.policy.granted.values())
         assert sum(c for c, lg in zip(costs, long) if not lg) + grants <= T
         assert all(lg == (r.length > T and (p.is_refresh or cfg["scheduler"] == "request"))
                    for (r, p), lg in zip(batch, long))

@@ -14,8 +14,8 @@ def test_every_scheduler_name_has_a_policy():
 def test_the_scheduler_holds_the_named_policy():
     kinds = {"phase": PhasePolicy, "request": PhasePolicy, "lookahead": LookaheadPolicy}
     for name in SCHEDULERS:
-        s = Scheduler(EngineConfig(scheduler=name), pool=None)
+        s = Scheduler(EngineConfig(scheduler=name), pool=None, canvases=None)
         assert type(s.policy) is kinds[name]
         assert getattr(s.policy, "whole_canvas", False) == (name == "request")
         assert isinstance(s.plan, Lookahead) == (name == "lookahead")
-        assert s.credit is s.policy.credit and not s.credit.credit
+        assert not s.policy.credit and not s.policy.granted

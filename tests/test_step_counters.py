@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from dllm_bench.serve.loadgen import _stats_delta, step_stats_summary
-from engine.counters import STEP_HISTORY, StepCounters
+from engine.engine import STEP_HISTORY, StepCounters
 
 
 def test_history_is_bounded_and_window_summaries_stay_exact():

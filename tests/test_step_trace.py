@@ -9,7 +9,7 @@ from dllm_bench import results
 from dllm_bench.serve import trace
 from dllm_bench.serve.options import ServeOptions, resolve_run
 from dllm_bench.serve.run import serve
-from engine.counters import StepCounters
+from engine.engine import StepCounters
 from tests.test_serve import RUN_DEFAULTS
 
 SCHEMA = ("step", "t_s", *trace.TRACE_FIELDS)

@@ -14,9 +14,9 @@ import torch
 from dllm_bench.checkpoints.layout import check_layout, load_config
 from dllm_bench.checkpoints.presets import get_preset
 from dllm_bench.checkpoints.store import resolve_model
+from dllm_bench.device_defaults import resolve_device
 from dllm_bench.errors import UserError
 from engine.config import DTYPES
-from engine.engine import resolve_device
 from engine.models import DenseLM, ModelConfig
 from engine.models import load_model as load_checkpoint
 

@@ -49,7 +49,7 @@ def _stats_delta(before: Mapping, after: Mapping) -> dict:
         if isinstance(after.get(k), (int, float)) and isinstance(before.get(k), (int, float)):
             out[k] = after[k] - before[k]
     if isinstance(after.get("batch_sizes"), list) and isinstance(before.get("batch_sizes"), list):
-        # The per-step history is bounded (engine.counters.STEP_HISTORY): the run's steps are its
+        # The per-step history is bounded (engine.engine.STEP_HISTORY): the run's steps are its
         # last entries, as many as it took (all of them while the history holds them).
         sizes, new = after["batch_sizes"], len(after["batch_sizes"]) - len(before["batch_sizes"])
         if isinstance(after.get("steps"), int) and isinstance(before.get("steps"), int):
@@ -71,7 +71,7 @@ def step_stats_summary(stats: Mapping) -> dict:
     (from its [refresh, reuse, query tokens] per step); the build profile is dropped (a point
     keeps it in its info). Shared by serve's worker and the simulator, so both write the same
     fields. Mean and largest batch and the request-steps are exact from the counters when
-    the system keeps them (the per-step history is bounded: `engine.counters.STEP_HISTORY`)."""
+    the system keeps them (the per-step history is bounded: `engine.engine.STEP_HISTORY`)."""
     stats = dict(stats)
     sizes = stats.pop("batch_sizes", None)
     maxima = stats.pop("batch_size_maxima", None)

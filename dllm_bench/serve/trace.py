@@ -28,7 +28,7 @@ TRACE_FIELDS = ("wall_ms", "requests", "padded_requests", "refresh", "reuse", "q
 
 
 class StepRecord(NamedTuple):
-    """One forward, as `engine.counters.StepCounters.record` hands its sink the fields (perf_counter times)."""
+    """One forward, as `engine.engine.StepCounters.record` hands its sink the fields (perf_counter times)."""
 
     started: float
     ended: float

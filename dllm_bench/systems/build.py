@@ -24,14 +24,13 @@ import engine
 from baselines import make_system as make_baseline
 from baselines.profile import measure_run, profile_max_batch
 from dllm_bench.checkpoints.store import cache_root
-from dllm_bench.device_defaults import gpu_identity
+from dllm_bench.device_defaults import gpu_identity, resolve_device
 from dllm_bench.errors import UserError
 from dllm_bench.results import atomic_write_json
 from dllm_bench.systems.families import check_supports
 from dllm_bench.systems.spec import ENGINE, SystemVariant, baseline_knobs, engine_knobs
 from engine.attention import resolve_backend
 from engine.config import DTYPES, EngineConfig
-from engine.engine import resolve_device
 from engine.models import config_from_pretrained, load_model
 from engine.profiler import MemoryProfile, default_budget, profile_kv_pool
 from engine.profiler import weights_bytes as weight_bytes

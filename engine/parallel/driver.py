@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from engine.attention import resolve_backend
-from engine.config import DTYPES, EngineConfig
-from engine.engine import LLMEngine, resolve_device
+from engine.config import DTYPES, EngineConfig, resolve_device
+from engine.engine import LLMEngine
 from engine.kv_cache import KVPool
 from engine.logits import RowSegment
 from engine.parallel.model import TPGroup, load_sharded
