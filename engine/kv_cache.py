@@ -49,6 +49,13 @@ class Shape:
     overhead: float = 0.0
 
 
+def per_weight(cfg: ModelConfig) -> tuple[float, float]:
+    """(a token's K/V, a (query, key) pair's attention FLOPs) per weight a forward reads, the whole model's."""
+    d, q, kv = cfg.d_model, cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
+    weights = cfg.n_layers * (d * (q + 2 * kv) + q * d + 3 * d * cfg.mlp_hidden_size) + d * cfg.padded_vocab
+    return 2 * cfg.n_layers * kv / weights, 2 * cfg.n_layers * q / weights
+
+
 def step_time(n_dual, n_sparse, s: Shape):
     """Roofline time in query rows of a step of `n_dual` + `n_sparse` requests of shape `s`; its tokens."""
     S = s.steps

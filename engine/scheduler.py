@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import EngineConfig
-from engine.kv_cache import AUTO, KVPool, Shape, admission_mode, kv_need, preferred_mode
+from engine.kv_cache import AUTO, KVPool, Shape, admission_mode, kv_need, per_weight, preferred_mode
 from engine.request import CanvasPool, Phase, Request, Status, phase_at
 from engine.step import Batch
 
@@ -38,7 +38,7 @@ class Scheduler:
             mode = "dual"
         else:
             shape = Shape(req.length, req.block_length, req.steps_per_block, c.delay_step, dual, sparse,
-                          c.ridge_rows, pool.cfg.kv_per_weight, pool.cfg.pair_per_row, c.overhead_rows)
+                          c.ridge_rows, *per_weight(pool.cfg), c.overhead_rows)
             preferred = preferred_mode(pool.capacity, c.max_num_seqs, shape)     # a full pool of requests like it
             mode = admission_mode(pool.capacity - pool.used, dual, sparse, preferred, pool.capacity)
         return None if mode is None else self._admit(mode, now)

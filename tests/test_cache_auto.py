@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import SamplingParams
-from engine.kv_cache import Shape, admission_mode, kv_need, preferred_mode, step_time
+from engine.kv_cache import Shape, admission_mode, kv_need, per_weight, preferred_mode, step_time
 from engine.models import ModelConfig
 from engine.request import Phase
 from tests.helpers import make_engine, random_prompts, run_alone, tiny_model
@@ -98,7 +98,7 @@ def test_llada_8b_on_an_h100(pool, max_seqs, canvas, overhead, mode):
     (tests/test_cache_auto_sim.py); without the overhead (a measured GPU) the rule keeps 22 GiB dual."""
     c = ModelConfig()
     shape = Shape(canvas, 32, 32, 1, kv_need("dual", canvas, 32, 0.5), kv_need("sparse", canvas, 32, 0.5),
-                  265, c.kv_per_weight, c.pair_per_row, overhead)
+                  265, *per_weight(c), overhead)
     assert preferred_mode(pool, max_seqs, shape) == mode
 
 

@@ -47,22 +47,6 @@ class ModelConfig:
         return self.embedding_size or self.vocab_size
 
     @property
-    def weights_per_forward(self) -> int:
-        """Parameters a forward reads: the blocks' matrices and the LM head (the whole model's, not a rank's)."""
-        d, q, kv = self.d_model, self.n_heads * self.head_dim, self.kv_heads * self.head_dim
-        return self.n_layers * (d * (q + 2 * kv) + q * d + 3 * d * self.mlp_hidden_size) + d * self.padded_vocab
-
-    @property
-    def kv_per_weight(self) -> float:
-        """One token's K and V bytes (every layer) per weight byte a forward reads (engine.kv_cache)."""
-        return 2 * self.n_layers * self.kv_heads * self.head_dim / self.weights_per_forward
-
-    @property
-    def pair_per_row(self) -> float:
-        """Attention FLOPs of one (query, key) pair per FLOP of a query row through the weights."""
-        return 2 * self.n_layers * self.n_heads * self.head_dim / self.weights_per_forward
-
-    @property
     def family(self) -> Family:
         return family_of(self.model_type)
 
