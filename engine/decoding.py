@@ -1,5 +1,4 @@
-"""Decoding policies: how many of a block's still-masked positions a request commits per step,
-chosen per row on the device in one pass (`commit_mask`; rules: docs/FRONTIER.md)."""
+"""Decoding policies: how many still-masked positions a request commits per step, on the device (docs/FRONTIER.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,8 +55,7 @@ def commit_mask(conf: torch.Tensor, entropy: torch.Tensor | None, counts: torch.
                 kinds: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor:
     """Which ranks each request commits -> bool [B, W], a prefix of each row: conf [B, W] sorted descending
     (non-candidates last), entropy alike (or None), counts [B] candidates, k [B] the fixed count (`fixed`)."""
-    B, W = conf.shape
-    r = torch.arange(W, device=conf.device).expand(B, W)
+    r = torch.arange(conf.shape[1], device=conf.device).expand_as(conf)
     take = r < torch.minimum(k, counts)[:, None]
     if kinds is None:
         return take

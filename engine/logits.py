@@ -11,7 +11,6 @@ MONOLITHIC_DECODE_ROWS = 64
 
 @dataclass
 class RowSegment:
-    """Rows [start, start + count) of the gathered row list belong to one request."""
     start: int
     count: int
     temperature: float
@@ -30,8 +29,7 @@ class DecodeResult:
 
 def by_rule(logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool = False,
             plain=None, full=None) -> tuple:
-    """Rows [c0, c0 + len) -> (x0, conf, entropy or None): Dream's rule on its segments' rows, `plain(rows, first
-    row)` (default: the argmax, Gumbel's at T > 0) on the others; `full(rows)`: their whole vocabulary."""
+    """Rows [c0, c0 + len) -> (x0, conf, entropy or None): Dream's rule on its segments (over `full`), else `plain`."""
 
     def argmax_or_gumbel(part: torch.Tensor, at: int) -> tuple:
         x0 = proposal_argmax(part, mask_id)
@@ -50,13 +48,10 @@ def by_rule(logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: 
         if at < a:
             parts.append(plain(logits[at:a], c0 + at))
         if s is not None:
-            rows = logits[a:b] if full is None else full(logits[a:b])
-            parts.append(dream_rows(rows, s.dream, s.gen, mask_id, entropy))
+            parts.append(dream_rows(full(logits[a:b]) if full else logits[a:b], s.dream, s.gen, mask_id, entropy))
         at = b
-    if len(parts) == 1:
-        return parts[0]
     x0, conf, ent = zip(*parts)
-    return torch.cat(x0), torch.cat(conf), torch.cat(ent) if entropy else None
+    return parts[0] if len(parts) == 1 else (torch.cat(x0), torch.cat(conf), torch.cat(ent) if entropy else None)
 
 
 @region(DECODE)

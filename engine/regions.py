@@ -1,8 +1,7 @@
 """Named parts of a step a profiler can observe: `region(name)` runs inside `observe`'s factory(name), if any."""
 import contextlib
 
-LM_HEAD = "lm_head"
-DECODE = "decode"
+LM_HEAD, DECODE = "lm_head", "decode"
 _factory = None
 
 

@@ -1,7 +1,7 @@
 """Per-request decoding parameters: LLaDA's `generate` and Dream's `diffusion_generate` arguments, validated."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.decoding import Decoding
 from engine.unmask import dream_schedule, transfer_schedule
@@ -24,7 +24,7 @@ class SamplingParams:
     remasking: str = "low_confidence"
     cfg_scale: float = 0.0
     seed: int = 0
-    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop: tuple[str, ...] = ()
     decoding: Decoding = Decoding()        # a library caller may give its text
     schedule: str = "linear"
     eps: float = EPS
@@ -33,8 +33,7 @@ class SamplingParams:
     alg_temp: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("gen_length", "steps", "block_length"):
-            v = getattr(self, name)
+        for name, v in (("gen_length", self.gen_length), ("steps", self.steps), ("block_length", self.block_length)):
             _refuse(not isinstance(v, int) or v <= 0, f"{name} must be a positive integer, got {v!r}")
         _refuse(self.gen_length % self.block_length != 0,
                 f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})")
@@ -45,7 +44,7 @@ class SamplingParams:
         _refuse(self.remasking not in rules, f"remasking must be one of {rules}, got {self.remasking!r}")
         _refuse(self.cfg_scale < 0, f"cfg_scale must be >= 0, got {self.cfg_scale}")
         object.__setattr__(self, "decoding", Decoding.parse(self.decoding))
-        _refuse(self.schedule not in ("linear", "timegrid"), f"schedule must be linear or timegrid, got {self.schedule!r}")
+        _refuse(self.schedule not in ("linear", "timegrid"), f"schedule must be linear or timegrid: {self.schedule!r}")
         _refuse(not 0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps!r}")
         _refuse(self.eps != EPS and self.schedule != "timegrid",
                 f"eps applies to schedule 'timegrid' (Dream's time grid), not to {self.schedule!r}")
@@ -59,7 +58,7 @@ class SamplingParams:
         origin, policy = self.remasking == "origin", self.decoding
         _refuse(origin and self.schedule != "timegrid",
                 "remasking 'origin' moves each mask with probability 1 - s/t: it needs schedule 'timegrid'")
-        _refuse(origin and bool(self.alg_temp), "alg_temp chooses among ranked positions: remasking 'origin' ranks none")
+        _refuse(origin and self.alg_temp, "alg_temp chooses among ranked positions: remasking 'origin' ranks none")
         _refuse(not policy.fixed and (origin or bool(self.alg_temp)), f"decoding {policy} takes a confidence prefix: "
                 f"it cannot combine with {'remasking origin' if origin else 'alg_temp'} (use decoding 'fixed')")
         _refuse(self.remasking == "entropy" and policy.kind in ("threshold", "factor"),

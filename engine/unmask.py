@@ -3,8 +3,7 @@ import torch
 
 
 def transfer_schedule(n_masked: int, steps: int) -> list[int]:
-    base, rem = divmod(n_masked, steps)
-    return [base + (1 if i < rem else 0) for i in range(steps)]
+    return [n_masked // steps + (i < n_masked % steps) for i in range(steps)]
 
 
 class RequestGenerators:
@@ -24,9 +23,8 @@ def proposal_argmax(scores: torch.Tensor, mask_id: int) -> torch.Tensor:
 
 def gumbel_argmax(logits: torch.Tensor, temperature: float, gen: torch.Generator | None, mask_id: int) -> torch.Tensor:
     """Proposal: argmax of exp(l) / (-log U)^T, U ~ U(0,1) in float64 (LLaDA's add_gumbel_noise)."""
-    if temperature == 0:
-        return proposal_argmax(logits, mask_id)
-    return proposal_argmax(gumbel_scores(logits, gumbel_noise(logits.shape, temperature, gen, logits.device)), mask_id)
+    noise = None if temperature == 0 else gumbel_noise(logits.shape, temperature, gen, logits.device)
+    return proposal_argmax(logits if noise is None else gumbel_scores(logits, noise), mask_id)
 
 
 def gumbel_noise(shape, temperature: float, gen: torch.Generator | None, device) -> torch.Tensor:
@@ -39,8 +37,7 @@ def gumbel_scores(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return logits.to(torch.float64, copy=True).exp_().div_(noise)
 
 
-def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype: torch.dtype | None = None,
-                  inplace: bool = False) -> torch.Tensor:
+def confidence_at(logits: torch.Tensor, x0: torch.Tensor, dtype=None, inplace=False) -> torch.Tensor:
     """softmax(logits)[x0] as 1 / Σ exp(l − l[x0]) (in place when `inplace`), summed in `dtype`."""
     dt = dtype or torch.promote_types(logits.dtype, torch.float32)
     sel = logits.gather(-1, x0[:, None])
@@ -81,8 +78,7 @@ def token_probs(logits: torch.Tensor, p) -> torch.Tensor:
     if p.top_p is not None and p.top_p < 1:
         sorted_logits, order = torch.sort(logits, descending=True)
         cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop = torch.zeros_like(cum, dtype=torch.bool)
-        drop[..., 1:] = cum[..., :-1] > p.top_p          # keep up to and including the crossing token
+        drop = torch.cat((torch.zeros_like(cum[..., :1], dtype=torch.bool), cum[..., :-1] > p.top_p), -1)
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), low)
     if p.top_k is not None:
         kth = torch.topk(logits, min(p.top_k, logits.size(-1))).values[..., -1:]
@@ -117,8 +113,7 @@ def dream_rows(logits: torch.Tensor, p, gen: torch.Generator | None, mask_id: in
 
 def gumbel_topk_keys(conf: torch.Tensor, alg_temp: float, gen: torch.Generator) -> torch.Tensor:
     """conf / alg_temp - log(-log U): the top k are k draws without replacement from softmax(conf / alg_temp)."""
-    u = random_confidence(conf.shape[0], gen).to(conf.device)
-    return conf.to(torch.float64) / alg_temp - torch.log(-torch.log(u))
+    return conf.to(torch.float64) / alg_temp - random_confidence(len(conf), gen).to(conf.device).log_().neg_().log_()
 
 
 def rescored(conf: torch.Tensor, a: int, n: int, p, k: int, gens: RequestGenerators) -> torch.Tensor | None:
