@@ -21,9 +21,9 @@ class RowSegment:
 @dataclass
 class DecodeResult:
     x0: torch.Tensor
-    conf: torch.Tensor
+    conf: torch.Tensor            # [R] the proposal's confidence (its rule's score; LLaDA: the clean softmax)
     rows_materialized: int
-    max_rows_at_once: int
+    max_rows_at_once: int         # the largest logits tensor that existed, in rows
     entropy: torch.Tensor | None = None
 
 
