@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from baselines.static_batch import Batch
 from engine.attention import sdpa
 from engine.models import DenseBlock, DenseLM
-from engine.regions import DECODE, LM_HEAD, in_region
+from engine.regions import DECODE, LM_HEAD, region
 from engine.request import Request
 from engine.unmask import gumbel_argmax, proposal_argmax, random_confidence
 
@@ -47,7 +47,7 @@ def residual(block: DenseBlock, h, q, k, v, key_mask) -> torch.Tensor:
     return h + block.mlp(h)
 
 
-@in_region(LM_HEAD)
+@region(LM_HEAD)
 def logits_of(model: DenseLM, h: torch.Tensor) -> torch.Tensor:
     """Logits of the rows h [B, T, d] computed, with the family's shift over exactly those rows, as
     each upstream applies Dream's cat([l[:, :1], l[:, :-1]]) to whatever its forward returned: row j
@@ -101,7 +101,7 @@ def _factor_count(sorted_conf: list[float], factor: float) -> int:
     return top + 1 if top in (0, n - 1) else top
 
 
-@in_region(DECODE)
+@region(DECODE)
 def decide(batch: Batch, logits: torch.Tensor, q_start: int, conf_dtype: torch.dtype, ks: list[int] | None,
            threshold: float | None = None, exp_argmax: bool = False, factor: float | None = None) -> None:
     """Commit tokens of every row's current block. `logits` [B, Tq, V] cover canvas columns

@@ -14,11 +14,10 @@ from baselines.reference_dream import (
     propose,
     timesteps,
     token_probs,
-    transfer_count,
     transfer_fraction,
 )
 from baselines.static_batch import Batch
-from engine.regions import DECODE, in_region
+from engine.regions import DECODE, region
 from engine.sampling import SamplingParams
 
 
@@ -42,7 +41,7 @@ def _masked(batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
     return torch.nonzero(batch.x[r, lo:hi] == batch.reqs[r].mask_id).squeeze(-1) + lo
 
 
-@in_region(DECODE)
+@region(DECODE)
 def commit_first(batch: Batch, logits: torch.Tensor, q_start: int, dps: list[SamplingParams]) -> None:
     """The block-edge rule: at the block's full-canvas forward commit only block_start, from its
     correctly shifted row (the hidden at block_start - 1), whatever the alg or threshold."""
@@ -54,7 +53,7 @@ def commit_first(batch: Batch, logits: torch.Tensor, q_start: int, dps: list[Sam
         batch.x[r, s] = propose(probs, dps[r].temperature, req.gens.gumbel, req.mask_id)[0]
 
 
-@in_region(DECODE)
+@region(DECODE)
 def commit_step(batch: Batch, logits: torch.Tensor, q_start: int, lo: int, hi: int, i: int, steps: int,
                 dps: list[SamplingParams], alg: str | None = None) -> None:
     """Step i of Dream's time grid linspace(1, eps, steps + 1) over each row's masked positions in
@@ -76,11 +75,11 @@ def commit_step(batch: Batch, logits: torch.Tensor, q_start: int, lo: int, hi: i
         probs = token_probs(rows, dp)
         x0 = propose(probs, dp.temperature, req.gens.gumbel, mask_id)
         conf = alg_confidence(probs, x0, rule)
-        chosen = choose_positions(conf, transfer_count(cand.numel(), ts, i), dp.alg_temp, req.gens.remask)
+        chosen = choose_positions(conf, int(cand.numel() * transfer_fraction(ts, i)), dp.alg_temp, req.gens.remask)
         batch.x[r, cand[chosen]] = x0[chosen]
 
 
-@in_region(DECODE)
+@region(DECODE)
 def commit_threshold(batch: Batch, logits: torch.Tensor, q_start: int, threshold: float,
                      dps: list[SamplingParams]) -> None:
     """Fast-dLLM's Dream `confidence_threshold`: over the block's masked positions, confidence p(x0)

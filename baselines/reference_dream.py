@@ -15,12 +15,10 @@ from engine.unmask import (  # noqa: F401  (Dream's rule lives in the engine; re
     RequestGenerators,
     alg_confidence,
     dream_schedule,
-    filter_logits,
     gumbel_topk_keys,
     propose,
     timesteps,
     token_probs,
-    transfer_count,
     transfer_fraction,
 )
 
@@ -72,6 +70,6 @@ def reference_generate(logits_fn: LogitsFn, prompt_ids: list[int], params: Sampl
         probs = token_probs(rows, params)
         x0 = propose(probs, params.temperature, gens.gumbel, mask_id)
         conf = alg_confidence(probs, x0, params.remasking)
-        chosen = choose_positions(conf, transfer_count(masked.numel(), ts, i), params.alg_temp, gens.remask)
+        chosen = choose_positions(conf, int(masked.numel() * transfer_fraction(ts, i)), params.alg_temp, gens.remask)
         x[masked[chosen]] = x0[chosen]
     return x[P:].tolist(), params.steps

@@ -1,5 +1,4 @@
-"""Decoding policies: how many of a block's still-masked positions a request commits per step,
-chosen per row on the device in one pass (`commit_mask`; docs/FRONTIER.md)."""
+"""Decoding policies: how many still-masked positions a request commits per step, on the device (docs/FRONTIER.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,16 +8,12 @@ import torch
 
 FIXED = "fixed"
 KINDS = (FIXED, "threshold", "factor", "entropy")
-CODE = {k: i for i, k in enumerate(KINDS)}
-# kind -> (an example value, the valid range, its test)
 _VALUES = {"threshold": ("0.9", "0 < τ ≤ 1", lambda v: 0 < v <= 1), "factor": ("1.0", "f > 0", lambda v: v > 0),
            "entropy": ("0.5", "γ ≥ 0", lambda v: v >= 0)}
 
 
 @dataclass(frozen=True)
 class Decoding:
-    """A policy: fixed | threshold:τ | factor:f | entropy:γ, each taking at least one (rules: docs/FRONTIER.md)."""
-
     kind: str = FIXED
     value: float = 0.0
 
@@ -28,12 +23,11 @@ class Decoding:
         if isinstance(spec, Decoding):
             return spec
         kind, _, arg = str(spec).strip().lower().partition(":")
-        if kind not in KINDS:
-            raise ValueError(f"decoding must be one of fixed, threshold:τ, factor:f, entropy:γ; got {spec!r}")
-        if kind == FIXED and arg:
-            raise ValueError(f"decoding 'fixed' takes no value, got {spec!r}")
-        if kind == FIXED:
+        if kind == FIXED and not arg:
             return cls()
+        if kind not in _VALUES:
+            raise ValueError(f"decoding 'fixed' takes no value, got {spec!r}" if kind == FIXED else
+                             f"decoding must be one of fixed, threshold:τ, factor:f, entropy:γ; got {spec!r}")
         example, valid, ok = _VALUES[kind]
         try:
             v = float(arg)
@@ -53,32 +47,25 @@ class Decoding:
 
 def policy_columns(policies: list[Decoding]) -> tuple[np.ndarray, np.ndarray]:
     """Per request (kind code, value as float64 bits in an int64): host columns the step stages."""
-    kinds = np.fromiter((CODE[p.kind] for p in policies), dtype=np.int64, count=len(policies))
-    values = np.fromiter((p.value for p in policies), dtype=np.float64, count=len(policies)).view(np.int64)
-    return kinds, values
+    kinds = np.array([KINDS.index(p.kind) for p in policies], dtype=np.int64)
+    return kinds, np.array([p.value for p in policies], dtype=np.float64).view(np.int64)
 
 
 def commit_mask(conf: torch.Tensor, entropy: torch.Tensor | None, counts: torch.Tensor, k: torch.Tensor,
                 kinds: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor:
     """Which ranks each request commits -> bool [B, W], a prefix of each row: conf [B, W] sorted descending
-    (non-candidates last), entropy alike (None: unused), counts [B] candidates, k [B] the fixed count, kinds /
-    values [B] (`policy_columns`; None: all `fixed`)."""
-    B, W = conf.shape
-    r = torch.arange(W, device=conf.device).expand(B, W)
-    take = r < torch.minimum(k, counts)[:, None]                                     # fixed
+    (non-candidates last), entropy alike (or None), counts [B] candidates, k [B] the fixed count (`fixed`)."""
+    r = torch.arange(conf.shape[1], device=conf.device).expand_as(conf)
+    take = r < torch.minimum(k, counts)[:, None]
     if kinds is None:
         return take
-    real = r < counts[:, None]
-    first = r == 0
+    real, first, kind = r < counts[:, None], r == 0, kinds[:, None]
     v = values.view(torch.float64).to(conf.dtype)[:, None]
-    take = torch.where(kinds[:, None] == CODE["threshold"], first | (conf >= v), take)
-    # factor: leading ranks that pass 1 - f/(i+2) (the first always passes); upstream's quirk is
-    # kept: when only the last candidate fails, all are taken
+    take = torch.where(kind == KINDS.index("threshold"), first | (conf >= v), take)
     passed = (first | (conf >= 1 - v / (r + 2).to(conf.dtype))) & real
     lead = passed.to(torch.int64).cumprod(1).sum(1)
-    kf = torch.where(lead >= counts - 1, counts, lead)
-    take = torch.where(kinds[:, None] == CODE["factor"], r < kf[:, None], take)
+    take = torch.where(kind == KINDS.index("factor"), r < torch.where(lead >= counts - 1, counts, lead)[:, None], take)
     if entropy is not None:
         within = (first | (entropy.masked_fill(~real, 0).cumsum(1) <= v)).to(torch.int64).cumprod(1).bool()
-        take = torch.where(kinds[:, None] == CODE["entropy"], within, take)
+        take = torch.where(kind == KINDS.index("entropy"), within, take)
     return take & real

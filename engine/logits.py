@@ -1,75 +1,62 @@
 """Logit-aware activation budgeting: logits only for rows that can commit, `max_num_logits` at a time."""
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch
 
-from engine.regions import DECODE, LM_HEAD, in_region, region
-from engine.unmask import confidence_at, dream_rows, entropy_of, gumbel_argmax, proposal_argmax
+from engine.regions import DECODE, LM_HEAD, region
+from engine.unmask import confidence_at, dream_rows, gumbel_argmax, proposal_argmax
 
 MONOLITHIC_DECODE_ROWS = 64
 
 
 @dataclass
 class RowSegment:
-    """Rows [start, start + count) of the gathered row list belong to one request."""
     start: int
     count: int
     temperature: float
     gen: torch.Generator | None
-    dream: object | None = None   # the request's SamplingParams when it decodes by Dream's rule
+    dream: object | None = None   # its SamplingParams when it decodes by Dream's rule
 
 
 @dataclass
 class DecodeResult:
     x0: torch.Tensor
-    conf: torch.Tensor        # [R] confidence of the proposal (clean softmax)
+    conf: torch.Tensor            # [R] the proposal's confidence (its rule's score; LLaDA: the clean softmax)
     rows_materialized: int
-    max_rows_at_once: int     # the largest logits tensor that existed, in rows
-    entropy: torch.Tensor | None = None   # [R] predictive entropy (when a request decodes by entropy)
+    max_rows_at_once: int         # the largest logits tensor that existed, in rows
+    entropy: torch.Tensor | None = None
 
 
-def _decode_chunk(logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int,
-                  entropy: bool = False) -> tuple:
-    """Rows [c0, c0 + len) -> (x0, conf, entropy or None): the argmax, Gumbel's at T > 0, or Dream's rule."""
+def by_rule(logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool = False,
+            plain=None, full=None) -> tuple:
+    """Rows [c0, c0 + len) -> (x0, conf, entropy or None): Dream's rule on its segments (over `full`), else `plain`."""
 
-    def plain(part: torch.Tensor, at: int) -> tuple:
+    def argmax_or_gumbel(part: torch.Tensor, at: int) -> tuple:
         x0 = proposal_argmax(part, mask_id)
         for seg in segments:
             a, b = max(seg.start, at), min(seg.start + seg.count, at + part.shape[0])
             if seg.temperature != 0 and a < b:
                 x0[a - at : b - at] = gumbel_argmax(part[a - at : b - at], seg.temperature, seg.gen, mask_id)
-        ent = entropy_of(part) if entropy else None
+        logp = torch.log_softmax(part.to(torch.promote_types(part.dtype, torch.float32)), dim=-1) if entropy else None
+        ent = -(logp.exp() * logp).sum(-1) if entropy else None
         return x0, confidence_at(part, x0, inplace=True), ent    # the chunk is consumed: read last
 
-    return by_rule(logits, c0, segments, mask_id, entropy, plain)
-
-
-def by_rule(logits: torch.Tensor, c0: int, segments: list[RowSegment], mask_id: int, entropy: bool, plain,
-            full=None) -> tuple:
-    """Rows [c0, c0 + len) -> (x0, conf, entropy or None): Dream's rule (engine.unmask.dream_rows) on its
-    segments' rows, `plain(rows, first row)` on the others; `full(rows)`: their whole vocabulary."""
-    n = logits.shape[0]
+    plain, n = plain or argmax_or_gumbel, logits.shape[0]
     spans = [(max(s.start - c0, 0), min(s.start + s.count - c0, n), s) for s in segments if s.dream is not None]
-    spans = [t for t in spans if t[0] < t[1]]
-    if not spans:
-        return plain(logits, c0)
     parts, at = [], 0
-    for a, b, s in spans + [(n, n, None)]:
+    for a, b, s in [t for t in spans if t[0] < t[1]] + [(n, n, None)]:
         if at < a:
             parts.append(plain(logits[at:a], c0 + at))
         if s is not None:
-            rows = logits[a:b] if full is None else full(logits[a:b])
-            parts.append(dream_rows(rows, s.dream, s.gen, mask_id, entropy))
+            parts.append(dream_rows(full(logits[a:b]) if full else logits[a:b], s.dream, s.gen, mask_id, entropy))
         at = b
     x0, conf, ent = zip(*parts)
-    return torch.cat(x0), torch.cat(conf), torch.cat(ent) if entropy else None
+    return parts[0] if len(parts) == 1 else (torch.cat(x0), torch.cat(conf), torch.cat(ent) if entropy else None)
 
 
-@in_region(DECODE)
+@region(DECODE)
 def decode_rows(lm_head, hidden: torch.Tensor, row_index: torch.Tensor, segments: list[RowSegment],
-                max_num_logits: int | None, mask_id: int, entropy: bool = False, chunk=_decode_chunk) -> DecodeResult:
+                max_num_logits: int | None, mask_id: int, entropy: bool = False, chunk=by_rule) -> DecodeResult:
     """Proposals for `row_index`'s rows of `hidden`, `chunk` decoding each logits chunk (None: monolithic)."""
     R = row_index.numel()
     if max_num_logits is None:
@@ -86,8 +73,6 @@ def decode_rows(lm_head, hidden: torch.Tensor, row_index: torch.Tensor, segments
             parts.append(chunk(logits, c0, segments, mask_id, entropy))
             del logits                              # freed before the next chunk exists
         rows, at_once = R, min(R, max_num_logits)
-    if not parts:
-        return DecodeResult(hidden.new_zeros(0, dtype=torch.long), hidden.new_zeros(0, dtype=torch.float64),
-                            rows, at_once)
+    parts = parts or [(hidden.new_zeros(0, dtype=torch.long), hidden.new_zeros(0, dtype=torch.float64), None)]
     x0, conf, ent = ((p[0] if len(p) == 1 else torch.cat(p)) if p[0] is not None else None for p in zip(*parts))
     return DecodeResult(x0, conf, rows, at_once, ent)

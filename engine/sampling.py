@@ -1,15 +1,12 @@
-"""Per-request decoding parameters (LLaDA's `generate` arguments, and Dream's `diffusion_generate`
-ones: `SamplingParams.dream`), validated on construction (docs/DREAM_SAMPLER.md)."""
+"""Per-request decoding parameters: LLaDA's `generate` and Dream's `diffusion_generate` arguments, validated."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.decoding import Decoding
 from engine.unmask import dream_schedule, transfer_schedule
 
-REMASKING = ("low_confidence", "random")                            # LLaDA's
-DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")   # Dream's `alg`
-SCHEDULES = ("linear", "timegrid")
+DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 EPS = 1e-3
 
 
@@ -26,29 +23,28 @@ class SamplingParams:
     temperature: float = 0.0
     remasking: str = "low_confidence"
     cfg_scale: float = 0.0
-    seed: int = 0                          # the request's own generators: batch-invariant tokens
-    stop: tuple[str, ...] = field(default_factory=tuple)
-    decoding: Decoding = Decoding()        # engine.decoding (a library caller may give its text)
-    schedule: str = "linear"               # per-block counts: linear (LLaDA) | timegrid (Dream; docs/DREAM_SAMPLER.md)
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    decoding: Decoding = Decoding()        # a library caller may give its text
+    schedule: str = "linear"
     eps: float = EPS
-    top_p: float | None = None             # top_p, top_k, alg_temp: Dream's algs only
+    top_p: float | None = None
     top_k: int | None = None
     alg_temp: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("gen_length", "steps", "block_length"):
-            v = getattr(self, name)
+        for name, v in (("gen_length", self.gen_length), ("steps", self.steps), ("block_length", self.block_length)):
             _refuse(not isinstance(v, int) or v <= 0, f"{name} must be a positive integer, got {v!r}")
         _refuse(self.gen_length % self.block_length != 0,
                 f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})")
         _refuse(self.steps % self.num_blocks != 0,
                 f"steps ({self.steps}) must be divisible by the number of blocks ({self.num_blocks})")
         _refuse(self.temperature < 0, f"temperature must be >= 0, got {self.temperature}")
-        rules = REMASKING + DREAM_ALGS
+        rules = ("low_confidence", "random") + DREAM_ALGS
         _refuse(self.remasking not in rules, f"remasking must be one of {rules}, got {self.remasking!r}")
         _refuse(self.cfg_scale < 0, f"cfg_scale must be >= 0, got {self.cfg_scale}")
         object.__setattr__(self, "decoding", Decoding.parse(self.decoding))
-        _refuse(self.schedule not in SCHEDULES, f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        _refuse(self.schedule not in ("linear", "timegrid"), f"schedule must be linear or timegrid: {self.schedule!r}")
         _refuse(not 0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps!r}")
         _refuse(self.eps != EPS and self.schedule != "timegrid",
                 f"eps applies to schedule 'timegrid' (Dream's time grid), not to {self.schedule!r}")
@@ -59,27 +55,23 @@ class SamplingParams:
         given = [n for n in ("top_p", "top_k", "alg_temp") if getattr(self, n) is not None]
         _refuse(bool(given) and not self.dream_rule, f"{', '.join(given)} apply to Dream's algs (remasking one of "
                 f"{DREAM_ALGS}), not to {self.remasking!r}")
-        origin = self.remasking == "origin"
+        origin, policy = self.remasking == "origin", self.decoding
         _refuse(origin and self.schedule != "timegrid",
                 "remasking 'origin' moves each mask with probability 1 - s/t: it needs schedule 'timegrid'")
-        alg_temp_on = bool(self.alg_temp)
-        _refuse(origin and alg_temp_on, "alg_temp chooses among ranked positions: remasking 'origin' ranks none")
-        policy, free = self.decoding, not self.decoding.fixed
-        _refuse(free and (origin or alg_temp_on), f"decoding {policy} takes a confidence prefix: it cannot combine "
-                f"with {'remasking origin' if origin else 'alg_temp'} (use decoding 'fixed')")
-        _refuse(free and self.remasking == "entropy" and policy.kind in ("threshold", "factor"),
+        _refuse(origin and self.alg_temp, "alg_temp chooses among ranked positions: remasking 'origin' ranks none")
+        _refuse(not policy.fixed and (origin or bool(self.alg_temp)), f"decoding {policy} takes a confidence prefix: "
+                f"it cannot combine with {'remasking origin' if origin else 'alg_temp'} (use decoding 'fixed')")
+        _refuse(self.remasking == "entropy" and policy.kind in ("threshold", "factor"),
                 f"decoding {policy} compares probabilities: remasking 'entropy' scores by minus the entropy "
                 "(use maskgit_plus or topk_margin, or decoding entropy:γ)")
 
     @classmethod
     def dream(cls, gen_length: int = 128, alg: str = "origin", **kw) -> SamplingParams:
-        """Dream's `diffusion_generate` arguments as params (eps, alg, alg_temp, temperature, top_p, top_k
-        default as upstream's): one block, the time grid."""
+        """Dream's `diffusion_generate` arguments (upstream's defaults) as params: one block, the time grid."""
         return cls(gen_length=gen_length, block_length=gen_length, remasking=alg, schedule="timegrid", **kw)
 
     @property
     def dream_rule(self) -> bool:
-        """Proposals and scores by Dream's rule (engine.unmask.dream_rows), not LLaDA's."""
         return self.remasking in DREAM_ALGS
 
     def block_counts(self, n_masked: int) -> list[int]:

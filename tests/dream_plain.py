@@ -14,7 +14,7 @@ from baselines.reference_dream import (
     propose,
     timesteps,
     token_probs,
-    transfer_count,
+    transfer_fraction,
 )
 from engine.models import build_model, config_from_dict, dense_attention
 from engine.sampling import EPS, SamplingParams
@@ -73,7 +73,7 @@ class Plain:
             return
         probs = token_probs(logits[cand], self.dp)
         x0 = propose(probs, self.dp.temperature, self.gens.gumbel, MASK)
-        k = transfer_count(cand.numel(), timesteps(self.sp.steps_per_block, self.dp.eps), i)
+        k = int(cand.numel() * transfer_fraction(timesteps(self.sp.steps_per_block, self.dp.eps), i))
         chosen = choose_positions(alg_confidence(probs, x0, alg), k, self.dp.alg_temp, self.gens.remask)
         self.x[cand[chosen]] = x0[chosen]
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.logits import RowSegment, _decode_chunk
+from engine.logits import RowSegment, by_rule
 from engine.unmask import confidence_at
 
 R, V, MASK = 48, 4096, 4095
@@ -54,7 +54,7 @@ def _former_confidence(logits, x0):
 def test_a_greedy_chunk_is_read_four_times_and_written_twice_in_its_dtype(dtype):
     logits = _logits(dtype)
     with Traffic() as t:
-        _decode_chunk(logits, 0, [], MASK)
+        by_rule(logits, 0, [], MASK)
     per_entry = t.bytes / (R * V)
     assert per_entry == 6 * dtype.itemsize            # bf16: 12 B per logit entry (28 B before)
     assert t.created == []                            # nothing [R, V] allocated: no float32 copy
@@ -76,7 +76,7 @@ def test_full_precision_confidences_are_the_former_ones_bit_for_bit(dtype):
 
 def test_bf16_confidences_sum_in_float32_close_to_the_float64_softmax():
     logits = _logits(torch.bfloat16)
-    x0, conf, _ = _decode_chunk(logits.clone(), 0, [], MASK)
+    x0, conf, _ = by_rule(logits.clone(), 0, [], MASK)
     exact = torch.softmax(logits.double(), -1).gather(-1, x0[:, None])[:, 0]
     assert conf.dtype == torch.float32
     assert torch.allclose(conf.double(), exact, rtol=4e-3, atol=0)
@@ -88,7 +88,7 @@ def test_sampled_rows_and_entropy_read_the_clean_logits():
     logits = _logits(torch.float64)
     gen = torch.Generator().manual_seed(5)
     seg = [RowSegment(8, 16, 0.7, gen)]
-    x0, conf, ent = _decode_chunk(logits.clone(), 0, seg, MASK, entropy=True)
+    x0, conf, ent = by_rule(logits.clone(), 0, seg, MASK, entropy=True)
     p = torch.softmax(logits, -1)
     assert torch.allclose(conf, p.gather(-1, x0[:, None])[:, 0], rtol=1e-12, atol=0)
     assert torch.allclose(ent, -(p * p.log()).sum(-1), rtol=1e-10, atol=0)

@@ -13,7 +13,6 @@ from baselines.reference_dream import (
     choose_positions,
     dense_logits,
     dream_schedule,
-    filter_logits,
     propose,
     reference_generate,
     timesteps,
@@ -197,7 +196,7 @@ def test_seeded_sampling_is_deterministic(alg):
 # ---------------------------------------------------------------- the distribution
 def test_top_p_and_top_k_on_a_known_distribution():
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=F64).log()
-    kept = lambda **kw: (filter_logits(logits, kw.get("top_p"), kw.get("top_k")) > -1e300)[0].tolist()  # noqa: E731
+    kept = lambda rows=logits, **kw: (token_probs(rows, DreamSampling(temperature=0.0, **kw)) > 0)[0].tolist()  # noqa: E731
     # cumulative .5, .8, .95, 1: the first token past top_p stays, the rest go
     assert kept(top_p=0.6) == [True, True, False, False]
     assert kept(top_p=0.85) == [True, True, True, False]
@@ -206,7 +205,7 @@ def test_top_p_and_top_k_on_a_known_distribution():
     assert kept(top_k=2) == [True, True, False, False]
     assert kept(top_p=0.85, top_k=1) == [True, False, False, False]
     ties = torch.tensor([[1.0, 2.0, 2.0, 0.0]], dtype=F64)
-    assert (filter_logits(ties, None, 1) > -1e300)[0].tolist() == [False, True, True, False]   # ties stay
+    assert kept(ties, top_k=1) == [False, True, True, False]   # ties stay
     probs = token_probs(logits, DreamSampling(temperature=0.0, top_p=0.6))
     assert probs[0].tolist() == pytest.approx([0.625, 0.375, 0, 0], abs=1e-12)    # renormalised .5/.8, .3/.8
 
