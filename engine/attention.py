@@ -94,10 +94,6 @@ def choose_backend(name: str, device, dtype: torch.dtype | None = None) -> Backe
     return BackendChoice("sdpa", f"{no_torch} and flash-attn does not import: {flash_attn_import_error()}")
 
 
-def resolve_backend(name: str, device, dtype: torch.dtype | None = None) -> str:
-    return choose_backend(name, device, dtype).name
-
-
 class PackedKernel:
     """One varlen call over packed q [Nq, Hq, D], k/v [Nk, Hkv, D]: segment b's rows cu_q[b]:cu_q[b+1] (keys: cu_k)."""
 

@@ -16,6 +16,3 @@ def observe(factory):
 def region(name: str):
     with contextlib.nullcontext() if _factory is None else _factory(name):
         yield
-
-
-in_region = region

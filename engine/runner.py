@@ -16,7 +16,7 @@ from engine.graphs import PadSpec, StepGraphs, pad_meta
 from engine.kv_cache import KVPool
 from engine.logits import DecodeResult, RowSegment, decode_rows
 from engine.models import DenseLM
-from engine.regions import DECODE, in_region
+from engine.regions import DECODE, region
 from engine.request import Phase, Request
 from engine.scheduler import serves_long
 from engine.step import Staging, StepDecisions, StepMeta, StepStats, offsets, padded, ragged
@@ -184,7 +184,7 @@ def row_segments(reqs: list[Request], c: CommitPlan) -> list[RowSegment]:
             for i, r in enumerate(reqs) if r.params.temperature > 0 or r.params.dream_rule]
 
 
-@in_region(DECODE)
+@region(DECODE)
 def _choose(conf: torch.Tensor, x0: torch.Tensor, entropy: torch.Tensor | None, c: CommitPlan,
             logits_rows: list[int]) -> StepDecisions:
     """Each request's candidates by confidence (ties: lower position first), its policy's prefix taken."""

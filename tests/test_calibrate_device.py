@@ -273,7 +273,7 @@ def test_attention_is_timed_through_the_engines_own_call(monkeypatch):
         def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k):
             packed.append((self.backend, q.shape, k.shape, tuple(cu_q.shape), max_q, max_k))
 
-    monkeypatch.setattr(attention, "resolve_backend", lambda name, dev, dtype=None: "varlen")
+    monkeypatch.setattr(attention, "choose_backend", lambda name, dev, dtype=None: attention.BackendChoice("varlen", ""))
     monkeypatch.setattr(attention, "PackedKernel", Kernel)
     fn = cal.engine_attention(8, 32, SMALL, torch.float32, "meta")
     fn()

@@ -14,7 +14,7 @@ import torch
 
 from baselines.reference_llada import reference_generate
 from engine import SamplingParams
-from engine.attention import resolve_backend
+from engine.attention import choose_backend
 from engine.models import dense_attention
 from tests.helpers import make_engine, padded_varlen, plain_attention, random_prompts, run_alone, tiny_model
 from tests.plain_dual import plain_dual_cache_generate
@@ -135,4 +135,4 @@ def test_varlen_sdpa_equals_plain_softmax(hkv):
 
 def test_flash_attn_backend_rejected_on_cpu():
     with pytest.raises(ValueError, match="flash"):
-        resolve_backend("flash_attn", torch.device("cpu"))
+        choose_backend("flash_attn", torch.device("cpu"))

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.attention import resolve_backend
+from engine.attention import choose_backend
 from engine.step_context import StepContext
 from tests.helpers import make_engine, random_prompts, tiny_model
 from tests.test_engine_batched import _staggered
@@ -98,20 +98,20 @@ def test_one_varlen_call_per_group_per_layer(standin):
 
 def test_backend_choice(standin, monkeypatch):
     cpu = torch.device("cpu")
-    assert resolve_backend("auto", cpu, BF16) == "sdpa"                # auto never picks it on a CPU
-    assert resolve_backend("flash_attn", cpu, BF16) == "flash_attn"    # the stand-in runs on a CPU
+    assert choose_backend("auto", cpu, BF16).name == "sdpa"                # auto never picks it on a CPU
+    assert choose_backend("flash_attn", cpu, BF16).name == "flash_attn"    # the stand-in runs on a CPU
     with pytest.raises(ValueError, match="float16/bfloat16"):
-        resolve_backend("flash_attn", cpu, torch.float32)
+        choose_backend("flash_attn", cpu, torch.float32)
     cuda = torch.device("cuda")
     import torch.nn.attention.varlen as torch_varlen
 
     monkeypatch.delattr(torch_varlen, "varlen_attn")                  # a torch before 2.10: flash-attn next
-    assert resolve_backend("auto", cuda, BF16) == "flash_attn"
-    assert resolve_backend("auto", cuda, torch.float32) == "sdpa"      # fp32 model: SDPA, with a reason
+    assert choose_backend("auto", cuda, BF16).name == "flash_attn"
+    assert choose_backend("auto", cuda, torch.float32).name == "sdpa"      # fp32 model: SDPA, with a reason
     monkeypatch.setitem(sys.modules, "flash_attn", None)              # found but not importable
-    assert resolve_backend("auto", cuda, BF16) == "sdpa"
+    assert choose_backend("auto", cuda, BF16).name == "sdpa"
     with pytest.raises(ValueError, match="flash-attn package"):
-        resolve_backend("flash_attn", cuda, BF16)
+        choose_backend("flash_attn", cuda, BF16)
 
 
 @pytest.mark.parametrize("cache, in_place", [("dual", True), ("sparse", True), ("dual", False), ("sparse", False)])

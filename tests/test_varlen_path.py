@@ -21,7 +21,7 @@ import torch
 
 from dllm_bench.stepprofile.summary import graph_buckets
 from engine import SamplingParams
-from engine.attention import PackedKernel, choose_backend, resolve_backend
+from engine.attention import PackedKernel, choose_backend
 from engine.graphs import StepGraphs
 from engine.step import Staging
 from engine.step_context import StepContext
@@ -67,18 +67,18 @@ def test_backend_choice_and_its_reason(varlen, monkeypatch):
     assert choose_backend("auto", cpu, BF16).name == "sdpa"            # auto never picks a kernel on a CPU
     f32 = choose_backend("auto", cuda, torch.float32)
     assert f32.name == "sdpa" and "float32" in f32.why
-    assert resolve_backend("varlen", cpu, BF16) == "varlen"            # the stand-in runs on a CPU
+    assert choose_backend("varlen", cpu, BF16).name == "varlen"            # the stand-in runs on a CPU
     with pytest.raises(ValueError, match="float16/bfloat16"):
-        resolve_backend("varlen", cpu, torch.float32)
+        choose_backend("varlen", cpu, torch.float32)
     monkeypatch.delattr(tv.varlen_attn, "RUNS_ON_CPU")                 # torch's own: CUDA-only
     with pytest.raises(ValueError, match="needs CUDA"):
-        resolve_backend("varlen", cpu, BF16)
+        choose_backend("varlen", cpu, BF16)
     monkeypatch.delattr(tv, "varlen_attn")                             # a torch before 2.10
     monkeypatch.setitem(sys.modules, "flash_attn", None)               # and no flash-attn
     none = choose_backend("auto", cuda, BF16)
     assert none.name == "sdpa" and "no varlen_attn" in none.why and "flash-attn does not import" in none.why
     with pytest.raises(ValueError, match="torch >= 2.10"):
-        resolve_backend("varlen", cuda, BF16)
+        choose_backend("varlen", cuda, BF16)
 
 
 def _choice_211(varlen):

@@ -13,7 +13,7 @@ import torch
 from baselines.reference_llada import reference_generate
 from dllm_bench.checkpoints.store import resolve_model
 from dllm_bench.doctor.checks import FAIL, OK, SKIP, WARN, Check
-from engine.attention import resolve_backend
+from engine.attention import choose_backend
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.models import load_model
@@ -69,7 +69,7 @@ def generation_checks(dev: torch.device) -> list[Check]:
     del model
     half = load_model(path, torch.bfloat16, dev)
     got16 = _engine_tokens(half, "bfloat16", dev, "auto", prompt, params)
-    backend = resolve_backend("auto", dev, torch.bfloat16)
+    backend = choose_backend("auto", dev, torch.bfloat16).name
     data16 = {"tokens": got16, "reference": ref, "backend": backend}
     if got16 == ref:
         return [first, Check("generate bf16", OK, f"the same request in bfloat16 ({backend}): tokens equal", data16)]

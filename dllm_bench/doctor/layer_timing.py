@@ -75,7 +75,7 @@ def _block(cfg, dtype: torch.dtype, dev: torch.device):
 def _attention(dev: torch.device, dtype: torch.dtype):
     """The engine step's attention call for one sequence: the packed varlen kernel where the
     engine would use one (torch's varlen_attn or flash-attn), else its padded batch SDPA."""
-    backend = attention.resolve_backend("auto", dev, dtype)
+    backend = attention.choose_backend("auto", dev, dtype).name
     if backend in attention.PACKED:
         kernel = attention.PackedKernel(backend)
 

@@ -29,7 +29,7 @@ from dllm_bench.errors import UserError
 from dllm_bench.results import atomic_write_json
 from dllm_bench.systems.families import check_supports
 from dllm_bench.systems.spec import ENGINE, SystemVariant, baseline_knobs, engine_knobs
-from engine.attention import resolve_backend
+from engine.attention import choose_backend
 from engine.config import DTYPES, EngineConfig
 from engine.models import config_from_pretrained, load_model
 from engine.profiler import MemoryProfile, default_budget, profile_kv_pool
@@ -252,7 +252,7 @@ def _profiled(variant, cfg: EngineConfig, model, model_dir, cache_dir, use_cache
         info.update(profile=None, profile_cached=False, kv_pool_tokens=None)
         return cfg
     try:
-        backend = resolve_backend(cfg.attention_backend, model.device, model.dtype)
+        backend = choose_backend(cfg.attention_backend, model.device, model.dtype).name
     except ValueError as e:  # a backend asked for by name that cannot run here
         raise UserError(f"system {variant.label!r}: {e}") from None
     mml = cfg.max_model_len or model.config.max_sequence_length

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from dllm_bench.checkpoints.load import load_model
 from dllm_bench.systems.build import check_tensor_parallel
-from engine.attention import resolve_backend
+from engine.attention import choose_backend
 from engine.config import DTYPES, EngineConfig
 from engine.parallel.driver import Cluster
 from engine.parallel.model import load_sharded
@@ -63,7 +63,7 @@ def _rank_profile(tp, cfg: EngineConfig, max_model_len: int) -> MemoryProfile | 
 
 def _one_device(model, cfg: EngineConfig, max_model_len: int) -> MemoryProfile | str:
     try:
-        return profile_kv_pool(model, cfg, resolve_backend(cfg.attention_backend, model.device, model.dtype),
+        return profile_kv_pool(model, cfg, choose_backend(cfg.attention_backend, model.device, model.dtype).name,
                                max_model_len)
     except ValueError as e:
         return str(e)   # the budget does not even hold the worst step: say so

@@ -11,9 +11,8 @@ from engine.models.family import (
     family_of,
     hf_state_dict,
     load_model,
-    weight_files,
 )
 
 __all__ = ["FAMILIES", "DenseBlock", "DenseLM", "Family", "ModelConfig", "RotaryEmbedding", "build_model",
            "config_from_dict", "config_from_pretrained", "dense_attention", "family_of", "hf_state_dict", "load_model",
-           "rms_norm", "weight_files"]
+           "rms_norm"]

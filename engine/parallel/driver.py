@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from engine.attention import resolve_backend
+from engine.attention import choose_backend
 from engine.config import DTYPES, EngineConfig, resolve_device
 from engine.engine import LLMEngine
 from engine.kv_cache import KVPool
@@ -175,7 +175,7 @@ class DriverRunner(ModelRunner):
 def build_rank(tp: TPGroup, config: EngineConfig, runner=ModelRunner) -> tuple[ModelRunner, MemoryProfile | None]:
     """A rank's runner over its shard (no pool yet) and profile; a bounded pool: the smallest of any rank's."""
     model = load_sharded(config.model, tp, DTYPES[config.dtype])
-    backend = resolve_backend(config.attention_backend, model.device, model.dtype)
+    backend = choose_backend(config.attention_backend, model.device, model.dtype).name
     profile = None
     if config.kv_pool_tokens is None and (config.memory_budget is not None or model.device.type == "cuda"):
         profile = profile_kv_pool(model, config, backend, config.max_model_len or model.config.max_sequence_length)

@@ -170,7 +170,7 @@ def engine_attention(q_len: int, k_len: int, shape: ModelShape, dtype, device) -
     k = torch.randn(1, k_len, shape.kv_heads, shape.head_dim, dtype=dtype, device=dev)
     v = torch.randn_like(k)
     # Looked up at call time, so the engine's current attention is what is timed.
-    backend = attention.resolve_backend("auto", dev, dtype)
+    backend = attention.choose_backend("auto", dev, dtype).name
     if backend in attention.PACKED:
         kernel = attention.PackedKernel(backend)
         cu_q, cu_k = (torch.tensor([0, n], dtype=torch.int32, device=dev) for n in (q_len, k_len))
