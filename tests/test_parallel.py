@@ -52,7 +52,7 @@ CASES = {
 
 def write_checkpoint(model, path):
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(model.config.to_dict()))
+    (path / "config.json").write_text(json.dumps(dataclasses.asdict(model.config)))
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
     return path
 

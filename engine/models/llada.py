@@ -3,7 +3,7 @@ the dense decoder's; no biases, no shift, untied LM head."""
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from engine.models.dense import DenseLM
@@ -27,7 +27,7 @@ def _from_hf(d: dict) -> ModelConfig:
 
 
 def _to_hf(cfg: ModelConfig) -> dict:
-    d = {k: v for k, v in cfg.to_dict().items() if k not in _OURS_ONLY}
+    d = {k: v for k, v in asdict(cfg).items() if k not in _OURS_ONLY}
     return _HF_TEMPLATE | d | {"model_type": "llada", "weight_tying": False, "include_bias": False, "rope": True}
 
 

@@ -1,7 +1,7 @@
 """A rank's model: its collectives, its slices of the weights read shard-wise, its vocabulary-parallel decode."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -58,7 +58,7 @@ class RankConfig(ModelConfig):
         for what, size in sizes.items():
             if size % tp_size:
                 raise ValueError(f"tensor-parallel size {tp_size} does not divide {what} = {size}")
-        return cls(**cfg.to_dict(), tp_size=tp_size)
+        return cls(**asdict(cfg), tp_size=tp_size)
 
 
 class _ShardShape(RankConfig):
@@ -80,7 +80,7 @@ class ShardedLM(DenseLM):
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup):
         config, n = RankConfig.of(cfg, tp.size), tp.size
-        super().__init__(_ShardShape(**{**config.to_dict(), "n_heads": cfg.n_heads // n, "n_kv_heads": cfg.kv_heads,
+        super().__init__(_ShardShape(**{**asdict(config), "n_heads": cfg.n_heads // n, "n_kv_heads": cfg.kv_heads,
                                         "mlp_hidden_size": cfg.mlp_hidden_size // n,
                                         "embedding_size": cfg.padded_vocab // n}))
         self.config, self.tp, self.vocab_start = config, tp, tp.rank * cfg.padded_vocab // n
