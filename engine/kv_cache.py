@@ -148,7 +148,6 @@ class KVPool:
         return self.capacity is None or self.used + n <= self.capacity
 
     def reserve(self, n: int) -> torch.Tensor | None:
-        """The slot table of n slots reserved (None for n = 0)."""
         if not self.can_reserve(n):
             raise RuntimeError("KV pool over-committed: the scheduler must check can_reserve first")
         self.used += n

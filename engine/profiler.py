@@ -5,8 +5,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import weakref
-from dataclasses import dataclass
-from functools import partial
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -99,7 +97,7 @@ def peak_bytes(device: torch.device, fn, *args) -> int:
     return meter.peak_bytes
 
 
-@dataclass
+@dataclasses.dataclass
 class MemoryProfile:
     budget_bytes: int
     weights_bytes: int
@@ -207,18 +205,17 @@ def _chunked_refresh_peaks(runner: ModelRunner, req: Request, chunks: list[int])
 def long_canvas_peaks(runner: ModelRunner, modes: dict[str, tuple], peak: int, room: int) -> tuple[int, int, int]:
     """Canvases up to max_model_len: (the Refresh chunk chosen, its chunked Refresh's peak, a long Reuse's peak)."""
     config, T, longest = runner.config, runner.config.max_num_batched_tokens, runner.max_model_len
-    powers = [c for c in (MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
+    powers = [c for c in (MIN_CHUNK * 2**k for k in range(32)) if c <= T] or [T]
     chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else powers
     refresh, reuse = dict.fromkeys(chunks, 0), 0
     if config.cache in ("none", AUTO):
         refresh = _chunked_refresh_peaks(runner, _synthetic(runner, "none", longest, min(32, T), scratch=True), chunks)
-    slots = max(0, room - max(peak, min(refresh.values()))) // runner.pool.bytes_per_token   # none's least reserved
+    slots = max(0, room - max(peak, min(refresh.values()))) // runner.pool.bytes_per_token   # after none's least
     for mode in (m for m in modes if m != "none"):
-        need = partial(kv_need, mode, block_length=1, retention=config.retention)
-        n = bisect.bisect_right(range(longest + 1), slots, key=need) - 1   # the longest canvas `slots` hold
-        if n <= T:
+        held = bisect.bisect_right(range(longest + 1), slots, key=lambda n: kv_need(mode, n, 1, config.retention)) - 1
+        if held <= T:
             continue
-        req = _synthetic(runner, mode, n, min(32, T), scratch=True)
+        req = _synthetic(runner, mode, held, min(32, T), scratch=True)
         for c, p in _chunked_refresh_peaks(runner, req, chunks).items():
             refresh[c] = max(refresh[c], p)
         reuse = max(reuse, peak_bytes(runner.model.device, runner.run, [(req, Phase.REUSE)]) + modes[mode][1])
