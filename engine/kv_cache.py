@@ -114,7 +114,7 @@ class SlotRanges:
         if contiguous or sum(e - s for s, e in self.free) < n:
             return None
         got = []
-        while self.free[0][1] - self.free[0][0] < n:       # whole ranges from the front, then the rest first fit
+        while self.free[0][1] - self.free[0][0] < n:       # no range fits: the first n free slots, in order
             s, e = self.free.pop(0)
             got.append((s, e))
             n -= e - s
