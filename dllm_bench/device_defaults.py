@@ -18,7 +18,6 @@ from dllm_bench.units import format_size, parse_size
 from engine import config as engine_defaults
 from engine.config import DTYPES, GPU_MEMORY_UTILIZATION
 from engine.profiler import budget_from_free
-from engine.profiler import free_device_memory as _free_memory
 
 
 @dataclass(frozen=True)
@@ -87,8 +86,10 @@ def gpu_name(device: Device) -> str | None:
 
 
 def free_device_memory(device: str | torch.device) -> tuple[int, int]:
-    """(free, total) bytes of a CUDA device (`auto` resolved): engine.profiler.free_device_memory."""
-    return _free_memory(resolve_device(device))
+    """(free, total) bytes of a CUDA device (`auto` resolved) once this process's cached blocks are returned."""
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(resolve_device(device))
+    return int(free), int(total)
 
 
 @dataclass(frozen=True)

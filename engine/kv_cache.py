@@ -114,7 +114,7 @@ class SlotRanges:
         if contiguous or sum(e - s for s, e in self.free) < n:
             return None
         got = []
-        while self.free[0][1] - self.free[0][0] < n:       # whole ranges from the front, then the rest first fit
+        while self.free[0][1] - self.free[0][0] < n:       # no range fits: the first n free slots, in order
             s, e = self.free.pop(0)
             got.append((s, e))
             n -= e - s
@@ -148,7 +148,6 @@ class KVPool:
         return self.capacity is None or self.used + n <= self.capacity
 
     def reserve(self, n: int) -> torch.Tensor | None:
-        """The slot table of n slots reserved (None for n = 0)."""
         if not self.can_reserve(n):
             raise RuntimeError("KV pool over-committed: the scheduler must check can_reserve first")
         self.used += n

@@ -5,8 +5,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import weakref
-from dataclasses import dataclass
-from functools import partial
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -99,19 +97,7 @@ def peak_bytes(device: torch.device, fn, *args) -> int:
     return meter.peak_bytes
 
 
-def free_device_memory(device: torch.device | str) -> tuple[int, int]:
-    """(free, total) bytes of a CUDA device once this process's cached blocks are returned."""
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(torch.device(device))
-    return int(free), int(total)
-
-
-def budget_from_free(free: int, resident: int, utilization: float) -> int:
-    """The default GPU budget: `utilization` of the memory free before the weights (`resident`) loaded."""
-    return int((free + resident) * utilization)
-
-
-@dataclass
+@dataclasses.dataclass
 class MemoryProfile:
     budget_bytes: int
     weights_bytes: int
@@ -136,6 +122,11 @@ class MemoryProfile:
         return dataclasses.asdict(self)
 
 
+def budget_from_free(free: int, resident: int, utilization: float) -> int:
+    """The default GPU budget: `utilization` of the memory free before the weights (`resident`) loaded."""
+    return int((free + resident) * utilization)
+
+
 def weights_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -144,15 +135,15 @@ def default_budget(model: DenseLM, config: EngineConfig) -> int:
     if config.memory_budget is not None:
         return config.memory_budget
     if model.device.type == "cuda":   # measured with the weights loaded: they count as free
-        free, _ = free_device_memory(model.device)
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info(model.device)
         return budget_from_free(free, weights_bytes(model), config.gpu_memory_utilization)
     raise ValueError("a memory budget is needed to profile on CPU (e.g. --memory-budget 4GiB)")
 
 
-def _synthetic(runner: ModelRunner, config: EngineConfig, mode: str, n: int, block: int,
-               scratch: bool = False) -> Request:
+def _synthetic(runner: ModelRunner, mode: str, n: int, block: int, scratch: bool = False) -> Request:
     """A one-block canvas of `n` tokens, its KV reserved in the runner's pool (`scratch`: all at the scratch slot)."""
-    model, pool = runner.model, runner.pool
+    model, pool, config = runner.model, runner.pool, runner.config
     params = SamplingParams(gen_length=block, steps=1, block_length=block, temperature=1.0 if config.sampling else 0.0)
     req = Request(f"profile-{n}", [0] * (n - block), params, model.config.mask_token_id, model.device, cache=mode)
     req.kv_pool, req.kv_tokens = pool, kv_need(mode, n, block, config.retention)
@@ -161,9 +152,9 @@ def _synthetic(runner: ModelRunner, config: EngineConfig, mode: str, n: int, blo
     return req
 
 
-def _measure(runner: ModelRunner, config: EngineConfig, mode: str, phase: Phase, shapes: list[tuple[int, int]]) -> int:
+def _measure(runner: ModelRunner, mode: str, phase: Phase, shapes: list[tuple[int, int]]) -> int:
     """The peak bytes of one step of synthetic (canvas, block) `shapes`, their caches reserved outside it."""
-    batch = [(_synthetic(runner, config, mode, n, block), phase) for n, block in shapes]
+    batch = [(_synthetic(runner, mode, n, block), phase) for n, block in shapes]
     peak = peak_bytes(runner.model.device, runner.run, batch)
     for req, _ in batch:
         runner.pool.release(req.kv_tokens, req.slots)
@@ -182,13 +173,13 @@ def _peaks(runner: ModelRunner, config: EngineConfig, max_model_len: int, mode: 
     n = max(1, min(config.max_num_seqs, T // L))
     rest = T - n * L
     tail = [(rest, rest - 1)] if rest >= 2 and n < config.max_num_seqs else []
-    refresh_peak = _measure(runner, config, mode, REFRESH_PHASE[mode], [(L, L - 1)] * n + tail)
+    refresh_peak = _measure(runner, mode, REFRESH_PHASE[mode], [(L, L - 1)] * n + tail)
     if mode == "none":
         return refresh_peak, 0, 0
     bl = min(32, max(1, L // 2))
     many = [(2 * bl, bl)] * max(1, min(config.max_num_seqs, T // bl))
-    return (refresh_peak, _measure(runner, config, mode, Phase.REUSE, many),
-            _measure(runner, config, mode, Phase.REUSE, [(L, min(bl, L - 1))]))
+    return (refresh_peak, _measure(runner, mode, Phase.REUSE, many),
+            _measure(runner, mode, Phase.REUSE, [(L, min(bl, L - 1))]))
 
 
 def _scratch_runner(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> ModelRunner:
@@ -199,43 +190,51 @@ def _scratch_runner(model: DenseLM, config: EngineConfig, backend: str, max_mode
     return runner
 
 
+def _chunked_refresh_peaks(runner: ModelRunner, req: Request, chunks: list[int]) -> dict[int, int]:
+    """{chunk: peak bytes} of `req`'s chunked Refresh: its state, then each moment on the first layer."""
+    model, blk, step = runner.model, runner.model.blocks[0], max(chunks)
+    with MemoryMeter(model.device) as state:
+        run = LongRefresh(model, req, REFRESH_PHASE[req.cache], runner.config, runner.backend)
+    for a in range(0, req.length, step):
+        run.kv_pass(blk, a, min(a + step, req.length))
+    cache = peak_bytes(model.device, run.cache, 0, blk, runner.pool.storage)
+    moments = {c: max(peak_bytes(model.device, f, blk, 0, c) for f in (run.kv_pass, run.chunk_pass)) for c in chunks}
+    return {c: state.peak_bytes + max(cache, moment) for c, moment in moments.items()}
+
+
+def long_canvas_peaks(runner: ModelRunner, modes: dict[str, tuple], peak: int, room: int) -> tuple[int, int, int]:
+    """Canvases up to max_model_len: (the Refresh chunk chosen, its chunked Refresh's peak, a long Reuse's peak)."""
+    config, T, longest = runner.config, runner.config.max_num_batched_tokens, runner.max_model_len
+    powers = [c for c in (MIN_CHUNK * 2**k for k in range(32)) if c <= T] or [T]
+    chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else powers
+    refresh, reuse = dict.fromkeys(chunks, 0), 0
+    if config.cache in ("none", AUTO):
+        refresh = _chunked_refresh_peaks(runner, _synthetic(runner, "none", longest, min(32, T), scratch=True), chunks)
+    slots = max(0, room - max(peak, min(refresh.values()))) // runner.pool.bytes_per_token   # after none's least
+    for mode in (m for m in modes if m != "none"):
+        held = bisect.bisect_right(range(longest + 1), slots, key=lambda n: kv_need(mode, n, 1, config.retention)) - 1
+        if held <= T:
+            continue
+        req = _synthetic(runner, mode, held, min(32, T), scratch=True)
+        for c, p in _chunked_refresh_peaks(runner, req, chunks).items():
+            refresh[c] = max(refresh[c], p)
+        reuse = max(reuse, peak_bytes(runner.model.device, runner.run, [(req, Phase.REUSE)]) + modes[mode][1])
+    fits = [c for c, p in refresh.items() if p <= peak]
+    chunk = max(fits) if fits else max(c for c, p in refresh.items() if p <= min(refresh.values()) * NEAR_BEST)
+    return chunk, refresh[chunk], reuse
+
+
 @torch.no_grad()
 def profile_kv_pool(model: DenseLM, config: EngineConfig, backend: str, max_model_len: int) -> MemoryProfile:
-    budget, wb, T = default_budget(model, config), weights_bytes(model), config.max_num_batched_tokens
+    budget, wb, bpt = default_budget(model, config), weights_bytes(model), bytes_per_token(model.config, model.dtype)
     modes = mode_peaks(model, config, backend, max_model_len)
     refresh_peak, reuse_peak = max(p[0] for p in modes.values()), max(p[1] + p[2] for p in modes.values())
     peak, guard = max(refresh_peak, reuse_peak), int(budget * config.guard_fraction)
     room = budget - wb - guard
     chunk, long_refresh, long_reuse = None, 0, 0
-    if max_model_len > T and serves_long(config):     # canvases past the token budget: chunked Refresh, long Reuse
+    if max_model_len > config.max_num_batched_tokens and serves_long(config):
         runner = _scratch_runner(model, config, backend, max_model_len)
-        chunks = [config.refresh_chunk_tokens] if config.refresh_chunk_tokens else \
-            [c for c in (MIN_CHUNK << k for k in range(32)) if c <= T] or [T]
-        peaks, slots = dict.fromkeys(chunks, 0), None
-        for mode in ("none", "dual", "sparse") if config.cache == AUTO else (config.cache,):
-            if mode != "none" and slots is None:        # what none's least reservation leaves the pool
-                taken = max(0, min(peaks.values()) - peak)
-                slots = max(0, room - peak - taken) // bytes_per_token(model.config, model.dtype)
-            need = partial(kv_need, mode, block_length=1, retention=config.retention)
-            n = max_model_len if mode == "none" else bisect.bisect_right(range(max_model_len + 1), slots, key=need) - 1
-            if n <= T:
-                continue
-            req = _synthetic(runner, config, mode, n, min(32, T), scratch=True)
-            with MemoryMeter(model.device) as state:      # its state, then each moment on the first layer
-                run = LongRefresh(model, req, REFRESH_PHASE[mode], config, backend)
-            for a in range(0, n, max(chunks)):
-                run.kv_pass(model.blocks[0], a, min(a + max(chunks), n))
-            cache = peak_bytes(model.device, run.cache, 0, model.blocks[0], runner.pool.storage)
-            for c in chunks:
-                moment = max(peak_bytes(model.device, f, model.blocks[0], 0, c) for f in (run.kv_pass, run.chunk_pass))
-                peaks[c] = max(peaks[c], state.peak_bytes + max(cache, moment))
-            del run
-            if mode != "none":
-                reuse = peak_bytes(model.device, runner.run, [(req, Phase.REUSE)]) + modes[mode][1]
-                long_reuse = max(long_reuse, reuse)
-        fits = [c for c, p in peaks.items() if p <= peak]
-        chunk = max(fits) if fits else max(c for c, p in peaks.items() if p <= min(peaks.values()) * NEAR_BEST)
-        long_refresh = peaks[chunk]
+        chunk, long_refresh, long_reuse = long_canvas_peaks(runner, modes, peak, room)
     graph_pool = cuda_graphs_on(config.cuda_graphs, model.device) and config.cache != "none"   # captured graphs' memory
     short = peak + (reuse_peak if graph_pool else 0)
     peak = max(peak, long_refresh, long_reuse) + (max(reuse_peak, long_reuse) if graph_pool else 0)
@@ -244,7 +243,6 @@ def profile_kv_pool(model: DenseLM, config: EngineConfig, backend: str, max_mode
     if peak > room:
         raise ValueError(f"memory budget {budget / 2**20:.0f} MiB is too small: weights {wb / 2**20:.0f} MiB + "
                          f"activation peak {peak / 2**20:.0f} MiB + guard {guard / 2**20:.0f} MiB")
-    bpt = bytes_per_token(model.config, model.dtype)
     tokens = (room - peak) // bpt
     return MemoryProfile(budget, wb, peak, refresh_peak, reuse_peak, guard, tokens * bpt, tokens, bpt,
                          config.max_num_logits, config.max_num_batched_tokens, config.max_num_seqs, config.cache,
