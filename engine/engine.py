@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -25,7 +25,7 @@ from engine.step import Batch, Runner, StepDecisions
 STEP_HISTORY = 4096      # per-step entries kept (the aggregates are exact whatever the number of steps)
 
 
-class StepCounters(dict):
+class StepCounters(Counter):
     """Cumulative counters, the last steps' `batch_sizes` and `step_log`, and the batch-size suffix maxima."""
 
     def __init__(self) -> None:
@@ -44,10 +44,9 @@ class StepCounters(dict):
         if self.sink is not None and started is not None:
             self.sink(started, time.perf_counter(), batch_size, batch_size if padded is None else padded,
                       refresh, reuse, query_tokens, key_tokens, logits_rows, graph, cache)
-        for k, v in dict(steps=1, forwards=1, query_tokens=query_tokens, logits_rows=logits_rows, refresh_steps=refresh,
-                         reuse_steps=reuse, stalled_steps=stalled > 0, stalled_requests=stalled,
-                         deferred_steps=deferred > 0, deferred_requests=deferred, batched_requests=batch_size).items():
-            self[k] += v
+        self.update(steps=1, forwards=1, query_tokens=query_tokens, logits_rows=logits_rows, refresh_steps=refresh,
+                    reuse_steps=reuse, stalled_steps=int(stalled > 0), stalled_requests=stalled,
+                    deferred_steps=int(deferred > 0), deferred_requests=deferred, batched_requests=batch_size)
         self["max_logits_rows_in_step"] = max(self["max_logits_rows_in_step"], max_logits_rows)
         self.batch_sizes.append(batch_size)
         self.step_log.append((refresh, reuse, query_tokens))
@@ -89,12 +88,11 @@ class LLMEngine(contextlib.AbstractContextManager):
         self.model_config = runner.model_config if runner is not None else model.config
         self.max_model_len = config.max_model_len or self.model_config.max_sequence_length
         self.attention = choose_backend(config.attention_backend, self.device, self.dtype)
-        self.backend = self.attention.name
         self.profile, capacity = None, config.kv_pool_tokens
         if capacity is None and (config.memory_budget is not None or self.device.type == "cuda"):
             if self.model is None:
                 raise ValueError("an injected runner without a model cannot be profiled: set kv_pool_tokens")
-            self.profile = profile_kv_pool(self.model, config, self.backend, self.max_model_len)
+            self.profile = profile_kv_pool(self.model, config, self.attention.name, self.max_model_len)
             capacity = self.profile.kv_pool_tokens
             if not self.profile.long_canvas:
                 self.max_model_len = min(self.max_model_len, config.max_num_batched_tokens)
@@ -102,8 +100,8 @@ class LLMEngine(contextlib.AbstractContextManager):
         self.canvases = CanvasPool(self.device)
         self.scheduler = Scheduler(config, self.pool, self.canvases)
         chunk = config.refresh_chunk_tokens or (self.profile.refresh_chunk_tokens if self.profile else None)
-        self.runner = runner if runner is not None else ModelRunner(self.model, config, self.backend, self.pool,
-                                                                    self.max_model_len, chunk)
+        self.runner = runner if runner is not None else ModelRunner(self.model, config, self.attention.name,
+                                                                    self.pool, self.max_model_len, chunk)
         self._ids = itertools.count()
         self.counters = StepCounters()
         self.batch_sizes, self.step_log = self.counters.batch_sizes, self.counters.step_log
@@ -128,8 +126,9 @@ class LLMEngine(contextlib.AbstractContextManager):
             what = (f"the model's length of {trained} tokens (max_model_len)" if self.max_model_len == trained else
                     f"max_model_len {self.max_model_len} (the model's length: {trained} tokens)")
             raise ValueError(f"prompt + gen_length = {length} exceeds {what}")
-        if length > budget and long_refusal(c):
-            raise ValueError(f"{long_refusal(c)}, so a canvas longer than the token budget cannot be served: "
+        refusal = long_refusal(c)
+        if length > budget and refusal:
+            raise ValueError(f"{refusal}, so a canvas longer than the token budget cannot be served: "
                              f"prompt + gen_length = {length} exceeds max_num_batched_tokens {budget} (such a canvas "
                              f"is refreshed in chunks under scheduler={' | '.join(long_schedulers())} on one device)")
         req = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params, mc.mask_token_id, self.device,
@@ -146,7 +145,14 @@ class LLMEngine(contextlib.AbstractContextManager):
         return req.request_id
 
     def abort(self, request_id: str) -> None:
-        self.scheduler.abort(request_id)
+        for req in [*self.scheduler.waiting, *self.scheduler.running]:
+            if req.request_id == request_id:
+                if req.status is Status.RUNNING:
+                    self.scheduler.finish(req)
+                else:
+                    self.scheduler.waiting.remove(req)
+                req.status = Status.ABORTED
+                return
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
@@ -174,7 +180,7 @@ class LLMEngine(contextlib.AbstractContextManager):
 
     def commit(self, batch: Batch, d: StepDecisions) -> None:
         """The decided tokens written into the canvas pool, then read back in one device-to-host copy."""
-        offsets = np.fromiter((r.canvas_offset for r, _ in batch), dtype=np.int64, count=len(batch))
+        offsets = np.array([r.canvas_offset for r, _ in batch], dtype=np.int64)
         cols = [d.row.long(), d.positions.long(), d.tokens.long()]
         index = d.canvas_index if d.canvas_index is not None else (
             torch.from_numpy(offsets).to(self.device, non_blocking=True)[d.row] + d.positions)
@@ -186,12 +192,13 @@ class LLMEngine(contextlib.AbstractContextManager):
         row, pos, tok = host[:3] if d.taken is None else host[:3, host[3].astype(bool)]
         self.canvases.host[offsets[row] + pos] = tok
         for (req, _), n in zip(batch, d.logits_rows):
-            req.charge(n)
+            req.nfe += 1
+            req.logits_rows += n
 
     def advance(self, batch: Batch, now: float, committed: bool = True) -> list[Request]:
         """Move the cursors -> the finished requests (`committed` False: blocks end as planned)."""
         for req, _ in batch:
-            req.advance(now, req.block_done(committed))
+            req.advance(now, committed)
         return [req for req, _ in batch if req.status is Status.FINISHED]
 
     generate = run_to_completion

@@ -49,7 +49,6 @@ class RequestOutput:
     kv_tokens: int = 0
     kv_bytes: int = 0
     finished: bool = True
-    text: str | None = None
     steps_per_block: list[int] = field(default_factory=list)
     block_times: list[float] = field(default_factory=list)
     cache: str | None = None
@@ -81,8 +80,8 @@ class Request:
         self.status = Status.WAITING
         self.block = self.step_in_block = 0
         self.decoding = p.decoding
-        self.schedule = p.block_counts(p.block_length)
-        self.grid = timesteps(self.steps_per_block, p.eps) if p.remasking == "origin" else None
+        self.block_commits = p.block_counts(p.block_length)
+        self.time_grid = timesteps(self.steps_per_block, p.eps) if p.remasking == "origin" else None
         self.block_steps, self.block_times = [], []
         self.planned_steps = self._moves = None     # forwards per block where none commit; `moves` at a cursor
         self.gens = RequestGenerators(p.seed, self.device)
@@ -95,19 +94,11 @@ class Request:
         s = self.prompt_len + self.block * self.block_length
         return s, s + self.block_length
 
-    @property
-    def is_finished(self) -> bool:
-        return self.block >= self.num_blocks
-
     def phase(self, delay_step: int) -> Phase:
         return phase_at(self.step_in_block, self.cache, delay_step)
 
     def query_cost(self, phase: Phase) -> int:
-        return self.length if phase is not Phase.REUSE else self.block_length + self.shift
-
-    def charge(self, logits_rows: int) -> None:
-        self.nfe += 1
-        self.logits_rows += logits_rows
+        return self.length if phase.is_refresh else self.block_length + self.shift
 
     @property
     def commit_count(self) -> int:
@@ -115,7 +106,7 @@ class Request:
         if not self.decoding.fixed:
             return 0
         moves = self.moves()
-        return self.schedule[self.step_in_block] if moves is None else int(moves.sum())
+        return self.block_commits[self.step_in_block] if moves is None else int(moves.sum())
 
     def masked(self) -> int:
         s, e = self.block_range
@@ -123,24 +114,21 @@ class Request:
 
     def moves(self) -> np.ndarray | None:
         """`origin`: which of the block's masked positions this step commits (engine.unmask.origin_moves)."""
-        if self.grid is None:
+        if self.time_grid is None:
             return None
         at = (self.block, self.step_in_block)
         if self._moves is None or self._moves[0] != at:
-            self._moves = at, origin_moves(self.masked(), self.grid, self.step_in_block, self.gens.remask).numpy()
+            self._moves = at, origin_moves(self.masked(), self.time_grid, self.step_in_block, self.gens.remask).numpy()
         return self._moves[1]
 
-    def block_done(self, committed: bool = True) -> bool:
-        """Whether this step ends the block: the schedule's last step, or no mask left (else as planned)."""
-        if self.decoding.fixed or not committed:
-            plan = self.planned_steps
-            n = self.steps_per_block if self.decoding.fixed or plan is None else plan[self.block % len(plan)]
-            return self.step_in_block + 1 >= n
-        return self.masked() == 0
-
-    def advance(self, now: float, done: bool | None = None) -> None:
-        """One step done: move the cursor, record times (`done`: whether it ended the block, if known)."""
-        done = self.block_done() if done is None else done
+    def advance(self, now: float, committed: bool = True) -> None:
+        """One step done: the block ends at the fixed schedule's last step, else once no mask is left (uncommitted
+        steps: as planned); move the cursor, record a block's times."""
+        if committed and not self.decoding.fixed:
+            done = self.masked() == 0
+        else:
+            plan = None if self.decoding.fixed else self.planned_steps
+            done = self.step_in_block + 1 >= (self.steps_per_block if plan is None else plan[self.block % len(plan)])
         self.step_in_block += 1
         if done:
             self.block_steps.append(self.step_in_block)
@@ -148,11 +136,11 @@ class Request:
             self.step_in_block, self.block = 0, self.block + 1
             if self.first_token_time is None:
                 self.first_token_time = now
-            if self.is_finished:
+            if self.block >= self.num_blocks:
                 self.finished_time = now
                 self.status = Status.FINISHED
             else:
-                self.schedule = self.params.block_counts(self.masked())
+                self.block_commits = self.params.block_counts(self.masked())
 
     def output(self) -> RequestOutput:
         return RequestOutput(
@@ -166,7 +154,6 @@ class CanvasPool:
     """Every running request's canvas in one token tensor mirrored on the host (`req.canvas` views a range)."""
 
     def __init__(self, device):
-        self.device = device
         self.tokens = torch.empty(0, dtype=torch.long, device=device)
         self.host = np.empty(0, dtype=np.int64)
         self.ranges = SlotRanges(0)
@@ -185,8 +172,8 @@ class CanvasPool:
         """A contiguous range of n cells (growing both arrays if needed) -> its offset."""
         got = self.ranges.take(n, contiguous=True)
         if got is None:
-            added = max(len(self.host), n, 1024 - len(self.host))   # zeros (a valid id): twice the size or room for n
-            self.tokens = torch.cat([self.tokens, torch.zeros(added, dtype=torch.long, device=self.device)])
+            added = max(len(self.host), n, 1024 - len(self.host))   # to twice the size, room for n, 1024 at least
+            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(added)])    # zeros: a valid id
             self.host = np.concatenate([self.host, np.zeros(added, dtype=np.int64)])
             self.ranges.grow(len(self.host))
             for off, r in self.placed.items():     # re-point the views at the new storage

@@ -23,7 +23,6 @@ class Scheduler:
         self.stalled = self.deferred = 0    # running requests the last step left out: over budget, by plan
         self.served = Counter()
         self.policy: PhasePolicy = POLICIES[config.scheduler](config)
-        self.cost, self.plan = self.policy.cost, self.policy.plan
 
     def schedule(self, now: float) -> Batch:
         return self.policy.schedule(self, now)
@@ -31,12 +30,12 @@ class Scheduler:
     def admit_head(self, now: float) -> Request | None:
         """The head of the queue admitted in the mode it gets now (auto: `engine.kv_cache`), or None: it waits."""
         c, pool, req = self.config, self.pool, self.waiting[0]
-        dual, sparse = (kv_need(m, req.length, req.block_length, c.retention) for m in ("dual", "sparse"))
         if c.cache != AUTO:
             mode = c.cache if pool.can_reserve(kv_need(c.cache, req.length, req.block_length, c.retention)) else None
         elif pool.capacity is None:
             mode = "dual"
         else:
+            dual, sparse = (kv_need(m, req.length, req.block_length, c.retention) for m in ("dual", "sparse"))
             shape = Shape(req.length, req.block_length, req.steps_per_block, c.delay_step, dual, sparse,
                           c.ridge_rows, *per_weight(pool.cfg), c.overhead_rows)
             preferred = preferred_mode(pool.capacity, c.max_num_seqs, shape)     # a full pool of requests like it
@@ -57,48 +56,36 @@ class Scheduler:
     def finish(self, req: Request) -> None:
         self.running.remove(req)
         self.policy.credit.pop(id(req), None)
-        if self.plan is not None:
-            self.plan.drop(req)
+        if self.policy.plan is not None:
+            self.policy.plan.drop(req)
         self.pool.release(req.kv_tokens, req.slots)
         req.slots = None
         self.canvases.release(req)
-
-    def abort(self, request_id: str) -> None:
-        for req in [*self.waiting, *self.running]:
-            if req.request_id == request_id:
-                if req.status is Status.RUNNING:
-                    self.finish(req)
-                else:
-                    self.waiting.remove(req)
-                req.status = Status.ABORTED
-                return
 
 
 class PhasePolicy:
     """Greedy FCFS by phase cost; `whole_canvas` (scheduler=request) charges every step the whole canvas."""
 
-    planning = False                        # its `plan`: a Lookahead
     chunks_long_refresh = True              # admits a canvas over the token budget (its Refresh on credit)
     long_refusal = ""                       # why not, if it does not
 
     def __init__(self, config: EngineConfig):
         self.config = config
         self.whole_canvas = config.scheduler == "request"
-        self.plan = Lookahead(config.max_num_batched_tokens, config.cache, config.delay_step) if self.planning else None
+        lookahead = config.scheduler == "lookahead"
+        self.plan = Lookahead(config.max_num_batched_tokens, config.cache, config.delay_step) if lookahead else None
         self.share = max(1, config.max_num_batched_tokens // 2)     # a long Refresh's share of a contended step
         self.credit: dict[int, int] = {}        # id(request) -> budget accrued toward its long Refresh
         self.granted: dict[int, int] = {}       # this step's grants
 
     def grant(self, req: Request, room: int, demand_after: int) -> bool:
         """Grant `req`'s long Refresh part of the `room` left (those behind ask `demand_after`); True: it runs now."""
-        have = self.credit.get(id(req), 0)
-        g = min(room, req.length - have, max(min(room, self.share), room - demand_after))
-        self.granted[id(req)] = g
-        if have + g >= req.length:
-            self.credit.pop(id(req), None)
-            return True
-        self.credit[id(req)] = have + g
-        return False
+        have = self.credit.pop(id(req), 0)
+        part = min(req.length - have, max(min(room, self.share), room - demand_after))    # its share, or all that those behind leave
+        self.granted[id(req)] = part
+        if have + part < req.length:
+            self.credit[id(req)] = have + part
+        return have + part >= req.length
 
     def accrues(self, req: Request, phase: Phase) -> bool:
         """Whether this step of `req` is charged over several steps (its cost is over the budget)."""
@@ -142,7 +129,6 @@ class PhasePolicy:
 class LookaheadPolicy(PhasePolicy):
     """The phase costs; who runs: those the plan has in this step, then FCFS admission while the head fits."""
 
-    planning = True
     chunks_long_refresh = False
     long_refusal = "its ledger plans every step whole within the token budget"
 
@@ -150,9 +136,9 @@ class LookaheadPolicy(PhasePolicy):
         c, plan = self.config, self.plan
         batch = [(r, r.phase(c.delay_step)) for r in plan.due(q.running)]
         q.stalled, q.deferred = plan.stalled, len(q.running) - len(batch) - plan.stalled
-        while q.waiting:
-            req = q.waiting[0]
-            if len(q.running) >= c.max_num_seqs or not plan.admits(req) or q.admit_head(now) is None:
+        while q.waiting and len(q.running) < c.max_num_seqs and plan.admits(q.waiting[0]):
+            req = q.admit_head(now)
+            if req is None:
                 break
             plan.admit(req)
             batch.append((req, req.phase(c.delay_step)))
@@ -181,7 +167,8 @@ def long_schedulers() -> list[str]:
 
 def planned_costs(req: Request, cache: str, delay_step: int) -> np.ndarray:
     """Query tokens of `req`'s remaining planned steps, each block at its longest (docs/SCHEDULER.md)."""
-    n, i = req.steps_per_block if req.decoding.fixed else req.block_length, req.step_in_block
+    n = req.steps_per_block if req.decoding.fixed else req.block_length     # a block's most steps
+    i = req.step_in_block
     block = np.array([req.query_cost(phase_at(k, cache, delay_step)) for k in range(max(n, i + 1))], dtype=np.int64)
     return np.concatenate([block[i:], np.tile(block[:n], req.num_blocks - req.block - 1)])
 
@@ -237,7 +224,6 @@ class Lookahead:
             self.ledger.subtract(dict(zip(p.slots[p.i :].tolist(), p.costs[p.i :].tolist())))
 
     def due(self, running: list[Request]) -> list[Request]:
-        """The running requests that run this step, in running (FCFS) order."""
         t, out, self.stalled = self.now, [], 0
         for req in running:
             p = self.plans[id(req)]

@@ -148,7 +148,7 @@ def test_each_logit_row_is_the_head_of_the_hidden_before_it_computed_in_that_ste
             edge_kv = kv_of(req)[:, :, :, s - 1].clone()
         else:
             assert int(p.meta.n_q[0]) == bl + 1 and eng.step_log[-1][2] == bl + 1
-            assert eng.scheduler.cost(req, Phase.REUSE) == bl + 1
+            assert eng.scheduler.policy.cost(req, Phase.REUSE) == bl + 1
             want = plain_window(model, x, [[k.clone(), v.clone()] for k, v in cache], s, e)[cand - s]
             edge_reads += bool((cand == s).any())
             if req.slots is not None:

@@ -237,7 +237,7 @@ def test_request_policy_charges_canvas_and_admits_fewer(model):
 
         def schedule(now, eng=eng, costs=costs, original=original):
             batch = original(now)
-            costs.append([(eng.scheduler.cost(r, p), r.length, p.is_refresh) for r, p in batch])
+            costs.append([(eng.scheduler.policy.cost(r, p), r.length, p.is_refresh) for r, p in batch])
             return batch
 
         eng.scheduler.schedule = schedule

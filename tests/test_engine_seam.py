@@ -21,7 +21,7 @@ class CostRunner:
         self.batches.append([(r.request_id, p) for r, p in batch])
         rows, pos = [], []
         for i, (req, _) in enumerate(batch):
-            cand = candidates(req)[: req.schedule[req.step_in_block]]
+            cand = candidates(req)[: req.block_commits[req.step_in_block]]
             rows.append(torch.full((cand.numel(),), i))
             pos.append(cand)
         n = sum(p.is_refresh for _, p in batch)

@@ -49,7 +49,7 @@ def _params():
 def test_flash_path_matches_the_padded_sdpa_path_in_bf16(cache, standin):
     model = tiny_model(BF16, n_kv_heads=2, seed=3)
     eng = make_engine(model, cache=cache, retention=0.5, attention_backend="flash_attn")
-    assert eng.backend == "flash_attn"
+    assert eng.attention.name == "flash_attn"
     g = torch.Generator().manual_seed(1)
     hq, hkv, d = model.config.n_heads, model.config.kv_heads, model.config.head_dim
     r = eng.runner

@@ -39,7 +39,7 @@ def check_plans_followed(eng) -> dict:
         batch = original(now)
         admitted = [r for r, _ in batch if r.request_id not in planned]
         for r in admitted:
-            planned[r.request_id] = sched.plan.plans[id(r)].slots.tolist()
+            planned[r.request_id] = sched.policy.plan.plans[id(r)].slots.tolist()
         for r, _ in batch:
             ran.setdefault(r.request_id, []).append(step[0])
         assert sched.stalled == 0

@@ -14,6 +14,7 @@ import torch
 
 from engine import SamplingParams
 from engine.profiler import MemoryMeter
+from engine.request import Status
 from tests.helpers import (
     live_bytes,
     make_engine,
@@ -79,7 +80,7 @@ def _measured_steps(eng) -> list[tuple[int, int, int]]:
         now = time.perf_counter()
         for req, _ in batch:
             req.advance(now)
-            if req.is_finished:
+            if req.status is Status.FINISHED:
                 eng.scheduler.finish(req)
     return peaks
 

@@ -38,8 +38,8 @@ def fake_run(self, batch) -> StepStats:
     q = rows = 0
     for req, phase in batch:
         cand = candidates(req)
-        req.canvas[cand[: req.schedule[req.step_in_block]]] = 7
-        req.host_canvas[cand[: req.schedule[req.step_in_block]].numpy()] = 7   # a runner keeps both
+        req.canvas[cand[: req.block_commits[req.step_in_block]]] = 7
+        req.host_canvas[cand[: req.block_commits[req.step_in_block]].numpy()] = 7   # a runner keeps both
         req.nfe += 1
         q += req.length if phase.is_refresh else req.params.block_length
         rows += cand.numel()
@@ -122,7 +122,7 @@ def _drive(eng, cfg: dict, reqs: list[dict]) -> None:
         assert len(batch) <= cfg["max_num_seqs"]
         T = cfg["max_num_batched_tokens"]
         long = [sched.policy.accrues(r, p) for r, p in batch]
-        costs = [sched.cost(r, p) for r, p in batch]
+        costs = [sched.policy.cost(r, p) for r, p in batch]
         # Long canvases' steps are charged their grants (run or accruing), the others their cost.
         grants = sum(sched.policy.granted.values())
         assert sum(c for c, lg in zip(costs, long) if not lg) + grants <= T

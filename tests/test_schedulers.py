@@ -17,5 +17,5 @@ def test_the_scheduler_holds_the_named_policy():
         s = Scheduler(EngineConfig(scheduler=name), pool=None, canvases=None)
         assert type(s.policy) is kinds[name]
         assert getattr(s.policy, "whole_canvas", False) == (name == "request")
-        assert isinstance(s.plan, Lookahead) == (name == "lookahead")
+        assert isinstance(s.policy.plan, Lookahead) == (name == "lookahead")
         assert not s.policy.credit and not s.policy.granted

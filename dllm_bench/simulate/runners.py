@@ -120,7 +120,8 @@ class CostRunner:
             st = self.inner.run(batch)
         else:
             for (req, _), rows in zip(batch, charged, strict=True):
-                req.charge(rows)
+                req.nfe += 1
+                req.logits_rows += rows
             n_ref = sum(1 for _, p in batch if p.is_refresh)
             cap = self.config.max_num_logits
             st = StepStats(fw.query_tokens, fw.rows, fw.rows if cap is None else min(fw.rows, cap),

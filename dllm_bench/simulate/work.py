@@ -37,7 +37,7 @@ from engine.step_context import split_by_keys
 
 def masked_in_block(req) -> int:
     """Still-masked positions of the current block (engine Request or baseline Batch row)."""
-    return req.params.block_length - sum(req.schedule[: req.step_in_block])
+    return req.params.block_length - sum(req.block_commits[: req.step_in_block])
 
 
 def engine_forward(batch: list[tuple[Request, Phase]], config: EngineConfig, shape: ModelShape,

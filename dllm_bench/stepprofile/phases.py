@@ -51,8 +51,8 @@ def next_phases(system, shape) -> list[bool] | None:
         tokens = 0
         for r in s.running:                   # what Scheduler.schedule takes, FCFS within the budgets
             ph = r.phase(c.delay_step)        # under its own cache mode (auto: chosen at admission)
-            cost = s.cost(r, ph)
-            if s.plan is None and (len(out) >= c.max_num_seqs or tokens + cost > c.max_num_batched_tokens):
+            cost = s.policy.cost(r, ph)
+            if s.policy.plan is None and (len(out) >= c.max_num_seqs or tokens + cost > c.max_num_batched_tokens):
                 break                         # (a look-ahead plan may defer some: the trace row tells)
             out.append(ph.is_refresh)
             tokens += cost
