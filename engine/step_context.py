@@ -45,9 +45,6 @@ class CachePolicy:
                 np.where(dual_reuse | sparse_reuse, 0, m.n_q),
                 np.select([dual_reuse, sparse_reuse, stores], [m.block_start, m.kv - m.block_len, 0], -1))
 
-    def reuse_keys(self, req) -> int:
-        return req.kv_tokens if self.selects else req.length
-
     def plan_select(self, m: StepMeta, staging: Staging) -> SelectPlan | None:
         g = np.flatnonzero((m.phase == PHASES[Phase.REFRESH_SELECT]) & (m.kv > m.block_len))
         if not self.selects or not g.size:
@@ -154,8 +151,9 @@ class StepContext:
             return [members] if members.size else []
         if not self.packed:
             return split_by_keys(members, (self.cached + self.fresh)[members], self.key_chunk)
-        long = self.cached[members] > self.key_chunk
-        return ([members[~long]] if not long.all() else []) + [members[i : i + 1] for i in np.flatnonzero(long)]
+        long = self.cached[members] > self.key_chunk     # each alone, its keys read a piece at a time
+        short = members[~long]
+        return ([short] if short.size else []) + [members[i : i + 1] for i in np.flatnonzero(long)]
 
     def _chunk(self, members: np.ndarray, staging: Staging) -> _Chunk:
         m, static = self.meta, self.static_keys
