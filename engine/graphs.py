@@ -13,11 +13,8 @@ from engine.request import Phase, Request
 from engine.sampling import SamplingParams
 from engine.step import CODES, Staging, StepMeta
 
-TIMED_RUNS = 3
-
 
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
-    """1, 2, 4, 8, then every 8 up to max_num_seqs (and max_num_seqs itself)."""
     return tuple(sorted({b for b in (1, 2, 4) if b <= max_num_seqs} | {*range(8, max_num_seqs + 1, 8), max_num_seqs}))
 
 
@@ -31,8 +28,8 @@ def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_b
     mode = "dual" if config.cache == kv_cache.AUTO else config.cache
     need = kv_cache.kv_need(mode, prompt_len + block_length, block_length, config.retention)    # 0: no cache, no Reuse
     buckets = batch_buckets(config.max_num_seqs)
-    last = min((bucket(max_batch, buckets) if max_batch is not None else None) or buckets[-1],
-               config.max_num_batched_tokens // (block_length + shift))     # a padded step within the token budget
+    wanted = buckets[-1] if max_batch is None else min(max_batch, buckets[-1])
+    last = min(bucket(wanted, buckets), config.max_num_batched_tokens // (block_length + shift))    # padded, in budget
     return mode, need, [b for b in buckets if need > 0 and b <= last and holds(b * need)]     # `holds`: monotone
 
 
@@ -61,8 +58,7 @@ def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
     nq = bl + s                   # a dummy's canvas: `lead` rows, then its block
     dummy = dict(offset=0, length=nq, block_len=bl, block_start=s, kv=bl, k=0, phase=CODES[Phase.REUSE],
                  refresh=False, q_start=0, n_q=nq, lead=s, cache=kv_cache.CODES["dual"])
-    cols = {f: np.concatenate([getattr(m, f), np.full(n, v, dtype=getattr(m, f).dtype)])
-            for f, v in dummy.items() if getattr(m, f) is not None}
+    cols = {f: np.concatenate([getattr(m, f), np.full(n, v, dtype=getattr(m, f).dtype)]) for f, v in dummy.items()}
     return StepMeta(**cols, slot_base=np.concatenate([m.slot_base, len(m.slots) + nq * np.arange(n, dtype=np.int64)]),
                     slots=np.concatenate([m.slots, np.full(n * nq, spec.scratch, dtype=np.int64)]),
                     cu_q=np.concatenate([m.cu_q, m.cu_q[-1] + nq * np.arange(1, n + 1, dtype=np.int64)]))
@@ -85,13 +81,13 @@ class CudaCapture:
 
     def time_ms(self, fn, what: str) -> float:
         fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        runs, start, end = 3, torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(TIMED_RUNS):
+        for _ in range(runs):
             fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / TIMED_RUNS
+        return start.elapsed_time(end) / runs
 
 
 @dataclass
@@ -135,8 +131,7 @@ class StepGraphs:
         if r.kernel is not None and r.in_place_keys and r.kernel.reads_in_place(cfg.n_heads, cfg.kv_heads):
             keys = 0
         else:
-            each = [req.kv_tokens if r.policy.selects else req.length for req, _ in batch]
-            dummy = bl + cfg.shift
+            each, dummy = [req.kv_tokens if r.policy.selects else req.length for req, _ in batch], bl + cfg.shift
             keys = key_width(max(each + [dummy]) if r.kernel is None else sum(each) + (b - len(batch)) * dummy)
         return PadSpec(b, keys, self.pool.scratch, cfg.shift), (b, keys, bl)
 
@@ -171,9 +166,8 @@ class StepGraphs:
         if entry.graph is not None:
             entry.graph.replay()
         hidden = entry.out if entry.graph is not None else self.runner.forward(entry.captured)
-        dummies = spec.members - len(batch)
-        entry.dummies += dummies
-        self.replays, self.dummies = self.replays + 1, self.dummies + dummies
+        entry.dummies += spec.members - len(batch)
+        self.replays, self.dummies = self.replays + 1, self.dummies + spec.members - len(batch)
         return p, hidden[: int(p.meta.cu_q[-1])], entry.graph is not None
 
     def _first(self, batch, spec: PadSpec, key) -> _Entry:

@@ -74,7 +74,6 @@ class ModelRunner:
                 cand[i, np.flatnonzero(cand[i])[~moves]] = False
         policies = [r.decoding for r in reqs]
         rel = idx - m.offset[:, None]
-        # a candidate at p reads the hidden row p - shift (p < shift: its own)
         rows = np.where(rel >= cfg.shift, rel - cfg.shift, rel) - m.q_start[:, None] + m.cu_q[:-1, None]
         counts = cand.sum(1)
         kinds, values = (None, None) if all(p.fixed for p in policies) else map(staging.put, policy_columns(policies))
@@ -85,7 +84,6 @@ class ModelRunner:
         return m, plan, tokens
 
     def packed(self, real: StepMeta, m: StepMeta, fwd: Staging, ids: np.ndarray, static_keys: int | None = None):
-        """`m`'s forward inputs and attention staged in `fwd` (`real`: `m` without dummies)."""
         return PackedStep(real, m, fwd.put(ids), fwd.put(ragged(m.q_start, m.n_q)),
                           StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
                                       static_keys, self.kernel, self.in_place_keys, self.key_chunk))
@@ -176,7 +174,6 @@ class CommitPlan:
 
 
 def row_segments(reqs: list[Request], c: CommitPlan) -> list[RowSegment]:
-    """The candidate rows of each request that samples (T > 0) or decodes by Dream's rule."""
     return [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel,
                        r.params if r.params.dream_rule else None)
             for i, r in enumerate(reqs) if r.params.temperature > 0 or r.params.dream_rule]

@@ -51,7 +51,7 @@ class StepMeta:
     n_q: np.ndarray           # the canvas (Refresh*) or lead + the block (Reuse)
     cu_q: np.ndarray
     lead: np.ndarray          # Reuse: query-only rows before the block (a shifted family's edge row)
-    cache: np.ndarray | None = None   # kv_cache.CODES per member; None: the engine's policy
+    cache: np.ndarray         # kv_cache.CODES per member
 
     @classmethod
     def of(cls, batch: Batch, starts: np.ndarray, host_slots, shift: int = 0) -> StepMeta:
@@ -110,7 +110,6 @@ class Staging:
         return seg.device[seg.used - a.size : seg.used].view(a.shape)
 
     def flush(self) -> None:
-        """Enqueue the copies of everything put since `begin` (none on the CPU)."""
         for s in self.segments:
             if s.used:
                 s.device[: s.used].copy_(s.pinned[: s.used], non_blocking=True)

@@ -52,7 +52,7 @@ class CachePolicy:
         bl, start, a = m.block_len[g], m.block_start[g], m.cu_q[g]
         lc, keep = m.length[g] - bl, m.kv[g] - bl
         j = np.arange(int(lc.max()))
-        ctx_index = a[:, None] + (j + bl[:, None] * (j >= start[:, None])) * (j < lc[:, None])
+        ctx_index = a[:, None] + (j + bl[:, None] * (j >= start[:, None])) * (j < lc[:, None])  # canvas less block
         shapes, group = np.unique(np.stack([lc, keep], 1), axis=0, return_inverse=True)
         groups = [(c, n, None if len(shapes) == 1 else staging.put(np.flatnonzero(group.reshape(-1) == i)))
                   for i, (c, n) in enumerate(shapes.tolist())]
@@ -64,7 +64,6 @@ class CachePolicy:
                           staging.put(m.slots[ragged(m.slot_base[g], keep)]))
 
     def select(self, plan: SelectPlan, pool: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """One layer's Refresh-select: keep ⌊r·L_ctx⌋ context tokens per KV head, packed into the first slots."""
         c = self.config
         kc, vc = k[plan.ctx_index].transpose(1, 2), v[plan.ctx_index].transpose(1, 2)
         idx = sparse.select_many(q[plan.q_index], kc, plan.groups, plan.kmax, c.selection, c.pool_window,
@@ -89,8 +88,7 @@ class _Chunk:
 
 
 class StepContext:
-    """`static_keys`: a CUDA graph bucket's keys per member (padded) or per group (packed), 0: read in place;
-    `in_place=False` gathers every group's keys; `key_chunk`: gathered key rows per call."""
+    """`static_keys`: a CUDA graph bucket's keys per member (padded) or per group (packed), 0: read in place."""
 
     def __init__(self, meta: StepMeta, policy: CachePolicy, pool: KVPool | None, backend: str, key_budget: int,
                  staging: Staging, dtype: torch.dtype, static_keys: int | None = None, kernel=None,
@@ -107,7 +105,7 @@ class StepContext:
         if st.size:
             n = meta.n_q[st] - meta.lead[st]
             self.store_slots = staging.put(meta.slots[ragged(meta.slot_base[st] + store_from[st], n)])
-            self.store_src = _rows(ragged(meta.cu_q[st] + meta.lead[st], n), meta, staging)
+            self.store_src = self._rows(ragged(meta.cu_q[st] + meta.lead[st], n), staging)
         self.select_plan = policy.plan_select(meta, staging)
         self.chunks: list[_Chunk] = []
         for refresh in (True, False):
@@ -142,7 +140,7 @@ class StepContext:
         q_idx = ragged(m.cu_q[mem], lq)
         kmax = self.n_slots if static is not None else max(1, int(np.diff(cu_k).max()))
         self.chunks.append(_Chunk(mem, int(lq.max()), kmax,            # a graph stages even an identity order
-                                  staging.put(q_idx) if static is not None else _rows(q_idx, m, staging),
+                                  staging.put(q_idx) if static is not None else self._rows(q_idx, staging),
                                   "in_place", layout=staging.put(np.stack([np.repeat(offsets(lq), 2)[:-1], cu_k]))))
         return members[~whole]
 
@@ -151,9 +149,8 @@ class StepContext:
             return [members] if members.size else []
         if not self.packed:
             return split_by_keys(members, (self.cached + self.fresh)[members], self.key_chunk)
-        long = self.cached[members] > self.key_chunk     # each alone, its keys read a piece at a time
-        short = members[~long]
-        return ([short] if short.size else []) + [members[i : i + 1] for i in np.flatnonzero(long)]
+        long = self.cached[members] > self.key_chunk     # alone: their keys are read a piece at a time
+        return ([members[~long]] if not long.all() else []) + [members[i : i + 1] for i in np.flatnonzero(long)]
 
     def _chunk(self, members: np.ndarray, staging: Staging) -> _Chunk:
         m, static = self.meta, self.static_keys
@@ -167,14 +164,14 @@ class StepContext:
             kmax = self.key_budget if static else int(keys.max())
             if static:                                # padded to a static total with the last real key
                 idx = np.concatenate([idx, np.full(static - idx.size, idx[-1] if idx.size else 0)])
-            ch = _Chunk(members, Lq, kmax, _rows(q_idx, m, staging),
+            ch = _Chunk(members, Lq, kmax, self._rows(q_idx, staging),
                         layout=staging.put(np.stack([offsets(lq), offsets(keys)])))
         else:
             kmax = static or int(keys.max())
             idx, ok = padded(base, keys, kmax)
             q_idx, q_ok = padded(m.cu_q[members], lq, Lq)
             q_idx = q_idx.reshape(-1)
-            ch = _Chunk(members, Lq, kmax, _rows(q_idx, m, staging),
+            ch = _Chunk(members, Lq, kmax, self._rows(q_idx, staging),
                         layout=staging.put(ok) if static or not (keys == kmax).all() else None,
                         q_rows=None if (lq == Lq).all() else tuple(map(staging.put, np.nonzero(q_ok))))
         idx = idx.reshape(-1)
@@ -186,8 +183,12 @@ class StepContext:
             ch.k_index = ch.q_index if np.array_equal(idx, q_idx) else staging.put(idx)
         return ch
 
+    def _rows(self, idx: np.ndarray, staging: Staging) -> torch.Tensor | None:
+        """Rows of the step's q, k, v staged (None: all of them in order)."""
+        n = int(self.meta.cu_q[-1])
+        return None if idx.size == n and (idx == np.arange(n)).all() else staging.put(idx)
+
     def finalize(self) -> None:
-        """The tensors derived on the device from staged ones: the first thing of the forward."""
         for ch in self.chunks:
             if ch.layout is not None:
                 ch.ready = ch.layout.to(torch.int32) if self.packed else key_bias(ch.layout.bool(), self.dtype)
@@ -226,12 +227,6 @@ class StepContext:
         o = padded_attention(qq.view(-1, ch.Lq, *q.shape[1:]), K.view(-1, ch.kmax, hkv, d),
                              V.view(-1, ch.kmax, hkv, d), ch.ready)
         return o if ch.q_rows is None else o[ch.q_rows]
-
-
-def _rows(idx: np.ndarray, m: StepMeta, staging: Staging) -> torch.Tensor | None:
-    """Query rows staged (None: all of the step's in order)."""
-    n = int(m.cu_q[-1])
-    return None if idx.size == n and (idx == np.arange(n)).all() else staging.put(idx)
 
 
 def split_by_keys(members: np.ndarray, key_lens: np.ndarray, budget: int) -> list[np.ndarray]:
