@@ -84,13 +84,13 @@ class ModelRunner:
         return m, plan, tokens
 
     def packed(self, real: StepMeta, m: StepMeta, fwd: Staging, ids: np.ndarray, static_keys: int | None = None):
-        return PackedStep(real, m, fwd.put(ids), fwd.put(ragged(m.q_start, m.n_q)),
+        return PackedStep(real, m, fwd.put(ids), fwd.put(ragged(m.q_start, m.n_q)), int(m.length.max()) - 1,
                           StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
                                       static_keys, self.kernel, self.in_place_keys, self.key_chunk))
 
     def forward(self, p: PackedStep) -> torch.Tensor:
         p.ctx.finalize()
-        rotation = self.model.rope.at(p.positions, self.dtype, top=int(p.padded_meta.length.max()) - 1)
+        rotation = self.model.rope.at(p.positions, self.dtype, top=p.top)
         return self.model.hidden_states(p.ids, p.positions, p.ctx, rope=rotation)
 
     @torch.no_grad()
@@ -202,6 +202,7 @@ class PackedStep:
     padded_meta: StepMeta         # what the forward runs: `meta`, or it plus dummy members
     ids: torch.Tensor
     positions: torch.Tensor
+    top: int                      # a bound on the largest position (RoPE table rows), an int for torch.compile
     ctx: StepContext
     plan: CommitPlan | None = None
 

@@ -31,8 +31,7 @@ class CachePolicy:
     """`config.cache` over a step's members (`auto`: each member's own mode, `StepMeta.cache`; docs/ENGINE.md)."""
 
     def __init__(self, config: EngineConfig, head_mean=None):
-        self.config, self.head_mean = config, head_mean
-        self.selects = config.cache in ("sparse", "auto")
+        self.config, self.head_mean, self.selects = config, head_mean, config.cache in ("sparse", "auto")
 
     def spec(self, m: StepMeta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per member: keys read from its first slots, keys that are its first queries' K/V, the slot its K/V past
