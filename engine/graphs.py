@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import takewhile
 
 import numpy as np
 import torch
@@ -14,11 +13,8 @@ from engine.request import Phase, Request
 from engine.sampling import SamplingParams
 from engine.step import CODES, Staging, StepMeta
 
-TIMED_RUNS = 3
-
 
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
-    """1, 2, 4, 8, then every 8 up to max_num_seqs (and max_num_seqs itself)."""
     return tuple(sorted({b for b in (1, 2, 4) if b <= max_num_seqs} | {*range(8, max_num_seqs + 1, 8), max_num_seqs}))
 
 
@@ -32,9 +28,9 @@ def warm_up_plan(config: EngineConfig, block_length: int, prompt_len: int, max_b
     mode = "dual" if config.cache == kv_cache.AUTO else config.cache
     need = kv_cache.kv_need(mode, prompt_len + block_length, block_length, config.retention)    # 0: no cache, no Reuse
     buckets = batch_buckets(config.max_num_seqs)
-    last = min((bucket(max_batch, buckets) if max_batch is not None else None) or buckets[-1],
-               config.max_num_batched_tokens // (block_length + shift))     # a padded step within the token budget
-    return mode, need, list(takewhile(lambda b: need > 0 and b <= last and holds(b * need), buckets))
+    wanted = buckets[-1] if max_batch is None else min(max_batch, buckets[-1])
+    last = min(bucket(wanted, buckets), config.max_num_batched_tokens // (block_length + shift))    # padded, in budget
+    return mode, need, [b for b in buckets if need > 0 and b <= last and holds(b * need)]     # `holds`: monotone
 
 
 def keeps(graph_ms: float, eager_ms: float) -> bool:
@@ -60,10 +56,9 @@ def pad_meta(m: StepMeta, spec: PadSpec) -> StepMeta:
     """`m` (Reuse members, one block length) plus dummy members up to `spec.members`."""
     n, bl, s = spec.members - len(m.n_q), int(m.block_len[0]), spec.lead
     nq = bl + s                   # a dummy's canvas: `lead` rows, then its block
-    dummy = dict(offset=0, length=nq, block_len=bl, block_start=s, kv=bl, k=0, phase=CODES[Phase.REUSE], slot_len=nq,
+    dummy = dict(offset=0, length=nq, block_len=bl, block_start=s, kv=bl, k=0, phase=CODES[Phase.REUSE],
                  refresh=False, q_start=0, n_q=nq, lead=s, cache=kv_cache.CODES["dual"])
-    cols = {f: np.concatenate([getattr(m, f), np.full(n, v, dtype=getattr(m, f).dtype)])
-            for f, v in dummy.items() if getattr(m, f) is not None}
+    cols = {f: np.concatenate([getattr(m, f), np.full(n, v, dtype=getattr(m, f).dtype)]) for f, v in dummy.items()}
     return StepMeta(**cols, slot_base=np.concatenate([m.slot_base, len(m.slots) + nq * np.arange(n, dtype=np.int64)]),
                     slots=np.concatenate([m.slots, np.full(n * nq, spec.scratch, dtype=np.int64)]),
                     cu_q=np.concatenate([m.cu_q, m.cu_q[-1] + nq * np.arange(1, n + 1, dtype=np.int64)]))
@@ -86,19 +81,19 @@ class CudaCapture:
 
     def time_ms(self, fn, what: str) -> float:
         fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        runs, start, end = 3, torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(TIMED_RUNS):
+        for _ in range(runs):
             fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / TIMED_RUNS
+        return start.elapsed_time(end) / runs
 
 
 @dataclass
 class _Entry:
     staging: Staging | None
-    captured: object | None               # the PackedStep the graph was captured with
+    captured: object | None               # the PackedStep captured (no graph: called in its place)
     graph: object | None = None
     out: torch.Tensor | None = None
     graph_ms: float | None = None
@@ -121,8 +116,9 @@ class StepGraphs:
     def takes(self, batch) -> bool:
         """Reuse-only, one block length, within the largest bucket and the token budget once padded."""
         bl, b = batch[0][0].block_length, bucket(len(batch), self.buckets)
-        if b is None or any(p is not Phase.REUSE or r.block_length != bl for r, p in batch) or \
-                b * (bl + self.runner.model_config.shift) > self.runner.config.max_num_batched_tokens:
+        if b is None or any(p is not Phase.REUSE or r.block_length != bl for r, p in batch):
+            return False
+        if b * (bl + self.runner.model_config.shift) > self.runner.config.max_num_batched_tokens:
             return False
         keys = self._spec(batch)[0].keys
         if keys == 0:   # read in place: a fragmented slot table runs eager, not a graph per key width
@@ -130,13 +126,12 @@ class StepGraphs:
         return self.runner.kernel is not None or b * keys <= self.runner.key_budget
 
     def _spec(self, batch) -> tuple[PadSpec, tuple[int, int, int]]:
-        """The padding and its bucket's key (static keys: 0 = read in place, else gathered in all or per member)."""
         r, cfg, bl = self.runner, self.runner.model_config, batch[0][0].block_length
         b = bucket(len(batch), self.buckets)
         if r.kernel is not None and r.in_place_keys and r.kernel.reads_in_place(cfg.n_heads, cfg.kv_heads):
             keys = 0
         else:
-            each, dummy = [r.policy.reuse_keys(req) for req, _ in batch], bl + cfg.shift
+            each, dummy = [req.kv_tokens if r.policy.selects else req.length for req, _ in batch], bl + cfg.shift
             keys = key_width(max(each + [dummy]) if r.kernel is None else sum(each) + (b - len(batch)) * dummy)
         return PadSpec(b, keys, self.pool.scratch, cfg.shift), (b, keys, bl)
 
@@ -152,8 +147,9 @@ class StepGraphs:
             for req, _ in batch:
                 req.kv_tokens, req.slots, req.kv_pool = need, self.pool.reserve(need), self.pool
             try:
-                if self.takes(batch) and self._spec(batch)[1] not in self.entries:
-                    self._first(batch, *self._spec(batch))
+                spec, key = self._spec(batch)
+                if self.takes(batch) and key not in self.entries:
+                    self._first(batch, spec, key)
             finally:
                 for req, _ in batch:
                     self.pool.release(need, req.slots)
@@ -188,7 +184,8 @@ class StepGraphs:
         if cap is not None:
             graph, out = cap.capture(lambda: r.forward(p))
             entry.graph_ms, entry.eager_ms = cap.time_ms(graph.replay, "graph"), eager_ms
-            if not keeps(entry.graph_ms, eager_ms):
-                entry.staging = entry.captured = graph = out = None
-            entry.graph, entry.out = graph, out
+            if keeps(entry.graph_ms, eager_ms):
+                entry.graph, entry.out = graph, out
+            else:
+                entry.staging = entry.captured = None
         return entry

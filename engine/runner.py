@@ -19,7 +19,7 @@ from engine.models import DenseLM
 from engine.regions import DECODE, region
 from engine.request import Phase, Request
 from engine.scheduler import serves_long
-from engine.step import Staging, StepDecisions, StepMeta, StepStats, offsets, padded, ragged
+from engine.step import Batch, Staging, StepDecisions, StepMeta, StepStats, offsets, padded, ragged
 from engine.step_context import CachePolicy, StepContext
 from engine.unmask import rescored
 
@@ -34,26 +34,27 @@ class ModelRunner:
         self.max_model_len = max_model_len or model.config.max_sequence_length
         self.key_chunk = config.max_num_batched_tokens
         self.key_budget = max(self.max_model_len, self.key_chunk)
-        self.kernel, self.in_place_keys = (PackedKernel(backend) if backend in PACKED else None), True
+        self.kernel = PackedKernel(backend) if backend in PACKED else None
+        self.in_place_keys = True
         self.staging, self.long_staging = Staging(self.device), Staging(self.device)
         self.refresh_chunk = refresh_chunk or config.refresh_chunk_tokens or max(1, config.max_num_batched_tokens // 2)
         self.graphs = StepGraphs(self) if cuda_graphs_on(config.cuda_graphs, self.device) and pool is not None else None
 
-    def prepare(self, batch: list[tuple[Request, Phase]], pad: PadSpec | None = None,
-                fwd_staging: Staging | None = None) -> PackedStep:
+    def prepare(self, batch: Batch, pad: PadSpec | None = None, fwd_staging: Staging | None = None) -> PackedStep:
         """The step's inputs, attention and commit plan, staged (`pad`: dummies; `fwd_staging`: a graph's)."""
         main = self.staging.begin()
         fwd = main if fwd_staging is None else fwd_staging.begin()
         real, plan, tokens = self._plan(batch, main)
-        p = self.packed(real, real if pad is None else pad_meta(real, pad), fwd, None if pad is None else pad.keys,
-                        tokens=tokens)
+        m = real if pad is None else pad_meta(real, pad)
+        at = np.repeat(m.offset, m.n_q) + ragged(m.q_start, m.n_q)         # a dummy's rows: any token
+        p = self.packed(real, m, fwd, tokens[np.minimum(at, len(tokens) - 1)], None if pad is None else pad.keys)
         p.plan = plan
         fwd.flush()
         if fwd is not main:
             main.flush()
         return p
 
-    def _plan(self, batch: list[tuple[Request, Phase]], staging: Staging) -> tuple[StepMeta, CommitPlan, np.ndarray]:
+    def _plan(self, batch: Batch, staging: Staging) -> tuple[StepMeta, CommitPlan, np.ndarray]:
         """The step's columns, commit plan and host tokens (the canvas pool's when it holds every canvas)."""
         reqs, cfg = [r for r, _ in batch], self.model_config
         pool = reqs[0].canvas_pool
@@ -73,7 +74,6 @@ class ModelRunner:
                 cand[i, np.flatnonzero(cand[i])[~moves]] = False
         policies = [r.decoding for r in reqs]
         rel = idx - m.offset[:, None]
-        # a candidate at p reads the hidden row p - shift (p < shift: its own)
         rows = np.where(rel >= cfg.shift, rel - cfg.shift, rel) - m.q_start[:, None] + m.cu_q[:-1, None]
         counts = cand.sum(1)
         kinds, values = (None, None) if all(p.fixed for p in policies) else map(staging.put, policy_columns(policies))
@@ -83,12 +83,8 @@ class ModelRunner:
                           staging.put(m.offset) if in_pool else None)
         return m, plan, tokens
 
-    def packed(self, real: StepMeta, m: StepMeta, fwd: Staging, static_keys: int | None = None, *,
-               tokens: np.ndarray | None = None, ids: np.ndarray | None = None) -> PackedStep:
-        """`m`'s forward inputs and attention staged in `fwd` (`real`: `m` without dummies; ids read from `tokens`)."""
-        pos = ragged(m.q_start, m.n_q)
-        ids = ids if tokens is None else tokens[np.minimum(np.repeat(m.offset, m.n_q) + pos, len(tokens) - 1)]
-        return PackedStep(real, m, fwd.put(ids), fwd.put(pos), int(m.length.max()) - 1,
+    def packed(self, real: StepMeta, m: StepMeta, fwd: Staging, ids: np.ndarray, static_keys: int | None = None):
+        return PackedStep(real, m, fwd.put(ids), fwd.put(ragged(m.q_start, m.n_q)), int(m.length.max()) - 1,
                           StepContext(m, self.policy, self.pool, self.backend, self.key_budget, fwd, self.dtype,
                                       static_keys, self.kernel, self.in_place_keys, self.key_chunk))
 
@@ -98,7 +94,7 @@ class ModelRunner:
         return self.model.hidden_states(p.ids, p.positions, p.ctx, rope=rotation)
 
     @torch.no_grad()
-    def run(self, batch: list[tuple[Request, Phase]]) -> StepStats:
+    def run(self, batch: Batch) -> StepStats:
         reqs, budget = [r for r, _ in batch], self.config.max_num_batched_tokens
         long = [i for i, (r, p) in enumerate(batch) if p is not Phase.REUSE and r.length > budget]
         if long and serves_long(self.config):
@@ -131,7 +127,7 @@ class ModelRunner:
         return self.decode_rows(self.model.lm_head, hidden, c.rows if rows is None else rows, row_segments(reqs, c),
                                 self.config.max_num_logits, self.model_config.mask_token_id, entropy=c.entropy)
 
-    def _run_long(self, batch: list[tuple[Request, Phase]], long: list[int]) -> tuple:
+    def _run_long(self, batch: Batch, long: list[int]) -> tuple:
         """The `long` members' Refresh chunked and decoded, then the others packed."""
         m, c, _ = self._plan([(r, Phase.REUSE if i in long else p) for i, (r, p) in enumerate(batch)],
                              self.long_staging.begin())
@@ -154,8 +150,8 @@ class ModelRunner:
             queries, keys = queries + int(ps.meta.cu_q[-1]), keys + self._keys(ps.meta)
             for j, i in enumerate(short):
                 parts[i] = (decodes[-1], int(ps.plan.seg_start[j]), int(ps.plan.counts[j]))
-        x0, conf, entropy = (None if getattr(decodes[0], f) is None else torch.cat(
-            [getattr(d, f)[a : a + n] for d, a, n in parts]) for f in ("x0", "conf", "entropy"))
+        x0, conf = (torch.cat([getattr(d, f)[a : a + n] for d, a, n in parts]) for f in ("x0", "conf"))
+        entropy = None if decodes[0].entropy is None else torch.cat([d.entropy[a : a + n] for d, a, n in parts])
         return m, c, DecodeResult(x0, conf, sum(d.rows_materialized for d in decodes),
                                   max(d.max_rows_at_once for d in decodes), entropy), queries, keys
 
@@ -178,7 +174,6 @@ class CommitPlan:
 
 
 def row_segments(reqs: list[Request], c: CommitPlan) -> list[RowSegment]:
-    """The candidate rows of each request that samples (T > 0) or decodes by Dream's rule."""
     return [RowSegment(int(c.seg_start[i]), int(c.counts[i]), r.params.temperature, r.gens.gumbel,
                        r.params if r.params.dream_rule else None)
             for i, r in enumerate(reqs) if r.params.temperature > 0 or r.params.dream_rule]
@@ -207,7 +202,7 @@ class PackedStep:
     padded_meta: StepMeta         # what the forward runs: `meta`, or it plus dummy members
     ids: torch.Tensor
     positions: torch.Tensor
-    top: int                      # a bound on the largest position (RoPE table rows)
+    top: int                      # a bound on the largest position (RoPE table rows), an int for torch.compile
     ctx: StepContext
     plan: CommitPlan | None = None
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
 from typing import Protocol
 
 import numpy as np
@@ -46,29 +45,27 @@ class StepMeta:
     k: np.ndarray             # tokens this step commits
     phase: np.ndarray
     slot_base: np.ndarray     # where each member's slot table starts in `slots` (the tables end to end)
-    slot_len: np.ndarray
     slots: np.ndarray
     refresh: np.ndarray
     q_start: np.ndarray
     n_q: np.ndarray           # the canvas (Refresh*) or lead + the block (Reuse)
     cu_q: np.ndarray
     lead: np.ndarray          # Reuse: query-only rows before the block (a shifted family's edge row)
-    cache: np.ndarray | None = None   # kv_cache.CODES per member; None: the engine's policy
+    cache: np.ndarray         # kv_cache.CODES per member
 
     @classmethod
-    def of(cls, batch: Batch, offsets_: np.ndarray, host_slots, shift: int = 0) -> StepMeta:
-        """`host_slots(table)`: a slot table as a host array; `shift`: the model's prediction shift."""
-        cols = np.fromiter(chain.from_iterable(
-            (r.length, r.block_length, r.prompt_len + r.block * r.block_length, r.kv_tokens,
-             r.commit_count, CODES[p], CACHE_CODES.get(r.cache, 0)) for r, p in batch), dtype=np.int64,
-            count=7 * len(batch)).reshape(-1, 7).T
+    def of(cls, batch: Batch, starts: np.ndarray, host_slots, shift: int = 0) -> StepMeta:
+        """`starts`: each canvas's `offset`; `host_slots(table)`: a slot table on the host; `shift`: the model's."""
+        cols = np.array([(r.length, r.block_length, r.prompt_len + r.block * r.block_length, r.kv_tokens,
+                          r.commit_count, CODES[p], CACHE_CODES.get(r.cache, 0)) for r, p in batch],
+                        dtype=np.int64).reshape(-1, 7).T
         tables = [_EMPTY if r.slots is None else host_slots(r.slots) for r, _ in batch]
-        slot_len = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
         length, block_len, block_start, _, _, phase, cache = cols
         refresh = phase != CODES[Phase.REUSE]
         lead = np.where(refresh, 0, np.minimum(block_start, shift))
         n_q = np.where(refresh, length, block_len + lead)
-        return cls(offsets_, *cols[:6], offsets(slot_len)[:-1], slot_len, np.concatenate([_EMPTY, *tables]), refresh,
+        slot_base = offsets([len(t) for t in tables])[:-1]
+        return cls(starts, *cols[:6], slot_base, np.concatenate([_EMPTY, *tables]), refresh,
                    np.where(refresh, 0, block_start - lead), n_q, offsets(n_q), lead, cache)
 
 
@@ -113,7 +110,6 @@ class Staging:
         return seg.device[seg.used - a.size : seg.used].view(a.shape)
 
     def flush(self) -> None:
-        """Enqueue the copies of everything put since `begin` (none on the CPU)."""
         for s in self.segments:
             if s.used:
                 s.device[: s.used].copy_(s.pinned[: s.used], non_blocking=True)

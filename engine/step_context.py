@@ -31,8 +31,7 @@ class CachePolicy:
     """`config.cache` over a step's members (`auto`: each member's own mode, `StepMeta.cache`; docs/ENGINE.md)."""
 
     def __init__(self, config: EngineConfig, head_mean=None):
-        self.config, self.head_mean = config, head_mean
-        self.selects = config.cache in ("sparse", "auto")
+        self.config, self.head_mean, self.selects = config, head_mean, config.cache in ("sparse", "auto")
 
     def spec(self, m: StepMeta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per member: keys read from its first slots, keys that are its first queries' K/V, the slot its K/V past
@@ -45,9 +44,6 @@ class CachePolicy:
                 np.where(dual_reuse | sparse_reuse, 0, m.n_q),
                 np.select([dual_reuse, sparse_reuse, stores], [m.block_start, m.kv - m.block_len, 0], -1))
 
-    def reuse_keys(self, req) -> int:
-        return req.kv_tokens if self.selects else req.length
-
     def plan_select(self, m: StepMeta, staging: Staging) -> SelectPlan | None:
         g = np.flatnonzero((m.phase == PHASES[Phase.REFRESH_SELECT]) & (m.kv > m.block_len))
         if not self.selects or not g.size:
@@ -55,7 +51,7 @@ class CachePolicy:
         bl, start, a = m.block_len[g], m.block_start[g], m.cu_q[g]
         lc, keep = m.length[g] - bl, m.kv[g] - bl
         j = np.arange(int(lc.max()))
-        ctx_index = a[:, None] + (j + bl[:, None] * (j >= start[:, None])) * (j < lc[:, None])
+        ctx_index = a[:, None] + (j + bl[:, None] * (j >= start[:, None])) * (j < lc[:, None])  # canvas less block
         shapes, group = np.unique(np.stack([lc, keep], 1), axis=0, return_inverse=True)
         groups = [(c, n, None if len(shapes) == 1 else staging.put(np.flatnonzero(group.reshape(-1) == i)))
                   for i, (c, n) in enumerate(shapes.tolist())]
@@ -67,7 +63,6 @@ class CachePolicy:
                           staging.put(m.slots[ragged(m.slot_base[g], keep)]))
 
     def select(self, plan: SelectPlan, pool: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """One layer's Refresh-select: keep ⌊r·L_ctx⌋ context tokens per KV head, packed into the first slots."""
         c = self.config
         kc, vc = k[plan.ctx_index].transpose(1, 2), v[plan.ctx_index].transpose(1, 2)
         idx = sparse.select_many(q[plan.q_index], kc, plan.groups, plan.kmax, c.selection, c.pool_window,
@@ -92,8 +87,7 @@ class _Chunk:
 
 
 class StepContext:
-    """`static_keys`: a CUDA graph bucket's keys per member (padded) or per group (packed), 0: read in place;
-    `in_place=False` gathers every group's keys; `key_chunk`: gathered key rows per call."""
+    """`static_keys`: a CUDA graph bucket's keys per member (padded) or per group (packed), 0: read in place."""
 
     def __init__(self, meta: StepMeta, policy: CachePolicy, pool: KVPool | None, backend: str, key_budget: int,
                  staging: Staging, dtype: torch.dtype, static_keys: int | None = None, kernel=None,
@@ -110,7 +104,7 @@ class StepContext:
         if st.size:
             n = meta.n_q[st] - meta.lead[st]
             self.store_slots = staging.put(meta.slots[ragged(meta.slot_base[st] + store_from[st], n)])
-            self.store_src = _rows(ragged(meta.cu_q[st] + meta.lead[st], n), meta, staging)
+            self.store_src = self._rows(ragged(meta.cu_q[st] + meta.lead[st], n), staging)
         self.select_plan = policy.plan_select(meta, staging)
         self.chunks: list[_Chunk] = []
         for refresh in (True, False):
@@ -145,7 +139,7 @@ class StepContext:
         q_idx = ragged(m.cu_q[mem], lq)
         kmax = self.n_slots if static is not None else max(1, int(np.diff(cu_k).max()))
         self.chunks.append(_Chunk(mem, int(lq.max()), kmax,            # a graph stages even an identity order
-                                  staging.put(q_idx) if static is not None else _rows(q_idx, m, staging),
+                                  staging.put(q_idx) if static is not None else self._rows(q_idx, staging),
                                   "in_place", layout=staging.put(np.stack([np.repeat(offsets(lq), 2)[:-1], cu_k]))))
         return members[~whole]
 
@@ -154,7 +148,7 @@ class StepContext:
             return [members] if members.size else []
         if not self.packed:
             return split_by_keys(members, (self.cached + self.fresh)[members], self.key_chunk)
-        long = self.cached[members] > self.key_chunk
+        long = self.cached[members] > self.key_chunk     # alone: their keys are read a piece at a time
         return ([members[~long]] if not long.all() else []) + [members[i : i + 1] for i in np.flatnonzero(long)]
 
     def _chunk(self, members: np.ndarray, staging: Staging) -> _Chunk:
@@ -169,14 +163,14 @@ class StepContext:
             kmax = self.key_budget if static else int(keys.max())
             if static:                                # padded to a static total with the last real key
                 idx = np.concatenate([idx, np.full(static - idx.size, idx[-1] if idx.size else 0)])
-            ch = _Chunk(members, Lq, kmax, _rows(q_idx, m, staging),
+            ch = _Chunk(members, Lq, kmax, self._rows(q_idx, staging),
                         layout=staging.put(np.stack([offsets(lq), offsets(keys)])))
         else:
             kmax = static or int(keys.max())
             idx, ok = padded(base, keys, kmax)
             q_idx, q_ok = padded(m.cu_q[members], lq, Lq)
             q_idx = q_idx.reshape(-1)
-            ch = _Chunk(members, Lq, kmax, _rows(q_idx, m, staging),
+            ch = _Chunk(members, Lq, kmax, self._rows(q_idx, staging),
                         layout=staging.put(ok) if static or not (keys == kmax).all() else None,
                         q_rows=None if (lq == Lq).all() else tuple(map(staging.put, np.nonzero(q_ok))))
         idx = idx.reshape(-1)
@@ -188,8 +182,12 @@ class StepContext:
             ch.k_index = ch.q_index if np.array_equal(idx, q_idx) else staging.put(idx)
         return ch
 
+    def _rows(self, idx: np.ndarray, staging: Staging) -> torch.Tensor | None:
+        """Rows of the step's q, k, v staged (None: all of them in order)."""
+        n = int(self.meta.cu_q[-1])
+        return None if idx.size == n and (idx == np.arange(n)).all() else staging.put(idx)
+
     def finalize(self) -> None:
-        """The tensors derived on the device from staged ones: the first thing of the forward."""
         for ch in self.chunks:
             if ch.layout is not None:
                 ch.ready = ch.layout.to(torch.int32) if self.packed else key_bias(ch.layout.bool(), self.dtype)
@@ -228,12 +226,6 @@ class StepContext:
         o = padded_attention(qq.view(-1, ch.Lq, *q.shape[1:]), K.view(-1, ch.kmax, hkv, d),
                              V.view(-1, ch.kmax, hkv, d), ch.ready)
         return o if ch.q_rows is None else o[ch.q_rows]
-
-
-def _rows(idx: np.ndarray, m: StepMeta, staging: Staging) -> torch.Tensor | None:
-    """Query rows staged (None: all of the step's in order)."""
-    n = int(m.cu_q[-1])
-    return None if idx.size == n and (idx == np.arange(n)).all() else staging.put(idx)
 
 
 def split_by_keys(members: np.ndarray, key_lens: np.ndarray, budget: int) -> list[np.ndarray]:
