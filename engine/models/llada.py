@@ -2,17 +2,29 @@
 the dense decoder's; no biases, no shift, untied LM head."""
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, fields
-from pathlib import Path
 
 from engine.models.dense import DenseLM
 from engine.models.family import Family, ModelConfig, register
 
 _OURS_ONLY = ("model_type", "qkv_bias", "shift")
-# GSAI-ML/LLaDA-8B-Instruct's config.json less auto_map (no remote code) and the special ids (the written
-# tokenizer's): the template a shape is written into (tests/test_real_layout.py holds it to the real file)
-_HF_TEMPLATE: dict = json.loads(Path(__file__).with_name("llada_config.json").read_text())
+# LLaDA-8B-Instruct's config.json (GSAI-ML/LLaDA-8B-Instruct on the Hugging Face Hub) less auto_map (no
+# remote code here) and the special ids (the written tokenizer's): the template a shape is written into.
+# The real file and the test holding this to it: tests/data/llada-8b-instruct/, tests/test_real_layout.py.
+_HF_TEMPLATE: dict = {
+    "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0,
+    "architectures": ["LLaDAModelLM"], "attention_dropout": 0.0, "attention_layer_norm": False,
+    "attention_layer_norm_with_affine": True, "bias_for_layer_norm": False, "block_group_size": 1,
+    "block_type": "llama", "d_model": 4096, "embedding_dropout": 0.0, "embedding_size": 126464,
+    "flash_attention": False, "include_bias": False, "include_qkv_bias": False,
+    "init_cutoff_factor": None, "init_device": "meta", "init_fn": "mitchell", "init_std": 0.02,
+    "input_emb_norm": False, "layer_norm_type": "rms", "layer_norm_with_affine": True,
+    "max_sequence_length": 4096, "mlp_hidden_size": 12288, "mlp_ratio": 4, "model_type": "llada",
+    "multi_query_attention": None, "n_heads": 32, "n_kv_heads": 32, "n_layers": 32,
+    "precision": "amp_bf16", "residual_dropout": 0.0, "rms_norm_eps": 1e-05, "rope": True,
+    "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
+    "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 126464, "weight_tying": False,
+}
 
 
 def _from_hf(d: dict) -> ModelConfig:
