@@ -25,6 +25,7 @@ from dllm_bench.checkpoints.presets import Preset
 from dllm_bench.serve.presets import PAPER_BASELINE_KNOBS
 from dllm_bench.serve.presets import PRESETS as SERVE
 from dllm_bench.units import parse_size
+from engine.config import GPU_MEMORY_UTILIZATION
 from engine.kv_cache import kv_need
 from workloads.datasets import PRESETS as LENGTHS
 from workloads.serving import gen_length_for
@@ -195,10 +196,9 @@ class EngineBudget:
         return max(0, int(self.kv_pool_bytes(c, budget) // need))
 
 
-# dLLM-Serve's RTX 4090 serving config: gpu_memory_utilization 0.9, 4,000 batched tokens, 2,048
-# logit rows, 256-token KV pages.
+# dLLM-Serve's RTX 4090 serving config: 4,000 batched tokens, 2,048 logit rows, 256-token KV pages,
+# gpu_memory_utilization 0.9 (the engine's own default, engine.config.GPU_MEMORY_UTILIZATION).
 DLLM_SERVE_GPU = EngineBudget(max_num_batched_tokens=4000, max_num_logits=2048, page_tokens=256)
-GPU_UTILIZATION = 0.9
 
 
 def reuse_intensity(c: Costs, n_requests: int, shape: RequestShape, retention: float, dtype_bytes: int) -> float:
@@ -277,7 +277,7 @@ def similarity_table(cpu: Machine | None = None):
             c = costs(big, m.dtype_bytes)
             free = m.memory_bytes - m.reserved_bytes - c.weights_bytes
             rows.append(similarity_row(f"{big.name} @ {m.name}", big, c, paper, m.dtype_bytes, m.memory_bytes, free,
-                                       DLLM_SERVE_GPU, m.memory_bytes * GPU_UTILIZATION, m.ridge))
+                                       DLLM_SERVE_GPU, m.memory_bytes * GPU_MEMORY_UTILIZATION, m.ridge))
     for p in MODELS.values():
         sp = next((q for q in SERVE.values() if q.model == p.name), None)
         if sp is None or sp.memory_budget is None or sp.dataset not in LENGTHS:

@@ -1,5 +1,5 @@
 """The paper's serving setting replayed at its scale: LLaDA-8B by shape, bf16; gen 256 = steps,
-block 32, retention 0.5, Table 3's knobs; 1.0 req/s; the engine at 0.9 of the GPU's memory.
+block 32, retention 0.5, Table 3's knobs; 1.0 req/s; the engine at its default share of the GPU's memory (0.9).
 Inputs the paper does not give are declared, not fitted (`Declared`). The one fitted scalar, a
 common efficiency u multiplying the profile's compute and bandwidth rates for every system, is
 fitted on one published dLLM-Serve throughput (`fit_u`)."""
@@ -25,11 +25,12 @@ from dllm_bench.simulate.paper.published import (
 )
 from dllm_bench.simulate.simulator import SimSetup, resolve_sim_model, simulate_point
 from dllm_bench.systems.spec import ENGINE, parse_system, retention_knobs
+from engine.config import GPU_MEMORY_UTILIZATION
 from engine.models import ModelConfig, config_from_pretrained
 from workloads.serving import build_workload
 
 TOKENS = {"l40s": 16384, "rtx4090": 4000}
-GEN, BLOCK, RPS, UTIL = 256, 32, 1.0, 0.9
+GEN, BLOCK, RPS = 256, 32, 1.0
 MAX_PROMPT = None     # the paper gives no prompt cap (BurstGPT's length model reaches 4,096 tokens)
 
 
@@ -51,7 +52,7 @@ def setup(hw: Hardware, engine: dict | None = None) -> SimSetup:
     # The paper's dLLM-Serve: every request sparse (not the `engine` system's default, cache=auto).
     eng = dict(cache="sparse", max_num_batched_tokens=TOKENS.get(hw.name, 16384), max_num_logits=2048,
                max_num_seqs=512, retention=0.5) | (engine or {})
-    return SimSetup(cfg, ModelShape.from_config(cfg, 2), hw, "bfloat16", impls(), hw.memory_bytes * UTIL,
+    return SimSetup(cfg, ModelShape.from_config(cfg, 2), hw, "bfloat16", impls(), hw.memory_bytes * GPU_MEMORY_UTILIZATION,
                     engine_defaults=eng, baseline_defaults=base)
 
 
