@@ -81,7 +81,8 @@ class PhasePolicy:
     def grant(self, req: Request, room: int, demand_after: int) -> bool:
         """Grant `req`'s long Refresh part of the `room` left (those behind ask `demand_after`); True: it runs now."""
         have = self.credit.pop(id(req), 0)
-        part = min(req.length - have, max(min(room, self.share), room - demand_after))    # its share, or all that those behind leave
+        # its share of the room, or all that those behind leave, up to what it still needs
+        part = min(req.length - have, max(min(room, self.share), room - demand_after))
         self.granted[id(req)] = part
         if have + part < req.length:
             self.credit[id(req)] = have + part
