@@ -119,7 +119,7 @@ class PackedKernel:
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q kᵀ/√D) v, not causal: q [..., Hq, Lq, D], k/v [..., Hkv, Lk, D]; mask: bool (True: attend) or additive"""
+    """softmax(q kᵀ/√D) v, not causal: q [..., Hq, Lq, D], k/v [..., Hkv, Lk, D]; mask: bool (True: attend) or a bias"""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[-3] != k.shape[-3])
 
 
