@@ -106,7 +106,7 @@ class ModelRunner:
                 p = self.prepare(batch)
                 step = p, self.forward(p), False
             p, hidden, graph = step
-            m, c, queries, keys = p.meta, p.plan, int(p.meta.cu_q[-1]), self._keys(p.meta)
+            m, c, queries, keys = p.meta, p.plan, int(p.meta.cu_q[-1]), self._keys(p)
             res, n_ref, n_padded = self._decode(reqs, hidden, c), int(m.refresh.sum()), len(p.padded_meta.n_q)
         for i, r in enumerate(reqs):
             a, n = int(c.seg_start[i]), int(c.counts[i])
@@ -119,9 +119,10 @@ class ModelRunner:
                          _choose(res.conf, res.x0, res.entropy, c, logit_rows.tolist()), key_tokens=keys,
                          padded_requests=n_padded, graph=graph, cache=cache)
 
-    def _keys(self, m: StepMeta) -> int:
-        cached, fresh, _ = self.policy.spec(m)
-        return int(cached.sum() + fresh.sum())
+    def _keys(self, p: PackedStep) -> int:
+        """Keys the real members attend to, from the step's planned attention (dummies come last)."""
+        n = len(p.meta.n_q)
+        return int(p.ctx.cached[:n].sum() + p.ctx.fresh[:n].sum())
 
     def _decode(self, reqs: list[Request], hidden: torch.Tensor, c: CommitPlan, rows: torch.Tensor | None = None):
         return self.decode_rows(self.model.lm_head, hidden, c.rows if rows is None else rows, row_segments(reqs, c),
@@ -147,7 +148,7 @@ class ModelRunner:
             ps = self.prepare([batch[i] for i in short])
             decodes.append(self._decode([batch[i][0] for i in short], self.forward(ps),
                                         dataclasses.replace(ps.plan, entropy=c.entropy)))
-            queries, keys = queries + int(ps.meta.cu_q[-1]), keys + self._keys(ps.meta)
+            queries, keys = queries + int(ps.meta.cu_q[-1]), keys + self._keys(ps)
             for j, i in enumerate(short):
                 parts[i] = (decodes[-1], int(ps.plan.seg_start[j]), int(ps.plan.counts[j]))
         x0, conf = (torch.cat([getattr(d, f)[a : a + n] for d, a, n in parts]) for f in ("x0", "conf"))

@@ -230,6 +230,8 @@ class StepContext:
 
 def split_by_keys(members: np.ndarray, key_lens: np.ndarray, budget: int) -> list[np.ndarray]:
     """Consecutive members, each chunk's padded key rows (count x longest) within the budget."""
+    if members.size and len(members) * int(key_lens.max()) <= budget:
+        return [members]                          # the usual step: one call, no per-member loop
     chunks, first, longest = [], 0, 0
     for i, n in enumerate(key_lens.tolist()):
         if i > first and (i - first + 1) * max(longest, n) > budget:
